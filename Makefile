@@ -1,0 +1,40 @@
+# Every target bootstraps .venv from nothing: a fresh clone needs only python3.11 and make.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export OMP_NUM_THREADS ?= 1
+
+.PHONY: install demo test test-fast reports bench bench-quick validate clean
+
+$(STAMP): pyproject.toml setup.py constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m meshplan.demo --out reports/demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+reports: $(STAMP)
+	$(BIN)/python -m meshplan.report.examples --out reports
+
+validate: $(STAMP)
+	$(BIN)/meshplan validate -o reports/validation.md
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run --out reports
+
+bench-quick: $(STAMP)
+	$(BIN)/python -m benchmarks.run --quick --out reports
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,163 @@
+"""ModelProfile: the model as a chain of layers with their costs (DESIGN.md, "The three contracts").
+
+Layers are the units a pipeline stage boundary can fall between (embedding, each block, head).
+All per-layer quantities are per *sample* (one sequence, or one image) at the profiled sequence
+length, so the cost model scales them by microbatch size. `graph()` returns the networkx DiGraph
+in execution order; the JSON keeps the layers as an ordered list and the edges as FQN pairs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshplan.schema import check
+
+PROFILE_SCHEMA_VERSION = 1
+
+
+@dataclass(kw_only=True)
+class TPRule:
+    """How tensor parallelism splits this layer (Megatron-style column/row pairs)."""
+    column: list[str] = field(default_factory=list)
+    """Child FQNs (relative to the layer) split along the output dim (ColwiseParallel)."""
+    row: list[str] = field(default_factory=list)
+    """Child FQNs split along the input dim (RowwiseParallel); each ends with an all-reduce."""
+    replicated: list[str] = field(default_factory=list)
+    """Child FQNs kept whole on every tensor-parallel rank (norms, biases of row layers)."""
+    divisors: dict[str, int] = field(default_factory=dict)
+    """Sizes the TP degree must divide, by name (e.g. {"heads": 12, "kv_heads": 4, "ffn": 3072})."""
+    num_allreduce_fwd: int = 0
+    """All-reduces of the layer output in forward (2 for a transformer block: attention + MLP)."""
+    kind: str = "none"
+    """"block" (attention+MLP), "embedding" (vocab-parallel), "head" (vocab-parallel logits),
+    "conv" (channel split) or "none" (not splittable: replicated)."""
+
+
+@dataclass(kw_only=True)
+class LayerTiming:
+    """Measured cost of one layer at one microbatch size on `ModelProfile.device`."""
+    microbatch_size: int
+    forward_s: float
+    backward_s: float
+    peak_bytes: int = 0
+    """Measured peak of the layer's forward+backward (allocator or live-tensor tracker)."""
+    predicted_peak_bytes: int = 0
+    """What the analytic memory model predicts for the same forward+backward."""
+    reused_from: str = ""
+    """FQN of the representative layer this timing was measured on ("" if measured here)."""
+
+
+@dataclass(kw_only=True)
+class LayerProfile:
+    name: str
+    """Module FQN of the layer in the model (e.g. "embed", "layers.3", "head")."""
+    kind: str
+    """Layer type; identical kinds with identical shapes share one measurement."""
+    num_params: int
+    param_bytes: dict[str, int] = field(default_factory=dict)
+    """Parameter bytes by dtype as built (e.g. {"float32": 4096})."""
+    forward_flops: float
+    """Forward FLOPs per sample (matmul FLOPs = 2 x MACs), attention included."""
+    backward_flops: float
+    """Backward FLOPs per sample (about 2x forward for GEMMs)."""
+    activation_bytes: float
+    """Bytes saved for backward per sample, no recompute, at the profiled activation dtype."""
+    selective_activation_bytes: float = 0.0
+    """Saved bytes per sample with selective recompute (attention core recomputed)."""
+    recompute_flops_selective: float = 0.0
+    """Extra forward FLOPs per sample spent by selective recompute."""
+    input_bytes: float = 0.0
+    """Bytes per sample entering the layer (what crosses a stage boundary before it)."""
+    output_bytes: float = 0.0
+    """Bytes per sample leaving the layer (what crosses a stage boundary after it)."""
+    tp: TPRule = field(default_factory=TPRule)
+    gemm_shapes: list[list[int]] = field(default_factory=list)
+    """[m_per_sample, n, k] of the layer's main GEMMs; the cost model picks GEMM efficiency from
+    these (m scales with microbatch x seq)."""
+    timings: list[LayerTiming] = field(default_factory=list)
+    """Measured timings by microbatch size (empty when profiled on meta)."""
+
+    def validate(self, path: str = "") -> None:
+        check(self.num_params >= 0, f"{path}.num_params", self.num_params, "must be >= 0")
+        check(self.forward_flops >= 0, f"{path}.forward_flops", self.forward_flops, "must be >= 0")
+        check(self.backward_flops >= 0, f"{path}.backward_flops", self.backward_flops, "must be >= 0")
+        check(self.activation_bytes >= 0, f"{path}.activation_bytes", self.activation_bytes, "must be >= 0")
+
+    def timing(self, microbatch_size: int) -> LayerTiming | None:
+        for t in self.timings:
+            if t.microbatch_size == microbatch_size:
+                return t
+        return None
+
+    @property
+    def param_bytes_total(self) -> int:
+        return sum(self.param_bytes.values())
+
+
+@dataclass(kw_only=True)
+class ModelProfile:
+    schema_version: int = PROFILE_SCHEMA_VERSION
+    model_name: str
+    """Zoo name, "file.py:factory", "module:factory" or "hf:NAME"."""
+    model_config: dict[str, Any] = field(default_factory=dict)
+    """The resolved config the model was built from (layers, hidden, heads, vocab, seq, ...)."""
+    family: str = "gpt"
+    """Model family: gpt, llama, bert, vit, moe, resnet, user, hf."""
+    seq_len: int
+    """Tokens per sample (1 for models without a sequence)."""
+    param_dtype: str = "float32"
+    """dtype the model was built in; the planner applies its own training precision."""
+    activation_dtype_bytes: int = 2
+    """Bytes per activation element that activation_bytes assume (2 = bf16 training)."""
+    num_params: int
+    forward_flops_per_sample: float
+    num_layers: int
+    """Number of repeated blocks (transformer layers); len(layers) also counts embed/head."""
+    hidden: int = 0
+    heads: int = 0
+    vocab: int = 0
+    device: str = "meta"
+    """Where timings were measured: "meta" (none), "cpu", "cuda:<name>"."""
+    concurrent: int = 1
+    """How many processes were busy while timing (ranks that will share the host)."""
+    layers: list[LayerProfile]
+    edges: list[list[str]] = field(default_factory=list)
+    """Graph edges [src_fqn, dst_fqn]; empty means the chain in list order."""
+    notes: list[str] = field(default_factory=list)
+    """What the profiler did that a reader should know (reused measurements, approximations)."""
+
+    def validate(self, path: str = "") -> None:
+        p = f"{path}." if path else ""
+        check(self.schema_version == PROFILE_SCHEMA_VERSION, f"{p}schema_version", self.schema_version,
+              f"this meshplan reads ModelProfile schema {PROFILE_SCHEMA_VERSION}; re-run meshplan profile")
+        check(self.seq_len >= 1, f"{p}seq_len", self.seq_len, "must be >= 1")
+        check(len(self.layers) >= 1, f"{p}layers", len(self.layers), "a profile needs at least one layer")
+        names = [layer.name for layer in self.layers]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        check(not dup, f"{p}layers", dup[:3], "layer names must be unique module FQNs")
+        for i, layer in enumerate(self.layers):
+            layer.validate(f"{p}layers[{i}]")
+        known = set(names)
+        for i, (src, dst) in enumerate(self.edges):
+            check(src in known and dst in known, f"{p}edges[{i}]", [src, dst], "edges must join known layers")
+
+    @property
+    def layer_names(self) -> list[str]:
+        return [layer.name for layer in self.layers]
+
+    def layer(self, name: str) -> LayerProfile:
+        for layer in self.layers:
+            if layer.name == name:
+                return layer
+        raise KeyError(name)
+
+    def graph(self):
+        """networkx DiGraph of layers in execution order; node attributes are the LayerProfile."""
+        import networkx as nx
+
+        g = nx.DiGraph()
+        for order, layer in enumerate(self.layers):
+            g.add_node(layer.name, order=order, layer=layer)
+        edges = self.edges or [[a.name, b.name] for a, b in zip(self.layers, self.layers[1:])]
+        g.add_edges_from((a, b) for a, b in edges)
+        return g

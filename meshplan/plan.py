@@ -1,0 +1,222 @@
+"""Plan: how to split training over the devices, and what the cost model predicts for it.
+
+Mesh axes are ordered `pp, dp_replicate, dp_shard, cp, tp` and named as torchtitan names them
+(`pipeline_parallel_degree`, `data_parallel_shard_degree`, ...). Stage boundaries are explicit
+lists of layer FQNs (one list per pipeline stage, `pp * virtual_stages` lists, in model order;
+stage s runs on pipeline rank s % pp, the "loop" placement of torch.distributed.pipelining).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshplan.schema import check
+
+PLAN_SCHEMA_VERSION = 1
+SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
+INTERLEAVED = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
+SCHEDULE_ALIASES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B",
+                    "interleaved1f1b": "Interleaved1F1B", "loopedbfs": "LoopedBFS",
+                    "zerobubble": "InterleavedZeroBubble", "interleavedzerobubble": "InterleavedZeroBubble"}
+RECOMPUTE = ("none", "selective", "full")
+GRADIENT_COMM = ("allreduce", "fp16", "powersgd")
+MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+def schedule_name(text: str) -> str:
+    """Normalise a CLI spelling (gpipe, 1f1b, interleaved) to torch.distributed.pipelining's name."""
+    key = text.replace("-", "").replace("_", "").lower()
+    if text in SCHEDULES:
+        return text
+    if key in SCHEDULE_ALIASES:
+        return SCHEDULE_ALIASES[key]
+    from meshplan.errors import MeshplanError
+
+    raise MeshplanError(f"schedule {text!r} is unknown; use one of gpipe, 1f1b, interleaved")
+
+
+@dataclass(kw_only=True)
+class StageMemory:
+    """Predicted bytes per device of one pipeline rank (all its virtual stages together)."""
+    stage: int
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    buffers_bytes: float
+    """Temporary buffers: communication buckets, gathered ZeRO-3 layers, logits."""
+    total_bytes: float
+    capacity_bytes: float
+
+
+@dataclass(kw_only=True)
+class Prediction:
+    step_time_s: float
+    breakdown: dict[str, float] = field(default_factory=dict)
+    """Seconds per term: compute, recompute, bubble, tp_comm, pp_comm, dp_comm (exposed), optimizer."""
+    stage_memory: list[StageMemory] = field(default_factory=list)
+    peak_memory_bytes: float = 0.0
+    """Max over ranks."""
+    mfu: float = 0.0
+    """Model FLOPs utilisation (Korthikanti et al. 2022 Eq. 7 FLOPs; no recompute)."""
+    hfu: float = 0.0
+    """Hardware FLOPs utilisation (recompute FLOPs counted)."""
+    model_tflops_per_gpu: float = 0.0
+    hardware_tflops_per_gpu: float = 0.0
+    tokens_per_s_per_gpu: float = 0.0
+    binding_constraint: str = ""
+    """One sentence: what limits this plan (memory on stage 0, pipeline bubble, inter-node TP...)."""
+    stage_times_s: list[float] = field(default_factory=list)
+    """Forward+backward time of one microbatch per pipeline rank."""
+
+
+@dataclass(kw_only=True)
+class Provenance:
+    profile_hash: str = ""
+    cluster_hash: str = ""
+    meshplan_version: str = ""
+
+
+@dataclass(kw_only=True)
+class Rejection:
+    """A family of candidates the search threw away, with the reason and its numbers."""
+    family: str
+    """E.g. "tp=16", "pp=2 tp=8 zero=0", "microbatch=8"."""
+    reason: str
+    """E.g. "OOM by 12.3 GiB on stage 0", "heads 12 not divisible by tp=8"."""
+    count: int = 1
+    """Candidates in this family rejected for this reason."""
+
+
+@dataclass(kw_only=True)
+class SearchSummary:
+    """What the search looked at: attached to the best plan written by `meshplan plan -o`."""
+    search_time_s: float
+    num_candidates: int
+    """Configurations enumerated (outer loop: degrees x microbatch x schedule x ZeRO x sp)."""
+    num_evaluated: int
+    """Candidates whose stage boundaries and recompute were solved and costed."""
+    num_rejected: int
+    alternatives: list["Plan"] = field(default_factory=list)
+    """The next-best plans (top-K), each with its full prediction; no nested search."""
+    rejected: list[Rejection] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class Plan:
+    schema_version: int = PLAN_SCHEMA_VERSION
+    model_name: str
+    """What the executor rebuilds: zoo name, file.py:factory, module:factory or hf:NAME."""
+    model_config: dict[str, Any] = field(default_factory=dict)
+    """Shape overrides the model was built with (the --set values, resolved)."""
+    cluster_name: str
+    world_size: int
+    pipeline_parallel_degree: int = 1
+    data_parallel_replicate_degree: int = 1
+    """DDP / ZeRO-1 replicas (gradients all-reduced)."""
+    data_parallel_shard_degree: int = 1
+    """FSDP2 shards (ZeRO-2/3)."""
+    context_parallel_degree: int = 1
+    tensor_parallel_degree: int = 1
+    zero_stage: int = 0
+    """0 = DDP, 1 = sharded optimizer states, 2 = + sharded gradients, 3 = + sharded parameters."""
+    offload: bool = False
+    gradient_comm: str = "allreduce"
+    sequence_parallel: bool = False
+    precision: str = "bf16"
+    """Training compute dtype: "bf16" (mixed precision, fp32 master weights) or "fp32"."""
+    global_batch_size: int
+    microbatch_size: int
+    num_microbatches: int
+    """Microbatches per optimizer step on each data-parallel replica (gradient accumulation)."""
+    seq_len: int
+    pipeline_schedule: str = "1F1B"
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank (> 1 only for interleaved schedules)."""
+    layers: list[str]
+    """All layer FQNs of the model in execution order; stages must cover them exactly."""
+    stages: list[list[str]]
+    recompute: dict[str, str] = field(default_factory=dict)
+    """Layer FQN -> "none" | "selective" | "full" (absent means "none")."""
+    rank_placement: str = "pp,dp_replicate,dp_shard,cp,tp"
+    """Mesh axis order, outermost first: tp is innermost, so TP groups are consecutive ranks."""
+    prediction: Prediction | None = None
+    provenance: Provenance = field(default_factory=Provenance)
+    search: SearchSummary | None = None
+    """Present on plans chosen by `meshplan plan`; absent on `estimate` and on alternatives."""
+
+    @property
+    def data_parallel_degree(self) -> int:
+        return self.data_parallel_replicate_degree * self.data_parallel_shard_degree
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        return (self.pipeline_parallel_degree, self.data_parallel_replicate_degree,
+                self.data_parallel_shard_degree, self.context_parallel_degree, self.tensor_parallel_degree)
+
+    def validate(self, path: str = "") -> None:
+        p = f"{path}." if path else ""
+        check(self.schema_version == PLAN_SCHEMA_VERSION, f"{p}schema_version", self.schema_version,
+              f"this meshplan reads Plan schema {PLAN_SCHEMA_VERSION}; re-run meshplan plan")
+        degrees = dict(zip(("pipeline_parallel_degree", "data_parallel_replicate_degree",
+                            "data_parallel_shard_degree", "context_parallel_degree",
+                            "tensor_parallel_degree"), self.mesh_shape))
+        for name, value in degrees.items():
+            check(value >= 1, f"{p}{name}", value, "degrees must be >= 1")
+        check(self.world_size >= 1, f"{p}world_size", self.world_size, "must be >= 1")
+        product = 1
+        for value in self.mesh_shape:
+            product *= value
+        check(product == self.world_size, f"{p}world_size", self.world_size,
+              f"the degrees multiply to {product} (pp x dp_replicate x dp_shard x cp x tp); "
+              "make them multiply to the world size")
+        self._validate_training(p)
+        self._validate_stages(p)
+
+    def _validate_training(self, p: str) -> None:
+        check(0 <= self.zero_stage <= 3, f"{p}zero_stage", self.zero_stage, "use 0, 1, 2 or 3")
+        check(self.zero_stage < 2 or self.data_parallel_replicate_degree == 1 or self.data_parallel_shard_degree > 1,
+              f"{p}zero_stage", self.zero_stage, "ZeRO-2/3 shard over data_parallel_shard_degree; set it > 1")
+        check(self.gradient_comm in GRADIENT_COMM, f"{p}gradient_comm", self.gradient_comm,
+              "use one of " + ", ".join(GRADIENT_COMM))
+        check(self.precision in ("bf16", "fp32"), f"{p}precision", self.precision, 'use "bf16" or "fp32"')
+        check(self.pipeline_schedule in SCHEDULES, f"{p}pipeline_schedule", self.pipeline_schedule,
+              "use one of " + ", ".join(SCHEDULES))
+        check(self.virtual_stages >= 1, f"{p}virtual_stages", self.virtual_stages, "must be >= 1")
+        check(self.virtual_stages == 1 or self.pipeline_schedule in INTERLEAVED, f"{p}virtual_stages",
+              self.virtual_stages, f"{self.pipeline_schedule} runs one stage per rank; use 1 or Interleaved1F1B")
+        for name in ("global_batch_size", "microbatch_size", "num_microbatches", "seq_len"):
+            check(getattr(self, name) >= 1, f"{p}{name}", getattr(self, name), "must be >= 1")
+        expected = self.microbatch_size * self.num_microbatches * self.data_parallel_degree
+        check(expected == self.global_batch_size, f"{p}global_batch_size", self.global_batch_size,
+              f"must equal microbatch_size x num_microbatches x data-parallel degree = {expected}")
+        check(self.pipeline_parallel_degree == 1 or self.num_microbatches >= self.pipeline_parallel_degree
+              or self.pipeline_schedule == "GPipe", f"{p}num_microbatches", self.num_microbatches,
+              f"{self.pipeline_schedule} needs at least pp = {self.pipeline_parallel_degree} microbatches")
+        for layer, mode in self.recompute.items():
+            check(mode in RECOMPUTE, f"{p}recompute.{layer}", mode, "use none, selective or full")
+
+    def _validate_stages(self, p: str) -> None:
+        want = self.pipeline_parallel_degree * self.virtual_stages
+        check(len(self.stages) == want, f"{p}stages", f"{len(self.stages)} stages",
+              f"need pipeline_parallel_degree x virtual_stages = {want} stage lists")
+        known = set(self.layers)
+        flat = [fqn for stage in self.stages for fqn in stage]
+        for i, stage in enumerate(self.stages):
+            check(len(stage) >= 1, f"{p}stages[{i}]", stage, "every stage needs at least one layer")
+            for fqn in stage:
+                check(fqn in known, f"{p}stages[{i}]", fqn, "is not a layer of the model; see plan.layers")
+        seen = set()
+        for fqn in flat:
+            check(fqn not in seen, f"{p}stages", fqn, "this layer is in two stages; list each layer once")
+            seen.add(fqn)
+        missing = [fqn for fqn in self.layers if fqn not in seen]
+        check(not missing, f"{p}stages", missing[:1], "this layer is in no stage; every layer needs one")
+        check(flat == self.layers, f"{p}stages", next((a for a, b in zip(flat, self.layers) if a != b), ""),
+              "stages must hold contiguous layers in model order")
+        for layer in self.recompute:
+            check(layer in known, f"{p}recompute", layer, "is not a layer of the model; see plan.layers")
+
+    def stage_ranks(self) -> list[int]:
+        """Pipeline rank that runs each stage (loop placement)."""
+        return [s % self.pipeline_parallel_degree for s in range(len(self.stages))]

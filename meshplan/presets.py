@@ -1,0 +1,110 @@
+"""Cluster presets from spec sheets (../shared/reference/hardware.csv) and the local CPU preset.
+
+Calibration, one per device type, never per published row:
+- gemm_efficiency: achieved fraction of dense bf16 peak by GEMM size (FLOPs of one GEMM).
+  The large-GEMM plateau is the measured "maximum achievable matmul FLOPs" (MAMF) of
+  stas00/ml-engineering compute/accelerator/README.md: A100 SXM 271.2/312 = 0.869,
+  H100/H200 SXM 794.5/989 = 0.803. Smaller GEMMs fall off as tiles stop filling the SMs.
+- link efficiency: nccl-tests all-reduce bus bandwidth over wire bandwidth — A100 node
+  235/300 = 0.78 (ml-engineering network/README.md); H200 ring 365.6/450 = 0.81; inter-node
+  0.9 as in calculon's system files.
+- dp_overlap: fraction of bucketed gradient communication hidden behind backward (DDP/FSDP
+  overlap everything but the last bucket).
+"""
+from __future__ import annotations
+
+import os
+
+from meshplan.cluster import Calibration, ClusterSpec, DeviceSpec, LinkSpec
+from meshplan.errors import MeshplanError
+
+GIB = 1024**3
+GB = 1e9
+
+
+def _curve(plateau: float) -> list[list[float]]:
+    """Efficiency vs GEMM FLOPs: ramps from ~20% of the plateau at 1e8 FLOPs to the plateau at 1e12."""
+    points = [(1e6, 0.02), (1e8, 0.20), (1e9, 0.45), (1e10, 0.72), (1e11, 0.92), (1e12, 1.0)]
+    return [[flops, round(frac * plateau, 4)] for flops, frac in points]
+
+
+def _gpu(name: str, tflops: float, mem_gb: float, hbm_tbs: float, nvlink_gbps: float,
+         internode_gbps: float, plateau: float, nvlink_eff: float, source: str) -> ClusterSpec:
+    return ClusterSpec(
+        name=name,
+        device=DeviceSpec(name=name.upper(), kind="cuda",
+                          peak_flops={"bf16": tflops * 1e12, "fp16": tflops * 1e12, "fp32": tflops * 1e12 / 16},
+                          memory_bytes=int(mem_gb * GB), hbm_gbps=hbm_tbs * 1000,
+                          gemm_efficiency=_curve(plateau), memory_reserved_fraction=0.05),
+        num_nodes=1, devices_per_node=8,
+        intra_node=LinkSpec(bandwidth_gbps=nvlink_gbps, latency_s=8e-6,
+                            efficiency={"default": nvlink_eff}),
+        inter_node=LinkSpec(bandwidth_gbps=internode_gbps, latency_s=2e-5, efficiency={"default": 0.9}),
+        host_device=LinkSpec(bandwidth_gbps=32 if "a100" in name else 64, latency_s=1e-5,
+                             efficiency={"default": 0.87}),
+        calibration=Calibration(dp_overlap=0.9, tp_overlap=0.0, pp_overlap=0.0, kernel_overhead_s=0.0,
+                                source="spec sheet + MAMF and nccl-tests fractions; see meshplan/presets.py"),
+        source=source,
+    )
+
+
+def _gpu_presets() -> dict[str, ClusterSpec]:
+    csv = "../shared/reference/hardware.csv"
+    return {
+        "a100-40g": _gpu("a100-40g", 312, 40, 1.555, 300, 25, 0.869, 0.78, f"{csv} A100-SXM4-40GB"),
+        "a100-80g": _gpu("a100-80g", 312, 80, 2.0, 300, 25, 0.869, 0.78, f"{csv} A100-SXM4-80GB"),
+        "h100-80g": _gpu("h100-80g", 989, 80, 3.35, 450, 50, 0.803, 0.81, f"{csv} H100-SXM5-80GB"),
+        "h200-141g": _gpu("h200-141g", 989, 141, 4.8, 450, 50, 0.803, 0.81, f"{csv} H200-SXM-141GB"),
+        "b200-180g": _gpu("b200-180g", 2250, 180, 8.0, 900, 50, 0.80, 0.76, f"{csv} B200-SXM-180GB"),
+    }
+
+
+def local_cpu(num_ranks: int = 4) -> ClusterSpec:
+    """This machine: N CPU ranks on one node sharing host memory; links are gloo over loopback.
+
+    Spec-sheet numbers are nominal; `meshplan profile-links` replaces the links with measured fits
+    and `meshplan profile --device cpu` gives measured layer times, which the cost model prefers.
+    """
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        total = 16 * GIB
+    per_rank = int(total * 0.8 / max(num_ranks, 1))
+    return ClusterSpec(
+        name="local-cpu",
+        device=DeviceSpec(name="cpu", kind="cpu", peak_flops={"fp32": 5e10, "bf16": 5e10},
+                          memory_bytes=per_rank, hbm_gbps=10.0,
+                          gemm_efficiency=[[1e4, 0.05], [1e6, 0.3], [1e8, 0.8], [1e10, 1.0]]),
+        num_nodes=1, devices_per_node=num_ranks,
+        intra_node=LinkSpec(bandwidth_gbps=1.0, latency_s=1e-4, efficiency={"default": 1.0}),
+        inter_node=LinkSpec(bandwidth_gbps=1.0, latency_s=1e-4, efficiency={"default": 1.0}),
+        calibration=Calibration(dp_overlap=0.0, tp_overlap=0.0, pp_overlap=0.0, kernel_overhead_s=0.0,
+                                source="nominal; run `meshplan profile-links` for measured links"),
+        source="local CPU ranks (gloo)",
+    )
+
+
+CLUSTER_PRESETS = ("a100-40g", "a100-80g", "h100-80g", "h200-141g", "b200-180g", "local-cpu")
+
+
+def cluster_preset(name: str, num_devices: int) -> ClusterSpec:
+    """A preset sized to `num_devices` (8 per node for GPUs; N ranks on one node for local-cpu)."""
+    if num_devices < 1:
+        raise MeshplanError(f"--num-gpus {num_devices}: must be >= 1")
+    if name == "local-cpu":
+        return local_cpu(num_devices)
+    presets = _gpu_presets()
+    if name not in presets:
+        raise MeshplanError(f"cluster {name!r} is not a preset; use one of {', '.join(CLUSTER_PRESETS)} "
+                            "or a cluster.json from meshplan profile-links")
+    return presets[name].with_num_devices(num_devices)
+
+
+def load_cluster(name_or_path: str, num_devices: int | None) -> ClusterSpec:
+    """A preset name or a ClusterSpec JSON file, resized to `num_devices` when given."""
+    from meshplan import schema
+
+    if name_or_path.endswith(".json") or os.path.sep in name_or_path:
+        spec = schema.load(ClusterSpec, name_or_path, "cluster")
+        return spec.with_num_devices(num_devices) if num_devices else spec
+    return cluster_preset(name_or_path, num_devices or (4 if name_or_path == "local-cpu" else 8))

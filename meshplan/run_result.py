@@ -1,0 +1,41 @@
+"""RunResult: what `meshplan run` measured (run.json), merged into the report beside the prediction."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from meshplan.schema import check
+
+RUN_SCHEMA_VERSION = 1
+
+
+@dataclass(kw_only=True)
+class RunResult:
+    schema_version: int = RUN_SCHEMA_VERSION
+    plan_hash: str = ""
+    """content_hash of the plan that was executed."""
+    world_size: int
+    steps: int
+    losses: list[float]
+    """One loss per step (the global-batch mean), identical on every rank."""
+    step_time_s: float
+    """Median step time after warm-up."""
+    step_times_s: list[float] = field(default_factory=list)
+    """Every step's wall time, warm-up included."""
+    tokens_per_s: float
+    """Global tokens (samples x seq) per second at the median step time."""
+    peak_memory_bytes: int
+    """Max over ranks (CUDA max allocated; live-tensor tracker on CPU)."""
+    peak_memory_per_rank_bytes: list[int] = field(default_factory=list)
+    device: str = "cpu"
+    backend: str = "gloo"
+    torch_version: str = ""
+    resumed_from_step: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def validate(self, path: str = "") -> None:
+        p = f"{path}." if path else ""
+        check(self.schema_version == RUN_SCHEMA_VERSION, f"{p}schema_version", self.schema_version,
+              f"this meshplan reads run.json schema {RUN_SCHEMA_VERSION}; re-run meshplan run")
+        check(len(self.losses) == self.steps - self.resumed_from_step, f"{p}losses", len(self.losses),
+              "need one loss per executed step")
+        check(self.step_time_s >= 0, f"{p}step_time_s", self.step_time_s, "must be >= 0")

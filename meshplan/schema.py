@@ -1,0 +1,179 @@
+"""JSON round-trip and validation for the contract dataclasses.
+
+Every contract is a `kw_only` dataclass. `from_dict` checks the input against the type hints
+(unknown fields, missing fields, wrong types) and then calls the class's `validate()`, so that
+a malformed file fails with one line naming the field path, the value and the fix.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+from meshplan.errors import MeshplanError
+
+T = TypeVar("T")
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def _fail(path: str, value: Any, expected: str) -> MeshplanError:
+    shown = json.dumps(value)[:60] if not isinstance(value, str) else repr(value[:60])
+    return MeshplanError(f"{path} = {shown}: expected {expected}")
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:
+    """Convert a JSON value to `tp`, raising MeshplanError with the field path on mismatch."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(arg, value, path)
+            except MeshplanError as exc:
+                errors.append(str(exc))
+        raise errors[0] if len(errors) == 1 else _fail(path, value, " or ".join(_type_name(a) for a in args))
+    if origin is typing.Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise _fail(path, value, "one of " + ", ".join(map(repr, choices)))
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise _fail(path, value, "a list")
+        (item,) = typing.get_args(tp) or (Any,)
+        return [_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise _fail(path, value, "an object")
+        key_tp, val_tp = typing.get_args(tp) or (str, Any)
+        return {str(k): _convert(val_tp, v, f"{path}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, path)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise _fail(path, value, "true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _fail(path, value, "an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _fail(path, value, "a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise _fail(path, value, "a string")
+        return value
+    raise TypeError(f"unsupported field type {tp!r} at {path}")  # a bug in a contract, not user input
+
+
+def from_dict(cls: type[T], data: Any, path: str = "") -> T:
+    """Build dataclass `cls` from parsed JSON, checking fields and types, then `validate()`."""
+    where = path or cls.__name__
+    if not isinstance(data, dict):
+        raise _fail(where, data, f"an object ({cls.__name__})")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise MeshplanError(
+            f"{where}.{unknown[0]}: unknown field for {cls.__name__}; "
+            f"known fields are {', '.join(sorted(fields))}")
+    kwargs = {}
+    for name, field in fields.items():
+        sub = f"{path}.{name}" if path else name
+        if name not in data:
+            no_default = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+            if no_default:
+                raise MeshplanError(f"{sub}: missing required field of {cls.__name__}")
+            continue
+        kwargs[name] = _convert(hints[name], data[name], sub)
+    obj = cls(**kwargs)
+    validate = getattr(obj, "validate", None)
+    if validate is not None:
+        validate(path)
+    return obj
+
+
+def to_dict(obj: Any) -> Any:
+    """Dataclass → plain JSON-able structure (dicts keep insertion order)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any) -> str:
+    """Deterministic JSON text (same object, same bytes)."""
+    return json.dumps(to_dict(obj), indent=2, sort_keys=False, allow_nan=False) + "\n"
+
+
+def content_hash(obj: Any) -> str:
+    """sha256 of the canonical JSON of a contract; used for provenance in plans."""
+    text = json.dumps(to_dict(obj), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write via a temporary file and rename, so a failure never leaves a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save(obj: Any, path: str | os.PathLike) -> None:
+    write_text_atomic(path, dumps(obj))
+
+
+def load(cls: type[T], path: str | os.PathLike, what: str | None = None) -> T:
+    """Read and validate a contract file; every failure is one MeshplanError line."""
+    what = what or cls.__name__
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise MeshplanError(f"{what} file {str(path)!r} does not exist; check the path") from None
+    except OSError as exc:
+        raise MeshplanError(f"{what} file {str(path)!r} cannot be read: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MeshplanError(
+            f"{what} file {str(path)!r} is not valid JSON (line {exc.lineno}, column {exc.colno}: "
+            f"{exc.msg}); regenerate it with meshplan") from None
+    try:
+        return from_dict(cls, data)
+    except MeshplanError as exc:
+        raise MeshplanError(f"{path}: {exc}") from None
+
+
+def check(cond: bool, path: str, value: Any, fix: str) -> None:
+    """Validation helper for `validate()` methods: raise one line naming field, value and fix."""
+    if not cond:
+        raise MeshplanError(f"{path} = {json.dumps(value, default=str)[:80]}: {fix}")

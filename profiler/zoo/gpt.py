@@ -1,0 +1,109 @@
+"""GPT (GPT-2 / GPT-3 shapes): learned positions, pre-LN blocks, GELU MLP, tied-free LM head.
+
+Dropout is left out (p = 0 in every published large run's reproduction we compare against, and
+it keeps loss-equality tests exact), so activation memory has no dropout-mask terms.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from meshplan.profiler.zoo.base import LayeredModel
+
+
+@dataclass(kw_only=True)
+class GPTConfig:
+    layers: int = 12
+    hidden: int = 768
+    heads: int = 12
+    vocab: int = 50257
+    seq: int = 1024
+    ffn_hidden: int = 0
+    """MLP width; 0 means 4 x hidden."""
+
+    def __post_init__(self):
+        if not self.ffn_hidden:
+            self.ffn_hidden = 4 * self.hidden
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden: int, heads: int):
+        super().__init__()
+        self.head_dim = hidden // heads
+        self.wq = nn.Linear(hidden, hidden)
+        self.wk = nn.Linear(hidden, hidden)
+        self.wv = nn.Linear(hidden, hidden)
+        self.wo = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        # local heads: under tensor parallelism wq/wk/wv hold heads/t heads each
+        q = self.wq(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        k = self.wk(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        v = self.wv(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, h)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, ffn_hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(hidden, ffn_hidden)
+        self.fc2 = nn.Linear(ffn_hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.hidden)
+        self.attn = Attention(cfg.hidden, cfg.heads)
+        self.ln2 = nn.LayerNorm(cfg.hidden)
+        self.mlp = MLP(cfg.hidden, cfg.ffn_hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Embedding(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.pos = nn.Embedding(cfg.seq, cfg.hidden)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        return self.tok(idx) + self.pos(positions)  # (B, T, h)
+
+
+class Head(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.norm = nn.LayerNorm(cfg.hidden)
+        self.proj = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.norm(x))  # (B, T, V)
+
+
+class GPT(LayeredModel):
+    family = "gpt"
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__(Embedding(cfg), [Block(cfg) for _ in range(cfg.layers)], Head(cfg))
+        self.config = cfg
+
+    @property
+    def seq_len(self) -> int:
+        return self.config.seq
+
+    def example_batch(self, batch_size, generator=None, device="cpu"):
+        tokens = torch.randint(0, self.config.vocab, (batch_size, self.config.seq + 1), generator=generator)
+        tokens = tokens.to(device)
+        return tokens[:, :-1], tokens[:, 1:]  # inputs (B, T), next-token targets (B, T)

@@ -1,0 +1,16 @@
+"""Maps the top-level profiler/, planner/ and executor/ folders into the single import
+namespace meshplan.* (DESIGN.md, "Layout"); all metadata lives in pyproject.toml."""
+from setuptools import find_packages, setup
+
+ROOTS = {"meshplan": "meshplan", "meshplan.profiler": "profiler",
+         "meshplan.planner": "planner", "meshplan.executor": "executor"}
+
+packages, package_dir = [], {}
+for name, folder in ROOTS.items():
+    package_dir[name] = folder
+    packages.append(name)
+    for sub in find_packages(folder):
+        packages.append(f"{name}.{sub}")
+        package_dir[f"{name}.{sub}"] = f"{folder}/{sub.replace('.', '/')}"
+
+setup(packages=packages, package_dir=package_dir)
