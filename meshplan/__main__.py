@@ -1,0 +1,5 @@
+import sys
+
+from meshplan.cli import main
+
+sys.exit(main())

@@ -1,0 +1,324 @@
+"""The CLI verbs: the only place that wires profiler, planner, executor and report together."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+from meshplan import schema
+from meshplan.errors import MeshplanError
+from meshplan.plan import Plan, schedule_name
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    handler = {
+        "presets": cmd_presets, "profile": cmd_profile, "profile-links": cmd_profile_links,
+        "plan": cmd_plan, "estimate": cmd_estimate, "run": cmd_run, "report": cmd_report,
+        "export": cmd_export, "validate": cmd_validate,
+    }[args.verb]
+    return handler(args)
+
+
+# ---------------------------------------------------------------- helpers
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+@contextlib.contextmanager
+def _progress(args: argparse.Namespace, message: str) -> Iterator[None]:
+    """A rich spinner on stderr for people; nothing with --quiet or --json."""
+    if args.quiet or args.json:
+        yield
+        return
+    with _console().status(message):
+        yield
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(schema.to_dict(obj), indent=2, allow_nan=False))
+
+
+def _say(args: argparse.Namespace, text: str) -> None:
+    if not args.json and not args.quiet:
+        _console().print(text, highlight=False)
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """--set KEY=VALUE ... -> {key: int|float|bool|str}."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise MeshplanError(f"--set {item!r}: expected KEY=VALUE, e.g. --set layers=96")
+        out[key.strip()] = _parse_value(raw.strip())
+    return out
+
+
+def _parse_value(raw: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    return raw
+
+
+def _check_positive(**values: int | None) -> None:
+    for name, value in values.items():
+        if value is not None and value < 1:
+            raise MeshplanError(f"--{name.replace('_', '-')} {value}: must be >= 1")
+
+
+# ---------------------------------------------------------------- verbs
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from meshplan.presets import CLUSTER_PRESETS, cluster_preset
+    from meshplan.profiler.zoo import ZOO, FAMILIES
+
+    models = {name: {"family": fam, **cfg} for name, (fam, cfg) in sorted(ZOO.items())}
+    clusters = {}
+    for name in CLUSTER_PRESETS:
+        spec = cluster_preset(name, 8 if name != "local-cpu" else 4)
+        clusters[name] = {"device": spec.device.name, "peak_tflops": max(spec.device.peak_flops.values()) / 1e12,
+                          "memory_gib": spec.device.memory_bytes / 2**30,
+                          "devices_per_node": spec.devices_per_node,
+                          "intra_node_gbps": spec.intra_node.bandwidth_gbps,
+                          "inter_node_gbps": spec.inter_node.bandwidth_gbps}
+    if args.json:
+        _print_json({"models": models, "families": sorted(FAMILIES), "clusters": clusters})
+        return 0
+    from rich.table import Table
+
+    table = Table(title="models (use --model NAME; families take --set)")
+    for col in ("name", "family", "shape"):
+        table.add_column(col)
+    for name, cfg in models.items():
+        table.add_row(name, cfg["family"], " ".join(f"{k}={v}" for k, v in cfg.items() if k != "family"))
+    table.add_row("[dim]" + ", ".join(sorted(FAMILIES)), "family", "--set keys of the family config")
+    ctable = Table(title="clusters (use --cluster NAME --num-gpus N)")
+    for col in ("name", "device", "peak TFLOP/s", "memory GiB", "per node", "NVLink GB/s", "inter-node GB/s"):
+        ctable.add_column(col)
+    for name, c in clusters.items():
+        ctable.add_row(name, c["device"], f"{c['peak_tflops']:.0f}", f"{c['memory_gib']:.0f}",
+                       str(c["devices_per_node"]), f"{c['intra_node_gbps']:g}", f"{c['inter_node_gbps']:g}")
+    from rich.console import Console
+
+    Console().print(table)
+    Console().print(ctable)
+    return 0
+
+
+def _build_profile(args: argparse.Namespace, device: str = "meta", microbatches=None, concurrent: int = 1):
+    from meshplan.profiler import profile_model
+
+    overrides = parse_overrides(args.overrides)
+    with _progress(args, f"profiling {args.model} on {device}"):
+        return profile_model(args.model, overrides, device=device, microbatch_sizes=microbatches,
+                             concurrent=concurrent, progress=False)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    _check_positive(concurrent=args.concurrent)
+    for b in args.microbatch or []:
+        _check_positive(microbatch=b)
+    profile = _build_profile(args, args.device, args.microbatch, args.concurrent)
+    if args.output:
+        schema.save(profile, args.output)
+    if args.json:
+        _print_json(profile)
+        return 0
+    _say(args, f"[bold]{profile.model_name}[/]: {profile.num_params:,} parameters, "
+               f"{profile.forward_flops_per_sample:.3g} forward FLOPs/sample, {profile.num_layers} blocks, "
+               f"{len(profile.layers)} graph nodes, timed on {profile.device}")
+    for note in profile.notes:
+        _say(args, f"  note: {note}")
+    if args.output:
+        _say(args, f"wrote {args.output}")
+    return 0
+
+
+def cmd_profile_links(args: argparse.Namespace) -> int:
+    from meshplan.profiler.links import profile_links
+
+    if args.nproc < 2:
+        raise MeshplanError(f"--nproc {args.nproc}: link profiling needs at least 2 ranks")
+    with _progress(args, f"measuring collectives on {args.nproc} local ranks"):
+        spec = profile_links(args.nproc, max_bytes=args.max_bytes, progress=False)
+    if args.output:
+        schema.save(spec, args.output)
+    if args.json:
+        _print_json(spec)
+        return 0
+    for fit in spec.collectives:
+        _say(args, f"{fit.collective:15s} n={fit.group_size}: latency {fit.latency_s * 1e6:8.1f} us, "
+                   f"bandwidth {fit.bandwidth_gbps:7.3f} GB/s")
+    if args.output:
+        _say(args, f"wrote {args.output}")
+    return 0
+
+
+def _request(args: argparse.Namespace, cluster):
+    from meshplan.planner.request import PlanRequest
+
+    _check_positive(num_gpus=args.num_gpus, global_batch=args.global_batch, seq=args.seq, tp=args.tp,
+                    pp=args.pp, dp=args.dp, cp=args.cp, microbatch=args.microbatch,
+                    virtual_stages=args.virtual_stages, top=getattr(args, "top", None))
+    precision = args.precision or ("fp32" if cluster.device.kind == "cpu" else "bf16")
+    return PlanRequest(num_gpus=args.num_gpus, global_batch=args.global_batch, seq=args.seq,
+                       top_k=getattr(args, "top", 5), tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp,
+                       microbatch=args.microbatch,
+                       schedule=schedule_name(args.schedule) if args.schedule else None,
+                       virtual_stages=args.virtual_stages, recompute=args.recompute, zero=args.zero,
+                       sequence_parallel=args.sequence_parallel,
+                       allow_cross_node_tp=getattr(args, "allow_cross_node_tp", False), precision=precision)
+
+
+def _profile_and_cluster(args: argparse.Namespace):
+    from meshplan.model_profile import ModelProfile
+    from meshplan.presets import load_cluster
+
+    _check_positive(num_gpus=args.num_gpus)
+    cluster = load_cluster(args.cluster, args.num_gpus)
+    if args.profile:
+        profile = schema.load(ModelProfile, args.profile, "profile")
+        if args.overrides:
+            raise MeshplanError("--set cannot change a saved --profile; re-run meshplan profile with --set")
+    else:
+        profile = _build_profile(args)
+    return profile, cluster
+
+
+def _emit_plan(args: argparse.Namespace, plan: Plan) -> None:
+    from meshplan.views import describe, plan_table, plan_view
+
+    if args.output:
+        schema.save(plan, args.output)
+    if args.json:
+        _print_json(plan_view(plan))
+        return
+    if not args.quiet:
+        from rich.console import Console
+
+        Console().print(plan_table(plan))
+    pred = plan.prediction
+    print(f"recommended: {describe(plan)}")
+    if pred is not None:
+        print(f"predicted: {pred.step_time_s:.4g} s/step, {pred.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
+              f"MFU {pred.mfu:.1%}, peak {pred.peak_memory_bytes / 2**30:.2f} GiB/GPU; {pred.binding_constraint}")
+    if plan.search is not None and not args.quiet:
+        s = plan.search
+        _say(args, f"searched {s.num_candidates:,} candidates in {s.search_time_s:.3f} s "
+                   f"({s.num_evaluated:,} costed, {s.num_rejected:,} rejected)")
+        for rej in s.rejected[:8]:
+            _say(args, f"  rejected {rej.family}: {rej.reason}" + (f" (x{rej.count})" if rej.count > 1 else ""))
+    if args.output:
+        _say(args, f"wrote {args.output}")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from meshplan.planner import search
+
+    profile, cluster = _profile_and_cluster(args)
+    request = _request(args, cluster)
+    with _progress(args, f"searching plans for {request.num_gpus} x {cluster.name}"):
+        plan = search(profile, cluster, request)
+    _emit_plan(args, plan)
+    return 0
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from meshplan.planner import estimate
+
+    profile, cluster = _profile_and_cluster(args)
+    plan = estimate(profile, cluster, _request(args, cluster))
+    _emit_plan(args, plan)
+    return 0
+
+
+def _load_plan(path: str) -> Plan:
+    return schema.load(Plan, path, "plan")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from meshplan.executor import check_plan, launch_command, run_plan
+
+    _check_positive(steps=args.steps, nnodes=args.nnodes)
+    plan = _load_plan(args.plan)
+    check_plan(plan)
+    if args.print_launch:
+        cmd = launch_command(plan, nnodes=args.nnodes, node_rank=args.node_rank,
+                             rdzv_endpoint=args.rdzv_endpoint, steps=args.steps)
+        import shlex
+
+        print(shlex.join(cmd))
+        return 0
+    with _progress(args, f"running {args.steps} steps on {plan.world_size} ranks"):
+        result = run_plan(plan, steps=args.steps, data=args.data, out_dir=args.out_dir,
+                          checkpoint_every=args.checkpoint_every, resume=args.resume, nnodes=args.nnodes,
+                          node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
+                          timeout_s=args.timeout, quiet=args.quiet or args.json)
+    if args.json:
+        _print_json(result)
+        return 0
+    print(f"losses: {' '.join(f'{x:.4f}' for x in result.losses)}")
+    print(f"step time {result.step_time_s:.4g} s (median after warm-up), {result.tokens_per_s:,.0f} tokens/s, "
+          f"peak memory {result.peak_memory_bytes / 2**20:.1f} MiB/rank")
+    if plan.prediction is not None and plan.prediction.step_time_s > 0:
+        err = result.step_time_s / plan.prediction.step_time_s - 1
+        print(f"predicted {plan.prediction.step_time_s:.4g} s/step: measured is {err:+.1%} off")
+    _say(args, f"wrote {Path(args.out_dir) / 'run.json'}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from meshplan.report import write_report
+    from meshplan.run_result import RunResult
+
+    plan = _load_plan(args.plan)
+    run = schema.load(RunResult, args.run, "run") if args.run else None
+    paths = write_report(plan, args.output, run=run)
+    if args.json:
+        _print_json({"files": [str(p) for p in paths]})
+    else:
+        for path in paths:
+            _say(args, f"wrote {path}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from meshplan.report import export_plan
+
+    files = export_plan(_load_plan(args.plan), args.to)
+    if args.output:
+        for name, text in files.items():
+            schema.write_text_atomic(Path(args.output) / name, text)
+    if args.json:
+        _print_json(files)
+    elif not args.output:
+        for name, text in files.items():
+            print(f"# ---- {name}\n{text}")
+    else:
+        for name in files:
+            _say(args, f"wrote {Path(args.output) / name}")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from meshplan.planner import validate_published, write_validation_report
+
+    csv = args.csv or str(Path(__file__).parent / "data" / "published-runs.csv")
+    with _progress(args, "predicting published runs"):
+        rows = validate_published(csv)
+    write_validation_report(rows, args.output)
+    if args.json:
+        _print_json(rows)
+    else:
+        _say(args, f"wrote {args.output} ({len(rows)} rows)")
+    return 0
