@@ -116,9 +116,9 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def _build_profile(args: argparse.Namespace, device: str = "meta", microbatches=None, concurrent: int = 1):
+    overrides = parse_overrides(args.overrides)
     from meshplan.profiler import profile_model
 
-    overrides = parse_overrides(args.overrides)
     with _progress(args, f"profiling {args.model} on {device}"):
         return profile_model(args.model, overrides, device=device, microbatch_sizes=microbatches,
                              concurrent=concurrent, progress=False)
@@ -180,19 +180,22 @@ def _request(args: argparse.Namespace, cluster):
                        allow_cross_node_tp=getattr(args, "allow_cross_node_tp", False), precision=precision)
 
 
-def _profile_and_cluster(args: argparse.Namespace):
+def _inputs(args: argparse.Namespace):
+    """(profile, cluster, request) for plan/estimate; cheap flag checks run before any profiling."""
     from meshplan.model_profile import ModelProfile
     from meshplan.presets import load_cluster
 
     _check_positive(num_gpus=args.num_gpus)
     cluster = load_cluster(args.cluster, args.num_gpus)
+    request = _request(args, cluster)
+    parse_overrides(args.overrides)
     if args.profile:
         profile = schema.load(ModelProfile, args.profile, "profile")
         if args.overrides:
             raise MeshplanError("--set cannot change a saved --profile; re-run meshplan profile with --set")
     else:
         profile = _build_profile(args)
-    return profile, cluster
+    return profile, cluster, request
 
 
 def _emit_plan(args: argparse.Namespace, plan: Plan) -> None:
@@ -223,10 +226,9 @@ def _emit_plan(args: argparse.Namespace, plan: Plan) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    profile, cluster, request = _inputs(args)
     from meshplan.planner import search
 
-    profile, cluster = _profile_and_cluster(args)
-    request = _request(args, cluster)
     with _progress(args, f"searching plans for {request.num_gpus} x {cluster.name}"):
         plan = search(profile, cluster, request)
     _emit_plan(args, plan)
@@ -234,10 +236,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
+    profile, cluster, request = _inputs(args)
     from meshplan.planner import estimate
 
-    profile, cluster = _profile_and_cluster(args)
-    plan = estimate(profile, cluster, _request(args, cluster))
+    plan = estimate(profile, cluster, request)
     _emit_plan(args, plan)
     return 0
 
@@ -247,10 +249,10 @@ def _load_plan(path: str) -> Plan:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from meshplan.executor import check_plan, launch_command, run_plan
-
     _check_positive(steps=args.steps, nnodes=args.nnodes)
     plan = _load_plan(args.plan)
+    from meshplan.executor import check_plan, launch_command, run_plan
+
     check_plan(plan)
     if args.print_launch:
         cmd = launch_command(plan, nnodes=args.nnodes, node_rank=args.node_rank,
@@ -278,11 +280,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from meshplan.report import write_report
     from meshplan.run_result import RunResult
 
     plan = _load_plan(args.plan)
     run = schema.load(RunResult, args.run, "run") if args.run else None
+    from meshplan.report import write_report
+
     paths = write_report(plan, args.output, run=run)
     if args.json:
         _print_json({"files": [str(p) for p in paths]})
@@ -293,9 +296,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    plan = _load_plan(args.plan)
     from meshplan.report import export_plan
 
-    files = export_plan(_load_plan(args.plan), args.to)
+    files = export_plan(plan, args.to)
     if args.output:
         for name, text in files.items():
             schema.write_text_atomic(Path(args.output) / name, text)

@@ -7,6 +7,7 @@ a malformed file fails with one line naming the field path, the value and the fi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -39,15 +40,17 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
-        errors = []
+        errors: list[MeshplanError] = []
         for arg in args:
             if arg is type(None):
                 continue
             try:
                 return _convert(arg, value, path)
             except MeshplanError as exc:
-                errors.append(str(exc))
-        raise errors[0] if len(errors) == 1 else _fail(path, value, " or ".join(_type_name(a) for a in args))
+                errors.append(exc)
+        if len(errors) == 1:
+            raise errors[0]
+        raise _fail(path, value, " or ".join(_type_name(a) for a in args))
     if origin is typing.Literal:
         choices = typing.get_args(tp)
         if value not in choices:
@@ -112,10 +115,23 @@ def from_dict(cls: type[T], data: Any, path: str = "") -> T:
     return obj
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
 def to_dict(obj: Any) -> Any:
     """Dataclass → plain JSON-able structure (dicts keep insertion order)."""
     if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        hints = _hints(type(obj))
+        out = {}
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            # a float field given an int in Python serialises as a float, so load(save(x)) == x
+            if hints[f.name] is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            out[f.name] = to_dict(value)
+        return out
     if isinstance(obj, dict):
         return {str(k): to_dict(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

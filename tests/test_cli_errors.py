@@ -1,0 +1,68 @@
+"""User mistakes at the CLI: one line on stderr naming the value, non-zero exit, no traceback,
+and no half-written output file."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from contract_fixtures import make_plan
+from meshplan import schema
+
+
+def meshplan(*args, cwd=None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "meshplan", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=120)
+
+
+def assert_one_line_error(proc, needle):
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert needle in lines[0], lines[0]
+
+
+def test_run_rejects_plan_with_wrong_world_size(tmp_path):
+    data = schema.to_dict(make_plan())
+    data["world_size"] = 6
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    assert_one_line_error(meshplan("run", str(path)), "world_size")
+
+
+def test_report_rejects_malformed_json(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text("{\"model_name\": ")
+    out = tmp_path / "out"
+    assert_one_line_error(meshplan("report", str(path), "-o", str(out)), "not valid JSON")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["plan", "--num-gpus", "0"], "--num-gpus"),
+    (["plan", "--cluster", "tpu-v9"], "tpu-v9"),
+    (["plan", "--set", "layers"], "KEY=VALUE"),
+    (["plan", "--set", "depth=3"], "depth"),
+    (["plan", "--model", "gpt-huge"], "gpt-huge"),
+    (["plan", "--schedule", "zigzag"], "zigzag"),
+    (["plan", "--cluster", "missing-cluster.json"], "missing-cluster.json"),
+])
+def test_plan_bad_flags(tmp_path, args, needle):
+    out = tmp_path / "plan.json"
+    proc = meshplan(*args, "-o", str(out))
+    assert_one_line_error(proc, needle)
+    assert not out.exists()
+
+
+def test_help_describes_every_verb():
+    proc = meshplan("--help")
+    assert proc.returncode == 0
+    for verb in ("profile", "profile-links", "plan", "estimate", "run", "report", "export", "validate"):
+        assert verb in proc.stdout
+        sub = meshplan(verb, "--help")
+        assert sub.returncode == 0 and "--json" in sub.stdout and len(sub.stdout) > 300, verb
