@@ -1,0 +1,126 @@
+"""`profile_model`: the ModelProfile of any model spec (the `meshplan profile` verb).
+
+Analysis (FLOPs, parameters, activation bytes, boundary bytes, GEMM shapes, TP rules) always runs
+on fake tensors, so a 175B model costs seconds and no memory. One representative layer per
+distinct signature (layer class, parameter shapes, input shape) is captured; identical layers
+reuse it. With device="cpu"/"cuda" the representatives are also timed (see timing.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from meshplan.model_profile import LayerProfile, ModelProfile
+from meshplan.profiler.capture import LayerCapture, capture_layer, fake_copy
+from meshplan.profiler.loader import check_device, load_model
+from meshplan.profiler.tp_rules import tp_rules
+from meshplan.profiler.zoo.base import LayeredModel
+
+ACTIVATION_DTYPE = torch.bfloat16
+"""Activations are captured in bf16, the training precision the planner assumes."""
+
+
+def profile_model(model: str, overrides: dict | None = None, *, device: str = "meta",
+                  microbatch_sizes: list[int] | None = None, concurrent: int = 1,
+                  progress: bool = False) -> ModelProfile:
+    """Profile `model` (zoo name, family, file.py:factory, module:factory or hf:NAME).
+
+    `overrides` are config keys (`--set`), e.g. {"layers": 4, "seq": 2048}. On "meta" nothing is
+    timed; on "cpu"/"cuda" each representative layer is timed per microbatch size (default [1]),
+    with `concurrent - 1` other processes running the same layer.
+    """
+    check_device(device)
+    layered = load_model(model, overrides, "meta")
+    profile = analyse_model(layered, model, progress=progress)
+    if device != "meta":
+        from meshplan.profiler.timing import time_profile
+
+        time_profile(profile, model, overrides, device=device,
+                     microbatch_sizes=microbatch_sizes or [1], concurrent=concurrent, progress=progress)
+    profile.validate()
+    return profile
+
+
+def analyse_model(model: LayeredModel, model_name: str, progress: bool = False) -> ModelProfile:
+    """The device-independent part of the profile, captured on fake tensors."""
+    rules = tp_rules(model)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+    inputs, _ = model.example_batch(1, torch.Generator().manual_seed(0))
+    x = _to_fake(inputs, fake_mode)
+    seen: dict[tuple, tuple[str, LayerCapture]] = {}
+    layers: list[LayerProfile] = []
+    for fqn in _progress(model.layer_names(), progress, "analysing layers"):
+        module = model.get_submodule(fqn)
+        key = _signature(module, x)
+        if key not in seen:
+            seen[key] = (fqn, capture_layer(fake_copy(module, fake_mode, ACTIVATION_DTYPE), x, fake_mode))
+        rep, cap = seen[key]
+        layers.append(_layer_profile(fqn, module, cap, rules[fqn]))
+        x = cap.output
+    return _model_profile(model, model_name, layers, _reuse_notes(model, seen))
+
+
+def _to_fake(x: torch.Tensor, fake_mode: FakeTensorMode) -> torch.Tensor:
+    fake = fake_mode.from_tensor(x.to("cpu"))
+    with fake_mode:
+        return fake.to(ACTIVATION_DTYPE).requires_grad_() if fake.is_floating_point() else fake
+
+
+def _signature(module: torch.nn.Module, x: torch.Tensor) -> tuple:
+    """Layers with equal signatures cost the same: class, parameter shapes/dtypes, input shape."""
+    params = tuple((n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters())
+    return type(module).__qualname__, params, tuple(x.shape), str(x.dtype)
+
+
+def _layer_profile(fqn: str, module: torch.nn.Module, cap: LayerCapture, rule) -> LayerProfile:
+    param_bytes: dict[str, int] = {}
+    for p in module.parameters():
+        dtype = str(p.dtype).removeprefix("torch.")
+        param_bytes[dtype] = param_bytes.get(dtype, 0) + p.numel() * p.element_size()
+    return LayerProfile(
+        name=fqn, kind=type(module).__name__.lower(),
+        num_params=sum(p.numel() for p in module.parameters()), param_bytes=param_bytes,
+        forward_flops=cap.forward_flops, backward_flops=cap.backward_flops,
+        activation_bytes=float(cap.activation_bytes),
+        selective_activation_bytes=float(cap.selective_activation_bytes),
+        recompute_flops_selective=cap.recompute_flops_selective,
+        input_bytes=float(cap.input_bytes), output_bytes=float(cap.output_bytes),
+        tp=rule, gemm_shapes=[list(s) for s in cap.gemm_shapes])
+
+
+def _reuse_notes(model: LayeredModel, seen: dict) -> list[str]:
+    names = model.layer_names()
+    reps = {rep for rep, _ in seen.values()}
+    notes = [f"analysed {len(reps)} representative layer(s) on fake tensors ({', '.join(sorted(reps, key=names.index))}); "
+             f"the other {len(names) - len(reps)} layer(s) have identical class, parameter shapes "
+             "and input shape and reuse their numbers"]
+    notes.append("activation_bytes = storages saved for backward (bf16 activations, fused SDPA: no s^2 "
+                 "attention matrix), measured with saved_tensors_hooks; FLOPs count backward as 2x the "
+                 "attention forward (model FLOPs)")
+    return notes
+
+
+def _model_profile(model: LayeredModel, name: str, layers: list[LayerProfile], notes: list[str]) -> ModelProfile:
+    config = getattr(model, "config", None)
+    config_dict: dict[str, Any] = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}
+    dtypes = {d for layer in layers for d in layer.param_bytes}
+    return ModelProfile(
+        model_name=name, model_config=config_dict, family=getattr(model, "family", "user"),
+        seq_len=model.seq_len, param_dtype=sorted(dtypes)[0] if len(dtypes) == 1 else "mixed",
+        activation_dtype_bytes=torch.finfo(ACTIVATION_DTYPE).bits // 8,
+        num_params=sum(layer.num_params for layer in layers),
+        forward_flops_per_sample=sum(layer.forward_flops for layer in layers),
+        num_layers=len(model.layers), hidden=int(config_dict.get("hidden", 0)),
+        heads=int(config_dict.get("heads", 0)), vocab=int(config_dict.get("vocab", 0)),
+        device="meta", layers=layers, notes=notes)
+
+
+def _progress(items: list[str], enabled: bool, label: str):
+    if not enabled:
+        return items
+    from rich.progress import track
+
+    return track(items, description=label, transient=True)

@@ -1,0 +1,138 @@
+"""Capture one layer's costs by running it forward+backward on fake tensors (nothing allocated).
+
+The layer is copied into a FakeTensorMode on the CPU device and run in the profile's activation
+dtype (bf16), under three observers at once:
+- `FlopCounterMode` counts matmul/conv/attention FLOPs in forward and backward;
+- a dispatch mode (`_OpTracker`) records GEMM shapes and which op produced each storage;
+- `saved_tensors_hooks` see every tensor autograd saves for backward: their distinct storages,
+  minus the parameters, are the layer's activation bytes (measured, not assumed).
+CPU fake tensors run SDPA as the fused flash kernel, the path every real device takes, so the
+s^2 attention matrix is never stored (see `activations.py` for the closed form this matches).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from meshplan.profiler.flop_formulas import ATTENTION_CORE_OPS, register_cpu_attention_formulas
+
+aten = torch.ops.aten
+_GEMM_OPS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.convolution.default}
+
+
+@dataclass
+class LayerCapture:
+    forward_flops: float
+    backward_flops: float
+    activation_bytes: int
+    selective_activation_bytes: int
+    recompute_flops_selective: float
+    input_bytes: int
+    output_bytes: int
+    gemm_shapes: list[list[int]] = field(default_factory=list)
+    output: object = None
+    """The fake output tensor (detached), the next layer's input."""
+
+
+class _OpTracker(TorchDispatchMode):
+    """Remembers the last op run, the producer op of each output storage and forward GEMM shapes."""
+
+    def __init__(self):
+        super().__init__()
+        self.last_op = None
+        self.producer: dict[int, object] = {}
+        self.gemm_shapes: list[list[int]] = []
+        self.record_gemms = True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.namespace != "prim":  # prim.device etc. come from our own hooks' queries
+            self.last_op = func
+        inputs = {id(a.untyped_storage()) for a in args if isinstance(a, torch.Tensor)}
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in inputs:
+                self.producer[id(t.untyped_storage())] = func  # a new storage (views keep theirs)
+        if self.record_gemms and func in _GEMM_OPS:
+            self.gemm_shapes.append(_gemm_shape(func, args))
+        return out
+
+
+def _gemm_shape(func, args) -> list[int]:
+    """[m, n, k] of a GEMM (batch of a bmm folded into m; conv as implicit GEMM)."""
+    if func is aten.addmm.default:
+        (m, k), n = args[1].shape, args[2].shape[1]
+        return [m, n, k]
+    if func is aten.mm.default:
+        (m, k), n = args[0].shape, args[1].shape[1]
+        return [m, n, k]
+    if func is aten.bmm.default:
+        (bt, m, k), n = args[0].shape, args[1].shape[2]
+        return [bt * m, n, k]
+    x, w = args[0], args[1]  # convolution: (N, C, H, W) x (Cout, Cin/g, kh, kw)
+    out_pixels = x.shape[0] * _conv_out_pixels(x.shape[2:], w.shape[2:], args[3], args[4], args[5])
+    return [out_pixels, w.shape[0], int(w[0].numel())]
+
+
+def _conv_out_pixels(spatial, kernel, stride, padding, dilation) -> int:
+    n = 1
+    for size, k, s, p, d in zip(spatial, kernel, stride, padding, dilation):
+        n *= (size + 2 * p - d * (k - 1) - 1) // s + 1
+    return n
+
+
+def fake_copy(layer: nn.Module, fake_mode, dtype: torch.dtype) -> nn.Module:
+    """A copy of `layer` whose parameters and buffers are fake CPU tensors (floats in `dtype`)."""
+    clone = copy.deepcopy(layer)
+    with fake_mode:
+        return clone._apply(lambda t: torch.empty(
+            t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device="cpu"))
+
+
+def capture_layer(layer: nn.Module, x: torch.Tensor, fake_mode) -> LayerCapture:
+    """Run a fake `layer` on fake input `x` forward and backward; see the module docstring."""
+    register_cpu_attention_formulas()
+    param_storages = {id(p.untyped_storage()) for p in layer.parameters()}
+    saved: dict[int, tuple[int, set]] = {}
+    keep: list[torch.Tensor] = []
+    tracker = _OpTracker()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = id(t.untyped_storage())
+        if key not in param_storages:
+            keep.append(t)
+            saved.setdefault(key, (t.untyped_storage().nbytes(), set()))[1].add(tracker.last_op)
+        return t
+
+    with fake_mode, FlopCounterMode(display=False) as flops, tracker:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = layer(x)
+        forward_flops = flops.get_total_flops()
+        core_flops = _core_flops(flops)
+        tracker.record_gemms = False
+        if y.requires_grad:
+            y.backward(torch.ones_like(y))
+        backward_flops = flops.get_total_flops() - forward_flops
+        activation = sum(n for n, _ in saved.values())
+        dropped = sum(n for key, (n, savers) in saved.items()
+                      if savers <= ATTENTION_CORE_OPS and tracker.producer.get(key) in ATTENTION_CORE_OPS)
+        out = y.detach().requires_grad_(y.is_floating_point())
+    return LayerCapture(forward_flops=float(forward_flops), backward_flops=float(backward_flops),
+                        activation_bytes=activation, selective_activation_bytes=activation - dropped,
+                        recompute_flops_selective=float(core_flops if dropped else 0),
+                        input_bytes=_nbytes(x), output_bytes=_nbytes(y),
+                        gemm_shapes=tracker.gemm_shapes, output=out)
+
+
+def _core_flops(counter: FlopCounterMode) -> int:
+    """Forward FLOPs of attention-core ops so far (what selective recompute runs again)."""
+    packets = {op.overloadpacket for op in ATTENTION_CORE_OPS}
+    return sum(n for op, n in counter.get_flop_counts().get("Global", {}).items() if op in packets)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
