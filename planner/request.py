@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+STATE_LAYOUTS = ("torch", "megatron")
+
 
 @dataclass(kw_only=True)
 class PlanRequest:
@@ -28,3 +30,13 @@ class PlanRequest:
     sequence_parallel: bool | None = None
     allow_cross_node_tp: bool = False
     precision: str = "bf16"
+    state_layout: str = "torch"
+    """How training state is kept per parameter (unsharded bytes): "torch" = fp32 master weights +
+    fp32 grads + Adam m, v (4 + 4 + 8 = 16 B; AMP / FSDP2 mixed precision); "megatron" = bf16
+    weights + fp32 main grads + fp32 master copy + Adam (2 + 4 + 12 = 18 B, Megatron-LM)."""
+    overlap_dp_comm: bool = True
+    """Overlap the gradient all-reduce with backward (PyTorch DDP/FSDP do; Megatron-LM before
+    Megatron-Core did not: Korthikanti et al. 2022 Sec 6.3)."""
+    overlap_tp_comm: bool = False
+    """Overlap tensor-parallel collectives with GEMMs (Megatron-Core --tp-comm-overlap, async TP);
+    hides cluster.calibration.tp_overlap of the TP time when on."""
