@@ -66,6 +66,11 @@ class LayerProfile:
     """Saved bytes per sample with selective recompute (attention core recomputed)."""
     recompute_flops_selective: float = 0.0
     """Extra forward FLOPs per sample spent by selective recompute."""
+    tp_replicated_activation_bytes: float = 0.0
+    """Part of activation_bytes that tensor parallelism does NOT split unless sequence parallel is
+    on (layer-norm inputs, dropout masks, inputs of the column-parallel linears: the `10sbh` of
+    Korthikanti et al. 2022 Eq. 2). 0 means unknown: the planner then assumes 10 x seq x hidden
+    bytes per sample for transformer blocks."""
     input_bytes: float = 0.0
     """Bytes per sample entering the layer (what crosses a stage boundary before it)."""
     output_bytes: float = 0.0
