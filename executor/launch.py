@@ -1,0 +1,247 @@
+"""Launch a plan with torchrun on local devices and turn the ranks' reports into a RunResult.
+
+`launch_command` is the exact torchrun line (also for `--print-launch` / Slurm). `run_plan`
+checks the plan, starts torchrun in its own process group and watches the ranks' status files:
+- success = every local rank wrote its result file; torchrun's exit code is then only noted
+  (gloo processes sometimes abort at interpreter shutdown after all work is done);
+- a rank that exits or raises: RunError naming it and the step it was at;
+- no status file changed for `timeout_s` (a hang): the job is killed, RunError naming the
+  rank(s) that fell behind. Checkpoints are only declared complete after every rank saved.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from meshplan.errors import MeshplanError, RunError
+from meshplan.executor.check import check_plan, local_device_count
+from meshplan.executor.worker import variant_dir
+from meshplan.plan import Plan
+from meshplan.run_result import RunResult
+from meshplan.schema import content_hash, save
+
+
+@dataclass(kw_only=True)
+class LaunchOptions:
+    steps: int = 5
+    data: str | None = None
+    out_dir: str = "runs/latest"
+    checkpoint_every: int = 0
+    resume: bool = False
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    timeout_s: float = 300
+    quiet: bool = False
+    optimizer: str = "adamw"
+    lr: float = 3e-4
+    grad_clip: float = 1.0
+    seed: int = 0
+    env: dict | None = None
+
+
+def launch_command(plan: Plan, *, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
+                   steps: int = 5, plan_path: str = "plan.json", out_dir: str = "runs/latest",
+                   data: str | None = None, checkpoint_every: int = 0, resume: bool = False,
+                   optimizer: str = "adamw", lr: float = 3e-4, grad_clip: float = 1.0, seed: int = 0,
+                   timeout_s: float = 300, extra_plans: list[str] = ()) -> list[str]:
+    """The torchrun command that runs `plan` (world_size / nnodes processes on this node)."""
+    if nnodes < 1 or plan.world_size % nnodes:
+        raise MeshplanError(f"--nnodes {nnodes}: must divide the plan's world size {plan.world_size}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={plan.world_size // nnodes}"]
+    if nnodes == 1:
+        cmd.append("--standalone")
+    else:
+        if not rdzv_endpoint:
+            raise MeshplanError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the node-rank-0 host)")
+        cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={rdzv_endpoint}", "--rdzv-id=meshplan"]
+    cmd += ["-m", "meshplan.executor.worker", "--plan", plan_path]
+    for extra in extra_plans:
+        cmd += ["--plan", extra]
+    cmd += ["--out-dir", out_dir, "--steps", str(steps), "--optimizer", optimizer, "--lr", repr(lr),
+            "--grad-clip", repr(grad_clip), "--seed", str(seed), "--timeout-s", repr(timeout_s)]
+    if data:
+        cmd += ["--data", data]
+    if checkpoint_every:
+        cmd += ["--checkpoint-every", str(checkpoint_every)]
+    if resume:
+        cmd.append("--resume")
+    return cmd
+
+
+def run_plan(plan: Plan, *, steps: int = 5, data: str | None = None, out_dir: str = "runs/latest",
+             checkpoint_every: int = 0, resume: bool = False, nnodes: int = 1, node_rank: int = 0,
+             rdzv_endpoint: str | None = None, timeout_s: float = 300, quiet: bool = False,
+             optimizer: str = "adamw", lr: float = 3e-4, grad_clip: float = 1.0, seed: int = 0) -> RunResult:
+    """Run `plan` with torchrun; writes out_dir/run.json and returns the RunResult."""
+    opts = LaunchOptions(steps=steps, data=data, out_dir=out_dir, checkpoint_every=checkpoint_every,
+                         resume=resume, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+                         timeout_s=timeout_s, quiet=quiet, optimizer=optimizer, lr=lr, grad_clip=grad_clip,
+                         seed=seed)
+    (result,) = run_plans([plan], opts)
+    save(result, Path(out_dir) / "run.json")
+    return result
+
+
+def run_plans(plans: list[Plan], opts: LaunchOptions) -> list[RunResult]:
+    """Run several plans of one world size in ONE torchrun launch (one RunResult each)."""
+    sizes = {p.world_size for p in plans}
+    if len(sizes) != 1:
+        raise MeshplanError(f"plans of different world sizes {sorted(sizes)} cannot share a launch")
+    for plan in plans:
+        check_plan(plan, nnodes=opts.nnodes)
+    if opts.steps < 1:
+        raise MeshplanError(f"--steps {opts.steps}: must be >= 1")
+    out = Path(opts.out_dir)
+    paths = _write_plans(plans, out)
+    _clear_reports(out, len(plans))
+    cmd = launch_command(plans[0], nnodes=opts.nnodes, node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint,
+                         steps=opts.steps, plan_path=paths[0], out_dir=str(out), data=opts.data,
+                         checkpoint_every=opts.checkpoint_every, resume=opts.resume, optimizer=opts.optimizer,
+                         lr=opts.lr, grad_clip=opts.grad_clip, seed=opts.seed, timeout_s=opts.timeout_s,
+                         extra_plans=paths[1:])
+    nproc = plans[0].world_size // opts.nnodes
+    ranks = list(range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc))
+    rc = _supervise(cmd, out, ranks, len(plans), opts)
+    return [_collect(plan, variant_dir(str(out), i, len(plans)), ranks, rc, opts) for i, plan in enumerate(plans)]
+
+
+def _write_plans(plans: list[Plan], out: Path) -> list[str]:
+    if len(plans) == 1:
+        save(plans[0], out / "plan.json")
+        return [str(out / "plan.json")]
+    paths = []
+    for i, plan in enumerate(plans):
+        save(plan, out / f"variant{i}" / "plan.json")
+        paths.append(str(out / f"variant{i}" / "plan.json"))
+    return paths
+
+
+def _clear_reports(out: Path, count: int) -> None:
+    for f in list((out / "ranks").glob("rank*.status.json")) if (out / "ranks").exists() else []:
+        f.unlink()
+    for i in range(count):
+        for f in variant_dir(str(out), i, count).glob("rank*.result.json"):
+            f.unlink()
+
+
+def _env(opts: LaunchOptions) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update(opts.env or {})
+    return env
+
+
+def _supervise(cmd: list[str], out: Path, ranks: list[int], count: int, opts: LaunchOptions) -> int:
+    """Run torchrun; kill it when no rank reported progress for timeout_s. Returns its exit code."""
+    log = open(out / "launch.log", "w") if opts.quiet else None
+    proc = subprocess.Popen(cmd, env=_env(opts), stdout=log, stderr=subprocess.STDOUT if log else None,
+                            start_new_session=True)
+    last_change, last_seen = time.monotonic(), None
+    try:
+        while proc.poll() is None:
+            time.sleep(0.2)
+            seen = _status_mtimes(out)
+            if seen != last_seen:
+                last_change, last_seen = time.monotonic(), seen
+            if time.monotonic() - last_change > opts.timeout_s:
+                _kill(proc)
+                raise RunError(_hang_message(out, ranks, opts.timeout_s))
+        return proc.returncode
+    finally:
+        if proc.poll() is None:
+            _kill(proc)
+        if log:
+            log.close()
+
+
+def _status_mtimes(out: Path) -> tuple:
+    files = sorted((out / "ranks").glob("rank*.status.json")) if (out / "ranks").exists() else []
+    return tuple((f.name, f.stat().st_mtime_ns) for f in files if f.exists())
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=5)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def read_statuses(out: Path, ranks: list[int]) -> dict[int, dict]:
+    statuses = {}
+    for r in ranks:
+        path = out / "ranks" / f"rank{r}.status.json"
+        try:
+            statuses[r] = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            statuses[r] = {"rank": r, "state": "not started", "step": -1, "variant": 0, "time": 0}
+    return statuses
+
+
+def _hang_message(out: Path, ranks: list[int], timeout_s: float) -> str:
+    st = read_statuses(out, ranks)
+    behind = min(st.values(), key=lambda s: (s.get("variant", 0), s.get("step", -1), s.get("time", 0)))
+    ahead = max(s.get("step", -1) for s in st.values())
+    return (f"rank {behind['rank']} hung: no progress from any rank for {timeout_s:g} s; rank {behind['rank']} "
+            f"last reported step {behind.get('step', -1)} while others reached step {ahead}; job killed")
+
+
+def _failure_message(out: Path, ranks: list[int], rc: int) -> str:
+    st = read_statuses(out, ranks)
+    errors = [s for s in st.values() if s.get("state") == "error"]
+    if errors:
+        s = errors[0]
+        return f"rank {s['rank']} failed at step {s.get('step', -1)}: {s.get('error', '')}"
+    alive = [s for s in st.values() if s.get("state") != "done"]
+    s = min(alive or st.values(), key=lambda s: (s.get("time", 0), s["rank"]))
+    return (f"rank {s['rank']} died at step {s.get('step', -1)} (state {s.get('state')}); torchrun exit code {rc}; "
+            "see the rank's output above or launch.log")
+
+
+def _collect(plan: Plan, vdir: Path, ranks: list[int], rc: int, opts: LaunchOptions) -> RunResult:
+    results = {}
+    for r in ranks:
+        path = vdir / f"rank{r}.result.json"
+        if path.exists():
+            results[r] = json.loads(path.read_text())
+    if len(results) != len(ranks):
+        missing = [r for r in ranks if r not in results]
+        raise RunError(_failure_message(Path(opts.out_dir), ranks, rc) + f" (no result from ranks {missing})")
+    return merge_results(plan, [results[r] for r in ranks], rc, opts)
+
+
+def merge_results(plan: Plan, per_rank: list[dict], rc: int, opts: LaunchOptions) -> RunResult:
+    """RunResult from the ranks' reports: losses of the first rank, the slowest rank per step."""
+    first = per_rank[0]
+    notes = []
+    if any(r["losses"] != first["losses"] for r in per_rank):
+        notes.append("losses differ between ranks (max abs diff "
+                     f"{max(abs(a - b) for r in per_rank for a, b in zip(r['losses'], first['losses'])):.3g})")
+    if rc != 0:
+        notes.append(f"torchrun exited with {rc} after every rank reported its result (shutdown crash ignored)")
+    step_times = [max(ts) for ts in zip(*(r["step_times_s"] for r in per_rank))]
+    timed = step_times[1:] if len(step_times) > 1 else step_times  # step 0 is warm-up (and memory tracking)
+    median_s = statistics.median(timed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return RunResult(plan_hash=content_hash(plan), world_size=plan.world_size, steps=opts.steps,
+                     losses=first["losses"], step_time_s=median_s, step_times_s=step_times,
+                     tokens_per_s=plan.global_batch_size * plan.seq_len / median_s if median_s > 0 else 0.0,
+                     peak_memory_bytes=max(r["peak_memory_bytes"] for r in per_rank),
+                     peak_memory_per_rank_bytes=[r["peak_memory_bytes"] for r in per_rank],
+                     device=device, backend="nccl" if device == "cuda" else "gloo",
+                     torch_version=torch.__version__, resumed_from_step=first["start_step"], notes=notes)

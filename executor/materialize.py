@@ -1,0 +1,70 @@
+"""Materialise a (meta) stage so that every plan starts from the single-process model's weights.
+
+After pipeline splitting, TP and FSDP2 have rewritten the parameters (DTensors with Shard,
+_StridedShard or Replicate placements), the stage is allocated with `to_empty` and each
+parameter's local shard is cut from its full initial value: `init_tensor(fqn, shape, seed)`
+(profiler/zoo/base.py, a pure function of FQN and shape), or the user's own weights when
+`apply` was handed a real model. Cutting uses `distribute_tensor(..., src_data_rank=None)`:
+every rank slices its shard locally, with no communication.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from meshplan.profiler.zoo.base import init_tensor
+
+FullValue = Callable[[str, torch.Size, torch.dtype], torch.Tensor]
+
+
+def init_source(seed: int) -> FullValue:
+    """Full initial values from the zoo's init rule."""
+    return lambda fqn, shape, dtype: init_tensor(fqn, shape, seed, dtype)
+
+
+def state_source(state: dict[str, torch.Tensor]) -> FullValue:
+    """Full initial values from a real model's state dict (apply() on a materialised model)."""
+    def value(fqn: str, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        return state[fqn].to(dtype)
+    return value
+
+
+def clean_fqn(fqn: str) -> str:
+    """Strip wrapper prefixes (DDP's "module.", checkpoint wrappers) to the model's FQN."""
+    for prefix in ("module.", "_checkpoint_wrapped_module.", "_orig_mod."):
+        fqn = fqn.replace(prefix, "")
+    return fqn
+
+
+@torch.no_grad()
+def materialize(part: nn.Module, device: torch.device, full_value: FullValue) -> None:
+    """Allocate `part` on `device` and fill parameters (and buffers) from `full_value`."""
+    if any(p.is_meta for p in part.parameters()) or any(b.is_meta for b in part.buffers()):
+        part.to_empty(device=device)
+    for fqn, param in part.named_parameters():
+        _fill(param, full_value(clean_fqn(fqn), param.shape, param.dtype))
+    for fqn, buf in part.named_buffers():
+        _fill_buffer(clean_fqn(fqn), buf, full_value)
+
+
+def _fill(param: torch.Tensor, full: torch.Tensor) -> None:
+    if isinstance(param, DTensor):
+        shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+        param.to_local().copy_(shard.to_local())
+    else:
+        param.copy_(full)
+
+
+def _fill_buffer(fqn: str, buf: torch.Tensor, full_value: FullValue) -> None:
+    if fqn.endswith("running_var"):
+        buf.fill_(1.0)
+    elif fqn.endswith(("running_mean", "num_batches_tracked")):
+        buf.zero_()
+    else:
+        try:
+            _fill(buf, full_value(fqn, buf.shape, buf.dtype))
+        except KeyError:
+            raise AssertionError(f"buffer {fqn} has no initial value; give the model an init rule") from None

@@ -1,0 +1,65 @@
+"""Rebuild the plan's model (on the meta device) and look up its tensor-parallel rules.
+
+Zoo names go through `meshplan.profiler.zoo.build_model`; user models ("file.py:factory",
+"module:factory", "hf:NAME") through the profiler's loader. `tp_rules_for` is the single place the
+executor learns how to split a layer; it defers to the profiler's `tp_rules` and falls back to the
+GPT naming (attn.wq/wk/wv, mlp.fc1 column; attn.wo, mlp.fc2 row) if that module is absent.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from meshplan.errors import MeshplanError
+from meshplan.model_profile import TPRule
+from meshplan.plan import Plan
+from meshplan.profiler.zoo.base import LayeredModel
+
+
+def build_model_for_plan(plan: Plan, device: str | torch.device = "meta", seed: int = 0) -> LayeredModel:
+    """The plan's model, unsharded; on "meta" nothing is allocated."""
+    return build_named_model(plan.model_name, plan.model_config, device, seed)
+
+
+def build_named_model(name: str, config: dict[str, Any], device: str | torch.device = "meta",
+                      seed: int = 0) -> LayeredModel:
+    from meshplan.profiler import zoo
+
+    if name in zoo.ZOO or name in zoo.FAMILIES:
+        return zoo.build_model(name, config, device=device, seed=seed)
+    try:
+        from meshplan.profiler.loader import load_model
+    except ImportError:
+        raise MeshplanError(f"plan.model_name = {name!r}: not a zoo model and this meshplan has no "
+                            "user-model loader yet; use a zoo name") from None
+    model = load_model(name, config, device)
+    if not isinstance(model, LayeredModel):
+        raise MeshplanError(f"plan.model_name = {name!r}: the loader did not return a LayeredModel")
+    return model
+
+
+def tp_rules_for(model: nn.Module) -> dict[str, TPRule]:
+    """TPRule per layer FQN (embed, layers.i, head)."""
+    try:
+        from meshplan.profiler.tp_rules import tp_rules
+    except ImportError:
+        return _gpt_rules(model)
+    return tp_rules(model)
+
+
+def _gpt_rules(model: nn.Module) -> dict[str, TPRule]:
+    rules = {}
+    for fqn in model.layer_names():
+        if fqn == "embed":
+            rules[fqn] = TPRule(row=["tok"], replicated=["pos"], kind="embedding")
+        elif fqn == "head":
+            rules[fqn] = TPRule(column=["proj"], replicated=["norm"], kind="head")
+        else:
+            layer = model.get_submodule(fqn)
+            rules[fqn] = TPRule(column=["attn.wq", "attn.wk", "attn.wv", "mlp.fc1"], row=["attn.wo", "mlp.fc2"],
+                                replicated=["ln1", "ln2"], kind="block",
+                                divisors={"heads": layer.attn.wq.out_features // layer.attn.head_dim,
+                                          "ffn": layer.mlp.fc1.out_features})
+    return rules

@@ -1,0 +1,150 @@
+"""`apply(model, plan, mesh)`: turn one LayeredModel into this rank's parallelised parts.
+
+The order is fixed (torchtitan's `parallelize`), each step one small `apply_*` function:
+  1. pipeline split   – keep this pipeline rank's stages (FQN lists from plan.stages)
+  2. tensor/sequence  – DTensor parallelize_module from the profile's TP rules (needs unsharded
+     parallel              params, so it precedes data parallelism)
+  3. recompute        – activation checkpointing per layer (inside FSDP/DDP, as torchtitan)
+  4. ZeRO-2/3         – FSDP2 fully_shard on the meta stage (shards before anything is allocated)
+  5. materialise      – allocate and fill each local shard from the single-process weights
+  6. DDP / ZeRO-1     – wrap real tensors (DDP broadcasts rank 0's state at construction);
+                        DTensor stages get a bucketed gradient reducer instead
+  7. schedule         – torch.distributed.pipelining stages and the plan's schedule (pp > 1)
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from meshplan.executor import data_parallel as dp_
+from meshplan.executor.activation_checkpoint import apply_ac
+from meshplan.executor.materialize import init_source, materialize, state_source
+from meshplan.executor.model import tp_rules_for
+from meshplan.executor.parallel_dims import ParallelDims
+from meshplan.executor.pipeline import build_schedule, schedule_step, split_stages
+from meshplan.executor.tensor_parallel import apply_tp
+from meshplan.plan import Plan
+from meshplan.profiler.zoo.base import LayeredModel
+
+
+@dataclass(kw_only=True)
+class Parallelized:
+    """This rank's share of the model and how to run one training step on it."""
+    plan: Plan
+    dims: ParallelDims
+    device: torch.device
+    parts: list[nn.Module]
+    """Model chunks held by this rank (one per local pipeline stage), DDP/FSDP-wrapped."""
+    stage_ids: list[int]
+    loss_fn: Callable
+    schedule: object | None = None
+    """torch.distributed.pipelining schedule, or None when pp = 1."""
+    stages: list = field(default_factory=list)
+    reducers: list = field(default_factory=list)
+    """ReplicaGradReducer per part for DTensor stages under DDP/ZeRO-1 semantics."""
+    autocast_dtype: torch.dtype | None = None
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for part in self.parts for p in part.parameters()]
+
+    def local_batch(self, tensor: torch.Tensor) -> torch.Tensor:
+        """This data-parallel replica's slice of a global batch (dim 0)."""
+        per = tensor.shape[0] // self.dims.dp_degree
+        return tensor[self.dims.dp_rank * per:(self.dims.dp_rank + 1) * per]
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        """Forward + backward of one replica batch (all microbatches) and the gradient reduction;
+        returns the global-batch mean loss, identical on every rank. The caller clips and steps."""
+        with self._autocast():
+            local = self._pipelined(inputs, targets) if self.schedule else self._accumulated(inputs, targets)
+        for reducer in self.reducers:
+            reducer.reduce()
+        owned = local if self.dims.is_loss_owner else torch.zeros((), dtype=torch.float64)
+        total = owned.detach().to(torch.float64).reshape(1).to(self.device)
+        dist.all_reduce(total)
+        return total.item() / self.dims.dp_degree
+
+    def _pipelined(self, inputs, targets) -> torch.Tensor:
+        losses = schedule_step(self.schedule, self.stages, inputs.to(self.device), targets.to(self.device))
+        return torch.stack([l.detach().float() for l in losses]).mean().cpu() if losses else torch.zeros(())
+
+    def _accumulated(self, inputs, targets) -> torch.Tensor:
+        (model,), n = self.parts, self.plan.num_microbatches
+        total = torch.zeros(())
+        for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
+            with _grad_sync(model, last=i == n - 1):
+                loss = self.loss_fn(model(x.to(self.device)), y.to(self.device)) / n
+                loss.backward()
+            total += loss.detach().float().cpu()
+        return total
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+
+def _grad_sync(model: nn.Module, last: bool):
+    """No gradient reduction on all but the last microbatch (DDP no_sync / FSDP2 flag)."""
+    if isinstance(model, dp_.DDP):
+        return contextlib.nullcontext() if last else model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(last)
+    return contextlib.nullcontext()
+
+
+def apply(model: LayeredModel, plan: Plan, mesh: DeviceMesh, *, seed: int = 0,
+          device: torch.device | None = None) -> Parallelized:
+    """Parallelise `model` per `plan` on `mesh` (build_mesh(plan, ...)); see the module docstring.
+
+    A meta-device model is filled from `init_tensor(fqn, shape, seed)`; a real model keeps its
+    own weights. Every rank must pass the same model."""
+    dims = ParallelDims(plan=plan, mesh=mesh)
+    device = device or _default_device(mesh)
+    on_meta = any(p.is_meta for p in model.parameters())
+    full_value = init_source(seed) if on_meta else state_source(
+        {k: v.detach().cpu() for k, v in model.state_dict().items()})
+    meta = model if on_meta else copy.deepcopy(model).to("meta")
+    rules = tp_rules_for(meta) if plan.tensor_parallel_degree > 1 else {}
+    stage_ids, parts = split_stages(meta, plan, dims.pp_rank)                          # 1
+    parts, reducers = [_parallelize_part(p, plan, dims, rules, device, full_value) for p in parts], []
+    parts, reducers = [p for p, _ in parts], [r for _, r in parts if r is not None]
+    result = Parallelized(plan=plan, dims=dims, device=device, parts=parts, stage_ids=stage_ids,
+                          loss_fn=model.loss, reducers=reducers, autocast_dtype=_autocast_dtype(plan, device))
+    if plan.pipeline_parallel_degree > 1 or len(plan.stages) > 1:                      # 7
+        result.schedule, result.stages = build_schedule(plan, stage_ids, parts, mesh["pp"], device, model.loss)
+    return result
+
+
+def _parallelize_part(part, plan: Plan, dims: ParallelDims, rules, device, full_value):
+    if plan.tensor_parallel_degree > 1:                                                 # 2
+        apply_tp(part, rules, dims.mesh["tp"], plan.sequence_parallel)
+    apply_ac(part, plan.recompute)                                                      # 3
+    data_parallel = dims.dp_degree > 1
+    if data_parallel and plan.zero_stage >= 2:                                          # 4
+        dp_.apply_fsdp(part, dims, plan, device)
+    materialize(part, device, full_value)                                               # 5
+    if data_parallel and plan.zero_stage <= 1:                                          # 6
+        if dp_.has_dtensor_params(part):
+            group = dims.dp_mesh().get_group()
+            return part, dp_.ReplicaGradReducer(list(part.parameters()), group, plan.gradient_comm == "fp16")
+        return dp_.apply_ddp(part, dims, plan, device), None
+    return part, None
+
+
+def _default_device(mesh: DeviceMesh) -> torch.device:
+    if mesh.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(mesh.device_type)
+
+
+def _autocast_dtype(plan: Plan, device: torch.device) -> torch.dtype | None:
+    """bf16 autocast on GPU for precision "bf16"; CPU runs fp32 (CPU autocast is slow and lossy)."""
+    return torch.bfloat16 if plan.precision == "bf16" and device.type == "cuda" else None

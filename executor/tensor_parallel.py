@@ -1,0 +1,103 @@
+"""Tensor and sequence parallelism from the profile's TP rules (Shoeybi et al. 2019 §3;
+sequence parallelism: Korthikanti et al. 2022 §4.2.2), via DTensor `parallelize_module`.
+
+Per layer kind:
+- "block": column children -> ColwiseParallel, row children -> RowwiseParallel. With sequence
+  parallelism the block's input and output are sharded on the sequence dim (Shard(1)): norms
+  become SequenceParallel, the parent of each column group all-gathers its input
+  (PrepareModuleInput Shard(1) -> Replicate) and row layers reduce-scatter (output Shard(1)).
+- "embedding": vocab-parallel (RowwiseParallel on nn.Embedding) with a replicated output; with
+  SP the layer's output is then sliced to Shard(1) (no communication).
+- "head": ColwiseParallel logits gathered to Replicate, so the loss is the plain mean
+  cross-entropy; with SP its input is Shard(1) and norms are SequenceParallel.
+- "none" (and "conv"): replicated; with SP the input is gathered and the output re-sliced.
+"""
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
+                                               RowwiseParallel, SequenceParallel, parallelize_module)
+
+from meshplan.model_profile import TPRule
+
+
+def apply_tp(stage: nn.Module, rules: dict[str, TPRule], tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """Parallelise every layer of a pipeline stage in place (layers it does not hold are skipped)."""
+    for fqn, rule in rules.items():
+        try:
+            layer = stage.get_submodule(fqn)
+        except AttributeError:
+            continue  # on another pipeline stage
+        if layer is None:
+            continue
+        plan = _layer_plan(rule, sequence_parallel)
+        if plan:
+            parallelize_module(layer, tp_mesh, plan)
+        outer = _layer_boundary(rule, sequence_parallel)
+        if outer is not None:
+            parallelize_module(layer, tp_mesh, outer)
+
+
+def _layer_plan(rule: TPRule, sp: bool) -> dict:
+    seq = Shard(1)
+    if rule.kind == "block":
+        plan = {c: ColwiseParallel(input_layouts=seq) if sp and "." not in c else ColwiseParallel()
+                for c in rule.column}
+        plan.update({r: RowwiseParallel(output_layouts=seq if sp else Replicate()) for r in rule.row})
+        if sp:
+            plan.update({n: SequenceParallel() for n in rule.replicated if _is_norm_name(n)})
+            parents = sorted({c.rsplit(".", 1)[0] for c in rule.column if "." in c})
+            plan.update({p: PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
+                         for p in parents})
+        return plan
+    if rule.kind == "embedding":
+        plan = {r: RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()) for r in rule.row}
+        plan.update({c: ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()) for c in rule.column})
+        return plan
+    if rule.kind == "head":
+        plan = {c: ColwiseParallel(input_layouts=seq if sp else Replicate(), output_layouts=Replicate())
+                for c in rule.column}
+        plan.update({r: RowwiseParallel(output_layouts=Replicate()) for r in rule.row})
+        if sp:
+            plan.update({n: SequenceParallel() for n in rule.replicated if _is_norm_name(n)})
+        return plan
+    return {}
+
+
+def _layer_boundary(rule: TPRule, sp: bool):
+    """Style for the layer module itself, so it reads and writes the SP sequence-sharded layout."""
+    if not sp:
+        return None
+    if rule.kind == "embedding":
+        return PrepareModuleOutput(output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),))
+    if rule.kind in ("block", "head"):
+        return None
+    return _GatherScatter()
+
+
+class _GatherScatter(PrepareModuleInput):
+    """A replicated layer inside a sequence-parallel model: all-gather in, slice back out."""
+
+    def __init__(self):
+        super().__init__(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        self._out = PrepareModuleOutput(output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),))
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        module = super()._apply(module, device_mesh)
+        return self._out._apply(module, device_mesh)
+
+
+def _is_norm_name(name: str) -> bool:
+    leaf = name.rsplit(".", 1)[-1].lower()
+    return "norm" in leaf or leaf.startswith("ln")
+
+
+def tp_divisor_problem(rules: dict[str, TPRule], tp: int) -> str | None:
+    """First "<what> = N of <layer>" that `tp` does not divide, or None."""
+    for fqn, rule in rules.items():
+        for what, size in rule.divisors.items():
+            if size % tp:
+                return f"does not divide {what} = {size} of {fqn}"
+    return None

@@ -1,0 +1,118 @@
+"""One rank's training loop for one plan: build, parallelise, train, measure.
+
+AdamW (or SGD, for exact loss-equality tests), global-norm gradient clipping, bf16 autocast on
+GPU, synthetic seeded data or a user dataset, DCP checkpoints every K steps and resume.
+Measured per rank: every step's wall time, the loss (identical on all ranks: an all-reduce of the
+last pipeline stage's loss), and peak memory (CUDA max allocated; on CPU the live-tensor tracker
+watches step 0 of this process, a warm-up step the median excludes).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+from meshplan.executor import checkpoint
+from meshplan.executor.parallelize import apply
+from meshplan.executor.data import make_batches
+from meshplan.executor.data_parallel import build_optimizer, sync_local_grads
+from meshplan.executor.grad_clip import clip_grad_norm
+from meshplan.executor.memory import LiveTensorTracker, held_tensors
+from meshplan.executor.model import build_model_for_plan
+from meshplan.executor.parallel_dims import build_mesh
+from meshplan.plan import Plan
+
+
+@dataclass(kw_only=True)
+class TrainOptions:
+    steps: int = 5
+    optimizer: str = "adamw"
+    """"adamw" or "sgd" (plain SGD: the loss-equality tests' optimizer)."""
+    lr: float = 3e-4
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    """Max global gradient L2 norm; <= 0 disables clipping."""
+    seed: int = 0
+    data: str | None = None
+    out_dir: str = "runs/latest"
+    checkpoint_every: int = 0
+    resume: bool = False
+    track_memory: bool = True
+
+
+@dataclass(kw_only=True)
+class RankResult:
+    """What one rank measured; the launcher merges these into a RunResult."""
+    rank: int
+    losses: list[float]
+    step_times_s: list[float]
+    peak_memory_bytes: int
+    start_step: int
+    grad_norms: list[float]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def train(plan: Plan, options: TrainOptions, device: torch.device,
+          on_step: Callable[[int], None] = lambda step: None) -> RankResult:
+    """Train `plan` for options.steps steps (from the latest checkpoint if resuming)."""
+    mesh = build_mesh(plan, device.type)
+    model = build_model_for_plan(plan, "meta")
+    par = apply(model, plan, mesh, seed=options.seed, device=device)
+    optimizers = [build_optimizer(part, par.dims, plan, options.optimizer, options.lr, options.weight_decay)
+                  for part in par.parts]
+    batches = make_batches(model, plan, par.dims.dp_rank, par.dims.dp_degree, options.seed, options.data)
+    start = checkpoint.load(options.out_dir, par.parts, optimizers, par.stage_ids) if options.resume else 0
+    result = RankResult(rank=torch.distributed.get_rank(), losses=[], step_times_s=[], peak_memory_bytes=0,
+                        start_step=start, grad_norms=[])
+    for step in range(start, options.steps):
+        on_step(step)
+        tracker = _tracker(par, optimizers, device) if options.track_memory and step == start else None
+        t0 = time.perf_counter()
+        with tracker or _null():
+            loss, norm = _train_step(par, optimizers, batches(step), options.grad_clip)
+        _sync(device)
+        result.step_times_s.append(time.perf_counter() - t0)
+        result.losses.append(loss)
+        result.grad_norms.append(norm)
+        if tracker is not None:
+            result.peak_memory_bytes = tracker.peak_bytes
+        if options.checkpoint_every and (step + 1) % options.checkpoint_every == 0:
+            checkpoint.save(options.out_dir, step + 1, par.parts, optimizers, par.stage_ids)
+    if device.type == "cuda":
+        result.peak_memory_bytes = torch.cuda.max_memory_allocated(device)
+    return result
+
+
+def _train_step(par, optimizers, batch, grad_clip: float) -> tuple[float, float]:
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=True)
+    loss = par.step(*batch)
+    norm = clip_grad_norm(par.parameters(), grad_clip, par.plan, par.device)
+    for opt in optimizers:
+        sync_local_grads(opt)
+        opt.step()
+    return loss, norm
+
+
+def _tracker(par, optimizers, device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return None
+    return LiveTensorTracker(held_tensors(par.parameters(), optimizers))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

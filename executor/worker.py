@@ -1,0 +1,127 @@
+"""The per-rank entry point torchrun starts: `python -m meshplan.executor.worker --plan plan.json ...`.
+
+Several `--plan` files run one after another in the same process group (the tests batch many
+plan variants into one launch; a run has one). Each rank reports through files the launcher
+reads, so a crash at interpreter shutdown after the work is done cannot be mistaken for a
+failure, and a real failure names its rank:
+  out_dir/ranks/rank<R>.status.json   {"state": running|done|error, "variant", "step", "error"}
+  <variant dir>/rank<R>.result.json   the RankResult, written before the final barrier
+MESHPLAN_FAULT="rank:step:exit|hang|raise" makes one rank fail on purpose (tests of the timeout).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from meshplan.executor.train import TrainOptions, train
+from meshplan.plan import Plan
+from meshplan.schema import load, write_text_atomic
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="meshplan.executor.worker")
+    ap.add_argument("--plan", action="append", required=True, help="plan.json (repeat to run variants)")
+    ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--grad-clip", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--data", default=None)
+    ap.add_argument("--checkpoint-every", type=int, default=0)
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--timeout-s", type=float, default=300)
+    return ap.parse_args(argv)
+
+
+def variant_dir(out_dir: str, index: int, count: int) -> Path:
+    return Path(out_dir) if count == 1 else Path(out_dir) / f"variant{index}"
+
+
+class Status:
+    """This rank's status file (atomic rewrites; its mtime is the launcher's heartbeat)."""
+
+    def __init__(self, out_dir: str, rank: int):
+        self.path = Path(out_dir) / "ranks" / f"rank{rank}.status.json"
+        self.info = {"rank": rank, "state": "starting", "variant": 0, "step": -1, "error": ""}
+
+    def update(self, **fields) -> None:
+        self.info.update(fields, time=time.time())
+        write_text_atomic(self.path, json.dumps(self.info) + "\n")
+
+
+def _fault(rank: int, variant: int, step: int) -> None:
+    spec = os.environ.get("MESHPLAN_FAULT", "")
+    if not spec:
+        return
+    f_rank, f_step, mode = spec.split(":")
+    if int(f_rank) != rank or int(f_step) != step or variant != 0:
+        return
+    if mode == "exit":
+        os._exit(17)
+    if mode == "hang":
+        while True:
+            time.sleep(60)
+    raise RuntimeError(f"injected failure on rank {rank} at step {step}")
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def run_variants(args: argparse.Namespace, status: Status, device: torch.device) -> None:
+    rank = dist.get_rank()
+    for i, plan_path in enumerate(args.plan):
+        plan = load(Plan, plan_path)
+        out = variant_dir(args.out_dir, i, len(args.plan))
+        options = TrainOptions(steps=args.steps, optimizer=args.optimizer, lr=args.lr, grad_clip=args.grad_clip,
+                               seed=args.seed, data=args.data, out_dir=str(out),
+                               checkpoint_every=args.checkpoint_every, resume=args.resume)
+
+        def on_step(step: int, i=i) -> None:
+            status.update(state="running", variant=i, step=step)
+            _fault(rank, i, step)
+
+        result = train(plan, options, device, on_step)
+        write_text_atomic(out / f"rank{rank}.result.json", json.dumps(result.to_json()) + "\n")
+        if rank == 0:
+            print(f"[meshplan] variant {i}: losses {[round(x, 5) for x in result.losses]}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    device = _device()
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout_s))
+    status = Status(args.out_dir, dist.get_rank())
+    status.update(state="running")
+    try:
+        run_variants(args, status, device)
+    except BaseException as exc:
+        status.update(state="error", error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500])
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # skip the collective teardown: peers may be blocked in a collective
+    dist.barrier()  # every rank wrote its result before anyone may exit
+    status.update(state="done")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

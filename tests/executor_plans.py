@@ -1,0 +1,38 @@
+"""Valid Plan objects for executor tests, built directly (no planner): `make_plan(pp=2, tp=2, ...)`."""
+from __future__ import annotations
+
+from meshplan.plan import Plan
+from meshplan.profiler.zoo import build_model
+
+
+def even_stages(layers: list[str], num_stages: int) -> list[list[str]]:
+    """Contiguous, near-equal split of the layer list into `num_stages` stages."""
+    base, extra = divmod(len(layers), num_stages)
+    stages, start = [], 0
+    for s in range(num_stages):
+        size = base + (1 if s < extra else 0)
+        stages.append(layers[start:start + size])
+        start += size
+    return stages
+
+
+def make_plan(model: str = "gpt-tiny", *, pp: int = 1, dp: int = 1, dp_shard: int = 1, tp: int = 1,
+              zero: int = 0, sp: bool = False, schedule: str = "1F1B", virtual: int = 1,
+              microbatch: int = 2, microbatches: int = 1, recompute: str | dict | None = None,
+              gradient_comm: str = "allreduce", config: dict | None = None, precision: str = "fp32") -> Plan:
+    """A plan for `model` with the given degrees; dp = dp_replicate, dp_shard for ZeRO-2/3."""
+    net = build_model(model, config, device="meta")
+    layers = net.layer_names()
+    if isinstance(recompute, str):
+        recompute = {fqn: recompute for fqn in layers if fqn.startswith("layers.")}
+    world = pp * dp * dp_shard * tp
+    plan = Plan(model_name=model, model_config=dict(config or {}), cluster_name="local-cpu", world_size=world,
+                pipeline_parallel_degree=pp, data_parallel_replicate_degree=dp,
+                data_parallel_shard_degree=dp_shard, tensor_parallel_degree=tp, zero_stage=zero,
+                sequence_parallel=sp, precision=precision, gradient_comm=gradient_comm,
+                global_batch_size=microbatch * microbatches * dp * dp_shard, microbatch_size=microbatch,
+                num_microbatches=microbatches, seq_len=net.seq_len, pipeline_schedule=schedule,
+                virtual_stages=virtual, layers=layers, stages=even_stages(layers, pp * virtual),
+                recompute=dict(recompute or {}))
+    plan.validate()
+    return plan
