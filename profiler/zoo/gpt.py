@@ -30,9 +30,10 @@ class GPTConfig:
 
 
 class Attention(nn.Module):
-    def __init__(self, hidden: int, heads: int):
+    def __init__(self, hidden: int, heads: int, causal: bool = True):
         super().__init__()
         self.head_dim = hidden // heads
+        self.causal = causal  # decoder (True) or bidirectional encoder (BERT, ViT)
         self.wq = nn.Linear(hidden, hidden)
         self.wk = nn.Linear(hidden, hidden)
         self.wv = nn.Linear(hidden, hidden)
@@ -44,7 +45,7 @@ class Attention(nn.Module):
         q = self.wq(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
         k = self.wk(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
         v = self.wv(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)  # (B, nh, T, hs)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, h)
 
 
@@ -59,10 +60,12 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    """Pre-LN transformer block; `causal=False` makes it an encoder block (ViT)."""
+
+    def __init__(self, cfg: GPTConfig, causal: bool = True):
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.hidden)
-        self.attn = Attention(cfg.hidden, cfg.heads)
+        self.attn = Attention(cfg.hidden, cfg.heads, causal)
         self.ln2 = nn.LayerNorm(cfg.hidden)
         self.mlp = MLP(cfg.hidden, cfg.ffn_hidden)
 
