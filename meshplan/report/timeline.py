@@ -90,6 +90,8 @@ def _one_f_one_b(rank: int, pp: int, m: int) -> list[tuple[str, int, int]]:
 def _interleaved(rank: int, pp: int, m: int, v: int) -> list[tuple[str, int, int]]:
     """torch ScheduleInterleaved1F1B (Narayanan et al. 2021 Sec. 2.2.2): rounds of microbatches."""
     rounds = max(1, m // pp)
+    if m % rounds:  # torch rejects this m; replay it as one round (all microbatches per chunk in turn)
+        rounds = 1
     per_round = m // rounds
     total = m * v
     warmup = min((v - 1) * per_round + 2 * (pp - 1 - rank), total)

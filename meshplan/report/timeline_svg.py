@@ -16,6 +16,8 @@ COLOURS = {"F": "#4c78a8", "B": "#54a24b", "FB": "#5f8f7a", "DP": "#e45756", "OP
 LABELS = {"F": "forward", "B": "backward (+recompute)", "FB": "forward/backward interleaved",
           "DP": "exposed DP comm", "OPT": "optimizer", "idle": "bubble (idle)"}
 MAX_EXACT_BLOCKS = 600
+WINDOW_PX = 3
+"""Columns this close that hold both F and B are drawn as one interleaved run."""
 WIDTH, LEFT, RIGHT, ROW_H, TOP = 900, 70, 20, 26, 34
 
 
@@ -90,8 +92,8 @@ def _binned_runs(blocks: list[Block], scale: float, num_px: int) -> list[tuple[s
             if overlap > 0:
                 cover[px][b.kind] = cover[px].get(b.kind, 0.0) + overlap
     runs: list[tuple[str, int, int]] = []
-    for px, kinds in enumerate(cover):
-        kind = _column_kind(kinds)
+    for px in range(num_px):
+        kind = _column_kind(cover[px], cover[max(0, px - WINDOW_PX):px + WINDOW_PX + 1])
         if runs and runs[-1][0] == kind and runs[-1][2] == px:
             runs[-1] = (kind, runs[-1][1], px + 1)
         else:
@@ -99,12 +101,14 @@ def _binned_runs(blocks: list[Block], scale: float, num_px: int) -> list[tuple[s
     return runs
 
 
-def _column_kind(kinds: dict[str, float]) -> str:
+def _column_kind(kinds: dict[str, float], around: list[dict[str, float]]) -> str:
+    """What fills one pixel column; F and B alternating within a few pixels read as "FB"."""
     if sum(kinds.values()) < 0.5:
         return "idle"
     comm = {k: v for k, v in kinds.items() if k in ("DP", "OPT")}
     if comm and sum(comm.values()) >= 0.5:
         return max(comm, key=comm.get)
-    if kinds.get("F", 0) > 0 and kinds.get("B", 0) > 0:
+    near = {k for column in around for k, v in column.items() if v > 0}
+    if "F" in near and "B" in near:
         return "FB"
     return "F" if kinds.get("F", 0) > 0 else "B"

@@ -1,0 +1,141 @@
+"""write_report: the Markdown and the self-contained HTML say the same thing, deterministically."""
+from __future__ import annotations
+
+import dataclasses
+import html
+import re
+
+import pytest
+
+from meshplan.plan import Rejection
+from meshplan.report import write_report
+from meshplan.report.summary import binding_constraint
+from report_fixtures import flat_plan, gpt_plan, run_for, searched_plan, uneven_plan
+
+NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?")
+
+
+def html_text(page: str) -> str:
+    """Visible text of the report outside the plots (SVG tick labels have no Markdown twin)."""
+    body = page.split("<body>", 1)[1]
+    body = re.sub(r"<svg.*?</svg>", " ", body, flags=re.S)
+    return html.unescape(re.sub(r"<[^>]+>", " ", body))
+
+
+def md_text(text: str) -> str:
+    text = re.sub(r"\]\(plots/[a-z]+\.svg\)", "]", text)  # file names of the plots
+    return text.replace("\\|", "|")
+
+
+def numbers(text: str) -> set[str]:
+    return set(NUMBER.findall(text))
+
+
+@pytest.fixture()
+def report(tmp_path):
+    plan = searched_plan()
+    paths = write_report(plan, tmp_path, run=run_for(plan))
+    return plan, paths, (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
+
+
+def test_writes_markdown_html_and_plots(report, tmp_path):
+    _, paths, md, page = report
+    assert paths[:2] == [tmp_path / "report.md", tmp_path / "report.html"]
+    names = {p.name for p in paths[2:]}
+    assert names == {"timeline.svg", "memory.svg", "breakdown.svg", "alternatives.svg", "loss.svg"}
+    for name in names:
+        assert f"](plots/{name})" in md
+        assert (tmp_path / "plots" / name).read_text().startswith("<svg")
+    assert page.count("<svg") == len(names)
+    assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temporaries
+
+
+def test_markdown_and_html_show_the_same_numbers(report):
+    _, _, md, page = report
+    md_numbers, html_numbers = numbers(md_text(md)), numbers(html_text(page))
+    assert md_numbers == html_numbers
+    assert len(md_numbers) > 80
+
+
+def test_summary_numbers_come_from_the_plan(report):
+    plan, _, md, _ = report
+    pred = plan.prediction
+    assert "| parallelism.pipeline_parallel_degree | 4 |" in md
+    assert "| parallelism.tensor_parallel_degree | 2 |" in md
+    assert "| training.global_batch_size | 32 | = 2 x 8 x dp 2 |" in md
+    assert f"{pred.step_time_s:.3f} s" in md
+    assert f"{pred.mfu * 100:.1f}% / {pred.hfu * 100:.1f}%" in md
+    cap = min(m.capacity_bytes for m in pred.stage_memory)
+    assert f"{pred.peak_memory_bytes / 2**30:.2f} GiB of {cap / 2**30:.2f} GiB" in md
+    assert f"**Binding constraint: {pred.binding_constraint}.**" in md
+
+
+def test_alternatives_rejected_and_measured_sections(report):
+    plan, _, md, page = report
+    for rej in plan.search.rejected:
+        assert f"| {rej.family} | {rej.reason} | {rej.count:,} |" in md
+    assert md.count("| #") == len(plan.search.alternatives)
+    assert '<tr class="chosen">' in page
+    # measured step time is 1.18x the prediction: error (pred - meas) / meas = -15.3%
+    assert re.search(r"\| step time \(median\) \| 2\.500 s \| 2\.950 s \| -15\.3% \|", md)
+    assert "Loss went from 5.6000 to" in md
+
+
+def test_deterministic_bytes(tmp_path):
+    plan = searched_plan()
+    write_report(plan, tmp_path / "a", run=run_for(plan))
+    write_report(plan, tmp_path / "b", run=run_for(plan))
+    for name in ("report.md", "report.html", "plots/timeline.svg"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_self_contained_html(report):
+    _, _, _, page = report
+    assert "<script" not in page
+    assert not re.search(r"""(?:src|href)=["'](?!#|data:)""", page)  # only in-page anchors
+    assert "@import" not in page and "url(" not in page
+    assert re.sub(r'xmlns="http://www\.w3\.org/2000/svg"', "", page).count("http") == 0
+
+
+def test_plans_without_search_or_run_or_prediction(tmp_path):
+    write_report(flat_plan(), tmp_path / "flat")
+    md = (tmp_path / "flat" / "report.md").read_text()
+    assert "estimated, not searched" in md and "## Alternatives" not in md
+    assert "## Predicted vs measured" not in md
+    bare = dataclasses.replace(gpt_plan(), prediction=None)
+    paths = write_report(bare, tmp_path / "bare", title="bare plan")
+    assert [p.name for p in paths] == ["report.md", "report.html"]
+    assert "# bare plan" in (tmp_path / "bare" / "report.md").read_text()
+
+
+def test_uneven_interleaved_plan_report(tmp_path):
+    plan = uneven_plan()
+    write_report(plan, tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    assert "Interleaved1F1B, 2 virtual stages per rank" in md
+    assert "| layers per stage | 5 / 3 / 3 / 3 |" in md
+    assert "full on 2 of 14 layers, selective on 1 of 14 layers" in md
+
+
+def test_binding_constraint_is_derived_when_missing():
+    plan = searched_plan()
+    plan.prediction.binding_constraint = ""
+    assert binding_constraint(plan).startswith("compute:")  # fixture: 43% headroom, compute-bound
+    tight = plan.prediction.stage_memory[0]
+    tight.total_bytes = 0.95 * tight.capacity_bytes
+    assert binding_constraint(plan).startswith("memory on stage 0")
+    tight.total_bytes = 0.5 * tight.capacity_bytes
+    plan.prediction.breakdown["bubble"] = 0.4 * plan.prediction.step_time_s
+    assert binding_constraint(plan) == "pipeline bubble: 40.0% of the step time"
+
+
+def test_rejected_sorted_and_escaped_in_html(tmp_path):
+    plan = searched_plan()
+    plan.search.rejected.append(Rejection(family="tp=3 <odd>", reason="heads 16 | not divisible", count=99))
+    write_report(plan, tmp_path)
+    md, page = (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
+    assert "<td>tp=3 &lt;odd&gt;</td>" in page
+    assert "heads 16 \\| not divisible" in md
+    rows = [line for line in md.splitlines() if line.startswith("| tp=") or line.startswith("| pp=")
+            or line.startswith("| microbatch=")]
+    assert rows[0].startswith("| tp=3 <odd>")  # most candidates first

@@ -1,0 +1,139 @@
+"""The HTML report as a person sees it: rendered in headless Chromium, screenshotted, no console errors.
+
+Chromium (Debian package `chromium`) is installed with apt-get when missing and we are root; the
+tests skip, saying why, only where it cannot be installed.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from meshplan.report import write_report
+from report_fixtures import gpt_plan, run_for, searched_plan
+
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--enable-logging=stderr", "--v=0", "--hide-scrollbars"]
+
+
+def _install_chromium() -> str:
+    """Why it could not be installed ("" when it is now on PATH)."""
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        return "chromium is not installed and apt-get cannot run here (not root or no apt-get)"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "install", "-y", "chromium"], ["apt-get", "update"],
+                ["apt-get", "install", "-y", "chromium"]):
+        try:
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        except subprocess.TimeoutExpired:
+            return f"`{' '.join(cmd)}` timed out"
+        if cmd[1] == "install" and done.returncode == 0:
+            return ""
+    return f"`apt-get install -y chromium` failed: {done.stderr.strip()[-200:]}"
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not found:
+        why = _install_chromium()
+        found = shutil.which("chromium")
+        if not found:
+            pytest.skip(f"headless Chromium unavailable: {why}")
+    return found
+
+
+def render(chromium: str, page: Path, out_png: Path, profile: Path, size: str = "1280,2000") -> list[str]:
+    """Screenshot `page`; return the console lines Chromium logged while loading it."""
+    cmd = [chromium, *FLAGS, f"--user-data-dir={profile}", f"--screenshot={out_png}", f"--window-size={size}",
+           page.resolve().as_uri()]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out_png.exists(), f"chromium wrote no screenshot (rc {done.returncode}): {done.stderr[-500:]}"
+    return [line for line in done.stderr.splitlines() if "CONSOLE" in line]
+
+
+def read_png_rgb(path: Path) -> np.ndarray:
+    """Decode an 8-bit non-interlaced RGB/RGBA PNG (what Chromium writes) to an (H, W, 3) array."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, header = 8, b"", None
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos:pos + 4])
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    width, height, depth, colour, _, _, interlace = header
+    assert depth == 8 and colour in (2, 6) and interlace == 0, header
+    bpp = 3 if colour == 2 else 4
+    raw = np.frombuffer(zlib.decompress(idat), dtype=np.uint8).reshape(height, 1 + width * bpp)
+    return _unfilter(raw, width, bpp)[:, :, :3]
+
+
+def _unfilter(raw: np.ndarray, width: int, bpp: int) -> np.ndarray:
+    out = np.zeros((raw.shape[0], width * bpp), dtype=np.int32)
+    prev = np.zeros(width * bpp, dtype=np.int32)
+    for y in range(raw.shape[0]):
+        kind, line = raw[y, 0], raw[y, 1:].astype(np.int32)
+        if kind == 0:
+            cur = line
+        elif kind == 2:
+            cur = (line + prev) & 255
+        else:  # Sub, Average, Paeth depend on the reconstructed left pixel: go byte by byte
+            cur = line.copy()
+            for x in range(width * bpp):
+                a = cur[x - bpp] if x >= bpp else 0
+                b, c = prev[x], (prev[x - bpp] if x >= bpp else 0)
+                if kind == 1:
+                    pred = a
+                elif kind == 3:
+                    pred = (a + b) // 2
+                else:
+                    p = a + b - c
+                    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                    pred = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
+                cur[x] = (line[x] + pred) & 255
+        out[y], prev = cur, cur
+    return out.reshape(raw.shape[0], width, bpp).astype(np.uint8)
+
+
+def test_report_renders_in_chromium_without_console_errors(chromium, tmp_path):
+    plan = searched_plan()
+    write_report(plan, tmp_path / "r", run=run_for(plan))
+    shot = tmp_path / "report.png"
+    console = render(chromium, tmp_path / "r" / "report.html", shot, tmp_path / "profile")
+    assert console == [], "console messages while loading the report:\n" + "\n".join(console)
+    pixels = read_png_rgb(shot)
+    assert pixels.shape[:2] == (2000, 1280)
+    colours = np.unique(pixels.reshape(-1, 3), axis=0)
+    assert len(colours) > 200, f"only {len(colours)} distinct colours: blank or unstyled page"
+    not_white = (pixels < 245).any(axis=2).mean()
+    assert 0.03 < not_white < 0.9, f"{not_white:.1%} of pixels are not white"
+    # the plot palette is on screen (forward-blue of the timeline and memory bars)
+    assert ((pixels == np.array([0x4C, 0x78, 0xA8])).all(axis=2)).sum() > 500
+
+
+def test_console_error_detection_works(chromium, tmp_path):
+    # the same check must catch a broken page, or the test above could never fail
+    bad = tmp_path / "bad.html"
+    bad.write_text("<html><body><p>x</p><script>console.error('boom'); missing();</script></body></html>")
+    console = render(chromium, bad, tmp_path / "bad.png", tmp_path / "profile", size="400,300")
+    assert any("boom" in line for line in console) and any("Uncaught" in line for line in console)
+
+
+def test_svg_plot_files_render(chromium, tmp_path):
+    paths = write_report(gpt_plan(), tmp_path / "r")
+    timeline = next(p for p in paths if p.name == "timeline.svg")
+    shot = tmp_path / "timeline.png"
+    assert render(chromium, timeline, shot, tmp_path / "profile", size="900,300") == []
+    pixels = read_png_rgb(shot)
+    assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 20
