@@ -20,8 +20,13 @@ def _pipeline_flags(plan: Plan, warnings: list[str]) -> list[str]:
         return []
     flags = []
     per_stage = ec.blocks_per_stage(plan)
+    layer_counts = [len(stage) for stage in plan.stages]
     if v > 1 and len(set(per_stage)) == 1:
         flags += ["--num-layers-per-virtual-pipeline-stage", str(per_stage[0])]
+    elif len(set(per_stage)) > 1 and len(set(layer_counts)) == 1 and ec.is_transformer(plan):
+        # even once embedding and loss count as one layer each (Megatron-Core >= 0.11)
+        flags += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
+        flags += ["--num-virtual-stages-per-pipeline-rank", str(v)] if v > 1 else []
     elif v == 1 and len(set(per_stage)) > 1 and len(set(per_stage[1:-1])) <= 1 and pp > 2:
         flags += ["--decoder-first-pipeline-num-layers", str(per_stage[0]),
                   "--decoder-last-pipeline-num-layers", str(per_stage[-1])]

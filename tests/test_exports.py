@@ -1,0 +1,213 @@
+"""export_plan: each target carries the plan's degrees and batch arithmetic, and says what it cannot express."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shlex
+import tomllib
+from types import SimpleNamespace
+
+import pytest
+
+from meshplan.errors import MeshplanError
+from meshplan.plan import Plan
+from meshplan.report import EXPORT_TARGETS, export_plan
+from report_fixtures import flat_plan, gpt_plan, searched_plan, split, uneven_plan
+
+PLANS = {"pipeline": searched_plan, "flat": flat_plan, "uneven": uneven_plan,
+         "hsdp": lambda: gpt_plan(pp=1, dp_replicate=2, dp_shard=4, tp=2, zero=3, num_microbatches=4),
+         "even_interleaved": lambda: even_blocks(gpt_plan(pp=2, dp_replicate=2, tp=2, num_microbatches=4,
+                                                          schedule="Interleaved1F1B", virtual=2, blocks=8,
+                                                          recompute="full"))}
+
+
+def even_blocks(plan: Plan) -> Plan:
+    """Stages with equal numbers of transformer blocks (embed joins the first, head the last)."""
+    per = len([f for f in plan.layers if f.startswith("layers.")]) // len(plan.stages)
+    sizes = [per] * len(plan.stages)
+    sizes[0] += 1
+    sizes[-1] += 1
+    return dataclasses.replace(plan, stages=split(plan.layers, sizes))
+
+
+def warnings_in(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "WARNING:" in line]
+
+
+def parse_yaml(text: str) -> dict:
+    """The YAML subset the accelerate export writes: nested `key: value` maps by indentation."""
+    root: dict = {}
+    stack = [(-1, root)]
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        indent = len(line) - len(line.lstrip())
+        key, _, value = line.strip().partition(":")
+        while stack[-1][0] >= indent:
+            stack.pop()
+        if value.strip():
+            v = value.strip()
+            root_value = {"true": True, "false": False}.get(v, int(v) if re.fullmatch(r"-?\d+", v) else v)
+            stack[-1][1][key] = root_value
+        else:
+            stack[-1][1][key] = {}
+            stack.append((indent, stack[-1][1][key]))
+    return root
+
+
+def megatron_args(text: str) -> dict[str, str | bool]:
+    body = text.split("MESHPLAN_ARGS=(", 1)[1].split(")", 1)[0]
+    tokens = shlex.split(body)
+    args: dict[str, str | bool] = {}
+    for i, tok in enumerate(tokens):
+        if tok.startswith("--"):
+            nxt = tokens[i + 1] if i + 1 < len(tokens) else "--"
+            args[tok] = True if nxt.startswith("--") else nxt
+    return args
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_torchtitan(name):
+    plan: Plan = PLANS[name]()
+    files = export_plan(plan, "torchtitan")
+    cfg = tomllib.loads(files["meshplan.toml"])
+    par, tr = cfg["parallelism"], cfg["training"]
+    assert (par["pipeline_parallel_degree"], par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"],
+            par["context_parallel_degree"], par["tensor_parallel_degree"]) == plan.mesh_shape
+    dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+    accumulation = tr["global_batch_size"] // (tr["local_batch_size"] * dp)
+    micro = par.get("pipeline_parallel_microbatch_size", tr["local_batch_size"])
+    microbatches = tr["local_batch_size"] // micro * accumulation
+    assert tr["global_batch_size"] == plan.global_batch_size == micro * microbatches * dp
+    assert (micro, microbatches) == (plan.microbatch_size, plan.num_microbatches)
+    if plan.pipeline_parallel_degree > 1:
+        parts = par["module_fqns_per_model_part"]
+        assert len(parts) == len(plan.stages) and [len(p) for p in parts[1:-1]] == [len(s) for s in plan.stages[1:-1]]
+        assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "output"]
+        assert par["pipeline_parallel_schedule"] == plan.pipeline_schedule
+    # the Python config function sets the same values on a JobConfig-like object
+    job = SimpleNamespace(**{section: SimpleNamespace() for section in cfg})
+    namespace: dict = {}
+    exec(files["meshplan_config.py"], namespace)  # noqa: S102 - our own generated code
+    namespace["meshplan_config"](job)
+    for section, values in cfg.items():
+        assert vars(getattr(job, section)) == values
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_megatron(name):
+    plan: Plan = PLANS[name]()
+    args = megatron_args(export_plan(plan, "megatron")["megatron_args.sh"])
+    tp, pp = int(args["--tensor-model-parallel-size"]), int(args["--pipeline-model-parallel-size"])
+    cp = int(args["--context-parallel-size"])
+    assert (tp, pp, cp) == (plan.tensor_parallel_degree, plan.pipeline_parallel_degree, plan.context_parallel_degree)
+    dp = plan.world_size // (tp * pp * cp)  # what Megatron derives
+    micro, global_batch = int(args["--micro-batch-size"]), int(args["--global-batch-size"])
+    assert global_batch == plan.global_batch_size == micro * plan.num_microbatches * dp
+    assert int(args["--num-layers"]) == sum(1 for f in plan.layers if f.startswith("layers."))
+    assert ("--sequence-parallel" in args) == (plan.sequence_parallel and tp > 1)
+
+
+def test_megatron_expresses_even_interleaving_and_block_recompute():
+    plan = PLANS["even_interleaved"]()
+    text = export_plan(plan, "megatron")["megatron_args.sh"]
+    args = megatron_args(text)
+    assert args["--num-layers-per-virtual-pipeline-stage"] == "2"
+    assert args["--recompute-granularity"] == "full" and args["--recompute-method"] == "uniform"
+    assert warnings_in(text) == []
+    block = even_blocks(gpt_plan(pp=2, blocks=8, recompute="none"))
+    block.recompute = {f: "full" for stage in block.stages for f in [x for x in stage if x.startswith("layers.")][:2]}
+    args = megatron_args(export_plan(block, "megatron")["megatron_args.sh"])
+    assert (args["--recompute-method"], args["--recompute-num-layers"]) == ("block", "2")
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_deepspeed(name):
+    plan: Plan = PLANS[name]()
+    files = export_plan(plan, "deepspeed")
+    cfg = json.loads(files["ds_config.json"])
+    dp = plan.world_size // (plan.tensor_parallel_degree * plan.pipeline_parallel_degree)
+    assert plan.context_parallel_degree == 1  # fixtures; DeepSpeed has no cp axis in the config
+    assert cfg["train_batch_size"] == plan.global_batch_size
+    assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * dp
+    assert cfg["zero_optimization"]["stage"] == plan.zero_stage
+    assert ("offload_optimizer" in cfg["zero_optimization"]) == plan.offload
+    assert cfg.get("tensor_parallel", {}).get("autotp_size", 1) == plan.tensor_parallel_degree
+    launch = files["launch_deepspeed.sh"]
+    nodes = int(re.search(r"--num_nodes (\d+)", launch)[1])
+    gpus = int(re.search(r"--num_gpus (\d+)", launch)[1])
+    assert nodes * gpus == plan.world_size
+    if plan.pipeline_parallel_degree > 1:
+        assert f"num_stages={plan.pipeline_parallel_degree}" in launch
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_accelerate(name):
+    plan: Plan = PLANS[name]()
+    files = export_plan(plan, "accelerate")
+    cfg = parse_yaml(files["accelerate_config.yaml"])
+    assert cfg["num_processes"] == plan.world_size
+    par = cfg["parallelism_config"]
+    assert (par["parallelism_config_dp_replicate_size"], par["parallelism_config_dp_shard_size"],
+            par["parallelism_config_cp_size"], par["parallelism_config_tp_size"]) == plan.mesh_shape[1:]
+    consts: dict = {}
+    exec(files["accelerate_batch.py"], consts)  # noqa: S102 - our own generated code
+    assert consts["GLOBAL_BATCH_SIZE"] == plan.global_batch_size == (
+        consts["PER_DEVICE_TRAIN_BATCH_SIZE"] * consts["GRADIENT_ACCUMULATION_STEPS"] * plan.data_parallel_degree)
+    expected = {0: "MULTI_GPU", 1: "DEEPSPEED", 2: "FSDP", 3: "FSDP"}[plan.zero_stage]
+    assert cfg["distributed_type"] == expected
+    if expected == "FSDP":
+        assert cfg["fsdp_config"]["fsdp_reshard_after_forward"] == (plan.zero_stage == 3)
+    pp_warning = any("pipeline_parallel_degree" in w for w in warnings_in(files["accelerate_config.yaml"]))
+    assert pp_warning == (plan.pipeline_parallel_degree > 1)
+
+
+def test_what_cannot_be_expressed_is_said_in_every_output():
+    plan = uneven_plan()  # uneven stages, per-layer recompute, PowerSGD
+    for target in EXPORT_TARGETS:
+        text = "\n".join(export_plan(plan, target).values())
+        warns = "\n".join(warnings_in(text))
+        assert "powersgd" in warns, target
+        assert "recompute" in warns, target
+    assert "uneven stage boundaries" in "\n".join(warnings_in(export_plan(plan, "megatron")["megatron_args.sh"]))
+    assert "uneven stage boundaries" in export_plan(plan, "deepspeed")["launch_deepspeed.sh"]
+    # torchtitan expresses uneven boundaries exactly, so it does not warn about them
+    toml_text = export_plan(plan, "torchtitan")["meshplan.toml"]
+    assert "uneven" not in toml_text
+    assert [len(p) for p in tomllib.loads(toml_text)["parallelism"]["module_fqns_per_model_part"]] == [5, 3, 3, 4]
+
+
+def test_megatron_counts_embedding_and_loss_when_that_makes_stages_even():
+    plan = gpt_plan(pp=4, dp_replicate=1, blocks=6, recompute="none")
+    plan = dataclasses.replace(plan, stages=split(plan.layers, [2, 2, 2, 2]))  # blocks per stage [1, 2, 2, 1]
+    text = export_plan(plan, "megatron")["megatron_args.sh"]
+    args = megatron_args(text)
+    assert args["--account-for-embedding-in-pipeline-split"] is True and warnings_in(text) == []
+
+
+def test_every_k_th_block_recompute_maps_to_torchtitan_selective_k():
+    plan = gpt_plan(blocks=8, recompute="none")
+    plan.recompute = {f"layers.{i}": "full" for i in (1, 3, 5, 7)}
+    ac = tomllib.loads(export_plan(plan, "torchtitan")["meshplan.toml"])["activation_checkpoint"]
+    assert ac == {"mode": "selective", "selective_ac_option": "2"}
+
+
+def test_non_transformer_warns():
+    plan = gpt_plan(pp=2, blocks=4)
+    names = ["stem"] + [f"stage{i}" for i in range(4)] + ["fc"]
+    plan = dataclasses.replace(plan, layers=names, stages=[names[:3], names[3:]], recompute={})
+    assert any("transformer" in w for w in warnings_in(export_plan(plan, "megatron")["megatron_args.sh"]))
+    parts = tomllib.loads(export_plan(plan, "torchtitan")["meshplan.toml"])["parallelism"]["module_fqns_per_model_part"]
+    assert parts == [names[:3], names[3:]]
+
+
+def test_unknown_target_names_the_choices():
+    with pytest.raises(MeshplanError, match="torchtitan, megatron, deepspeed, accelerate"):
+        export_plan(gpt_plan(), "colossalai")
+    assert set(export_plan(gpt_plan(), "Megatron-LM")) == {"megatron_args.sh"}
+
+
+def test_exports_are_deterministic():
+    for target in EXPORT_TARGETS:
+        assert export_plan(searched_plan(), target) == export_plan(searched_plan(), target)
