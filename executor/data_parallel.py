@@ -52,7 +52,11 @@ def apply_ddp(part: nn.Module, dims: ParallelDims, plan: Plan, device: torch.dev
     """DDP over the flattened data-parallel group, with the plan's gradient communication hook."""
     group = dims.dp_mesh().get_group()
     ddp = DDP(part, process_group=group, device_ids=[device.index] if device.type == "cuda" else None,
-              bucket_cap_mb=BUCKET_BYTES // 2**20)
+              bucket_cap_mb=BUCKET_BYTES // 2**20,
+              # under a pipeline schedule every microbatch's backward marks the params ready again
+              # and DDP's one-time bucket rebuild double-counts them (INTERNAL ASSERT); the rebuild
+              # is skipped when find_unused_parameters is set
+              find_unused_parameters=plan.pipeline_parallel_degree > 1)
     if plan.gradient_comm == "fp16":
         ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
     elif plan.gradient_comm == "powersgd":
@@ -75,6 +79,10 @@ class ReplicaGradReducer:
 
     @torch.no_grad()
     def reduce(self) -> None:
+        for p in self.params:
+            if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+                # e.g. the vocab-parallel embedding's grad comes out Replicate/Partial: shard it as the param
+                p.grad = p.grad.redistribute(p.device_mesh, p.placements)
         grads = [_local(p.grad) for p in self.params if p.grad is not None]
         for bucket in _buckets(grads):
             flat = torch.cat([g.reshape(-1) for g in bucket])

@@ -1,45 +1,50 @@
-"""Global gradient-norm clipping across every parallel dimension, with one all-reduce.
+"""Global gradient-norm clipping across every parallel dimension (torchtitan's recipe).
 
-The global norm is over the distinct gradient elements of the whole model. Each rank sums the
-squares of its local gradient pieces, divided by how many ranks hold an identical copy of that
-piece (its replication factor), and one all-reduce over the world adds them up:
-  replication = (world / pp) / prod(mesh size of the axes the DTensor is sharded on)
-(a pipeline stage's ranks are world / pp; plain tensors and replicated DTensor axes are copies).
-Clipping then matches `torch.nn.utils.clip_grad_norm_` on the single-process model.
+Gradients are grouped by (device mesh, placements); each group's norm is computed with DTensor
+arithmetic (`get_total_norm` gives a partial norm, `full_tensor()` reduces it over the group's
+mesh), plain tensors (DDP / ZeRO-1 replicas) are complete locally, and the squared norms of the
+pipeline stages are summed with one all-reduce over the pp group. Clipping then matches
+`torch.nn.utils.clip_grad_norm_` on the single-process model: coef = max_norm / (norm + 1e-6).
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate
+from torch.nn.utils import get_total_norm
 
-from meshplan.plan import Plan
 
-
-def _local_sq_and_copies(grad: torch.Tensor, ranks_per_stage: int) -> tuple[torch.Tensor, int]:
-    if not isinstance(grad, DTensor):
-        return grad.detach().float().pow(2).sum(), ranks_per_stage
-    if any(p.is_partial() for p in grad.placements):
-        grad = grad.redistribute(placements=[Replicate() if p.is_partial() else p for p in grad.placements])
-    shards = 1
-    for axis, placement in enumerate(grad.placements):
-        if placement.is_shard():
-            shards *= grad.device_mesh.size(axis)
-    return grad.to_local().detach().float().pow(2).sum(), ranks_per_stage // shards
+def _groups(grads: list[torch.Tensor]) -> dict:
+    groups: dict = {}
+    for g in grads:
+        if isinstance(g, DTensor):
+            if any(p.is_partial() for p in g.placements):
+                g = g.redistribute(placements=[Replicate() if p.is_partial() else p for p in g.placements])
+            key = (g.device_mesh, tuple(g.placements))
+        else:
+            key = None
+        groups.setdefault(key, []).append(g)
+    return groups
 
 
 @torch.no_grad()
-def clip_grad_norm(params: list[torch.Tensor], max_norm: float, plan: Plan, device: torch.device) -> float:
+def global_grad_norm(grads: list[torch.Tensor], pp_group, device: torch.device) -> float:
+    total_sq = torch.zeros(1, dtype=torch.float64, device=device)
+    for gs in _groups(grads).values():
+        norm = get_total_norm(gs, 2.0)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        total_sq += norm.to(torch.float64) ** 2
+    if pp_group is not None and dist.get_world_size(pp_group) > 1:
+        dist.all_reduce(total_sq, group=pp_group)
+    return total_sq.sqrt().item()
+
+
+@torch.no_grad()
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float, pp_group, device: torch.device) -> float:
     """Scale gradients in place so their global L2 norm is <= max_norm (<= 0: only measure)."""
-    ranks_per_stage = plan.world_size // plan.pipeline_parallel_degree
-    total = torch.zeros(1, dtype=torch.float64, device=device)
     grads = [p.grad for p in params if p.grad is not None]
-    for g in grads:
-        sq, copies = _local_sq_and_copies(g, ranks_per_stage)
-        total += sq.to(torch.float64) / copies
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(total)
-    norm = total.sqrt().item()
+    norm = global_grad_norm(grads, pp_group, device)
     if max_norm > 0:
         coef = max_norm / (norm + 1e-6)  # torch.nn.utils.clip_grad_norm_'s formula
         if coef < 1.0:

@@ -113,7 +113,7 @@ def run_plans(plans: list[Plan], opts: LaunchOptions) -> list[RunResult]:
     nproc = plans[0].world_size // opts.nnodes
     ranks = list(range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc))
     rc = _supervise(cmd, out, ranks, len(plans), opts)
-    return [_collect(plan, variant_dir(str(out), i, len(plans)), ranks, rc, opts) for i, plan in enumerate(plans)]
+    return [_collect(plan, variant_dir(str(out), i, len(plans)), ranks, rc, opts, len(plans)) for i, plan in enumerate(plans)]
 
 
 def _write_plans(plans: list[Plan], out: Path) -> list[str]:
@@ -201,19 +201,20 @@ def _hang_message(out: Path, ranks: list[int], timeout_s: float) -> str:
             f"last reported step {behind.get('step', -1)} while others reached step {ahead}; job killed")
 
 
-def _failure_message(out: Path, ranks: list[int], rc: int) -> str:
+def _failure_message(out: Path, ranks: list[int], rc: int, count: int = 1) -> str:
     st = read_statuses(out, ranks)
     errors = [s for s in st.values() if s.get("state") == "error"]
     if errors:
         s = errors[0]
-        return f"rank {s['rank']} failed at step {s.get('step', -1)}: {s.get('error', '')}"
+        where = f" of plan variant {s.get('variant', 0)}" if count > 1 else ""
+        return f"rank {s['rank']} failed at step {s.get('step', -1)}{where}: {s.get('error', '')}"
     alive = [s for s in st.values() if s.get("state") != "done"]
     s = min(alive or st.values(), key=lambda s: (s.get("time", 0), s["rank"]))
     return (f"rank {s['rank']} died at step {s.get('step', -1)} (state {s.get('state')}); torchrun exit code {rc}; "
             "see the rank's output above or launch.log")
 
 
-def _collect(plan: Plan, vdir: Path, ranks: list[int], rc: int, opts: LaunchOptions) -> RunResult:
+def _collect(plan: Plan, vdir: Path, ranks: list[int], rc: int, opts: LaunchOptions, count: int = 1) -> RunResult:
     results = {}
     for r in ranks:
         path = vdir / f"rank{r}.result.json"
@@ -221,7 +222,7 @@ def _collect(plan: Plan, vdir: Path, ranks: list[int], rc: int, opts: LaunchOpti
             results[r] = json.loads(path.read_text())
     if len(results) != len(ranks):
         missing = [r for r in ranks if r not in results]
-        raise RunError(_failure_message(Path(opts.out_dir), ranks, rc) + f" (no result from ranks {missing})")
+        raise RunError(_failure_message(Path(opts.out_dir), ranks, rc, count) + f" (no result from ranks {missing})")
     return merge_results(plan, [results[r] for r in ranks], rc, opts)
 
 

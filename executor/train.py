@@ -90,8 +90,10 @@ def train(plan: Plan, options: TrainOptions, device: torch.device,
 def _train_step(par, optimizers, batch, grad_clip: float) -> tuple[float, float]:
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
+    for p in par.parameters():  # ZeRO-1 over DTensors steps proxies: clear the real grads too
+        p.grad = None
     loss = par.step(*batch)
-    norm = clip_grad_norm(par.parameters(), grad_clip, par.plan, par.device)
+    norm = clip_grad_norm(par.parameters(), grad_clip, par.dims.mesh["pp"].get_group(), par.device)
     for opt in optimizers:
         sync_local_grads(opt)
         opt.step()
