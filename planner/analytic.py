@@ -1,0 +1,114 @@
+"""Closed-form ModelProfiles of decoder transformers (GPT as in Megatron-LM, Llama-3 style).
+
+Pure Python (no torch): the validation against published runs needs the model *as it was run*
+(Megatron-LM 2021-22: dropout on, attention scores materialised; Megatron-Core 2024: fused flash
+attention), and the planner's speed benchmarks need 175B-405B shapes without building them.
+
+Per-sample (one sequence of s tokens) quantities, h = hidden, a = heads, f = ffn width, V = vocab:
+- params per GPT block `12h^2 + 13h` (Narayanan et al. 2021 Eq. 2, ffn = 4h); embedding `(V + s)h`.
+- forward FLOPs per block `24sh^2 + 4s^2h` (Korthikanti et al. 2022 App. A); logits `2shV`;
+  backward = 2 x forward.
+- activations per block `sh(34 + 5as/h)` bytes (Korthikanti Eq. 1); selective recompute keeps
+  `34sh` (Eq. 6 with t = 1); `10sh` of it is replicated across TP ranks without sequence
+  parallelism (Eq. 2). Flash attention stores no s^2 term (selective then saves nothing).
+"""
+from __future__ import annotations
+
+from meshplan.model_profile import LayerProfile, ModelProfile, TPRule
+
+
+def _block(name: str, s: int, h: int, a: int, f: int, kv: int, *, dropout: bool, flash: bool,
+           gated: bool, kind: str) -> LayerProfile:
+    """One transformer block; kv = key/value width (h for multi-head, h*kv_heads/a for GQA)."""
+    n_mlp = 3 if gated else 2
+    biases = 0 if gated else 2 * h + 2 * kv + f + h  # GPT linears carry biases, Llama's do not
+    norms_params = 2 * h if gated else 4 * h  # RMSNorm weight vs LayerNorm weight + bias
+    params = 2 * h * h + 2 * h * kv + n_mlp * h * f + biases + norms_params
+    gemm_fwd = 2 * s * (2 * h * h + 2 * h * kv) + 2 * s * n_mlp * h * f
+    attn_fwd = 4 * s * s * h  # QK^T and AV (Korthikanti App. A)
+    mask = 1 if dropout else 0  # 1-byte dropout masks
+    # Korthikanti Eq. 1 breakdown (bytes per sample): attention input 2sh, Q 2sh, K and V 4s*kv,
+    # projection input 2sh, dropout mask sh; MLP input 2sh, 2sf per GEMM output kept (GeLU:
+    # fc1 out + fc2 in; SwiGLU: gate, up, down in), mask sh; two norms 4sh. 34sh for GPT.
+    attn_lin = 6 * s * h + 4 * s * kv + mask * s * h
+    mlp = 2 * s * h + (6 if gated else 4) * s * f + mask * s * h
+    norms = 4 * s * h
+    # attention core: softmax output 2as^2 (+ dropout mask as^2 and output 2as^2); flash keeps
+    # only the fp32 log-sum-exp (4as).
+    core = 4 * a * s if flash else (2 + 3 * mask) * a * s * s
+    selective = attn_lin + mlp + norms
+    return LayerProfile(
+        name=name, kind=kind, num_params=params, param_bytes={"float32": 4 * params},
+        forward_flops=float(gemm_fwd + attn_fwd), backward_flops=float(2 * (gemm_fwd + attn_fwd)),
+        activation_bytes=float(selective + core),
+        selective_activation_bytes=float(selective + (core if flash else 0)),
+        recompute_flops_selective=0.0 if flash else float(attn_fwd),
+        tp_replicated_activation_bytes=float((8 + 2 * mask) * s * h),
+        input_bytes=float(2 * s * h), output_bytes=float(2 * s * h),
+        tp=TPRule(column=["attn.wq", "attn.wk", "attn.wv", "mlp.fc1"], row=["attn.wo", "mlp.fc2"],
+                  replicated=["ln1", "ln2"], divisors={"heads": a, "ffn": f}, num_allreduce_fwd=2,
+                  kind="block"),
+        gemm_shapes=[[s, h + 2 * kv, h], [s, h, h], [s, (n_mlp - 1) * f, h], [s, h, f]],
+    )
+
+
+def _embed(s: int, h: int, vocab: int, learned_pos: bool, dropout: bool) -> LayerProfile:
+    params = vocab * h + (s * h if learned_pos else 0)
+    return LayerProfile(
+        name="embed", kind="embedding", num_params=params, param_bytes={"float32": 4 * params},
+        forward_flops=0.0, backward_flops=0.0, activation_bytes=float(s * h if dropout else 0),
+        input_bytes=float(8 * s), output_bytes=float(2 * s * h),
+        tp=TPRule(column=["tok"], divisors={}, num_allreduce_fwd=1, kind="embedding"))
+
+
+def _head(s: int, h: int, vocab: int) -> LayerProfile:
+    params = vocab * h + 2 * h
+    fwd = 2 * s * h * vocab
+    return LayerProfile(
+        name="head", kind="head", num_params=params, param_bytes={"float32": 4 * params},
+        forward_flops=float(fwd), backward_flops=float(2 * fwd),
+        # final-norm input 2sh, projection input 2sh, fp32 logits 4sV (Korthikanti Sec 4.2.3)
+        activation_bytes=float(4 * s * h + 4 * s * vocab), tp_replicated_activation_bytes=float(4 * s * h),
+        input_bytes=float(2 * s * h), output_bytes=float(4 * s * vocab),
+        tp=TPRule(column=["proj"], replicated=["norm"], num_allreduce_fwd=1, kind="head"),
+        gemm_shapes=[[s, vocab, h]])
+
+
+def gpt_profile(*, layers: int, hidden: int, heads: int, vocab: int = 51200, seq: int = 2048,
+                ffn_hidden: int = 0, dropout: bool = True, flash: bool = False,
+                name: str = "gpt") -> ModelProfile:
+    """GPT as trained by Megatron-LM (learned positions, GeLU MLP, dropout by default)."""
+    f = ffn_hidden or 4 * hidden
+    blocks = [_block(f"layers.{i}", seq, hidden, heads, f, hidden, dropout=dropout, flash=flash,
+                     gated=False, kind="gpt_block") for i in range(layers)]
+    return _assemble(name, "gpt", seq, hidden, heads, vocab,
+                     [_embed(seq, hidden, vocab, True, dropout)] + blocks + [_head(seq, hidden, vocab)],
+                     {"layers": layers, "hidden": hidden, "heads": heads, "vocab": vocab, "seq": seq,
+                      "ffn_hidden": f})
+
+
+def llama_profile(*, layers: int, hidden: int, heads: int, kv_heads: int, ffn_hidden: int,
+                  vocab: int = 128256, seq: int = 8192, name: str = "llama") -> ModelProfile:
+    """Llama-3 style: RMSNorm, SwiGLU, grouped-query attention, rotary, flash attention, no dropout."""
+    kv = hidden * kv_heads // heads
+    blocks = [_block(f"layers.{i}", seq, hidden, heads, ffn_hidden, kv, dropout=False, flash=True,
+                     gated=True, kind="llama_block") for i in range(layers)]
+    for b in blocks:
+        b.tp.divisors["kv_heads"] = kv_heads
+    return _assemble(name, "llama", seq, hidden, heads, vocab,
+                     [_embed(seq, hidden, vocab, False, False)] + blocks + [_head(seq, hidden, vocab)],
+                     {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
+                      "vocab": vocab, "seq": seq, "ffn_hidden": ffn_hidden})
+
+
+def _assemble(name, family, seq, hidden, heads, vocab, layer_list, config) -> ModelProfile:
+    return ModelProfile(
+        model_name=name, model_config=config, family=family, seq_len=seq, num_params=sum(
+            lp.num_params for lp in layer_list),
+        forward_flops_per_sample=sum(lp.forward_flops for lp in layer_list),
+        num_layers=len(layer_list) - 2, hidden=hidden, heads=heads, vocab=vocab, device="meta",
+        layers=layer_list, notes=["closed-form profile (meshplan.planner.analytic)"])
+
+
+GPT3_175B = dict(layers=96, hidden=12288, heads=96, vocab=51200, seq=2048)
+LLAMA3_405B = dict(layers=126, hidden=16384, heads=128, kv_heads=8, ffn_hidden=53248, vocab=128256, seq=8192)

@@ -1,0 +1,65 @@
+"""Per-layer compute time on one rank for one microbatch.
+
+Measured LayerTimings when the profile was taken on this kind of device (interpolated, or scaled
+linearly, in microbatch size); otherwise FLOPs / (peak x efficiency), where the efficiency comes
+from the device's GEMM-size curve (ClusterSpec.device.gemm_efficiency, interpolated in log FLOPs)
+at the size of the layer's local GEMMs: tensor parallelism divides each GEMM by t and so lowers
+its efficiency (DESIGN.md, "Cost model"). The layer's efficiency is the FLOP-weighted harmonic
+mean over its GEMMs: time = sum_g flops_g / (peak x eff(flops_g)).
+"""
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+
+from meshplan.model_profile import LayerProfile
+from meshplan.planner.context import Context
+
+
+def gemm_efficiency(curve: list[list[float]], flops: float) -> float:
+    """Achieved fraction of peak for one GEMM of `flops`, log-linear between curve points."""
+    if not curve:
+        return 1.0
+    if flops <= curve[0][0]:
+        return curve[0][1]
+    if flops >= curve[-1][0]:
+        return curve[-1][1]
+    xs = [p[0] for p in curve]
+    i = bisect_left(xs, flops)
+    (x0, y0), (x1, y1) = curve[i - 1], curve[i]
+    w = (math.log(flops) - math.log(x0)) / (math.log(x1) - math.log(x0))
+    return y0 + w * (y1 - y0)
+
+
+def layer_efficiency(ctx: Context, layer: LayerProfile, b: int, split: int, cp: int) -> float:
+    curve = ctx.cluster.device.gemm_efficiency
+    gemms = [2.0 * g[0] * b / cp * g[1] * g[2] / split for g in layer.gemm_shapes]
+    if not gemms:
+        return gemm_efficiency(curve, layer.forward_flops * b / (split * cp))
+    return sum(gemms) / sum(g / gemm_efficiency(curve, g) for g in gemms)
+
+
+def _interp_timing(layer: LayerProfile, b: int) -> tuple[float, float]:
+    """Measured (forward_s, backward_s) at microbatch b: linear between measured sizes,
+    proportional to b beyond them (per-sample cost of the nearest measurement)."""
+    pts = sorted((t.microbatch_size, t.forward_s, t.backward_s) for t in layer.timings)
+    for (b0, f0, k0), (b1, f1, k1) in zip(pts, pts[1:]):
+        if b0 <= b <= b1:
+            w = (b - b0) / (b1 - b0)
+            return f0 + w * (f1 - f0), k0 + w * (k1 - k0)
+    near = pts[0] if b < pts[0][0] else pts[-1]
+    return near[1] * b / near[0], near[2] * b / near[0]
+
+
+def layer_compute_s(ctx: Context, layer: LayerProfile, b: int, split: int, cp: int) -> tuple[float, float, float]:
+    """(forward_s, backward_s, selective_recompute_s) of one layer, one microbatch, one rank."""
+    overhead = ctx.cluster.calibration.kernel_overhead_s
+    if ctx.measured and layer.timings:
+        fwd, bwd = _interp_timing(layer, b)
+        fwd, bwd = fwd / (split * cp), bwd / (split * cp)
+        sel = fwd * layer.recompute_flops_selective / layer.forward_flops if layer.forward_flops else 0.0
+        return fwd + overhead, bwd + overhead, sel
+    rate = ctx.peak_flops * layer_efficiency(ctx, layer, b, split, cp)
+    scale = b / (split * cp)
+    return (layer.forward_flops * scale / rate + overhead, layer.backward_flops * scale / rate + overhead,
+            layer.recompute_flops_selective * scale / rate)

@@ -1,0 +1,104 @@
+"""The planning context: the (sequence-rescaled) profile, the cluster, the request, and the
+derived constants every cost function needs; and `Candidate`, one outer-loop configuration."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from meshplan.cluster import ClusterSpec
+from meshplan.errors import MeshplanError
+from meshplan.model_profile import LayerProfile, ModelProfile
+from meshplan.planner.request import STATE_LAYOUTS, PlanRequest
+from meshplan.planner.seqscale import with_seq_len
+
+SPLIT_KINDS = ("block", "embedding", "head")
+"""TPRule kinds whose parameters, FLOPs and activations tensor parallelism divides by t."""
+
+
+@dataclass(frozen=True, order=True)
+class Candidate:
+    """One outer configuration; stage boundaries and recompute are solved per candidate."""
+    pp: int
+    dp: int
+    cp: int
+    tp: int
+    microbatch: int
+    num_microbatches: int
+    schedule: str
+    virtual_stages: int
+    zero: int
+    sequence_parallel: bool
+
+    @property
+    def family(self) -> str:
+        return f"pp={self.pp} dp={self.dp} cp={self.cp} tp={self.tp}"
+
+    def label(self) -> str:
+        sched = self.schedule + (f"(v={self.virtual_stages})" if self.virtual_stages > 1 else "")
+        return (f"{self.family} b={self.microbatch} m={self.num_microbatches} {sched} "
+                f"zero={self.zero}{' sp' if self.sequence_parallel else ''}")
+
+
+def _signature(layer: LayerProfile) -> tuple:
+    """Everything the cost model reads from a layer; equal signatures cost the same."""
+    return (layer.kind, layer.num_params, layer.forward_flops, layer.backward_flops,
+            layer.activation_bytes, layer.selective_activation_bytes, layer.recompute_flops_selective,
+            layer.tp_replicated_activation_bytes, layer.input_bytes, layer.output_bytes, layer.tp.kind,
+            layer.tp.num_allreduce_fwd, tuple(map(tuple, layer.gemm_shapes)),
+            tuple((t.microbatch_size, t.forward_s, t.backward_s) for t in layer.timings))
+
+
+@dataclass
+class Context:
+    profile: ModelProfile
+    cluster: ClusterSpec
+    request: PlanRequest
+    signatures: list[int] = field(default_factory=list)
+    """Index of the first layer with the same signature, per layer (memoisation key)."""
+    body: tuple[int, int] | None = None
+    """[start, end) of identical blocks when the model is prefix(<=1) + identical blocks + suffix(<=1)."""
+
+    @classmethod
+    def build(cls, profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) -> "Context":
+        if request.precision not in ("bf16", "fp32"):
+            raise MeshplanError(f"precision {request.precision!r} is unknown; use bf16 or fp32")
+        if request.state_layout not in STATE_LAYOUTS:
+            raise MeshplanError(f"state_layout {request.state_layout!r} is unknown; use torch or megatron")
+        ctx = cls(profile=with_seq_len(profile, request.seq), cluster=cluster, request=request)
+        seen: dict[tuple, int] = {}
+        ctx.signatures = [seen.setdefault(_signature(lp), i) for i, lp in enumerate(ctx.profile.layers)]
+        ctx.body = ctx._find_body()
+        return ctx
+
+    def _find_body(self) -> tuple[int, int] | None:
+        sig, n = self.signatures, len(self.signatures)
+        for start in (0, 1):
+            for end in (n, n - 1):
+                if end - start >= 1 and len(set(sig[start:end])) == 1 and end - start >= n - 2:
+                    return start, end
+        return None
+
+    @property
+    def layers(self) -> list[LayerProfile]:
+        return self.profile.layers
+
+    @property
+    def seq(self) -> int:
+        return self.profile.seq_len
+
+    @property
+    def peak_flops(self) -> float:
+        peaks = self.cluster.device.peak_flops
+        return peaks.get(self.request.precision) or max(peaks.values())
+
+    @property
+    def capacity_bytes(self) -> float:
+        dev = self.cluster.device
+        return dev.memory_bytes * (1.0 - dev.memory_reserved_fraction)
+
+    @property
+    def measured(self) -> bool:
+        """Use measured LayerTimings: profiled on this kind of device (DESIGN.md, Cost model)."""
+        return self.profile.device == "cpu" and self.cluster.device.kind == "cpu"
+
+    def tp_split(self, layer: LayerProfile, tp: int) -> int:
+        return tp if layer.tp.kind in SPLIT_KINDS else 1

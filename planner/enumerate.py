@@ -1,0 +1,131 @@
+"""Outer loop of the search: every valid (pp, dp, cp, tp) factorisation of the device count,
+microbatch sizes dividing the per-replica batch, schedules and virtual stages, ZeRO stages,
+sequence parallelism. Pinned request fields fix their axis. Invalid families are kept as
+Rejections with their reason (calculon's "good and bad candidates").
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from meshplan.plan import schedule_name
+from meshplan.planner.context import Candidate, Context
+
+VIRTUAL_STAGES = (2, 3, 4, 6, 8)
+"""Chunks per rank tried for Interleaved1F1B when --virtual-stages is not given."""
+CP_MIN_SEQ = 32768
+"""Context parallelism is searched (not only pinned) from this sequence length on."""
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+class Rejects:
+    """Rejected families: (family, reason) -> count."""
+
+    def __init__(self):
+        self.counts: Counter = Counter()
+
+    def add(self, family: str, reason: str, count: int = 1) -> None:
+        self.counts[(family, reason)] += count
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def _tp_reason(ctx: Context, tp: int) -> str:
+    for lp in ctx.layers:
+        for name, size in sorted(lp.tp.divisors.items()):
+            if size % tp:
+                return f"{name} {size} not divisible by tp={tp}"
+    if tp > ctx.cluster.devices_per_node and not ctx.request.allow_cross_node_tp:
+        return f"tp={tp} > {ctx.cluster.devices_per_node} GPUs per node (allow_cross_node_tp is off)"
+    return ""
+
+
+def _pick(pinned, options):
+    return [pinned] if pinned is not None else options
+
+
+def degrees(ctx: Context, rej: Rejects) -> list[tuple[int, int, int, int]]:
+    """Valid (pp, dp, cp, tp) with pp*dp*cp*tp = num_gpus."""
+    req, n = ctx.request, ctx.request.num_gpus
+    out = []
+    cps = _pick(req.cp, [c for c in divisors(n) if ctx.seq % (2 * c) == 0] if ctx.seq >= CP_MIN_SEQ else [1])
+    for tp in _pick(req.tp, divisors(n)):
+        reason = _tp_reason(ctx, tp) if tp > 1 else ""
+        if n % tp or reason:
+            rej.add(f"tp={tp}", reason or f"tp={tp} does not divide {n} GPUs")
+            continue
+        for cp in cps:
+            for pp in _pick(req.pp, divisors(n // tp // cp) if n % (tp * cp) == 0 else []):
+                dp = n // (tp * cp * pp) if n % (tp * cp * pp) == 0 else 0
+                fam = f"pp={pp} cp={cp} tp={tp}"
+                if not dp:
+                    rej.add(fam, f"pp x cp x tp = {pp * cp * tp} does not divide {n} GPUs")
+                elif pp > len(ctx.layers):
+                    rej.add(fam, f"pp={pp} > {len(ctx.layers)} layers")
+                elif req.dp is not None and dp != req.dp:
+                    rej.add(fam, f"dp would be {dp}, not the pinned {req.dp}")
+                elif req.global_batch % dp:
+                    rej.add(fam, f"global batch {req.global_batch} not divisible by dp={dp}")
+                else:
+                    out.append((pp, dp, cp, tp))
+    return out
+
+
+def _schedules(ctx: Context, pp: int, m: int, rej: Rejects, fam: str) -> list[tuple[str, int]]:
+    req = ctx.request
+    if pp == 1:
+        return [(schedule_name(req.schedule) if req.schedule else "1F1B", 1)]
+    names = [schedule_name(req.schedule)] if req.schedule else ["1F1B", "Interleaved1F1B", "GPipe"]
+    out = []
+    for name in names:
+        if name == "GPipe":
+            out.append((name, 1))
+        elif name == "1F1B":
+            if m >= pp:
+                out.append((name, 1))
+            else:
+                rej.add(fam, f"1F1B needs >= pp={pp} microbatches, has {m}")
+        else:
+            out += _interleaved(ctx, pp, m, rej, fam)
+    return out
+
+
+def _interleaved(ctx: Context, pp: int, m: int, rej: Rejects, fam: str) -> list[tuple[str, int]]:
+    if ctx.body is None:
+        rej.add(fam, "Interleaved1F1B needs identical blocks (this model's layers differ)")
+        return []
+    if m % pp:
+        rej.add(fam, f"Interleaved1F1B needs microbatches ({m}) divisible by pp={pp}")
+        return []
+    blocks = ctx.body[1] - ctx.body[0]
+    vs = _pick(ctx.request.virtual_stages, list(VIRTUAL_STAGES))
+    ok = [v for v in vs if v > 1 and pp * v <= blocks + 2]
+    if len(ok) < len(vs):
+        rej.add(fam, f"virtual stages x pp > {blocks + 2} layers", len(vs) - len(ok))
+    return [("Interleaved1F1B", v) for v in ok]
+
+
+def candidates(ctx: Context, rej: Rejects) -> list[Candidate]:
+    req, out = ctx.request, []
+    for pp, dp, cp, tp in degrees(ctx, rej):
+        per_replica = req.global_batch // dp
+        for b in _pick(req.microbatch, divisors(per_replica)):
+            fam = f"pp={pp} dp={dp} cp={cp} tp={tp} b={b}"
+            if per_replica % b:
+                rej.add(fam, f"microbatch {b} does not divide the per-replica batch {per_replica}")
+                continue
+            m = per_replica // b
+            zeros = _pick(req.zero, [0, 1, 2, 3] if dp > 1 else [0])
+            sps = [bool(req.sequence_parallel) and tp > 1] if req.sequence_parallel is not None else (
+                [False, True] if tp > 1 else [False])
+            for sched, v in _schedules(ctx, pp, m, rej, fam):
+                for zero in zeros:
+                    for sp in sps:
+                        out.append(Candidate(pp=pp, dp=dp, cp=cp, tp=tp, microbatch=b, num_microbatches=m,
+                                             schedule=sched, virtual_stages=v, zero=zero, sequence_parallel=sp))
+    return out

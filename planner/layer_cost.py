@@ -1,0 +1,126 @@
+"""Per-layer, per-recompute-mode cost of one microbatch on one rank, memoised per layer
+signature and (microbatch, tp, sp, cp, zero, dp).
+
+Tensor parallel (Narayanan et al. 2021 Sec 3.3; Korthikanti et al. 2022 Sec 4.2.2): a block runs
+2 all-reduces of its `bsh` output forward and 2 backward (`8bsh(t-1)/t` bytes per rank), or the
+same volume as reduce-scatter + all-gather with sequence parallelism; full recompute repeats the
+forward ones. A vocab-parallel embedding all-reduces forward only, the head backward only.
+Context parallel (ring attention): K and V circulate, `(c-1)/c` of them forward, twice backward.
+ZeRO-2/3 per microbatch (FSDP2): all-gather weights forward (ZeRO-3: again backward), reduce-
+scatter gradients backward, prefetched behind the layer's compute: only the excess is exposed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.model_profile import LayerProfile
+from meshplan.planner.comm import all_reduce_s, collective_s, group_tier
+from meshplan.planner.compute import layer_compute_s
+from meshplan.planner.context import Context
+from meshplan.planner.memory import activation_bytes, layer_static_bytes, recompute_modes
+
+
+@dataclass(frozen=True)
+class ModeCost:
+    time_s: float
+    """Everything this layer adds to one microbatch's forward+backward on its rank."""
+    act_bytes: float
+    compute_s: float
+    recompute_s: float
+    tp_s: float
+    dp_s: float
+    cp_s: float
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    modes: dict[str, ModeCost]
+    weights_bytes: float
+    grads_bytes: float
+    optim_bytes: float
+    local_params: float
+    """Parameters held per TP rank before ZeRO sharding (for DP traffic and the optimizer)."""
+    backward_s: float
+
+
+def _tp_comm_s(ctx: Context, layer: LayerProfile, b: int, tp: int, cp: int, sp: bool) -> tuple[float, float]:
+    """(forward, backward) seconds of tensor-parallel collectives."""
+    if tp <= 1 or layer.tp.kind not in ("block", "embedding", "head"):
+        return 0.0, 0.0
+    n = layer.tp.num_allreduce_fwd
+    buf = (layer.input_bytes if layer.tp.kind == "head" else layer.output_bytes) * b / cp
+    one = all_reduce_s(ctx.cluster, tp, buf, group_tier(ctx.cluster, 1, tp), sp)
+    fwd = 0 if layer.tp.kind == "head" else n
+    bwd = 0 if layer.tp.kind == "embedding" else n
+    return fwd * one, bwd * one
+
+
+def _zero_comm_s(ctx: Context, local_params: float, zero: int, dp: int, tp: int, cp: int) -> float:
+    if zero < 2 or dp <= 1:
+        return 0.0
+    width = 2 if ctx.request.precision == "bf16" else 4
+    tier = group_tier(ctx.cluster, tp * cp, dp)
+    gather = collective_s(ctx.cluster, "all_gather", dp, local_params * width, tier)
+    scatter = collective_s(ctx.cluster, "reduce_scatter", dp, local_params * width, tier)
+    return (2 if zero == 3 else 1) * gather + scatter
+
+
+def _cp_comm_s(ctx: Context, layer: LayerProfile, b: int, tp: int, cp: int) -> float:
+    if cp <= 1 or layer.tp.kind != "block":
+        return 0.0
+    kv = 2 * layer.input_bytes * b / tp  # K and V of the whole sequence, this rank's heads
+    step = collective_s(ctx.cluster, "all_gather", cp, kv, group_tier(ctx.cluster, tp, cp))
+    return 3 * step  # forward once, backward twice (K, V and their gradients)
+
+
+def allowed_modes(ctx: Context, layer: LayerProfile) -> tuple[str, ...]:
+    """The layer's recompute choices, or the pinned one (--recompute) where it applies."""
+    modes = recompute_modes(layer)
+    pin = ctx.request.recompute
+    if pin is None:
+        return modes
+    return (pin,) if pin in modes else ("none",)
+
+
+def layer_cost(ctx: Context, layer: LayerProfile, b: int, tp: int, sp: bool, cp: int, zero: int, dp: int) -> LayerCost:
+    split = ctx.tp_split(layer, tp)
+    fwd, bwd, sel = layer_compute_s(ctx, layer, b, split, cp)
+    tp_fwd, tp_bwd = _tp_comm_s(ctx, layer, b, tp, cp, sp)
+    cal = ctx.cluster.calibration
+    tp_hidden = cal.tp_overlap if ctx.request.overlap_tp_comm else 0.0
+    dp_hidden = cal.dp_overlap if ctx.request.overlap_dp_comm else 0.0
+    local = layer.num_params / split
+    zero_s = _zero_comm_s(ctx, local, zero, dp, tp, cp)
+    cp_s = _cp_comm_s(ctx, layer, b, tp, cp)
+    modes = {}
+    for mode in allowed_modes(ctx, layer):
+        extra = fwd if mode == "full" else sel if mode == "selective" else 0.0
+        tp_s = (1 - tp_hidden) * (tp_fwd * (2 if mode == "full" else 1) + tp_bwd)
+        compute = fwd + bwd + extra
+        dp_s = max(0.0, zero_s - dp_hidden * compute)
+        modes[mode] = ModeCost(time_s=compute + tp_s + dp_s + cp_s,
+                               act_bytes=activation_bytes(ctx, layer, mode, b, split, cp, sp),
+                               compute_s=fwd + bwd, recompute_s=extra, tp_s=tp_s, dp_s=dp_s, cp_s=cp_s)
+    weights, grads, optim = layer_static_bytes(ctx, layer, split, zero, dp)
+    return LayerCost(modes=modes, weights_bytes=weights, grads_bytes=grads, optim_bytes=optim,
+                     local_params=local, backward_s=bwd)
+
+
+class CostTable:
+    """Memoised LayerCosts: one entry per (layer signature, b, tp, sp, cp, zero, dp)."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self._cache: dict[tuple, LayerCost] = {}
+
+    def get(self, index: int, b: int, tp: int, sp: bool, cp: int, zero: int, dp: int) -> LayerCost:
+        key = (self.ctx.signatures[index], b, tp, sp, cp, zero, dp)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = layer_cost(self.ctx, self.ctx.layers[index], b, tp, sp, cp, zero, dp)
+            self._cache[key] = hit
+        return hit
+
+    def for_candidate(self, cand) -> list[LayerCost]:
+        return [self.get(i, cand.microbatch, cand.tp, cand.sequence_parallel, cand.cp, cand.zero, cand.dp)
+                for i in range(len(self.ctx.layers))]

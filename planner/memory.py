@@ -1,0 +1,92 @@
+"""Memory per rank: training state by precision / state layout / ZeRO stage, activations by
+recompute mode, temporary buffers.
+
+Training state per parameter, unsharded (ZeRO, Rajbhandari et al. 2020 Sec 3; DESIGN.md):
+- "torch" (AMP / FSDP2 mixed precision, and fp32 training): fp32 weights 4 + fp32 grads 4 +
+  Adam m, v 8 = 16 bytes.
+- "megatron": bf16 weights 2 + fp32 main grads 4 + fp32 master + Adam 12 = 18 bytes.
+ZeRO-1 shards the optimizer states over the data-parallel group, ZeRO-2 also the gradients,
+ZeRO-3 also the weights. FSDP2's ZeRO-2 (reshard_after_forward=False) keeps the gathered bf16
+weights of every layer from its forward to its backward; ZeRO-3 holds only the layer being run
+(and the prefetched next one).
+
+Activations per layer (Korthikanti et al. 2022 Table 2): the layer's saved bytes, of which the
+TP-replicated part (`10sbh`, Eq. 2) stays whole on every TP rank unless sequence parallelism
+splits it; selective recompute keeps `selective_activation_bytes` (Eq. 6); full recompute keeps
+only the layer input (`2sbh`, /t with sequence parallelism).
+"""
+from __future__ import annotations
+
+from meshplan.model_profile import LayerProfile
+from meshplan.planner.context import Context
+
+GIB = 1024**3
+DDP_BUCKET_BYTES = 25 * 1024**2
+"""PyTorch DDP's default bucket_cap_mb; two buckets in flight."""
+
+_STATE = {"torch": (4, 4, 8), "megatron": (2, 4, 12)}
+"""(weights, grads, optimizer) bytes per parameter, unsharded."""
+
+
+def state_bytes(ctx: Context) -> tuple[int, int, int]:
+    return _STATE[ctx.request.state_layout]
+
+
+def layer_static_bytes(ctx: Context, layer: LayerProfile, split: int, zero: int, dp: int) -> tuple[float, float, float]:
+    """(weights, grads, optimizer) bytes of one layer on one rank."""
+    n = layer.num_params / split
+    w, g, o = state_bytes(ctx)
+    weights = n * w / (dp if zero >= 3 else 1)
+    if zero == 2:
+        weights += n * 2  # FSDP2 ZeRO-2: the gathered bf16 weights stay from forward to backward
+    grads = n * g / (dp if zero >= 2 else 1)
+    optim = n * o / (dp if zero >= 1 else 1)
+    return weights, grads, optim
+
+
+def replicated_activation_bytes(ctx: Context, layer: LayerProfile) -> float:
+    """TP-replicated part of a layer's saved bytes per sample (Korthikanti Eq. 2's 10sbh)."""
+    if layer.tp_replicated_activation_bytes > 0:
+        return layer.tp_replicated_activation_bytes
+    if layer.tp.kind == "block" and ctx.profile.hidden:
+        return min(10.0 * ctx.seq * ctx.profile.hidden * ctx.profile.activation_dtype_bytes / 2,
+                   layer.activation_bytes)
+    return 0.0
+
+
+def recompute_modes(layer: LayerProfile) -> tuple[str, ...]:
+    """Recompute choices that make sense for this layer (embedding and head: none)."""
+    if layer.tp.kind in ("embedding", "head") or layer.activation_bytes <= layer.input_bytes:
+        return ("none",)
+    if 0 < layer.selective_activation_bytes < layer.activation_bytes:
+        return ("none", "selective", "full")
+    return ("none", "full")
+
+
+def activation_bytes(ctx: Context, layer: LayerProfile, mode: str, b: int, split: int, cp: int, sp: bool) -> float:
+    """Bytes one microbatch of this layer keeps for backward on one rank."""
+    if mode == "full":
+        return layer.input_bytes * b / cp / (split if sp else 1)
+    saved = layer.selective_activation_bytes if mode == "selective" else layer.activation_bytes
+    rep = min(replicated_activation_bytes(ctx, layer), saved) if split > 1 else 0.0
+    per_sample = (saved - rep) / split + (rep / split if sp else rep)
+    return per_sample * b / cp
+
+
+def stage_buffer_bytes(ctx: Context, layers: list[LayerProfile], b: int, split_of, zero: int, cp: int) -> float:
+    """Largest temporary buffers of a rank: DDP buckets (ZeRO-0/1), the gathered bf16 weights and
+    unsharded fp32 grads of the largest layer twice over (ZeRO-3 prefetch), a transient fp32
+    copy of the logits in the loss (head stage)."""
+    buf = 2.0 * DDP_BUCKET_BYTES if zero <= 1 else 0.0
+    if zero == 3 and layers:
+        largest = max(lp.num_params / split_of(lp) for lp in layers)
+        buf += 2 * (2 + 4) * largest
+    for lp in layers:
+        if lp.tp.kind == "head":
+            buf += lp.output_bytes * b / cp / split_of(lp)
+    return buf
+
+
+def fits(total_bytes: float, capacity_bytes: float) -> bool:
+    """The one feasibility test every path uses (search, estimate, brute force)."""
+    return total_bytes <= capacity_bytes * (1 + 1e-12)

@@ -1,0 +1,186 @@
+"""Exact stage boundaries + recompute for one candidate (see stages.py for the model).
+
+`solve(ctx, cand, costs)` returns the per-rank solutions of the best split, or None with the
+memory excess (bytes over capacity on the tightest rank of a balanced split with the leanest
+recompute) when nothing fits.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+
+from meshplan.planner.context import Candidate, Context
+from meshplan.planner.layer_cost import LayerCost
+from meshplan.planner.pipeline import p2p_per_microbatch_s, tail_s
+from meshplan.planner.recompute import pareto_frontier, solve_frontier, solve_identical
+from meshplan.planner.stages import RankModel, RankSolution
+
+
+class UniformSplit:
+    """prefix (<= 1 layer, on rank 0) + L identical blocks + suffix (<= 1 layer, on the last rank)."""
+
+    def __init__(self, ctx: Context, cand: Candidate, costs: list[LayerCost]):
+        self.model = RankModel(ctx, cand, costs)
+        self.ctx, self.cand, self.costs = ctx, cand, costs
+        self.start, self.end = ctx.body
+        self.block = costs[self.start]
+        self.options = [(m, mc.time_s, mc.act_bytes) for m, mc in self.block.modes.items()]
+        self.p2p_s = p2p_per_microbatch_s(ctx, cand, ctx.layers[self.start].output_bytes)
+        self._memo: dict[tuple[int, int], tuple[float, dict] | None] = {}
+
+    def fixed(self, rank: int) -> list[int]:
+        p, n = self.cand.pp, len(self.costs)
+        out = [0] if self.start == 1 and rank == 0 else []
+        return out + ([n - 1] if self.end == n - 1 and rank == p - 1 else [])
+
+    def min_blocks(self, rank: int) -> int:
+        v = self.cand.virtual_stages
+        ends = (rank == 0 and self.start == 1) + (rank == self.cand.pp - 1 and self.end == len(self.costs) - 1)
+        return max(v - ends, 0) if self.cand.pp > 1 else (0 if ends else 1)
+
+    def cost(self, rank: int, n: int) -> float:
+        hit = self._eval(rank, n)
+        return math.inf if hit is None else hit[0]
+
+    def _eval(self, rank: int, n: int):
+        key = (rank, n)
+        if key not in self._memo:
+            self._memo[key] = self._solve_rank(rank, n)
+        return self._memo[key]
+
+    def _solve_rank(self, rank: int, n: int):
+        fixed = self.fixed(rank)
+        layers = fixed + ([self.start] if n else [])  # the set's kinds decide the buffers
+        static, buf, flight = self.model.base(rank, fixed)
+        blk = self.block
+        static_b = blk.weights_bytes + blk.grads_bytes + blk.optim_bytes
+        if n:
+            buf = self.model.base(rank, layers)[1]
+        fixed_act = sum(self.costs[i].modes["none"].act_bytes for i in fixed)
+        base = sum(static) + n * static_b + buf + flight * fixed_act
+        got = solve_identical(n, self.options, base, flight, self.model.capacity)
+        if got is None:
+            return None
+        time = got[0] + sum(self.costs[i].modes["none"].time_s for i in fixed) + self.p2p_s
+        local = sum(self.costs[i].local_params for i in fixed) + n * blk.local_params
+        window = sum(self.costs[i].backward_s for i in fixed) + n * blk.backward_s
+        sync, opt = tail_s(self.ctx, self.cand, local, window)
+        return self.model.factor * time + sync + opt, got[1]
+
+    def solve(self) -> list[int] | None:
+        """Block counts per rank minimising the max rank cost (heap merge, exact)."""
+        p, total = self.cand.pp, self.end - self.start
+        counts = [self.min_blocks(r) for r in range(p)]
+        if sum(counts) > total or any(self.cost(r, counts[r]) == math.inf for r in range(p)):
+            return None
+        heap = [(self.cost(r, counts[r] + 1), r) for r in range(p)]
+        heapq.heapify(heap)
+        for _ in range(total - sum(counts)):
+            value, r = heapq.heappop(heap)
+            if value == math.inf:
+                return None
+            counts[r] += 1
+            heapq.heappush(heap, (self.cost(r, counts[r] + 1), r))
+        return counts
+
+    def layout(self, counts: list[int]) -> tuple[list[list[int]], list[list[int]]]:
+        """(stages in model order as layer indices, block indices per rank). Stage s = chunk
+        s // p of rank s % p (loop placement); a rank's blocks are spread evenly over its chunks,
+        every chunk keeping at least one layer."""
+        p, v, n = self.cand.pp, self.cand.virtual_stages, len(self.costs)
+        per_chunk = []
+        for r, total in enumerate(counts):
+            need = [0 if (r == 0 and k == 0 and self.start == 1) or
+                    (r == p - 1 and k == v - 1 and self.end == n - 1) else 1 for k in range(v)]
+            extra = total - sum(need)
+            per_chunk.append([need[k] + extra // v + (1 if k < extra % v else 0) for k in range(v)])
+        stages, ranks, nxt = [], [[] for _ in range(p)], self.start
+        for s in range(p * v):
+            r, k = s % p, s // p
+            blocks = list(range(nxt, nxt + per_chunk[r][k]))
+            nxt += per_chunk[r][k]
+            ranks[r] += blocks
+            stage = ([0] if s == 0 and self.start == 1 else []) + blocks
+            stages.append(stage + ([n - 1] if s == p * v - 1 and self.end == n - 1 else []))
+        return stages, ranks
+
+    def rank_solutions(self, counts: list[int]) -> tuple[list[RankSolution], list[list[int]]]:
+        stages, rank_blocks = self.layout(counts)
+        sols = []
+        for r, blocks in enumerate(rank_blocks):
+            mix = self._eval(r, len(blocks))[1]
+            order = ["full"] * mix.get("full", 0) + ["selective"] * mix.get("selective", 0)
+            modes = {i: (order[k] if k < len(order) else "none") for k, i in enumerate(blocks)}
+            fixed = self.fixed(r)
+            modes.update({i: "none" for i in fixed})
+            sols.append(self.model.finish(r, sorted(fixed + blocks), modes, self.p2p_s))
+        return sols, stages
+
+    def balanced_excess(self) -> float:
+        """Bytes over capacity on the tightest rank: balanced split, leanest recompute."""
+        p, total = self.cand.pp, self.end - self.start
+        lean = min(self.options, key=lambda o: o[2])
+        worst = -math.inf
+        for r in range(p):
+            n = total // p + (1 if r < total % p else 0)
+            fixed = self.fixed(r)
+            static, buf, flight = self.model.base(r, fixed + ([self.start] if n else []))
+            blk = self.block
+            mem = (sum(static) + n * (blk.weights_bytes + blk.grads_bytes + blk.optim_bytes) + buf
+                   + flight * (n * lean[2] + sum(self.costs[i].modes["none"].act_bytes for i in fixed)))
+            worst = max(worst, mem - self.model.capacity)
+        return worst
+
+
+def solve_general(ctx: Context, cand: Candidate, costs: list[LayerCost]) -> list[RankSolution] | None:
+    """DP over contiguous ranges for any chain (non-interleaved): best[r][e] = min over a of
+    max(best[r-1][a], c_r([a, e)))."""
+    model, n, p = RankModel(ctx, cand, costs), len(costs), cand.pp
+    if p > n:
+        return None
+    frontiers = {}
+
+    def stage(r: int, a: int, e: int):
+        layers = list(range(a, e))
+        if (a, e) not in frontiers:
+            opts = [[(m, mc.time_s, mc.act_bytes) for m, mc in costs[i].modes.items()] for i in layers]
+            frontiers[(a, e)] = pareto_frontier(opts)
+        static, buf, flight = model.base(r, layers)
+        point = solve_frontier(frontiers[(a, e)], sum(static) + buf, flight, model.capacity)
+        if point is None:
+            return math.inf, None
+        sol = model.finish(r, layers, dict(zip(layers, point[2])), model.p2p(r, layers))
+        return sol.cost_s, sol
+
+    best = {(0, 0): (0.0, [])}
+    for r in range(p):
+        for e in range(r + 1, n - (p - 1 - r) + 1):
+            choice = (math.inf, None)
+            for a in range(r, e):
+                prev = best.get((r, a))
+                if prev is None or prev[0] >= choice[0]:
+                    continue
+                c, sol = stage(r, a, e)
+                value = max(prev[0], c)
+                if value < choice[0]:
+                    choice = (value, prev[1] + [sol])
+            if choice[1] is not None:
+                best[(r + 1, e)] = choice
+    final = best.get((p, n))
+    return None if final is None or final[0] == math.inf else final[1]
+
+
+def solve(ctx: Context, cand: Candidate, costs: list[LayerCost]):
+    """(rank solutions, stages as layer-index lists, 0.0), or (None, None, excess_bytes) where
+    excess_bytes > 0 is the memory overflow of the leanest balanced split (-1 if not memory)."""
+    if ctx.body is not None:
+        split = UniformSplit(ctx, cand, costs)
+        counts = split.solve()
+        if counts is None:
+            return None, None, split.balanced_excess()
+        sols, stages = split.rank_solutions(counts)
+        return sols, stages, 0.0
+    sols = solve_general(ctx, cand, costs)
+    if sols is None:
+        return None, None, -1.0
+    return sols, [s.layers for s in sols], 0.0

@@ -1,0 +1,69 @@
+"""Pipeline schedules and the once-per-step tail (gradient sync, optimizer step).
+
+Bubble (Narayanan et al. 2021 Sec 2.2): `(p-1)/m` of the ideal time for GPipe and 1F1B,
+`(p-1)/(v m)` for interleaved 1F1B with v model chunks per rank, whose point-to-point traffic
+grows by v. A rank's step time is `(m + bubble) x t_r + tail_r` with t_r its forward+backward
+time of one microbatch; the step is the slowest rank's.
+In-flight microbatches whose activations a rank holds (Korthikanti et al. 2022 Sec 4.2.3):
+GPipe m; 1F1B rank i holds min(p - i, m); interleaved rank i runs (v-1)p + 2(p-1-i) + 1 chunk-
+microbatches before its first backward (Megatron-LM / torch Interleaved1F1B warm-up), i.e.
+`p (1 + (p-1)/(p v))` microbatches' worth on rank 0 — Korthikanti's interleaving factor.
+Pipeline p2p: the boundary activation `bsh`, `bsh/t` with the scatter/gather optimisation.
+Data parallel: ring all-reduce of the gradients, bucketed and overlapped with the last
+microbatch's backward (DDP); ZeRO-1 reduce-scatter + all-gather; ZeRO-2/3 pay per microbatch
+(layer_cost.py). Optimizer: Adam is memory-bound — 16 bytes read, 12 written per parameter
+(+2 for Megatron's bf16 weight copy) over the HBM bandwidth.
+"""
+from __future__ import annotations
+
+from meshplan.planner.comm import collective_s, group_tier, p2p_s
+from meshplan.planner.context import Candidate, Context
+
+
+def bubble_factor(cand: Candidate) -> float:
+    if cand.pp == 1:
+        return 0.0
+    return (cand.pp - 1) / cand.virtual_stages
+
+
+def in_flight(cand: Candidate, rank: int) -> float:
+    """Microbatches' worth of a rank's activations held at its peak."""
+    p, m, v = cand.pp, cand.num_microbatches, cand.virtual_stages
+    if p == 1:
+        return 1.0
+    if cand.schedule == "GPipe":
+        return float(m)
+    if v == 1:
+        return float(min(p - rank, m))
+    return min((v - 1) * p + 2 * (p - 1 - rank) + 1, m * v) / v
+
+
+def p2p_per_microbatch_s(ctx: Context, cand: Candidate, boundary_bytes: float) -> float:
+    """Forward send + backward send of one microbatch's boundary tensor, per chunk boundary."""
+    if cand.pp == 1:
+        return 0.0
+    buf = boundary_bytes * cand.microbatch / cand.cp / (cand.tp if cand.tp > 1 else 1)
+    tier = group_tier(ctx.cluster, cand.dp * cand.cp * cand.tp, cand.pp)
+    hidden = ctx.cluster.calibration.pp_overlap
+    return 2 * cand.virtual_stages * p2p_s(ctx.cluster, buf, tier) * (1 - hidden)
+
+
+def tail_s(ctx: Context, cand: Candidate, local_params: float, backward_window_s: float) -> tuple[float, float]:
+    """(exposed gradient sync, optimizer step) seconds of one rank, once per step."""
+    group = cand.dp * cand.cp
+    tier = group_tier(ctx.cluster, cand.tp, group)
+    hidden = ctx.cluster.calibration.dp_overlap if ctx.request.overlap_dp_comm else 0.0
+    grad_bytes = local_params * 4
+    sync = 0.0
+    if cand.zero == 0:
+        comm = collective_s(ctx.cluster, "all_reduce", group, grad_bytes, tier)
+        sync = max(0.0, comm - hidden * backward_window_s)
+    elif cand.zero == 1:
+        rs = collective_s(ctx.cluster, "reduce_scatter", group, grad_bytes, tier)
+        weight_bytes = local_params * (2 if ctx.request.state_layout == "megatron" else 4)
+        ag = collective_s(ctx.cluster, "all_gather", group, weight_bytes, tier)
+        sync = max(0.0, rs - hidden * backward_window_s) + (1 - hidden) * ag
+    per_param = 28 + (2 if ctx.request.state_layout == "megatron" else 0)
+    shard = cand.dp if cand.zero >= 1 else 1
+    optimizer = local_params / shard * per_param / (ctx.cluster.device.hbm_gbps * 1e9)
+    return sync, optimizer

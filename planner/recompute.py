@@ -1,0 +1,92 @@
+"""Per-layer activation recompute under a rank's memory budget, solved exactly.
+
+Each layer picks a mode m in {none, selective, full} with time t_m and saved bytes a_m; a rank
+must satisfy `static + in_flight x sum(a) <= capacity` and wants the least `sum(t)`: a multiple-
+choice knapsack. Two exact solvers:
+- identical blocks (the transformer case): with x_f blocks on full and x_s on selective the time
+  is linear in (x_s, x_f), so for every x_f the least x_s that fits is optimal — O(n).
+- any layers: a Pareto frontier of (bytes, time) built layer by layer, dominated points dropped
+  (the exact DP of the knapsack on real-valued weights; sac_ilp-style ILP gives the same optimum,
+  see tests/test_recompute.py which checks it against pulp/CBC).
+"""
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from typing import Callable
+
+from meshplan.planner.memory import fits
+
+Option = tuple[str, float, float]
+"""(mode, time_s, act_bytes)."""
+
+
+def _least_count(total: Callable[[int], float], capacity: float, lo: int, hi: int) -> int | None:
+    """Least k in [lo, hi] with fits(total(k), capacity); total is nonincreasing in k."""
+    if not fits(total(hi), capacity):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(total(mid), capacity):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def solve_identical(n: int, options: list[Option], base_bytes: float, in_flight: float,
+                    capacity: float) -> tuple[float, dict[str, int]] | None:
+    """Least time of n identical blocks; memory = base_bytes + in_flight x sum(act) <= capacity.
+    Returns (time_s of the n blocks, {mode: count}) or None when even the leanest mix OOMs.
+    Options are ordered by saved bytes, most first: o0 (e.g. none), o1 (selective), o2 (full)."""
+    opts = sorted(options, key=lambda o: (-o[2], o[1], o[0]))
+    (m0, t0, a0) = opts[0]
+    if n == 0 or len(opts) == 1:
+        ok = fits(base_bytes + in_flight * n * a0, capacity)
+        return (n * t0, {m0: n}) if ok else None
+    (m1, t1, a1), last = opts[1], (opts[2] if len(opts) > 2 else None)
+    best = None
+    for x2 in range(0, n + 1 if last else 1):
+        fixed = x2 * (last[2] if last else 0.0) + (n - x2) * a0
+        total = lambda k: base_bytes + in_flight * (fixed - k * (a0 - a1))  # noqa: E731
+        x1 = _least_count(total, capacity, 0, n - x2)
+        if x1 is not None:
+            time = (n - x1 - x2) * t0 + x1 * t1 + x2 * (last[1] if last else 0.0)
+            best = _better(best, time, x2, x1)
+    if best is None:
+        return None
+    time, x2, x1 = best
+    counts = {m0: n - x1 - x2, m1: x1}
+    if last:
+        counts[last[0]] = x2
+    return time, counts
+
+
+def _better(best, time, x_f, x_s):
+    cand = (time, x_f, x_s)
+    return cand if best is None or cand < best else best
+
+
+def pareto_frontier(layer_options: list[list[Option]]) -> list[tuple[float, float, tuple[str, ...]]]:
+    """Non-dominated (act_bytes, time_s, modes) over every per-layer choice, act ascending."""
+    frontier = [(0.0, 0.0, ())]
+    for options in layer_options:
+        merged = sorted((a + oa, t + ot, modes + (m,)) for a, t, modes in frontier for m, ot, oa in options)
+        frontier = []
+        best_time = math.inf
+        for point in merged:
+            if point[1] < best_time:
+                frontier.append(point)
+                best_time = point[1]
+    return frontier
+
+
+def solve_frontier(frontier, base_bytes: float, in_flight: float, capacity: float):
+    """Least-time frontier point that fits, or None."""
+    acts = [p[0] for p in frontier]
+    limit = (capacity - base_bytes) / in_flight if in_flight > 0 else math.inf
+    i = bisect_right(acts, limit * (1 + 1e-9) + 1e-9)
+    for j in range(min(i, len(frontier)) - 1, -1, -1):
+        if fits(base_bytes + in_flight * frontier[j][0], capacity):
+            return frontier[j]
+    return None

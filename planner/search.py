@@ -1,0 +1,122 @@
+"""search(): the best plan under the cost model, its top-K alternatives and the rejected families.
+
+Branch and bound over the outer candidates (enumerate.py): each gets a lower bound on its step
+time — `(m + bubble) x sum of its layers' fastest per-microbatch times / pp` (a rank is at least
+the average) — and a lower bound on its memory (weights, grads, optimizer states and the leanest
+activations, averaged over the pp ranks). Candidates are solved exactly (partition.py) in order
+of their bound; the loop stops when the bound reaches the K-th best step time found, so the
+result equals solving every candidate. Layer costs are memoised per layer signature.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+
+from meshplan.cluster import ClusterSpec
+from meshplan.errors import InfeasibleError
+from meshplan.model_profile import ModelProfile
+from meshplan.plan import Plan, Rejection, SearchSummary
+from meshplan.planner.context import Candidate, Context
+from meshplan.planner.enumerate import Rejects, candidates
+from meshplan.planner.layer_cost import CostTable
+from meshplan.planner.memory import GIB, fits
+from meshplan.planner.partition import solve
+from meshplan.planner.pipeline import bubble_factor, in_flight
+from meshplan.planner.predict import build_plan, provenance
+from meshplan.planner.request import PlanRequest
+
+
+class Bounds:
+    """Lower bounds per candidate from per-signature layer costs (O(#distinct layers))."""
+
+    def __init__(self, ctx: Context, table: CostTable):
+        self.ctx, self.table = ctx, table
+        self.multiplicity = Counter(ctx.signatures)
+
+    def __call__(self, cand: Candidate) -> tuple[float, float]:
+        """(step-time lower bound, memory lower bound of the busiest rank)."""
+        time_sum = static = act = slowest = 0.0
+        for index, count in self.multiplicity.items():
+            lc = self.table.get(index, cand.microbatch, cand.tp, cand.sequence_parallel, cand.cp, cand.zero, cand.dp)
+            fastest = min(mc.time_s for mc in lc.modes.values())
+            time_sum += count * fastest
+            slowest = max(slowest, fastest)
+            static += count * (lc.weights_bytes + lc.grads_bytes + lc.optim_bytes)
+            act += count * min(mc.act_bytes for mc in lc.modes.values())
+        factor = cand.num_microbatches + bubble_factor(cand)
+        flight = min(in_flight(cand, r) for r in range(cand.pp))
+        return factor * max(time_sum / cand.pp, slowest), (static + flight * act) / cand.pp
+
+
+def _oom_family(cand: Candidate) -> str:
+    return f"{cand.family} zero={cand.zero}{' sp' if cand.sequence_parallel else ''}"
+
+
+class Searcher:
+    def __init__(self, profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest):
+        self.ctx = Context.build(profile, cluster, request)
+        self.table = CostTable(self.ctx)
+        self.rejects = Rejects()
+        self.oom: dict[str, list] = {}
+        self.num_evaluated = 0
+
+    def _reject_oom(self, cand: Candidate, excess_bytes: float, stage: str) -> None:
+        fam = _oom_family(cand)
+        entry = self.oom.setdefault(fam, [math.inf, 0, stage])
+        if excess_bytes < entry[0]:
+            entry[0], entry[2] = excess_bytes, stage
+        entry[1] += 1
+
+    def run(self, top_k: int) -> tuple[list[tuple[float, Candidate, tuple]], int]:
+        cands = candidates(self.ctx, self.rejects)
+        bound = Bounds(self.ctx, self.table)
+        cap = self.ctx.capacity_bytes
+        queue = []
+        for cand in cands:
+            lb_time, lb_mem = bound(cand)
+            if not fits(lb_mem, cap):
+                self._reject_oom(cand, lb_mem - cap, "the average rank (weights+grads+optimizer+leanest activations)")
+            else:
+                queue.append((lb_time, cand))
+        queue.sort()
+        best: list[tuple[float, Candidate, tuple]] = []  # sorted by (step, candidate)
+        for lb_time, cand in queue:
+            if len(best) >= top_k and lb_time >= best[-1][0] * (1 - 1e-12):
+                break
+            sols, stages, excess = solve(self.ctx, cand, self.table.for_candidate(cand))
+            self.num_evaluated += 1
+            if sols is None:
+                self._reject_oom(cand, excess, "the tightest stage of a balanced split with the leanest recompute")
+                continue
+            best.append((max(s.cost_s for s in sols), cand, (sols, stages)))
+            best.sort(key=lambda item: (item[0], item[1]))
+            del best[top_k:]
+        return best, len(cands)
+
+    def rejections(self) -> list[Rejection]:
+        out = [Rejection(family=f, reason=r, count=c) for (f, r), c in sorted(self.rejects.counts.items())]
+        for fam, (excess, count, stage) in sorted(self.oom.items()):
+            reason = f"OOM by {max(excess, 0) / GIB:.2f} GiB on {stage}" if excess >= 0 else "no feasible split"
+            out.append(Rejection(family=fam, reason=reason, count=count))
+        return out
+
+
+def search(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) -> Plan:
+    """The best plan (with prediction and search summary) for `request` on `cluster`."""
+    start = time.perf_counter()
+    cluster = cluster if cluster.num_devices == request.num_gpus else cluster.with_num_devices(request.num_gpus)
+    searcher = Searcher(profile, cluster, request)
+    ranked, num_candidates = searcher.run(max(request.top_k, 1))
+    if not ranked:
+        from meshplan.planner.explain import infeasible_message
+        raise InfeasibleError(infeasible_message(searcher, profile, cluster, request))
+    prov = provenance(profile, cluster)
+    plans = [build_plan(searcher.ctx, cand, sols, stages, prov) for _, cand, (sols, stages) in ranked]
+    best = plans[0]
+    rejected = searcher.rejections()
+    best.search = SearchSummary(
+        search_time_s=time.perf_counter() - start, num_candidates=num_candidates,
+        num_evaluated=searcher.num_evaluated, num_rejected=sum(r.count for r in rejected),
+        alternatives=plans[1:], rejected=rejected)
+    return best

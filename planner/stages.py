@@ -1,0 +1,84 @@
+"""Stage boundaries: minimise the slowest pipeline rank subject to every rank's memory.
+
+A rank's cost is `(m + bubble) x t_r + tail_r` (pipeline.py), monotone in the layers it holds.
+- Identical blocks between at most one prefix layer (embedding, on rank 0) and one suffix layer
+  (head, on the last rank): a rank's cost depends only on its block count n_r, so the min-max
+  is the L-th smallest value of {c_r(n): n above each rank's minimum} — a heap merge of the
+  ranks' nondecreasing cost sequences gives it exactly. This also covers interleaved schedules:
+  a rank's cost depends on its block count, not on how its v chunks share them.
+- Any other chain: dynamic programming over (rank, last layer) of contiguous ranges, O(p L^2).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+from meshplan.planner.context import Candidate, Context
+from meshplan.planner.layer_cost import LayerCost
+from meshplan.planner.memory import stage_buffer_bytes
+from meshplan.planner.pipeline import bubble_factor, in_flight, p2p_per_microbatch_s, tail_s
+from meshplan.planner.recompute import pareto_frontier, solve_frontier, solve_identical
+
+
+@dataclass
+class RankSolution:
+    rank: int
+    layers: list[int]
+    modes: dict[int, str]
+    time_s: float
+    """Forward+backward(+recompute) of one microbatch, p2p included."""
+    act_bytes: float
+    static: tuple[float, float, float]
+    buffers_bytes: float
+    in_flight: float
+    sync_s: float
+    optimizer_s: float
+    p2p_s: float
+    cost_s: float
+    """(m + bubble) x time_s + sync_s + optimizer_s."""
+    parts: dict[str, float] = field(default_factory=dict)
+
+
+class RankModel:
+    """Cost of a set of layers placed on one pipeline rank of one candidate."""
+
+    def __init__(self, ctx: Context, cand: Candidate, costs: list[LayerCost]):
+        self.ctx, self.cand, self.costs = ctx, cand, costs
+        self.factor = cand.num_microbatches + bubble_factor(cand)
+        self.capacity = ctx.capacity_bytes
+
+    def base(self, rank: int, layers: list[int]) -> tuple[tuple[float, float, float], float, float]:
+        """(static weights/grads/optimizer, buffers, in-flight microbatches) of a rank."""
+        c = self.costs
+        static = (sum(c[i].weights_bytes for i in layers), sum(c[i].grads_bytes for i in layers),
+                  sum(c[i].optim_bytes for i in layers))
+        lps = [self.ctx.layers[i] for i in layers]
+        buf = stage_buffer_bytes(self.ctx, lps, self.cand.microbatch, lambda lp: self.ctx.tp_split(lp, self.cand.tp),
+                                 self.cand.zero, self.cand.cp)
+        return static, buf, in_flight(self.cand, rank)
+
+    def finish(self, rank: int, layers: list[int], modes: dict[int, str], p2p: float) -> RankSolution:
+        static, buf, flight = self.base(rank, layers)
+        chosen = [self.costs[i].modes[modes[i]] for i in layers]
+        time = sum(mc.time_s for mc in chosen) + p2p
+        local = sum(self.costs[i].local_params for i in layers)
+        sync, opt = tail_s(self.ctx, self.cand, local, sum(self.costs[i].backward_s for i in layers))
+        parts = {k: sum(getattr(mc, k) for mc in chosen) for k in ("compute_s", "recompute_s", "tp_s", "dp_s", "cp_s")}
+        return RankSolution(rank=rank, layers=layers, modes=modes, time_s=time,
+                            act_bytes=sum(mc.act_bytes for mc in chosen), static=static, buffers_bytes=buf,
+                            in_flight=flight, sync_s=sync, optimizer_s=opt, p2p_s=p2p,
+                            cost_s=self.factor * time + sync + opt, parts=parts)
+
+    def memory_bytes(self, sol: RankSolution) -> float:
+        return sum(sol.static) + sol.buffers_bytes + sol.in_flight * sol.act_bytes
+
+    def p2p(self, rank: int, layers: list[int]) -> float:
+        """Per-microbatch p2p of a contiguous stage (non-interleaved): the larger of the tensor it
+        receives and the one it sends (send and receive run concurrently)."""
+        if self.cand.pp == 1 or not layers:
+            return 0.0
+        lps = self.ctx.layers
+        out_b = lps[layers[-1]].output_bytes if rank < self.cand.pp - 1 else 0.0
+        in_b = lps[layers[0]].input_bytes if rank > 0 else 0.0
+        return p2p_per_microbatch_s(self.ctx, self.cand, max(out_b, in_b))
