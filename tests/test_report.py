@@ -113,7 +113,7 @@ def test_uneven_interleaved_plan_report(tmp_path):
     write_report(plan, tmp_path)
     md = (tmp_path / "report.md").read_text()
     assert "Interleaved1F1B, 2 virtual stages per rank" in md
-    assert "| layers per stage | 5 / 3 / 3 / 3 |" in md
+    assert "| layers per stage | 5 / 3 x3 |" in md
     assert "full on 2 of 14 layers, selective on 1 of 14 layers" in md
 
 
@@ -127,6 +127,22 @@ def test_binding_constraint_is_derived_when_missing():
     tight.total_bytes = 0.5 * tight.capacity_bytes
     plan.prediction.breakdown["bubble"] = 0.4 * plan.prediction.step_time_s
     assert binding_constraint(plan) == "pipeline bubble: 40.0% of the step time"
+
+
+def test_long_rejected_lists_are_capped_with_a_total(tmp_path):
+    plan = searched_plan()
+    plan.search.rejected = [Rejection(family=f"tp={i}", reason=f"reason {i}", count=100 - i) for i in range(40)]
+    write_report(plan, tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    assert "| tp=29 |" in md and "| tp=30 |" not in md
+    assert f"| 10 more families | smaller families, same kinds of reasons (see plan.json) | {sum(range(61, 71))} |" in md
+
+
+def test_images_report_samples_not_tokens(tmp_path):
+    plan = dataclasses.replace(flat_plan(), seq_len=1)
+    write_report(plan, tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    assert "samples/s per GPU" in md and "tokens" not in md.split("## Recommended plan")[0]
 
 
 def test_rejected_sorted_and_escaped_in_html(tmp_path):

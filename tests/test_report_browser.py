@@ -131,7 +131,10 @@ def test_console_error_detection_works(chromium, tmp_path):
 
 
 def test_svg_plot_files_render(chromium, tmp_path):
-    paths = write_report(gpt_plan(), tmp_path / "r")
+    # a large interleaved schedule: the timeline is drawn at screen resolution
+    plan = gpt_plan(pp=16, dp_replicate=1, tp=1, num_microbatches=192, micro=1, blocks=96,
+                    schedule="Interleaved1F1B", virtual=2)
+    paths = write_report(plan, tmp_path / "r")
     timeline = next(p for p in paths if p.name == "timeline.svg")
     shot = tmp_path / "timeline.png"
     assert render(chromium, timeline, shot, tmp_path / "profile", size="900,300") == []

@@ -20,7 +20,7 @@ GIB = 1024**3
 def build_document(plan: Plan, run: RunResult | None = None, title: str | None = None) -> Document:
     title = title or f"meshplan: {plan.model_name} on {plan.world_size} x {plan.cluster_name}"
     subtitle = (f"{short_label(plan)}, {plan.pipeline_schedule if plan.pipeline_parallel_degree > 1 else 'no pipeline'}, "
-                f"global batch {plan.global_batch_size} x seq {plan.seq_len}")
+                f"global batch {plan.global_batch_size}" + (f" x seq {plan.seq_len}" if plan.seq_len > 1 else ""))
     doc = Document(title=title, subtitle=subtitle, key_figures=key_figures(plan),
                    headline=f"Binding constraint: {binding_constraint(plan)}.")
     doc.sections.append(Section(title="Recommended plan", anchor="plan", items=[

@@ -6,6 +6,8 @@ GIB = 1024**3
 
 def seconds(value_s: float) -> str:
     """Seconds with a unit chosen for readability: 1.234 s, 56.7 ms, 890 us."""
+    if value_s == 0:
+        return "0 s"
     if value_s >= 1:
         return f"{value_s:.3f} s"
     if value_s >= 1e-3:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from meshplan.plan import Plan
 from meshplan.report import fmt, svg
 from meshplan.report.document import Figure, Section, Table
+from meshplan.report.summary import throughput_unit
 from meshplan.run_result import RunResult
 
 MAX_LOSS_ROWS = 40
@@ -23,7 +24,7 @@ def comparison_rows(plan: Plan, run: RunResult) -> list[list[str]]:
         tokens_pred = pred.tokens_per_s_per_gpu * plan.world_size
         rows = [["step time (median)", fmt.seconds(pred.step_time_s), fmt.seconds(run.step_time_s),
                  _error(pred.step_time_s, run.step_time_s)],
-                ["tokens/s (all ranks)", fmt.rate(tokens_pred), fmt.rate(run.tokens_per_s),
+                [f"{throughput_unit(plan)}/s (all ranks)", fmt.rate(tokens_pred), fmt.rate(run.tokens_per_s),
                  _error(tokens_pred, run.tokens_per_s)],
                 ["peak memory (max over ranks)", fmt.gib(pred.peak_memory_bytes), fmt.gib(run.peak_memory_bytes),
                  _error(pred.peak_memory_bytes, run.peak_memory_bytes)]]

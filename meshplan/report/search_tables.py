@@ -5,9 +5,10 @@ from meshplan.plan import Plan
 from meshplan.report import fmt, svg
 from meshplan.report.document import Figure, Section, Table
 from meshplan.report.summary import (TERMS, binding_constraint, recompute_summary, schedule_summary,
-                                     short_label)
+                                     short_label, throughput_unit)
 
 GIB = 1024**3
+MAX_REJECTED_ROWS = 30
 
 
 def _differences(best: Plan, other: Plan) -> str:
@@ -65,10 +66,10 @@ def alternatives_section(plan: Plan) -> Section:
                name, name == "chosen", f"{name}: {short_label(p)}, {fmt.seconds(p.prediction.step_time_s)}")
               for name, p in ranked]
     figure = Figure(name="alternatives", caption="Top-K alternatives: throughput vs peak memory (chosen in red)",
-                    svg=svg.scatter(points, x_unit="peak memory per GPU (GiB)", y_unit="tokens/s/GPU",
+                    svg=svg.scatter(points, x_unit="peak memory per GPU (GiB)", y_unit=f"{throughput_unit(plan)}/s/GPU",
                                     title="alternatives"))
     headers = ["rank", "degrees", "schedule", "micro x count", "ZeRO", "recompute", "step time",
-               "tokens/s/GPU", "MFU", "peak memory", *TERMS]
+               f"{throughput_unit(plan)}/s/GPU", "MFU", "peak memory", *TERMS]
     table = Table(headers=headers, rows=[_alt_row(name, p) for name, p in ranked],
                   caption="The chosen plan and the next best, with their step-time breakdowns",
                   highlight_row=0 if ranked and ranked[0][0] == "chosen" else -1)
@@ -80,7 +81,11 @@ def rejected_section(plan: Plan) -> Section:
     rejected = sorted(plan.search.rejected, key=lambda r: (-r.count, r.family, r.reason))
     if not rejected:
         return Section(title="Rejected families", anchor="rejected", items=["No candidate family was rejected."])
-    rows = [[r.family, r.reason, f"{r.count:,}"] for r in rejected]
+    rows = [[r.family, r.reason, f"{r.count:,}"] for r in rejected[:MAX_REJECTED_ROWS]]
+    rest = rejected[MAX_REJECTED_ROWS:]
+    if rest:
+        rows.append([f"{len(rest):,} more families", "smaller families, same kinds of reasons (see plan.json)",
+                     f"{sum(r.count for r in rest):,}"])
     return Section(title="Rejected families", anchor="rejected", items=[
         Table(headers=["family", "reason", "candidates"], rows=rows,
               caption=f"{plan.search.num_rejected:,} candidates rejected in all")])

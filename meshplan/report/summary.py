@@ -51,7 +51,19 @@ def schedule_summary(plan: Plan) -> str:
 
 
 def stage_sizes(plan: Plan) -> str:
-    return " / ".join(str(len(s)) for s in plan.stages)
+    """Layers per stage in model order, runs compressed: "3 / 2 x6 / 3 / 2 x39"."""
+    runs: list[list[int]] = []
+    for stage in plan.stages:
+        if runs and runs[-1][0] == len(stage):
+            runs[-1][1] += 1
+        else:
+            runs.append([len(stage), 1])
+    return " / ".join(f"{size} x{count}" if count > 1 else str(size) for size, count in runs)
+
+
+def throughput_unit(plan: Plan) -> str:
+    """"tokens" for sequence models, "samples" when a sample is one item (seq_len 1: images)."""
+    return "tokens" if plan.seq_len > 1 else "samples"
 
 
 def plan_settings(plan: Plan) -> list[list[str]]:
@@ -117,7 +129,7 @@ def key_figures(plan: Plan) -> list[tuple[str, str]]:
     if pred is None:
         return []
     return [("predicted step time", fmt.seconds(pred.step_time_s)),
-            ("tokens/s per GPU", fmt.rate(pred.tokens_per_s_per_gpu)),
+            (f"{throughput_unit(plan)}/s per GPU", fmt.rate(pred.tokens_per_s_per_gpu)),
             ("MFU / HFU", f"{fmt.pct(pred.mfu)} / {fmt.pct(pred.hfu)}"),
             ("model TFLOP/s per GPU", fmt.tflops(pred.model_tflops_per_gpu)),
             ("peak memory per GPU", memory_line(pred))]
