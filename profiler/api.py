@@ -13,9 +13,11 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from meshplan.errors import MeshplanError
 from meshplan.model_profile import LayerProfile, ModelProfile
 from meshplan.profiler.capture import LayerCapture, capture_layer, fake_copy
 from meshplan.profiler.loader import check_device, load_model
+from meshplan.profiler.runner import InputSpec
 from meshplan.profiler.tp_rules import tp_rules
 from meshplan.profiler.zoo.base import LayeredModel
 
@@ -33,34 +35,64 @@ def profile_model(model: str, overrides: dict | None = None, *, device: str = "m
     with `concurrent - 1` other processes running the same layer.
     """
     check_device(device)
-    layered = load_model(model, overrides, "meta")
-    profile = analyse_model(layered, model, progress=progress)
+    _check_timing_args(microbatch_sizes, concurrent)
+    layered = load_model(model, overrides, "meta" if _buildable_on_meta(model) else "cpu")
+    analysis = analyse_model(layered, model, progress=progress)
     if device != "meta":
-        from meshplan.profiler.timing import time_profile
+        from meshplan.profiler.timing import time_layers
 
-        time_profile(profile, model, overrides, device=device,
-                     microbatch_sizes=microbatch_sizes or [1], concurrent=concurrent, progress=progress)
-    profile.validate()
-    return profile
+        time_layers(analysis.profile, layered, analysis.rep_of, analysis.inputs, analysis.captures,
+                    spec=model, overrides=overrides, device=device,
+                    microbatch_sizes=microbatch_sizes or [1], concurrent=concurrent,
+                    progress=lambda items, label: _progress(items, progress, label))
+    analysis.profile.validate()
+    return analysis.profile
 
 
-def analyse_model(model: LayeredModel, model_name: str, progress: bool = False) -> ModelProfile:
+@dataclasses.dataclass
+class Analysis:
+    profile: ModelProfile
+    rep_of: dict[str, str]
+    """Layer FQN -> FQN of the representative layer whose capture it reuses (itself if none)."""
+    inputs: dict[str, InputSpec]
+    """Representative FQN -> its per-sample input (for timing real copies)."""
+    captures: dict[str, LayerCapture]
+
+
+def analyse_model(model: LayeredModel, model_name: str, progress: bool = False) -> Analysis:
     """The device-independent part of the profile, captured on fake tensors."""
     rules = tp_rules(model)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
     inputs, _ = model.example_batch(1, torch.Generator().manual_seed(0))
     x = _to_fake(inputs, fake_mode)
-    seen: dict[tuple, tuple[str, LayerCapture]] = {}
+    seen: dict[tuple, str] = {}
+    analysis = Analysis(profile=None, rep_of={}, inputs={}, captures={})
     layers: list[LayerProfile] = []
-    for fqn in _progress(model.layer_names(), progress, "analysing layers"):
+    for i, fqn in enumerate(_progress(model.layer_names(), progress, "analysing layers")):
         module = model.get_submodule(fqn)
         key = _signature(module, x)
         if key not in seen:
-            seen[key] = (fqn, capture_layer(fake_copy(module, fake_mode, ACTIVATION_DTYPE), x, fake_mode))
-        rep, cap = seen[key]
-        layers.append(_layer_profile(fqn, module, cap, rules[fqn]))
-        x = cap.output
-    return _model_profile(model, model_name, layers, _reuse_notes(model, seen))
+            seen[key] = fqn
+            analysis.inputs[fqn] = InputSpec(tuple(x.shape), str(x.dtype), first=i == 0)
+            analysis.captures[fqn] = capture_layer(fake_copy(module, fake_mode, ACTIVATION_DTYPE), x, fake_mode)
+        rep = analysis.rep_of[fqn] = seen[key]
+        layers.append(_layer_profile(fqn, module, analysis.captures[rep], rules[fqn]))
+        x = analysis.captures[rep].output
+    analysis.profile = _model_profile(model, model_name, layers, _reuse_notes(model, seen.values()))
+    return analysis
+
+
+def _buildable_on_meta(spec: str) -> bool:
+    """Zoo and HF models build on meta; user factories return real modules (built on cpu)."""
+    return spec.startswith("hf:") or ":" not in spec
+
+
+def _check_timing_args(microbatch_sizes: list[int] | None, concurrent: int) -> None:
+    bad = [b for b in microbatch_sizes or [] if int(b) < 1]
+    if bad:
+        raise MeshplanError(f"--microbatch {bad[0]}: microbatch sizes must be >= 1")
+    if concurrent < 1:
+        raise MeshplanError(f"--concurrent {concurrent}: must be >= 1 (1 = time alone)")
 
 
 def _to_fake(x: torch.Tensor, fake_mode: FakeTensorMode) -> torch.Tensor:
@@ -91,9 +123,9 @@ def _layer_profile(fqn: str, module: torch.nn.Module, cap: LayerCapture, rule) -
         tp=rule, gemm_shapes=[list(s) for s in cap.gemm_shapes])
 
 
-def _reuse_notes(model: LayeredModel, seen: dict) -> list[str]:
+def _reuse_notes(model: LayeredModel, representatives) -> list[str]:
     names = model.layer_names()
-    reps = {rep for rep, _ in seen.values()}
+    reps = set(representatives)
     notes = [f"analysed {len(reps)} representative layer(s) on fake tensors ({', '.join(sorted(reps, key=names.index))}); "
              f"the other {len(names) - len(reps)} layer(s) have identical class, parameter shapes "
              "and input shape and reuse their numbers"]

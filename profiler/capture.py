@@ -35,6 +35,10 @@ class LayerCapture:
     input_bytes: int
     output_bytes: int
     gemm_shapes: list[list[int]] = field(default_factory=list)
+    saved_bytes_by_dtype: dict[str, int] = field(default_factory=dict)
+    """activation_bytes split by dtype (to rescale to another run precision)."""
+    largest_saved: tuple[int, str] = (0, "")
+    """(bytes, dtype) of the largest single saved storage."""
     output: object = None
     """The fake output tensor (detached), the next layer's input."""
 
@@ -97,7 +101,7 @@ def capture_layer(layer: nn.Module, x: torch.Tensor, fake_mode) -> LayerCapture:
     """Run a fake `layer` on fake input `x` forward and backward; see the module docstring."""
     register_cpu_attention_formulas()
     param_storages = {id(p.untyped_storage()) for p in layer.parameters()}
-    saved: dict[int, tuple[int, set]] = {}
+    saved: dict[int, tuple[int, set, str]] = {}
     keep: list[torch.Tensor] = []
     tracker = _OpTracker()
 
@@ -105,7 +109,8 @@ def capture_layer(layer: nn.Module, x: torch.Tensor, fake_mode) -> LayerCapture:
         key = id(t.untyped_storage())
         if key not in param_storages:
             keep.append(t)
-            saved.setdefault(key, (t.untyped_storage().nbytes(), set()))[1].add(tracker.last_op)
+            entry = saved.setdefault(key, (t.untyped_storage().nbytes(), set(), str(t.dtype)))
+            entry[1].add(tracker.last_op)
         return t
 
     with fake_mode, FlopCounterMode(display=False) as flops, tracker:
@@ -117,15 +122,24 @@ def capture_layer(layer: nn.Module, x: torch.Tensor, fake_mode) -> LayerCapture:
         if y.requires_grad:
             y.backward(torch.ones_like(y))
         backward_flops = flops.get_total_flops() - forward_flops
-        activation = sum(n for n, _ in saved.values())
-        dropped = sum(n for key, (n, savers) in saved.items()
+        activation = sum(n for n, _, _ in saved.values())
+        dropped = sum(n for key, (n, savers, _) in saved.items()
                       if savers <= ATTENTION_CORE_OPS and tracker.producer.get(key) in ATTENTION_CORE_OPS)
         out = y.detach().requires_grad_(y.is_floating_point())
     return LayerCapture(forward_flops=float(forward_flops), backward_flops=float(backward_flops),
                         activation_bytes=activation, selective_activation_bytes=activation - dropped,
                         recompute_flops_selective=float(core_flops if dropped else 0),
                         input_bytes=_nbytes(x), output_bytes=_nbytes(y),
-                        gemm_shapes=tracker.gemm_shapes, output=out)
+                        gemm_shapes=tracker.gemm_shapes, saved_bytes_by_dtype=_by_dtype(saved),
+                        largest_saved=max(((n, d) for n, _, d in saved.values()), default=(0, "")),
+                        output=out)
+
+
+def _by_dtype(saved: dict) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for n, _, dtype in saved.values():
+        totals[dtype] = totals.get(dtype, 0) + n
+    return totals
 
 
 def _core_flops(counter: FlopCounterMode) -> int:

@@ -85,3 +85,22 @@ def test_seq_override_changes_attention_flops():
     h = 64
     # doubling s doubles the 24sh^2 part and quadruples the 4s^2h part
     assert long.forward_flops - 2 * short.forward_flops == pytest.approx(4 * 128 * 128 * h - 2 * 4 * 64 * 64 * h)
+
+
+def test_gpt3_175b_profiles_on_meta_in_bounded_time_and_memory():
+    """Issue 3: profiling the 175B GPT takes < 60 s and < 4 GiB RAM (measured in a fresh process)."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, resource, time\n"
+            "t = time.perf_counter()\n"
+            "from meshplan.profiler import profile_model\n"
+            "p = profile_model('gpt3-175b')\n"
+            "print(json.dumps({'s': time.perf_counter() - t, 'params': p.num_params,\n"
+            "  'rss_kib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    stats = json.loads(out.stdout.strip().splitlines()[-1])
+    assert stats["params"] > 175e9
+    assert stats["s"] < 60
+    assert stats["rss_kib"] * 1024 < 4 * 2**30

@@ -1,0 +1,77 @@
+"""Measured timing and memory on CPU: structure, reuse, the live-tensor tracker, peak vs predicted."""
+import pytest
+import torch
+
+from meshplan.errors import MeshplanError
+from meshplan.profiler import profile_model
+from meshplan.profiler.memory import LiveBytes
+
+GPT_SMALL = dict(layers=2, hidden=128, heads=4, vocab=256, seq=128)
+
+
+@pytest.fixture(scope="module")
+def cpu_profile():
+    return profile_model("gpt", GPT_SMALL, device="cpu", microbatch_sizes=[1, 4])
+
+
+def test_every_layer_has_a_timing_per_microbatch(cpu_profile):
+    assert cpu_profile.device == "cpu" and cpu_profile.concurrent == 1
+    for layer in cpu_profile.layers:
+        assert [t.microbatch_size for t in layer.timings] == [1, 4]
+        for t in layer.timings:
+            assert t.forward_s > 0 and t.backward_s > 0 and t.peak_bytes > 0
+    assert all(t.reused_from == "" for t in cpu_profile.layer("layers.0").timings)
+    assert all(t.reused_from == "layers.0" for t in cpu_profile.layer("layers.1").timings)
+    assert cpu_profile.layer("layers.1").timings == [
+        type(t)(**{**t.__dict__, "reused_from": "layers.0"}) for t in cpu_profile.layer("layers.0").timings]
+    assert any("median of" in note for note in cpu_profile.notes)
+
+
+def test_block_peak_memory_matches_prediction_within_10_percent(cpu_profile):
+    for t in cpu_profile.layer("layers.0").timings:
+        assert t.predicted_peak_bytes == pytest.approx(t.peak_bytes, rel=0.10), t
+    one, four = cpu_profile.layer("layers.0").timings
+    assert four.peak_bytes > 2 * one.peak_bytes  # activations dominate and scale with b
+
+
+def test_gpt_tiny_block_peak_within_10_percent():
+    t = profile_model("gpt-tiny", device="cpu", microbatch_sizes=[2]).layer("layers.0").timings[0]
+    assert t.predicted_peak_bytes == pytest.approx(t.peak_bytes, rel=0.10)
+
+
+def test_live_bytes_tracker_counts_allocations_and_frees():
+    with LiveBytes(baseline_bytes=100) as tracker:
+        a = torch.ones(1000)  # 4000 bytes
+        b = a * 2  # 4000 more
+        view = b.view(10, 100)  # a view allocates nothing
+        del a
+        c = torch.zeros(250)  # 1000 bytes, after a was freed
+        live = tracker.live_bytes
+    assert tracker.peak_bytes == 100 + 8000
+    assert live == 100 + 4000 + 1000
+    del b, view, c
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(device="tpu"), "--device"),
+    (dict(device="cpu", microbatch_sizes=[0]), "--microbatch"),
+    (dict(device="cpu", concurrent=0), "--concurrent"),
+])
+def test_bad_timing_arguments_are_one_line_errors(kwargs, match):
+    with pytest.raises(MeshplanError, match=match) as err:
+        profile_model("gpt-tiny", **kwargs)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
+def test_cuda_without_cuda_is_a_clear_error():
+    with pytest.raises(MeshplanError, match="CUDA is not available"):
+        profile_model("gpt-tiny", device="cuda")
+
+
+@pytest.mark.slow
+def test_concurrent_timing_runs_busy_neighbours():
+    p = profile_model("gpt-tiny", device="cpu", concurrent=2, microbatch_sizes=[1])
+    assert p.concurrent == 2
+    assert any("1 busy neighbour" in note for note in p.notes)
+    assert all(layer.timings[0].forward_s > 0 for layer in p.layers)
