@@ -9,6 +9,7 @@ import dataclasses
 
 from meshplan.plan import Plan, Prediction, Provenance, Rejection, SearchSummary, StageMemory
 from meshplan.run_result import RunResult
+from meshplan.schema import content_hash
 
 GIB = 1024**3
 
@@ -126,7 +127,7 @@ def uneven_plan() -> Plan:
 def run_for(plan: Plan, steps: int = 6) -> RunResult:
     pred = plan.prediction
     losses = [5.6 - 0.31 * i + 0.02 * (i % 2) for i in range(steps)]
-    return RunResult(plan_hash="abcdef0123456789", world_size=plan.world_size, steps=steps, losses=losses,
+    return RunResult(plan_hash=content_hash(plan), world_size=plan.world_size, steps=steps, losses=losses,
                      step_time_s=pred.step_time_s * 1.18, step_times_s=[pred.step_time_s * (1.5 if i == 0 else 1.18)
                                                                       for i in range(steps)],
                      tokens_per_s=plan.global_batch_size * plan.seq_len / (pred.step_time_s * 1.18),

@@ -81,6 +81,15 @@ def test_alternatives_rejected_and_measured_sections(report):
     assert "Loss went from 5.6000 to" in md
 
 
+def test_run_of_another_plan_is_flagged(tmp_path):
+    plan = searched_plan()
+    write_report(plan, tmp_path / "same", run=run_for(plan))
+    assert "measured on plan" not in (tmp_path / "same" / "report.md").read_text()
+    other = dataclasses.replace(run_for(plan), plan_hash="0000000000000000")
+    write_report(plan, tmp_path / "other", run=other)
+    assert "Warning: this run was measured on plan 0000000000000000" in (tmp_path / "other" / "report.md").read_text()
+
+
 def test_deterministic_bytes(tmp_path):
     plan = searched_plan()
     write_report(plan, tmp_path / "a", run=run_for(plan))

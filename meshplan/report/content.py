@@ -91,7 +91,7 @@ def breakdown_section(plan: Plan) -> Section:
 
 def provenance_section(plan: Plan) -> Section:
     prov = plan.provenance
-    rows = [["plan hash", plan_hash(plan)], ["profile hash", prov.profile_hash or "-"],
+    rows = [["plan hash (search summary excluded)", plan_hash(plan)], ["profile hash", prov.profile_hash or "-"],
             ["cluster hash", prov.cluster_hash or "-"], ["meshplan version", prov.meshplan_version or "-"]]
     return Section(title="Provenance", anchor="provenance", items=[Table(headers=["item", "value"], rows=rows)])
 

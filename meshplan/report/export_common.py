@@ -75,7 +75,7 @@ def header_lines(plan: Plan, target: str) -> list[str]:
     """Comment lines (without the comment marker) opening every exported file."""
     dp = plan.data_parallel_degree
     return [f"meshplan plan -> {target}: {plan.model_name} on {plan.world_size} x {plan.cluster_name}",
-            f"plan hash {plan_hash(plan)}; mesh pp={plan.pipeline_parallel_degree} "
+            f"plan hash {plan_hash(plan)} (search summary excluded); mesh pp={plan.pipeline_parallel_degree} "
             f"dp_replicate={plan.data_parallel_replicate_degree} dp_shard={plan.data_parallel_shard_degree} "
             f"cp={plan.context_parallel_degree} tp={plan.tensor_parallel_degree}",
             f"global batch {plan.global_batch_size} = micro {plan.microbatch_size} x accumulation "

@@ -6,6 +6,7 @@ from meshplan.report import fmt, svg
 from meshplan.report.document import Figure, Section, Table
 from meshplan.report.summary import throughput_unit
 from meshplan.run_result import RunResult
+from meshplan.schema import content_hash
 
 MAX_LOSS_ROWS = 40
 
@@ -45,6 +46,9 @@ def measured_section(plan: Plan, run: RunResult) -> Section:
     items: list = [f"Measured on {run.world_size} {run.device} ranks ({run.backend}, torch "
                    f"{run.torch_version or 'unknown'}), {run.steps} steps; error = (predicted - measured) / "
                    "measured. Step time is the median after warm-up."]
+    if run.plan_hash and run.plan_hash != content_hash(plan):
+        items.append(f"Warning: this run was measured on plan {run.plan_hash}, not on this plan "
+                     f"({content_hash(plan)}); the comparison below is between different plans.")
     rows = comparison_rows(plan, run)
     if rows:
         items.append(Table(headers=["metric", "predicted", "measured", "error"], rows=rows))
