@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from meshplan.model_profile import TPRule
 from meshplan.profiler.zoo.base import LayeredModel
 
 
@@ -110,3 +111,23 @@ class GPT(LayeredModel):
         tokens = torch.randint(0, self.config.vocab, (batch_size, self.config.seq + 1), generator=generator)
         tokens = tokens.to(device)
         return tokens[:, :-1], tokens[:, 1:]  # inputs (B, T), next-token targets (B, T)
+
+
+def _block_rule(block: Block) -> TPRule:
+    """Shoeybi et al. 2019 §3: QKV and fc1 column-parallel, out-proj and fc2 row-parallel."""
+    return TPRule(column=["attn.wq", "attn.wk", "attn.wv", "mlp.fc1"], row=["attn.wo", "mlp.fc2"],
+                  replicated=["ln1", "ln2"],
+                  divisors={"heads": block.attn.wq.out_features // block.attn.head_dim,
+                            "ffn": block.mlp.fc1.out_features},
+                  num_allreduce_fwd=2, kind="block")
+
+
+TP_RULES = {
+    Block: _block_rule,
+    # vocab-parallel token embedding (torchtitan: RowwiseParallel on nn.Embedding) ends with one
+    # all-reduce; DTensor allows uneven vocab splits, so the vocabulary is not a divisor
+    Embedding: lambda m: TPRule(row=["tok"], replicated=["pos"], num_allreduce_fwd=1, kind="embedding"),
+    # vocab-parallel logits (ColwiseParallel): no all-reduce, the loss runs on the shards
+    Head: lambda m: TPRule(column=["proj"], replicated=["norm"], kind="head"),
+}
+"""TP rules by layer class, read by meshplan.profiler.tp_rules."""
