@@ -73,6 +73,24 @@ def _cp_comm_s(ctx: Context, layer: LayerProfile, b: int, tp: int, cp: int) -> f
     return 3 * step  # forward once, backward twice (K, V and their gradients)
 
 
+FWD_PASSES, BWD_PASSES = 2, 3
+"""Memory-bound (non-GEMM) kernels move each byte a layer saves for backward about twice in
+forward (written, then read by the next kernel) and three times in backward (the saved tensor
+read, its gradient written and read): norms, dropout, softmax, activation functions, residuals.
+Roofline time = bytes moved / HBM bandwidth (Williams et al. 2009). Not used for measured timings."""
+
+
+def _memory_bound_s(ctx: Context, layer: LayerProfile, b: int, split: int, cp: int, sp: bool) -> tuple[float, float, float]:
+    """(forward, backward, selective-recompute) seconds of a layer's memory-bound kernels."""
+    if ctx.measured and layer.timings:
+        return 0.0, 0.0, 0.0
+    hbm = ctx.cluster.device.hbm_gbps * 1e9
+    saved = activation_bytes(ctx, layer, "none", b, split, cp, sp)
+    core = saved - activation_bytes(ctx, layer, "selective", b, split, cp, sp) \
+        if layer.selective_activation_bytes > 0 else 0.0
+    return FWD_PASSES * saved / hbm, BWD_PASSES * saved / hbm, FWD_PASSES * max(core, 0.0) / hbm
+
+
 def allowed_modes(ctx: Context, layer: LayerProfile) -> tuple[str, ...]:
     """The layer's recompute choices, or the pinned one (--recompute) where it applies."""
     modes = recompute_modes(layer)
@@ -92,6 +110,8 @@ def layer_cost(ctx: Context, layer: LayerProfile, b: int, tp: int, sp: bool, cp:
     local = layer.num_params / split
     zero_s = _zero_comm_s(ctx, local, zero, dp, tp, cp)
     cp_s = _cp_comm_s(ctx, layer, b, tp, cp)
+    mem_fwd, mem_bwd, mem_sel = _memory_bound_s(ctx, layer, b, split, cp, sp)
+    fwd, bwd, sel = fwd + mem_fwd, bwd + mem_bwd, sel + mem_sel
     modes = {}
     for mode in allowed_modes(ctx, layer):
         extra = fwd if mode == "full" else sel if mode == "selective" else 0.0

@@ -27,6 +27,8 @@ class UniformSplit:
         self.options = [(m, mc.time_s, mc.act_bytes) for m, mc in self.block.modes.items()]
         self.p2p_s = p2p_per_microbatch_s(ctx, cand, ctx.layers[self.start].output_bytes)
         self._memo: dict[tuple[int, int], tuple[float, dict] | None] = {}
+        self._terms: dict[int, tuple] = {}
+        self.static_block = self.block.weights_bytes + self.block.grads_bytes + self.block.optim_bytes
 
     def fixed(self, rank: int) -> list[int]:
         p, n = self.cand.pp, len(self.costs)
@@ -48,23 +50,27 @@ class UniformSplit:
             self._memo[key] = self._solve_rank(rank, n)
         return self._memo[key]
 
+    def _rank_terms(self, rank: int) -> tuple:
+        """Per-rank constants: fixed layers' bytes, time, params, backward; buffers; in-flight."""
+        if rank not in self._terms:
+            fixed = self.fixed(rank)
+            static, buf0, flight = self.model.base(rank, fixed)
+            buf1 = self.model.base(rank, fixed + [self.start])[1]
+            none = [self.costs[i].modes["none"] for i in fixed]
+            self._terms[rank] = (sum(static), buf0, buf1, flight, sum(mc.act_bytes for mc in none),
+                                 sum(mc.time_s for mc in none), sum(self.costs[i].local_params for i in fixed),
+                                 sum(self.costs[i].backward_s for i in fixed))
+        return self._terms[rank]
+
     def _solve_rank(self, rank: int, n: int):
-        fixed = self.fixed(rank)
-        layers = fixed + ([self.start] if n else [])  # the set's kinds decide the buffers
-        static, buf, flight = self.model.base(rank, fixed)
+        static, buf0, buf1, flight, fixed_act, fixed_time, fixed_local, fixed_bwd = self._rank_terms(rank)
         blk = self.block
-        static_b = blk.weights_bytes + blk.grads_bytes + blk.optim_bytes
-        if n:
-            buf = self.model.base(rank, layers)[1]
-        fixed_act = sum(self.costs[i].modes["none"].act_bytes for i in fixed)
-        base = sum(static) + n * static_b + buf + flight * fixed_act
+        base = static + n * self.static_block + (buf1 if n else buf0) + flight * fixed_act
         got = solve_identical(n, self.options, base, flight, self.model.capacity)
         if got is None:
             return None
-        time = got[0] + sum(self.costs[i].modes["none"].time_s for i in fixed) + self.p2p_s
-        local = sum(self.costs[i].local_params for i in fixed) + n * blk.local_params
-        window = sum(self.costs[i].backward_s for i in fixed) + n * blk.backward_s
-        sync, opt = tail_s(self.ctx, self.cand, local, window)
+        time = got[0] + fixed_time + self.p2p_s
+        sync, opt = tail_s(self.ctx, self.cand, fixed_local + n * blk.local_params, fixed_bwd + n * blk.backward_s)
         return self.model.factor * time + sync + opt, got[1]
 
     def solve(self) -> list[int] | None:
@@ -109,8 +115,8 @@ class UniformSplit:
         sols = []
         for r, blocks in enumerate(rank_blocks):
             mix = self._eval(r, len(blocks))[1]
-            order = ["full"] * mix.get("full", 0) + ["selective"] * mix.get("selective", 0)
-            modes = {i: (order[k] if k < len(order) else "none") for k, i in enumerate(blocks)}
+            order = [m for m in ("full", "selective", "none") for _ in range(mix.get(m, 0))]
+            modes = dict(zip(blocks, order))
             fixed = self.fixed(r)
             modes.update({i: "none" for i in fixed})
             sols.append(self.model.finish(r, sorted(fixed + blocks), modes, self.p2p_s))

@@ -13,25 +13,33 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from typing import Callable
-
 from meshplan.planner.memory import fits
 
 Option = tuple[str, float, float]
 """(mode, time_s, act_bytes)."""
 
 
-def _least_count(total: Callable[[int], float], capacity: float, lo: int, hi: int) -> int | None:
-    """Least k in [lo, hi] with fits(total(k), capacity); total is nonincreasing in k."""
-    if not fits(total(hi), capacity):
+def _least_x1(n_free: int, fixed_act: float, save1: float, base: float, flight: float, cap: float) -> int | None:
+    """Least x1 in [0, n_free] with fits(base + flight*(fixed_act - x1*save1), cap), O(1)."""
+    if fits(base + flight * fixed_act, cap):
+        return 0
+    if save1 <= 0 or flight <= 0:
         return None
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if fits(total(mid), capacity):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+    guess = min(max(math.ceil((fixed_act - (cap - base) / flight) / save1 - 1e-9), 0), n_free)
+    while guess > 0 and fits(base + flight * (fixed_act - (guess - 1) * save1), cap):
+        guess -= 1
+    while guess <= n_free and not fits(base + flight * (fixed_act - guess * save1), cap):
+        guess += 1
+    return guess if guess <= n_free else None
+
+
+def _undominated(options: list[Option]) -> list[Option]:
+    """Options no other beats on both time and bytes, most bytes (least time) first."""
+    keep = []
+    for m, t, a in sorted(options, key=lambda o: (o[1], o[2], o[0])):
+        if not keep or a < keep[-1][2]:
+            keep.append((m, t, a))
+    return keep
 
 
 def solve_identical(n: int, options: list[Option], base_bytes: float, in_flight: float,
@@ -39,7 +47,7 @@ def solve_identical(n: int, options: list[Option], base_bytes: float, in_flight:
     """Least time of n identical blocks; memory = base_bytes + in_flight x sum(act) <= capacity.
     Returns (time_s of the n blocks, {mode: count}) or None when even the leanest mix OOMs.
     Options are ordered by saved bytes, most first: o0 (e.g. none), o1 (selective), o2 (full)."""
-    opts = sorted(options, key=lambda o: (-o[2], o[1], o[0]))
+    opts = _undominated(options)
     (m0, t0, a0) = opts[0]
     if n == 0 or len(opts) == 1:
         ok = fits(base_bytes + in_flight * n * a0, capacity)
@@ -48,11 +56,12 @@ def solve_identical(n: int, options: list[Option], base_bytes: float, in_flight:
     best = None
     for x2 in range(0, n + 1 if last else 1):
         fixed = x2 * (last[2] if last else 0.0) + (n - x2) * a0
-        total = lambda k: base_bytes + in_flight * (fixed - k * (a0 - a1))  # noqa: E731
-        x1 = _least_count(total, capacity, 0, n - x2)
+        x1 = _least_x1(n - x2, fixed, a0 - a1, base_bytes, in_flight, capacity)
         if x1 is not None:
             time = (n - x1 - x2) * t0 + x1 * t1 + x2 * (last[1] if last else 0.0)
             best = _better(best, time, x2, x1)
+            if x1 == 0:
+                break  # more blocks on the leanest mode only add time
     if best is None:
         return None
     time, x2, x1 = best

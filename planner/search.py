@@ -23,6 +23,7 @@ from meshplan.planner.layer_cost import CostTable
 from meshplan.planner.memory import GIB, fits
 from meshplan.planner.partition import solve
 from meshplan.planner.pipeline import bubble_factor, in_flight
+from meshplan.planner.recompute import solve_identical
 from meshplan.planner.predict import build_plan, provenance
 from meshplan.planner.request import PlanRequest
 
@@ -46,7 +47,22 @@ class Bounds:
             act += count * min(mc.act_bytes for mc in lc.modes.values())
         factor = cand.num_microbatches + bubble_factor(cand)
         flight = min(in_flight(cand, r) for r in range(cand.pp))
+        time_sum = max(time_sum, self._memory_aware_time(cand, static, flight))
         return factor * max(time_sum / cand.pp, slowest), (static + flight * act) / cand.pp
+
+    def _memory_aware_time(self, cand: Candidate, static: float, flight: float) -> float:
+        """Least total per-microbatch time of all layers whose recompute lets the ranks' summed
+        memory fit in pp x capacity (each rank holds >= the least in-flight count)."""
+        if self.ctx.body is None:
+            return 0.0
+        start, end = self.ctx.body
+        get = lambda i: self.table.get(i, cand.microbatch, cand.tp, cand.sequence_parallel,  # noqa: E731
+                                       cand.cp, cand.zero, cand.dp)
+        fixed = [get(i).modes["none"] for i in range(len(self.ctx.layers)) if not start <= i < end]
+        opts = [(m, mc.time_s, mc.act_bytes) for m, mc in get(start).modes.items()]
+        got = solve_identical(end - start, opts, static + flight * sum(mc.act_bytes for mc in fixed), flight,
+                              cand.pp * self.ctx.capacity_bytes)
+        return math.inf if got is None else got[0] + sum(mc.time_s for mc in fixed)
 
 
 def _oom_family(cand: Candidate) -> str:

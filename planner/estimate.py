@@ -1,0 +1,80 @@
+"""estimate(): predict one fully given configuration, without searching.
+
+Stage boundaries are a balanced split of the blocks over the pp x v stages (the first stage also
+carries the embedding, the last the head); every block uses the requested recompute mode. A
+configuration that does not fit still gets its prediction, its binding constraint says the OOM.
+"""
+from __future__ import annotations
+
+from meshplan.cluster import ClusterSpec
+from meshplan.errors import MeshplanError
+from meshplan.model_profile import ModelProfile
+from meshplan.plan import Plan, schedule_name
+from meshplan.planner.context import Candidate, Context
+from meshplan.planner.layer_cost import CostTable
+from meshplan.planner.pipeline import p2p_per_microbatch_s
+from meshplan.planner.predict import build_plan, provenance
+from meshplan.planner.request import PlanRequest
+from meshplan.planner.stages import RankModel
+
+
+def _candidate(req: PlanRequest) -> Candidate:
+    tp, pp, dp, cp = req.tp or 1, req.pp or 1, req.dp or 1, req.cp or 1
+    if tp * pp * dp * cp != req.num_gpus:
+        raise MeshplanError(f"--tp {tp} x --pp {pp} x --dp {dp} x --cp {cp} = {tp * pp * dp * cp} "
+                            f"but --num-gpus is {req.num_gpus}; make the degrees multiply to it")
+    b = req.microbatch or 1
+    if req.global_batch % (dp * b):
+        raise MeshplanError(f"--global-batch {req.global_batch} is not divisible by dp x microbatch = "
+                            f"{dp * b}; pick a batch that is")
+    sched = schedule_name(req.schedule) if req.schedule else "1F1B"
+    v = (req.virtual_stages or 2) if sched == "Interleaved1F1B" else 1
+    if pp == 1:
+        sched, v = ("1F1B" if sched == "Interleaved1F1B" else sched), 1
+    return Candidate(pp=pp, dp=dp, cp=cp, tp=tp, microbatch=b, num_microbatches=req.global_batch // (dp * b),
+                     schedule=sched, virtual_stages=v, zero=req.zero or 0,
+                     sequence_parallel=bool(req.sequence_parallel) and tp > 1)
+
+
+def balanced_stages(ctx: Context, num_stages: int) -> list[list[int]]:
+    """Blocks split as evenly as possible (extra blocks to the middle stages first)."""
+    n = len(ctx.layers)
+    start, end = ctx.body if ctx.body is not None else (0, n)
+    blocks = end - start
+    if num_stages > blocks + (start == 1) + (end == n - 1):
+        raise MeshplanError(f"{num_stages} pipeline stages for {n} layers; use fewer (--pp x --virtual-stages)")
+    sizes = [blocks // num_stages] * num_stages
+    order = list(range(1, num_stages - 1)) + [0, num_stages - 1] if num_stages > 2 else list(range(num_stages))
+    for k in range(blocks % num_stages):
+        sizes[order[k % len(order)]] += 1
+    stages, nxt = [], start
+    for s, size in enumerate(sizes):
+        stage = list(range(nxt, nxt + size))
+        nxt += size
+        stages.append(([0] if s == 0 and start == 1 else []) + stage + ([n - 1] if s == num_stages - 1 and end == n - 1 else []))
+    if any(not st for st in stages):
+        raise MeshplanError(f"{num_stages} stages leave one empty; use fewer (--pp x --virtual-stages)")
+    return stages
+
+
+def estimate(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) -> Plan:
+    """Prediction of the configuration the request pins (degrees, microbatch, schedule, ...)."""
+    cluster = cluster if cluster.num_devices == request.num_gpus else cluster.with_num_devices(request.num_gpus)
+    ctx = Context.build(profile, cluster, request)
+    cand = _candidate(request)
+    if cand.schedule != "GPipe" and cand.pp > 1 and cand.num_microbatches < cand.pp:
+        raise MeshplanError(f"{cand.schedule} needs >= pp = {cand.pp} microbatches, the batch gives "
+                            f"{cand.num_microbatches}; raise --global-batch or use --schedule gpipe")
+    costs = CostTable(ctx).for_candidate(cand)
+    model = RankModel(ctx, cand, costs)
+    stages = balanced_stages(ctx, cand.pp * cand.virtual_stages)
+    sols = []
+    for r in range(cand.pp):
+        layers = sorted(i for s in range(r, len(stages), cand.pp) for i in stages[s])
+        modes = {i: next(iter(costs[i].modes)) for i in layers}
+        if ctx.body is not None and cand.pp > 1:
+            p2p = p2p_per_microbatch_s(ctx, cand, ctx.layers[ctx.body[0]].output_bytes)
+        else:
+            p2p = model.p2p(r, layers)
+        sols.append(model.finish(r, layers, modes, p2p))
+    return build_plan(ctx, cand, sols, stages, provenance(profile, cluster))
