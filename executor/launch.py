@@ -10,12 +10,15 @@ checks the plan, starts torchrun in its own process group and watches the ranks'
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +31,10 @@ from meshplan.executor.worker import variant_dir
 from meshplan.plan import Plan
 from meshplan.run_result import RunResult
 from meshplan.schema import content_hash, save
+
+
+STARTUP_GRACE_S = 60.0
+"""Seconds the launcher waits for the first rank report before declaring a hang."""
 
 
 @dataclass(kw_only=True)
@@ -112,8 +119,9 @@ def run_plans(plans: list[Plan], opts: LaunchOptions) -> list[RunResult]:
                          extra_plans=paths[1:])
     nproc = plans[0].world_size // opts.nnodes
     ranks = list(range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc))
-    rc = _supervise(cmd, out, ranks, len(plans), opts)
-    return [_collect(plan, variant_dir(str(out), i, len(plans)), ranks, rc, opts, len(plans)) for i, plan in enumerate(plans)]
+    rc, output = _supervise(cmd, out, ranks, len(plans), opts)
+    return [_collect(plan, variant_dir(str(out), i, len(plans)), ranks, rc, opts, output, len(plans))
+            for i, plan in enumerate(plans)]
 
 
 def _write_plans(plans: list[Plan], out: Path) -> list[str]:
@@ -141,11 +149,40 @@ def _env(opts: LaunchOptions) -> dict:
     return env
 
 
-def _supervise(cmd: list[str], out: Path, ranks: list[int], count: int, opts: LaunchOptions) -> int:
+class _Output:
+    """Copies torchrun's output to out_dir/launch.log (and the terminal unless quiet), keeping
+    the tail to find torchrun's "Root Cause" rank when a process dies."""
+
+    def __init__(self, proc: subprocess.Popen, out: Path, quiet: bool):
+        self.tail: collections.deque[str] = collections.deque(maxlen=400)
+        self.log = open(out / "launch.log", "w")
+        self.quiet = quiet
+        self.thread = threading.Thread(target=self._pump, args=(proc.stdout,), daemon=True)
+        self.thread.start()
+
+    def _pump(self, stream) -> None:
+        for line in stream:
+            self.tail.append(line)
+            self.log.write(line)
+            if not self.quiet:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+        self.log.close()
+
+    def root_cause(self) -> tuple[int, str] | None:
+        """(rank, exit code) of torchrun's first observed failure, if it printed one."""
+        text = "".join(self.tail)
+        block = text[text.rfind("Root Cause"):] if "Root Cause" in text else ""
+        rank = re.search(r"rank\s*:\s*(\d+)", block)
+        code = re.search(r"exitcode\s*:\s*(-?\d+)", block)
+        return (int(rank.group(1)), code.group(1) if code else "?") if rank else None
+
+
+def _supervise(cmd: list[str], out: Path, ranks: list[int], count: int, opts: LaunchOptions) -> tuple[int, _Output]:
     """Run torchrun; kill it when no rank reported progress for timeout_s. Returns its exit code."""
-    log = open(out / "launch.log", "w") if opts.quiet else None
-    proc = subprocess.Popen(cmd, env=_env(opts), stdout=log, stderr=subprocess.STDOUT if log else None,
+    proc = subprocess.Popen(cmd, env=_env(opts), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
+    output = _Output(proc, out, opts.quiet)
     last_change, last_seen = time.monotonic(), None
     try:
         while proc.poll() is None:
@@ -153,15 +190,16 @@ def _supervise(cmd: list[str], out: Path, ranks: list[int], count: int, opts: La
             seen = _status_mtimes(out)
             if seen != last_seen:
                 last_change, last_seen = time.monotonic(), seen
-            if time.monotonic() - last_change > opts.timeout_s:
+            # before the first report, allow for process start-up (imports, rendezvous) on a busy host
+            limit_s = opts.timeout_s if seen else max(opts.timeout_s, STARTUP_GRACE_S)
+            if time.monotonic() - last_change > limit_s:
                 _kill(proc)
                 raise RunError(_hang_message(out, ranks, opts.timeout_s))
-        return proc.returncode
+        output.thread.join(timeout=10)
+        return proc.returncode, output
     finally:
         if proc.poll() is None:
             _kill(proc)
-        if log:
-            log.close()
 
 
 def _status_mtimes(out: Path) -> tuple:
@@ -201,20 +239,33 @@ def _hang_message(out: Path, ranks: list[int], timeout_s: float) -> str:
             f"last reported step {behind.get('step', -1)} while others reached step {ahead}; job killed")
 
 
-def _failure_message(out: Path, ranks: list[int], rc: int, count: int = 1) -> str:
+_SECONDARY = re.compile(r"closed by peer|[Tt]imed out|Connection reset|Broken pipe|aborted|watchdog")
+
+
+def _failure_message(out: Path, ranks: list[int], rc: int, output: _Output, count: int = 1) -> str:
+    """Name the rank that failed first: its own exception, else the process torchrun saw die,
+    else the rank that fell behind (peers only report broken or timed-out collectives)."""
     st = read_statuses(out, ranks)
-    errors = [s for s in st.values() if s.get("state") == "error"]
+    errors = sorted((s for s in st.values() if s.get("state") == "error"), key=lambda s: s.get("time", 0))
+    primary = [s for s in errors if not _SECONDARY.search(s.get("error", ""))]
+    where = lambda s: f" of plan variant {s.get('variant', 0)}" if count > 1 else ""
+    if primary:
+        s = primary[0]
+        return f"rank {s['rank']} failed at step {s.get('step', -1)}{where(s)}: {s.get('error', '')}"
+    cause = output.root_cause()
+    if cause is not None and cause[0] in st and st[cause[0]].get("state") != "error":
+        s = st[cause[0]]
+        return (f"rank {s['rank']} died (exit code {cause[1]}) after reporting step {s.get('step', -1)}{where(s)}; "
+                f"torchrun stopped the other ranks; see {out / 'launch.log'}")
     if errors:
-        s = errors[0]
-        where = f" of plan variant {s.get('variant', 0)}" if count > 1 else ""
-        return f"rank {s['rank']} failed at step {s.get('step', -1)}{where}: {s.get('error', '')}"
-    alive = [s for s in st.values() if s.get("state") != "done"]
-    s = min(alive or st.values(), key=lambda s: (s.get("time", 0), s["rank"]))
-    return (f"rank {s['rank']} died at step {s.get('step', -1)} (state {s.get('state')}); torchrun exit code {rc}; "
-            "see the rank's output above or launch.log")
+        behind = min(st.values(), key=lambda s: (s.get("variant", 0), s.get("step", -1), s.get("time", 0)))
+        return (f"rank {behind['rank']} stopped responding at step {behind.get('step', -1)}{where(behind)}; "
+                f"its peers failed waiting for it ({errors[0].get('error', '')[:200]})")
+    return f"torchrun exited with {rc} before every rank reported; see {out / 'launch.log'}"
 
 
-def _collect(plan: Plan, vdir: Path, ranks: list[int], rc: int, opts: LaunchOptions, count: int = 1) -> RunResult:
+def _collect(plan: Plan, vdir: Path, ranks: list[int], rc: int, opts: LaunchOptions, output: _Output,
+             count: int = 1) -> RunResult:
     results = {}
     for r in ranks:
         path = vdir / f"rank{r}.result.json"
@@ -222,7 +273,7 @@ def _collect(plan: Plan, vdir: Path, ranks: list[int], rc: int, opts: LaunchOpti
             results[r] = json.loads(path.read_text())
     if len(results) != len(ranks):
         missing = [r for r in ranks if r not in results]
-        raise RunError(_failure_message(Path(opts.out_dir), ranks, rc, count) + f" (no result from ranks {missing})")
+        raise RunError(_failure_message(Path(opts.out_dir), ranks, rc, output, count) + f" (no result from ranks {missing})")
     return merge_results(plan, [results[r] for r in ranks], rc, opts)
 
 

@@ -59,13 +59,16 @@ class Status:
         write_text_atomic(self.path, json.dumps(self.info) + "\n")
 
 
-def _fault(rank: int, variant: int, step: int) -> None:
+def _fault(rank: int, variant: int, step: int | str) -> None:
+    """Test hook: MESHPLAN_FAULT="rank:step:mode", step an int or "end" (after teardown)."""
     spec = os.environ.get("MESHPLAN_FAULT", "")
     if not spec:
         return
     f_rank, f_step, mode = spec.split(":")
-    if int(f_rank) != rank or int(f_step) != step or variant != 0:
+    if int(f_rank) != rank or f_step != str(step) or variant != 0:
         return
+    if mode == "abort":
+        os.abort()  # what the intermittent gloo shutdown crash looks like (SIGABRT)
     if mode == "exit":
         os._exit(17)
     if mode == "hang":
@@ -92,8 +95,9 @@ def run_variants(args: argparse.Namespace, status: Status, device: torch.device)
                                checkpoint_every=args.checkpoint_every, resume=args.resume)
 
         def on_step(step: int, i=i) -> None:
-            status.update(state="running", variant=i, step=step)
+            status.info["current"] = step  # reported if this step raises
             _fault(rank, i, step)
+            status.update(state="running", variant=i, step=step)
 
         result = train(plan, options, device, on_step)
         write_text_atomic(out / f"rank{rank}.result.json", json.dumps(result.to_json()) + "\n")
@@ -106,20 +110,24 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     device = _device()
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout_s))
+    # collectives wait longer than the launcher's no-progress watchdog, so a hang is reported
+    # by the launcher (naming the rank that fell behind), not as a timeout on its peers
+    dist.init_process_group(backend, timeout=timedelta(seconds=2 * args.timeout_s + 30))
     status = Status(args.out_dir, dist.get_rank())
     status.update(state="running")
     try:
         run_variants(args, status, device)
     except BaseException as exc:
-        status.update(state="error", error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500])
+        status.update(state="error", step=status.info.get("current", -1), error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500])
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)  # skip the collective teardown: peers may be blocked in a collective
+    dist_rank = dist.get_rank()
     dist.barrier()  # every rank wrote its result before anyone may exit
     status.update(state="done")
     dist.destroy_process_group()
+    _fault(dist_rank, 0, "end")
     return 0
 
 
