@@ -51,6 +51,27 @@ def _interp_timing(layer: LayerProfile, b: int) -> tuple[float, float]:
     return near[1] * b / near[0], near[2] * b / near[0]
 
 
+def attention_efficiency(ctx: Context, b: int, cp: int) -> float:
+    """Efficiency of the attention core (QK^T, AV): batched per-head GEMMs of [s/c, s, d_head]
+    whose size tensor parallelism does not change (it splits heads, not head_dim)."""
+    prof = ctx.profile
+    head_dim = prof.hidden / prof.heads if prof.heads else prof.hidden
+    return gemm_efficiency(ctx.cluster.device.gemm_efficiency, 2.0 * ctx.seq / cp * ctx.seq * head_dim)
+
+
+def _flops_time_s(ctx: Context, layer: LayerProfile, flops: float, b: int, split: int, cp: int) -> float:
+    """Seconds for `flops` of this layer (per sample) on one rank: the GEMM share at the layer's
+    GEMM efficiency, the rest of a block's FLOPs (attention core) at the attention efficiency."""
+    if flops <= 0:
+        return 0.0
+    scale = b / (split * cp)
+    gemm_fwd = sum(2.0 * g[0] * g[1] * g[2] for g in layer.gemm_shapes)
+    other = max(layer.forward_flops - gemm_fwd, 0.0) / layer.forward_flops if layer.tp.kind == "block" else 0.0
+    rate = ctx.peak_flops * layer_efficiency(ctx, layer, b, split, cp)
+    attn_rate = ctx.peak_flops * attention_efficiency(ctx, b, cp) if other else rate
+    return flops * scale * ((1 - other) / rate + other / attn_rate)
+
+
 def layer_compute_s(ctx: Context, layer: LayerProfile, b: int, split: int, cp: int) -> tuple[float, float, float]:
     """(forward_s, backward_s, selective_recompute_s) of one layer, one microbatch, one rank."""
     overhead = ctx.cluster.calibration.kernel_overhead_s
@@ -59,7 +80,7 @@ def layer_compute_s(ctx: Context, layer: LayerProfile, b: int, split: int, cp: i
         fwd, bwd = fwd / (split * cp), bwd / (split * cp)
         sel = fwd * layer.recompute_flops_selective / layer.forward_flops if layer.forward_flops else 0.0
         return fwd + overhead, bwd + overhead, sel
-    rate = ctx.peak_flops * layer_efficiency(ctx, layer, b, split, cp)
-    scale = b / (split * cp)
-    return (layer.forward_flops * scale / rate + overhead, layer.backward_flops * scale / rate + overhead,
-            layer.recompute_flops_selective * scale / rate)
+    attn_rate = ctx.peak_flops * attention_efficiency(ctx, b, cp)
+    sel = layer.recompute_flops_selective * b / (split * cp) / attn_rate  # the attention core again
+    return (_flops_time_s(ctx, layer, layer.forward_flops, b, split, cp) + overhead,
+            _flops_time_s(ctx, layer, layer.backward_flops, b, split, cp) + overhead, sel)
