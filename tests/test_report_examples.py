@@ -56,13 +56,17 @@ def test_fresh_reports_are_not_stale(fake_planner, tmp_path):
     assert examples.stale_reports(tmp_path) == []
 
 
-def test_search_time_alone_does_not_make_a_report_stale(fake_planner, tmp_path):
+def test_search_time_and_float_noise_do_not_make_a_report_stale(fake_planner, tmp_path):
     _write_all(tmp_path)
     path = tmp_path / examples.EXAMPLES[0].name / "plan.json"
     data = json.loads(path.read_text())
     data["search"]["search_time_s"] = 9.99
+    data["prediction"]["step_time_s"] *= 1 + 1e-15  # last-bit noise from summation order
     path.write_text(json.dumps(data, indent=2))
     assert examples.stale_reports(tmp_path) == []
+    data["prediction"]["step_time_s"] *= 1.001
+    path.write_text(json.dumps(data, indent=2))
+    assert examples.stale_reports(tmp_path) == [f"{examples.EXAMPLES[0].name}: plan.json differs"]
 
 
 def test_edits_missing_and_leftover_files_are_stale(fake_planner, tmp_path):

@@ -47,12 +47,17 @@ def timeline_section(plan: Plan) -> Section:
                      fmt.seconds(tl.compute_end_s() - busy_s)])
     analytic = (pp - 1) / (v * m + pp - 1)  # bubble (p-1)/(v m) of the ideal time, Narayanan et al. 2021 Sec. 2.2
     diff = (tl.makespan_s - pred.step_time_s) / pred.step_time_s if pred.step_time_s > 0 else 0.0
-    text = (f"One optimizer step replayed with the predicted stage times ({tl.schedule}, {pp} pipeline ranks, "
-            f"{m} microbatches{f', {v} chunks per rank' if v > 1 else ''}); p2p hop {fmt.seconds(tl.hop_s)}. "
-            f"Idle share of the compute phase (bubble): {fmt.pct(tl.bubble_fraction())}; "
-            f"with equal stages and free p2p it would be (p-1)/(v*m+p-1) = {fmt.pct(analytic)}. "
-            f"Replayed step {fmt.seconds(tl.makespan_s)} vs cost model {fmt.seconds(pred.step_time_s)} "
-            f"({fmt.signed_pct(diff)}): the replay serialises communication the cost model may overlap.")
+    if pp == 1:
+        text = (f"No pipeline: every rank runs its {m} microbatch{'es' if m > 1 else ''} back to back, then the "
+                f"exposed gradient communication and the optimizer step. Replayed step "
+                f"{fmt.seconds(tl.makespan_s)} vs cost model {fmt.seconds(pred.step_time_s)} ({fmt.signed_pct(diff)}).")
+    else:
+        text = (f"One optimizer step replayed with the predicted stage times ({tl.schedule}, {pp} pipeline ranks, "
+                f"{m} microbatches{f', {v} chunks per rank' if v > 1 else ''}); p2p hop {fmt.seconds(tl.hop_s)}. "
+                f"Idle share of the compute phase (bubble): {fmt.pct(tl.bubble_fraction())}; "
+                f"with equal stages and free p2p it would be (p-1)/(v*m+p-1) = {fmt.pct(analytic)}. "
+                f"Replayed step {fmt.seconds(tl.makespan_s)} vs cost model {fmt.seconds(pred.step_time_s)} "
+                f"({fmt.signed_pct(diff)}): the replay serialises communication the cost model may overlap.")
     table = Table(headers=["rank", "forward per chunk", "backward per chunk", "busy", "idle (bubble)"],
                   rows=rows, caption="Per pipeline rank, one optimizer step")
     return Section(title="Pipeline schedule", anchor="timeline", items=[
@@ -91,7 +96,7 @@ def breakdown_section(plan: Plan) -> Section:
 
 def provenance_section(plan: Plan) -> Section:
     prov = plan.provenance
-    rows = [["plan hash (search summary excluded)", plan_hash(plan)], ["profile hash", prov.profile_hash or "-"],
+    rows = [["plan decisions hash (no prediction, no search)", plan_hash(plan)], ["profile hash", prov.profile_hash or "-"],
             ["cluster hash", prov.cluster_hash or "-"], ["meshplan version", prov.meshplan_version or "-"]]
     return Section(title="Provenance", anchor="provenance", items=[Table(headers=["item", "value"], rows=rows)])
 

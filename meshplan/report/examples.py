@@ -106,13 +106,24 @@ def _title(folder: Path) -> str:
     return first.removeprefix("# ")
 
 
+def _rounded(value):
+    """Floats to 9 significant digits: summation order may move the last bits between processes."""
+    if isinstance(value, float):
+        return float(f"{value:.9g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
+
+
 def _normalised(path: Path) -> bytes:
     if path.name != "plan.json":
         return path.read_bytes()
     data = json.loads(path.read_text())
     if isinstance(data.get("search"), dict):
         data["search"]["search_time_s"] = 0.0  # measured, not part of the plan
-    return json.dumps(data, sort_keys=True).encode()
+    return json.dumps(_rounded(data), sort_keys=True).encode()
 
 
 def _compare(checked_in: Path, fresh: Path, name: str, extra_ok: bool = False) -> list[str]:

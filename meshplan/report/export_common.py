@@ -75,7 +75,7 @@ def header_lines(plan: Plan, target: str) -> list[str]:
     """Comment lines (without the comment marker) opening every exported file."""
     dp = plan.data_parallel_degree
     return [f"meshplan plan -> {target}: {plan.model_name} on {plan.world_size} x {plan.cluster_name}",
-            f"plan hash {plan_hash(plan)} (search summary excluded); mesh pp={plan.pipeline_parallel_degree} "
+            f"plan decisions hash {plan_hash(plan)}; mesh pp={plan.pipeline_parallel_degree} "
             f"dp_replicate={plan.data_parallel_replicate_degree} dp_shard={plan.data_parallel_shard_degree} "
             f"cp={plan.context_parallel_degree} tp={plan.tensor_parallel_degree}",
             f"global batch {plan.global_batch_size} = micro {plan.microbatch_size} x accumulation "
@@ -83,11 +83,13 @@ def header_lines(plan: Plan, target: str) -> list[str]:
 
 
 def plan_hash(plan: Plan) -> str:
-    """content_hash of the plan without its search summary (search_time_s is measured, not reproducible)."""
+    """content_hash of the plan's decisions: without the search summary (search_time_s is measured)
+    and the prediction (cost-model floats), so it names what would be run."""
     from meshplan.schema import to_dict
 
     data = to_dict(plan)
-    data.pop("search", None)
+    for key in ("search", "prediction"):
+        data.pop(key, None)
     return content_hash(data)
 
 

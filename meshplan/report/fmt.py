@@ -37,7 +37,7 @@ def rate(value: float) -> str:
 
 
 def tflops(value: float) -> str:
-    return f"{value:.1f}"
+    return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
 
 
 def loss(value: float) -> str:
