@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# meshplan plan -> Megatron-LM: gpt-tiny on 4 x local-cpu
+# plan decisions hash 9ef452af0f60b701; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
+# global batch 16 = micro 4 x accumulation 1 x data-parallel 4; seq_len 32
+# every setting of the plan is expressed below
+# Megatron derives data-parallel size = 4 / (tp x pp x cp) = 4 and gradient accumulation = 16 / (4 x 4) = 1
+MESHPLAN_ARGS=(
+    --tensor-model-parallel-size 1
+    --pipeline-model-parallel-size 1
+    --context-parallel-size 1
+    --micro-batch-size 4
+    --global-batch-size 16
+    --seq-length 32
+    --max-position-embeddings 32
+    --num-layers 4
+    --hidden-size 64
+    --num-attention-heads 4
+    --ffn-hidden-size 256
+    --vocab-size 256
+)
+torchrun --nproc_per_node 4 --nnodes 1 "${NODE_ARGS[@]}" pretrain_gpt.py "${MESHPLAN_ARGS[@]}" "$@"

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# meshplan plan -> Megatron-LM: resnet50 on 8 x a100-80g
+# plan decisions hash 806e1fff11955b97; mesh pp=1 dp_replicate=8 dp_shard=1 cp=1 tp=1
+# global batch 1024 = micro 128 x accumulation 1 x data-parallel 8; seq_len 1
+# every setting of the plan is expressed below
+# Megatron derives data-parallel size = 8 / (tp x pp x cp) = 8 and gradient accumulation = 1024 / (128 x 8) = 1
+MESHPLAN_ARGS=(
+    --tensor-model-parallel-size 1
+    --pipeline-model-parallel-size 1
+    --context-parallel-size 1
+    --micro-batch-size 128
+    --global-batch-size 1024
+    --seq-length 1
+    --max-position-embeddings 1
+    --num-layers 16
+    --use-distributed-optimizer
+    --bf16
+)
+torchrun --nproc_per_node 8 --nnodes 1 "${NODE_ARGS[@]}" pretrain_gpt.py "${MESHPLAN_ARGS[@]}" "$@"
