@@ -80,30 +80,29 @@ def read_png_rgb(path: Path) -> np.ndarray:
 
 
 def _unfilter(raw: np.ndarray, width: int, bpp: int) -> np.ndarray:
-    out = np.zeros((raw.shape[0], width * bpp), dtype=np.int32)
-    prev = np.zeros(width * bpp, dtype=np.int32)
+    """Undo the PNG per-row filters (None, Sub, Up, Average, Paeth; PNG spec section 9)."""
+    stride = width * bpp
+    rows, prev = [], bytearray(stride)
     for y in range(raw.shape[0]):
-        kind, line = raw[y, 0], raw[y, 1:].astype(np.int32)
-        if kind == 0:
-            cur = line
+        kind, cur = raw[y, 0], bytearray(raw[y, 1:].tobytes())
+        if kind == 1:
+            for x in range(bpp, stride):
+                cur[x] = (cur[x] + cur[x - bpp]) & 255
         elif kind == 2:
-            cur = (line + prev) & 255
-        else:  # Sub, Average, Paeth depend on the reconstructed left pixel: go byte by byte
-            cur = line.copy()
-            for x in range(width * bpp):
-                a = cur[x - bpp] if x >= bpp else 0
-                b, c = prev[x], (prev[x - bpp] if x >= bpp else 0)
-                if kind == 1:
-                    pred = a
-                elif kind == 3:
-                    pred = (a + b) // 2
-                else:
-                    p = a + b - c
-                    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-                    pred = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
-                cur[x] = (line[x] + pred) & 255
-        out[y], prev = cur, cur
-    return out.reshape(raw.shape[0], width, bpp).astype(np.uint8)
+            cur = bytearray(((np.frombuffer(cur, np.uint8).astype(np.int32) + np.frombuffer(prev, np.uint8))
+                             & 255).astype(np.uint8).tobytes())
+        elif kind == 3:
+            for x in range(stride):
+                cur[x] = (cur[x] + ((cur[x - bpp] if x >= bpp else 0) + prev[x]) // 2) & 255
+        elif kind == 4:
+            for x in range(stride):
+                a, b = (cur[x - bpp] if x >= bpp else 0), prev[x]
+                c = prev[x - bpp] if x >= bpp else 0
+                pa, pb, pc = abs(b - c), abs(a - c), abs(a + b - 2 * c)
+                cur[x] = (cur[x] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append(bytes(cur))
+        prev = cur
+    return np.frombuffer(b"".join(rows), np.uint8).reshape(raw.shape[0], width, bpp)
 
 
 def test_report_renders_in_chromium_without_console_errors(chromium, tmp_path):
