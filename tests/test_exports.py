@@ -186,6 +186,15 @@ def test_megatron_counts_embedding_and_loss_when_that_makes_stages_even():
     assert args["--account-for-embedding-in-pipeline-split"] is True and warnings_in(text) == []
 
 
+def test_megatron_warns_when_interleaving_needs_divisible_microbatches():
+    plan = even_blocks(gpt_plan(pp=2, dp_replicate=2, tp=2, num_microbatches=5, schedule="Interleaved1F1B",
+                                virtual=2, blocks=8, recompute="full"))
+    text = export_plan(plan, "megatron")["megatron_args.sh"]
+    assert any("divisible by pp=2" in w for w in warnings_in(text))
+    assert not any("divisible" in w for w in warnings_in(export_plan(PLANS["even_interleaved"](), "megatron")
+                                                         ["megatron_args.sh"]))
+
+
 def test_every_k_th_block_recompute_maps_to_torchtitan_selective_k():
     plan = gpt_plan(blocks=8, recompute="none")
     plan.recompute = {f"layers.{i}": "full" for i in (1, 3, 5, 7)}

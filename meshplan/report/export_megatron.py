@@ -37,6 +37,9 @@ def _pipeline_flags(plan: Plan, warnings: list[str]) -> list[str]:
                         "Megatron-LM splits blocks evenly over (virtual) stages; the split below is even")
         if v > 1:
             flags += ["--num-layers-per-virtual-pipeline-stage", str(max(1, sum(per_stage) // (pp * v)))]
+    if v > 1 and plan.num_microbatches % pp:
+        warnings.append(f"interleaved 1F1B in Megatron-LM needs microbatches ({plan.num_microbatches}) divisible by "
+                        f"pp={pp}; Megatron will refuse this batch unless you change --global-batch-size")
     if plan.pipeline_schedule in ("GPipe", "LoopedBFS", "InterleavedZeroBubble"):
         warnings.append(f"schedule {plan.pipeline_schedule} is not available in Megatron-LM; it runs "
                         f"{'interleaved ' if v > 1 else ''}1F1B (same bubble as the plan's for GPipe/LoopedBFS)")
