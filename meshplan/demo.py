@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 from meshplan import schema
@@ -42,7 +43,8 @@ def run_demo(out: Path, steps: int = 8, quiet: bool = False):
     schema.save(plan, out / "plan.json")
     _print_plan(plan, say)
     say(f"[4/5] running the plan for {steps} steps with torchrun on {NUM_RANKS} gloo ranks")
-    result = run_plan(plan, steps=steps, out_dir=str(out / "run"), quiet=True)
+    with tempfile.TemporaryDirectory(prefix="meshplan-demo-") as run_dir:  # rank status files stay out
+        result = run_plan(plan, steps=steps, out_dir=run_dir, quiet=True)
     schema.save(result, out / "run.json")
     say(f"      losses {' '.join(f'{x:.3f}' for x in result.losses)}")
     pred = plan.prediction.step_time_s
