@@ -1,0 +1,91 @@
+"""search() is exact under the cost model: it agrees with brute force over every plan (every
+stage boundary and every per-layer recompute choice) on small spaces, for several models."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from meshplan.errors import InfeasibleError
+from meshplan.planner import PlanRequest, search
+from meshplan.planner.context import Context
+from meshplan.planner.layer_cost import CostTable
+from meshplan.planner.partition import solve
+from meshplan.schema import to_dict
+from planner_profiles import brute_force_best, cluster, cnn_chain, small_gpt, small_llama
+
+CASES = [
+    ("gpt 8 GPUs, tight memory", small_gpt(6), 8, 10.0, dict(global_batch=8, zero=0)),
+    ("gpt 4 GPUs, interleaved + GPipe", small_gpt(6), 4, 10.0, dict(global_batch=8, tp=1, zero=1)),
+    ("llama 16 GPUs", small_llama(4), 16, 10.0, dict(global_batch=32, sequence_parallel=True, zero=2)),
+    ("cnn chain 4 GPUs", cnn_chain(), 4, 6.0, dict(global_batch=32, zero=3)),
+    ("cnn chain 8 GPUs, any zero", cnn_chain(), 8, 4.0, dict(global_batch=16)),
+]
+
+
+@pytest.mark.parametrize("name,profile,n,mem_gib,pins", CASES, ids=[c[0] for c in CASES])
+def test_search_equals_brute_force(name, profile, n, mem_gib, pins):
+    spec = cluster(n, mem_gib)
+    request = PlanRequest(num_gpus=n, top_k=3, **pins)
+    ctx = Context.build(profile, spec, request)
+    table = CostTable(ctx)
+    brute, per_candidate = brute_force_best(profile, spec, request)
+    assert brute < math.inf, "the case must have a feasible plan"
+    assert any(v == math.inf for v in per_candidate.values()), "memory should bind for some candidates"
+    for cand, expected in per_candidate.items():  # every candidate's exact optimum
+        sols, _, _ = solve(ctx, cand, table.for_candidate(cand))
+        got = max(s.cost_s for s in sols) if sols else math.inf
+        assert got == pytest.approx(expected, rel=1e-9), cand.label()
+    plan = search(profile, spec, request)
+    plan.validate()
+    assert plan.prediction.step_time_s == pytest.approx(brute, rel=1e-9)
+
+
+def test_recompute_choice_matters_in_gpt_case():
+    """In the tight GPT case the optimum mixes recompute modes (so the solver was exercised)."""
+    plan = search(small_gpt(6), cluster(8, 30.0), PlanRequest(num_gpus=8, global_batch=32, zero=0, microbatch=4, tp=1,
+                                                               pp=2, schedule="1F1B"))
+    assert set(plan.recompute.values()) - {"none"}, plan.recompute
+
+
+def test_plan_contents_and_pins():
+    profile = small_gpt(6)
+    plan = search(profile, cluster(8, 30.0), PlanRequest(num_gpus=8, global_batch=16, tp=2, microbatch=2, top_k=4))
+    assert plan.tensor_parallel_degree == 2 and plan.microbatch_size == 2
+    assert plan.layers == profile.layer_names and [f for s in plan.stages for f in s] == plan.layers
+    assert set(plan.recompute) == set(plan.layers)
+    assert plan.global_batch_size == plan.microbatch_size * plan.num_microbatches * plan.data_parallel_degree
+    assert plan.provenance.profile_hash and plan.provenance.meshplan_version
+    s = plan.search
+    assert s.num_candidates >= s.num_evaluated >= 1 and s.search_time_s > 0
+    steps = [plan.prediction.step_time_s] + [a.prediction.step_time_s for a in s.alternatives]
+    assert steps == sorted(steps) and len(steps) == 4
+    assert all(a.search is None and a.prediction for a in s.alternatives)
+    reasons = " | ".join(r.reason for r in s.rejected)
+    assert "tp=" not in reasons or "not divisible" in reasons or "GPUs per node" in reasons or "dp" in reasons
+
+
+def test_rejections_name_numbers():
+    plan = search(small_gpt(6), cluster(8, 10.0), PlanRequest(num_gpus=8, global_batch=4, top_k=1))
+    reasons = [r.reason for r in plan.search.rejected]
+    assert any("OOM by" in r and "GiB" in r for r in reasons)
+    assert any("not divisible by dp=8" in r for r in reasons)
+
+
+def test_deterministic():
+    args = (small_gpt(6), cluster(8, 30.0), PlanRequest(num_gpus=8, global_batch=16))
+    a, b = search(*args), search(*args)
+    a.search.search_time_s = b.search.search_time_s = 0.0
+    assert to_dict(a) == to_dict(b)
+
+
+def test_infeasible_says_what_fits():
+    with pytest.raises(InfeasibleError) as err:
+        search(small_gpt(6), cluster(2, 2.0), PlanRequest(num_gpus=2, global_batch=8))
+    msg = str(err.value)
+    assert "\n" not in msg and "OOM by" in msg and "--num-gpus" in msg
+
+
+def test_infeasible_pin_suggests_unpinning():
+    with pytest.raises(InfeasibleError, match="unpinning --microbatch, --recompute fits"):
+        search(small_gpt(6), cluster(8, 10.0), PlanRequest(num_gpus=8, global_batch=64, microbatch=8, recompute="none"))
