@@ -74,12 +74,22 @@ def analyse_model(model: LayeredModel, model_name: str, progress: bool = False) 
         if key not in seen:
             seen[key] = fqn
             analysis.inputs[fqn] = InputSpec(tuple(x.shape), str(x.dtype), first=i == 0)
-            analysis.captures[fqn] = capture_layer(fake_copy(module, fake_mode, ACTIVATION_DTYPE), x, fake_mode)
+            analysis.captures[fqn] = _capture(fqn, module, x, fake_mode)
         rep = analysis.rep_of[fqn] = seen[key]
         layers.append(_layer_profile(fqn, module, analysis.captures[rep], rules[fqn]))
         x = analysis.captures[rep].output
     analysis.profile = _model_profile(model, model_name, layers, _reuse_notes(model, seen.values()))
     return analysis
+
+
+def _capture(fqn: str, module: torch.nn.Module, x: torch.Tensor, fake_mode: FakeTensorMode) -> LayerCapture:
+    try:
+        return capture_layer(fake_copy(module, fake_mode, ACTIVATION_DTYPE), x, fake_mode)
+    except Exception as exc:  # unsupported op in the user's forward: name the layer and the op
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise MeshplanError(f"layer {fqn} ({type(module).__name__}) cannot run on fake tensors: "
+                            f"{type(exc).__name__}: {first}; avoid data-dependent ops (.item(), nonzero, "
+                            "boolean-mask indexing, branching on values) in its forward") from None
 
 
 def _buildable_on_meta(spec: str) -> bool:

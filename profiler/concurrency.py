@@ -1,7 +1,7 @@
 """Busy neighbours: N-1 extra processes run the layer being timed, as the other local ranks will.
 
 On a shared host the ranks compete for cores and memory bandwidth, so a layer timed alone is
-optimistic (DESIGN.md; `--concurrent N`). Each worker is a spawned process with one thread; it
+optimistic (DESIGN.md; `--concurrent N`). Each worker is a process with one thread; it
 builds the same model skeleton, and on each command materialises the named layer at the named
 microbatch size and runs forward+backward in a loop until the next command. Commands are acked
 once the worker is busy, so timing starts only when every neighbour is running.
@@ -53,7 +53,7 @@ class BusyNeighbours:
         self.commands: list[Any] = []
 
     def __enter__(self) -> "BusyNeighbours":
-        ctx = mp.get_context("spawn")
+        ctx = mp.get_context(self._start_method())
         self.acks = ctx.Queue()
         for i in range(self.count):
             cmd = ctx.Queue()
@@ -64,6 +64,13 @@ class BusyNeighbours:
             self.procs.append(proc)
             self.commands.append(cmd)
         return self
+
+    def _start_method(self) -> str:
+        """fork where safe (CPU on Linux: starts in milliseconds, like DataLoader workers); spawn for
+        CUDA, which cannot be used in a forked child once the parent initialised it."""
+        if self.device.startswith("cuda") or "fork" not in mp.get_all_start_methods():
+            return "spawn"
+        return "fork"
 
     def _device_for(self, i: int) -> str:
         if not self.device.startswith("cuda"):

@@ -1,0 +1,166 @@
+"""User models: `path/to/file.py:factory` or `package.module:factory` -> a LayeredModel.
+
+The factory takes no arguments (or the `--set` keys as keyword arguments) and returns
+`(module, example_batch)`, where example_batch is the inputs tensor or an `(inputs, targets)` pair
+with the batch in dim 0. A LayeredModel is used as is. Otherwise the module's top-level children
+become the layers when running them in order reproduces `module(inputs)` (nn.Sequential, or any
+module whose forward is such a chain); if not, the whole module is one layer. Every failure is one
+MeshplanError line naming the file, factory or layer and the fix.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from meshplan.errors import MeshplanError
+from meshplan.profiler.zoo.base import LayeredModel
+
+
+def load_user_model(spec: str, overrides: dict[str, Any] | None, device: str, seed: int = 0) -> LayeredModel:
+    """Import the factory named by `spec`, call it and wrap its module (see module docstring)."""
+    target, _, name = spec.rpartition(":")
+    factory = _find_factory(_import_target(target, spec), name, target, spec)
+    torch.manual_seed(seed)
+    module, batch = _call_factory(factory, overrides, spec)
+    model = module if isinstance(module, LayeredModel) else wrap_module(module, batch, spec)
+    if device == "meta":
+        return model.to("meta")
+    return model.to(device)
+
+
+def _import_target(target: str, spec: str):
+    if target.endswith(".py") or "/" in target:
+        path = Path(target)
+        if not path.is_file():
+            raise MeshplanError(f"--model {spec}: file {target!r} not found; give a path to a .py file "
+                                "(relative to the current directory) followed by :factory")
+        digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
+        module_name = f"meshplan_user_{path.stem}_{digest}"
+        if module_name in sys.modules:
+            return sys.modules[module_name]
+        loader_spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[module_name] = module
+        _run_import(lambda: loader_spec.loader.exec_module(module), target, spec,
+                    on_fail=lambda: sys.modules.pop(module_name, None))
+        return module
+    return _run_import(lambda: importlib.import_module(target), target, spec)
+
+
+def _run_import(load: Callable, target: str, spec: str, on_fail: Callable = lambda: None):
+    try:
+        return load()
+    except ModuleNotFoundError as exc:
+        on_fail()
+        if exc.name == target or target.startswith(f"{exc.name}."):
+            raise MeshplanError(f"--model {spec}: module {target!r} not found; install it or add its "
+                                "directory to PYTHONPATH (or give path/to/file.py:factory)") from None
+        raise MeshplanError(f"--model {spec}: importing {target} failed: no module named {exc.name!r}; "
+                            f"install {exc.name} or fix the import") from None
+    except Exception as exc:  # the user's code: any error becomes one line
+        on_fail()
+        raise MeshplanError(f"--model {spec}: importing {target} failed: {_one_line(exc)}; fix the file") from None
+
+
+def _find_factory(module, name: str, target: str, spec: str) -> Callable:
+    factory = getattr(module, name, None) if name else None
+    if not callable(factory):
+        found = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_"))
+        raise MeshplanError(f"--model {spec}: no factory function {name!r} in {target}; define "
+                            f"`def {name or 'build'}(): return module, example_batch` (functions there: "
+                            f"{', '.join(found) or 'none'})")
+    return factory
+
+
+def _call_factory(factory: Callable, overrides: dict | None, spec: str) -> tuple[nn.Module, Any]:
+    try:
+        result = factory(**(overrides or {}))
+    except TypeError as exc:
+        if overrides and "argument" in str(exc):
+            raise MeshplanError(f"--set {', '.join(overrides)}: {spec} does not accept it ({_one_line(exc)}); "
+                                "add keyword parameters to the factory or drop --set") from None
+        raise MeshplanError(f"--model {spec}: the factory raised {_one_line(exc)}; fix the factory") from None
+    except Exception as exc:
+        raise MeshplanError(f"--model {spec}: the factory raised {_one_line(exc)}; fix the factory") from None
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module)):
+        got = type(result).__name__ + (f" of {len(result)}" if isinstance(result, tuple) else "")
+        raise MeshplanError(f"--model {spec}: the factory returned {got}; it must return "
+                            "(torch.nn.Module, example_batch)")
+    return result
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def wrap_module(module: nn.Module, batch: Any, spec: str) -> "UserModel":
+    """UserModel over the module's children if they form a chain, else over the whole module."""
+    inputs, targets = _split_batch(batch, spec)
+    children = list(module.children())
+    if len(children) > 1 and _is_chain(module, children, inputs):
+        return UserModel(children, inputs, targets, chained=True)
+    return UserModel([module], inputs, targets, chained=False)
+
+
+def _split_batch(batch: Any, spec: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if isinstance(batch, torch.Tensor):
+        return batch, None
+    if isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch):
+        return batch[0], batch[1]
+    raise MeshplanError(f"--model {spec}: example_batch is {type(batch).__name__}; return a tensor of inputs "
+                        "or an (inputs, targets) pair of tensors, batch in dim 0")
+
+
+@torch.no_grad()
+def _is_chain(module: nn.Module, children: list[nn.Module], inputs: torch.Tensor) -> bool:
+    try:
+        expected = module(inputs)
+        x = inputs
+        for child in children:
+            x = child(x)
+        return isinstance(expected, torch.Tensor) and x.shape == expected.shape and torch.allclose(x, expected)
+    except Exception:
+        return False
+
+
+class UserModel(LayeredModel):
+    """A user's module as layers "layers.0".."layers.N-1" (no embed/head)."""
+
+    family = "user"
+
+    def __init__(self, layers: list[nn.Module], inputs: torch.Tensor, targets: torch.Tensor | None,
+                 chained: bool):
+        super().__init__(None, layers, None)
+        self._inputs, self._targets = inputs.detach().cpu(), None if targets is None else targets.detach().cpu()
+        self.chained = chained
+        """True when the module's top-level children were split into layers."""
+
+    @property
+    def seq_len(self) -> int:
+        x = self._inputs
+        return int(x.shape[1]) if x.dim() == 2 and not x.is_floating_point() else 1
+
+    def example_batch(self, batch_size, generator=None, device="cpu"):
+        """The factory's example batch, cut or tiled to `batch_size` samples."""
+        def resize(t):
+            reps = -(-batch_size // t.shape[0])
+            return t.repeat(reps, *([1] * (t.dim() - 1)))[:batch_size].to(device)
+        targets = None if self._targets is None else resize(self._targets)
+        return resize(self._inputs), targets
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
+        """Cross-entropy for integer targets, MSE for float targets, mean output without targets."""
+        if target is None:
+            return output.float().mean()
+        if target.is_floating_point():
+            return nn.functional.mse_loss(output, target)
+        return super().loss(output, target)
