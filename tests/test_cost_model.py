@@ -1,0 +1,126 @@
+"""The cost model against the formulas it cites and the layer measurements it is calibrated by."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from meshplan.cluster import CollectiveFit
+from meshplan.model_profile import LayerTiming
+from meshplan.planner import PlanRequest, estimate
+from meshplan.planner.analytic import gpt_profile
+from meshplan.planner.comm import collective_s, group_tier
+from meshplan.planner.context import Candidate, Context
+from meshplan.planner.layer_cost import layer_cost
+from meshplan.planner.memory import activation_bytes
+from meshplan.planner.pipeline import in_flight
+from meshplan.planner.seqscale import with_seq_len
+from meshplan.presets import cluster_preset, local_cpu
+
+P22 = gpt_profile(layers=48, hidden=6144, heads=64)
+S, H, A, T, B = 2048, 6144, 64, 8, 4
+
+
+def _ctx(profile=P22, n=8, preset="a100-80g", **req):
+    return Context.build(profile, cluster_preset(preset, n), PlanRequest(num_gpus=n, global_batch=4, **req))
+
+
+@pytest.mark.parametrize("sp,mode,measured_ms", [
+    (False, "none", 19.6), (True, "none", 19.0), (False, "full", 27.2), (False, "selective", 20.9),
+    (True, "selective", 20.3)])
+def test_korthikanti_table4_layer_times(sp, mode, measured_ms):
+    """22B layer, b=4, t=8 (Korthikanti et al. 2022 Table 4). The first row calibrates the A100
+    GEMM plateau (presets.py); the other four are predictions."""
+    ctx = _ctx()
+    got_ms = layer_cost(ctx, P22.layers[1], B, T, sp, 1, 0, 1).modes[mode].time_s * 1e3
+    assert got_ms == pytest.approx(measured_ms, rel=0.05 if (sp, mode) != (False, "none") else 0.01)
+
+
+@pytest.mark.parametrize("sp,mode,per_sbh", [
+    (False, "none", 10 + 24 / T + 5 * A * S / (H * T)),  # Eq. 2
+    (True, "none", 34 / T + 5 * A * S / (H * T)),  # Eq. 4
+    (False, "selective", 10 + 24 / T),  # Table 2
+    (True, "selective", 34 / T),  # Eq. 6
+    (False, "full", 2.0)])  # Table 2, full recompute
+def test_activation_bytes_follow_korthikanti(sp, mode, per_sbh):
+    got = activation_bytes(_ctx(), P22.layers[1], mode, B, T, 1, sp)
+    assert got == pytest.approx(S * B * H * per_sbh, rel=1e-9)
+
+
+def test_interleaved_in_flight_is_korthikanti_factor():
+    p, v = 8, 3
+    cand = Candidate(pp=p, dp=1, cp=1, tp=8, microbatch=1, num_microbatches=64, schedule="Interleaved1F1B",
+                     virtual_stages=v, zero=0, sequence_parallel=False)
+    assert in_flight(cand, 0) == pytest.approx(p * (1 + (p - 1) / (p * v)))
+    plain = dataclasses.replace(cand, schedule="1F1B", virtual_stages=1)
+    assert [in_flight(plain, r) for r in range(p)] == list(range(p, 0, -1))
+
+
+def test_mfu_uses_eq7_model_flops():
+    prof = gpt_profile(layers=96, hidden=12288, heads=96)
+    req = PlanRequest(num_gpus=64, global_batch=64, tp=8, pp=8, dp=1, microbatch=1, schedule="interleaved",
+                      virtual_stages=3, recompute="full")
+    plan = estimate(prof, cluster_preset("a100-80g", 64), req)
+    s, h, L, V, Bg = 2048, 12288, 96, 51200, 64
+    eq7 = 72 * Bg * L * s * h**2 * (1 + s / (6 * h) + V / (12 * h * L))
+    pr = plan.prediction
+    assert pr.mfu * pr.step_time_s * 64 * 312e12 == pytest.approx(eq7, rel=2e-3)
+    assert pr.hfu > pr.mfu * 1.3  # full recompute adds a forward pass
+
+
+def test_bubble_is_p_minus_1_over_m():
+    req = PlanRequest(num_gpus=4, global_batch=8, tp=1, pp=4, dp=1, microbatch=1, schedule="gpipe")
+    plan = estimate(gpt_profile(layers=8, hidden=1024, heads=16), cluster_preset("a100-80g", 4), req)
+    bd = plan.prediction.breakdown
+    per_mb = (plan.prediction.step_time_s - bd["bubble"] - bd["optimizer"] - bd["dp_comm"]) / 8
+    assert bd["bubble"] == pytest.approx(3 * per_mb, rel=1e-9)
+
+
+def test_estimate_reports_oom():
+    req = PlanRequest(num_gpus=8, global_batch=4, tp=8, pp=1, dp=1, microbatch=4, recompute="none")
+    plan = estimate(P22, cluster_preset("a100-80g", 8), req)
+    assert plan.prediction.binding_constraint.startswith("OOM by")
+    plan.validate()
+
+
+def test_seq_override_scales_quadratic_part():
+    longer = with_seq_len(P22, 2 * S)
+    blk = longer.layers[1]
+    assert blk.forward_flops == pytest.approx(24 * 2 * S * H**2 + 4 * (2 * S) ** 2 * H, rel=1e-9)
+    assert blk.activation_bytes == pytest.approx(2 * S * H * (34 + 5 * A * 2 * S / H), rel=1e-9)
+
+
+def test_state_bytes_by_layout_and_zero():
+    prof = gpt_profile(layers=4, hidden=1024, heads=16)
+    blk = prof.layers[1]
+    torch_lc = layer_cost(_ctx(prof, n=8), blk, 1, 1, False, 1, 0, 8)
+    assert torch_lc.weights_bytes + torch_lc.grads_bytes + torch_lc.optim_bytes == 16 * blk.num_params
+    mega = layer_cost(_ctx(prof, n=8, state_layout="megatron"), blk, 1, 1, False, 1, 0, 8)
+    assert mega.weights_bytes + mega.grads_bytes + mega.optim_bytes == 18 * blk.num_params
+    z3 = layer_cost(_ctx(prof, n=8), blk, 1, 1, False, 1, 3, 8)
+    assert z3.weights_bytes + z3.grads_bytes + z3.optim_bytes == pytest.approx(2 * blk.num_params)
+
+
+def test_measured_timings_are_used_on_cpu():
+    prof = gpt_profile(layers=2, hidden=64, heads=4, vocab=128, seq=32)
+    prof.device = "cpu"
+    blk = prof.layers[1]
+    blk.timings = [LayerTiming(microbatch_size=1, forward_s=0.01, backward_s=0.02),
+                   LayerTiming(microbatch_size=4, forward_s=0.03, backward_s=0.05)]
+    ctx = Context.build(prof, local_cpu(2), PlanRequest(num_gpus=2, global_batch=4))
+    lc = layer_cost(ctx, blk, 2, 1, False, 1, 0, 2)
+    assert lc.modes["none"].compute_s == pytest.approx(0.01 + 0.02 / 3 + 0.02 + 0.01, rel=1e-9)
+
+
+def test_collective_fits_replace_link_tiers():
+    spec = local_cpu(4)
+    before = collective_s(spec, "all_reduce", 4, 1e6, "intra_node")
+    spec.collectives = [CollectiveFit(collective="all_reduce", group_size=4, latency_s=1e-3, bandwidth_gbps=0.5)]
+    assert collective_s(spec, "all_reduce", 4, 1e6, "intra_node") == pytest.approx(1e-3 + 1e6 / 0.5e9)
+    assert before != collective_s(spec, "all_reduce", 4, 1e6, "intra_node")
+
+
+def test_tp_within_a_node_uses_nvlink():
+    spec = cluster_preset("a100-80g", 32)
+    assert group_tier(spec, 1, 8) == "intra_node" and group_tier(spec, 1, 16) == "inter_node"
+    assert collective_s(spec, "all_reduce", 16, 1e8, "inter_node") > 5 * collective_s(spec, "all_reduce", 8, 1e8, "intra_node")
