@@ -117,8 +117,8 @@ def make_optimizer(params: list[nn.Parameter], name: str, lr: float, weight_deca
 
 
 def optimizer_spec(name: str, lr: float, weight_decay: float) -> tuple[type, dict]:
-    if name == "sgd":
-        return torch.optim.SGD, {"lr": lr}
+    if name == "sgd":  # with momentum, so checkpoints and ZeRO-1 carry optimizer state
+        return torch.optim.SGD, {"lr": lr, "momentum": 0.9}
     assert name == "adamw", name
     return torch.optim.AdamW, {"lr": lr, "weight_decay": weight_decay, "betas": (0.9, 0.95)}
 
