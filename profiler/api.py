@@ -38,6 +38,8 @@ def profile_model(model: str, overrides: dict | None = None, *, device: str = "m
     _check_timing_args(microbatch_sizes, concurrent)
     layered = load_model(model, overrides, "meta" if _buildable_on_meta(model) else "cpu")
     analysis = analyse_model(layered, model, progress=progress)
+    if not _buildable_on_meta(model):  # user factory: its --set keys rebuild it (executor)
+        analysis.profile.model_config = dict(overrides or {})
     if device != "meta":
         from meshplan.profiler.timing import time_layers
 
@@ -147,6 +149,7 @@ def _reuse_notes(model: LayeredModel, representatives) -> list[str]:
 
 def _model_profile(model: LayeredModel, name: str, layers: list[LayerProfile], notes: list[str]) -> ModelProfile:
     config = getattr(model, "config", None)
+    # the config as `--set` keys: load_model(name, model_config) rebuilds the same model
     config_dict: dict[str, Any] = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}
     dtypes = {d for layer in layers for d in layer.param_bytes}
     return ModelProfile(

@@ -33,7 +33,8 @@ def _llama(layers: int, hidden: int, heads: int, ffn: int, seq: int = 8192, voca
 
 
 def _gpt2(layers: int, hidden: int, heads: int, vocab: int = 50257) -> dict:
-    return dict(kind="gpt2", seq=1024, n_layer=layers, n_embd=hidden, n_head=heads, vocab_size=vocab)
+    return dict(kind="gpt2", seq=1024, n_layer=layers, n_embd=hidden, n_head=heads, vocab_size=vocab,
+                bos_token_id=vocab - 1, eos_token_id=vocab - 1)
 
 
 # Published config.json shapes (Radford et al. 2019; Meta Llama 3.1/3.2 model cards)
@@ -53,8 +54,7 @@ ALIASES = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num
 
 @dataclass(kw_only=True)
 class HFShape:
-    """The shape an HF model was built with (ModelProfile.model_config)."""
-    name: str
+    """The shape an HF model was built with (ModelProfile.model_config; valid `--set` keys)."""
     layers: int
     hidden: int
     heads: int
@@ -72,7 +72,7 @@ def load_hf_model(name: str, overrides: dict[str, Any] | None, device: str, seed
     torch.manual_seed(seed)
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    return HFLayered(model, config, HFShape(name=name, layers=config.num_hidden_layers, hidden=config.hidden_size,
+    return HFLayered(model, config, HFShape(layers=config.num_hidden_layers, hidden=config.hidden_size,
                                             heads=config.num_attention_heads, vocab=config.vocab_size, seq=seq))
 
 

@@ -48,3 +48,10 @@ def test_cli_profiles_an_hf_config_end_to_end(capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["family"] == "hf" and data["num_layers"] == 2 and len(data["layers"]) == 4
     assert data["forward_flops_per_sample"] > 0
+
+
+def test_hf_model_config_rebuilds_the_same_model():
+    p = profile_model("hf:tiny-gpt2", {"layers": 3, "vocab": 100})
+    again = load_model("hf:tiny-gpt2", p.model_config, "meta")
+    assert again.layer_names() == p.layer_names and p.vocab == 100
+    assert sum(x.numel() for x in again.parameters()) == p.num_params

@@ -110,3 +110,14 @@ def test_unknown_hf_name_lists_the_built_in_configs():
     pytest.importorskip("transformers", reason="transformers not installed (pip install 'meshplan[hf]')")
     with pytest.raises(MeshplanError, match="no built-in config"):
         load_model("hf:some-org/some-model")
+
+
+@pytest.mark.parametrize("model,overrides", [("vit-tiny", None), ("moe-tiny", {"experts": 2}),
+                                             ("resnet-tiny", None), (spec("tokens.py:build"), {"layers": 3}),
+                                             (spec("mlp.py:build"), {"depth": 2})])
+def test_model_config_rebuilds_the_same_model(model, overrides):
+    """The executor rebuilds a plan's model with load_model(model_name, model_config)."""
+    p = profile_model(model, overrides)
+    again = load_model(model, p.model_config, "meta")
+    assert again.layer_names() == p.layer_names
+    assert sum(x.numel() for x in again.parameters()) == p.num_params
