@@ -1,0 +1,116 @@
+"""Executor runs end to end: run.json, the gloo shutdown crash, resume, dead and hung ranks,
+and the plan/launch mismatches that must fail before any process starts."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+import pytest
+
+from executor_plans import make_plan
+from meshplan.errors import MeshplanError, RunError
+from meshplan.executor import check_plan, launch_command, run_plan
+from meshplan.executor.checkpoint import latest_step
+from meshplan.executor.reference import reference_losses
+from meshplan.run_result import RunResult
+from meshplan.schema import load
+
+SGD = dict(optimizer="sgd", lr=0.5, grad_clip=1.0)
+
+
+@pytest.mark.slow
+def test_run_writes_run_json_and_survives_a_shutdown_crash(tmp_path, monkeypatch):
+    """Rank 1 aborts (SIGABRT) after all work is done: the run still succeeds, with a note."""
+    monkeypatch.setenv("MESHPLAN_FAULT", "1:end:abort")
+    plan = make_plan(dp=2)
+    result = run_plan(plan, steps=3, out_dir=str(tmp_path), quiet=True, **SGD)
+    saved = load(RunResult, tmp_path / "run.json")
+    assert saved.losses == result.losses and len(result.losses) == 3
+    assert result.step_time_s > 0 and result.tokens_per_s > 0 and result.peak_memory_bytes > 0
+    assert result.world_size == 2 and result.backend == "gloo"
+    assert any("shutdown crash ignored" in note for note in result.notes)
+    ref = reference_losses(plan, steps=3, **SGD)
+    assert max(abs(a - b) / b for a, b in zip(result.losses, ref)) <= 1e-4
+
+
+@pytest.mark.slow
+def test_dead_rank_is_named_and_resume_continues_the_same_trajectory(tmp_path, monkeypatch):
+    """Rank 1 dies at step 4; the job fails naming it, the step-4 checkpoint is intact, and a
+    resumed run produces exactly the losses of an uninterrupted run (= the single process)."""
+    plan = make_plan(dp_shard=2, zero=3)
+    monkeypatch.setenv("MESHPLAN_FAULT", "1:4:exit")
+    with pytest.raises(RunError, match=r"^rank 1 "):
+        run_plan(plan, steps=6, out_dir=str(tmp_path), checkpoint_every=2, quiet=True, timeout_s=60, **SGD)
+    assert latest_step(tmp_path) == 4
+    monkeypatch.delenv("MESHPLAN_FAULT")
+    resumed = run_plan(plan, steps=6, out_dir=str(tmp_path), checkpoint_every=2, resume=True, quiet=True, **SGD)
+    assert resumed.resumed_from_step == 4 and len(resumed.losses) == 2
+    ref = reference_losses(plan, steps=6, **SGD)
+    assert max(abs(a - b) / b for a, b in zip(resumed.losses, ref[4:])) <= 1e-4
+
+
+@pytest.mark.slow
+def test_hung_rank_ends_the_job_within_the_timeout(tmp_path, monkeypatch):
+    monkeypatch.setenv("MESHPLAN_FAULT", "1:1:hang")
+    start = time.monotonic()
+    with pytest.raises(RunError, match=r"rank 1 hung.*step 0"):
+        run_plan(make_plan(dp=2), steps=3, out_dir=str(tmp_path), quiet=True, timeout_s=10, **SGD)
+    assert time.monotonic() - start < 90
+
+
+def _with(plan, **changes):
+    return dataclasses.replace(plan, **changes)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: _with(make_plan(pp=2, microbatches=2), stages=[["embed", "layers.0", "layers.1"],
+                                                           ["layers.2", "layers.3", "layers.9"]],
+                   layers=["embed", "layers.0", "layers.1", "layers.2", "layers.3", "layers.9"]),
+     r"plan.layers: 'layers.9' does not match the layers of gpt-tiny"),
+    (lambda: make_plan(tp=3), r"tensor_parallel_degree = 3: does not divide heads = 4 of layers.0"),
+    (lambda: make_plan(model="llama-tiny", tp=4), r"does not divide kv_heads = 2"),
+    (lambda: _with(make_plan(dp=2), context_parallel_degree=2, world_size=4), r"context_parallel_degree = 2"),
+    (lambda: _with(make_plan(dp_shard=2, zero=2), offload=True), r"plan.offload = true with zero_stage 2"),
+    (lambda: make_plan(tp=2, dp=2, gradient_comm="powersgd"), r"gradient_comm = 'powersgd'"),
+    (lambda: make_plan(dp_shard=2, zero=3, gradient_comm="fp16"), r"FSDP2 \(zero_stage 3\) has no communication"),
+    (lambda: _with(make_plan(), seq_len=64), r"plan.seq_len = 64: gpt-tiny handles at most 32"),
+    (lambda: _with(make_plan(pp=2, microbatches=2), stages=[["embed", "layers.0"], ["layers.2", "layers.1",
+                                                             "layers.3", "head"]]), r"contiguous layers"),
+    (lambda: _with(make_plan(), model_name="no-such-model"), r"not in the zoo"),
+])
+def test_mismatched_plans_fail_before_launch(make, match):
+    with pytest.raises(MeshplanError, match=match) as info:
+        check_plan(make())
+    assert "\n" not in str(info.value)
+
+
+def test_world_size_must_fit_the_nodes(tmp_path):
+    plan = make_plan(dp=2, tp=2)
+    with pytest.raises(MeshplanError, match=r"--nnodes 3: does not divide plan.world_size = 4"):
+        check_plan(plan, nnodes=3)
+    with pytest.raises(MeshplanError, match=r"--nnodes 3"):
+        run_plan(plan, nnodes=3, rdzv_endpoint="h:29500", out_dir=str(tmp_path))
+    assert not (tmp_path / "ranks").exists()  # nothing was launched
+
+
+def test_launch_command_single_and_multi_node():
+    plan = make_plan(dp=2, tp=2)
+    cmd = launch_command(plan, steps=7)
+    assert cmd[1:3] == ["-m", "torch.distributed.run"] and "--standalone" in cmd
+    assert "--nproc-per-node=4" in cmd and cmd[cmd.index("--steps") + 1] == "7"
+    assert cmd[cmd.index("-m", 3) + 1] == "meshplan.executor.worker"
+    multi = launch_command(plan, nnodes=2, node_rank=1, rdzv_endpoint="node0:29500")
+    assert "--nproc-per-node=2" in multi and "--nnodes=2" in multi and "--node-rank=1" in multi
+    assert "--rdzv-endpoint=node0:29500" in multi and "--standalone" not in multi
+    with pytest.raises(MeshplanError, match="--rdzv-endpoint"):
+        launch_command(plan, nnodes=2)
+
+
+def test_plan_file_round_trip_runs_check(tmp_path):
+    """A plan saved as JSON (what `meshplan run plan.json` reads) passes check_plan."""
+    from meshplan.plan import Plan
+    from meshplan.schema import save
+    save(make_plan(pp=2, virtual=2, schedule="Interleaved1F1B", microbatches=4), tmp_path / "plan.json")
+    check_plan(load(Plan, tmp_path / "plan.json"))
+    assert json.loads((tmp_path / "plan.json").read_text())["virtual_stages"] == 2
