@@ -55,6 +55,8 @@ def solve_identical(n: int, options: list[Option], base_bytes: float, in_flight:
     (m1, t1, a1), last = opts[1], (opts[2] if len(opts) > 2 else None)
     best = None
     for x2 in range(0, n + 1 if last else 1):
+        if best is not None and n * t0 + x2 * ((last[1] if last else t0) - t0) >= best[0]:
+            break  # every later x2 costs at least this much, whatever x1 is
         fixed = x2 * (last[2] if last else 0.0) + (n - x2) * a0
         x1 = _least_x1(n - x2, fixed, a0 - a1, base_bytes, in_flight, capacity)
         if x1 is not None:

@@ -9,6 +9,7 @@ result equals solving every candidate. Layer costs are memoised per layer signat
 """
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections import Counter
@@ -35,6 +36,20 @@ class Bounds:
         self.ctx, self.table = ctx, table
         self.multiplicity = Counter(ctx.signatures)
 
+    def refine(self, cand: Candidate) -> float:
+        """The memory-aware step-time bound (computed lazily: only for candidates near the top)."""
+        time_sum, static, slowest = 0.0, 0.0, 0.0
+        for index, count in self.multiplicity.items():
+            lc = self.table.get(index, cand.microbatch, cand.tp, cand.sequence_parallel, cand.cp, cand.zero, cand.dp)
+            fastest = min(mc.time_s for mc in lc.modes.values())
+            time_sum += count * fastest
+            slowest = max(slowest, fastest)
+            static += count * (lc.weights_bytes + lc.grads_bytes + lc.optim_bytes)
+        flight = min(in_flight(cand, r) for r in range(cand.pp))
+        time_sum = max(time_sum, self._memory_aware_time(cand, static, flight))
+        factor = cand.num_microbatches + bubble_factor(cand)
+        return factor * max(time_sum / cand.pp, slowest)
+
     def __call__(self, cand: Candidate) -> tuple[float, float]:
         """(step-time lower bound, memory lower bound of the busiest rank)."""
         time_sum = static = act = slowest = 0.0
@@ -47,7 +62,6 @@ class Bounds:
             act += count * min(mc.act_bytes for mc in lc.modes.values())
         factor = cand.num_microbatches + bubble_factor(cand)
         flight = min(in_flight(cand, r) for r in range(cand.pp))
-        time_sum = max(time_sum, self._memory_aware_time(cand, static, flight))
         return factor * max(time_sum / cand.pp, slowest), (static + flight * act) / cand.pp
 
     def _memory_aware_time(self, cand: Candidate, static: float, flight: float) -> float:
@@ -94,12 +108,16 @@ class Searcher:
             if not fits(lb_mem, cap):
                 self._reject_oom(cand, lb_mem - cap, "the average rank (weights+grads+optimizer+leanest activations)")
             else:
-                queue.append((lb_time, cand))
-        queue.sort()
+                queue.append((lb_time, False, cand))
+        heapq.heapify(queue)
         best: list[tuple[float, Candidate, tuple]] = []  # sorted by (step, candidate)
-        for lb_time, cand in queue:
+        while queue:
+            lb_time, refined, cand = heapq.heappop(queue)
             if len(best) >= top_k and lb_time >= best[-1][0] * (1 - 1e-12):
                 break
+            if not refined:  # tighten the bound first; solve only if it still leads
+                heapq.heappush(queue, (max(lb_time, bound.refine(cand)), True, cand))
+                continue
             sols, stages, excess = solve(self.ctx, cand, self.table.for_candidate(cand))
             self.num_evaluated += 1
             if sols is None:
