@@ -78,8 +78,9 @@ def degrees(ctx: Context, rej: Rejects) -> list[tuple[int, int, int, int]]:
 
 def _schedules(ctx: Context, pp: int, m: int, rej: Rejects, fam: str) -> list[tuple[str, int]]:
     req = ctx.request
-    if pp == 1:
-        return [(schedule_name(req.schedule) if req.schedule else "1F1B", 1)]
+    if pp == 1:  # no pipeline: the schedule is moot; GPipe and 1F1B run the same single stage
+        name = schedule_name(req.schedule) if req.schedule else "1F1B"
+        return [("1F1B" if name not in ("GPipe", "1F1B") else name, 1)]
     names = [schedule_name(req.schedule)] if req.schedule else ["1F1B", "Interleaved1F1B", "GPipe"]
     out = []
     for name in names:

@@ -65,12 +65,18 @@ def _zero_comm_s(ctx: Context, local_params: float, zero: int, dp: int, tp: int,
     return (2 if zero == 3 else 1) * gather + scatter
 
 
-def _cp_comm_s(ctx: Context, layer: LayerProfile, b: int, tp: int, cp: int) -> float:
+def _cp_comm_s(ctx: Context, layer: LayerProfile, b: int, tp: int, cp: int, compute_s: float) -> float:
+    """Exposed ring-attention traffic: K and V (GQA: kv_heads/heads of the hidden) circulate once
+    forward and twice backward, overlapped with the attention core's compute (Liu et al. 2023)."""
     if cp <= 1 or layer.tp.kind != "block":
         return 0.0
-    kv = 2 * layer.input_bytes * b / tp  # K and V of the whole sequence, this rank's heads
-    step = collective_s(ctx.cluster, "all_gather", cp, kv, group_tier(ctx.cluster, tp, cp))
-    return 3 * step  # forward once, backward twice (K, V and their gradients)
+    heads = layer.tp.divisors.get("heads") or ctx.profile.heads or 1
+    kv_share = layer.tp.divisors.get("kv_heads", heads) / heads
+    kv = 2 * layer.input_bytes * kv_share * b / tp  # K and V of the whole sequence, this rank's heads
+    comm = 3 * collective_s(ctx.cluster, "all_gather", cp, kv, group_tier(ctx.cluster, tp, cp))
+    gemm = sum(2.0 * g[0] * g[1] * g[2] for g in layer.gemm_shapes)
+    attn_share = max(layer.forward_flops - gemm, 0.0) / layer.forward_flops if layer.forward_flops else 0.0
+    return max(0.0, comm - attn_share * compute_s)
 
 
 FWD_PASSES, BWD_PASSES = 2, 3
@@ -109,7 +115,7 @@ def layer_cost(ctx: Context, layer: LayerProfile, b: int, tp: int, sp: bool, cp:
     dp_hidden = cal.dp_overlap if ctx.request.overlap_dp_comm else 0.0
     local = layer.num_params / split
     zero_s = _zero_comm_s(ctx, local, zero, dp, tp, cp)
-    cp_s = _cp_comm_s(ctx, layer, b, tp, cp)
+    cp_s = _cp_comm_s(ctx, layer, b, tp, cp, fwd + bwd)
     mem_fwd, mem_bwd, mem_sel = _memory_bound_s(ctx, layer, b, split, cp, sp)
     fwd, bwd, sel = fwd + mem_fwd, bwd + mem_bwd, sel + mem_sel
     modes = {}
