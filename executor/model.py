@@ -23,18 +23,25 @@ def build_model_for_plan(plan: Plan, device: str | torch.device = "meta", seed: 
     return build_named_model(plan.model_name, plan.model_config, device, seed)
 
 
+def is_zoo_name(name: str) -> bool:
+    return ":" not in name
+
+
+def build_for_apply(plan: Plan, seed: int = 0) -> LayeredModel:
+    """What `apply` gets in the worker: zoo models on meta (weights from init_tensor), user and HF
+    models built for real (their own init under torch.manual_seed(seed), identical on every rank)."""
+    return build_model_for_plan(plan, "meta" if is_zoo_name(plan.model_name) else "cpu", seed)
+
+
 def build_named_model(name: str, config: dict[str, Any], device: str | torch.device = "meta",
                       seed: int = 0) -> LayeredModel:
-    from meshplan.profiler import zoo
-
-    if name in zoo.ZOO or name in zoo.FAMILIES:
-        return zoo.build_model(name, config, device=device, seed=seed)
+    """Zoo, family, user-file or HF model as a LayeredModel, through the profiler's loader."""
     try:
         from meshplan.profiler.loader import load_model
-    except ImportError:
-        raise MeshplanError(f"plan.model_name = {name!r}: not a zoo model and this meshplan has no "
-                            "user-model loader yet; use a zoo name") from None
-    model = load_model(name, config, device)
+    except ImportError:  # an older profiler: zoo names only
+        from meshplan.profiler import zoo
+        return zoo.build_model(name, config, device=device, seed=seed)
+    model = load_model(name, config, str(device), seed)
     if not isinstance(model, LayeredModel):
         raise MeshplanError(f"plan.model_name = {name!r}: the loader did not return a LayeredModel")
     return model

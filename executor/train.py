@@ -20,7 +20,7 @@ from meshplan.executor.data import make_batches
 from meshplan.executor.data_parallel import build_optimizer, sync_local_grads
 from meshplan.executor.grad_clip import clip_grad_norm
 from meshplan.executor.memory import LiveTensorTracker, held_tensors
-from meshplan.executor.model import build_model_for_plan
+from meshplan.executor.model import build_for_apply
 from meshplan.executor.parallel_dims import build_mesh
 from meshplan.plan import Plan
 
@@ -60,7 +60,7 @@ def train(plan: Plan, options: TrainOptions, device: torch.device,
           on_step: Callable[[int], None] = lambda step: None) -> RankResult:
     """Train `plan` for options.steps steps (from the latest checkpoint if resuming)."""
     mesh = build_mesh(plan, device.type)
-    model = build_model_for_plan(plan, "meta")
+    model = build_for_apply(plan, options.seed)
     par = apply(model, plan, mesh, seed=options.seed, device=device)
     optimizers = [build_optimizer(part, par.dims, plan, options.optimizer, options.lr, options.weight_decay)
                   for part in par.parts]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from meshplan.plan import Plan
-from meshplan.profiler.zoo import build_model
+from meshplan.executor.model import build_named_model
 
 
 def even_stages(layers: list[str], num_stages: int) -> list[list[str]]:
@@ -21,7 +21,7 @@ def make_plan(model: str = "gpt-tiny", *, pp: int = 1, dp: int = 1, dp_shard: in
               microbatch: int = 2, microbatches: int = 1, recompute: str | dict | None = None,
               gradient_comm: str = "allreduce", config: dict | None = None, precision: str = "fp32") -> Plan:
     """A plan for `model` with the given degrees; dp = dp_replicate, dp_shard for ZeRO-2/3."""
-    net = build_model(model, config, device="meta")
+    net = build_named_model(model, dict(config or {}), "meta")
     layers = net.layer_names()
     if isinstance(recompute, str):
         recompute = {fqn: recompute for fqn in layers if fqn.startswith("layers.")}

@@ -6,12 +6,15 @@ hit) and must match `reference_losses` (the unsharded model on the whole batch) 
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from executor_plans import make_plan
 from meshplan.executor.launch import LaunchOptions, run_plans
 from meshplan.executor.reference import reference_losses
 
+USER_MLP = f"{Path(__file__).parent / 'fixtures' / 'user_models' / 'mlp.py'}:build"
 STEPS = 5
 TRAIN = dict(optimizer="sgd", lr=0.5, grad_clip=1.0)
 REL_TOL = 1e-4
@@ -37,6 +40,8 @@ CASES = {
         "llama_pp_1f1b": dict(model="llama-tiny", pp=2, microbatches=2, recompute="full"),
         "resnet_ddp": dict(model="resnet-tiny", dp=2),
         "resnet_pp_gpipe": dict(model="resnet-tiny", pp=2, schedule="GPipe", microbatches=2),
+        "user_file_model_pp": dict(model=USER_MLP, pp=2, microbatches=2),
+        "user_file_model_zero3": dict(model=USER_MLP, dp_shard=2, zero=3),
     },
     4: {
         "dp_tp": dict(dp=2, tp=2),
