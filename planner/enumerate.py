@@ -104,10 +104,15 @@ def _interleaved(ctx: Context, pp: int, m: int, rej: Rejects, fam: str) -> list[
         rej.add(fam, f"Interleaved1F1B needs microbatches ({m}) divisible by pp={pp}")
         return []
     blocks = ctx.body[1] - ctx.body[0]
-    vs = _pick(ctx.request.virtual_stages, list(VIRTUAL_STAGES))
-    ok = [v for v in vs if v > 1 and pp * v <= blocks + 2]
+    options = set(VIRTUAL_STAGES)
+    if ctx.request.uniform_stages and blocks % pp == 0:  # even splits: every v dividing blocks/pp
+        options |= {v for v in divisors(blocks // pp) if 1 < v <= max(VIRTUAL_STAGES)}
+    vs = _pick(ctx.request.virtual_stages, sorted(options))
+    ok = [v for v in vs if v > 1 and pp * v <= blocks + 2
+          and not (ctx.request.uniform_stages and blocks % (pp * v))]
     if len(ok) < len(vs):
-        rej.add(fam, f"virtual stages x pp > {blocks + 2} layers", len(vs) - len(ok))
+        rej.add(fam, f"virtual stages x pp > {blocks + 2} layers, or blocks not a multiple of pp x v "
+                     "(uniform_stages)", len(vs) - len(ok))
     return [("Interleaved1F1B", v) for v in ok]
 
 

@@ -17,7 +17,8 @@ from meshplan.planner.request import PlanRequest
 from meshplan.planner.search import search
 from meshplan.presets import cluster_preset
 
-MEGATRON_2021 = dict(state_layout="megatron", overlap_dp_comm=False, zero=0, sequence_parallel=False, top_k=1)
+MEGATRON_2021 = dict(state_layout="megatron", overlap_dp_comm=False, zero=0, sequence_parallel=False, top_k=1,
+                     uniform_stages=True)
 
 
 def _best(profile, n: int, **pins) -> float | None:

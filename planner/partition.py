@@ -89,6 +89,16 @@ class UniformSplit:
             heapq.heappush(heap, (self.cost(r, counts[r] + 1), r))
         return counts
 
+    def balanced_counts(self) -> list[int] | None:
+        """Blocks per rank of the even split (estimate.balanced_stages), None if a rank OOMs."""
+        from meshplan.planner.estimate import balanced_stages
+
+        p, v = self.cand.pp, self.cand.virtual_stages
+        stages = balanced_stages(self.ctx, p * v)
+        counts = [sum(1 for s in range(r, p * v, p) for i in stages[s] if self.start <= i < self.end)
+                  for r in range(p)]
+        return counts if all(self.cost(r, n) < math.inf for r, n in enumerate(counts)) else None
+
     def layout(self, counts: list[int]) -> tuple[list[list[int]], list[list[int]]]:
         """(stages in model order as layer indices, block indices per rank). Stage s = chunk
         s // p of rank s % p (loop placement); a rank's blocks are spread evenly over its chunks,
@@ -181,7 +191,7 @@ def solve(ctx: Context, cand: Candidate, costs: list[LayerCost]):
     excess_bytes > 0 is the memory overflow of the leanest balanced split (-1 if not memory)."""
     if ctx.body is not None:
         split = UniformSplit(ctx, cand, costs)
-        counts = split.solve()
+        counts = split.balanced_counts() if ctx.request.uniform_stages else split.solve()
         if counts is None:
             return None, None, split.balanced_excess()
         sols, stages = split.rank_solutions(counts)

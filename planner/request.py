@@ -40,3 +40,7 @@ class PlanRequest:
     overlap_tp_comm: bool = False
     """Overlap tensor-parallel collectives with GEMMs (Megatron-Core --tp-comm-overlap, async TP);
     hides cluster.calibration.tp_overlap of the TP time when on."""
+    uniform_stages: bool = False
+    """Split the blocks evenly over the pp x v stages instead of searching the boundaries (the
+    embedding on the first stage, the head on the last), as Megatron-LM does (it requires the
+    layer count to divide evenly); per-layer recompute is still solved."""

@@ -71,7 +71,7 @@ def row_request(row: dict) -> tuple[PlanRequest, str]:
         dp=_int(row["dp"]), cp=_int(row["cp"]) or 1, microbatch=_int(row["microbatch"]), schedule=schedule,
         virtual_stages=v, recompute=recompute, sequence_parallel=sp, state_layout="megatron",
         zero=1 if megatron_core else 0, overlap_dp_comm=megatron_core, overlap_tp_comm=megatron_core,
-        allow_cross_node_tp=False, top_k=1)
+        allow_cross_node_tp=False, top_k=1, uniform_stages=True)
     note = ("Megatron-Core: distributed optimizer (ZeRO-1), DP/TP overlap, flash attention" if megatron_core
             else "Megatron-LM 2021-22: no ZeRO, no DP overlap, attention scores materialised")
     return req, note

@@ -92,7 +92,10 @@ NOTES = [
     "- H100 rows with small hidden sizes (1.7B, 7.1B at seq 4096) are over-predicted most: the GEMM-size",
     "  efficiency curve is a function of FLOPs shared across device types, so on a 3x faster device the",
     "  per-kernel fixed costs of small GEMMs are under-counted.",
-    "- Fig. 17 (recompute lets a larger batch win): the model's 1F1B/interleaved memory bounds the in-flight",
-    "  microbatches by p, so without recompute the batch can grow at microbatch 1 and no-recompute keeps",
-    "  winning; the paper's runs could not grow the batch without recompute.",
+    "- Fig. 17: with the interleaved schedule (the paper's default) the model lets no-recompute run only at",
+    "  the smallest batch (in-flight microbatches grow with m) and full recompute then reaches larger batches,",
+    "  as in the paper; but the model's recompute overhead (one extra forward, ~33%) outweighs the smaller",
+    "  bubble, so the best recompute throughput stays below the best without (the paper: up to 2x above).",
+    "- Stage boundaries: Megatron-LM splits layers evenly (layers divisible by pp x v), so validation runs",
+    "  with uniform_stages; plain `meshplan plan` searches uneven splits too.",
 ]
