@@ -111,8 +111,9 @@ def _interleaved(ctx: Context, pp: int, m: int, rej: Rejects, fam: str) -> list[
     ok = [v for v in vs if v > 1 and pp * v <= blocks + 2
           and not (ctx.request.uniform_stages and blocks % (pp * v))]
     if len(ok) < len(vs):
-        rej.add(fam, f"virtual stages x pp > {blocks + 2} layers, or blocks not a multiple of pp x v "
-                     "(uniform_stages)", len(vs) - len(ok))
+        why = (f"blocks ({blocks}) not a multiple of pp x v (uniform_stages) or pp x v > {blocks + 2} layers"
+               if ctx.request.uniform_stages else f"virtual stages x pp > {blocks + 2} layers")
+        rej.add(fam, why, len(vs) - len(ok))
     return [("Interleaved1F1B", v) for v in ok]
 
 

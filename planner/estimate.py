@@ -19,7 +19,8 @@ from meshplan.planner.stages import RankModel
 
 
 def _candidate(req: PlanRequest) -> Candidate:
-    tp, pp, dp, cp = req.tp or 1, req.pp or 1, req.dp or 1, req.cp or 1
+    tp, pp, cp = req.tp or 1, req.pp or 1, req.cp or 1
+    dp = req.dp or max(req.num_gpus // (tp * pp * cp), 1)  # the data-parallel degree fills the rest
     if tp * pp * dp * cp != req.num_gpus:
         raise MeshplanError(f"--tp {tp} x --pp {pp} x --dp {dp} x --cp {cp} = {tp * pp * dp * cp} "
                             f"but --num-gpus is {req.num_gpus}; make the degrees multiply to it")

@@ -136,7 +136,7 @@ class UniformSplit:
         """Bytes over capacity on the tightest rank: balanced split, leanest recompute."""
         p, total = self.cand.pp, self.end - self.start
         lean = min(self.options, key=lambda o: o[2])
-        worst = -math.inf
+        worst, self.tightest_rank = -math.inf, 0
         for r in range(p):
             n = total // p + (1 if r < total % p else 0)
             fixed = self.fixed(r)
@@ -144,7 +144,8 @@ class UniformSplit:
             blk = self.block
             mem = (sum(static) + n * (blk.weights_bytes + blk.grads_bytes + blk.optim_bytes) + buf
                    + flight * (n * lean[2] + sum(self.costs[i].modes["none"].act_bytes for i in fixed)))
-            worst = max(worst, mem - self.model.capacity)
+            if mem - self.model.capacity > worst:
+                worst, self.tightest_rank = mem - self.model.capacity, r
         return worst
 
 
@@ -187,16 +188,17 @@ def solve_general(ctx: Context, cand: Candidate, costs: list[LayerCost]) -> list
 
 
 def solve(ctx: Context, cand: Candidate, costs: list[LayerCost]):
-    """(rank solutions, stages as layer-index lists, 0.0), or (None, None, excess_bytes) where
-    excess_bytes > 0 is the memory overflow of the leanest balanced split (-1 if not memory)."""
+    """(rank solutions, stages as layer-index lists, 0.0), or (None, tightest rank, excess_bytes)
+    where excess_bytes > 0 is the memory overflow of the leanest balanced split (-1 if unknown)."""
     if ctx.body is not None:
         split = UniformSplit(ctx, cand, costs)
         counts = split.balanced_counts() if ctx.request.uniform_stages else split.solve()
         if counts is None:
-            return None, None, split.balanced_excess()
+            excess = split.balanced_excess()
+            return None, split.tightest_rank, excess
         sols, stages = split.rank_solutions(counts)
         return sols, stages, 0.0
     sols = solve_general(ctx, cand, costs)
     if sols is None:
-        return None, None, -1.0
+        return None, 0, -1.0
     return sols, [s.layers for s in sols], 0.0

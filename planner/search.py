@@ -121,7 +121,7 @@ class Searcher:
             sols, stages, excess = solve(self.ctx, cand, self.table.for_candidate(cand))
             self.num_evaluated += 1
             if sols is None:
-                self._reject_oom(cand, excess, "the tightest stage of a balanced split with the leanest recompute")
+                self._reject_oom(cand, excess, f"stage {stages} (balanced split, leanest recompute)")
                 continue
             best.append((max(s.cost_s for s in sols), cand, (sols, stages)))
             best.sort(key=lambda item: (item[0], item[1]))

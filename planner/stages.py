@@ -1,4 +1,5 @@
-"""Stage boundaries: minimise the slowest pipeline rank subject to every rank's memory.
+"""The cost of one pipeline rank (a set of layers with their recompute modes); the boundary
+search that minimises the slowest rank subject to every rank's memory is in partition.py.
 
 A rank's cost is `(m + bubble) x t_r + tail_r` (pipeline.py), monotone in the layers it holds.
 - Identical blocks between at most one prefix layer (embedding, on rank 0) and one suffix layer
@@ -10,15 +11,12 @@ A rank's cost is `(m + bubble) x t_r + tail_r` (pipeline.py), monotone in the la
 """
 from __future__ import annotations
 
-import heapq
-import math
 from dataclasses import dataclass, field
 
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.layer_cost import LayerCost
 from meshplan.planner.memory import stage_buffer_bytes
 from meshplan.planner.pipeline import bubble_factor, in_flight, p2p_per_microbatch_s, tail_s
-from meshplan.planner.recompute import pareto_frontier, solve_frontier, solve_identical
 
 
 @dataclass
