@@ -31,10 +31,14 @@ FRAMEWORK_GEMM_FRACTION = 0.946
 GB = 1e9
 
 
-def _curve(plateau: float) -> list[list[float]]:
-    """Efficiency vs GEMM FLOPs: ramps from ~20% of the plateau at 1e8 FLOPs to the plateau at 1e12."""
+def _curve(plateau: float, tflops: float = 312.0) -> list[list[float]]:
+    """Efficiency vs GEMM FLOPs: on an A100 (312 TFLOP/s) it ramps from ~20% of the plateau at 1e8
+    FLOPs to the plateau at 1e12. The ramp is set by per-kernel fixed time (launch, prologue,
+    the last partial wave of tiles), so a device k times faster needs k times the FLOPs to reach
+    the same fraction: the points scale with peak / 312 TFLOP/s."""
     points = [(1e6, 0.02), (1e8, 0.20), (1e9, 0.45), (1e10, 0.72), (1e11, 0.92), (1e12, 1.0)]
-    return [[flops, round(frac * plateau, 4)] for flops, frac in points]
+    scale = tflops / 312.0
+    return [[flops * scale, round(frac * plateau, 4)] for flops, frac in points]
 
 
 def _gpu(name: str, tflops: float, mem_gb: float, hbm_tbs: float, nvlink_gbps: float,
@@ -44,7 +48,7 @@ def _gpu(name: str, tflops: float, mem_gb: float, hbm_tbs: float, nvlink_gbps: f
         device=DeviceSpec(name=name.upper(), kind="cuda",
                           peak_flops={"bf16": tflops * 1e12, "fp16": tflops * 1e12, "fp32": tflops * 1e12 / 16},
                           memory_bytes=int(mem_gb * GB), hbm_gbps=hbm_tbs * 1000,
-                          gemm_efficiency=_curve(plateau * FRAMEWORK_GEMM_FRACTION), memory_reserved_fraction=0.05),
+                          gemm_efficiency=_curve(plateau * FRAMEWORK_GEMM_FRACTION, tflops), memory_reserved_fraction=0.05),
         num_nodes=1, devices_per_node=8,
         intra_node=LinkSpec(bandwidth_gbps=nvlink_gbps, latency_s=8e-6,
                             efficiency={"default": nvlink_eff}),
