@@ -30,7 +30,7 @@ def test_korthikanti_rows_within_12_percent(rows):
 
 def test_mean_error_bounded(rows):
     """The 5% mean target is not met (reports/validation.md says why); hold the current level."""
-    assert summary(rows)["mean_abs_error"] <= 0.12
+    assert summary(rows)["mean_abs_error"] <= 0.10
 
 
 def test_memory_within_10_percent(rows):
