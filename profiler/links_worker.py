@@ -29,7 +29,7 @@ ELEMENT_BYTES = 4  # float32 buffers
 
 def _iters(message_bytes: int, on_cuda: bool) -> int:
     """Back-to-back calls per sample: more for small messages, whose single-call time is noisy."""
-    base = 10 if message_bytes <= 2**16 else 5 if message_bytes <= 2**20 else 2 if message_bytes <= 2**24 else 1
+    base = 10 if message_bytes <= 2**16 else 5 if message_bytes <= 2**20 else 3 if message_bytes <= 2**24 else 1
     return base * (5 if on_cuda else 1)
 
 
@@ -60,13 +60,13 @@ def _make_op(collective: str, numel: int, group, ranks: list[int], device: torch
         buf = torch.ones(numel, device=device)
         return lambda: dist.all_reduce(buf, group=group)
     if collective == "all_gather":
-        out, inp = torch.empty(numel, device=device), torch.ones(numel // g, device=device)
+        out, inp = torch.zeros(numel, device=device), torch.ones(numel // g, device=device)
         return lambda: dist.all_gather_into_tensor(out, inp, group=group)
     if collective == "reduce_scatter":
-        inp, out = torch.ones(numel, device=device), torch.empty(numel // g, device=device)
+        inp, out = torch.ones(numel, device=device), torch.zeros(numel // g, device=device)
         return lambda: dist.reduce_scatter_tensor(out, inp, group=group)
     if collective == "all_to_all":
-        inp, out = torch.ones(numel, device=device), torch.empty(numel, device=device)
+        inp, out = torch.ones(numel, device=device), torch.zeros(numel, device=device)
         return lambda: dist.all_to_all_single(out, inp, group=group)
     if collective == "send_recv":
         buf = torch.ones(numel, device=device)
