@@ -153,7 +153,7 @@ def test_profile_links_end_to_end_on_two_ranks(tmp_path):
                          repeats=3, timeout_s=300)
     assert spec.measured and spec.name == "local-cpu" and spec.num_devices == 2
     assert [(f.collective, f.group_size, len(f.sizes_bytes)) for f in spec.collectives] == [
-        ("all_reduce", 2, 4), ("send_recv", 2, 4)]
-    assert all(f.min_s[i] <= f.median_s[i] <= f.max_s[i] for f in spec.collectives for i in range(4))
+        ("all_reduce", 2, 5), ("send_recv", 2, 5)]
+    assert all(f.min_s[i] <= f.median_s[i] <= f.max_s[i] for f in spec.collectives for i in range(5))
     schema.save(spec, tmp_path / "cluster.json")
     assert schema.load(ClusterSpec, tmp_path / "cluster.json").intra_node == spec.intra_node
