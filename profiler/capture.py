@@ -57,10 +57,10 @@ class _OpTracker(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if func.namespace != "prim":  # prim.device etc. come from our own hooks' queries
             self.last_op = func
-        inputs = {id(a.untyped_storage()) for a in args if isinstance(a, torch.Tensor)}
+        inputs = {_key(a) for a in args if isinstance(a, torch.Tensor)}
         for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in inputs:
-                self.producer[id(t.untyped_storage())] = func  # a new storage (views keep theirs)
+            if isinstance(t, torch.Tensor) and _key(t) not in inputs:
+                self.producer[_key(t)] = func  # a new storage (views keep theirs)
         if self.record_gemms and func in _GEMM_OPS:
             self.gemm_shapes.append(_gemm_shape(func, args))
         return out
@@ -97,49 +97,68 @@ def fake_copy(layer: nn.Module, fake_mode, dtype: torch.dtype) -> nn.Module:
             t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device="cpu"))
 
 
+class _SavedTensors:
+    """saved_tensors_hooks target: distinct non-parameter storages autograd keeps for backward."""
+
+    def __init__(self, layer: nn.Module, tracker: _OpTracker):
+        self.params = {_key(p) for p in layer.parameters()}
+        self.tracker = tracker
+        self.saved: dict[int, tuple[int, set, str]] = {}  # storage -> (bytes, saving ops, dtype)
+        self.keep: list[torch.Tensor] = []  # hold them so storage keys stay unique
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        key = _key(t)
+        if key not in self.params:
+            self.keep.append(t)
+            entry = self.saved.setdefault(key, (t.untyped_storage().nbytes(), set(), str(t.dtype)))
+            entry[1].add(self.tracker.last_op)
+        return t
+
+    def total_bytes(self) -> int:
+        return sum(n for n, _, _ in self.saved.values())
+
+    def attention_core_only_bytes(self) -> int:
+        """Bytes produced and saved only by the attention core: what selective recompute frees."""
+        core = ATTENTION_CORE_OPS
+        return sum(n for key, (n, savers, _) in self.saved.items()
+                   if savers <= core and self.tracker.producer.get(key) in core)
+
+    def by_dtype(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for n, _, dtype in self.saved.values():
+            totals[dtype] = totals.get(dtype, 0) + n
+        return totals
+
+    def largest(self) -> tuple[int, str]:
+        return max(((n, d) for n, _, d in self.saved.values()), default=(0, ""))
+
+
 def capture_layer(layer: nn.Module, x: torch.Tensor, fake_mode) -> LayerCapture:
     """Run a fake `layer` on fake input `x` forward and backward; see the module docstring."""
     register_cpu_attention_formulas()
-    param_storages = {id(p.untyped_storage()) for p in layer.parameters()}
-    saved: dict[int, tuple[int, set, str]] = {}
-    keep: list[torch.Tensor] = []
     tracker = _OpTracker()
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        key = id(t.untyped_storage())
-        if key not in param_storages:
-            keep.append(t)
-            entry = saved.setdefault(key, (t.untyped_storage().nbytes(), set(), str(t.dtype)))
-            entry[1].add(tracker.last_op)
-        return t
-
+    saved = _SavedTensors(layer, tracker)
     with fake_mode, FlopCounterMode(display=False) as flops, tracker:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
             y = layer(x)
-        forward_flops = flops.get_total_flops()
-        core_flops = _core_flops(flops)
+        forward_flops, core_flops = flops.get_total_flops(), _core_flops(flops)
         tracker.record_gemms = False
         if y.requires_grad:
             y.backward(torch.ones_like(y))
-        backward_flops = flops.get_total_flops() - forward_flops
-        activation = sum(n for n, _, _ in saved.values())
-        dropped = sum(n for key, (n, savers, _) in saved.items()
-                      if savers <= ATTENTION_CORE_OPS and tracker.producer.get(key) in ATTENTION_CORE_OPS)
         out = y.detach().requires_grad_(y.is_floating_point())
-    return LayerCapture(forward_flops=float(forward_flops), backward_flops=float(backward_flops),
-                        activation_bytes=activation, selective_activation_bytes=activation - dropped,
+    dropped = saved.attention_core_only_bytes()
+    return LayerCapture(forward_flops=float(forward_flops),
+                        backward_flops=float(flops.get_total_flops() - forward_flops),
+                        activation_bytes=saved.total_bytes(),
+                        selective_activation_bytes=saved.total_bytes() - dropped,
                         recompute_flops_selective=float(core_flops if dropped else 0),
-                        input_bytes=_nbytes(x), output_bytes=_nbytes(y),
-                        gemm_shapes=tracker.gemm_shapes, saved_bytes_by_dtype=_by_dtype(saved),
-                        largest_saved=max(((n, d) for n, _, d in saved.values()), default=(0, "")),
-                        output=out)
+                        input_bytes=_nbytes(x), output_bytes=_nbytes(y), gemm_shapes=tracker.gemm_shapes,
+                        saved_bytes_by_dtype=saved.by_dtype(), largest_saved=saved.largest(), output=out)
 
 
-def _by_dtype(saved: dict) -> dict[str, int]:
-    totals: dict[str, int] = {}
-    for n, _, dtype in saved.values():
-        totals[dtype] = totals.get(dtype, 0) + n
-    return totals
+def _key(t: torch.Tensor) -> int:
+    """Identity of a tensor's storage (the C++ object, shared by views and Python re-wraps)."""
+    return t.untyped_storage()._cdata
 
 
 def _core_flops(counter: FlopCounterMode) -> int:

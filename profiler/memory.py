@@ -7,6 +7,7 @@ the allocator's `max_memory_allocated` is used instead.
 """
 from __future__ import annotations
 
+import os
 import weakref
 
 import torch
@@ -46,8 +47,8 @@ class LiveBytes(TorchDispatchMode):
         self.live_bytes -= size
 
 
-def predict_peak_bytes(layer: torch.nn.Module, capture, batch: int, dtype: torch.dtype,
-                       x: torch.Tensor) -> int:
+def predict_peak_bytes(param_bytes: list[int], capture, batch: int, dtype: torch.dtype,
+                       input_bytes: int) -> int:
     """Analytic peak of one forward+backward of `layer` for `batch` samples in `dtype`.
 
     At the end of forward, live are: parameters P, the input, the saved activations A (profile's
@@ -58,9 +59,29 @@ def predict_peak_bytes(layer: torch.nn.Module, capture, batch: int, dtype: torch
     """
     scale = torch.finfo(dtype).bits / 16 if dtype.is_floating_point else 1.0
     rescale = lambda n, d: n * scale if d == "torch.bfloat16" else n  # noqa: E731
-    params = [p.numel() * p.element_size() for p in layer.parameters()]
     saved = sum(rescale(n, d) for d, n in capture.saved_bytes_by_dtype.items())
     largest = rescale(*capture.largest_saved)
     out = capture.output_bytes * (scale if capture.output.is_floating_point() else 1.0)
     per_sample = saved + 2 * out + largest
-    return int(sum(params) + max(params, default=0) + x.numel() * x.element_size() + batch * per_sample)
+    return int(sum(param_bytes) + max(param_bytes, default=0) + input_bytes + batch * per_sample)
+
+
+def layer_param_bytes(layer: torch.nn.Module, dtype: torch.dtype) -> list[int]:
+    """Bytes of each floating parameter of `layer` once cast to `dtype` (works on meta layers)."""
+    size = torch.finfo(dtype).bits // 8
+    return [p.numel() * (size if p.is_floating_point() else p.element_size()) for p in layer.parameters()]
+
+
+def available_memory_bytes() -> int:
+    """RAM available to a new allocation now (MemAvailable), else installed RAM, else 0."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0

@@ -9,6 +9,7 @@ analytic prediction. Identical layers copy the representative's timings (`reused
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import time
 from typing import Callable
@@ -18,7 +19,8 @@ import torch
 from meshplan.model_profile import LayerTiming, ModelProfile
 from meshplan.profiler.capture import LayerCapture
 from meshplan.profiler.concurrency import BusyNeighbours
-from meshplan.profiler.memory import LiveBytes, predict_peak_bytes
+from meshplan.errors import MeshplanError
+from meshplan.profiler.memory import LiveBytes, layer_param_bytes, available_memory_bytes, predict_peak_bytes
 from meshplan.profiler.runner import InputSpec, make_input, materialise_layer, run_dtype
 from meshplan.profiler.zoo.base import LayeredModel
 
@@ -32,6 +34,7 @@ def time_layers(profile: ModelProfile, model: LayeredModel, rep_of: dict[str, st
                 progress: Callable = lambda items, label: items) -> None:
     """Fill `profile.layers[*].timings` (and device, concurrent, notes) by measuring representatives."""
     reps = list(dict.fromkeys(rep_of.values()))
+    check_fits(model, reps, inputs, captures, device, max(microbatch_sizes))
     measured: dict[str, list[LayerTiming]] = {}
     busy = BusyNeighbours(concurrent - 1, spec, overrides, device) if concurrent > 1 else None
     with busy or contextlib.nullcontext():
@@ -63,9 +66,29 @@ def _measure(layer, model, fqn, spec, capture, batch, device, busy) -> LayerTimi
     if busy is not None:
         busy.run(fqn, batch, spec)
     forward_s, backward_s = measure_times(layer, x, device)
+    predicted = predict_peak_bytes(layer_param_bytes(layer, run_dtype(device)), capture, batch,
+                                   run_dtype(device), x.numel() * x.element_size())
     return LayerTiming(microbatch_size=batch, forward_s=forward_s, backward_s=backward_s,
-                       peak_bytes=measure_peak_bytes(layer, x, device),
-                       predicted_peak_bytes=predict_peak_bytes(layer, capture, batch, run_dtype(device), x))
+                       peak_bytes=measure_peak_bytes(layer, x, device), predicted_peak_bytes=predicted)
+
+
+def check_fits(model: LayeredModel, reps: list[str], inputs: dict[str, InputSpec],
+               captures: dict[str, LayerCapture], device: str, batch: int) -> None:
+    """Refuse to time a layer whose predicted forward+backward exceeds the device's memory."""
+    dtype = run_dtype(device)
+    if device.startswith("cuda"):
+        capacity = torch.cuda.mem_get_info(torch.device(device))[0]
+    else:
+        capacity = available_memory_bytes()
+    for rep in reps:
+        spec = inputs[rep]
+        elem = torch.finfo(dtype).bits // 8 if "float" in spec.dtype else 8
+        need = predict_peak_bytes(layer_param_bytes(model.get_submodule(rep), dtype), captures[rep], batch,
+                                  dtype, batch * math.prod(spec.shape) * elem)
+        if capacity and need > 0.9 * capacity:
+            raise MeshplanError(f"--device {device}: timing {rep} at microbatch {batch} needs about "
+                                f"{need / 2**30:.1f} GiB, {capacity / 2**30:.1f} GiB is free; use "
+                                "--device meta, smaller --microbatch, or smaller shapes with --set")
 
 
 def measure_times(layer: torch.nn.Module, x: torch.Tensor, device: str,

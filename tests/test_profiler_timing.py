@@ -75,3 +75,10 @@ def test_concurrent_timing_runs_busy_neighbours():
     assert p.concurrent == 2
     assert any("1 busy neighbour" in note for note in p.notes)
     assert all(layer.timings[0].forward_s > 0 for layer in p.layers)
+
+
+def test_timing_a_layer_too_big_for_this_machine_is_refused_before_allocating():
+    with pytest.raises(MeshplanError, match="GiB") as err:
+        # one 65536-wide block: ~200 GiB of fp32 weights, refused before anything is allocated
+        profile_model("gpt", dict(layers=1, hidden=65536, heads=128, vocab=256, seq=16), device="cpu")
+    assert "--device meta" in str(err.value)
