@@ -48,22 +48,26 @@ class LiveBytes(TorchDispatchMode):
 
 
 def predict_peak_bytes(param_bytes: list[int], capture, batch: int, dtype: torch.dtype,
-                       input_bytes: int) -> int:
-    """Analytic peak of one forward+backward of `layer` for `batch` samples in `dtype`.
+                       input_bytes: int, input_has_grad: bool = True) -> int:
+    """Analytic peak of one forward+backward of a layer for `batch` samples in `dtype`.
 
-    At the end of forward, live are: parameters P, the input, the saved activations A (profile's
-    activation bytes rescaled from bf16 to `dtype`) and the output. Backward then adds the output
-    gradient, the gradient of the largest saved intermediate (the first big GEMM's input gradient)
-    and that GEMM's weight gradient (at most the largest parameter) before the saved tensors it
-    consumed are released. So peak = P + max_param + x + b * (A + 2 * out + largest_saved).
+    Two candidate moments, the larger wins:
+    - early backward: parameters P, the input x, the saved activations A (the profile's activation
+      bytes rescaled from bf16 to `dtype`), the output and its gradient (2 out), plus the first
+      backward step's new tensors: the gradient of the largest saved intermediate and one weight
+      gradient (at most the largest parameter): P + max_param + x + b (A + 2 out + largest_saved);
+    - end of backward: every parameter has its gradient, x has its gradient, the output and its
+      gradient are still held by the caller: 2P + 2x + 2 b out (x once if it takes no gradient).
     """
     scale = torch.finfo(dtype).bits / 16 if dtype.is_floating_point else 1.0
     rescale = lambda n, d: n * scale if d == "torch.bfloat16" else n  # noqa: E731
     saved = sum(rescale(n, d) for d, n in capture.saved_bytes_by_dtype.items())
     largest = rescale(*capture.largest_saved)
     out = capture.output_bytes * (scale if capture.output.is_floating_point() else 1.0)
-    per_sample = saved + 2 * out + largest
-    return int(sum(param_bytes) + max(param_bytes, default=0) + input_bytes + batch * per_sample)
+    params = sum(param_bytes)
+    early = params + max(param_bytes, default=0) + input_bytes + batch * (saved + 2 * out + largest)
+    late = 2 * params + (2 if input_has_grad else 1) * input_bytes + 2 * batch * out
+    return int(max(early, late))
 
 
 def layer_param_bytes(layer: torch.nn.Module, dtype: torch.dtype) -> list[int]:

@@ -67,7 +67,7 @@ def _measure(layer, model, fqn, spec, capture, batch, device, busy) -> LayerTimi
         busy.run(fqn, batch, spec)
     forward_s, backward_s = measure_times(layer, x, device)
     predicted = predict_peak_bytes(layer_param_bytes(layer, run_dtype(device)), capture, batch,
-                                   run_dtype(device), x.numel() * x.element_size())
+                                   run_dtype(device), x.numel() * x.element_size(), x.requires_grad)
     return LayerTiming(microbatch_size=batch, forward_s=forward_s, backward_s=backward_s,
                        peak_bytes=measure_peak_bytes(layer, x, device), predicted_peak_bytes=predicted)
 
