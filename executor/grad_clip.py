@@ -48,6 +48,10 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float, pp_group, device
     if max_norm > 0:
         coef = max_norm / (norm + 1e-6)  # torch.nn.utils.clip_grad_norm_'s formula
         if coef < 1.0:
+            plain = [g for g in grads if not isinstance(g, DTensor)]
+            if plain:
+                torch._foreach_mul_(plain, coef)
             for g in grads:
-                g.mul_(coef)
+                if isinstance(g, DTensor):
+                    g.mul_(coef)
     return norm

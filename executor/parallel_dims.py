@@ -8,7 +8,7 @@ process group reduces my gradients.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -42,45 +42,60 @@ def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
 
 @dataclass(kw_only=True)
 class ParallelDims:
-    """This rank's coordinates in the plan's mesh and the sub-meshes each apply_* step uses."""
+    """This rank's coordinates in the plan's mesh and the sub-meshes each apply_* step uses.
+
+    Sizes, coordinates and the pp group are computed once: slicing a DeviceMesh costs about
+    2 ms on CPU, far too much to repeat every training step."""
     plan: Plan
     mesh: DeviceMesh
+    sizes: dict[str, int] = field(init=False)
+    coords: dict[str, int] = field(init=False)
+    pp_group: object = field(init=False)
+
+    def __post_init__(self):
+        self.sizes = {a: self.mesh[a].size() for a in MESH_AXES}
+        self.coords = {a: self.mesh[a].get_local_rank() for a in MESH_AXES}
+        self.pp_group = self.mesh["pp"].get_group()
+        self._dp_mesh = self._fsdp_mesh = None
 
     def size(self, axis: str) -> int:
-        return self.mesh[axis].size()
+        return self.sizes[axis]
 
     def local_rank(self, axis: str) -> int:
-        return self.mesh[axis].get_local_rank()
+        return self.coords[axis]
 
     @property
     def pp_rank(self) -> int:
-        return self.local_rank("pp")
+        return self.coords["pp"]
 
     @property
     def dp_degree(self) -> int:
-        return self.size("dp_replicate") * self.size("dp_shard")
+        return self.sizes["dp_replicate"] * self.sizes["dp_shard"]
 
     @property
     def dp_rank(self) -> int:
         """Index of this rank's data-parallel replica (which slice of the global batch it reads)."""
-        return self.local_rank("dp_replicate") * self.size("dp_shard") + self.local_rank("dp_shard")
+        return self.coords["dp_replicate"] * self.sizes["dp_shard"] + self.coords["dp_shard"]
 
     def dp_mesh(self) -> DeviceMesh:
         """1-D mesh over all data-parallel ranks (DDP / ZeRO-1 reduce gradients over it)."""
-        if self.size("dp_shard") == 1:
-            return self.mesh["dp_replicate"]
-        if self.size("dp_replicate") == 1:
-            return self.mesh["dp_shard"]
-        return self.mesh["dp_replicate", "dp_shard"]._flatten("dp")
+        if self._dp_mesh is None:
+            if self.sizes["dp_shard"] == 1:
+                self._dp_mesh = self.mesh["dp_replicate"]
+            elif self.sizes["dp_replicate"] == 1:
+                self._dp_mesh = self.mesh["dp_shard"]
+            else:
+                self._dp_mesh = self.mesh["dp_replicate", "dp_shard"]._flatten("dp")
+        return self._dp_mesh
 
     def fsdp_mesh(self) -> DeviceMesh:
         """FSDP2 mesh: 1-D over dp_shard, or 2-D (dp_replicate, dp_shard) for HSDP."""
-        if self.size("dp_replicate") > 1:
-            return self.mesh["dp_replicate", "dp_shard"]
-        return self.mesh["dp_shard"]
+        if self._fsdp_mesh is None:
+            both = self.sizes["dp_replicate"] > 1
+            self._fsdp_mesh = self.mesh["dp_replicate", "dp_shard"] if both else self.mesh["dp_shard"]
+        return self._fsdp_mesh
 
     @property
     def is_loss_owner(self) -> bool:
         """Ranks whose loss counts once per replica: last pipeline rank, first tp and cp rank."""
-        return (self.pp_rank == self.size("pp") - 1 and self.local_rank("tp") == 0
-                and self.local_rank("cp") == 0)
+        return self.coords["pp"] == self.sizes["pp"] - 1 and self.coords["tp"] == 0 and self.coords["cp"] == 0

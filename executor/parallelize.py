@@ -62,14 +62,23 @@ class Parallelized:
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         """Forward + backward of one replica batch (all microbatches) and the gradient reduction;
         returns the global-batch mean loss, identical on every rank. The caller clips and steps."""
+        return self.global_losses([self.step_local(inputs, targets)])[0]
+
+    def step_local(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """As `step` without communicating the loss: returns this rank's share of it (its replica's
+        mean on loss-owning ranks, 0 elsewhere); `global_losses` turns shares into losses."""
         with self._autocast():
             local = self._pipelined(inputs, targets) if self.schedule else self._accumulated(inputs, targets)
         for reducer in self.reducers:
             reducer.reduce()
-        owned = local if self.dims.is_loss_owner else torch.zeros((), dtype=torch.float64)
-        total = owned.detach().to(torch.float64).reshape(1).to(self.device)
+        return local.detach().to(torch.float64) if self.dims.is_loss_owner else torch.zeros((), dtype=torch.float64)
+
+    def global_losses(self, shares: list[torch.Tensor]) -> list[float]:
+        """Global-batch losses from every step's shares with ONE all-reduce (so a training loop
+        need not synchronise on the loss each step)."""
+        total = torch.stack(shares).to(self.device)
         dist.all_reduce(total)
-        return total.item() / self.dims.dp_degree
+        return (total / self.dims.dp_degree).tolist()
 
     def _pipelined(self, inputs, targets) -> torch.Tensor:
         losses = schedule_step(self.schedule, self.stages, inputs.to(self.device), targets.to(self.device))

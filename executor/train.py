@@ -2,8 +2,8 @@
 
 AdamW (or SGD, for exact loss-equality tests), global-norm gradient clipping, bf16 autocast on
 GPU, synthetic seeded data or a user dataset, DCP checkpoints every K steps and resume.
-Measured per rank: every step's wall time, the loss (identical on all ranks: an all-reduce of the
-last pipeline stage's loss), and peak memory (CUDA max allocated; on CPU the live-tensor tracker
+Measured per rank: every step's wall time, the loss (identical on all ranks: the last pipeline
+stage's losses, all-reduced once after the last step so no step waits on the loss), and peak memory (CUDA max allocated; on CPU the live-tensor tracker
 watches step 0 of this process, a warm-up step the median excludes).
 """
 from __future__ import annotations
@@ -68,6 +68,7 @@ def train(plan: Plan, options: TrainOptions, device: torch.device,
     start = checkpoint.load(options.out_dir, par.parts, optimizers, par.stage_ids) if options.resume else 0
     result = RankResult(rank=torch.distributed.get_rank(), losses=[], step_times_s=[], peak_memory_bytes=0,
                         start_step=start, grad_norms=[])
+    shares = []
     for step in range(start, options.steps):
         on_step(step)
         tracker = _tracker(par, optimizers, device) if options.track_memory and step == start else None
@@ -76,7 +77,7 @@ def train(plan: Plan, options: TrainOptions, device: torch.device,
             loss, norm = _train_step(par, optimizers, batches(step), options.grad_clip)
         _sync(device)
         result.step_times_s.append(time.perf_counter() - t0)
-        result.losses.append(loss)
+        shares.append(loss)
         result.grad_norms.append(norm)
         if tracker is not None:
             result.peak_memory_bytes = tracker.peak_bytes
@@ -84,16 +85,19 @@ def train(plan: Plan, options: TrainOptions, device: torch.device,
             checkpoint.save(options.out_dir, step + 1, par.parts, optimizers, par.stage_ids)
     if device.type == "cuda":
         result.peak_memory_bytes = torch.cuda.max_memory_allocated(device)
+    result.losses = par.global_losses(shares) if shares else []  # one all-reduce for all steps
     return result
 
 
-def _train_step(par, optimizers, batch, grad_clip: float) -> tuple[float, float]:
+def _train_step(par, optimizers, batch, grad_clip: float) -> tuple[torch.Tensor, float]:
+    """One optimizer step; returns this rank's loss share (see Parallelized.step_local) and the
+    global gradient norm before clipping."""
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
     for p in par.parameters():  # ZeRO-1 over DTensors steps proxies: clear the real grads too
         p.grad = None
-    loss = par.step(*batch)
-    norm = clip_grad_norm(par.parameters(), grad_clip, par.dims.mesh["pp"].get_group(), par.device)
+    loss = par.step_local(*batch)
+    norm = clip_grad_norm(par.parameters(), grad_clip, par.dims.pp_group, par.device)
     for opt in optimizers:
         sync_local_grads(opt)
         opt.step()

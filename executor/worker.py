@@ -56,7 +56,11 @@ class Status:
 
     def update(self, **fields) -> None:
         self.info.update(fields, time=time.time())
-        write_text_atomic(self.path, json.dumps(self.info) + "\n")
+        if not self.path.parent.exists():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.info) + "\n")
+        os.replace(tmp, self.path)  # atomic: the launcher never reads a half-written file
 
 
 def _fault(rank: int, variant: int, step: int | str) -> None:
