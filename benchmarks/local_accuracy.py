@@ -1,0 +1,168 @@
+"""Section 1: cost-model accuracy and plan quality on 4 local gloo ranks (issue 7).
+
+For each model (gpt-tiny and llama-tiny: RMSNorm, SwiGLU, grouped-query attention) a grid of
+plans spanning DP, ZeRO-3, TP, PP (GPipe and 1F1B), hybrids, microbatch sizes and recompute is
+predicted by `meshplan.planner.estimate` with a cost model calibrated ONLY from
+`profile_model(..., device="cpu", concurrent=4)` and `profile_links(4)` measured here first;
+nothing is fitted to the grid. Every plan is then run with the executor (torchrun, 4 gloo
+ranks, one thread each): the median of the steps after the warm-up step, in `repeats` separate
+launches whose plan order rotates, so slow drift of the shared host spreads over all plans.
+The planner's own search result is measured beside the grid.
+"""
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import kendall_tau, mape, spread, top1_regret
+
+NUM_RANKS = 4
+GLOBAL_BATCH = 16
+MICROBATCHES = [1, 2, 4, 8]
+MODELS = ("gpt-tiny", "llama-tiny")
+
+GRID: list[tuple[str, dict]] = [
+    ("ddp", dict(dp=4, microbatch=4)),
+    ("ddp-mb2", dict(dp=4, microbatch=2)),
+    ("ddp-recompute", dict(dp=4, microbatch=4, recompute="full")),
+    ("zero3", dict(dp=4, microbatch=4, zero=3)),
+    ("zero3-mb2", dict(dp=4, microbatch=2, zero=3)),
+    ("tp2-dp2", dict(tp=2, dp=2, microbatch=4)),
+    ("tp2-dp2-sp", dict(tp=2, dp=2, microbatch=4, sequence_parallel=True)),
+    ("tp2-zero3", dict(tp=2, dp=2, microbatch=4, zero=3)),
+    ("tp2-dp2-selective", dict(tp=2, dp=2, microbatch=2, recompute="selective")),
+    ("pp4-gpipe", dict(pp=4, dp=1, microbatch=2, schedule="GPipe")),
+    ("pp4-1f1b", dict(pp=4, dp=1, microbatch=2, schedule="1F1B")),
+    ("pp4-1f1b-mb1", dict(pp=4, dp=1, microbatch=1, schedule="1F1B")),
+    ("pp2-dp2-1f1b", dict(pp=2, dp=2, microbatch=2, schedule="1F1B")),
+    ("pp2-dp2-gpipe-recompute", dict(pp=2, dp=2, microbatch=2, schedule="GPipe", recompute="full")),
+    ("pp2-tp2-1f1b", dict(pp=2, tp=2, dp=1, microbatch=4, schedule="1F1B")),
+]
+"""Named pinned configurations for 4 ranks and a global batch of 16; the Megatron heuristic's
+plan and the planner's search result are added per model (benchmarks.baselines)."""
+QUICK_GRID = ("ddp", "zero3", "tp2-dp2", "pp4-1f1b", "pp2-dp2-gpipe-recompute", "pp4-gpipe")
+
+
+def calibrate(models: tuple[str, ...], quick: bool, say) -> tuple[dict, object, dict]:
+    """Measured inputs of the cost model: one CPU profile per model and the gloo links."""
+    from meshplan.profiler import profile_model
+    from meshplan.profiler.links import profile_links
+
+    info, profiles = {}, {}
+    for model in models:
+        start = time.perf_counter()
+        profiles[model] = profile_model(model, None, device="cpu", microbatch_sizes=MICROBATCHES,
+                                        concurrent=NUM_RANKS)
+        info[f"profile_{model}_s"] = round(time.perf_counter() - start, 1)
+        say(f"  profiled {model} on the CPU ({info[f'profile_{model}_s']} s, {NUM_RANKS} ranks busy)")
+    start = time.perf_counter()
+    links = dict(max_bytes=4 * 2**20, repeats=3) if quick else {}
+    cluster = profile_links(NUM_RANKS, **links)
+    info["profile_links_s"] = round(time.perf_counter() - start, 1)
+    info["profile_links_args"] = links or "defaults (1 KiB..64 MiB, 5 collectives, groups 2..4)"
+    say(f"  measured gloo links on {NUM_RANKS} ranks ({info['profile_links_s']} s)")
+    return profiles, cluster, info
+
+
+def request(pins: dict):
+    from meshplan.planner import PlanRequest
+
+    return PlanRequest(num_gpus=NUM_RANKS, global_batch=GLOBAL_BATCH, precision="fp32", **pins)
+
+
+def predict_grid(profile, cluster, grid: list[tuple[str, dict]]) -> tuple[list[tuple[str, object]], list[str]]:
+    """(name, estimated Plan) per valid grid point, and the reasons the others were skipped."""
+    from meshplan.errors import MeshplanError
+    from meshplan.executor import check_plan
+    from meshplan.planner import estimate
+
+    plans, skipped = [], []
+    for name, pins in grid:
+        try:
+            plan = estimate(profile, cluster, request(pins))
+            check_plan(plan)  # what the executor refuses (e.g. tp not dividing the KV heads)
+            plans.append((name, plan))
+        except MeshplanError as exc:
+            skipped.append(f"{name}: {exc}")
+    return plans, skipped
+
+
+def describe(plan) -> str:
+    """One line: the configuration a plan runs."""
+    modes = sorted(set(plan.recompute.values()) - {"none"})
+    text = (f"pp={plan.pipeline_parallel_degree} dp={plan.data_parallel_degree} tp={plan.tensor_parallel_degree} "
+            f"zero={plan.zero_stage} mb={plan.microbatch_size}x{plan.num_microbatches}")
+    if plan.pipeline_parallel_degree > 1:
+        text += f" {plan.pipeline_schedule}"
+    if plan.sequence_parallel:
+        text += " sp"
+    return text + (f" recompute={'+'.join(modes)}" if modes else "")
+
+
+def _run_batch(plans: list, steps: int, work: Path, say) -> list:
+    """RunResults of plans in one launch; if the launch fails, one launch per plan (None = failed)."""
+    from meshplan.errors import MeshplanError
+    from meshplan.executor.launch import LaunchOptions, run_plans
+
+    try:
+        return run_plans(plans, LaunchOptions(steps=steps, out_dir=str(work), quiet=True, timeout_s=600))
+    except MeshplanError as exc:
+        say(f"  batch launch failed ({str(exc)[:120]}); running the plans one by one")
+    results = []
+    for i, plan in enumerate(plans):
+        try:
+            results += run_plans([plan], LaunchOptions(steps=steps, out_dir=str(work / f"single{i}"), quiet=True,
+                                                       timeout_s=600))
+        except MeshplanError as exc:
+            say(f"  plan {describe(plan)} failed: {str(exc)[:160]}")
+            results.append(None)
+    return results
+
+
+def measure(named: dict[str, list[tuple[str, object]]], repeats: int, steps: int, say) -> dict:
+    """{model: {name: [RunResult per repetition]}}; each repetition is one launch per model,
+    its plan order rotated by the repetition index."""
+    out = {model: {name: [] for name, _ in plans} for model, plans in named.items()}
+    with tempfile.TemporaryDirectory(prefix="meshplan-bench-") as tmp:
+        for rep in range(repeats):
+            for model, plans in named.items():
+                k = rep * max(1, len(plans) // repeats) % len(plans)
+                order = plans[k:] + plans[:k]
+                start = time.perf_counter()
+                results = _run_batch([p for _, p in order], steps, Path(tmp, f"{model}-{rep}"), say)
+                for (name, _), result in zip(order, results):
+                    if result is not None:
+                        out[model][name].append(result)
+                say(f"  repetition {rep + 1}/{repeats}: {model}, {len(order)} plans "
+                    f"({time.perf_counter() - start:.0f} s)")
+    return out
+
+
+def plan_row(name: str, plan, runs: list) -> dict:
+    """Predicted beside measured for one plan (times in seconds, memory in bytes)."""
+    medians = [r.step_time_s for r in runs]
+    steps = [t for r in runs for t in r.step_times_s[1:]]
+    row = {"name": name, "config": describe(plan), "predicted_s": plan.prediction.step_time_s,
+           "breakdown_s": dict(plan.prediction.breakdown),
+           "predicted_memory_bytes": plan.prediction.peak_memory_bytes, "runs": len(runs)}
+    if runs:
+        measured = statistics.median(medians)
+        row.update(measured_s=measured, measured_runs_s=medians, spread_runs=spread(medians),
+                   step_min_s=min(steps), step_max_s=max(steps),
+                   measured_memory_bytes=statistics.median(r.peak_memory_bytes for r in runs),
+                   error=plan.prediction.step_time_s / measured - 1)
+    return row
+
+
+def summarize(rows: list[dict]) -> dict:
+    """MAPE, Kendall tau and top-1 regret over the measured rows of one model."""
+    done = [r for r in rows if "measured_s" in r]
+    pred, meas = [r["predicted_s"] for r in done], [r["measured_s"] for r in done]
+    choice = min(done, key=lambda r: r["predicted_s"])
+    best = min(done, key=lambda r: r["measured_s"])
+    return {"mape": mape(pred, meas), "kendall_tau": kendall_tau(pred, meas),
+            "top1_regret": top1_regret(pred, meas), "num_plans": len(done),
+            "choice": choice["name"], "best_measured": best["name"],
+            "failed": [r["name"] for r in rows if "measured_s" not in r]}

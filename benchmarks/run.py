@@ -1,0 +1,148 @@
+"""`python -m benchmarks.run --out reports [--quick]`: every measured claim of meshplan in one run.
+
+Writes OUT/benchmarks.json (keys: local_accuracy, baselines, planner_speed, memory,
+executor_overhead, gpu, machine, torch_version, ...) and OUT/benchmarks.md (benchmarks.report).
+Sections: 1 local accuracy and plan quality, 2 baselines, 3 planner speed, 4 memory,
+5 executor overhead, 6 GPU check (only where CUDA is present). A section that fails is recorded
+with its error and the others still run. `--quick` is the CI-sized version (one repetition, a
+6-plan grid, a short link sweep, the planner-speed and overhead quick modes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from benchmarks import baselines, local_accuracy as la, memory_accuracy
+from benchmarks.common import machine_info, mape
+
+TARGETS = {"mape": 0.10, "kendall_tau": 0.8, "top1_regret": 1.05}
+"""Issue 7's targets for section 1."""
+
+
+def _say(quiet: bool):
+    return (lambda *_: None) if quiet else (lambda text: print(text, file=sys.stderr, flush=True))
+
+
+def local_sections(quick: bool, say) -> tuple[dict, dict, dict]:
+    """Sections 1, 2 and 4, which share one calibration and one set of measured runs."""
+    grid = [g for g in la.GRID if g[0] in la.QUICK_GRID] if quick else la.GRID
+    profiles, cluster, calibration = la.calibrate(la.MODELS, quick, say)
+    named, skipped = {}, {}
+    for model in la.MODELS:
+        profile = profiles[model]
+        megatron = baselines.megatron_pins(profile, cluster, la.NUM_RANKS, la.GLOBAL_BATCH)
+        named[model], skipped[model] = la.predict_grid(profile, cluster, grid + [("megatron", megatron)])
+        named[model].append(("planner-search", baselines.planner_choice(profile, cluster)))
+        say(f"  {model}: {len(named[model])} plans predicted ({len(skipped[model])} skipped)")
+    runs = la.measure(named, repeats=1 if quick else 3, steps=6 if quick else 10, say=say)
+    models, rows_by_model, speedups = {}, {}, {}
+    for model, plans in named.items():
+        rows = [la.plan_row(name, plan, runs[model][name]) for name, plan in plans]
+        summary = la.summarize(rows)
+        speedups[model] = baselines.speedups(rows, summary["choice"])
+        models[model] = {**summary, "baseline_speedups": speedups[model], "skipped": skipped[model], "rows": rows}
+        rows_by_model[model] = rows
+    local = _overall(models)
+    local.update(models=models, calibration=calibration, targets=TARGETS,
+                 repeats=1 if quick else 3, global_batch=la.GLOBAL_BATCH, num_ranks=la.NUM_RANKS)
+    return local, {**baselines.combine(speedups), "by_model": speedups}, memory_accuracy.summarize(rows_by_model)
+
+
+def _overall(models: dict) -> dict:
+    """Pooled MAPE; Kendall tau averaged over models; top-1 regret the worst model's."""
+    rows = [r for m in models.values() for r in m["rows"] if "measured_s" in r]
+    return {"mape": mape([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]),
+            "kendall_tau": statistics.fmean(m["kendall_tau"] for m in models.values()),
+            "top1_regret": max(m["top1_regret"] for m in models.values()),
+            "num_plans": len(rows)}
+
+
+def gpu_section(say) -> dict:
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"available": False, "note": "no GPU was available in this run; benchmarks/gpu_check.py is the "
+                                            "prepared script (python -m benchmarks.gpu_check --out DIR)"}
+    from benchmarks import gpu_check
+
+    say("  CUDA present: running benchmarks.gpu_check")
+    return {"available": True, **gpu_check.run(quick=False)}
+
+
+def _section(name: str, fn, say, results: dict, timings: dict):
+    start = time.perf_counter()
+    say(f"[{name}]")
+    try:
+        value = fn()
+    except Exception as exc:  # a broken section is reported, the others still run
+        value = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-2000:]}
+        say(f"  {name} failed: {value['error']}")
+    timings[name] = round(time.perf_counter() - start, 1)
+    return value
+
+
+def run_all(quick: bool, say) -> dict:
+    import torch
+
+    from benchmarks import executor_overhead, planner_speed
+
+    timings: dict[str, float] = {}
+    results = {"quick": quick, "machine": machine_info(), "torch_version": torch.__version__,
+               "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+    local = _section("local accuracy, baselines, memory", lambda: local_sections(quick, say), say, results, timings)
+    if isinstance(local, tuple):
+        results["local_accuracy"], results["baselines"], results["memory"] = local
+    else:
+        results["local_accuracy"] = results["baselines"] = results["memory"] = local
+    results["planner_speed"] = _section("planner speed", lambda: planner_speed.run(quick), say, results, timings)
+    results["executor_overhead"] = _section("executor overhead", lambda: executor_overhead.run(quick), say,
+                                            results, timings)
+    results["gpu"] = _section("gpu", lambda: gpu_section(say), say, results, timings)
+    results["section_times_s"] = timings
+    results["machine"]["load_average_end"] = machine_info()["load_average"]
+    return results
+
+
+def _clean(value):
+    """JSON-safe: NaN/inf become None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write(results: dict, out: Path) -> None:
+    from benchmarks.report import markdown
+    from meshplan.schema import write_text_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "benchmarks.json", json.dumps(_clean(results), indent=2) + "\n")
+    write_text_atomic(out / "benchmarks.md", markdown(_clean(results)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="reports", help="folder for benchmarks.json and benchmarks.md")
+    ap.add_argument("--quick", action="store_true", help="CI-sized run (a few minutes)")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    say = _say(args.quiet)
+    start = time.perf_counter()
+    results = run_all(args.quick, say)
+    results["total_time_s"] = round(time.perf_counter() - start, 1)
+    write(results, Path(args.out))
+    say(f"wrote {args.out}/benchmarks.json and {args.out}/benchmarks.md in {results['total_time_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

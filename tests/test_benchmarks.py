@@ -1,0 +1,120 @@
+"""The benchmark harness's cheap parts: metrics on known inputs, the report's keys and text,
+the baseline and grid logic on a real (meta-device) profile. No ranks are launched here;
+`python -m benchmarks.run --quick` is the end-to-end run."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not installed; `pytest` alone
+
+from benchmarks import baselines, local_accuracy as la, memory_accuracy
+from benchmarks.common import geomean, kendall_tau, mape, spread, top1_regret
+from benchmarks.run import _overall, write
+
+
+def test_mape_on_known_values():
+    assert mape([110, 90], [100, 100]) == pytest.approx(0.10)
+    assert mape([2.0], [1.0]) == pytest.approx(1.0)
+
+
+def test_kendall_tau_known_rankings():
+    assert kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert kendall_tau([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # one swapped pair of 6: (C - D) / 6 = (5 - 1) / 6
+    assert kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
+    # tau-b with a tie in the first list: C=5, D=0, ties_a=1 -> 5 / sqrt(5 * 6)
+    assert kendall_tau([1, 1, 2, 3], [1, 2, 3, 4]) == pytest.approx(5 / math.sqrt(30))
+
+
+def test_top1_regret_is_measured_time_of_the_predicted_best():
+    assert top1_regret([1.0, 2.0, 3.0], [5.0, 4.0, 6.0]) == pytest.approx(5.0 / 4.0)
+    assert top1_regret([3.0, 1.0], [2.0, 1.0]) == pytest.approx(1.0)
+
+
+def test_spread_and_geomean():
+    assert spread([1.0, 1.5, 2.0]) == pytest.approx(1.0)
+    assert geomean([1.0, 4.0]) == pytest.approx(2.0)
+
+
+def _row(name, pred, meas, mem_pred=2e6, mem_meas=1e6):
+    return {"name": name, "config": name, "predicted_s": pred, "measured_s": meas, "breakdown_s": {},
+            "measured_runs_s": [meas], "spread_runs": 0.0, "step_min_s": meas, "step_max_s": meas, "runs": 1,
+            "predicted_memory_bytes": mem_pred, "measured_memory_bytes": mem_meas, "error": pred / meas - 1}
+
+
+def test_summaries_and_baseline_speedups_from_rows():
+    rows = [_row("ddp", 1.0, 2.0), _row("zero3", 2.0, 4.0), _row("megatron", 3.0, 1.0),
+            {"name": "broken", "config": "x", "predicted_s": 0.5, "predicted_memory_bytes": 1.0, "runs": 0}]
+    s = la.summarize(rows)
+    assert s["choice"] == "ddp" and s["best_measured"] == "megatron" and s["failed"] == ["broken"]
+    assert s["num_plans"] == 3 and s["top1_regret"] == pytest.approx(2.0)
+    assert s["kendall_tau"] == pytest.approx(-1 / 3)
+    assert baselines.speedups(rows, "ddp") == {"ddp": 1.0, "zero3": 2.0, "megatron": 0.5}
+    combined = baselines.combine({"a": {"ddp": 1.0, "zero3": 4.0}, "b": {"ddp": 1.0, "zero3": 1.0}})
+    assert combined == {"ddp": pytest.approx(1.0), "zero3": pytest.approx(2.0)}
+    mem = memory_accuracy.summarize({"m": rows})
+    assert mem["num_plans"] == 3 and mem["mape"] == pytest.approx(1.0)
+
+
+def _results() -> dict:
+    rows = [_row("ddp", 1.0, 2.0), _row("zero3", 2.0, 4.0), _row("megatron", 3.0, 1.0)]
+    model = {**la.summarize(rows), "rows": rows, "skipped": [], "baseline_speedups": {"ddp": 1.0}}
+    local = {**_overall({"gpt-tiny": model}), "models": {"gpt-tiny": model}, "targets": {}}
+    return {"quick": True, "machine": {"cpu": "test"}, "torch_version": "2.x",
+            "local_accuracy": local, "baselines": {"ddp": 1.0, "zero3": 2.0, "by_model": {"gpt-tiny": {"ddp": 1.0}}},
+            "planner_speed": [{"model": "gpt3-175b", "cluster": "a100-80g", "num_gpus": 8, "search_time_s": 0.1,
+                               "candidates": 10}],
+            "memory": memory_accuracy.summarize({"gpt-tiny": rows}),
+            "executor_overhead": {"ratio": 1.01}, "gpu": {"available": False, "note": "none"},
+            "broken": float("nan")}
+
+
+def test_report_has_the_issue_keys_and_says_no_gpu(tmp_path):
+    write(_results(), tmp_path)
+    data = json.loads((tmp_path / "benchmarks.json").read_text())
+    assert {"local_accuracy", "baselines", "planner_speed", "memory", "executor_overhead", "machine",
+            "torch_version"} <= set(data)
+    assert {"mape", "kendall_tau", "top1_regret", "num_plans", "models"} <= set(data["local_accuracy"])
+    assert {"model", "cluster", "num_gpus", "search_time_s", "candidates"} <= set(data["planner_speed"][0])
+    assert {"mape", "num_plans"} <= set(data["memory"]) and "ratio" in data["executor_overhead"]
+    assert data["broken"] is None  # NaN is not JSON
+    md = (tmp_path / "benchmarks.md").read_text()
+    assert "No GPU was available in this run" in md and "Kendall tau" in md and "megatron" in md
+
+
+def test_report_records_a_failed_section(tmp_path):
+    results = _results()
+    results["executor_overhead"] = {"error": "RunError: rank 1 died"}
+    write(results, tmp_path)
+    assert "This section failed:** `RunError: rank 1 died`" in (tmp_path / "benchmarks.md").read_text()
+
+
+def test_grid_spans_the_required_families():
+    pins = [p for _, p in la.GRID]
+    assert len(la.GRID) >= 12
+    assert any(p.get("zero") == 3 for p in pins) and any(p.get("tp", 1) > 1 for p in pins)
+    assert {p.get("schedule") for p in pins if p.get("pp", 1) > 1} >= {"GPipe", "1F1B"}
+    assert any(p.get("recompute") for p in pins) and len({p["microbatch"] for p in pins}) >= 3
+    assert any(p.get("tp", 1) > 1 and (p.get("dp", 1) > 1 or p.get("pp", 1) > 1) for p in pins)
+    assert set(la.QUICK_GRID) <= {name for name, _ in la.GRID}
+
+
+def test_megatron_heuristic_on_real_profiles():
+    """TP over the node where the heads allow it (gpt-tiny: 4 heads -> tp 4; llama-tiny: 2 KV
+    heads -> tp 2 and dp 2), pipeline 1 when memory fits."""
+    from meshplan.presets import local_cpu
+    from meshplan.profiler import profile_model
+
+    cluster = local_cpu(4)
+    gpt = baselines.megatron_pins(profile_model("gpt-tiny"), cluster, 4, 16)
+    assert (gpt["tp"], gpt["pp"], gpt["dp"]) == (4, 1, 1)
+    llama = baselines.megatron_pins(profile_model("llama-tiny"), cluster, 4, 16)
+    assert (llama["tp"], llama["pp"], llama["dp"]) == (2, 1, 2)
+    plans, skipped = la.predict_grid(profile_model("gpt-tiny"), cluster, la.GRID)
+    assert len(plans) == len(la.GRID) and not skipped
+    assert all(p.prediction.step_time_s > 0 for _, p in plans)
