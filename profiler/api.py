@@ -76,7 +76,7 @@ def analyse_model(model: LayeredModel, model_name: str, progress: bool = False) 
         if key not in seen:
             seen[key] = fqn
             analysis.inputs[fqn] = InputSpec(tuple(x.shape), str(x.dtype), first=i == 0)
-            analysis.captures[fqn] = _capture(fqn, module, x, fake_mode)
+            analysis.captures[fqn] = _capture(fqn, module, x, fake_mode, rules[fqn])
         rep = analysis.rep_of[fqn] = seen[key]
         layers.append(_layer_profile(fqn, module, analysis.captures[rep], rules[fqn]))
         x = analysis.captures[rep].output
@@ -84,9 +84,9 @@ def analyse_model(model: LayeredModel, model_name: str, progress: bool = False) 
     return analysis
 
 
-def _capture(fqn: str, module: torch.nn.Module, x: torch.Tensor, fake_mode: FakeTensorMode) -> LayerCapture:
+def _capture(fqn: str, module: torch.nn.Module, x: torch.Tensor, fake_mode: FakeTensorMode, rule) -> LayerCapture:
     try:
-        return capture_layer(fake_copy(module, fake_mode, ACTIVATION_DTYPE), x, fake_mode)
+        return capture_layer(fake_copy(module, fake_mode, ACTIVATION_DTYPE), x, fake_mode, rule)
     except Exception as exc:  # unsupported op in the user's forward: name the layer and the op
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         raise MeshplanError(f"layer {fqn} ({type(module).__name__}) cannot run on fake tensors: "
@@ -131,6 +131,7 @@ def _layer_profile(fqn: str, module: torch.nn.Module, cap: LayerCapture, rule) -
         activation_bytes=float(cap.activation_bytes),
         selective_activation_bytes=float(cap.selective_activation_bytes),
         recompute_flops_selective=cap.recompute_flops_selective,
+        tp_replicated_activation_bytes=float(cap.tp_replicated_bytes),
         input_bytes=float(cap.input_bytes), output_bytes=float(cap.output_bytes),
         tp=rule, gemm_shapes=[list(s) for s in cap.gemm_shapes])
 

@@ -35,6 +35,8 @@ class LayerCapture:
     input_bytes: int
     output_bytes: int
     gemm_shapes: list[list[int]] = field(default_factory=list)
+    tp_replicated_bytes: int = 0
+    """Saved bytes tensor parallelism leaves whole on every rank (see `replicated_bytes`)."""
     saved_bytes_by_dtype: dict[str, int] = field(default_factory=dict)
     """activation_bytes split by dtype (to rescale to another run precision)."""
     largest_saved: tuple[int, str] = (0, "")
@@ -98,12 +100,15 @@ def fake_copy(layer: nn.Module, fake_mode, dtype: torch.dtype) -> nn.Module:
 
 
 class _SavedTensors:
-    """saved_tensors_hooks target: distinct non-parameter storages autograd keeps for backward."""
+    """saved_tensors_hooks target: distinct non-parameter storages autograd keeps for backward,
+    with the ops and the (innermost) submodules that saved them."""
 
     def __init__(self, layer: nn.Module, tracker: _OpTracker):
         self.params = {_key(p) for p in layer.parameters()}
         self.tracker = tracker
         self.saved: dict[int, tuple[int, set, str]] = {}  # storage -> (bytes, saving ops, dtype)
+        self.modules: dict[int, set[str]] = {}  # storage -> FQNs (relative to the layer) saving it
+        self.stack: list[str] = [""]
         self.keep: list[torch.Tensor] = []  # hold them so storage keys stay unique
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
@@ -112,7 +117,32 @@ class _SavedTensors:
             self.keep.append(t)
             entry = self.saved.setdefault(key, (t.untyped_storage().nbytes(), set(), str(t.dtype)))
             entry[1].add(self.tracker.last_op)
+            self.modules.setdefault(key, set()).add(self.stack[-1])
         return t
+
+    def track_modules(self, layer: nn.Module) -> list:
+        """Forward hooks keeping `stack` = FQNs of the submodules running now; returns handles."""
+        handles = []
+        for fqn, module in layer.named_modules():
+            if fqn:
+                handles.append(module.register_forward_pre_hook(lambda m, a, fqn=fqn: self._enter(fqn)))
+                handles.append(module.register_forward_hook(lambda m, a, o: self._exit()))
+        return handles
+
+    def _enter(self, fqn: str) -> None:
+        self.stack.append(fqn)
+
+    def _exit(self) -> None:
+        self.stack.pop()
+
+    def replicated_bytes(self, rule) -> int:
+        """Korthikanti et al. 2022 Eq. 2's unsplit part: what the replicated children (norms) and the
+        column-parallel linears (their full input) save. A layer TP cannot split: all of it."""
+        if rule is None or rule.kind == "none":
+            return self.total_bytes()
+        whole = list(rule.replicated) + list(rule.column)
+        inside = lambda fqn: any(fqn == c or fqn.startswith(c + ".") for c in whole)  # noqa: E731
+        return sum(n for key, (n, _, _) in self.saved.items() if any(inside(m) for m in self.modules[key]))
 
     def total_bytes(self) -> int:
         return sum(n for n, _, _ in self.saved.values())
@@ -133,14 +163,18 @@ class _SavedTensors:
         return max(((n, d) for n, _, d in self.saved.values()), default=(0, ""))
 
 
-def capture_layer(layer: nn.Module, x: torch.Tensor, fake_mode) -> LayerCapture:
-    """Run a fake `layer` on fake input `x` forward and backward; see the module docstring."""
+def capture_layer(layer: nn.Module, x: torch.Tensor, fake_mode, rule=None) -> LayerCapture:
+    """Run a fake `layer` on fake input `x` forward and backward; see the module docstring.
+    `rule` (the layer's TPRule) tells which saved bytes tensor parallelism would not split."""
     register_cpu_attention_formulas()
     tracker = _OpTracker()
     saved = _SavedTensors(layer, tracker)
+    handles = saved.track_modules(layer)
     with fake_mode, FlopCounterMode(display=False) as flops, tracker:
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
             y = layer(x)
+        for handle in handles:
+            handle.remove()
         forward_flops, core_flops = flops.get_total_flops(), _core_flops(flops)
         tracker.record_gemms = False
         if y.requires_grad:
@@ -152,6 +186,7 @@ def capture_layer(layer: nn.Module, x: torch.Tensor, fake_mode) -> LayerCapture:
                         activation_bytes=saved.total_bytes(),
                         selective_activation_bytes=saved.total_bytes() - dropped,
                         recompute_flops_selective=float(core_flops if dropped else 0),
+                        tp_replicated_bytes=saved.replicated_bytes(rule),
                         input_bytes=_nbytes(x), output_bytes=_nbytes(y), gemm_shapes=tracker.gemm_shapes,
                         saved_bytes_by_dtype=saved.by_dtype(), largest_saved=saved.largest(), output=out)
 

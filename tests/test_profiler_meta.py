@@ -38,6 +38,15 @@ def test_block_activation_bytes_match_adapted_korthikanti(gpt_profile):
     assert block.recompute_flops_selective == pytest.approx(4 * S * S * H, rel=0.01)
 
 
+def test_tp_replicated_activations_match_korthikanti_eq2(gpt_profile):
+    """Eq. 2: sbh(10 + 24/t + 5as/(ht)); the unsplit 10sbh = two LayerNorm inputs 4sbh, the QKV and
+    fc1 inputs 4sbh and two dropout masks 2sbh. No dropout here: 8sbh (+ LayerNorm stats)."""
+    block = gpt_profile.layer("layers.0")
+    assert block.tp_replicated_activation_bytes == pytest.approx(8 * S * H, rel=0.05)
+    head = gpt_profile.layer("head")  # final-norm input and projection input stay whole
+    assert head.tp_replicated_activation_bytes == pytest.approx(4 * S * H, rel=0.05)
+
+
 def test_boundary_bytes_and_gemm_shapes(gpt_profile):
     block = gpt_profile.layer("layers.2")
     assert block.input_bytes == block.output_bytes == S * H * 2  # bf16 hidden state
