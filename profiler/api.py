@@ -64,7 +64,7 @@ class Analysis:
 def analyse_model(model: LayeredModel, model_name: str, progress: bool = False) -> Analysis:
     """The device-independent part of the profile, captured on fake tensors."""
     rules = tp_rules(model)
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)  # plain tensor attributes of user modules
     inputs, _ = model.example_batch(1, torch.Generator().manual_seed(0))
     x = _to_fake(inputs, fake_mode)
     seen: dict[tuple, str] = {}

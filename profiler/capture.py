@@ -5,7 +5,9 @@ dtype (bf16), under three observers at once:
 - `FlopCounterMode` counts matmul/conv/attention FLOPs in forward and backward;
 - a dispatch mode (`_OpTracker`) records GEMM shapes and which op produced each storage;
 - `saved_tensors_hooks` see every tensor autograd saves for backward: their distinct storages,
-  minus the parameters, are the layer's activation bytes (measured, not assumed).
+  minus the parameters, are the layer's activation bytes (measured, not assumed); forward hooks
+  attribute each to the submodule that saved it, which gives the share tensor parallelism
+  leaves unsplit (norms, inputs of column-parallel linears).
 CPU fake tensors run SDPA as the fused flash kernel, the path every real device takes, so the
 s^2 attention matrix is never stored (see `activations.py` for the closed form this matches).
 """

@@ -42,6 +42,11 @@ def test_non_chain_module_is_one_layer():
     assert p.layers[0].forward_flops == 2 * 2 * 16 * 16
 
 
+def test_plain_tensor_attributes_do_not_break_the_fake_run():
+    p = profile_model(spec("chain.py:plain_attribute"))
+    assert p.layers[0].forward_flops == 2 * 6 * 6
+
+
 def test_factory_returning_a_layered_model_with_set_overrides():
     p = profile_model(spec("tokens.py:build"), {"layers": 3})
     assert p.layer_names == ["embed", "layers.0", "layers.1", "layers.2", "head"]
