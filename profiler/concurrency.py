@@ -75,9 +75,7 @@ class BusyNeighbours:
     def _device_for(self, i: int) -> str:
         if not self.device.startswith("cuda"):
             return self.device
-        import torch
-
-        return f"cuda:{(i + 1) % torch.cuda.device_count()}"  # one neighbour per other GPU
+        return f"cuda:{i + 1}"  # one neighbour per other GPU (timing.py caps the count)
 
     def run(self, fqn: str, batch: int, input_spec) -> None:
         """Point every worker at (fqn, batch) and return once all of them run it."""

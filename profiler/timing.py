@@ -36,7 +36,8 @@ def time_layers(profile: ModelProfile, model: LayeredModel, rep_of: dict[str, st
     reps = list(dict.fromkeys(rep_of.values()))
     check_fits(model, reps, inputs, captures, device, max(microbatch_sizes))
     measured: dict[str, list[LayerTiming]] = {}
-    busy = BusyNeighbours(concurrent - 1, spec, overrides, device) if concurrent > 1 else None
+    neighbours = _neighbours(device, concurrent, profile.notes)
+    busy = BusyNeighbours(neighbours, spec, overrides, device) if neighbours else None
     with busy or contextlib.nullcontext():
         for rep in progress(reps, f"timing on {device}"):
             layer = materialise_layer(model, rep, device)
@@ -48,11 +49,23 @@ def time_layers(profile: ModelProfile, model: LayeredModel, rep_of: dict[str, st
         lp.timings = [LayerTiming(**{**t.__dict__, "reused_from": "" if rep == lp.name else rep})
                       for t in measured[rep]]
     profile.device = device_name(device)
-    profile.concurrent = concurrent
+    profile.concurrent = neighbours + 1
     profile.notes.append(f"timed {len(reps)} representative layer(s) on {profile.device} in "
                          f"{str(run_dtype(device)).removeprefix('torch.')}: {WARMUP} warm-up passes, median of "
-                         f"{REPEATS}, with {concurrent - 1} busy neighbour process(es); identical layers reuse "
+                         f"{REPEATS}, with {neighbours} busy neighbour process(es); identical layers reuse "
                          "the timings (timings[].reused_from)")
+
+
+def _neighbours(device: str, concurrent: int, notes: list[str]) -> int:
+    """Busy processes besides the timed one; on CUDA one per *other* GPU (a rank owns its GPU)."""
+    wanted = concurrent - 1
+    if not device.startswith("cuda") or wanted == 0:
+        return wanted
+    others = torch.cuda.device_count() - 1
+    if others < wanted:
+        notes.append(f"--concurrent {concurrent}: only {others} other GPU(s) here, so {others} busy "
+                     "neighbour(s); ranks sharing one GPU would not be how a job runs")
+    return min(wanted, others)
 
 
 def device_name(device: str) -> str:
