@@ -18,7 +18,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from meshplan.model_profile import TPRule
-from meshplan.profiler.zoo.base import LayeredModel
 from meshplan.profiler.zoo.gpt import GPT, Attention, GPTConfig
 
 
