@@ -114,9 +114,10 @@ def _to_fake(x: torch.Tensor, fake_mode: FakeTensorMode) -> torch.Tensor:
 
 
 def _signature(module: torch.nn.Module, x: torch.Tensor) -> tuple:
-    """Layers with equal signatures cost the same: class, parameter shapes/dtypes, input shape."""
+    """Layers with equal signatures cost the same: class, structure (repr: strides, eps, ...),
+    parameter shapes/dtypes and input shape."""
     params = tuple((n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters())
-    return type(module).__qualname__, params, tuple(x.shape), str(x.dtype)
+    return type(module).__qualname__, repr(module), params, tuple(x.shape), str(x.dtype)
 
 
 def _layer_profile(fqn: str, module: torch.nn.Module, cap: LayerCapture, rule) -> LayerProfile:
@@ -140,8 +141,8 @@ def _reuse_notes(model: LayeredModel, representatives) -> list[str]:
     names = model.layer_names()
     reps = set(representatives)
     notes = [f"analysed {len(reps)} representative layer(s) on fake tensors ({', '.join(sorted(reps, key=names.index))}); "
-             f"the other {len(names) - len(reps)} layer(s) have identical class, parameter shapes "
-             "and input shape and reuse their numbers"]
+             f"the other {len(names) - len(reps)} layer(s) have identical class, structure, parameter "
+             "shapes and input shape and reuse their numbers"]
     notes.append("activation_bytes = storages saved for backward (bf16 activations, fused SDPA: no s^2 "
                  "attention matrix), measured with saved_tensors_hooks; FLOPs count backward as 2x the "
                  "attention forward (model FLOPs)")
