@@ -11,8 +11,8 @@ import math
 
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.layer_cost import LayerCost
-from meshplan.planner.pipeline import p2p_per_microbatch_s, tail_s
-from meshplan.planner.recompute import pareto_frontier, solve_frontier, solve_identical
+from meshplan.planner.pipeline import in_flight, p2p_per_microbatch_s, tail_s
+from meshplan.planner.recompute import modes_of, pareto_frontier, solve_frontier, solve_identical
 from meshplan.planner.stages import RankModel, RankSolution
 
 
@@ -149,31 +149,46 @@ class UniformSplit:
         return worst
 
 
-def solve_general(ctx: Context, cand: Candidate, costs: list[LayerCost]) -> list[RankSolution] | None:
+def solve_general(ctx: Context, cand: Candidate, costs: list[LayerCost], cache: dict | None = None):
     """DP over contiguous ranges for any chain (non-interleaved): best[r][e] = min over a of
-    max(best[r-1][a], c_r([a, e)))."""
+    max(best[r-1][a], c_r([a, e))). Frontiers are memoised in `cache` across candidates that
+    share layer costs (same microbatch, tp, sp, cp, zero, dp)."""
     model, n, p = RankModel(ctx, cand, costs), len(costs), cand.pp
     if p > n:
         return None
-    frontiers = {}
+    cache = {} if cache is None else cache
+    cost_key = (cand.microbatch, cand.tp, cand.sequence_parallel, cand.cp, cand.zero, cand.dp, cand.schedule,
+                cand.num_microbatches, cand.pp)
+    max_act = model.capacity / min(in_flight(cand, r) for r in range(p))
+
+    def frontier(a: int, e: int):
+        """Pareto frontier of layers [a, e), grown from [a, e-1)."""
+        key = cost_key + (a, e)
+        if key not in cache:
+            prev = frontier(a, e - 1) if e - 1 > a else None
+            opts = [(m, mc.time_s, mc.act_bytes) for m, mc in costs[e - 1].modes.items()]
+            cache[key] = pareto_frontier([opts], start=prev, max_act=max_act)
+        return cache[key]
 
     def stage(r: int, a: int, e: int):
         layers = list(range(a, e))
-        if (a, e) not in frontiers:
-            opts = [[(m, mc.time_s, mc.act_bytes) for m, mc in costs[i].modes.items()] for i in layers]
-            frontiers[(a, e)] = pareto_frontier(opts)
         static, buf, flight = model.base(r, layers)
-        point = solve_frontier(frontiers[(a, e)], sum(static) + buf, flight, model.capacity)
+        point = solve_frontier(frontier(a, e), sum(static) + buf, flight, model.capacity)
         if point is None:
             return math.inf, None
-        sol = model.finish(r, layers, dict(zip(layers, point[2])), model.p2p(r, layers))
+        sol = model.finish(r, layers, dict(zip(layers, modes_of(point))), model.p2p(r, layers))
         return sol.cost_s, sol
 
+    fastest = [0.0]  # prefix sums of each layer's fastest mode: a stage-cost lower bound
+    for c in costs:
+        fastest.append(fastest[-1] + min(mc.time_s for mc in c.modes.values()))
     best = {(0, 0): (0.0, [])}
     for r in range(p):
         for e in range(r + 1, n - (p - 1 - r) + 1):
             choice = (math.inf, None)
-            for a in range(r, e):
+            for a in range(e - 1, r - 1, -1):  # longer ranges cost more: stop once the bound loses
+                if model.factor * (fastest[e] - fastest[a]) >= choice[0]:
+                    break
                 prev = best.get((r, a))
                 if prev is None or prev[0] >= choice[0]:
                     continue
@@ -187,7 +202,7 @@ def solve_general(ctx: Context, cand: Candidate, costs: list[LayerCost]) -> list
     return None if final is None or final[0] == math.inf else final[1]
 
 
-def solve(ctx: Context, cand: Candidate, costs: list[LayerCost]):
+def solve(ctx: Context, cand: Candidate, costs: list[LayerCost], cache: dict | None = None):
     """(rank solutions, stages as layer-index lists, 0.0), or (None, tightest rank, excess_bytes)
     where excess_bytes > 0 is the memory overflow of the leanest balanced split (-1 if unknown)."""
     if ctx.body is not None:
@@ -198,7 +213,7 @@ def solve(ctx: Context, cand: Candidate, costs: list[LayerCost]):
             return None, split.tightest_rank, excess
         sols, stages = split.rank_solutions(counts)
         return sols, stages, 0.0
-    sols = solve_general(ctx, cand, costs)
+    sols = solve_general(ctx, cand, costs, cache)
     if sols is None:
         return None, 0, -1.0
     return sols, [s.layers for s in sols], 0.0

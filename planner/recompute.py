@@ -78,18 +78,33 @@ def _better(best, time, x_f, x_s):
     return cand if best is None or cand < best else best
 
 
-def pareto_frontier(layer_options: list[list[Option]]) -> list[tuple[float, float, tuple[str, ...]]]:
-    """Non-dominated (act_bytes, time_s, modes) over every per-layer choice, act ascending."""
-    frontier = [(0.0, 0.0, ())]
+def pareto_frontier(layer_options: list[list[Option]], start=None, max_act: float = math.inf) -> list[tuple]:
+    """Non-dominated points (act_bytes, time_s, previous point, mode) over every per-layer choice,
+    act ascending (extending the frontier `start` of the layers before, when given). A point's
+    modes are read back along its chain of previous points (`modes_of`). Points above `max_act`
+    (more bytes than any rank can hold) are dropped."""
+    frontier = start if start is not None else [(0.0, 0.0, None, None)]
     for options in layer_options:
-        merged = sorted((a + oa, t + ot, modes + (m,)) for a, t, modes in frontier for m, ot, oa in options)
+        merged = sorted(((point[0] + oa, point[1] + ot, point, m) for point in frontier for m, ot, oa in options),
+                        key=lambda q: (q[0], q[1]))
         frontier = []
         best_time = math.inf
         for point in merged:
+            if point[0] > max_act * (1 + 1e-9):
+                break  # bytes only grow as layers are added: never feasible
             if point[1] < best_time:
                 frontier.append(point)
                 best_time = point[1]
     return frontier
+
+
+def modes_of(point) -> tuple[str, ...]:
+    """The per-layer modes of a frontier point, first layer first."""
+    out = []
+    while point is not None and point[3] is not None:
+        out.append(point[3])
+        point = point[2]
+    return tuple(reversed(out))
 
 
 def solve_frontier(frontier, base_bytes: float, in_flight: float, capacity: float):

@@ -90,6 +90,7 @@ class Searcher:
         self.rejects = Rejects()
         self.oom: dict[str, list] = {}
         self.num_evaluated = 0
+        self.frontiers: dict = {}
 
     def _reject_oom(self, cand: Candidate, excess_bytes: float, stage: str) -> None:
         fam = _oom_family(cand)
@@ -118,7 +119,7 @@ class Searcher:
             if not refined:  # tighten the bound first; solve only if it still leads
                 heapq.heappush(queue, (max(lb_time, bound.refine(cand)), True, cand))
                 continue
-            sols, stages, excess = solve(self.ctx, cand, self.table.for_candidate(cand))
+            sols, stages, excess = solve(self.ctx, cand, self.table.for_candidate(cand), self.frontiers)
             self.num_evaluated += 1
             if sols is None:
                 self._reject_oom(cand, excess, f"stage {stages} (balanced split, leanest recompute)")
