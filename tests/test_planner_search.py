@@ -89,3 +89,39 @@ def test_infeasible_says_what_fits():
 def test_infeasible_pin_suggests_unpinning():
     with pytest.raises(InfeasibleError, match="unpinning --microbatch, --recompute fits"):
         search(small_gpt(6), cluster(8, 10.0), PlanRequest(num_gpus=8, global_batch=64, microbatch=8, recompute="none"))
+
+
+def test_breakdown_sums_to_step_time_and_round_trips():
+    from meshplan.plan import Plan
+    from meshplan.schema import from_dict
+
+    plan = search(small_llama(4), cluster(16, 20.0), PlanRequest(num_gpus=16, global_batch=32, top_k=3))
+    for p in [plan] + plan.search.alternatives:
+        assert sum(p.prediction.breakdown.values()) == pytest.approx(p.prediction.step_time_s, rel=1e-9)
+        assert from_dict(Plan, to_dict(p)).prediction.step_time_s == p.prediction.step_time_s
+
+
+def test_interleaved_stages_follow_loop_placement():
+    plan = search(small_gpt(6), cluster(4, 40.0), PlanRequest(num_gpus=4, global_batch=8, tp=1, pp=2, dp=2,
+                                                              schedule="Interleaved1F1B", virtual_stages=2))
+    assert len(plan.stages) == 4 and plan.stages[0][0] == "embed" and plan.stages[-1][-1] == "head"
+    assert plan.stage_ranks() == [0, 1, 0, 1]
+
+
+def test_uniform_stages_split_evenly():
+    plan = search(gpt_profile_24(), cluster(8, 40.0), PlanRequest(num_gpus=8, global_batch=32, pp=4, tp=2,
+                                                                  uniform_stages=True, schedule="1F1B"))
+    assert [sum(f.startswith("layers.") for f in s) for s in plan.stages] == [6, 6, 6, 6]
+
+
+def test_seq_override_is_planned_and_recorded():
+    plan = search(small_gpt(6), cluster(8, 40.0), PlanRequest(num_gpus=8, global_batch=8, seq=4096))
+    assert plan.seq_len == 4096 and plan.model_config["seq"] == 4096
+    base = search(small_gpt(6), cluster(8, 40.0), PlanRequest(num_gpus=8, global_batch=8))
+    assert plan.prediction.tokens_per_s_per_gpu < base.prediction.tokens_per_s_per_gpu  # attention grows
+
+
+def gpt_profile_24():
+    from meshplan.planner.analytic import gpt_profile
+
+    return gpt_profile(layers=24, hidden=2048, heads=16)
