@@ -11,13 +11,19 @@ microbatches before its first backward (Megatron-LM / torch Interleaved1F1B warm
 Pipeline p2p: the boundary activation `bsh`, `bsh/t` with the scatter/gather optimisation.
 Data parallel: ring all-reduce of the gradients, bucketed and overlapped with the last
 microbatch's backward (DDP); ZeRO-1 reduce-scatter + all-gather; ZeRO-2/3 pay per microbatch
-(layer_cost.py). Optimizer: Adam is memory-bound — 16 bytes read, 12 written per parameter
-(+2 for Megatron's bf16 weight copy) over the HBM bandwidth.
+(layer_cost.py). Optimizer: Adam is memory-bound — OPTIMIZER_BYTES_PER_PARAM over the HBM
+bandwidth.
 """
 from __future__ import annotations
 
 from meshplan.planner.comm import collective_s, group_tier, p2p_s
 from meshplan.planner.context import Candidate, Context
+
+
+OPTIMIZER_BYTES_PER_PARAM = {"torch": 28, "megatron": 42}
+"""HBM bytes moved per parameter by the optimizer step. Fused Adam reads weights, grads, m, v (16)
+and writes weights, m, v (12). Megatron-LM also reads the fp32 main grads for the global-norm
+clip (4), zeroes them (4) and copies the fp32 master weights to the bf16 model (4 + 2)."""
 
 
 def bubble_factor(cand: Candidate) -> float:
@@ -63,7 +69,7 @@ def tail_s(ctx: Context, cand: Candidate, local_params: float, backward_window_s
         weight_bytes = local_params * (2 if ctx.request.state_layout == "megatron" else 4)
         ag = collective_s(ctx.cluster, "all_gather", group, weight_bytes, tier)
         sync = max(0.0, rs - hidden * backward_window_s) + (1 - hidden) * ag
-    per_param = 28 + (2 if ctx.request.state_layout == "megatron" else 0)
+    per_param = OPTIMIZER_BYTES_PER_PARAM[ctx.request.state_layout]
     shard = cand.dp if cand.zero >= 1 else 1
     optimizer = local_params / shard * per_param / (ctx.cluster.device.hbm_gbps * 1e9)
     return sync, optimizer
