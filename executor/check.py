@@ -6,7 +6,7 @@ import torch
 
 from meshplan.errors import MeshplanError
 from meshplan.executor.model import build_model_for_plan, tp_rules_for
-from meshplan.executor.pipeline import SCHEDULE_CLASSES
+from meshplan.executor.pipeline import SCHEDULE_CLASSES, SPLIT_BACKWARD
 from meshplan.executor.tensor_parallel import tp_divisor_problem
 from meshplan.plan import Plan
 
@@ -61,6 +61,14 @@ def _check_features(plan: Plan) -> None:
     if plan.pipeline_schedule not in SCHEDULE_CLASSES:
         raise MeshplanError(f"plan.pipeline_schedule = {plan.pipeline_schedule!r}: not runnable; use one of "
                             + ", ".join(SCHEDULE_CLASSES))
+    if plan.pipeline_schedule in SPLIT_BACKWARD and plan.pipeline_parallel_degree > 1:
+        if plan.zero_stage >= 2 and plan.data_parallel_degree > 1:
+            raise MeshplanError(f"plan.pipeline_schedule = {plan.pipeline_schedule!r} with zero_stage "
+                                f"{plan.zero_stage}: FSDP2 misses the split weight-gradient pass; use "
+                                "Interleaved1F1B or zero_stage 0/1")
+        if plan.gradient_comm == "powersgd" and plan.data_parallel_degree > 1:
+            raise MeshplanError(f"plan.gradient_comm = 'powersgd' with {plan.pipeline_schedule}: needs DDP hooks, "
+                                "which miss the split weight-gradient pass; use allreduce or fp16")
     pp, nmb = plan.pipeline_parallel_degree, plan.num_microbatches
     if pp > 1 and plan.pipeline_schedule != "GPipe" and nmb % pp and nmb > pp:
         raise MeshplanError(f"plan.num_microbatches = {nmb}: {plan.pipeline_schedule} needs a multiple of "

@@ -8,7 +8,8 @@ The order is fixed (torchtitan's `parallelize`), each step one small `apply_*` f
   4. ZeRO-2/3         – FSDP2 fully_shard on the meta stage (shards before anything is allocated)
   5. materialise      – allocate and fill each local shard from the single-process weights
   6. DDP / ZeRO-1     – wrap real tensors (DDP broadcasts rank 0's state at construction);
-                        DTensor stages get a bucketed gradient reducer instead
+                        DTensor stages, and zero-bubble schedules (whose split weight-gradient
+                        pass DDP's hooks miss), get a bucketed gradient reducer instead
   7. schedule         – torch.distributed.pipelining stages and the plan's schedule (pp > 1)
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ from meshplan.executor.activation_checkpoint import apply_ac
 from meshplan.executor.materialize import init_source, materialize, state_source
 from meshplan.executor.model import tp_rules_for
 from meshplan.executor.parallel_dims import ParallelDims
-from meshplan.executor.pipeline import build_schedule, schedule_step, split_stages
+from meshplan.executor.pipeline import SPLIT_BACKWARD, build_schedule, schedule_step, split_stages
 from meshplan.executor.tensor_parallel import apply_tp
 from meshplan.plan import Plan
 from meshplan.profiler.zoo.base import LayeredModel
@@ -141,7 +142,7 @@ def _parallelize_part(part, plan: Plan, dims: ParallelDims, rules, device, full_
         dp_.apply_fsdp(part, dims, plan, device)
     materialize(part, device, full_value)                                               # 5
     if data_parallel and plan.zero_stage <= 1:                                          # 6
-        if dp_.has_dtensor_params(part):
+        if dp_.has_dtensor_params(part) or plan.pipeline_schedule in SPLIT_BACKWARD:
             group = dims.dp_mesh().get_group()
             return part, dp_.ReplicaGradReducer(list(part.parameters()), group, plan.gradient_comm == "fp16")
         return dp_.apply_ddp(part, dims, plan, device), None

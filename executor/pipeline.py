@@ -26,6 +26,9 @@ from meshplan.profiler.zoo.base import LayeredModel
 SCHEDULE_CLASSES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B, "Interleaved1F1B": ScheduleInterleaved1F1B,
                     "LoopedBFS": ScheduleLoopedBFS, "InterleavedZeroBubble": ScheduleInterleavedZeroBubble}
 
+SPLIT_BACKWARD = ("InterleavedZeroBubble",)
+"""Schedules that split backward into input- and weight-gradient passes."""
+
 
 def local_stage_ids(plan: Plan, pp_rank: int) -> list[int]:
     """Stages this pipeline rank runs (loop placement)."""

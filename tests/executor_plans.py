@@ -36,3 +36,11 @@ def make_plan(model: str = "gpt-tiny", *, pp: int = 1, dp: int = 1, dp_shard: in
                 recompute=dict(recompute or {}))
     plan.validate()
     return plan
+
+
+def token_dataset(num_samples: int = 64, vocab: int = 256, seq: int = 32):
+    """A user dataset for `--data executor_plans:token_dataset`: (inputs, next-token targets)."""
+    import torch
+
+    tokens = torch.randint(0, vocab, (num_samples, seq + 1), generator=torch.Generator().manual_seed(7))
+    return [(row[:-1], row[1:]) for row in tokens]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -19,18 +20,48 @@ from meshplan.schema import load
 SGD = dict(optimizer="sgd", lr=0.5, grad_clip=1.0)
 
 
+def _dataset_reference(plan, steps: int) -> list[float]:
+    """Single-process losses on the global batches a DistributedSampler per replica yields."""
+    import torch
+    from torch.utils.data import DistributedSampler, default_collate
+
+    from executor_plans import token_dataset
+    from meshplan.executor.data_parallel import make_optimizer
+    from meshplan.executor.model import build_model_for_plan
+
+    data, dp = token_dataset(), plan.data_parallel_degree
+    per = plan.global_batch_size // dp
+    samplers = [DistributedSampler(data, num_replicas=dp, rank=r, shuffle=True, seed=0, drop_last=True)
+                for r in range(dp)]
+    model = build_model_for_plan(plan, "cpu")
+    opt = make_optimizer(list(model.parameters()), "sgd", SGD["lr"], 0.0)
+    losses = []
+    for step in range(steps):
+        rows = [i for s in samplers for i in list(iter(s))[step * per:(step + 1) * per]]
+        x, y = default_collate([data[i] for i in rows])
+        opt.zero_grad()
+        loss = model.loss(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), SGD["grad_clip"])
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
 @pytest.mark.slow
-def test_run_writes_run_json_and_survives_a_shutdown_crash(tmp_path, monkeypatch):
-    """Rank 1 aborts (SIGABRT) after all work is done: the run still succeeds, with a note."""
+def test_run_with_user_data_writes_run_json_and_survives_a_shutdown_crash(tmp_path, monkeypatch):
+    """--data module:fn through a DistributedSampler per replica; rank 1 aborts (SIGABRT) after
+    all work is done, and the run still succeeds, with a note."""
     monkeypatch.setenv("MESHPLAN_FAULT", "1:end:abort")
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
     plan = make_plan(dp=2)
-    result = run_plan(plan, steps=3, out_dir=str(tmp_path), quiet=True, **SGD)
+    result = run_plan(plan, steps=3, out_dir=str(tmp_path), quiet=True, data="executor_plans:token_dataset", **SGD)
     saved = load(RunResult, tmp_path / "run.json")
     assert saved.losses == result.losses and len(result.losses) == 3
     assert result.step_time_s > 0 and result.tokens_per_s > 0 and result.peak_memory_bytes > 0
     assert result.world_size == 2 and result.backend == "gloo"
     assert any("shutdown crash ignored" in note for note in result.notes)
-    ref = reference_losses(plan, steps=3, **SGD)
+    ref = _dataset_reference(plan, steps=3)
     assert max(abs(a - b) / b for a, b in zip(result.losses, ref)) <= 1e-4
 
 
@@ -78,6 +109,8 @@ def _with(plan, **changes):
     (lambda: _with(make_plan(pp=2, microbatches=2), stages=[["embed", "layers.0"], ["layers.2", "layers.1",
                                                              "layers.3", "head"]]), r"contiguous layers"),
     (lambda: _with(make_plan(), model_name="no-such-model"), r"not in the zoo"),
+    (lambda: make_plan(pp=2, dp_shard=2, zero=3, virtual=2, schedule="InterleavedZeroBubble", microbatches=4),
+     r"FSDP2 misses the split weight-gradient pass"),
 ])
 def test_mismatched_plans_fail_before_launch(make, match):
     with pytest.raises(MeshplanError, match=match) as info:
