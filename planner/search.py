@@ -36,23 +36,9 @@ class Bounds:
         self.ctx, self.table = ctx, table
         self.multiplicity = Counter(ctx.signatures)
 
-    def refine(self, cand: Candidate) -> float:
-        """The memory-aware step-time bound (computed lazily: only for candidates near the top)."""
-        time_sum, static, slowest = 0.0, 0.0, 0.0
-        for index, count in self.multiplicity.items():
-            lc = self.table.get(index, cand.microbatch, cand.tp, cand.sequence_parallel, cand.cp, cand.zero, cand.dp)
-            fastest = min(mc.time_s for mc in lc.modes.values())
-            time_sum += count * fastest
-            slowest = max(slowest, fastest)
-            static += count * (lc.weights_bytes + lc.grads_bytes + lc.optim_bytes)
-        flight = min(in_flight(cand, r) for r in range(cand.pp))
-        time_sum = max(time_sum, self._memory_aware_time(cand, static, flight))
-        factor = cand.num_microbatches + bubble_factor(cand)
-        return factor * max(time_sum / cand.pp, slowest)
-
-    def __call__(self, cand: Candidate) -> tuple[float, float]:
-        """(step-time lower bound, memory lower bound of the busiest rank)."""
-        time_sum = static = act = slowest = 0.0
+    def _sums(self, cand: Candidate) -> tuple[float, float, float, float]:
+        """(sum of fastest per-layer times, slowest single layer, static bytes, leanest act bytes)."""
+        time_sum = slowest = static = act = 0.0
         for index, count in self.multiplicity.items():
             lc = self.table.get(index, cand.microbatch, cand.tp, cand.sequence_parallel, cand.cp, cand.zero, cand.dp)
             fastest = min(mc.time_s for mc in lc.modes.values())
@@ -60,9 +46,21 @@ class Bounds:
             slowest = max(slowest, fastest)
             static += count * (lc.weights_bytes + lc.grads_bytes + lc.optim_bytes)
             act += count * min(mc.act_bytes for mc in lc.modes.values())
+        return time_sum, slowest, static, act
+
+    def __call__(self, cand: Candidate) -> tuple[float, float]:
+        """(step-time lower bound, memory lower bound of the busiest rank)."""
+        time_sum, slowest, static, act = self._sums(cand)
         factor = cand.num_microbatches + bubble_factor(cand)
         flight = min(in_flight(cand, r) for r in range(cand.pp))
         return factor * max(time_sum / cand.pp, slowest), (static + flight * act) / cand.pp
+
+    def refine(self, cand: Candidate) -> float:
+        """The memory-aware step-time bound (computed lazily: only for candidates near the top)."""
+        time_sum, slowest, static, _ = self._sums(cand)
+        flight = min(in_flight(cand, r) for r in range(cand.pp))
+        time_sum = max(time_sum, self._memory_aware_time(cand, static, flight))
+        return (cand.num_microbatches + bubble_factor(cand)) * max(time_sum / cand.pp, slowest)
 
     def _memory_aware_time(self, cand: Candidate, static: float, flight: float) -> float:
         """Least total per-microbatch time of all layers whose recompute lets the ranks' summed
@@ -99,23 +97,28 @@ class Searcher:
             entry[0], entry[2] = excess_bytes, stage
         entry[1] += 1
 
-    def run(self, top_k: int) -> tuple[list[tuple[float, Candidate, tuple]], int]:
-        cands = candidates(self.ctx, self.rejects)
-        bound = Bounds(self.ctx, self.table)
-        cap = self.ctx.capacity_bytes
-        queue = []
+    def _queue(self, cands: list[Candidate], bound: Bounds) -> list:
+        """Heap of (bound, refined?, candidate); candidates whose memory bound overflows are rejected."""
+        cap, queue = self.ctx.capacity_bytes, []
         for cand in cands:
             lb_time, lb_mem = bound(cand)
-            if not fits(lb_mem, cap):
-                self._reject_oom(cand, lb_mem - cap, "the average rank (weights+grads+optimizer+leanest activations)")
-            else:
+            if fits(lb_mem, cap):
                 queue.append((lb_time, False, cand))
+            else:
+                self._reject_oom(cand, lb_mem - cap, "the average rank (weights+grads+optimizer+leanest activations)")
         heapq.heapify(queue)
+        return queue
+
+    def run(self, top_k: int) -> tuple[list[tuple[float, Candidate, tuple]], int]:
+        """The top_k (step_s, candidate, (rank solutions, stages)), best first; and the candidate count."""
+        cands = candidates(self.ctx, self.rejects)
+        bound = Bounds(self.ctx, self.table)
+        queue = self._queue(cands, bound)
         best: list[tuple[float, Candidate, tuple]] = []  # sorted by (step, candidate)
         while queue:
             lb_time, refined, cand = heapq.heappop(queue)
             if len(best) >= top_k and lb_time >= best[-1][0] * (1 - 1e-12):
-                break
+                break  # every remaining candidate is bounded below by this
             if not refined:  # tighten the bound first; solve only if it still leads
                 heapq.heappush(queue, (max(lb_time, bound.refine(cand)), True, cand))
                 continue
