@@ -54,7 +54,10 @@ def _binding(breakdown: dict[str, float], memory: list[StageMemory], step: float
              "pipeline point-to-point", "dp_comm": "data-parallel gradient sync", "recompute":
              "activation recompute", "optimizer": "optimizer step", "cp_comm": "context-parallel exchange"}
     term = max(names, key=lambda k: breakdown[k])
-    return f"compute-bound; largest overhead: {names[term]} ({100 * breakdown[term] / step:.1f}% of the step)"
+    share = f"{100 * breakdown[term] / step:.1f}% of the step"
+    if breakdown[term] >= breakdown["compute"]:
+        return f"{names[term]} ({share}, more than compute)"
+    return f"compute-bound; largest overhead: {names[term]} ({share})"
 
 
 def prediction(ctx: Context, cand: Candidate, sols: list[RankSolution]) -> Prediction:

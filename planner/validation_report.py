@@ -101,6 +101,9 @@ NOTES = [
     "  the smallest batch (in-flight microbatches grow with m) and full recompute then reaches larger batches,",
     "  as in the paper; but the model's recompute overhead (one extra forward, ~33%) outweighs the smaller",
     "  bubble, so the best recompute throughput stays below the best without (the paper: up to 2x above).",
+    "- Table 2 at 384 GPUs: the model puts ZeRO-3 at microbatch 4 ahead of PTD-P (its per-layer gathers hide",
+    "  behind 4 samples of compute); the published run is 6% behind. At 768 and 1536 GPUs the model",
+    "  reproduces the collapse of ZeRO-3 (comm-bound) within 15-25%.",
     "- Stage boundaries: Megatron-LM splits layers evenly (layers divisible by pp x v), so validation runs",
     "  with uniform_stages; plain `meshplan plan` searches uneven splits too.",
 ]
