@@ -125,3 +125,26 @@ def gpt_profile_24():
     from meshplan.planner.analytic import gpt_profile
 
     return gpt_profile(layers=24, hidden=2048, heads=16)
+
+
+def test_plan_json_has_the_cli_keys():
+    import json
+
+    from meshplan.planner import plan_json
+
+    out = plan_json(search(small_gpt(6), cluster(8, 40.0), PlanRequest(num_gpus=8, global_batch=16, top_k=3)))
+    for key in ("step_time_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu",
+                "tokens_per_s_per_gpu", "peak_memory_bytes", "breakdown", "degrees", "microbatch", "schedule",
+                "stages", "recompute", "alternatives", "search_time_s", "num_evaluated", "num_rejected"):
+        assert key in out, key
+    assert len(out["alternatives"]) == 2 and "alternatives" not in out["alternatives"][0]
+    json.dumps(out)
+
+
+def test_planner_never_imports_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, meshplan.planner, meshplan.planner.validation, meshplan.planner.orderings; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
