@@ -148,3 +148,11 @@ def test_planner_never_imports_torch():
     code = ("import sys, meshplan.planner, meshplan.planner.validation, meshplan.planner.orderings; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("schedule", ["GPipe", "1F1B", "Interleaved1F1B"])
+def test_chosen_plans_fit_memory(schedule):
+    plan = search(small_gpt(6), cluster(8, 12.0), PlanRequest(num_gpus=8, global_batch=32, schedule=schedule, top_k=4))
+    for p in [plan] + plan.search.alternatives:
+        assert p.prediction.peak_memory_bytes <= p.prediction.stage_memory[0].capacity_bytes * (1 + 1e-9)
+        assert not p.prediction.binding_constraint.startswith("OOM")
