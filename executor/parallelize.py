@@ -140,7 +140,8 @@ def _parallelize_part(part, plan: Plan, dims: ParallelDims, rules, device, full_
     data_parallel = dims.dp_degree > 1
     if data_parallel and plan.zero_stage >= 2:                                          # 4
         dp_.apply_fsdp(part, dims, plan, device)
-    materialize(part, device, full_value)                                               # 5
+    # FSDP2 CPU offload keeps the sharded parameters in host memory (torchtitan does the same)
+    materialize(part, torch.device("cpu") if plan.offload else device, full_value)     # 5
     if data_parallel and plan.zero_stage <= 1:                                          # 6
         if dp_.has_dtensor_params(part) or plan.pipeline_schedule in SPLIT_BACKWARD:
             group = dims.dp_mesh().get_group()

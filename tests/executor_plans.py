@@ -19,7 +19,8 @@ def even_stages(layers: list[str], num_stages: int) -> list[list[str]]:
 def make_plan(model: str = "gpt-tiny", *, pp: int = 1, dp: int = 1, dp_shard: int = 1, tp: int = 1,
               zero: int = 0, sp: bool = False, schedule: str = "1F1B", virtual: int = 1,
               microbatch: int = 2, microbatches: int = 1, recompute: str | dict | None = None,
-              gradient_comm: str = "allreduce", config: dict | None = None, precision: str = "fp32") -> Plan:
+              gradient_comm: str = "allreduce", config: dict | None = None, precision: str = "fp32",
+              offload: bool = False) -> Plan:
     """A plan for `model` with the given degrees; dp = dp_replicate, dp_shard for ZeRO-2/3."""
     net = build_named_model(model, dict(config or {}), "meta")
     layers = net.layer_names()
@@ -29,7 +30,7 @@ def make_plan(model: str = "gpt-tiny", *, pp: int = 1, dp: int = 1, dp_shard: in
     plan = Plan(model_name=model, model_config=dict(config or {}), cluster_name="local-cpu", world_size=world,
                 pipeline_parallel_degree=pp, data_parallel_replicate_degree=dp,
                 data_parallel_shard_degree=dp_shard, tensor_parallel_degree=tp, zero_stage=zero,
-                sequence_parallel=sp, precision=precision, gradient_comm=gradient_comm,
+                sequence_parallel=sp, precision=precision, offload=offload, gradient_comm=gradient_comm,
                 global_batch_size=microbatch * microbatches * dp * dp_shard, microbatch_size=microbatch,
                 num_microbatches=microbatches, seq_len=net.seq_len, pipeline_schedule=schedule,
                 virtual_stages=virtual, layers=layers, stages=even_stages(layers, pp * virtual),

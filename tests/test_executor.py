@@ -28,6 +28,7 @@ CASES = {
         "zero2": dict(dp_shard=2, zero=2),
         "zero3": dict(dp_shard=2, zero=3),
         "zero3_selective": dict(dp_shard=2, zero=3, recompute="selective"),
+        "zero3_offload": dict(dp_shard=2, zero=3, offload=True),
         "tp": dict(tp=2),
         "tp_sp": dict(tp=2, sp=True),
         "tp_sp_selective": dict(tp=2, sp=True, recompute="selective"),
