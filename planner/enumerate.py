@@ -91,17 +91,18 @@ def _schedules(ctx: Context, pp: int, m: int, rej: Rejects, fam: str) -> list[tu
                 out.append((name, 1))
             else:
                 rej.add(fam, f"1F1B needs >= pp={pp} microbatches, has {m}")
-        else:
-            out += _interleaved(ctx, pp, m, rej, fam)
+        else:  # Interleaved1F1B, or a pinned LoopedBFS / InterleavedZeroBubble
+            out += [(name, v) for _, v in _interleaved(ctx, pp, m, rej, fam, name)]
     return out
 
 
-def _interleaved(ctx: Context, pp: int, m: int, rej: Rejects, fam: str) -> list[tuple[str, int]]:
+def _interleaved(ctx: Context, pp: int, m: int, rej: Rejects, fam: str,
+                 name: str = "Interleaved1F1B") -> list[tuple[str, int]]:
     if ctx.body is None:
-        rej.add(fam, "Interleaved1F1B needs identical blocks (this model's layers differ)")
+        rej.add(fam, f"{name} needs identical blocks (this model's layers differ)")
         return []
     if m % pp:
-        rej.add(fam, f"Interleaved1F1B needs microbatches ({m}) divisible by pp={pp}")
+        rej.add(fam, f"{name} needs microbatches ({m}) divisible by pp={pp}")
         return []
     blocks = ctx.body[1] - ctx.body[0]
     options = set(VIRTUAL_STAGES)
@@ -132,6 +133,9 @@ def candidates(ctx: Context, rej: Rejects) -> list[Candidate]:
                 [False, True] if tp > 1 else [False])
             for sched, v in _schedules(ctx, pp, m, rej, fam):
                 for zero in zeros:
+                    if sched == "InterleavedZeroBubble" and zero >= 2:
+                        rej.add(fam, f"InterleavedZeroBubble runs with DDP / ZeRO-1 only (zero={zero} needs FSDP2)")
+                        continue
                     for sp in sps:
                         out.append(Candidate(pp=pp, dp=dp, cp=cp, tp=tp, microbatch=b, num_microbatches=m,
                                              schedule=sched, virtual_stages=v, zero=zero, sequence_parallel=sp))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from meshplan.cluster import ClusterSpec
 from meshplan.errors import MeshplanError
 from meshplan.model_profile import ModelProfile
-from meshplan.plan import Plan, schedule_name
+from meshplan.plan import INTERLEAVED, Plan, schedule_name
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.layer_cost import CostTable
 from meshplan.planner.pipeline import p2p_per_microbatch_s
@@ -29,9 +29,9 @@ def _candidate(req: PlanRequest) -> Candidate:
         raise MeshplanError(f"--global-batch {req.global_batch} is not divisible by dp x microbatch = "
                             f"{dp * b}; pick a batch that is")
     sched = schedule_name(req.schedule) if req.schedule else "1F1B"
-    v = (req.virtual_stages or 2) if sched == "Interleaved1F1B" else 1
+    v = (req.virtual_stages or 2) if sched in INTERLEAVED else 1
     if pp == 1:
-        sched, v = ("1F1B" if sched == "Interleaved1F1B" else sched), 1
+        sched, v = ("1F1B" if sched in INTERLEAVED else sched), 1
     return Candidate(pp=pp, dp=dp, cp=cp, tp=tp, microbatch=b, num_microbatches=req.global_batch // (dp * b),
                      schedule=sched, virtual_stages=v, zero=req.zero or 0,
                      sequence_parallel=bool(req.sequence_parallel) and tp > 1)

@@ -26,10 +26,17 @@ and writes weights, m, v (12). Megatron-LM also reads the fp32 main grads for th
 clip (4), zeroes them (4) and copies the fp32 master weights to the bf16 model (4 + 2)."""
 
 
+ZERO_BUBBLE_SHARE = 1 / 3
+"""Zero-bubble 1F1B (Qi et al. 2024, ZB-H1) splits backward into input-grad B and weight-grad W
+and fills the bubble with W: bubble (p-1)(T_F + T_B - T_W) against 1F1B's (p-1)(T_F + T_B + T_W);
+with T_F ~ T_B ~ T_W (each one GEMM pass) that is one third, at 1F1B's activation memory."""
+
+
 def bubble_factor(cand: Candidate) -> float:
     if cand.pp == 1:
         return 0.0
-    return (cand.pp - 1) / cand.virtual_stages
+    share = ZERO_BUBBLE_SHARE if cand.schedule == "InterleavedZeroBubble" else 1.0
+    return share * (cand.pp - 1) / cand.virtual_stages
 
 
 def in_flight(cand: Candidate, rank: int) -> float:
@@ -37,7 +44,7 @@ def in_flight(cand: Candidate, rank: int) -> float:
     p, m, v = cand.pp, cand.num_microbatches, cand.virtual_stages
     if p == 1:
         return 1.0
-    if cand.schedule == "GPipe":
+    if cand.schedule in ("GPipe", "LoopedBFS"):  # every forward (of a chunk) before any backward
         return float(m)
     if v == 1:
         return float(min(p - rank, m))

@@ -124,3 +124,12 @@ def test_tp_within_a_node_uses_nvlink():
     spec = cluster_preset("a100-80g", 32)
     assert group_tier(spec, 1, 8) == "intra_node" and group_tier(spec, 1, 16) == "inter_node"
     assert collective_s(spec, "all_reduce", 16, 1e8, "inter_node") > 5 * collective_s(spec, "all_reduce", 8, 1e8, "intra_node")
+
+
+def test_zero_bubble_third_of_the_bubble_same_memory():
+    prof = gpt_profile(layers=96, hidden=12288, heads=96)
+    common = dict(num_gpus=64, global_batch=64, tp=8, pp=8, dp=1, microbatch=1, virtual_stages=2, recompute="full")
+    inter = estimate(prof, cluster_preset("a100-80g", 64), PlanRequest(schedule="interleaved", **common)).prediction
+    zb = estimate(prof, cluster_preset("a100-80g", 64), PlanRequest(schedule="zerobubble", **common)).prediction
+    assert zb.breakdown["bubble"] == pytest.approx(inter.breakdown["bubble"] / 3, rel=1e-9)
+    assert zb.peak_memory_bytes == pytest.approx(inter.peak_memory_bytes, rel=1e-9)
