@@ -129,25 +129,33 @@ def build_optimizer(part: nn.Module, dims: ParallelDims, plan: Plan, name: str, 
     params = [p for p in part.parameters() if p.requires_grad]
     if plan.zero_stage != 1 or dims.dp_degree == 1:
         return make_optimizer(params, name, lr, weight_decay)
-    local = [_LocalParam.of(p) for p in params]
     cls, kwargs = optimizer_spec(name, lr, weight_decay)
-    opt = ZeroRedundancyOptimizer(local, optimizer_class=cls, process_group=dims.dp_mesh().get_group(), **kwargs)
-    opt.meshplan_local_params = list(zip(params, local))
-    return opt
+    group = dims.dp_mesh().get_group()
+    if not any(isinstance(p, DTensor) for p in params):
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=group, **kwargs)
+    return ZeroOverLocalShards(params, optimizer_class=cls, process_group=group, **kwargs)
 
 
-class _LocalParam:
-    """For ZeRO-1 with DTensor params: a plain Parameter over the DTensor's local storage."""
+class ZeroOverLocalShards(ZeroRedundancyOptimizer):
+    """ZeRO-1 for tensor-parallel (DTensor) parameters, which ZeroRedundancyOptimizer cannot
+    broadcast: it optimises plain Parameters viewing each DTensor's local shard (same storage),
+    copies the DTensor gradients' local shards onto them before each step, and clears both."""
 
-    @staticmethod
-    def of(p: nn.Parameter) -> nn.Parameter:
-        if not isinstance(p, DTensor):
-            return p
-        return nn.Parameter(p._local_tensor, requires_grad=True)
+    def __init__(self, params: list[nn.Parameter], **kwargs):
+        self.real_and_local = [(p, _local_param(p)) for p in params]
+        super().__init__([local for _, local in self.real_and_local], **kwargs)
+
+    def step(self, closure=None, **kwargs):
+        for param, local in self.real_and_local:
+            if local is not param:
+                local.grad = None if param.grad is None else _local(param.grad)
+        return super().step(closure, **kwargs)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        for param, _ in self.real_and_local:
+            param.grad = None
 
 
-def sync_local_grads(opt: torch.optim.Optimizer) -> None:
-    """Point the ZeRO-1 local proxies' .grad at the DTensor gradients' local shards."""
-    for param, local in getattr(opt, "meshplan_local_params", []):
-        if local is not param:
-            local.grad = None if param.grad is None else _local(param.grad)
+def _local_param(p: nn.Parameter) -> nn.Parameter:
+    return nn.Parameter(p._local_tensor, requires_grad=True) if isinstance(p, DTensor) else p

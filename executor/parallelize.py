@@ -25,13 +25,15 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from meshplan.executor import data_parallel as dp_
+from meshplan.errors import MeshplanError
 from meshplan.executor.activation_checkpoint import apply_ac
+from meshplan.executor.grad_clip import clip_grad_norm
 from meshplan.executor.materialize import init_source, materialize, state_source
 from meshplan.executor.model import tp_rules_for
 from meshplan.executor.parallel_dims import ParallelDims
 from meshplan.executor.pipeline import SPLIT_BACKWARD, build_schedule, schedule_step, split_stages
 from meshplan.executor.tensor_parallel import apply_tp
-from meshplan.plan import Plan
+from meshplan.plan import MESH_AXES, Plan
 from meshplan.profiler.zoo.base import LayeredModel
 
 
@@ -54,6 +56,14 @@ class Parallelized:
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for part in self.parts for p in part.parameters()]
+
+    def make_optimizers(self, name: str = "adamw", lr: float = 3e-4, weight_decay: float = 0.1) -> list:
+        """One optimizer per part ("adamw" or "sgd"); ZeRO-1 plans get sharded optimizer states."""
+        return [dp_.build_optimizer(part, self.dims, self.plan, name, lr, weight_decay) for part in self.parts]
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Clip to a global L2 norm over every parallel dimension; returns the norm before clipping."""
+        return clip_grad_norm(self.parameters(), max_norm, self.dims.pp_group, self.device)
 
     def local_batch(self, tensor: torch.Tensor) -> torch.Tensor:
         """This data-parallel replica's slice of a global batch (dim 0)."""
@@ -115,7 +125,22 @@ def apply(model: LayeredModel, plan: Plan, mesh: DeviceMesh, *, seed: int = 0,
     """Parallelise `model` per `plan` on `mesh` (build_mesh(plan, ...)); see the module docstring.
 
     A meta-device model is filled from `init_tensor(fqn, shape, seed)`; a real model keeps its
-    own weights. Every rank must pass the same model."""
+    own weights. Every rank must pass the same model.
+
+    Example (under torchrun, after init_process_group)::
+
+        par = apply(build_model_for_plan(plan, "meta"), plan, build_mesh(plan, "cpu"))
+        opts = par.make_optimizers("adamw", lr=3e-4)
+        for x, y in global_batches:
+            loss = par.step(par.local_batch(x), par.local_batch(y))  # same value on every rank
+            par.clip_grad_norm_(1.0)
+            for opt in opts:
+                opt.step()
+                opt.zero_grad()
+    """
+    if tuple(mesh.mesh_dim_names or ()) != MESH_AXES:
+        raise MeshplanError(f"apply(mesh=...): mesh axes {mesh.mesh_dim_names} are not {MESH_AXES}; "
+                            "build the mesh with meshplan.executor.build_mesh(plan, device_type)")
     dims = ParallelDims(plan=plan, mesh=mesh)
     device = device or _default_device(mesh)
     on_meta = any(p.is_meta for p in model.parameters())

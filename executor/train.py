@@ -17,8 +17,6 @@ import torch
 from meshplan.executor import checkpoint
 from meshplan.executor.parallelize import apply
 from meshplan.executor.data import make_batches
-from meshplan.executor.data_parallel import build_optimizer, sync_local_grads
-from meshplan.executor.grad_clip import clip_grad_norm
 from meshplan.executor.memory import LiveTensorTracker, held_tensors
 from meshplan.executor.model import build_for_apply
 from meshplan.executor.parallel_dims import build_mesh
@@ -62,8 +60,7 @@ def train(plan: Plan, options: TrainOptions, device: torch.device,
     mesh = build_mesh(plan, device.type)
     model = build_for_apply(plan, options.seed)
     par = apply(model, plan, mesh, seed=options.seed, device=device)
-    optimizers = [build_optimizer(part, par.dims, plan, options.optimizer, options.lr, options.weight_decay)
-                  for part in par.parts]
+    optimizers = par.make_optimizers(options.optimizer, options.lr, options.weight_decay)
     batches = make_batches(model, plan, par.dims.dp_rank, par.dims.dp_degree, options.seed, options.data)
     start = checkpoint.load(options.out_dir, par.parts, optimizers, par.stage_ids) if options.resume else 0
     result = RankResult(rank=torch.distributed.get_rank(), losses=[], step_times_s=[], peak_memory_bytes=0,
@@ -94,12 +91,9 @@ def _train_step(par, optimizers, batch, grad_clip: float) -> tuple[torch.Tensor,
     global gradient norm before clipping."""
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
-    for p in par.parameters():  # ZeRO-1 over DTensors steps proxies: clear the real grads too
-        p.grad = None
     loss = par.step_local(*batch)
-    norm = clip_grad_norm(par.parameters(), grad_clip, par.dims.pp_group, par.device)
+    norm = par.clip_grad_norm_(grad_clip)
     for opt in optimizers:
-        sync_local_grads(opt)
         opt.step()
     return loss, norm
 
