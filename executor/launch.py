@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from meshplan.errors import MeshplanError, RunError
-from meshplan.executor.check import check_plan, local_device_count
+from meshplan.executor.check import check_plan
+from meshplan.executor.checkpoint import checkpoint_root, latest_step
 from meshplan.executor.worker import variant_dir
 from meshplan.plan import Plan
 from meshplan.run_result import RunResult
@@ -110,6 +111,7 @@ def run_plans(plans: list[Plan], opts: LaunchOptions) -> list[RunResult]:
     if opts.steps < 1:
         raise MeshplanError(f"--steps {opts.steps}: must be >= 1")
     out = Path(opts.out_dir)
+    _check_checkpoints(out, len(plans), opts)
     paths = _write_plans(plans, out)
     _clear_reports(out, len(plans))
     cmd = launch_command(plans[0], nnodes=opts.nnodes, node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint,
@@ -122,6 +124,21 @@ def run_plans(plans: list[Plan], opts: LaunchOptions) -> list[RunResult]:
     rc, output = _supervise(cmd, out, ranks, len(plans), opts)
     return [_collect(plan, variant_dir(str(out), i, len(plans)), ranks, rc, opts, output, len(plans))
             for i, plan in enumerate(plans)]
+
+
+def _check_checkpoints(out: Path, count: int, opts: LaunchOptions) -> None:
+    """--resume needs a checkpoint short of --steps; a fresh run forgets an old run's `latest`."""
+    for i in range(count):
+        vdir = variant_dir(str(out), i, count)
+        done = latest_step(vdir)
+        if opts.resume and done == 0:
+            raise MeshplanError(f"--resume: no complete checkpoint under {checkpoint_root(vdir)}; "
+                                "run without --resume (and with --checkpoint-every K) first")
+        if opts.resume and done >= opts.steps:
+            raise MeshplanError(f"--resume: the checkpoint in {checkpoint_root(vdir)} is at step {done}, "
+                                f"not before --steps {opts.steps}; raise --steps")
+        if not opts.resume:
+            (checkpoint_root(vdir) / "latest").unlink(missing_ok=True)
 
 
 def _write_plans(plans: list[Plan], out: Path) -> list[str]:

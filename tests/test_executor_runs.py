@@ -147,3 +147,14 @@ def test_plan_file_round_trip_runs_check(tmp_path):
     save(make_plan(pp=2, virtual=2, schedule="Interleaved1F1B", microbatches=4), tmp_path / "plan.json")
     check_plan(load(Plan, tmp_path / "plan.json"))
     assert json.loads((tmp_path / "plan.json").read_text())["virtual_stages"] == 2
+
+
+def test_resume_needs_a_checkpoint_before_the_last_step(tmp_path):
+    plan = make_plan(dp=2)
+    with pytest.raises(MeshplanError, match=r"--resume: no complete checkpoint"):
+        run_plan(plan, steps=4, out_dir=str(tmp_path), resume=True)
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "latest").write_text("4\n")
+    with pytest.raises(MeshplanError, match=r"at step 4, not before --steps 4"):
+        run_plan(plan, steps=4, out_dir=str(tmp_path), resume=True)
+    assert not (tmp_path / "ranks").exists()
