@@ -11,7 +11,7 @@ import math
 
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.layer_cost import LayerCost
-from meshplan.planner.pipeline import in_flight, p2p_per_microbatch_s, tail_s
+from meshplan.planner.pipeline import in_flight, last_bucket_params, p2p_per_microbatch_s, tail_s
 from meshplan.planner.recompute import modes_of, pareto_frontier, solve_frontier, solve_identical
 from meshplan.planner.stages import RankModel, RankSolution
 
@@ -70,7 +70,11 @@ class UniformSplit:
         if got is None:
             return None
         time = got[0] + fixed_time + self.p2p_s
-        sync, opt = tail_s(self.ctx, self.cand, fixed_local + n * blk.local_params, fixed_bwd + n * blk.backward_s)
+        fixed = self.fixed(rank)
+        first = 0 if fixed and fixed[0] == 0 and self.start == 1 else self.start
+        last = last_bucket_params(self.ctx.layers[first].tp.kind, self.costs[first].local_params)
+        sync, opt = tail_s(self.ctx, self.cand, fixed_local + n * blk.local_params, fixed_bwd + n * blk.backward_s,
+                           last)
         return self.model.factor * time + sync + opt, got[1]
 
     def solve(self) -> list[int] | None:

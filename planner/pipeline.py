@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from meshplan.planner.comm import collective_s, group_tier, p2p_s
 from meshplan.planner.context import Candidate, Context
+from meshplan.planner.memory import DDP_BUCKET_BYTES
 
 
 OPTIMIZER_BYTES_PER_PARAM = {"torch": 28, "megatron": 42}
@@ -61,21 +62,34 @@ def p2p_per_microbatch_s(ctx: Context, cand: Candidate, boundary_bytes: float) -
     return 2 * cand.virtual_stages * p2p_s(ctx.cluster, buf, tier) * (1 - hidden)
 
 
-def tail_s(ctx: Context, cand: Candidate, local_params: float, backward_window_s: float) -> tuple[float, float]:
-    """(exposed gradient sync, optimizer step) seconds of one rank, once per step."""
+def last_bucket_params(first_layer_kind: str, first_layer_local_params: float) -> float:
+    """Parameters whose gradient sync cannot overlap backward: the bucket finished last. A rank
+    that starts with the embedding finishes with its (often huge) gradient; otherwise the last
+    bucket is DDP's bucket cap of fp32 gradients."""
+    cap = DDP_BUCKET_BYTES / 4
+    return max(first_layer_local_params, cap) if first_layer_kind == "embedding" else cap
+
+
+def tail_s(ctx: Context, cand: Candidate, local_params: float, backward_window_s: float,
+           last_bucket: float = 0.0) -> tuple[float, float]:
+    """(exposed gradient sync, optimizer step) seconds of one rank, once per step. Bucketed sync
+    overlaps the last microbatch's backward except the last bucket (`last_bucket` parameters)."""
     group = cand.dp * cand.cp
     tier = group_tier(ctx.cluster, cand.tp, group)
     hidden = ctx.cluster.calibration.dp_overlap if ctx.request.overlap_dp_comm else 0.0
     grad_bytes = local_params * 4
+    tail_bytes = min(last_bucket, local_params) * 4
     sync = 0.0
     if cand.zero == 0:
         comm = collective_s(ctx.cluster, "all_reduce", group, grad_bytes, tier)
-        sync = max(0.0, comm - hidden * backward_window_s)
+        last = collective_s(ctx.cluster, "all_reduce", group, tail_bytes, tier)
+        sync = max(comm - hidden * backward_window_s, last if hidden else comm, 0.0)
     elif cand.zero == 1:
         rs = collective_s(ctx.cluster, "reduce_scatter", group, grad_bytes, tier)
+        last = collective_s(ctx.cluster, "reduce_scatter", group, tail_bytes, tier)
         weight_bytes = local_params * (2 if ctx.request.state_layout == "megatron" else 4)
         ag = collective_s(ctx.cluster, "all_gather", group, weight_bytes, tier)
-        sync = max(0.0, rs - hidden * backward_window_s) + (1 - hidden) * ag
+        sync = max(rs - hidden * backward_window_s, last if hidden else rs, 0.0) + (1 - hidden) * ag
     per_param = OPTIMIZER_BYTES_PER_PARAM[ctx.request.state_layout]
     shard = cand.dp if cand.zero >= 1 else 1
     optimizer = local_params / shard * per_param / (ctx.cluster.device.hbm_gbps * 1e9)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.layer_cost import LayerCost
 from meshplan.planner.memory import stage_buffer_bytes
-from meshplan.planner.pipeline import bubble_factor, in_flight, p2p_per_microbatch_s, tail_s
+from meshplan.planner.pipeline import bubble_factor, in_flight, last_bucket_params, p2p_per_microbatch_s, tail_s
 
 
 @dataclass
@@ -61,7 +61,9 @@ class RankModel:
         chosen = [self.costs[i].modes[modes[i]] for i in layers]
         time = sum(mc.time_s for mc in chosen) + p2p
         local = sum(self.costs[i].local_params for i in layers)
-        sync, opt = tail_s(self.ctx, self.cand, local, sum(self.costs[i].backward_s for i in layers))
+        first = layers[0]
+        last = last_bucket_params(self.ctx.layers[first].tp.kind, self.costs[first].local_params)
+        sync, opt = tail_s(self.ctx, self.cand, local, sum(self.costs[i].backward_s for i in layers), last)
         parts = {k: sum(getattr(mc, k) for mc in chosen) for k in ("compute_s", "recompute_s", "tp_s", "dp_s", "cp_s")}
         return RankSolution(rank=rank, layers=layers, modes=modes, time_s=time,
                             act_bytes=sum(mc.act_bytes for mc in chosen), static=static, buffers_bytes=buf,
