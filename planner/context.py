@@ -2,6 +2,7 @@
 derived constants every cost function needs; and `Candidate`, one outer-loop configuration."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from meshplan.cluster import ClusterSpec
@@ -36,6 +37,12 @@ class Candidate:
         sched = self.schedule + (f"(v={self.virtual_stages})" if self.virtual_stages > 1 else "")
         return (f"{self.family} b={self.microbatch} m={self.num_microbatches} {sched} "
                 f"zero={self.zero}{' sp' if self.sequence_parallel else ''}")
+
+
+def _gpu_model(name: str) -> str:
+    """"A100", "H100", "H200", "B200", ... from a device name ("cuda:NVIDIA H200", "H200-141G")."""
+    hit = re.search(r"\b([ABHLV]\d{2,3})", name.upper().replace("-", " ").replace("_", " "))
+    return hit.group(1) if hit else ""
 
 
 def _signature(layer: LayerProfile) -> tuple:
@@ -97,8 +104,13 @@ class Context:
 
     @property
     def measured(self) -> bool:
-        """Use measured LayerTimings: profiled on this kind of device (DESIGN.md, Cost model)."""
-        return self.profile.device == "cpu" and self.cluster.device.kind == "cpu"
+        """Use measured LayerTimings: profiled on this kind of device (DESIGN.md, Cost model) —
+        the CPU for a CPU cluster, or the same GPU model (A100, H100, H200, B200...) for a GPU one."""
+        dev, kind = self.profile.device, self.cluster.device.kind
+        if dev == "cpu" or kind == "cpu":
+            return dev == "cpu" and kind == "cpu"
+        model = _gpu_model(dev)
+        return dev.startswith("cuda") and kind == "cuda" and bool(model) and model == _gpu_model(self.cluster.device.name)
 
     def tp_split(self, layer: LayerProfile, tp: int) -> int:
         return tp if layer.tp.kind in SPLIT_KINDS else 1

@@ -133,3 +133,14 @@ def test_zero_bubble_third_of_the_bubble_same_memory():
     zb = estimate(prof, cluster_preset("a100-80g", 64), PlanRequest(schedule="zerobubble", **common)).prediction
     assert zb.breakdown["bubble"] == pytest.approx(inter.breakdown["bubble"] / 3, rel=1e-9)
     assert zb.peak_memory_bytes == pytest.approx(inter.peak_memory_bytes, rel=1e-9)
+
+
+def test_measured_gpu_timings_used_only_on_the_same_gpu_model():
+    prof = gpt_profile(layers=2, hidden=1024, heads=16)
+    prof.device = "cuda:NVIDIA H100 80GB HBM3"
+    blk = prof.layers[1]
+    blk.timings = [LayerTiming(microbatch_size=1, forward_s=0.004, backward_s=0.008)]
+    on_h100 = Context.build(prof, cluster_preset("h100-80g", 8), PlanRequest(num_gpus=8, global_batch=8))
+    on_a100 = Context.build(prof, cluster_preset("a100-80g", 8), PlanRequest(num_gpus=8, global_batch=8))
+    assert on_h100.measured and not on_a100.measured
+    assert layer_cost(on_h100, blk, 2, 1, False, 1, 0, 8).modes["none"].compute_s == pytest.approx(0.024)
