@@ -63,6 +63,7 @@ def test_identical_blocks_match_enumeration(seed):
         assert sum(got[1].values()) == n
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # pulp 3.x announces its 4.0 API
 @pytest.mark.parametrize("seed", range(8))
 def test_frontier_matches_enumeration_and_ilp(seed):
     rng = random.Random(100 + seed)
