@@ -107,6 +107,7 @@ def allowed_modes(ctx: Context, layer: LayerProfile) -> tuple[str, ...]:
 
 
 def layer_cost(ctx: Context, layer: LayerProfile, b: int, tp: int, sp: bool, cp: int, zero: int, dp: int) -> LayerCost:
+    """Time and saved bytes of one microbatch of `layer` per recompute mode, and its state bytes."""
     split = ctx.tp_split(layer, tp)
     fwd, bwd, sel = layer_compute_s(ctx, layer, b, split, cp)
     tp_fwd, tp_bwd = _tp_comm_s(ctx, layer, b, tp, cp, sp)

@@ -96,6 +96,8 @@ NOTES = [
     "- H100 rows with small hidden sizes (1.7B, 7.1B at seq 4096) are over-predicted (+10-13%). The GEMM",
     "  ramp is scaled by device speed (presets.py), but no H100 layer measurement was available to",
     "  calibrate the H100 plateau or the flash-attention efficiency, which dominate at hidden 2048-4096.",
+    "- Megatron-Core's --tp-comm-overlap is passed through (overlap_tp_comm) but the presets' calibration",
+    "  tp_overlap is 0 until a measurement gives it, so TP collectives stay exposed on the H100 rows.",
     "- The largest errors (+15-17%) are the Narayanan rows with pp > 1 (see the two-papers note above).",
     "- GPT-119B (92 layers, pp = 4): even splits forbid interleaving (23 blocks per rank, v would have to",
     "  divide 23), so the model runs 1F1B with a 19% bubble at 16 microbatches and under-predicts.",
