@@ -18,6 +18,8 @@ CASES = [
     ("gpt 8 GPUs, tight memory", small_gpt(6), 8, 10.0, dict(global_batch=8, zero=0)),
     ("gpt 4 GPUs, interleaved + GPipe", small_gpt(6), 4, 10.0, dict(global_batch=8, tp=1, zero=1)),
     ("llama 16 GPUs", small_llama(4), 16, 10.0, dict(global_batch=32, sequence_parallel=True, zero=2)),
+    ("gpt 12 layers 8 GPUs, pinned selective", small_gpt(10), 8, 14.0,
+     dict(global_batch=16, recompute="selective", zero=1, sequence_parallel=False)),
     ("cnn chain 4 GPUs", cnn_chain(), 4, 6.0, dict(global_batch=32, zero=3)),
     ("cnn chain 8 GPUs, any zero", cnn_chain(), 8, 4.0, dict(global_batch=16)),
 ]
