@@ -4,7 +4,8 @@
     python -m benchmarks.planner_speed [--quick]
 
 Targets (issue 4): 175B on 1024 A100 under 1 s, 405B on 16384 H100 under 5 s of CPU. Profiles
-are the closed forms of meshplan.planner.analytic (no torch, no weights). Counts too small to
+come from meshplan.profiler.profile_model on the meta device (not timed here; no weights), or the
+closed forms of meshplan.planner.analytic without torch. search_time_s is CPU time of search(). Counts too small to
 hold the model end in InfeasibleError; their time includes finding the fewest GPUs that fit.
 """
 from __future__ import annotations
@@ -18,8 +19,21 @@ from meshplan.planner import PlanRequest, search
 from meshplan.planner.analytic import GPT3_175B, LLAMA3_405B, gpt_profile, llama_profile
 from meshplan.presets import cluster_preset
 
-CASES = [("gpt3-175b", "a100-80g", 1536, lambda: gpt_profile(**GPT3_175B)),
-         ("llama3-405b", "h100-80g", 2048, lambda: llama_profile(**LLAMA3_405B))]
+def _profile(zoo: str, overrides: dict, closed_form):
+    """The profiler's meta-device profile (as `meshplan plan --model` builds it); the planner's
+    closed form when the profiler (torch) is unavailable."""
+    try:
+        from meshplan.profiler import profile_model
+    except ImportError:
+        return closed_form()
+    return profile_model(zoo, overrides, device="meta")
+
+
+CASES = [("gpt3-175b", "a100-80g", 1536,
+          lambda: _profile("gpt", {k: GPT3_175B[k] for k in ("layers", "hidden", "heads", "vocab", "seq")},
+                           lambda: gpt_profile(**GPT3_175B))),
+         ("llama3-405b", "h100-80g", 2048,
+          lambda: _profile("llama3-405b", {"seq": 8192}, lambda: llama_profile(**LLAMA3_405B)))]
 FULL_COUNTS = (8, 64, 256, 1024, 4096, 16384)
 QUICK_COUNTS = {"gpt3-175b": (8, 1024), "llama3-405b": (16384,)}
 
