@@ -90,7 +90,7 @@ def _schedules(ctx: Context, pp: int, m: int, rej: Rejects, fam: str) -> list[tu
             if m >= pp:
                 out.append((name, 1))
             else:
-                rej.add(fam, f"1F1B needs >= pp={pp} microbatches, has {m}")
+                rej.add(fam, f"1F1B needs >= pp={pp} microbatches per step (microbatch too large)")
         else:  # Interleaved1F1B, or a pinned LoopedBFS / InterleavedZeroBubble
             out += [(name, v) for _, v in _interleaved(ctx, pp, m, rej, fam, name)]
     return out
@@ -102,7 +102,7 @@ def _interleaved(ctx: Context, pp: int, m: int, rej: Rejects, fam: str,
         rej.add(fam, f"{name} needs identical blocks (this model's layers differ)")
         return []
     if m % pp:
-        rej.add(fam, f"{name} needs microbatches ({m}) divisible by pp={pp}")
+        rej.add(fam, f"{name} needs the microbatch count divisible by pp={pp}")
         return []
     blocks = ctx.body[1] - ctx.body[0]
     options = set(VIRTUAL_STAGES)
@@ -131,10 +131,11 @@ def candidates(ctx: Context, rej: Rejects) -> list[Candidate]:
             zeros = _pick(req.zero, [0, 1, 2, 3] if dp > 1 else [0])
             sps = [bool(req.sequence_parallel) and tp > 1] if req.sequence_parallel is not None else (
                 [False, True] if tp > 1 else [False])
-            for sched, v in _schedules(ctx, pp, m, rej, fam):
+            for sched, v in _schedules(ctx, pp, m, rej, f"pp={pp} dp={dp} cp={cp} tp={tp}"):
                 for zero in zeros:
                     if sched == "InterleavedZeroBubble" and zero >= 2:
-                        rej.add(fam, f"InterleavedZeroBubble runs with DDP / ZeRO-1 only (zero={zero} needs FSDP2)")
+                        rej.add(f"pp={pp} dp={dp} cp={cp} tp={tp}",
+                                f"InterleavedZeroBubble runs with DDP / ZeRO-1 only (zero={zero} needs FSDP2)")
                         continue
                     for sp in sps:
                         out.append(Candidate(pp=pp, dp=dp, cp=cp, tp=tp, microbatch=b, num_microbatches=m,
