@@ -25,7 +25,7 @@ from meshplan.planner.memory import GIB, fits
 from meshplan.planner.partition import solve
 from meshplan.planner.pipeline import bubble_factor, in_flight
 from meshplan.planner.recompute import solve_identical
-from meshplan.planner.predict import build_plan, provenance
+from meshplan.planner.predict import _breakdown, build_plan, provenance
 from meshplan.planner.request import PlanRequest
 
 
@@ -89,6 +89,11 @@ class Searcher:
         self.oom: dict[str, list] = {}
         self.num_evaluated = 0
         self.frontiers: dict = {}
+        self.family_best: dict[str, tuple] = {}
+        """Degree family -> (step_s, candidate, rank solutions) of its best solved candidate."""
+        self.family_bound: dict[str, float] = {}
+        """Degree family -> least lower bound among its candidates never solved (pruned)."""
+        self.family_size: Counter = Counter()
 
     def _reject_oom(self, cand: Candidate, excess_bytes: float, stage: str) -> None:
         fam = _oom_family(cand)
@@ -127,10 +132,38 @@ class Searcher:
             if sols is None:
                 self._reject_oom(cand, excess, f"stage {stages} (balanced split, leanest recompute)")
                 continue
-            best.append((max(s.cost_s for s in sols), cand, (sols, stages)))
+            step = max(s.cost_s for s in sols)
+            if step < self.family_best.get(cand.family, (math.inf,))[0]:
+                self.family_best[cand.family] = (step, cand, sols)
+            best.append((step, cand, (sols, stages)))
             best.sort(key=lambda item: (item[0], item[1]))
             del best[top_k:]
+        for lb_time, _, cand in queue:  # pruned by the bound: remember the family's best bound
+            self.family_bound[cand.family] = min(lb_time, self.family_bound.get(cand.family, math.inf))
+        self.family_size.update(c.family for c in cands)
         return best, len(cands)
+
+    def lost(self, ranked: list) -> list[Rejection]:
+        """Why each degree family absent from the top-K lost: its best step (and largest overhead)
+        or, when never solved, its lower bound, against the best plan's step."""
+        best_step, shown = ranked[0][0], {cand.family for _, cand, _ in ranked}
+        out = []
+        for fam in sorted(set(self.family_best) | set(self.family_bound)):
+            if fam in shown:
+                continue
+            if fam in self.family_best:
+                step, cand, sols = self.family_best[fam]
+                crit = max(sols, key=lambda r: (r.cost_s, -r.rank))
+                terms = {k: v for k, v in _breakdown(cand, crit).items() if k != "compute"}
+                term = max(terms, key=terms.get)
+                reason = (f"slower: {step:.3g} s per step vs {best_step:.3g} s (+{100 * (step / best_step - 1):.1f}%); "
+                          f"largest overhead {term} {100 * terms[term] / step:.1f}% ({cand.label()})")
+            else:
+                step = self.family_bound[fam]
+                reason = f"slower: at least {step:.3g} s per step (bound) vs {best_step:.3g} s " \
+                         f"(+{100 * (step / best_step - 1):.1f}%)"
+            out.append(Rejection(family=fam, reason=reason, count=self.family_size[fam]))
+        return out
 
     def rejections(self) -> list[Rejection]:
         out = [Rejection(family=f, reason=r, count=c) for (f, r), c in sorted(self.rejects.counts.items())]
@@ -156,5 +189,5 @@ def search(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) ->
     best.search = SearchSummary(
         search_time_s=time.perf_counter() - start, num_candidates=num_candidates,
         num_evaluated=searcher.num_evaluated, num_rejected=sum(r.count for r in rejected),
-        alternatives=plans[1:], rejected=rejected)
+        alternatives=plans[1:], rejected=rejected + searcher.lost(ranked))
     return best

@@ -158,3 +158,12 @@ def test_chosen_plans_fit_memory(schedule):
     for p in [plan] + plan.search.alternatives:
         assert p.prediction.peak_memory_bytes <= p.prediction.stage_memory[0].capacity_bytes * (1 + 1e-9)
         assert not p.prediction.binding_constraint.startswith("OOM")
+
+
+def test_lost_families_say_by_how_much():
+    plan = search(small_gpt(6), cluster(8, 40.0), PlanRequest(num_gpus=8, global_batch=16, top_k=2))
+    lost = [r for r in plan.search.rejected if r.reason.startswith("slower")]
+    chosen = {f"pp={p.pipeline_parallel_degree} dp={p.data_parallel_degree} cp=1 tp={p.tensor_parallel_degree}"
+              for p in [plan] + plan.search.alternatives}
+    assert lost and all(r.family not in chosen and "%" in r.reason for r in lost)
+    assert plan.search.num_rejected == sum(r.count for r in plan.search.rejected if not r.reason.startswith("slower"))
