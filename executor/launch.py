@@ -303,10 +303,12 @@ def merge_results(plan: Plan, per_rank: list[dict], rc: int, opts: LaunchOptions
                      f"{max(abs(a - b) for r in per_rank for a, b in zip(r['losses'], first['losses'])):.3g})")
     if rc != 0:
         notes.append(f"torchrun exited with {rc} after every rank reported its result (shutdown crash ignored)")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if plan.precision == "bf16" and device == "cpu":
+        notes.append("plan.precision bf16: ran in fp32 (bf16 autocast is used on GPU only)")
     step_times = [max(ts) for ts in zip(*(r["step_times_s"] for r in per_rank))]
     timed = step_times[1:] if len(step_times) > 1 else step_times  # step 0 is warm-up (and memory tracking)
     median_s = statistics.median(timed)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     return RunResult(plan_hash=content_hash(plan), world_size=plan.world_size, steps=opts.steps,
                      losses=first["losses"], step_time_s=median_s, step_times_s=step_times,
                      tokens_per_s=plan.global_batch_size * plan.seq_len / median_s if median_s > 0 else 0.0,
