@@ -1,6 +1,6 @@
 """meshplan.planner: cost model and exact, fast search (pure Python; never imports torch).
 
-Public API: search(), estimate(), validate_published(), write_validation_report(), plan_json(),
+Public API: search(), estimate(), validate_published(), write_validation_report(),
 PlanRequest. Layout: context (profile + cluster + request, Candidate), compute / comm / memory /
 layer_cost (per-layer costs), pipeline (schedules, tail), stages + partition + recompute (exact
 boundaries and recompute per candidate), enumerate + search (branch and bound), predict (Plan and
@@ -8,11 +8,10 @@ Prediction), estimate, explain (messages, JSON), analytic (closed-form GPT/Llama
 validation + orderings + validation_report (published runs).
 """
 from meshplan.planner.estimate import estimate
-from meshplan.planner.explain import plan_json
 from meshplan.planner.request import PlanRequest
 from meshplan.planner.search import search
 
-__all__ = ["PlanRequest", "estimate", "plan_json", "search", "validate_published", "write_validation_report"]
+__all__ = ["PlanRequest", "estimate", "search", "validate_published", "write_validation_report"]
 
 
 def validate_published(csv_path: str) -> list[dict]:

@@ -46,30 +46,3 @@ def infeasible_message(searcher, profile, cluster, request) -> str:
     if fewest:
         return f"{head}; fewest {cluster.device.name} that fit: {fewest} (try --num-gpus {fewest})"
     return f"{head}; no count up to {MAX_GPUS} GPUs fits: lower --seq or --global-batch, or a larger-memory device"
-
-
-def _figures(plan) -> dict:
-    pr = plan.prediction
-    return {"step_time_s": pr.step_time_s, "model_tflops_per_gpu": pr.model_tflops_per_gpu,
-            "hardware_tflops_per_gpu": pr.hardware_tflops_per_gpu, "mfu": pr.mfu, "hfu": pr.hfu,
-            "tokens_per_s_per_gpu": pr.tokens_per_s_per_gpu, "peak_memory_bytes": pr.peak_memory_bytes,
-            "breakdown": dict(pr.breakdown), "binding_constraint": pr.binding_constraint,
-            "degrees": {"pp": plan.pipeline_parallel_degree, "dp_replicate": plan.data_parallel_replicate_degree,
-                        "dp_shard": plan.data_parallel_shard_degree, "cp": plan.context_parallel_degree,
-                        "tp": plan.tensor_parallel_degree},
-            "zero_stage": plan.zero_stage, "sequence_parallel": plan.sequence_parallel,
-            "microbatch": plan.microbatch_size, "num_microbatches": plan.num_microbatches,
-            "schedule": plan.pipeline_schedule, "virtual_stages": plan.virtual_stages,
-            "stages": plan.stages, "recompute": plan.recompute}
-
-
-def plan_json(plan) -> dict:
-    """The `meshplan plan/estimate --json` object (issue 4's keys): the plan's figures at the top
-    level, `alternatives` (same keys) and the search summary beside them when searched."""
-    out = _figures(plan)
-    if plan.search is not None:
-        s = plan.search
-        out.update(search_time_s=s.search_time_s, num_candidates=s.num_candidates, num_evaluated=s.num_evaluated,
-                   num_rejected=s.num_rejected, alternatives=[_figures(a) for a in s.alternatives],
-                   rejected=[{"family": r.family, "reason": r.reason, "count": r.count} for r in s.rejected])
-    return out

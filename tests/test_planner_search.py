@@ -132,9 +132,9 @@ def gpt_profile_24():
 def test_plan_json_has_the_cli_keys():
     import json
 
-    from meshplan.planner import plan_json
+    from meshplan.views import plan_view
 
-    out = plan_json(search(small_gpt(6), cluster(8, 40.0), PlanRequest(num_gpus=8, global_batch=16, top_k=3)))
+    out = plan_view(search(small_gpt(6), cluster(8, 40.0), PlanRequest(num_gpus=8, global_batch=16, top_k=3)))
     for key in ("step_time_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu",
                 "tokens_per_s_per_gpu", "peak_memory_bytes", "breakdown", "degrees", "microbatch", "schedule",
                 "stages", "recompute", "alternatives", "search_time_s", "num_evaluated", "num_rejected"):
