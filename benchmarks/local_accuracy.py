@@ -11,6 +11,7 @@ The planner's own search result is measured beside the grid.
 """
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
@@ -63,7 +64,17 @@ def calibrate(models: tuple[str, ...], quick: bool, say) -> tuple[dict, object, 
     info["profile_links_s"] = round(time.perf_counter() - start, 1)
     info["profile_links_args"] = links or "defaults (1 KiB..64 MiB, 5 collectives, groups 2..4)"
     say(f"  measured gloo links on {NUM_RANKS} ranks ({info['profile_links_s']} s)")
+    info["layer_timings_s"] = {m: _timings(p) for m, p in profiles.items()}
+    info["links"] = [{"collective": f.collective, "group_size": f.group_size, "latency_s": f.latency_s,
+                      "bandwidth_gbps": f.bandwidth_gbps} for f in cluster.collectives]
+    info["load_average"] = list(os.getloadavg())
     return profiles, cluster, info
+
+
+def _timings(profile) -> dict:
+    """{layer: {microbatch: [forward_s, backward_s]}} of the measured (not reused) layers."""
+    return {layer.name: {str(t.microbatch_size): [t.forward_s, t.backward_s] for t in layer.timings}
+            for layer in profile.layers if layer.timings and not any(t.reused_from for t in layer.timings)}
 
 
 def request(pins: dict):
@@ -121,10 +132,12 @@ def _run_batch(plans: list, steps: int, work: Path, say) -> list:
     return results
 
 
-def measure(named: dict[str, list[tuple[str, object]]], repeats: int, steps: int, say) -> dict:
-    """{model: {name: [RunResult per repetition]}}; each repetition is one launch per model,
-    its plan order rotated by the repetition index."""
+def measure(named: dict[str, list[tuple[str, object]]], repeats: int, steps: int, say) -> tuple[dict, list]:
+    """({model: {name: [RunResult per repetition]}}, launches); each repetition is one launch per
+    model, its plan order rotated by the repetition index; launches records each one's wall time
+    and the host's load average after it."""
     out = {model: {name: [] for name, _ in plans} for model, plans in named.items()}
+    launches = []
     with tempfile.TemporaryDirectory(prefix="meshplan-bench-") as tmp:
         for rep in range(repeats):
             for model, plans in named.items():
@@ -135,9 +148,11 @@ def measure(named: dict[str, list[tuple[str, object]]], repeats: int, steps: int
                 for (name, _), result in zip(order, results):
                     if result is not None:
                         out[model][name].append(result)
-                say(f"  repetition {rep + 1}/{repeats}: {model}, {len(order)} plans "
-                    f"({time.perf_counter() - start:.0f} s)")
-    return out
+                launches.append({"model": model, "repetition": rep, "wall_s": round(time.perf_counter() - start, 1),
+                                 "load_average": list(os.getloadavg())})
+                say(f"  repetition {rep + 1}/{repeats}: {model}, {len(order)} plans ({launches[-1]['wall_s']:.0f} s, "
+                    f"load {launches[-1]['load_average'][0]:.1f})")
+    return out, launches
 
 
 def plan_row(name: str, plan, runs: list) -> dict:

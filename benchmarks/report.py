@@ -82,10 +82,16 @@ def _local(r: dict) -> list[str]:
     lines = ["## 1. Local accuracy and plan quality (4 gloo ranks)", ""] + _error_block(la)
     if "models" not in la:
         return lines
+    cal = {k: v for k, v in la.get("calibration", {}).items() if k not in ("layer_timings_s", "links")}
     lines += [f"Cost model calibrated only from `profile_model(device=\"cpu\", concurrent=4)` and "
-              f"`profile_links(4)` measured at the start of this run ({la.get('calibration')}); never fitted "
+              f"`profile_links(4)` measured at the start of this run ({cal}; per-layer timings and link fits "
+              "are in benchmarks.json under local_accuracy.calibration); never fitted "
               f"to the grid. Global batch {la.get('global_batch')}, {la.get('repeats')} launch(es) per plan, "
               "each the median of the steps after the warm-up step.", ""]
+    loads = [f"{x['model']} #{x['repetition'] + 1}: {x['wall_s']:.0f} s, load {x['load_average'][0]:.1f}"
+             for x in la.get("launches", [])]
+    if loads:
+        lines += ["Launches (wall time, 1-minute load average after): " + "; ".join(loads) + ".", ""]
     for name, m in la["models"].items():
         lines += _model_table(name, m)
     return lines

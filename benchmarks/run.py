@@ -40,7 +40,7 @@ def local_sections(quick: bool, say) -> tuple[dict, dict, dict]:
         named[model], skipped[model] = la.predict_grid(profile, cluster, grid + [("megatron", megatron)])
         named[model].append(("planner-search", baselines.planner_choice(profile, cluster)))
         say(f"  {model}: {len(named[model])} plans predicted ({len(skipped[model])} skipped)")
-    runs = la.measure(named, repeats=1 if quick else 3, steps=6 if quick else 10, say=say)
+    runs, launches = la.measure(named, repeats=1 if quick else 3, steps=6 if quick else 10, say=say)
     models, rows_by_model, speedups = {}, {}, {}
     for model, plans in named.items():
         rows = [la.plan_row(name, plan, runs[model][name]) for name, plan in plans]
@@ -49,7 +49,7 @@ def local_sections(quick: bool, say) -> tuple[dict, dict, dict]:
         models[model] = {**summary, "baseline_speedups": speedups[model], "skipped": skipped[model], "rows": rows}
         rows_by_model[model] = rows
     local = _overall(models)
-    local.update(models=models, calibration=calibration, targets=TARGETS,
+    local.update(models=models, calibration=calibration, targets=TARGETS, launches=launches,
                  repeats=1 if quick else 3, global_batch=la.GLOBAL_BATCH, num_ranks=la.NUM_RANKS)
     return local, {**baselines.combine(speedups), "by_model": speedups}, memory_accuracy.summarize(rows_by_model)
 
