@@ -81,6 +81,10 @@ class LayerProfile:
     these (m scales with microbatch x seq)."""
     timings: list[LayerTiming] = field(default_factory=list)
     """Measured timings by microbatch size (empty when profiled on meta)."""
+    optimizer_step_s: float = 0.0
+    """Measured seconds of the once-per-step work on this layer's parameters on the profiled
+    device: AdamW step, gradient-norm clipping and zero_grad (0 when not measured, e.g. on meta;
+    the cost model then uses the memory-bound formula)."""
 
     def validate(self, path: str = "") -> None:
         check(self.num_params >= 0, f"{path}.num_params", self.num_params, "must be >= 0")
