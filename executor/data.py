@@ -49,7 +49,8 @@ def make_batches(model: LayeredModel, plan: Plan, dp_rank: int, dp_degree: int, 
     if data is None:
         def synthetic(step: int):
             x, y = synthetic_global_batch(model, plan, seed, step)
-            return x[dp_rank * per_replica:(dp_rank + 1) * per_replica], y[dp_rank * per_replica:(dp_rank + 1) * per_replica]
+            rows = slice(dp_rank * per_replica, (dp_rank + 1) * per_replica)
+            return x[rows], None if y is None else y[rows]
         return synthetic
     dataset = load_dataset(data)
     sampler = DistributedSampler(dataset, num_replicas=dp_degree, rank=dp_rank, shuffle=True, seed=seed, drop_last=True)

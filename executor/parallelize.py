@@ -78,31 +78,35 @@ class Parallelized:
     def step_local(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """As `step` without communicating the loss: returns this rank's share of it (its replica's
         mean on loss-owning ranks, 0 elsewhere); `global_losses` turns shares into losses."""
+        if targets is None:  # models trained on their output alone: a chunkable placeholder
+            targets = torch.empty(inputs.shape[0], 0)
         with self._autocast():
             local = self._pipelined(inputs, targets) if self.schedule else self._accumulated(inputs, targets)
         for reducer in self.reducers:
             reducer.reduce()
-        return local.detach().to(torch.float64) if self.dims.is_loss_owner else torch.zeros((), dtype=torch.float64)
+        if not self.dims.is_loss_owner:
+            return torch.zeros((), dtype=torch.float64, device=self.device)
+        return local.detach().to(torch.float64)
 
     def global_losses(self, shares: list[torch.Tensor]) -> list[float]:
         """Global-batch losses from every step's shares with ONE all-reduce (so a training loop
         need not synchronise on the loss each step)."""
-        total = torch.stack(shares).to(self.device)
+        total = torch.stack([s.to(self.device) for s in shares])
         dist.all_reduce(total)
         return (total / self.dims.dp_degree).tolist()
 
     def _pipelined(self, inputs, targets) -> torch.Tensor:
         losses = schedule_step(self.schedule, self.stages, inputs.to(self.device), targets.to(self.device))
-        return torch.stack([l.detach().float() for l in losses]).mean().cpu() if losses else torch.zeros(())
+        return torch.stack([l.detach().float() for l in losses]).mean() if losses else torch.zeros(())
 
     def _accumulated(self, inputs, targets) -> torch.Tensor:
         (model,), n = self.parts, self.plan.num_microbatches
-        total = torch.zeros(())
+        total = torch.zeros((), device=self.device)  # no host sync per microbatch on GPU
         for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
             with _grad_sync(model, last=i == n - 1):
                 loss = self.loss_fn(model(x.to(self.device)), y.to(self.device)) / n
                 loss.backward()
-            total += loss.detach().float().cpu()
+            total += loss.detach().float()
         return total
 
     def _autocast(self):
@@ -152,9 +156,9 @@ def apply(model: LayeredModel, plan: Plan, mesh: DeviceMesh, *, seed: int = 0,
     parts, reducers = [_parallelize_part(p, plan, dims, rules, device, full_value) for p in parts], []
     parts, reducers = [p for p, _ in parts], [r for _, r in parts if r is not None]
     result = Parallelized(plan=plan, dims=dims, device=device, parts=parts, stage_ids=stage_ids,
-                          loss_fn=model.loss, reducers=reducers, autocast_dtype=_autocast_dtype(plan, device))
+                          loss_fn=_loss_fn(model), reducers=reducers, autocast_dtype=_autocast_dtype(plan, device))
     if plan.pipeline_parallel_degree > 1 or len(plan.stages) > 1:                      # 7
-        result.schedule, result.stages = build_schedule(plan, stage_ids, parts, mesh["pp"], device, model.loss)
+        result.schedule, result.stages = build_schedule(plan, stage_ids, parts, mesh["pp"], device, result.loss_fn)
     return result
 
 
@@ -173,6 +177,13 @@ def _parallelize_part(part, plan: Plan, dims: ParallelDims, rules, device, full_
             return part, dp_.ReplicaGradReducer(list(part.parameters()), group, plan.gradient_comm == "fp16")
         return dp_.apply_ddp(part, dims, plan, device), None
     return part, None
+
+
+def _loss_fn(model: LayeredModel):
+    """model.loss, with the empty placeholder target (no targets) passed on as None."""
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return model.loss(output, None if target.numel() == 0 and target.dim() == 2 else target)
+    return loss
 
 
 def _default_device(mesh: DeviceMesh) -> torch.device:
