@@ -1,9 +1,12 @@
-"""Checkpoints with torch.distributed.checkpoint (DCP), every K steps, crash-safe.
+"""Checkpoints with torch.distributed.checkpoint (DCP), every K steps, crash-safe, reshardable.
 
-Layout: out_dir/checkpoints/step_000010/ (a DCP directory: model and optimizer state of every
-part, sharded as the plan shards them) plus, for ZeRO-1, one optimizer-shard file per rank.
-`latest` names the newest complete checkpoint and is written (atomically, by rank 0) only after
-every rank finished saving, so a rank dying mid-save leaves the previous checkpoint as latest.
+Layout: out_dir/checkpoints/step_000010/ is a DCP directory holding {"model": {fqn: tensor},
+"optim": {flattened "state.<fqn>.<key>" / "param_groups.<fqn>.<key>"}} merged over the parts of
+every rank. Keys are the single-process model's FQNs, so DCP can load the checkpoint into a
+different plan (other degrees, stages, ZeRO stage): it reads each rank's shards by key. ZeRO-1's
+ZeroRedundancyOptimizer keeps its state outside (one file per rank), so it resumes only into the
+same plan. `latest` names the newest complete checkpoint and is written (atomically, by rank 0)
+only after every rank finished saving; a rank dying mid-save leaves the previous one as latest.
 """
 from __future__ import annotations
 
@@ -12,11 +15,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from meshplan.schema import write_text_atomic
+
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def checkpoint_root(out_dir: str | Path) -> Path:
@@ -29,23 +35,39 @@ def latest_step(out_dir: str | Path) -> int:
     return int(marker.read_text().strip()) if marker.exists() else 0
 
 
+def saved_plan_path(out_dir: str | Path) -> Path:
+    """The plan that wrote the latest checkpoint (the launcher compares it on --resume)."""
+    return _step_dir(out_dir, latest_step(out_dir)) / "plan.json"
+
+
 def _step_dir(out_dir, step: int) -> Path:
     return checkpoint_root(out_dir) / f"step_{step:06d}"
 
 
-def _state(parts, optimizers, stage_ids) -> dict:
-    state = {}
-    for sid, part, opt in zip(stage_ids, parts, optimizers):
-        state[f"model.{sid}"] = get_model_state_dict(part)
-        if not isinstance(opt, ZeroRedundancyOptimizer):
-            state[f"optim.{sid}"] = get_optimizer_state_dict(part, opt)
-    return state
+def _part_states(parts, optimizers) -> list[tuple[dict, dict]]:
+    """(model state, flattened optimizer state) per part, keyed by model FQNs."""
+    states = []
+    for part, opt in zip(parts, optimizers):
+        optim = {} if isinstance(opt, ZeroRedundancyOptimizer) else get_optimizer_state_dict(part, opt, options=FLAT)
+        states.append((get_model_state_dict(part), optim))
+    return states
 
 
-def save(out_dir, step: int, parts, optimizers, stage_ids) -> None:
+def _merged(states: list[tuple[dict, dict]]) -> dict:
+    model, optim = {}, {}
+    for m, o in states:
+        model.update(m)
+        optim.update(o)
+    return {"model": model, "optim": optim}
+
+
+def save(out_dir, step: int, parts, optimizers, stage_ids, plan=None) -> None:
     """Collective: every rank saves its shards of model and optimizer after `step` steps."""
     path = _step_dir(out_dir, step)
-    dcp.save(_state(parts, optimizers, stage_ids), checkpoint_id=str(path))
+    if plan is not None and dist.get_rank() == 0:
+        from meshplan.schema import save as save_json
+        save_json(plan, path / "plan.json")
+    dcp.save(_merged(_part_states(parts, optimizers)), checkpoint_id=str(path))
     for sid, opt in zip(stage_ids, optimizers):
         if isinstance(opt, ZeroRedundancyOptimizer):
             torch.save(opt.optim.state_dict(), path / f"zero1.{sid}.rank{dist.get_rank()}.pt")
@@ -61,12 +83,13 @@ def load(out_dir, parts, optimizers, stage_ids) -> int:
     if step == 0:
         return 0
     path = _step_dir(out_dir, step)
-    state = _state(parts, optimizers, stage_ids)
-    dcp.load(state, checkpoint_id=str(path))
-    for sid, part, opt in zip(stage_ids, parts, optimizers):
-        set_model_state_dict(part, state[f"model.{sid}"])
+    templates = _part_states(parts, optimizers)
+    merged = _merged(templates)
+    dcp.load(merged, checkpoint_id=str(path))
+    for sid, part, opt, (m, o) in zip(stage_ids, parts, optimizers, templates):
+        set_model_state_dict(part, {k: merged["model"][k] for k in m})
         if isinstance(opt, ZeroRedundancyOptimizer):
             opt.optim.load_state_dict(torch.load(path / f"zero1.{sid}.rank{dist.get_rank()}.pt"))
         else:
-            set_optimizer_state_dict(part, opt, state[f"optim.{sid}"])
+            set_optimizer_state_dict(part, opt, {k: merged["optim"][k] for k in o}, options=FLAT)
     return step

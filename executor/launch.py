@@ -27,11 +27,11 @@ import torch
 
 from meshplan.errors import MeshplanError, RunError
 from meshplan.executor.check import check_plan
-from meshplan.executor.checkpoint import checkpoint_root, latest_step
+from meshplan.executor.checkpoint import checkpoint_root, latest_step, saved_plan_path
 from meshplan.executor.worker import variant_dir
 from meshplan.plan import Plan
 from meshplan.run_result import RunResult
-from meshplan.schema import content_hash, save
+from meshplan.schema import content_hash, load, save
 
 
 STARTUP_GRACE_S = 60.0
@@ -111,7 +111,7 @@ def run_plans(plans: list[Plan], opts: LaunchOptions) -> list[RunResult]:
     if opts.steps < 1:
         raise MeshplanError(f"--steps {opts.steps}: must be >= 1")
     out = Path(opts.out_dir)
-    _check_checkpoints(out, len(plans), opts)
+    _check_checkpoints(out, len(plans), opts, plans)
     paths = _write_plans(plans, out)
     _clear_reports(out, len(plans))
     cmd = launch_command(plans[0], nnodes=opts.nnodes, node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint,
@@ -126,7 +126,17 @@ def run_plans(plans: list[Plan], opts: LaunchOptions) -> list[RunResult]:
             for i, plan in enumerate(plans)]
 
 
-def _check_checkpoints(out: Path, count: int, opts: LaunchOptions) -> None:
+def _check_reshard(saved: Plan, plan: Plan, vdir: Path) -> None:
+    """A checkpoint loads into another plan of the same model, except ZeRO-1's per-rank state."""
+    if saved.model_name != plan.model_name or saved.model_config != plan.model_config:
+        raise MeshplanError(f"--resume: the checkpoint in {checkpoint_root(vdir)} is of {saved.model_name} "
+                            f"{saved.model_config}, not {plan.model_name} {plan.model_config}; use another --out-dir")
+    if content_hash(saved) != content_hash(plan) and 1 in (saved.zero_stage, plan.zero_stage):
+        raise MeshplanError(f"--resume: ZeRO-1 optimizer state in {checkpoint_root(vdir)} resumes only into the "
+                            "plan that wrote it; resume with that plan or start a new run")
+
+
+def _check_checkpoints(out: Path, count: int, opts: LaunchOptions, plans: list[Plan]) -> None:
     """--resume needs a checkpoint short of --steps; a fresh run forgets an old run's `latest`."""
     for i in range(count):
         vdir = variant_dir(str(out), i, count)
@@ -139,6 +149,8 @@ def _check_checkpoints(out: Path, count: int, opts: LaunchOptions) -> None:
                                 f"not before --steps {opts.steps}; raise --steps")
         if not opts.resume:
             (checkpoint_root(vdir) / "latest").unlink(missing_ok=True)
+        elif saved_plan_path(vdir).exists():
+            _check_reshard(load(Plan, saved_plan_path(vdir)), plans[i], vdir)
 
 
 def _write_plans(plans: list[Plan], out: Path) -> list[str]:

@@ -79,7 +79,7 @@ def train(plan: Plan, options: TrainOptions, device: torch.device,
         if tracker is not None:
             result.peak_memory_bytes = tracker.peak_bytes
         if options.checkpoint_every and (step + 1) % options.checkpoint_every == 0:
-            checkpoint.save(options.out_dir, step + 1, par.parts, optimizers, par.stage_ids)
+            checkpoint.save(options.out_dir, step + 1, par.parts, optimizers, par.stage_ids, plan)
     if device.type == "cuda":
         result.peak_memory_bytes = torch.cuda.max_memory_allocated(device)
     result.losses = par.global_losses(shares) if shares else []  # one all-reduce for all steps

@@ -158,3 +158,27 @@ def test_resume_needs_a_checkpoint_before_the_last_step(tmp_path):
     with pytest.raises(MeshplanError, match=r"at step 4, not before --steps 4"):
         run_plan(plan, steps=4, out_dir=str(tmp_path), resume=True)
     assert not (tmp_path / "ranks").exists()
+
+
+@pytest.mark.slow
+def test_checkpoint_reshards_into_another_plan(tmp_path):
+    """Saved by ZeRO-3 on 2 ranks, resumed by a TP x PP plan: DCP reshards model and optimizer
+    state by FQN, and the losses continue the single-process trajectory."""
+    saved = make_plan(dp_shard=2, zero=3, microbatch=2)
+    run_plan(saved, steps=2, out_dir=str(tmp_path), checkpoint_every=2, quiet=True, **SGD)
+    resumed_plan = make_plan(tp=2, pp=2, microbatch=4, microbatches=1, schedule="GPipe")
+    resumed = run_plan(resumed_plan, steps=4, out_dir=str(tmp_path), resume=True, quiet=True, **SGD)
+    ref = reference_losses(saved, steps=4, **SGD)
+    assert resumed.resumed_from_step == 2
+    assert max(abs(a - b) / b for a, b in zip(resumed.losses, ref[2:])) <= 1e-4
+
+
+def test_zero1_checkpoint_resumes_only_into_its_own_plan(tmp_path):
+    from meshplan.schema import save
+    step_dir = tmp_path / "checkpoints" / "step_000002"
+    save(make_plan(dp=2, zero=1), step_dir / "plan.json")
+    (tmp_path / "checkpoints" / "latest").write_text("2\n")
+    with pytest.raises(MeshplanError, match=r"ZeRO-1 optimizer state .* resumes only into the plan"):
+        run_plan(make_plan(dp=2), steps=4, out_dir=str(tmp_path), resume=True)
+    with pytest.raises(MeshplanError, match=r"is of gpt-tiny"):
+        run_plan(make_plan(model="llama-tiny", dp=2), steps=4, out_dir=str(tmp_path), resume=True)
