@@ -159,9 +159,15 @@ def plan_row(name: str, plan, runs: list) -> dict:
     """Predicted beside measured for one plan (times in seconds, memory in bytes)."""
     medians = [r.step_time_s for r in runs]
     steps = [t for r in runs for t in r.step_times_s[1:]]
+    peak = max(plan.prediction.stage_memory, key=lambda m: m.total_bytes, default=None)
     row = {"name": name, "config": describe(plan), "predicted_s": plan.prediction.step_time_s,
            "breakdown_s": dict(plan.prediction.breakdown),
-           "predicted_memory_bytes": plan.prediction.peak_memory_bytes, "runs": len(runs)}
+           "predicted_memory_bytes": plan.prediction.peak_memory_bytes, "runs": len(runs),
+           "predicted_memory_breakdown": {k: getattr(peak, k) for k in (
+               "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes")} if peak else {},
+           "degrees": {"pp": plan.pipeline_parallel_degree, "dp": plan.data_parallel_degree,
+                       "tp": plan.tensor_parallel_degree, "zero": plan.zero_stage},
+           "recompute": sorted(set(plan.recompute.values()) - {"none"})}
     if runs:
         measured = statistics.median(medians)
         row.update(measured_s=measured, measured_runs_s=medians, spread_runs=spread(medians),

@@ -154,6 +154,14 @@ def _gpu(r: dict) -> list[str]:
     return lines + ["```json", __import__("json").dumps(g, indent=1)[:6000], "```", ""]
 
 
+def _diagnostics(r: dict) -> list[str]:
+    found = r.get("diagnostics") or []
+    if not found:
+        return []
+    return (["## Why targets were missed: checks on this run's own data", ""]
+            + [f"- **{d['check']}**: {d['text']}" for d in found] + [""])
+
+
 def markdown(results: dict) -> str:
-    parts = (_header, _summary, _local, _baselines, _planner_speed, _memory, _overhead, _gpu)
+    parts = (_header, _summary, _diagnostics, _local, _baselines, _planner_speed, _memory, _overhead, _gpu)
     return "\n".join(line for part in parts for line in part(results)) + "\n"

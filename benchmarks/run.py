@@ -20,6 +20,7 @@ from pathlib import Path
 
 from benchmarks import baselines, local_accuracy as la, memory_accuracy
 from benchmarks.common import machine_info, mape
+from benchmarks.diagnostics import diagnose
 
 TARGETS = {"mape": 0.10, "kendall_tau": 0.8, "top1_regret": 1.05}
 """Issue 7's targets for section 1."""
@@ -98,6 +99,7 @@ def run_all(quick: bool, say) -> dict:
     local = _section("local accuracy, baselines, memory", lambda: local_sections(quick, say), say, results, timings)
     if isinstance(local, tuple):
         results["local_accuracy"], results["baselines"], results["memory"] = local
+        results["diagnostics"] = diagnose(results["local_accuracy"], results["memory"])
     else:
         results["local_accuracy"] = results["baselines"] = results["memory"] = local
     results["planner_speed"] = _section("planner speed", lambda: planner_speed.run(quick), say, results, timings)

@@ -118,3 +118,27 @@ def test_megatron_heuristic_on_real_profiles():
     plans, skipped = la.predict_grid(profile_model("gpt-tiny"), cluster, la.GRID)
     assert len(plans) == len(la.GRID) and not skipped
     assert all(p.prediction.step_time_s > 0 for _, p in plans)
+
+
+def test_diagnostics_name_the_causes_found_in_the_data():
+    from benchmarks.diagnostics import diagnose
+
+    def row(name, pred, meas, tp, recompute, buffers, mem_meas):
+        r = _row(name, pred, meas, mem_pred=buffers + 1e6, mem_meas=mem_meas)
+        r.update(degrees={"pp": 1, "dp": 4 // tp, "tp": tp, "zero": 0}, recompute=recompute,
+                 config=f"tp={tp}" + (" recompute=full" if recompute else ""),
+                 predicted_memory_breakdown={"buffers_bytes": buffers})
+        return r
+
+    rows = [row("ddp", 1.0, 2.0, 1, [], 50e6, 1e6), row("ddp-rc", 1.0, 2.0, 1, ["full"], 50e6, 1e6),
+            row("tp", 1.0, 5.0, 2, [], 0.0, 2e6)]
+    local = {"models": {"m": {"rows": rows}},
+             "calibration": {"load_average": [1.0], "layer_timings_s": {"m": {"layers.0": {
+                 "4": [1.0, 1.0], "8": [2.0, 7.0]}}}},
+             "launches": [{"load_average": [12.0]}, {"load_average": [10.0]}]}
+    found = {d["check"]: d for d in diagnose(local, {})}
+    assert found["host_load"]["value"] == {"calibration": 1.0, "grid_median": 11.0}
+    assert found["error_by_family"]["value"] == {"tp": 5.0, "no_tp": 2.0}
+    assert found["memory_without_buffers"]["value"]["mape"] == pytest.approx((0 + 0 + 0.5) / 3)
+    assert found["recompute_blind_spot"]["value"] == 1
+    assert found["profile_outliers"]["value"] == ["m layers.0 backward mb 4->8: x7.0"]

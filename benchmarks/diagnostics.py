@@ -1,0 +1,91 @@
+"""Why a target was missed: checks computed from the run's own data (never fitted to the grid).
+
+Each check returns a finding {"check", "value", "text"} or None when it does not apply:
+- host load: the 1-minute load average when the cost model was calibrated vs during the grid
+  (timings on 2 shared cores scale with the number of runnable processes);
+- error by family: median measured / predicted for plans with and without tensor parallelism
+  (TP issues many small, latency-bound collectives, the most load-sensitive cost);
+- memory without temporary buffers: the memory MAPE with the predicted `buffers_bytes` term
+  removed, to show how much of the error that one term carries;
+- recompute blind spot: measured peaks that do not move when recompute is switched on;
+- profile outliers: a layer's measured time growing > 3x for a 2x larger microbatch.
+"""
+from __future__ import annotations
+
+import statistics
+
+
+def host_load(local: dict) -> dict | None:
+    cal = local.get("calibration", {}).get("load_average")
+    launches = [x["load_average"][0] for x in local.get("launches", [])]
+    if not cal or not launches:
+        return None
+    grid = statistics.median(launches)
+    return {"check": "host_load", "value": {"calibration": cal[0], "grid_median": grid},
+            "text": f"1-minute load average {cal[0]:.1f} while calibrating, median {grid:.1f} after the grid "
+                    "launches (2 cores): the grid ran on a host "
+                    f"{'far more' if grid > 2 * max(cal[0], 1) else 'about as'} loaded than the profile saw."}
+
+
+def error_by_family(rows: list[dict]) -> dict | None:
+    done = [r for r in rows if "measured_s" in r and "degrees" in r]
+    tp = [r["measured_s"] / r["predicted_s"] for r in done if r["degrees"]["tp"] > 1]
+    rest = [r["measured_s"] / r["predicted_s"] for r in done if r["degrees"]["tp"] == 1]
+    if not tp or not rest:
+        return None
+    a, b = statistics.median(tp), statistics.median(rest)
+    return {"check": "error_by_family", "value": {"tp": a, "no_tp": b},
+            "text": f"median measured / predicted step time: {a:.2f}x for tensor-parallel plans, "
+                    f"{b:.2f}x for the others."}
+
+
+def memory_without_buffers(rows: list[dict]) -> dict | None:
+    pairs = [(r["predicted_memory_bytes"] - r["predicted_memory_breakdown"].get("buffers_bytes", 0),
+              r["measured_memory_bytes"], r["predicted_memory_breakdown"].get("buffers_bytes", 0))
+             for r in rows if r.get("measured_memory_bytes") and r.get("predicted_memory_breakdown")]
+    if not pairs:
+        return None
+    mape = statistics.fmean(abs(p - m) / m for p, m, _ in pairs)
+    biggest = max(b for _, _, b in pairs)
+    return {"check": "memory_without_buffers", "value": {"mape": mape, "largest_buffers_bytes": biggest},
+            "text": f"memory MAPE with the predicted temporary-buffer term removed: {mape * 100:.1f}% "
+                    f"(that term is up to {biggest / 2**20:.1f} MiB per rank in these predictions)."}
+
+
+def recompute_blind_spot(rows: list[dict]) -> dict | None:
+    by_key = {}
+    for r in rows:
+        if "measured_memory_bytes" in r and "degrees" in r:
+            key = (tuple(sorted(r["degrees"].items())), r["config"].split(" recompute")[0])
+            by_key.setdefault(key, {})[bool(r["recompute"])] = r["measured_memory_bytes"]
+    same = [k for k, v in by_key.items() if len(v) == 2 and v[True] >= v[False]]
+    if not same:
+        return None
+    return {"check": "recompute_blind_spot", "value": len(same),
+            "text": f"{len(same)} configuration(s) measure no lower peak with recompute than without: the "
+                    "CPU peak is tracked on the first step, where AdamW creates its states after the "
+                    "backward, so the optimizer step, not the activations, sets that peak."}
+
+
+def profile_outliers(layer_timings: dict) -> dict | None:
+    found = []
+    for model, layers in layer_timings.items():
+        for layer, by_mb in layers.items():
+            sizes = sorted(by_mb, key=int)
+            for small, big in zip(sizes, sizes[1:]):
+                for i, phase in enumerate(("forward", "backward")):
+                    ratio = by_mb[big][i] / max(by_mb[small][i], 1e-12)
+                    if ratio > 1.5 * int(big) / int(small):
+                        found.append(f"{model} {layer} {phase} mb {small}->{big}: x{ratio:.1f}")
+    if not found:
+        return None
+    return {"check": "profile_outliers", "value": found,
+            "text": "measured layer times that grow faster than 1.5x the microbatch ratio (noise in the "
+                    "profile, used as is by the cost model): " + "; ".join(found[:6])}
+
+
+def diagnose(local: dict, memory: dict) -> list[dict]:
+    rows = [r for m in local.get("models", {}).values() for r in m.get("rows", [])]
+    checks = [host_load(local), error_by_family(rows), memory_without_buffers(rows),
+              recompute_blind_spot(rows), profile_outliers(local.get("calibration", {}).get("layer_timings_s", {}))]
+    return [c for c in checks if c is not None]
