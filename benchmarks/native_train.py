@@ -4,8 +4,8 @@
 
 The same model (zoo build, same init), data (the executor's seeded global batch, sliced per
 rank), optimizer (AdamW lr 3e-4, wd 0.1, betas 0.9/0.95) and clipping (1.0) as `meshplan run`,
-written the way a user would write it by hand: DDP, or FSDP2 fully_shard per layer + root
-(ZeRO-3). Rank 0 writes the per-step wall time (max over ranks) and its losses as JSON.
+written the way a user would write it by hand: DDP, or FSDP2 fully_shard on the embedding,
+each layer, the head and the root (ZeRO-3; torchtitan's units, which the executor uses too). Rank 0 writes the per-step wall time (max over ranks) and its losses as JSON.
 """
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ def wrap(model: torch.nn.Module, mode: str, world: int) -> torch.nn.Module:
     if mode == "ddp":
         return DDP(model)
     mesh = init_device_mesh("cpu", (world,))
-    for layer in model.layers.values():
-        fully_shard(layer, mesh=mesh)
+    for unit in [model.embed, *model.layers.values(), model.head]:  # torchtitan's FSDP units
+        fully_shard(unit, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
 
