@@ -85,6 +85,11 @@ class LayerProfile:
     """Measured seconds of the once-per-step work on this layer's parameters on the profiled
     device: AdamW step, gradient-norm clipping and zero_grad (0 when not measured, e.g. on meta;
     the cost model then uses the memory-bound formula)."""
+    framework_overhead_s: dict[str, float] = field(default_factory=dict)
+    """Measured extra seconds of the executor's parallel wrappers on this layer, on a one-rank
+    mesh (per-op DTensor dispatch, FSDP2 hooks and copies: costs that do not shrink with the
+    degree): "tp" and "fsdp" per microbatch forward+backward, "tp_optimizer" and
+    "fsdp_optimizer" per step beyond optimizer_step_s. Empty when not measured."""
 
     def validate(self, path: str = "") -> None:
         check(self.num_params >= 0, f"{path}.num_params", self.num_params, "must be >= 0")
