@@ -3,17 +3,20 @@
 For each model (gpt-tiny and llama-tiny: RMSNorm, SwiGLU, grouped-query attention) a grid of
 plans spanning DP, ZeRO-3, TP, PP (GPipe and 1F1B), hybrids, microbatch sizes and recompute is
 predicted by `meshplan.planner.estimate` with a cost model calibrated ONLY from
-`profile_model(..., device="cpu", concurrent=4)` and `profile_links(4)` measured here first;
-nothing is fitted to the grid. Every plan is then run with the executor (torchrun, 4 gloo
-ranks, one thread each): the median of the steps after the warm-up step, in `repeats` separate
-launches whose plan order rotates, so slow drift of the shared host spreads over all plans.
-The planner's own search result is measured beside the grid.
+`profile_model(..., device="cpu", concurrent=4)` and `profile_links(4)`; nothing is fitted to
+the grid. Every plan is run with the executor (torchrun, 4 gloo ranks, one thread each): the
+median of the steps after the warm-up step. This repeats `repeats` times, each round as a user
+would work: calibrate (profile + profile-links), predict, run every plan in one launch per model
+(plan order rotated per round). The host is shared and its load moves by 5x over minutes, so a
+calibration taken once and used for a quarter of an hour would compare measurements from
+different machines; per-round calibration keeps each prediction beside its measurement.
+Reported: medians over rounds of the predictions and of the measurements, and their spread.
+The planner's own search result (re-run each round) is measured beside the grid.
 """
 from __future__ import annotations
 
 import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -132,37 +135,37 @@ def _run_batch(plans: list, steps: int, work: Path, say) -> list:
     return results
 
 
-def measure(named: dict[str, list[tuple[str, object]]], repeats: int, steps: int, say) -> tuple[dict, list]:
-    """({model: {name: [RunResult per repetition]}}, launches); each repetition is one launch per
-    model, its plan order rotated by the repetition index; launches records each one's wall time
-    and the host's load average after it."""
-    out = {model: {name: [] for name, _ in plans} for model, plans in named.items()}
-    launches = []
-    with tempfile.TemporaryDirectory(prefix="meshplan-bench-") as tmp:
-        for rep in range(repeats):
-            for model, plans in named.items():
-                k = rep * max(1, len(plans) // repeats) % len(plans)
-                order = plans[k:] + plans[:k]
-                start = time.perf_counter()
-                results = _run_batch([p for _, p in order], steps, Path(tmp, f"{model}-{rep}"), say)
-                for (name, _), result in zip(order, results):
-                    if result is not None:
-                        out[model][name].append(result)
-                launches.append({"model": model, "repetition": rep, "wall_s": round(time.perf_counter() - start, 1),
-                                 "load_average": list(os.getloadavg())})
-                say(f"  repetition {rep + 1}/{repeats}: {model}, {len(order)} plans ({launches[-1]['wall_s']:.0f} s, "
-                    f"load {launches[-1]['load_average'][0]:.1f})")
-    return out, launches
+def measure_round(model: str, plans: list[tuple[str, object]], rep: int, steps: int, work: Path,
+                  say) -> tuple[list, dict]:
+    """One launch running every plan of `model` (order rotated by `rep`, so that slow drift of the
+    host spreads over the plans); (RunResult or None per plan in the given order, launch info)."""
+    k = rep * 5 % len(plans)
+    order = list(range(k, len(plans))) + list(range(k))
+    start = time.perf_counter()
+    results = _run_batch([plans[i][1] for i in order], steps, work / f"{model}-{rep}", say)
+    by_index = dict(zip(order, results))
+    info = {"model": model, "repetition": rep, "wall_s": round(time.perf_counter() - start, 1),
+            "load_average": list(os.getloadavg())}
+    say(f"  repetition {rep + 1}: {model}, {len(plans)} plans ({info['wall_s']:.0f} s, "
+        f"load {info['load_average'][0]:.1f})")
+    return [by_index[i] for i in range(len(plans))], info
 
 
-def plan_row(name: str, plan, runs: list) -> dict:
-    """Predicted beside measured for one plan (times in seconds, memory in bytes)."""
+def plan_row(name: str, pairs: list[tuple[object, object]]) -> dict:
+    """Predicted beside measured for one named plan over the repetitions: each pair is (the plan
+    as predicted by that repetition's calibration, its RunResult or None). Medians over pairs;
+    times in seconds, memory in bytes."""
+    plan = pairs[0][0]
+    runs = [r for _, r in pairs if r is not None]
+    predicted = [p.prediction.step_time_s for p, _ in pairs]
     medians = [r.step_time_s for r in runs]
     steps = [t for r in runs for t in r.step_times_s[1:]]
     peak = max(plan.prediction.stage_memory, key=lambda m: m.total_bytes, default=None)
-    row = {"name": name, "config": describe(plan), "predicted_s": plan.prediction.step_time_s,
+    row = {"name": name, "config": " | ".join(dict.fromkeys(describe(p) for p, _ in pairs)),
+           "predicted_s": statistics.median(predicted), "predicted_runs_s": predicted,
            "breakdown_s": dict(plan.prediction.breakdown),
-           "predicted_memory_bytes": plan.prediction.peak_memory_bytes, "runs": len(runs),
+           "predicted_memory_bytes": statistics.median(p.prediction.peak_memory_bytes for p, _ in pairs),
+           "runs": len(runs),
            "predicted_memory_breakdown": {k: getattr(peak, k) for k in (
                "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes")} if peak else {},
            "degrees": {"pp": plan.pipeline_parallel_degree, "dp": plan.data_parallel_degree,
@@ -173,7 +176,7 @@ def plan_row(name: str, plan, runs: list) -> dict:
         row.update(measured_s=measured, measured_runs_s=medians, spread_runs=spread(medians),
                    step_min_s=min(steps), step_max_s=max(steps),
                    measured_memory_bytes=statistics.median(r.peak_memory_bytes for r in runs),
-                   error=plan.prediction.step_time_s / measured - 1)
+                   error=row["predicted_s"] / measured - 1)
     return row
 
 

@@ -84,10 +84,11 @@ def _local(r: dict) -> list[str]:
         return lines
     cal = {k: v for k, v in la.get("calibration", {}).items() if k not in ("layer_timings_s", "links")}
     lines += [f"Cost model calibrated only from `profile_model(device=\"cpu\", concurrent=4)` and "
-              f"`profile_links(4)` measured at the start of this run ({cal}; per-layer timings and link fits "
-              "are in benchmarks.json under local_accuracy.calibration); never fitted "
-              f"to the grid. Global batch {la.get('global_batch')}, {la.get('repeats')} launch(es) per plan, "
-              "each the median of the steps after the warm-up step.", ""]
+              f"`profile_links(4)`, re-measured at the start of each of the {la.get('repeats')} round(s) "
+              f"(first round: {cal}; per-layer timings, link fits and load of every round are in "
+              "benchmarks.json under local_accuracy.calibrations); never fitted to the grid. Global batch "
+              f"{la.get('global_batch')}; per round one launch per model runs every plan, each plan's time "
+              "the median of its steps after the warm-up step; the tables show medians over rounds.", ""]
     loads = [f"{x['model']} #{x['repetition'] + 1}: {x['wall_s']:.0f} s, load {x['load_average'][0]:.1f}"
              for x in la.get("launches", [])]
     if loads:

@@ -14,6 +14,7 @@ import json
 import math
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -30,10 +31,8 @@ def _say(quiet: bool):
     return (lambda *_: None) if quiet else (lambda text: print(text, file=sys.stderr, flush=True))
 
 
-def local_sections(quick: bool, say) -> tuple[dict, dict, dict]:
-    """Sections 1, 2 and 4, which share one calibration and one set of measured runs."""
-    grid = [g for g in la.GRID if g[0] in la.QUICK_GRID] if quick else la.GRID
-    profiles, cluster, calibration = la.calibrate(la.MODELS, quick, say)
+def _predict_all(profiles: dict, cluster, grid: list, say) -> tuple[dict, dict]:
+    """{model: [(name, Plan)]} for the grid, the Megatron heuristic and the planner's search."""
     named, skipped = {}, {}
     for model in la.MODELS:
         profile = profiles[model]
@@ -41,17 +40,36 @@ def local_sections(quick: bool, say) -> tuple[dict, dict, dict]:
         named[model], skipped[model] = la.predict_grid(profile, cluster, grid + [("megatron", megatron)])
         named[model].append(("planner-search", baselines.planner_choice(profile, cluster)))
         say(f"  {model}: {len(named[model])} plans predicted ({len(skipped[model])} skipped)")
-    runs, launches = la.measure(named, repeats=1 if quick else 3, steps=6 if quick else 10, say=say)
+    return named, skipped
+
+
+def local_sections(quick: bool, say) -> tuple[dict, dict, dict]:
+    """Sections 1, 2 and 4, which share the rounds of calibration, prediction and measurement."""
+    grid = [g for g in la.GRID if g[0] in la.QUICK_GRID] if quick else la.GRID
+    repeats, steps = (1, 6) if quick else (3, 10)
+    pairs: dict[str, dict[str, list]] = {}
+    calibrations, launches = [], []
+    with tempfile.TemporaryDirectory(prefix="meshplan-bench-") as tmp:
+        for rep in range(repeats):
+            say(f"  round {rep + 1}/{repeats}: calibrate, predict, measure")
+            profiles, cluster, calibration = la.calibrate(la.MODELS, quick, say)
+            calibrations.append(calibration)
+            named, skipped = _predict_all(profiles, cluster, grid, say)
+            for model, plans in named.items():
+                results, info = la.measure_round(model, plans, rep, steps, Path(tmp), say)
+                launches.append(info)
+                for (name, plan), result in zip(plans, results):
+                    pairs.setdefault(model, {}).setdefault(name, []).append((plan, result))
     models, rows_by_model, speedups = {}, {}, {}
-    for model, plans in named.items():
-        rows = [la.plan_row(name, plan, runs[model][name]) for name, plan in plans]
+    for model, by_name in pairs.items():
+        rows = [la.plan_row(name, plan_results) for name, plan_results in by_name.items()]
         summary = la.summarize(rows)
         speedups[model] = baselines.speedups(rows, summary["choice"])
         models[model] = {**summary, "baseline_speedups": speedups[model], "skipped": skipped[model], "rows": rows}
         rows_by_model[model] = rows
     local = _overall(models)
-    local.update(models=models, calibration=calibration, targets=TARGETS, launches=launches,
-                 repeats=1 if quick else 3, global_batch=la.GLOBAL_BATCH, num_ranks=la.NUM_RANKS)
+    local.update(models=models, calibration=calibrations[0], calibrations=calibrations, targets=TARGETS,
+                 launches=launches, repeats=repeats, global_batch=la.GLOBAL_BATCH, num_ranks=la.NUM_RANKS)
     return local, {**baselines.combine(speedups), "by_model": speedups}, memory_accuracy.summarize(rows_by_model)
 
 

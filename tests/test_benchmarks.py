@@ -135,9 +135,9 @@ def test_diagnostics_name_the_causes_found_in_the_data():
     local = {"models": {"m": {"rows": rows}},
              "calibration": {"load_average": [1.0], "layer_timings_s": {"m": {"layers.0": {
                  "4": [1.0, 1.0], "8": [2.0, 7.0]}}}},
-             "launches": [{"load_average": [12.0]}, {"load_average": [10.0]}]}
+             "launches": [{"repetition": 0, "load_average": [12.0]}, {"repetition": 0, "load_average": [10.0]}]}
     found = {d["check"]: d for d in diagnose(local, {})}
-    assert found["host_load"]["value"] == {"calibration": 1.0, "grid_median": 11.0}
+    assert found["host_load"]["value"] == [{"calibration": 1.0, "grid_median": 11.0}]
     assert found["error_by_family"]["value"] == {"tp": 5.0, "no_tp": 2.0}
     assert found["memory_without_buffers"]["value"]["mape"] == pytest.approx((0 + 0 + 0.5) / 3)
     assert found["recompute_blind_spot"]["value"] == 1
