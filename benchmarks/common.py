@@ -60,6 +60,18 @@ def geomean(values: list[float]) -> float:
     return math.exp(statistics.fmean(math.log(v) for v in values)) if values else float("nan")
 
 
+def git_state(repo: str = ".") -> dict:
+    """The commit the run used and the tracked files that differed from it (others edit the tree)."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        proc = subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True, timeout=30)
+        return proc.stdout.rstrip() if proc.returncode == 0 else ""
+
+    modified = [ln[3:] for ln in git("status", "--porcelain", "--untracked-files=no").splitlines()]
+    return {"commit": git("rev-parse", "--short", "HEAD"), "modified": modified}
+
+
 def machine_info() -> dict:
     """What the numbers were measured on: CPU, cores, memory, OS, load at the time."""
     cpu = platform.processor() or platform.machine()

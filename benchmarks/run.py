@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 
 from benchmarks import baselines, local_accuracy as la, memory_accuracy
-from benchmarks.common import machine_info, mape
+from benchmarks.common import git_state, machine_info, mape
 from benchmarks.diagnostics import diagnose
 
 TARGETS = {"mape": 0.10, "kendall_tau": 0.8, "top1_regret": 1.05}
@@ -112,7 +112,7 @@ def run_all(quick: bool, say) -> dict:
     from benchmarks import executor_overhead, planner_speed
 
     timings: dict[str, float] = {}
-    results = {"quick": quick, "machine": machine_info(), "torch_version": torch.__version__,
+    results = {"quick": quick, "machine": machine_info(), "torch_version": torch.__version__, "git": git_state(),
                "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
     local = _section("local accuracy, baselines, memory", lambda: local_sections(quick, say), say, results, timings)
     if isinstance(local, tuple):
