@@ -104,12 +104,44 @@ def _launch(cmd: list[str], timeout_s: float, progress: bool) -> tuple[int, str]
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+        _kill_tree(proc)
         return -1, f"timed out after {timeout_s:.0f} s; raise timeout_s or lower max_bytes"
     lines = [ln for ln in ((err or "") + (out or "")).splitlines() if ln.strip()]
     errors = [ln for ln in lines if "Error" in ln or "error" in ln]
     return proc.returncode, (errors[-1] if errors else lines[-1] if lines else "no output").strip()[:300]
+
+
+def _descendants(pid: int) -> list[int]:
+    """PIDs below `pid` (torchrun starts each rank in its own session, out of its process group)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGTERM torchrun (it stops its ranks), then SIGKILL whatever of the tree is left."""
+    ranks = _descendants(proc.pid)
+    proc.terminate()
+    try:
+        proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+    for pid in [proc.pid] + ranks:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.communicate()
 
 
 def _median(values: list[float]) -> float:
