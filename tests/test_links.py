@@ -157,3 +157,16 @@ def test_profile_links_end_to_end_on_two_ranks(tmp_path):
     assert all(f.min_s[i] <= f.median_s[i] <= f.max_s[i] for f in spec.collectives for i in range(5))
     schema.save(spec, tmp_path / "cluster.json")
     assert schema.load(ClusterSpec, tmp_path / "cluster.json").intra_node == spec.intra_node
+
+
+@pytest.mark.slow
+def test_a_timeout_is_a_run_error_and_leaves_no_rank_behind():
+    import os
+
+    from meshplan.errors import RunError
+    from meshplan.profiler.links import _descendants
+
+    cases = sweep_cases(("all_reduce",), [2], message_sizes(1024, 64 * MIB))
+    with pytest.raises(RunError, match="timed out after 6 s"):
+        measure(2, cases, repeats=50, timeout_s=6)
+    assert _descendants(os.getpid()) == []
