@@ -61,8 +61,9 @@ class Parallelized:
         """One optimizer per part ("adamw" or "sgd"); ZeRO-1 plans get sharded optimizer states."""
         return [dp_.build_optimizer(part, self.dims, self.plan, name, lr, weight_decay) for part in self.parts]
 
-    def clip_grad_norm_(self, max_norm: float) -> float:
-        """Clip to a global L2 norm over every parallel dimension; returns the norm before clipping."""
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Clip to a global L2 norm over every parallel dimension; returns the norm before clipping
+        (a 0-dim tensor: no host synchronisation until you read it)."""
         return clip_grad_norm(self.parameters(), max_norm, self.dims.pp_group, self.device)
 
     def local_batch(self, tensor: torch.Tensor) -> torch.Tensor:

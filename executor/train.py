@@ -83,10 +83,11 @@ def train(plan: Plan, options: TrainOptions, device: torch.device,
     if device.type == "cuda":
         result.peak_memory_bytes = torch.cuda.max_memory_allocated(device)
     result.losses = par.global_losses(shares) if shares else []  # one all-reduce for all steps
+    result.grad_norms = [float(n) for n in result.grad_norms]
     return result
 
 
-def _train_step(par, optimizers, batch, grad_clip: float) -> tuple[torch.Tensor, float]:
+def _train_step(par, optimizers, batch, grad_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step; returns this rank's loss share (see Parallelized.step_local) and the
     global gradient norm before clipping."""
     for opt in optimizers:

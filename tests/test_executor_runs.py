@@ -66,9 +66,11 @@ def test_run_with_user_data_writes_run_json_and_survives_a_shutdown_crash(tmp_pa
 
 
 @pytest.mark.slow
-def test_dead_rank_is_named_and_resume_continues_the_same_trajectory(tmp_path, monkeypatch):
-    """Rank 1 dies at step 4; the job fails naming it, the step-4 checkpoint is intact, and a
-    resumed run produces exactly the losses of an uninterrupted run (= the single process)."""
+def test_dead_rank_is_named_then_resume_and_reshard_continue_the_trajectory(tmp_path, monkeypatch):
+    """Rank 1 dies at step 4: the job fails naming it and the step-4 checkpoint is intact. Resuming
+    the same plan (ZeRO-3, sharded DCP state) gives exactly the uninterrupted losses (= the single
+    process); resuming that run's step-6 checkpoint into a TP x PP plan (DCP reshards model and
+    momentum by FQN) continues the same trajectory."""
     plan = make_plan(dp_shard=2, zero=3)
     monkeypatch.setenv("MESHPLAN_FAULT", "1:4:exit")
     with pytest.raises(RunError, match=r"^rank 1 "):
@@ -77,8 +79,12 @@ def test_dead_rank_is_named_and_resume_continues_the_same_trajectory(tmp_path, m
     monkeypatch.delenv("MESHPLAN_FAULT")
     resumed = run_plan(plan, steps=6, out_dir=str(tmp_path), checkpoint_every=2, resume=True, quiet=True, **SGD)
     assert resumed.resumed_from_step == 4 and len(resumed.losses) == 2
-    ref = reference_losses(plan, steps=6, **SGD)
-    assert max(abs(a - b) / b for a, b in zip(resumed.losses, ref[4:])) <= 1e-4
+    other = make_plan(tp=2, pp=2, microbatch=4, microbatches=1, schedule="GPipe")
+    resharded = run_plan(other, steps=8, out_dir=str(tmp_path), resume=True, quiet=True, **SGD)
+    assert resharded.resumed_from_step == 6
+    ref = reference_losses(plan, steps=8, **SGD)
+    got = resumed.losses + resharded.losses
+    assert max(abs(a - b) / b for a, b in zip(got, ref[4:])) <= 1e-4
 
 
 @pytest.mark.slow
@@ -158,19 +164,6 @@ def test_resume_needs_a_checkpoint_before_the_last_step(tmp_path):
     with pytest.raises(MeshplanError, match=r"at step 4, not before --steps 4"):
         run_plan(plan, steps=4, out_dir=str(tmp_path), resume=True)
     assert not (tmp_path / "ranks").exists()
-
-
-@pytest.mark.slow
-def test_checkpoint_reshards_into_another_plan(tmp_path):
-    """Saved by ZeRO-3 on 2 ranks, resumed by a TP x PP plan: DCP reshards model and optimizer
-    state by FQN, and the losses continue the single-process trajectory."""
-    saved = make_plan(dp_shard=2, zero=3, microbatch=2)
-    run_plan(saved, steps=2, out_dir=str(tmp_path), checkpoint_every=2, quiet=True, **SGD)
-    resumed_plan = make_plan(tp=2, pp=2, microbatch=4, microbatches=1, schedule="GPipe")
-    resumed = run_plan(resumed_plan, steps=4, out_dir=str(tmp_path), resume=True, quiet=True, **SGD)
-    ref = reference_losses(saved, steps=4, **SGD)
-    assert resumed.resumed_from_step == 2
-    assert max(abs(a - b) / b for a, b in zip(resumed.losses, ref[2:])) <= 1e-4
 
 
 def test_zero1_checkpoint_resumes_only_into_its_own_plan(tmp_path):
