@@ -51,7 +51,8 @@ def _signature(layer: LayerProfile) -> tuple:
             layer.activation_bytes, layer.selective_activation_bytes, layer.recompute_flops_selective,
             layer.tp_replicated_activation_bytes, layer.input_bytes, layer.output_bytes, layer.tp.kind,
             layer.tp.num_allreduce_fwd, tuple(map(tuple, layer.gemm_shapes)),
-            tuple((t.microbatch_size, t.forward_s, t.backward_s) for t in layer.timings))
+            tuple((t.microbatch_size, t.forward_s, t.backward_s) for t in layer.timings), layer.optimizer_step_s,
+            tuple(sorted(layer.framework_overhead_s.items())))
 
 
 @dataclass

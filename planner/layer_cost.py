@@ -18,6 +18,7 @@ from meshplan.planner.comm import all_reduce_s, collective_s, group_tier
 from meshplan.planner.compute import layer_compute_s
 from meshplan.planner.context import Context
 from meshplan.planner.memory import activation_bytes, layer_static_bytes, recompute_modes
+from meshplan.planner.pipeline import layer_optimizer_s
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class LayerCost:
     local_params: float
     """Parameters held per TP rank before ZeRO sharding (for DP traffic and the optimizer)."""
     backward_s: float
+    optimizer_s: float = 0.0
+    """Once-per-step optimizer work on this rank's share of the layer (pipeline.optimizer_s)."""
 
 
 def _tp_comm_s(ctx: Context, layer: LayerProfile, b: int, tp: int, cp: int, sp: bool) -> tuple[float, float]:
@@ -97,6 +100,20 @@ def _memory_bound_s(ctx: Context, layer: LayerProfile, b: int, split: int, cp: i
     return FWD_PASSES * saved / hbm, BWD_PASSES * saved / hbm, FWD_PASSES * max(core, 0.0) / hbm
 
 
+def wrapper_overheads_s(ctx: Context, layer: LayerProfile, split: int, zero: int, dp: int) -> tuple[float, float, float]:
+    """(TP, FSDP2, optimizer) seconds the executor's parallel wrappers add to this layer, from the
+    profile's measurement on a one-rank mesh (LayerProfile.framework_overhead_s; measured
+    profiles only): DTensor dispatch per microbatch when tensor parallelism splits the layer,
+    FSDP2 hooks and copies per microbatch with ZeRO-2/3, and the optimizer over DTensor
+    parameters once per step (the larger of the two: one optimizer runs over the parameters)."""
+    fw = layer.framework_overhead_s if ctx.measured else {}
+    if not fw:
+        return 0.0, 0.0, 0.0
+    tp_on, fsdp_on = split > 1, zero >= 2 and dp > 1
+    opt = max(fw.get("tp_optimizer", 0.0) if tp_on else 0.0, fw.get("fsdp_optimizer", 0.0) if fsdp_on else 0.0)
+    return fw.get("tp", 0.0) if tp_on else 0.0, fw.get("fsdp", 0.0) if fsdp_on else 0.0, opt
+
+
 def allowed_modes(ctx: Context, layer: LayerProfile) -> tuple[str, ...]:
     """The layer's recompute choices, or the pinned one (--recompute) where it applies."""
     modes = recompute_modes(layer)
@@ -119,18 +136,20 @@ def layer_cost(ctx: Context, layer: LayerProfile, b: int, tp: int, sp: bool, cp:
     cp_s = _cp_comm_s(ctx, layer, b, tp, cp, fwd + bwd)
     mem_fwd, mem_bwd, mem_sel = _memory_bound_s(ctx, layer, b, split, cp, sp)
     fwd, bwd, sel = fwd + mem_fwd, bwd + mem_bwd, sel + mem_sel
+    tp_wrap, fsdp_wrap, opt_wrap = wrapper_overheads_s(ctx, layer, split, zero, dp)
     modes = {}
     for mode in allowed_modes(ctx, layer):
         extra = fwd if mode == "full" else sel if mode == "selective" else 0.0
-        tp_s = (1 - tp_hidden) * (tp_fwd * (2 if mode == "full" else 1) + tp_bwd)
+        tp_s = (1 - tp_hidden) * (tp_fwd * (2 if mode == "full" else 1) + tp_bwd) + tp_wrap
         compute = fwd + bwd + extra
-        dp_s = max(0.0, zero_s - dp_hidden * compute)
+        dp_s = max(0.0, zero_s - dp_hidden * compute) + fsdp_wrap
         modes[mode] = ModeCost(time_s=compute + tp_s + dp_s + cp_s,
                                act_bytes=activation_bytes(ctx, layer, mode, b, split, cp, sp),
                                compute_s=fwd + bwd, recompute_s=extra, tp_s=tp_s, dp_s=dp_s, cp_s=cp_s)
-    weights, grads, optim = layer_static_bytes(ctx, layer, split, zero, dp)
+    weights, grads, optim = layer_static_bytes(ctx, layer, split, zero, dp, tp)
     return LayerCost(modes=modes, weights_bytes=weights, grads_bytes=grads, optim_bytes=optim,
-                     local_params=local, backward_s=bwd)
+                     local_params=local, backward_s=bwd,
+                     optimizer_s=layer_optimizer_s(ctx, layer, local, dp if zero >= 1 else 1, split) + opt_wrap)
 
 
 class CostTable:

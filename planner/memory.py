@@ -22,7 +22,7 @@ from meshplan.planner.context import Context
 
 GIB = 1024**3
 DDP_BUCKET_BYTES = 25 * 1024**2
-"""PyTorch DDP's default bucket_cap_mb; two buckets in flight."""
+"""PyTorch DDP's default bucket_cap_mb (the last-bucket rule in pipeline.py)."""
 
 _STATE = {"torch": (4, 4, 8), "megatron": (2, 4, 12)}
 """(weights, grads, optimizer) bytes per parameter, unsharded."""
@@ -32,14 +32,25 @@ def state_bytes(ctx: Context) -> tuple[int, int, int]:
     return _STATE[ctx.request.state_layout]
 
 
-def layer_static_bytes(ctx: Context, layer: LayerProfile, split: int, zero: int, dp: int) -> tuple[float, float, float]:
-    """(weights, grads, optimizer) bytes of one layer on one rank."""
+def ddp_bucket_bytes_per_param(ctx: Context, zero: int, dp: int, tp: int) -> float:
+    """PyTorch DDP (ZeRO-0/1, no tensor parallelism: executor/data_parallel.apply_ddp) allocates
+    its buckets for every gradient when it is built (Reducer::initialize_buckets; buckets of at
+    most bucket_cap_mb partition the gradients), and with gradient_as_bucket_view=False they are a
+    second copy of the fp32 gradients. Megatron's contiguous grad buffer is the main grads."""
+    if zero >= 2 or dp <= 1 or tp > 1 or ctx.request.state_layout != "torch":
+        return 0.0
+    return 4.0
+
+
+def layer_static_bytes(ctx: Context, layer: LayerProfile, split: int, zero: int, dp: int,
+                       tp: int = 1) -> tuple[float, float, float]:
+    """(weights, grads, optimizer) bytes of one layer on one rank; grads include DDP's bucket copy."""
     n = layer.num_params / split
     w, g, o = state_bytes(ctx)
     weights = n * w / (dp if zero >= 3 else 1)
     if zero == 2:
         weights += n * 2  # FSDP2 ZeRO-2: the gathered bf16 weights stay from forward to backward
-    grads = n * g / (dp if zero >= 2 else 1)
+    grads = n * g / (dp if zero >= 2 else 1) + n * ddp_bucket_bytes_per_param(ctx, zero, dp, tp)
     optim = n * o / (dp if zero >= 1 else 1)
     return weights, grads, optim
 
@@ -63,8 +74,19 @@ def recompute_modes(layer: LayerProfile) -> tuple[str, ...]:
     return ("none", "full")
 
 
+def activation_scale(ctx: Context) -> float:
+    """Profiles count activations at `activation_dtype_bytes` (2: bf16 training); an fp32 run
+    (CPU ranks) saves its floating-point activations at 4 bytes (masks and indices aside)."""
+    run_bytes = 4 if ctx.request.precision == "fp32" else 2
+    return run_bytes / (ctx.profile.activation_dtype_bytes or 2)
+
+
 def activation_bytes(ctx: Context, layer: LayerProfile, mode: str, b: int, split: int, cp: int, sp: bool) -> float:
     """Bytes one microbatch of this layer keeps for backward on one rank."""
+    return activation_scale(ctx) * _activation_bytes(ctx, layer, mode, b, split, cp, sp)
+
+
+def _activation_bytes(ctx: Context, layer: LayerProfile, mode: str, b: int, split: int, cp: int, sp: bool) -> float:
     if mode == "full":
         return layer.input_bytes * b / cp / (split if sp else 1)
     saved = layer.selective_activation_bytes if mode == "selective" else layer.activation_bytes
@@ -74,10 +96,10 @@ def activation_bytes(ctx: Context, layer: LayerProfile, mode: str, b: int, split
 
 
 def stage_buffer_bytes(ctx: Context, layers: list[LayerProfile], b: int, split_of, zero: int, cp: int) -> float:
-    """Largest temporary buffers of a rank: DDP buckets (ZeRO-0/1), the gathered bf16 weights and
-    unsharded fp32 grads of the largest layer twice over (ZeRO-3 prefetch), a transient fp32
-    copy of the logits in the loss (head stage)."""
-    buf = 2.0 * DDP_BUCKET_BYTES if zero <= 1 else 0.0
+    """Largest temporary buffers of a rank: the gathered bf16 weights and unsharded fp32 grads of
+    the largest layer twice over (ZeRO-3 prefetch), a transient fp32 copy of the logits in the
+    loss (head stage). DDP's buckets are per parameter (ddp_bucket_bytes_per_param)."""
+    buf = 0.0
     if zero == 3 and layers:
         largest = max(lp.num_params / split_of(lp) for lp in layers)
         buf += 2 * (2 + 4) * largest

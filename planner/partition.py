@@ -59,11 +59,12 @@ class UniformSplit:
             none = [self.costs[i].modes["none"] for i in fixed]
             self._terms[rank] = (sum(static), buf0, buf1, flight, sum(mc.act_bytes for mc in none),
                                  sum(mc.time_s for mc in none), sum(self.costs[i].local_params for i in fixed),
-                                 sum(self.costs[i].backward_s for i in fixed))
+                                 sum(self.costs[i].backward_s for i in fixed),
+                                 sum(self.costs[i].optimizer_s for i in fixed))
         return self._terms[rank]
 
     def _solve_rank(self, rank: int, n: int):
-        static, buf0, buf1, flight, fixed_act, fixed_time, fixed_local, fixed_bwd = self._rank_terms(rank)
+        static, buf0, buf1, flight, fixed_act, fixed_time, fixed_local, fixed_bwd, fixed_opt = self._rank_terms(rank)
         blk = self.block
         base = static + n * self.static_block + (buf1 if n else buf0) + flight * fixed_act
         got = solve_identical(n, self.options, base, flight, self.model.capacity)
@@ -74,7 +75,7 @@ class UniformSplit:
         first = 0 if fixed and fixed[0] == 0 and self.start == 1 else self.start
         last = last_bucket_params(self.ctx.layers[first].tp.kind, self.costs[first].local_params)
         sync, opt = tail_s(self.ctx, self.cand, fixed_local + n * blk.local_params, fixed_bwd + n * blk.backward_s,
-                           last)
+                           last, fixed_opt + n * blk.optimizer_s)
         return self.model.factor * time + sync + opt, got[1]
 
     def solve(self) -> list[int] | None:

@@ -70,10 +70,22 @@ def last_bucket_params(first_layer_kind: str, first_layer_local_params: float) -
     return max(first_layer_local_params, cap) if first_layer_kind == "embedding" else cap
 
 
+def layer_optimizer_s(ctx: Context, layer, local_params: float, shard: int, split: int) -> float:
+    """Once-per-step optimizer work on one rank's share of a layer: the profile's measured
+    clip + AdamW + zero_grad time (LayerProfile.optimizer_step_s, on this device) divided by the
+    tensor-parallel split and the ZeRO shard; else memory-bound, OPTIMIZER_BYTES_PER_PARAM per
+    parameter over the HBM bandwidth."""
+    if ctx.measured and layer.optimizer_step_s > 0:
+        return layer.optimizer_step_s / (split * shard)
+    per_param = OPTIMIZER_BYTES_PER_PARAM[ctx.request.state_layout]
+    return local_params / shard * per_param / (ctx.cluster.device.hbm_gbps * 1e9)
+
+
 def tail_s(ctx: Context, cand: Candidate, local_params: float, backward_window_s: float,
-           last_bucket: float = 0.0) -> tuple[float, float]:
+           last_bucket: float = 0.0, optimizer_s: float = 0.0) -> tuple[float, float]:
     """(exposed gradient sync, optimizer step) seconds of one rank, once per step. Bucketed sync
-    overlaps the last microbatch's backward except the last bucket (`last_bucket` parameters)."""
+    overlaps the last microbatch's backward except the last bucket (`last_bucket` parameters);
+    `optimizer_s` is the sum of the rank's layer_optimizer_s."""
     group = cand.dp * cand.cp
     tier = group_tier(ctx.cluster, cand.tp, group)
     hidden = ctx.cluster.calibration.dp_overlap if ctx.request.overlap_dp_comm else 0.0
@@ -90,7 +102,12 @@ def tail_s(ctx: Context, cand: Candidate, local_params: float, backward_window_s
         weight_bytes = local_params * (2 if ctx.request.state_layout == "megatron" else 4)
         ag = collective_s(ctx.cluster, "all_gather", group, weight_bytes, tier)
         sync = max(rs - hidden * backward_window_s, last if hidden else rs, 0.0) + (1 - hidden) * ag
-    per_param = OPTIMIZER_BYTES_PER_PARAM[ctx.request.state_layout]
-    shard = cand.dp if cand.zero >= 1 else 1
-    optimizer = local_params / shard * per_param / (ctx.cluster.device.hbm_gbps * 1e9)
-    return sync, optimizer
+    return sync, optimizer_s + optimizer_call_s(ctx)
+
+
+def optimizer_call_s(ctx: Context) -> float:
+    """Fixed cost of one optimizer step call on a rank (Python, foreach grouping: measured as
+    framework_overhead_s["optimizer_call"]), paid once per rank whatever its layers."""
+    if not ctx.measured:
+        return 0.0
+    return max((lp.framework_overhead_s.get("optimizer_call", 0.0) for lp in ctx.layers), default=0.0)

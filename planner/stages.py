@@ -63,7 +63,8 @@ class RankModel:
         local = sum(self.costs[i].local_params for i in layers)
         first = layers[0]
         last = last_bucket_params(self.ctx.layers[first].tp.kind, self.costs[first].local_params)
-        sync, opt = tail_s(self.ctx, self.cand, local, sum(self.costs[i].backward_s for i in layers), last)
+        sync, opt = tail_s(self.ctx, self.cand, local, sum(self.costs[i].backward_s for i in layers), last,
+                           sum(self.costs[i].optimizer_s for i in layers))
         parts = {k: sum(getattr(mc, k) for mc in chosen) for k in ("compute_s", "recompute_s", "tp_s", "dp_s", "cp_s")}
         return RankSolution(rank=rank, layers=layers, modes=modes, time_s=time,
                             act_bytes=sum(mc.act_bytes for mc in chosen), static=static, buffers_bytes=buf,

@@ -1,14 +1,18 @@
 """Measured per-layer timing and peak memory on the local device (CPU here, CUDA where present).
 
 For each representative layer and microbatch size: `WARMUP` forward+backward passes, then the
-median of `REPEATS` timed passes, forward and backward separately (perf_counter on CPU, CUDA
-events on GPU), with `concurrent - 1` busy neighbour processes when asked. Then one more pass
+median of `REPEATS` timed passes (on CPU: at least `MIN_WINDOW_S` of them), forward and backward
+separately (CUDA events on GPU; on CPU the median process CPU time times the host share, wall/CPU
+over all timed passes: see step_timing.py), with `concurrent - 1` busy neighbour processes when
+asked. Each representative's once-per-step optimizer work (clip + AdamW + zero_grad) is timed
+the same way (LayerProfile.optimizer_step_s). Then one more pass
 measures the peak memory (live-tensor tracker on CPU, allocator peak on CUDA) beside the
 analytic prediction. Identical layers copy the representative's timings (`reused_from`).
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import statistics
 import time
@@ -18,14 +22,19 @@ import torch
 
 from meshplan.model_profile import LayerTiming, ModelProfile
 from meshplan.profiler.capture import LayerCapture
-from meshplan.profiler.concurrency import BusyNeighbours
+from meshplan.profiler.concurrency import SYNC_PAUSE_S, BusyNeighbours
 from meshplan.errors import MeshplanError
 from meshplan.profiler.memory import LiveBytes, layer_param_bytes, available_memory_bytes, predict_peak_bytes
 from meshplan.profiler.runner import InputSpec, make_input, materialise_layer, run_dtype
+from meshplan.profiler.step_timing import HostShare, optimizer_step_cpu_s
+from meshplan.profiler.wrapper_timing import wrapper_overheads
 from meshplan.profiler.zoo.base import LayeredModel
 
 WARMUP = 2
 REPEATS = 5
+MIN_WINDOW_S = 0.25
+"""CPU: keep timing passes until their wall time covers many scheduler time slices."""
+MAX_REPEATS = 400
 
 
 def time_layers(profile: ModelProfile, model: LayeredModel, rep_of: dict[str, str],
@@ -36,24 +45,48 @@ def time_layers(profile: ModelProfile, model: LayeredModel, rep_of: dict[str, st
     reps = list(dict.fromkeys(rep_of.values()))
     check_fits(model, reps, inputs, captures, device, max(microbatch_sizes))
     measured: dict[str, list[LayerTiming]] = {}
+    optimizer_s: dict[str, float] = {}
+    call_s: dict[str, float] = {}
+    share = HostShare()
     neighbours = _neighbours(device, concurrent, profile.notes)
     busy = BusyNeighbours(neighbours, spec, overrides, device) if neighbours else None
     with busy or contextlib.nullcontext():
         for rep in progress(reps, f"timing on {device}"):
             layer = materialise_layer(model, rep, device)
-            measured[rep] = [_measure(layer, model, rep, inputs[rep], captures[rep], b, device, busy)
+            measured[rep] = [_measure(layer, model, rep, inputs[rep], captures[rep], b, device, busy, share)
                              for b in microbatch_sizes]
+            if not device.startswith("cuda"):
+                optimizer_s[rep], call_s[rep] = optimizer_step_cpu_s(layer, make_input(model, inputs[rep], 1, device))
             del layer
+        overheads = {} if device.startswith("cuda") else _wrapper_overheads(profile, model, reps, inputs,
+                                                                             microbatch_sizes[0])
+    factor = 1.0 if device.startswith("cuda") else share.factor
     for lp in profile.layers:
         rep = rep_of[lp.name]
-        lp.timings = [LayerTiming(**{**t.__dict__, "reused_from": "" if rep == lp.name else rep})
-                      for t in measured[rep]]
+        lp.timings = [LayerTiming(**{**t.__dict__, "forward_s": t.forward_s * factor, "backward_s": t.backward_s * factor,
+                                     "reused_from": "" if rep == lp.name else rep}) for t in measured[rep]]
+        lp.optimizer_step_s = optimizer_s.get(rep, 0.0) * factor
+        lp.framework_overhead_s = {k: v * factor for k, v in overheads.get(rep, {}).items()}
+        if rep in call_s:
+            lp.framework_overhead_s["optimizer_call"] = call_s[rep] * factor
+    if factor != 1.0 or not device.startswith("cuda"):
+        profile.notes.append(f"host share {factor:.2f}: CPU timings are median process CPU time x wall/CPU "
+                             "over all timed passes (ranks and other load sharing the cores)")
     profile.device = device_name(device)
     profile.concurrent = neighbours + 1
     profile.notes.append(f"timed {len(reps)} representative layer(s) on {profile.device} in "
                          f"{str(run_dtype(device)).removeprefix('torch.')}: {WARMUP} warm-up passes, median of "
                          f"{REPEATS}, with {neighbours} busy neighbour process(es); identical layers reuse "
                          "the timings (timings[].reused_from)")
+
+
+def _wrapper_overheads(profile: ModelProfile, model: LayeredModel, reps: list[str], inputs,
+                       batch: int) -> dict[str, dict[str, float]]:
+    """TP (DTensor) and FSDP2 overheads of each representative on a one-rank mesh (wrapper_timing)."""
+    rules = {lp.name: lp.tp for lp in profile.layers}
+    layers = {rep: materialise_layer(model, rep, "cpu") for rep in reps}
+    xs = {rep: make_input(model, inputs[rep], batch, "cpu") for rep in reps}
+    return wrapper_overheads(layers, rules, xs, functools.partial(measure_times, min_window_s=0.0))
 
 
 def _neighbours(device: str, concurrent: int, notes: list[str]) -> int:
@@ -74,11 +107,11 @@ def device_name(device: str) -> str:
     return device
 
 
-def _measure(layer, model, fqn, spec, capture, batch, device, busy) -> LayerTiming:
+def _measure(layer, model, fqn, spec, capture, batch, device, busy, share: HostShare | None = None) -> LayerTiming:
     x = make_input(model, spec, batch, device)
     if busy is not None:
         busy.run(fqn, batch, spec)
-    forward_s, backward_s = measure_times(layer, x, device)
+    forward_s, backward_s = measure_times(layer, x, device, share=share)
     predicted = predict_peak_bytes(layer_param_bytes(layer, run_dtype(device)), capture, batch,
                                    run_dtype(device), x.numel() * x.element_size(), x.requires_grad)
     return LayerTiming(microbatch_size=batch, forward_s=forward_s, backward_s=backward_s,
@@ -104,24 +137,34 @@ def check_fits(model: LayeredModel, reps: list[str], inputs: dict[str, InputSpec
                                 "--device meta, smaller --microbatch, or smaller shapes with --set")
 
 
-def measure_times(layer: torch.nn.Module, x: torch.Tensor, device: str,
-                  warmup: int = WARMUP, repeats: int = REPEATS) -> tuple[float, float]:
-    """Median forward and backward seconds of `layer` on `x` after `warmup` passes."""
+def measure_times(layer: torch.nn.Module, x: torch.Tensor, device: str, warmup: int = WARMUP,
+                  repeats: int = REPEATS, share: HostShare | None = None,
+                  min_window_s: float = MIN_WINDOW_S) -> tuple[float, float]:
+    """Median forward and backward seconds of `layer` on `x` after `warmup` passes: CUDA event
+    time on GPU; on CPU process CPU time (wall and CPU totals go to `share`)."""
     cuda = device.startswith("cuda")
     fwd, bwd = [], []
-    for i in range(warmup + repeats):
+    window_s, i = 0.0, 0
+    while i < warmup + repeats or (not cuda and window_s < min_window_s and i < warmup + MAX_REPEATS):
         for p in layer.parameters():
             p.grad = None
         x.grad = None
-        t = _clock(cuda)
+        c0, t = time.process_time(), _clock(cuda)
         y = layer(x)
-        t_mid = _clock(cuda)
+        c_mid, t_mid = time.process_time(), _clock(cuda)
         if y.requires_grad:
             y.backward(torch.ones_like(y))
-        t_end = _clock(cuda)
+        c_end, t_end = time.process_time(), _clock(cuda)
         if i >= warmup:
-            fwd.append(_elapsed_s(t, t_mid, cuda))
-            bwd.append(_elapsed_s(t_mid, t_end, cuda))
+            fwd.append(_elapsed_s(t, t_mid, cuda) if cuda else c_mid - c0)
+            bwd.append(_elapsed_s(t_mid, t_end, cuda) if cuda else c_end - c_mid)
+            if not cuda:
+                window_s += t_end - t
+                if share is not None:
+                    share.add(t_end - t, c_end - c0)
+        if not cuda and share is not None:
+            time.sleep(SYNC_PAUSE_S)  # like the busy neighbours: a rank's wait on its peers
+        i += 1
     return statistics.median(fwd), statistics.median(bwd)
 
 

@@ -94,7 +94,12 @@ def test_state_bytes_by_layout_and_zero():
     prof = gpt_profile(layers=4, hidden=1024, heads=16)
     blk = prof.layers[1]
     torch_lc = layer_cost(_ctx(prof, n=8), blk, 1, 1, False, 1, 0, 8)
-    assert torch_lc.weights_bytes + torch_lc.grads_bytes + torch_lc.optim_bytes == 16 * blk.num_params
+    # 16 bytes of state + DDP's bucket copy of the fp32 gradients (4)
+    assert torch_lc.weights_bytes + torch_lc.grads_bytes + torch_lc.optim_bytes == 20 * blk.num_params
+    alone = layer_cost(_ctx(prof, n=8), blk, 1, 1, False, 1, 0, 1)  # no DDP on one replica
+    assert alone.weights_bytes + alone.grads_bytes + alone.optim_bytes == 16 * blk.num_params
+    tp_lc = layer_cost(_ctx(prof, n=8), blk, 1, 2, False, 1, 0, 4)  # TP: bucketed reducer, no DDP
+    assert tp_lc.weights_bytes + tp_lc.grads_bytes + tp_lc.optim_bytes == 8 * blk.num_params
     mega = layer_cost(_ctx(prof, n=8, state_layout="megatron"), blk, 1, 1, False, 1, 0, 8)
     assert mega.weights_bytes + mega.grads_bytes + mega.optim_bytes == 18 * blk.num_params
     z3 = layer_cost(_ctx(prof, n=8), blk, 1, 1, False, 1, 3, 8)
@@ -144,3 +149,51 @@ def test_measured_gpu_timings_used_only_on_the_same_gpu_model():
     on_a100 = Context.build(prof, cluster_preset("a100-80g", 8), PlanRequest(num_gpus=8, global_batch=8))
     assert on_h100.measured and not on_a100.measured
     assert layer_cost(on_h100, blk, 2, 1, False, 1, 0, 8).modes["none"].compute_s == pytest.approx(0.024)
+
+
+def _measured_cpu_ctx(n=4, **req):
+    prof = gpt_profile(layers=2, hidden=64, heads=4, vocab=128, seq=32)
+    prof.device = "cpu"
+    for lp in prof.layers:
+        lp.timings = [LayerTiming(microbatch_size=1, forward_s=0.01, backward_s=0.02)]
+        lp.optimizer_step_s = 0.008
+        lp.framework_overhead_s = {"tp": 0.005, "fsdp": 0.002, "tp_optimizer": 0.001,
+                                   "fsdp_optimizer": 0.003, "optimizer_call": 0.004}
+    return Context.build(prof, local_cpu(n), PlanRequest(num_gpus=n, global_batch=4, precision="fp32", **req))
+
+
+def test_measured_optimizer_step_is_split_by_tp_and_zero_shard():
+    ctx = _measured_cpu_ctx()
+    blk = ctx.layers[1]
+    assert layer_cost(ctx, blk, 1, 1, False, 1, 0, 4).optimizer_s == pytest.approx(0.008)
+    assert layer_cost(ctx, blk, 1, 1, False, 1, 1, 4).optimizer_s == pytest.approx(0.002)  # ZeRO-1 over 4
+    # TP 2 halves the measured work and adds the DTensor optimizer overhead, which does not shrink
+    assert layer_cost(ctx, blk, 1, 2, False, 1, 0, 2).optimizer_s == pytest.approx(0.004 + 0.001)
+
+
+def test_wrapper_overheads_only_where_the_wrapper_runs():
+    ctx = _measured_cpu_ctx()
+    blk = ctx.layers[1]
+    plain = layer_cost(ctx, blk, 1, 1, False, 1, 0, 4).modes["none"]
+    tp = layer_cost(ctx, blk, 1, 2, False, 1, 0, 2).modes["none"]
+    z3 = layer_cost(ctx, blk, 1, 1, False, 1, 3, 4).modes["none"]
+    assert plain.tp_s == 0 and plain.dp_s == 0
+    assert tp.tp_s >= 0.005 and tp.dp_s == 0
+    assert z3.dp_s >= 0.002 and z3.tp_s == 0
+    one_replica = layer_cost(ctx, blk, 1, 1, False, 1, 3, 1).modes["none"]  # no FSDP2 on dp = 1
+    assert one_replica.dp_s == 0
+
+
+def test_optimizer_call_is_paid_once_per_rank():
+    ctx = _measured_cpu_ctx()
+    req = dict(tp=1, dp=4, microbatch=1)
+    plan = estimate(ctx.profile, local_cpu(4), PlanRequest(num_gpus=4, global_batch=4, precision="fp32", **req))
+    assert plan.prediction.breakdown["optimizer"] == pytest.approx(4 * 0.008 + 0.004)
+
+
+def test_fp32_runs_save_twice_the_bf16_activation_bytes():
+    fp32 = _measured_cpu_ctx()
+    blk = fp32.layers[1]
+    bf16 = Context.build(fp32.profile, local_cpu(4), PlanRequest(num_gpus=4, global_batch=4, precision="bf16"))
+    assert activation_bytes(fp32, blk, "none", 2, 1, 1, False) == pytest.approx(
+        2 * activation_bytes(bf16, blk, "none", 2, 1, 1, False))

@@ -89,3 +89,17 @@ def test_timing_a_layer_too_big_for_this_machine_is_refused_before_allocating():
         # one 65536-wide block: ~200 GiB of fp32 weights, refused before anything is allocated
         profile_model("gpt", dict(layers=1, hidden=65536, heads=128, vocab=256, seq=16), device="cpu")
     assert "--device meta" in str(err.value)
+
+
+def test_once_per_step_and_wrapper_costs_are_measured(cpu_profile):
+    """Optimizer step (clip + AdamW + zero_grad) per layer, TP/FSDP2 wrapper overheads on a
+    one-rank mesh, and the host share note: the inputs of the cost model's whole-step terms."""
+    for layer in cpu_profile.layers:
+        assert layer.optimizer_step_s > 0
+        assert set(layer.framework_overhead_s) >= {"fsdp", "fsdp_optimizer"}
+        assert all(v >= 0 for v in layer.framework_overhead_s.values())
+    assert "tp" in cpu_profile.layer("layers.0").framework_overhead_s
+    # a 12h^2 block has far more parameters than the learned positions + 256-token embedding
+    assert cpu_profile.layer("layers.0").optimizer_step_s > 0.5 * cpu_profile.layer("embed").optimizer_step_s
+    assert any(note.startswith("host share") for note in cpu_profile.notes)
+    assert not torch.distributed.is_initialized()  # the one-rank group is torn down

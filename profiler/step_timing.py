@@ -1,0 +1,88 @@
+"""Once-per-step work on a layer's parameters, and the host share of the CPU timings.
+
+Optimizer step: what the executor's training loop does once per step for every parameter
+(executor/train.py): global-norm gradient clipping (the executor's own, DTensor-aware), AdamW (betas 0.9/0.95, weight decay 0.1, as
+executor/data_parallel.optimizer_spec) and zero_grad. Timed on the real layer with gradients of
+its own forward+backward; its per-step cost is what the planner charges per layer a rank holds.
+
+Host share (CPU only): N ranks on C < N cores, and other load on a shared host, stretch wall time
+by wall / CPU time. A pass of well under a scheduler time slice is rarely preempted, so the median
+wall time of short passes misses the sharing, and single preempted passes look like outliers
+(e.g. 14.6 ms against 1.35 ms). CPU times (process_time: gloo's threads count) are free of both; the timings then are
+median CPU time x (total wall / total CPU over every timed pass, while the busy neighbours run),
+which is what the ranks pay on average when they share the cores the same way.
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+
+import torch
+
+from meshplan.executor.grad_clip import clip_grad_norm
+
+
+class HostShare:
+    """Running sums of wall and CPU seconds over the timed passes."""
+
+    def __init__(self) -> None:
+        self.wall_s = 0.0
+        self.cpu_s = 0.0
+
+    def add(self, wall_s: float, cpu_s: float) -> None:
+        self.wall_s += wall_s
+        self.cpu_s += cpu_s
+
+    @property
+    def factor(self) -> float:
+        """Wall seconds per CPU second (>= 1); 1 before anything was timed."""
+        return max(1.0, self.wall_s / self.cpu_s) if self.cpu_s > 0 else 1.0
+
+
+def _clip_step_zero(params, grads, optimizer) -> float:
+    """CPU seconds of one clip + AdamW step + zero_grad on fresh copies of `grads`."""
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    start = time.process_time()
+    clip_grad_norm(params, 1.0, None, params[0].device)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return time.process_time() - start
+
+
+def _params_and_grads(layer: torch.nn.Module, x: torch.Tensor):
+    params = [p for p in layer.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = None
+    y = layer(x)
+    if y.requires_grad:
+        y.backward(torch.ones_like(y))
+    return params, [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+
+
+def _median_step_s(params, grads, warmup: int, repeats: int) -> float:
+    saved = [p.detach().clone() for p in params]
+    optimizer = torch.optim.AdamW(params, lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95))
+    times = [_clip_step_zero(params, grads, optimizer) for _ in range(warmup + repeats)][warmup:]
+    with torch.no_grad():
+        for p, s in zip(params, saved):
+            p.copy_(s)
+    return statistics.median(times)
+
+
+def optimizer_step_cpu_s(layer: torch.nn.Module, x: torch.Tensor, warmup: int = 3,
+                         repeats: int = 15) -> tuple[float, float]:
+    """(per-layer, per-call) median CPU seconds of clip + AdamW step + zero_grad: timed over the
+    layer's parameters (one) and over them plus a twin's (two); the layer's share is two - one,
+    the fixed cost of a call (Python, foreach grouping), paid once per optimizer, 2 one - two."""
+    params, grads = _params_and_grads(layer, x)
+    if not params:
+        return 0.0, 0.0
+    one = _median_step_s(params, grads, warmup, repeats)
+    try:
+        twin_params, twin_grads = _params_and_grads(copy.deepcopy(layer), x)
+    except Exception:  # a wrapped layer that cannot be copied: the whole call counts per layer
+        return one, 0.0
+    two = _median_step_s(params + twin_params, grads + twin_grads, warmup, repeats)
+    return max(two - one, 0.0), max(2 * one - two, 0.0)
