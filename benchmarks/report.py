@@ -34,7 +34,7 @@ def _header(r: dict) -> list[str]:
             f"- Load average at start / end: {m.get('load_average')} / {m.get('load_average_end')} "
             "(the host is shared; timings move with it)",
             f"- torch {r.get('torch_version')}, Python {m.get('python')}; code at commit "
-            f"{r.get('git', {}).get('commit')}" + (f" with uncommitted changes to {', '.join(r['git']['modified'])}"
+            f"{r.get('git', {}).get('commit') or '(not recorded)'}" + (f" with uncommitted changes to {', '.join(r['git']['modified'])}"
                                                   if r.get("git", {}).get("modified") else ""),
             f"- Section times (s): {r.get('section_times_s')}", ""]
 
