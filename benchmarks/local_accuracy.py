@@ -154,8 +154,8 @@ def measure_round(model: str, plans: list[tuple[str, object]], rep: int, steps: 
 def plan_row(name: str, pairs: list[tuple[object, object]]) -> dict:
     """Predicted beside measured for one named plan over the repetitions: each pair is (the plan
     as predicted by that repetition's calibration, its RunResult or None). Medians over pairs;
-    times in seconds, memory in bytes."""
-    plan = pairs[0][0]
+    the breakdowns are those of the round with the median prediction; seconds and bytes."""
+    plan = sorted((p for p, _ in pairs), key=lambda p: p.prediction.step_time_s)[(len(pairs) - 1) // 2]
     runs = [r for _, r in pairs if r is not None]
     predicted = [p.prediction.step_time_s for p, _ in pairs]
     medians = [r.step_time_s for r in runs]
