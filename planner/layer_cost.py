@@ -58,14 +58,22 @@ def _tp_comm_s(ctx: Context, layer: LayerProfile, b: int, tp: int, cp: int, sp: 
     return fwd * one, bwd * one
 
 
-def _zero_comm_s(ctx: Context, local_params: float, zero: int, dp: int, tp: int, cp: int) -> float:
+def num_microbatches(ctx: Context, b: int, dp: int) -> int:
+    """Microbatches per step of a candidate: the global batch over dp replicas of b samples."""
+    return max(ctx.request.global_batch // (dp * b), 1)
+
+
+def _zero_comm_s(ctx: Context, local_params: float, zero: int, dp: int, tp: int, cp: int, m: int = 1) -> float:
+    """Per microbatch: weight all-gathers (ZeRO-3: forward and backward) every microbatch; the
+    gradient reduce-scatter only after the last one (FSDP2 with set_requires_gradient_sync(False)
+    while accumulating, executor/parallelize._grad_sync), i.e. 1/m of it per microbatch."""
     if zero < 2 or dp <= 1:
         return 0.0
     width = 2 if ctx.request.precision == "bf16" else 4
     tier = group_tier(ctx.cluster, tp * cp, dp)
     gather = collective_s(ctx.cluster, "all_gather", dp, local_params * width, tier)
     scatter = collective_s(ctx.cluster, "reduce_scatter", dp, local_params * width, tier)
-    return (2 if zero == 3 else 1) * gather + scatter
+    return (2 if zero == 3 else 1) * gather + scatter / m
 
 
 def _cp_comm_s(ctx: Context, layer: LayerProfile, b: int, tp: int, cp: int, compute_s: float) -> float:
@@ -132,7 +140,8 @@ def layer_cost(ctx: Context, layer: LayerProfile, b: int, tp: int, sp: bool, cp:
     tp_hidden = cal.tp_overlap if ctx.request.overlap_tp_comm else 0.0
     dp_hidden = cal.dp_overlap if ctx.request.overlap_dp_comm else 0.0
     local = layer.num_params / split
-    zero_s = _zero_comm_s(ctx, local, zero, dp, tp, cp)
+    m = num_microbatches(ctx, b, dp)
+    zero_s = _zero_comm_s(ctx, local, zero, dp, tp, cp, m)
     cp_s = _cp_comm_s(ctx, layer, b, tp, cp, fwd + bwd)
     mem_fwd, mem_bwd, mem_sel = _memory_bound_s(ctx, layer, b, split, cp, sp)
     fwd, bwd, sel = fwd + mem_fwd, bwd + mem_bwd, sel + mem_sel
@@ -146,7 +155,7 @@ def layer_cost(ctx: Context, layer: LayerProfile, b: int, tp: int, sp: bool, cp:
         modes[mode] = ModeCost(time_s=compute + tp_s + dp_s + cp_s,
                                act_bytes=activation_bytes(ctx, layer, mode, b, split, cp, sp),
                                compute_s=fwd + bwd, recompute_s=extra, tp_s=tp_s, dp_s=dp_s, cp_s=cp_s)
-    weights, grads, optim = layer_static_bytes(ctx, layer, split, zero, dp, tp)
+    weights, grads, optim = layer_static_bytes(ctx, layer, split, zero, dp, tp, m)
     return LayerCost(modes=modes, weights_bytes=weights, grads_bytes=grads, optim_bytes=optim,
                      local_params=local, backward_s=bwd,
                      optimizer_s=layer_optimizer_s(ctx, layer, local, dp if zero >= 1 else 1, split) + opt_wrap)

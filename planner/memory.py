@@ -43,14 +43,18 @@ def ddp_bucket_bytes_per_param(ctx: Context, zero: int, dp: int, tp: int) -> flo
 
 
 def layer_static_bytes(ctx: Context, layer: LayerProfile, split: int, zero: int, dp: int,
-                       tp: int = 1) -> tuple[float, float, float]:
-    """(weights, grads, optimizer) bytes of one layer on one rank; grads include DDP's bucket copy."""
+                       tp: int = 1, num_microbatches: int = 1) -> tuple[float, float, float]:
+    """(weights, grads, optimizer) bytes of one layer on one rank; grads include DDP's bucket copy
+    and, for ZeRO-2/3 accumulating over several microbatches without gradient sync (FSDP2,
+    executor/parallelize._grad_sync), the unsharded gradients held until the last microbatch."""
     n = layer.num_params / split
     w, g, o = state_bytes(ctx)
     weights = n * w / (dp if zero >= 3 else 1)
     if zero == 2:
         weights += n * 2  # FSDP2 ZeRO-2: the gathered bf16 weights stay from forward to backward
     grads = n * g / (dp if zero >= 2 else 1) + n * ddp_bucket_bytes_per_param(ctx, zero, dp, tp)
+    if zero >= 2 and dp > 1 and num_microbatches > 1 and ctx.request.state_layout == "torch":
+        grads += n * g  # unsharded fp32 gradients accumulated across microbatches
     optim = n * o / (dp if zero >= 1 else 1)
     return weights, grads, optim
 

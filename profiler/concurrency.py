@@ -39,7 +39,8 @@ def _worker(spec: str, overrides: dict | None, device: str, commands, acks) -> N
             cmd = commands.get(block=work is None, timeout=None)
         except queue.Empty:
             forward_backward(*work)
-            time.sleep(SYNC_PAUSE_S)  # a rank waits on its peers between units of work
+            if not device.startswith("cuda"):
+                time.sleep(SYNC_PAUSE_S)  # a rank waits on its peers between units of work
             continue
         if cmd[0] == "stop":
             return

@@ -10,11 +10,14 @@ by wall / CPU time. A pass of well under a scheduler time slice is rarely preemp
 wall time of short passes misses the sharing, and single preempted passes look like outliers
 (e.g. 14.6 ms against 1.35 ms). CPU times (process_time: gloo's threads count) are free of both; the timings then are
 median CPU time x (total wall / total CPU over every timed pass, while the busy neighbours run),
-which is what the ranks pay on average when they share the cores the same way.
+which is what the ranks pay on average when they share the cores the same way. Ranks pausing
+between passes (concurrency.SYNC_PAUSE_S) are favoured by the scheduler over CPU-bound load, so
+the measured share can fall below ranks / cores, which N busy ranks cannot beat: that is its floor.
 """
 from __future__ import annotations
 
 import copy
+import os
 import statistics
 import time
 
@@ -23,12 +26,22 @@ import torch
 from meshplan.executor.grad_clip import clip_grad_norm
 
 
+def cores_available() -> int:
+    """CPU cores this process may run on (affinity mask), at least 1."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):
+        return max(os.cpu_count() or 1, 1)
+
+
 class HostShare:
     """Running sums of wall and CPU seconds over the timed passes."""
 
-    def __init__(self) -> None:
+    def __init__(self, floor: float = 1.0) -> None:
         self.wall_s = 0.0
         self.cpu_s = 0.0
+        self.floor = floor
+        """Physical lower bound: N always-busy ranks on C < N cores get at most C/N of a core."""
 
     def add(self, wall_s: float, cpu_s: float) -> None:
         self.wall_s += wall_s
@@ -36,8 +49,8 @@ class HostShare:
 
     @property
     def factor(self) -> float:
-        """Wall seconds per CPU second (>= 1); 1 before anything was timed."""
-        return max(1.0, self.wall_s / self.cpu_s) if self.cpu_s > 0 else 1.0
+        """Wall seconds per CPU second, at least `floor`; `floor` before anything was timed."""
+        return max(self.floor, self.wall_s / self.cpu_s) if self.cpu_s > 0 else self.floor
 
 
 def _clip_step_zero(params, grads, optimizer) -> float:

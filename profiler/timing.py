@@ -26,7 +26,7 @@ from meshplan.profiler.concurrency import SYNC_PAUSE_S, BusyNeighbours
 from meshplan.errors import MeshplanError
 from meshplan.profiler.memory import LiveBytes, layer_param_bytes, available_memory_bytes, predict_peak_bytes
 from meshplan.profiler.runner import InputSpec, make_input, materialise_layer, run_dtype
-from meshplan.profiler.step_timing import HostShare, optimizer_step_cpu_s
+from meshplan.profiler.step_timing import HostShare, cores_available, optimizer_step_cpu_s
 from meshplan.profiler.wrapper_timing import wrapper_overheads
 from meshplan.profiler.zoo.base import LayeredModel
 
@@ -47,8 +47,8 @@ def time_layers(profile: ModelProfile, model: LayeredModel, rep_of: dict[str, st
     measured: dict[str, list[LayerTiming]] = {}
     optimizer_s: dict[str, float] = {}
     call_s: dict[str, float] = {}
-    share = HostShare()
     neighbours = _neighbours(device, concurrent, profile.notes)
+    share = HostShare(floor=max(1.0, (neighbours + 1) / cores_available()))
     busy = BusyNeighbours(neighbours, spec, overrides, device) if neighbours else None
     with busy or contextlib.nullcontext():
         for rep in progress(reps, f"timing on {device}"):
@@ -71,7 +71,9 @@ def time_layers(profile: ModelProfile, model: LayeredModel, rep_of: dict[str, st
             lp.framework_overhead_s["optimizer_call"] = call_s[rep] * factor
     if factor != 1.0 or not device.startswith("cuda"):
         profile.notes.append(f"host share {factor:.2f}: CPU timings are median process CPU time x wall/CPU "
-                             "over all timed passes (ranks and other load sharing the cores)")
+                             f"over all timed passes (ranks and other load sharing the cores; measured "
+                             f"{share.wall_s / max(share.cpu_s, 1e-12):.2f}, floor {share.floor:.2f} = "
+                             f"{neighbours + 1} ranks / {cores_available()} cores)")
     profile.device = device_name(device)
     profile.concurrent = neighbours + 1
     profile.notes.append(f"timed {len(reps)} representative layer(s) on {profile.device} in "

@@ -197,3 +197,15 @@ def test_fp32_runs_save_twice_the_bf16_activation_bytes():
     bf16 = Context.build(fp32.profile, local_cpu(4), PlanRequest(num_gpus=4, global_batch=4, precision="bf16"))
     assert activation_bytes(fp32, blk, "none", 2, 1, 1, False) == pytest.approx(
         2 * activation_bytes(bf16, blk, "none", 2, 1, 1, False))
+
+
+def test_zero3_accumulation_holds_unsharded_grads_and_reduces_once():
+    """FSDP2 accumulating without gradient sync (executor/parallelize._grad_sync): the unsharded
+    fp32 gradients stay until the last microbatch, whose reduce-scatter is the only one."""
+    ctx = _measured_cpu_ctx()
+    ctx2 = Context.build(ctx.profile, local_cpu(2), PlanRequest(num_gpus=2, global_batch=4, precision="fp32"))
+    blk = ctx.layers[1]
+    one = layer_cost(ctx2, blk, 2, 1, False, 1, 3, 2)  # 4 / (2 x 2): m = 1
+    two = layer_cost(ctx2, blk, 1, 1, False, 1, 3, 2)  # 4 / (2 x 1): m = 2
+    assert one.grads_bytes == pytest.approx(blk.num_params * 4 / 2)
+    assert two.grads_bytes == pytest.approx(blk.num_params * 4 / 2 + blk.num_params * 4)
