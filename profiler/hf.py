@@ -19,7 +19,7 @@ from torch import nn
 
 from meshplan.errors import MeshplanError
 from meshplan.model_profile import TPRule
-from meshplan.profiler.zoo.base import LayeredModel
+from meshplan.profiler.zoo.base import CausalLM
 
 _LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                  "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
@@ -135,7 +135,7 @@ class HFHead(nn.Module):
         return self.proj(self.norm(x))  # (B, T, V)
 
 
-class HFLayered(LayeredModel):
+class HFLayered(CausalLM):
     family = "hf"
 
     def __init__(self, model: nn.Module, hf_config, shape: HFShape):
@@ -150,15 +150,6 @@ class HFLayered(LayeredModel):
         plan = dict(getattr(hf_config, "base_model_tp_plan", None) or {})
         for block in self.layers.values():
             block.tp_plan = plan
-
-    @property
-    def seq_len(self) -> int:
-        return self.config.seq
-
-    def example_batch(self, batch_size, generator=None, device="cpu"):
-        tokens = torch.randint(0, self.config.vocab, (batch_size, self.config.seq + 1), generator=generator)
-        tokens = tokens.to(device)
-        return tokens[:, :-1], tokens[:, 1:]
 
 
 def hf_block_rule(block: HFBlock) -> TPRule:

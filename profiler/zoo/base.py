@@ -59,6 +59,19 @@ class LayeredModel(nn.Module):
         return 1
 
 
+class CausalLM(LayeredModel):
+    """A next-token language model: `config` has `seq` and `vocab`; batches are random tokens."""
+
+    @property
+    def seq_len(self) -> int:
+        return self.config.seq
+
+    def example_batch(self, batch_size, generator=None, device="cpu"):
+        tokens = torch.randint(0, self.config.vocab, (batch_size, self.config.seq + 1), generator=generator)
+        tokens = tokens.to(device)
+        return tokens[:, :-1], tokens[:, 1:]  # inputs (B, T), next-token targets (B, T)
+
+
 def _seed_for(seed: int, fqn: str) -> int:
     digest = hashlib.sha256(f"{seed}:{fqn}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)

@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from meshplan.model_profile import TPRule
-from meshplan.profiler.zoo.base import LayeredModel
+from meshplan.profiler.zoo.base import CausalLM
 
 
 @dataclass(kw_only=True)
@@ -96,21 +96,12 @@ class Head(nn.Module):
         return self.proj(self.norm(x))  # (B, T, V)
 
 
-class GPT(LayeredModel):
+class GPT(CausalLM):
     family = "gpt"
 
     def __init__(self, cfg: GPTConfig):
         super().__init__(Embedding(cfg), [Block(cfg) for _ in range(cfg.layers)], Head(cfg))
         self.config = cfg
-
-    @property
-    def seq_len(self) -> int:
-        return self.config.seq
-
-    def example_batch(self, batch_size, generator=None, device="cpu"):
-        tokens = torch.randint(0, self.config.vocab, (batch_size, self.config.seq + 1), generator=generator)
-        tokens = tokens.to(device)
-        return tokens[:, :-1], tokens[:, 1:]  # inputs (B, T), next-token targets (B, T)
 
 
 def _block_rule(block: Block) -> TPRule:

@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from meshplan.model_profile import TPRule
-from meshplan.profiler.zoo.base import LayeredModel
+from meshplan.profiler.zoo.base import CausalLM
 
 
 @dataclass(kw_only=True)
@@ -117,21 +117,12 @@ class LlamaHead(nn.Module):
         return self.proj(self.norm(x))  # (B, T, V)
 
 
-class Llama(LayeredModel):
+class Llama(CausalLM):
     family = "llama"
 
     def __init__(self, cfg: LlamaConfig):
         super().__init__(LlamaEmbedding(cfg), [LlamaBlock(cfg) for _ in range(cfg.layers)], LlamaHead(cfg))
         self.config = cfg
-
-    @property
-    def seq_len(self) -> int:
-        return self.config.seq
-
-    def example_batch(self, batch_size, generator=None, device="cpu"):
-        tokens = torch.randint(0, self.config.vocab, (batch_size, self.config.seq + 1), generator=generator)
-        tokens = tokens.to(device)
-        return tokens[:, :-1], tokens[:, 1:]  # inputs (B, T), next-token targets (B, T)
 
 
 def _block_rule(block: LlamaBlock) -> TPRule:
