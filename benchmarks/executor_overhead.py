@@ -51,16 +51,29 @@ def executor_step_s(mode: str, steps: int, work: Path) -> float:
 
 
 def _run_group(cmd: list[str]) -> tuple[int, str]:
-    """Run torchrun in its own process group; on timeout kill the whole group (workers too)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
-    try:
-        text, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
-        return proc.returncode, text
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
+    """Run torchrun; on timeout kill it and its workers (which torchrun puts in their own
+    sessions, so they register their pids in a directory we own)."""
+    with tempfile.TemporaryDirectory() as pid_dir:
+        env = dict(os.environ, OMP_NUM_THREADS="1", MESHPLAN_BENCH_PID_DIR=pid_dir)
+        with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: stray workers cannot block us
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env,
+                                    start_new_session=True)
+            try:
+                proc.wait(timeout=LAUNCH_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise
+            finally:
+                for pid_file in Path(pid_dir).glob("worker.*.pid"):
+                    try:
+                        pid = int(pid_file.read_text())
+                        if b"benchmarks/native_" in Path(f"/proc/{pid}/cmdline").read_bytes():  # still ours
+                            os.kill(pid, signal.SIGKILL)
+                    except (OSError, ValueError):
+                        pass
+            log.seek(0)
+            return proc.returncode, log.read()
 
 
 def native_step_s(mode: str, steps: int, work: Path) -> float:

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from native_train import NativeTrainer, max_over_ranks  # noqa: E402
+from native_train import NativeTrainer, max_over_ranks, register_pid  # noqa: E402
 
 from meshplan.executor.data import make_batches  # noqa: E402
 from meshplan.executor.data_parallel import build_optimizer  # noqa: E402
@@ -55,6 +55,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    register_pid()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
     plan = load(Plan, args.plan)

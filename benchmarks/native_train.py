@@ -74,8 +74,18 @@ def max_over_ranks(times: list[float]) -> list[float]:
     return [max(ts) for ts in zip(*all_times)]
 
 
+def register_pid() -> None:
+    """Leave this worker's pid where the benchmark can kill it: torchrun puts workers in their own
+    sessions, and one stuck at gloo shutdown can outlive torchrun."""
+    pid_dir = os.environ.get("MESHPLAN_BENCH_PID_DIR")
+    if pid_dir:
+        with open(os.path.join(pid_dir, f"worker.{os.getpid()}.pid"), "w") as fh:
+            fh.write(str(os.getpid()))
+
+
 def main() -> None:
     args = parse()
+    register_pid()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
     trainer = NativeTrainer(args.mode, args.model, json.loads(args.config), args.global_batch)

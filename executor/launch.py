@@ -229,6 +229,19 @@ def _supervise(cmd: list[str], out: Path, ranks: list[int], count: int, opts: La
     finally:
         if proc.poll() is None:
             _kill(proc)
+        _kill_stray_workers(out, ranks)
+
+
+def _kill_stray_workers(out: Path, ranks: list[int]) -> None:
+    """torchrun starts each worker in its own session; a worker stuck in a collective can outlive
+    torchrun (seen with gloo at shutdown). Kill any that is still ours after torchrun is gone."""
+    for status in read_statuses(out, ranks).values():
+        pid = status.get("pid")
+        try:
+            if pid and b"meshplan.executor.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue
 
 
 def _status_mtimes(out: Path) -> tuple:

@@ -52,7 +52,7 @@ class Status:
 
     def __init__(self, out_dir: str, rank: int):
         self.path = Path(out_dir) / "ranks" / f"rank{rank}.status.json"
-        self.info = {"rank": rank, "state": "starting", "variant": 0, "step": -1, "error": ""}
+        self.info = {"rank": rank, "state": "starting", "variant": 0, "step": -1, "error": "", "pid": os.getpid()}
 
     def update(self, **fields) -> None:
         self.info.update(fields, time=time.time())
