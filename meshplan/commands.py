@@ -253,10 +253,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     plan = _load_plan(args.plan)
     from meshplan.executor import check_plan, launch_command, run_plan
 
-    check_plan(plan)
+    check_plan(plan, nnodes=args.nnodes)
     if args.print_launch:
         cmd = launch_command(plan, nnodes=args.nnodes, node_rank=args.node_rank,
-                             rdzv_endpoint=args.rdzv_endpoint, steps=args.steps)
+                             rdzv_endpoint=args.rdzv_endpoint, steps=args.steps, plan_path=args.plan,
+                             out_dir=args.out_dir, data=args.data, checkpoint_every=args.checkpoint_every,
+                             resume=args.resume, timeout_s=args.timeout)
         import shlex
 
         print(shlex.join(cmd))

@@ -66,3 +66,16 @@ def test_help_describes_every_verb():
         assert verb in proc.stdout
         sub = meshplan(verb, "--help")
         assert sub.returncode == 0 and "--json" in sub.stdout and len(sub.stdout) > 300, verb
+
+
+def test_print_launch_names_the_plan_and_the_rendezvous(tmp_path):
+    path = tmp_path / "my plan.json"
+    schema.save(make_plan(), path)
+    proc = meshplan("run", str(path), "--print-launch", "--nnodes", "2", "--node-rank", "1",
+                    "--rdzv-endpoint", "head:29500", "--steps", "7")
+    assert proc.returncode == 0, proc.stderr
+    line = proc.stdout.strip()
+    for piece in ("torch.distributed.run", "--nproc-per-node=2", "--nnodes=2", "--node-rank=1",
+                  "--rdzv-endpoint=head:29500", "--steps 7", f"'{path}'"):
+        assert piece in line, (piece, line)
+    assert_one_line_error(meshplan("run", str(path), "--print-launch", "--nnodes", "3"), "--nnodes 3")
