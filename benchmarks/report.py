@@ -91,6 +91,8 @@ def _local(r: dict) -> list[str]:
               "benchmarks.json under local_accuracy.calibrations); never fitted to the grid. Global batch "
               f"{la.get('global_batch')}; per round one launch per model runs every plan, each plan's time "
               "the median of its steps after the warm-up step; the tables show medians over rounds.", ""]
+    for failed in la.get("failed_rounds", []):
+        lines += [f"Round {failed['round'] + 1} was skipped: `{failed['error']}`", ""]
     loads = [f"{x['model']} #{x['repetition'] + 1}: {x['wall_s']:.0f} s, load {x['load_average'][0]:.1f}"
              for x in la.get("launches", [])]
     if loads:

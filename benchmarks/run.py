@@ -22,6 +22,7 @@ from pathlib import Path
 from benchmarks import baselines, local_accuracy as la, memory_accuracy
 from benchmarks.common import git_state, machine_info, mape
 from benchmarks.diagnostics import diagnose
+from meshplan.errors import MeshplanError
 
 TARGETS = {"mape": 0.10, "kendall_tau": 0.8, "top1_regret": 1.05}
 """Issue 7's targets for section 1."""
@@ -49,17 +50,25 @@ def local_sections(quick: bool, say) -> tuple[dict, dict, dict]:
     repeats, steps = (1, 6) if quick else (3, 10)
     pairs: dict[str, dict[str, list]] = {}
     calibrations, launches = [], []
+    failed_rounds, skipped = [], {}
     with tempfile.TemporaryDirectory(prefix="meshplan-bench-") as tmp:
         for rep in range(repeats):
             say(f"  round {rep + 1}/{repeats}: calibrate, predict, measure")
-            profiles, cluster, calibration = la.calibrate(la.MODELS, quick, say)
+            try:
+                profiles, cluster, calibration = la.calibrate(la.MODELS, quick, say)
+                named, skipped = _predict_all(profiles, cluster, grid, say)
+            except MeshplanError as exc:  # one bad calibration (a busy shared host) costs one round
+                failed_rounds.append({"round": rep, "error": str(exc)})
+                say(f"  round {rep + 1} skipped: {exc}")
+                continue
             calibrations.append(calibration)
-            named, skipped = _predict_all(profiles, cluster, grid, say)
             for model, plans in named.items():
                 results, info = la.measure_round(model, plans, rep, steps, Path(tmp), say)
                 launches.append(info)
                 for (name, plan), result in zip(plans, results):
                     pairs.setdefault(model, {}).setdefault(name, []).append((plan, result))
+    if not pairs:
+        raise MeshplanError(f"every round failed: {failed_rounds}")
     models, rows_by_model, speedups = {}, {}, {}
     for model, by_name in pairs.items():
         rows = [la.plan_row(name, plan_results) for name, plan_results in by_name.items()]
@@ -69,6 +78,7 @@ def local_sections(quick: bool, say) -> tuple[dict, dict, dict]:
         rows_by_model[model] = rows
     local = _overall(models)
     local.update(models=models, calibration=calibrations[0], calibrations=calibrations, targets=TARGETS,
+                 failed_rounds=failed_rounds,
                  launches=launches, repeats=repeats, global_batch=la.GLOBAL_BATCH, num_ranks=la.NUM_RANKS)
     return local, {**baselines.combine(speedups), "by_model": speedups}, memory_accuracy.summarize(rows_by_model)
 

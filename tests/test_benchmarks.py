@@ -142,3 +142,35 @@ def test_diagnostics_name_the_causes_found_in_the_data():
     assert found["memory_without_buffers"]["value"]["mape"] == pytest.approx((0 + 0 + 0.5) / 3)
     assert found["recompute_blind_spot"]["value"] == 1
     assert found["profile_outliers"]["value"] == ["m layers.0 backward mb 4->8: x7.0"]
+
+
+def test_a_failed_calibration_round_is_skipped_and_recorded(monkeypatch):
+    from types import SimpleNamespace as NS
+
+    from benchmarks import run
+    from meshplan.errors import MeshplanError
+
+    def plan(t):
+        return NS(pipeline_parallel_degree=1, data_parallel_degree=4, tensor_parallel_degree=1, zero_stage=0,
+                  microbatch_size=4, num_microbatches=1, pipeline_schedule="1F1B", sequence_parallel=False,
+                  recompute={}, prediction=NS(step_time_s=t, breakdown={}, peak_memory_bytes=1e6, stage_memory=[]))
+
+    calls = iter([None, MeshplanError("busy workers timed out"), None])
+
+    def calibrate(models, quick, say):
+        failure = next(calls)
+        if failure:
+            raise failure
+        return {}, None, {"load_average": [1.0]}
+
+    monkeypatch.setattr(run.la, "MODELS", ("m",))
+    monkeypatch.setattr(run.la, "calibrate", calibrate)
+    monkeypatch.setattr(run, "_predict_all", lambda *a: ({"m": [(b, plan(t)) for b, t in
+                                                                 (("ddp", 1.0), ("zero3", 2.0), ("megatron", 3.0))]},
+                                                          {"m": []}))
+    result = NS(step_time_s=2.0, step_times_s=[9.0, 2.0], peak_memory_bytes=1e6)
+    monkeypatch.setattr(run.la, "measure_round", lambda model, plans, rep, steps, work, say: (
+        [result] * len(plans), {"model": model, "repetition": rep, "wall_s": 1.0, "load_average": [2.0]}))
+    local, _, _ = run.local_sections(quick=False, say=lambda *_: None)
+    assert local["failed_rounds"] == [{"round": 1, "error": "busy workers timed out"}]
+    assert len(local["calibrations"]) == 2 and local["models"]["m"]["rows"][0]["runs"] == 2
