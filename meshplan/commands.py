@@ -211,7 +211,7 @@ def _emit_plan(args: argparse.Namespace, plan: Plan) -> None:
 
         Console().print(plan_table(plan))
     pred = plan.prediction
-    print(f"recommended: {describe(plan)}")
+    print(f"{'recommended' if plan.search is not None else 'configuration'}: {describe(plan)}")
     if pred is not None:
         print(f"predicted: {pred.step_time_s:.4g} s/step, {pred.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
               f"MFU {pred.mfu:.1%}, peak {pred.peak_memory_bytes / 2**30:.2f} GiB/GPU; {pred.binding_constraint}")

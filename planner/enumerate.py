@@ -35,7 +35,7 @@ class Rejects:
         return sum(self.counts.values())
 
 
-def _tp_reason(ctx: Context, tp: int) -> str:
+def tp_reason(ctx: Context, tp: int) -> str:
     for lp in ctx.layers:
         for name, size in sorted(lp.tp.divisors.items()):
             if size % tp:
@@ -55,7 +55,7 @@ def degrees(ctx: Context, rej: Rejects) -> list[tuple[int, int, int, int]]:
     out = []
     cps = _pick(req.cp, [c for c in divisors(n) if ctx.seq % (2 * c) == 0] if ctx.seq >= CP_MIN_SEQ else [1])
     for tp in _pick(req.tp, divisors(n)):
-        reason = _tp_reason(ctx, tp) if tp > 1 else ""
+        reason = tp_reason(ctx, tp) if tp > 1 else ""
         if n % tp or reason:
             rej.add(f"tp={tp}", reason or f"tp={tp} does not divide {n} GPUs")
             continue

@@ -11,6 +11,7 @@ from meshplan.errors import MeshplanError
 from meshplan.model_profile import ModelProfile
 from meshplan.plan import INTERLEAVED, Plan, schedule_name
 from meshplan.planner.context import Candidate, Context
+from meshplan.planner.enumerate import tp_reason
 from meshplan.planner.layer_cost import CostTable
 from meshplan.planner.pipeline import p2p_per_microbatch_s
 from meshplan.planner.predict import build_plan, provenance
@@ -63,6 +64,9 @@ def estimate(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) 
     cluster = cluster if cluster.num_devices == request.num_gpus else cluster.with_num_devices(request.num_gpus)
     ctx = Context.build(profile, cluster, request)
     cand = _candidate(request)
+    reason = tp_reason(ctx, cand.tp)
+    if reason:  # the same validity rule as the search (and the executor's check_plan)
+        raise MeshplanError(f"--tp {cand.tp}: {reason}; pick a tensor-parallel degree that divides it")
     if cand.schedule != "GPipe" and cand.pp > 1 and cand.num_microbatches < cand.pp:
         raise MeshplanError(f"{cand.schedule} needs >= pp = {cand.pp} microbatches, the batch gives "
                             f"{cand.num_microbatches}; raise --global-batch or use --schedule gpipe")

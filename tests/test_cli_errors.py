@@ -59,6 +59,12 @@ def test_plan_bad_flags(tmp_path, args, needle):
     assert not out.exists()
 
 
+def test_estimate_rejects_tp_that_does_not_divide_kv_heads():
+    proc = meshplan("estimate", "--model", "llama-tiny", "--num-gpus", "4", "--tp", "4", "--pp", "1", "--dp", "1",
+                    "--microbatch", "4", "--global-batch", "16", "--schedule", "1f1b", "--recompute", "none")
+    assert_one_line_error(proc, "kv_heads 2 not divisible by tp=4")
+
+
 def test_help_describes_every_verb():
     proc = meshplan("--help")
     assert proc.returncode == 0
