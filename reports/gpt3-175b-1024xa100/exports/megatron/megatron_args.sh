@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: gpt3-175b on 1024 x a100-80g
-# plan decisions hash 8c1ba00c32b18cc8; mesh pp=2 dp_replicate=1 dp_shard=64 cp=1 tp=8
-# global batch 1536 = micro 6 x accumulation 4 x data-parallel 64; seq_len 2048
-# WARNING: uneven stage boundaries (blocks per stage [6, 7, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5]) are not expressible: Megatron-LM splits blocks evenly over (virtual) stages; the split below is even
+# plan decisions hash 7f83f89a57ec47a6; mesh pp=4 dp_replicate=1 dp_shard=32 cp=1 tp=8
+# global batch 1536 = micro 4 x accumulation 12 x data-parallel 32; seq_len 2048
+# WARNING: uneven stage boundaries (blocks per stage [3, 3, 3, 4, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2]) are not expressible: Megatron-LM splits blocks evenly over (virtual) stages; the split below is even
 # WARNING: ZeRO-3 maps to --use-torch-fsdp2 (Megatron-Core >= 0.9); older versions cannot shard parameters
-# Megatron derives data-parallel size = 1024 / (tp x pp x cp) = 64 and gradient accumulation = 1536 / (6 x 64) = 4
+# Megatron derives data-parallel size = 1024 / (tp x pp x cp) = 32 and gradient accumulation = 1536 / (4 x 32) = 12
 MESHPLAN_ARGS=(
     --tensor-model-parallel-size 8
-    --pipeline-model-parallel-size 2
+    --pipeline-model-parallel-size 4
     --context-parallel-size 1
-    --num-layers-per-virtual-pipeline-stage 6
+    --num-layers-per-virtual-pipeline-stage 3
     --sequence-parallel
-    --micro-batch-size 6
+    --micro-batch-size 4
     --global-batch-size 1536
     --seq-length 2048
     --max-position-embeddings 2048

@@ -1,15 +1,15 @@
 """meshplan plan -> torchtitan (Python config): resnet50 on 8 x a100-80g
-plan decisions hash 806e1fff11955b97; mesh pp=1 dp_replicate=8 dp_shard=1 cp=1 tp=1
+plan decisions hash f0fa22e4a6846eb5; mesh pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1
 global batch 1024 = micro 128 x accumulation 1 x data-parallel 8; seq_len 1
-WARNING: ZeRO-1 (sharded optimizer states only) has no torchtitan setting: FSDP2 shards gradients and parameters too; the degrees below keep the plan's replicate/shard split, so the optimizer states stay replicated over data_parallel_replicate_degree
+every setting of the plan is expressed below
 """
 
 
 def meshplan_config(job_config):
     """Set the plan's parallelism, activation checkpointing and batch on a torchtitan JobConfig; returns it."""
-    job_config.parallelism.data_parallel_replicate_degree = 8
-    job_config.parallelism.data_parallel_shard_degree = 1
-    job_config.parallelism.fsdp_reshard_after_forward = 'default'
+    job_config.parallelism.data_parallel_replicate_degree = 1
+    job_config.parallelism.data_parallel_shard_degree = 8
+    job_config.parallelism.fsdp_reshard_after_forward = 'never'
     job_config.parallelism.tensor_parallel_degree = 1
     job_config.parallelism.context_parallel_degree = 1
     job_config.parallelism.pipeline_parallel_degree = 1
