@@ -15,26 +15,18 @@ from torch.nn import functional as F
 
 from meshplan.model_profile import TPRule
 from meshplan.profiler.zoo.base import LayeredModel
-from meshplan.profiler.zoo.gpt import MLP, Attention
+from meshplan.profiler.zoo.gpt import MLP, Attention, GPTConfig
 
 IGNORE_INDEX = -100
 
 
 @dataclass(kw_only=True)
-class BertConfig:
-    layers: int = 12
-    hidden: int = 768
-    heads: int = 12
+class BertConfig(GPTConfig):
+    """GPT's shape keys (BERT-base defaults) plus the segment vocabulary and the masking rate."""
     vocab: int = 30522
     seq: int = 512
-    ffn_hidden: int = 0
-    """MLP width; 0 means 4 x hidden."""
     type_vocab: int = 2
     mask_fraction: float = 0.15
-
-    def __post_init__(self):
-        if not self.ffn_hidden:
-            self.ffn_hidden = 4 * self.hidden
 
 
 class BertEmbedding(nn.Module):
