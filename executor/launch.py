@@ -332,7 +332,9 @@ def merge_results(plan: Plan, per_rank: list[dict], rc: int, opts: LaunchOptions
     if plan.precision == "bf16" and device == "cpu":
         notes.append("plan.precision bf16: ran in fp32 (bf16 autocast is used on GPU only)")
     step_times = [max(ts) for ts in zip(*(r["step_times_s"] for r in per_rank))]
-    timed = step_times[1:] if len(step_times) > 1 else step_times  # step 0 is warm-up (and memory tracking)
+    # step 0 is warm-up; on CPU step 1 ran under the live-tensor tracker (executor/train.py)
+    skip = 2 if device == "cpu" and len(step_times) > 2 else 1
+    timed = step_times[skip:] if len(step_times) > skip else step_times
     median_s = statistics.median(timed)
     return RunResult(plan_hash=content_hash(plan), world_size=plan.world_size, steps=opts.steps,
                      losses=first["losses"], step_time_s=median_s, step_times_s=step_times,

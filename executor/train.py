@@ -3,8 +3,9 @@
 AdamW (or SGD, for exact loss-equality tests), global-norm gradient clipping, bf16 autocast on
 GPU, synthetic seeded data or a user dataset, DCP checkpoints every K steps and resume.
 Measured per rank: every step's wall time, the loss (identical on all ranks: the last pipeline
-stage's losses, all-reduced once after the last step so no step waits on the loss), and peak memory (CUDA max allocated; on CPU the live-tensor tracker
-watches step 0 of this process, a warm-up step the median excludes).
+stage's losses, all-reduced once after the last step so no step waits on the loss), and peak
+memory (CUDA max allocated; on CPU the live-tensor tracker watches step 1 — step 0 when it is
+the only one — which the median step time then leaves out).
 """
 from __future__ import annotations
 
@@ -66,9 +67,12 @@ def train(plan: Plan, options: TrainOptions, device: torch.device,
     result = RankResult(rank=torch.distributed.get_rank(), losses=[], step_times_s=[], peak_memory_bytes=0,
                         start_step=start, grad_norms=[])
     shares = []
+    # CPU memory is tracked on the second step when there is one: by then the optimizer states
+    # exist, so the measured peak holds what the cost model predicts (states + grads + activations).
+    tracked = start + 1 if options.steps > start + 1 else start
     for step in range(start, options.steps):
         on_step(step)
-        tracker = _tracker(par, optimizers, device) if options.track_memory and step == start else None
+        tracker = _tracker(par, optimizers, device) if options.track_memory and step == tracked else None
         t0 = time.perf_counter()
         with tracker or _null():
             loss, norm = _train_step(par, optimizers, batches(step), options.grad_clip)
