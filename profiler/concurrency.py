@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import threading
 import time
 from typing import Any
 
@@ -77,6 +78,8 @@ class BusyNeighbours:
         CUDA, which cannot be used in a forked child once the parent initialised it."""
         if self.device.startswith("cuda") or "fork" not in mp.get_all_start_methods():
             return "spawn"
+        if threading.active_count() > 1:
+            return "spawn"  # forking a threaded parent can copy a held lock into the child: it hangs
         return "fork"
 
     def _device_for(self, i: int) -> str:
@@ -109,3 +112,6 @@ class BusyNeighbours:
             if proc.is_alive():
                 proc.terminate()
                 proc.join(timeout=5)
+        for q in [*self.commands, self.acks]:  # end the queues' feeder threads before the next fork
+            q.close()
+            q.join_thread()
