@@ -132,7 +132,8 @@ def build_optimizer(part: nn.Module, dims: ParallelDims, plan: Plan, name: str, 
     cls, kwargs = optimizer_spec(name, lr, weight_decay)
     group = dims.dp_mesh().get_group()
     if not any(isinstance(p, DTensor) for p in params):
-        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=group, **kwargs)
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=group,
+                                       parameters_as_bucket_view=True, **kwargs)
     return ZeroOverLocalShards(params, optimizer_class=cls, process_group=group, **kwargs)
 
 
