@@ -97,8 +97,12 @@ def tail_s(ctx: Context, cand: Candidate, local_params: float, backward_window_s
         last = collective_s(ctx.cluster, "all_reduce", group, tail_bytes, tier)
         sync = max(comm - hidden * backward_window_s, last if hidden else comm, 0.0)
     elif cand.zero == 1:
-        rs = collective_s(ctx.cluster, "reduce_scatter", group, grad_bytes, tier)
-        last = collective_s(ctx.cluster, "reduce_scatter", group, tail_bytes, tier)
+        # Megatron's distributed optimizer reduce-scatters gradients; torch's ZeroRedundancyOptimizer
+        # (what meshplan's executor runs) keeps DDP's all-reduce, then broadcasts the updated
+        # parameter buckets from their owners (~ an all-gather of the weights).
+        grads = "reduce_scatter" if ctx.request.state_layout == "megatron" else "all_reduce"
+        rs = collective_s(ctx.cluster, grads, group, grad_bytes, tier)
+        last = collective_s(ctx.cluster, grads, group, tail_bytes, tier)
         weight_bytes = local_params * (2 if ctx.request.state_layout == "megatron" else 4)
         ag = collective_s(ctx.cluster, "all_gather", group, weight_bytes, tier)
         sync = max(rs - hidden * backward_window_s, last if hidden else rs, 0.0) + (1 - hidden) * ag
