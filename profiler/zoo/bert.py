@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from meshplan.model_profile import TPRule
 from meshplan.profiler.zoo.base import LayeredModel
-from meshplan.profiler.zoo.gpt import MLP, Attention, GPTConfig
+from meshplan.profiler.zoo.gpt import MLP, Attention, GPTConfig, block_rule
 
 IGNORE_INDEX = -100
 
@@ -93,16 +93,8 @@ class Bert(LayeredModel):
         return F.cross_entropy(output.flatten(0, -2), target.flatten(), ignore_index=IGNORE_INDEX)
 
 
-def _block_rule(block: BertBlock) -> TPRule:
-    return TPRule(column=["attn.wq", "attn.wk", "attn.wv", "mlp.fc1"], row=["attn.wo", "mlp.fc2"],
-                  replicated=["ln1", "ln2"],
-                  divisors={"heads": block.attn.wq.out_features // block.attn.head_dim,
-                            "ffn": block.mlp.fc1.out_features},
-                  num_allreduce_fwd=2, kind="block")
-
-
 TP_RULES = {
-    BertBlock: _block_rule,
+    BertBlock: block_rule,  # same children as GPT's Block
     BertEmbedding: lambda m: TPRule(row=["tok"], replicated=["pos", "typ", "norm"],
                                     num_allreduce_fwd=1, kind="embedding"),
     MLMHead: lambda m: TPRule(column=["proj"], replicated=["dense", "norm"], kind="head"),

@@ -104,8 +104,9 @@ class GPT(CausalLM):
         self.config = cfg
 
 
-def _block_rule(block: Block) -> TPRule:
-    """Shoeybi et al. 2019 §3: QKV and fc1 column-parallel, out-proj and fc2 row-parallel."""
+def block_rule(block: nn.Module) -> TPRule:
+    """Shoeybi et al. 2019 §3: QKV and fc1 column-parallel, out-proj and fc2 row-parallel.
+    Any block built from this file's Attention and MLP with norms ln1/ln2 (GPT, BERT)."""
     return TPRule(column=["attn.wq", "attn.wk", "attn.wv", "mlp.fc1"], row=["attn.wo", "mlp.fc2"],
                   replicated=["ln1", "ln2"],
                   divisors={"heads": block.attn.wq.out_features // block.attn.head_dim,
@@ -114,7 +115,7 @@ def _block_rule(block: Block) -> TPRule:
 
 
 TP_RULES = {
-    Block: _block_rule,
+    Block: block_rule,
     # vocab-parallel token embedding (torchtitan: RowwiseParallel on nn.Embedding) ends with one
     # all-reduce; DTensor allows uneven vocab splits, so the vocabulary is not a divisor
     Embedding: lambda m: TPRule(row=["tok"], replicated=["pos"], num_allreduce_fwd=1, kind="embedding"),
