@@ -97,16 +97,6 @@ class LayerProfile:
         check(self.backward_flops >= 0, f"{path}.backward_flops", self.backward_flops, "must be >= 0")
         check(self.activation_bytes >= 0, f"{path}.activation_bytes", self.activation_bytes, "must be >= 0")
 
-    def timing(self, microbatch_size: int) -> LayerTiming | None:
-        for t in self.timings:
-            if t.microbatch_size == microbatch_size:
-                return t
-        return None
-
-    @property
-    def param_bytes_total(self) -> int:
-        return sum(self.param_bytes.values())
-
 
 @dataclass(kw_only=True)
 class ModelProfile:
