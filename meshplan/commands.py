@@ -188,7 +188,6 @@ def _inputs(args: argparse.Namespace):
     _check_positive(num_gpus=args.num_gpus)
     cluster = load_cluster(args.cluster, args.num_gpus)
     request = _request(args, cluster)
-    parse_overrides(args.overrides)
     if args.profile:
         profile = schema.load(ModelProfile, args.profile, "profile")
         if args.overrides:
