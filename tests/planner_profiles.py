@@ -1,22 +1,15 @@
 """ModelProfiles and clusters for the planner tests, built from closed forms (no torch).
 
-`brute_force_best` is the reference the exactness tests hold the search against: for every
-outer candidate it tries every contiguous split into pp x v stages and every per-layer recompute
-choice, with no bounds, no heap merge, no frontier."""
+`brute_force_best` (meshplan.planner.bruteforce, re-exported here) is the reference the exactness
+tests hold the search against: for every outer candidate it visits every contiguous split into
+pp x v stages and every per-layer recompute choice, with no bounds, no heap merge, no frontier."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import math
 
 from meshplan.model_profile import LayerProfile, ModelProfile, TPRule
 from meshplan.planner.analytic import gpt_profile, llama_profile
-from meshplan.planner.context import Context
-from meshplan.planner.enumerate import Rejects, candidates
-from meshplan.planner.layer_cost import CostTable
-from meshplan.planner.memory import fits
-from meshplan.planner.pipeline import p2p_per_microbatch_s
-from meshplan.planner.stages import RankModel
+from meshplan.planner.bruteforce import brute_force_best, brute_force_candidate  # noqa: F401 (re-exported)
 from meshplan.presets import cluster_preset
 
 GIB = 1024**3
@@ -53,49 +46,3 @@ def cluster(n: int, memory_gib: float, preset: str = "a100-80g", per_node: int =
     dev = dataclasses.replace(base.device, memory_bytes=int(memory_gib * GIB))
     spec = dataclasses.replace(base, device=dev, devices_per_node=min(per_node, n), num_nodes=-(-n // per_node))
     return spec
-
-
-def _compositions(n: int, parts: int):
-    for cuts in itertools.combinations(range(1, n), parts - 1):
-        bounds = (0,) + cuts + (n,)
-        yield [list(range(bounds[i], bounds[i + 1])) for i in range(parts)]
-
-
-def _rank_best(model: RankModel, ctx: Context, cand, rank: int, layers: list[int], costs) -> float:
-    """Least feasible cost of one rank over every recompute assignment of its layers."""
-    p2p = (p2p_per_microbatch_s(ctx, cand, ctx.layers[ctx.body[0]].output_bytes)
-           if ctx.body is not None and cand.pp > 1 else model.p2p(rank, layers))
-    best = math.inf
-    for choice in itertools.product(*[list(costs[i].modes) for i in layers]):
-        sol = model.finish(rank, layers, dict(zip(layers, choice)), p2p)
-        if fits(model.memory_bytes(sol), model.capacity):
-            best = min(best, sol.cost_s)
-    return best
-
-
-def brute_force_candidate(ctx: Context, cand, table: CostTable) -> float:
-    costs = table.for_candidate(cand)
-    model = RankModel(ctx, cand, costs)
-    p, v = cand.pp, cand.virtual_stages
-    memo: dict = {}
-    best = math.inf
-    for stages in _compositions(len(ctx.layers), p * v):
-        worst = 0.0
-        for r in range(p):
-            layers = sorted(i for s in range(r, p * v, p) for i in stages[s])
-            key = (r, tuple(layers))
-            if key not in memo:
-                memo[key] = _rank_best(model, ctx, cand, r, layers, costs)
-            worst = max(worst, memo[key])
-            if worst >= best:
-                break
-        best = min(best, worst)
-    return best
-
-
-def brute_force_best(profile, cluster_spec, request) -> tuple[float, dict]:
-    """(best step time, {candidate: its brute-force optimum}) over every candidate."""
-    ctx = Context.build(profile, cluster_spec, request)
-    table = CostTable(ctx)
-    per = {c: brute_force_candidate(ctx, c, table) for c in candidates(ctx, Rejects())}
-    return min(per.values(), default=math.inf), per
