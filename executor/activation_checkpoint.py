@@ -4,6 +4,9 @@
 - "selective": selective activation checkpointing (SAC) over the layer: outputs of the matmuls
   are saved, everything else (norms, activations, the attention core softmax(QK^T)V) is
   recomputed, Korthikanti et al. 2022 §5's "selective" recompute generalised to any layer.
+  Outputs of tensor-parallel collectives are saved too (as torchtitan's SAC list does), so the
+  recompute never repeats an all-reduce / all-gather / reduce-scatter: the cost model charges
+  selective recompute no communication.
 
 The layer's `forward` is replaced in place (no wrapper module), so parameter FQNs — which the
 weight materialisation, TP rules and checkpoints key on — stay those of the single-process model.
@@ -17,7 +20,11 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 _SAVE_OPS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
-             torch.ops.aten.linear.default, torch.ops.aten.convolution.default}
+             torch.ops.aten.linear.default, torch.ops.aten.convolution.default,
+             torch.ops._c10d_functional.all_reduce.default,
+             torch.ops._c10d_functional.all_gather_into_tensor.default,
+             torch.ops._c10d_functional.reduce_scatter_tensor.default,
+             torch.ops._c10d_functional.wait_tensor.default}
 
 
 def _sac_policy(ctx, op, *args, **kwargs):
