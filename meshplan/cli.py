@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatch", type=int, nargs="+", default=None, help="microbatch sizes to time")
     p.add_argument("--concurrent", type=int, default=1,
                    help="time with N processes busy at once, as N local ranks will run (default 1)")
+    p.add_argument("--no-in-place", dest="in_place", action="store_false",
+                   help="with --device cpu --concurrent N: skip timing the TP/ZeRO-3 wrappers on N real "
+                        "gloo ranks (faster; the cost model then uses link fits and one-rank overheads)")
     p.add_argument("-o", "--output", help="write the ModelProfile JSON here")
     _common(p)
 

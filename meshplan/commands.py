@@ -115,20 +115,21 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build_profile(args: argparse.Namespace, device: str = "meta", microbatches=None, concurrent: int = 1):
+def _build_profile(args: argparse.Namespace, device: str = "meta", microbatches=None, concurrent: int = 1,
+                   in_place: bool = True):
     overrides = parse_overrides(args.overrides)
     from meshplan.profiler import profile_model
 
     with _progress(args, f"profiling {args.model} on {device}"):
         return profile_model(args.model, overrides, device=device, microbatch_sizes=microbatches,
-                             concurrent=concurrent, progress=False)
+                             concurrent=concurrent, in_place=in_place, progress=False)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
     _check_positive(concurrent=args.concurrent)
     for b in args.microbatch or []:
         _check_positive(microbatch=b)
-    profile = _build_profile(args, args.device, args.microbatch, args.concurrent)
+    profile = _build_profile(args, args.device, args.microbatch, args.concurrent, args.in_place)
     if args.output:
         schema.save(profile, args.output)
     if args.json:

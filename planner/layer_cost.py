@@ -122,6 +122,54 @@ def wrapper_overheads_s(ctx: Context, layer: LayerProfile, split: int, zero: int
     return fw.get("tp", 0.0) if tp_on else 0.0, fw.get("fsdp", 0.0) if fsdp_on else 0.0, opt
 
 
+def in_place_overhead_s(overheads: dict[str, float], key: str, b: int, forward_only: bool = False) -> float | None:
+    """A wrapper's overhead measured in place on real ranks (profiler/insitu.py: keys "tp@2:b1",
+    "zero3@4:b8", + ":fwd" for the forward share) at microbatch b, linear in b through the two
+    measured sizes; None when the profile has no such measurement."""
+    suffix = ":fwd" if forward_only else ""
+    pts = []
+    for k, v in overheads.items():
+        if not k.startswith(key + ":b") or k.endswith(":fwd") != forward_only:
+            continue
+        pts.append((int(k[len(key) + 2:len(k) - len(suffix)]), v))
+    if not pts:
+        return None
+    pts.sort()
+    (b0, v0), (b1, v1) = pts[0], pts[-1]
+    return v0 if b1 == b0 else max(0.0, v0 + (b - b0) * (v1 - v0) / (b1 - b0))
+
+
+def _in_place_tp(ctx: Context, layer: LayerProfile, b: int, split: int, sp: bool, cp: int,
+                 tp_fwd_s: float) -> dict[str, float] | None:
+    """Tensor-parallel seconds per recompute mode from the in-place measurement: the measured
+    overhead (dispatch + collectives + waiting on the partner ranks); full recompute runs the
+    forward again, selective the forward's non-collective part (collective outputs are saved)."""
+    fw = layer.framework_overhead_s if ctx.measured else {}
+    if split <= 1 or cp > 1 or not fw:
+        return None
+    key = f"{'tp_sp' if sp else 'tp'}@{split}"
+    total = in_place_overhead_s(fw, key, b)
+    fwd = in_place_overhead_s(fw, key, b, forward_only=True)
+    if total is None or fwd is None:
+        return None
+    return {"none": total, "full": total + fwd, "selective": total + max(0.0, fwd - tp_fwd_s)}
+
+
+def _in_place_zero3(ctx: Context, layer: LayerProfile, local_params: float, b: int, zero: int, dp: int,
+                    tp: int, cp: int, m: int) -> float | None:
+    """ZeRO-3 seconds per microbatch from the in-place measurement (FSDP2 gathers and hooks with
+    gradient sync off) plus the once-per-step gradient reduce-scatter from the link model, 1/m."""
+    fw = layer.framework_overhead_s if ctx.measured else {}
+    if zero != 3 or dp <= 1 or not fw:
+        return None
+    per_mb = in_place_overhead_s(fw, f"zero3@{dp}", b)
+    if per_mb is None:
+        return None
+    width = 2 if ctx.request.precision == "bf16" else 4
+    scatter = collective_s(ctx.cluster, "reduce_scatter", dp, local_params * width, group_tier(ctx.cluster, tp * cp, dp))
+    return per_mb + scatter / m
+
+
 def allowed_modes(ctx: Context, layer: LayerProfile) -> tuple[str, ...]:
     """The layer's recompute choices, or the pinned one (--recompute) where it applies."""
     modes = recompute_modes(layer)
@@ -146,10 +194,16 @@ def layer_cost(ctx: Context, layer: LayerProfile, b: int, tp: int, sp: bool, cp:
     mem_fwd, mem_bwd, mem_sel = _memory_bound_s(ctx, layer, b, split, cp, sp)
     fwd, bwd, sel = fwd + mem_fwd, bwd + mem_bwd, sel + mem_sel
     tp_wrap, fsdp_wrap, opt_wrap = wrapper_overheads_s(ctx, layer, split, zero, dp)
+    tp_in_place = _in_place_tp(ctx, layer, b, split, sp, cp, tp_fwd)
+    zero_in_place = _in_place_zero3(ctx, layer, local, b, zero, dp, tp, cp, m)
+    if zero_in_place is not None:
+        zero_s, fsdp_wrap = zero_in_place, 0.0
     modes = {}
     for mode in allowed_modes(ctx, layer):
         extra = fwd if mode == "full" else sel if mode == "selective" else 0.0
         tp_s = (1 - tp_hidden) * (tp_fwd * (2 if mode == "full" else 1) + tp_bwd) + tp_wrap
+        if tp_in_place is not None:
+            tp_s = tp_in_place[mode]
         compute = fwd + bwd + extra
         dp_s = max(0.0, zero_s - dp_hidden * compute) + fsdp_wrap
         modes[mode] = ModeCost(time_s=compute + tp_s + dp_s + cp_s,

@@ -27,12 +27,14 @@ ACTIVATION_DTYPE = torch.bfloat16
 
 def profile_model(model: str, overrides: dict | None = None, *, device: str = "meta",
                   microbatch_sizes: list[int] | None = None, concurrent: int = 1,
-                  progress: bool = False) -> ModelProfile:
+                  in_place: bool = True, progress: bool = False) -> ModelProfile:
     """Profile `model` (zoo name, family, file.py:factory, module:factory or hf:NAME).
 
     `overrides` are config keys (`--set`), e.g. {"layers": 4, "seq": 2048}. On "meta" nothing is
     timed; on "cpu"/"cuda" each representative layer is timed per microbatch size (default [1]),
-    with `concurrent - 1` other processes running the same layer.
+    with `concurrent - 1` other processes running the same layer. On "cpu" with concurrent > 1 and
+    `in_place`, the TP and ZeRO-3 wrappers are also timed on `concurrent` real gloo ranks
+    (profiler/insitu.py).
     """
     check_device(device)
     _check_timing_args(microbatch_sizes, concurrent)
@@ -47,6 +49,11 @@ def profile_model(model: str, overrides: dict | None = None, *, device: str = "m
                     spec=model, overrides=overrides, device=device,
                     microbatch_sizes=microbatch_sizes or [1], concurrent=concurrent,
                     progress=lambda items, label: _progress(items, progress, label))
+    if device == "cpu" and concurrent > 1 and in_place:  # wrappers on real ranks: see profiler/insitu.py
+        from meshplan.profiler.insitu import measure_in_place
+
+        measure_in_place(analysis.profile, model, overrides, analysis.rep_of, analysis.inputs, concurrent,
+                         microbatch_sizes or [1])
     analysis.profile.validate()
     return analysis.profile
 

@@ -209,3 +209,39 @@ def test_zero3_accumulation_holds_unsharded_grads_and_reduces_once():
     two = layer_cost(ctx2, blk, 1, 1, False, 1, 3, 2)  # 4 / (2 x 1): m = 2
     assert one.grads_bytes == pytest.approx(blk.num_params * 4 / 2)
     assert two.grads_bytes == pytest.approx(blk.num_params * 4 / 2 + blk.num_params * 4)
+
+
+def _in_place_ctx(n=4):
+    ctx = _measured_cpu_ctx(n)
+    for lp in ctx.profile.layers:
+        lp.framework_overhead_s.update({"tp@2:b1": 0.010, "tp@2:b1:fwd": 0.004, "tp@2:b3": 0.014,
+                                        "tp@2:b3:fwd": 0.006, "zero3@4:b1": 0.020, "zero3@4:b3": 0.020,
+                                        "zero3@4:b1:fwd": 0.01, "zero3@4:b3:fwd": 0.01})
+    return Context.build(ctx.profile, local_cpu(n), PlanRequest(num_gpus=n, global_batch=12, precision="fp32"))
+
+
+def test_in_place_overhead_is_linear_in_the_microbatch():
+    from meshplan.planner.layer_cost import in_place_overhead_s
+
+    fw = {"tp@2:b1": 0.010, "tp@2:b1:fwd": 0.004, "tp@2:b3": 0.014, "tp@2:b3:fwd": 0.006}
+    assert in_place_overhead_s(fw, "tp@2", 2) == pytest.approx(0.012)
+    assert in_place_overhead_s(fw, "tp@2", 5) == pytest.approx(0.018)
+    assert in_place_overhead_s(fw, "tp@2", 2, forward_only=True) == pytest.approx(0.005)
+    assert in_place_overhead_s(fw, "tp_sp@2", 2) is None and in_place_overhead_s(fw, "tp@4", 2) is None
+
+
+def test_in_place_measurements_replace_modelled_tp_and_zero3_costs():
+    """Measured on real ranks, the wrapper's overhead is the whole TP (or ZeRO-3 gather) cost:
+    no link-model collectives or one-rank overheads on top; full recompute pays the forward again,
+    selective only its non-collective part."""
+    ctx = _in_place_ctx()
+    blk = ctx.layers[1]
+    tp = layer_cost(ctx, blk, 2, 2, False, 1, 0, 2).modes
+    assert tp["none"].tp_s == pytest.approx(0.012)
+    assert tp["full"].tp_s == pytest.approx(0.012 + 0.005)
+    assert 0.012 <= tp["selective"].tp_s <= 0.017
+    sp = layer_cost(ctx, blk, 2, 2, True, 1, 0, 2).modes  # not measured with SP: the link model
+    assert sp["none"].tp_s != pytest.approx(0.012)
+    z3 = layer_cost(ctx, blk, 1, 1, False, 1, 3, 4)  # m = 12 / 4 = 3 microbatches
+    scatter = collective_s(ctx.cluster, "reduce_scatter", 4, blk.num_params * 4, "intra_node")
+    assert z3.modes["none"].dp_s == pytest.approx(0.020 + scatter / 3)

@@ -1,0 +1,197 @@
+"""Parallel wrappers measured in place: on N real CPU ranks, all running at once.
+
+On a CPU host the cost of a tensor-parallel or ZeRO-3 layer is not its arithmetic over t plus the
+collectives' alpha-beta time: every DTensor op pays dispatch and sharding propagation, every
+FSDP2 unit its hooks and copies, and every blocking collective waits until the partner ranks,
+which share the cores with the other ranks, are scheduled. A one-rank mesh (wrapper_timing.py)
+sees the dispatch but not the waiting, and link fits (links.py) see the waiting of idle ranks
+only. So each representative layer is run here the way a training step runs it: N ranks
+(`profile --concurrent N`), the layer wrapped as the executor wraps it (apply_tp at degree t on a
+(N/t, t) mesh, with and without sequence parallelism; fully_shard at degree d on a (N/d, d) mesh
+with gradient sync off, as during accumulation), every rank timing forward and backward at the
+same time, and the same layer unwrapped right after. Mean wall seconds (a step is a sum, so the
+mean, not the median, is what it pays), the slowest rank's. The overhead of a wrapper is
+
+    tp:    wrapped - plain / t     (the cost model charges compute / t for the arithmetic)
+    zero3: wrapped - plain
+
+stored per representative layer in LayerProfile.framework_overhead_s under "tp@T:bB",
+"tp_sp@T:bB" and "zero3@D:bB" (forward + backward) and the same keys + ":fwd" (forward only),
+at the smallest and largest profiled microbatch size B. The cost model (planner/layer_cost.py)
+interpolates in B and uses these instead of the modelled collectives and one-rank overheads.
+CPU only: on GPUs the collectives run on their own engines and link fits describe them.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+
+from meshplan.errors import MeshplanError
+from meshplan.model_profile import ModelProfile
+
+WARMUP = 2
+ITERS = 12
+TIMEOUT_S = 600
+
+
+def configs(ranks: int) -> list[tuple[str, int]]:
+    """(wrapper, degree) measured with `ranks` ranks: every degree > 1 that divides it."""
+    degrees = [d for d in range(2, ranks + 1) if ranks % d == 0]
+    return [(kind, d) for d in degrees for kind in ("tp", "tp_sp", "zero3")]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure_in_place(profile: ModelProfile, spec: str, overrides: dict | None, rep_of: dict[str, str],
+                     inputs: dict, ranks: int, microbatch_sizes: list[int]) -> None:
+    """Fill framework_overhead_s[...] of every layer from its representative's in-place timings."""
+    import torch.multiprocessing as mp
+
+    reps = [r for r in dict.fromkeys(rep_of.values())]
+    rules = {lp.name: lp.tp for lp in profile.layers}
+    batches = sorted({min(microbatch_sizes), max(microbatch_sizes)})
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    args = (ranks, port, spec, overrides, reps, rules, inputs, batches, results)
+    procs = [ctx.Process(target=_rank, args=(r, *args), daemon=True) for r in range(ranks)]
+    for p in procs:
+        p.start()
+    try:
+        per_rank = [_get(results, procs) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    merged: dict[str, dict[str, float]] = {}
+    for table in per_rank:  # the slowest rank decides when a collective is done
+        for rep, row in table.items():
+            for key, value in row.items():
+                merged.setdefault(rep, {})[key] = max(merged.get(rep, {}).get(key, 0.0), value)
+    for lp in profile.layers:
+        lp.framework_overhead_s.update(merged.get(rep_of[lp.name], {}))
+    profile.notes.append(f"parallel wrappers measured in place on {ranks} gloo ranks at microbatch "
+                         f"{', '.join(map(str, batches))}: {', '.join(f'{k}@{d}' for k, d in configs(ranks))} "
+                         f"(mean wall of {ITERS} passes after {WARMUP}, slowest rank)")
+
+
+def _get(results, procs) -> dict:
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            rank, table, error = results.get(timeout=1.0)
+        except Exception:  # queue.Empty: check the ranks are alive
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise MeshplanError(f"in-place wrapper timing: rank process exited with code {dead[0].exitcode}; "
+                                    "rerun `meshplan profile` (or use --concurrent 1)") from None
+            continue
+        if error:
+            raise MeshplanError(f"in-place wrapper timing failed on rank {rank}: {error}")
+        return table
+    raise MeshplanError(f"in-place wrapper timing did not finish in {TIMEOUT_S} s; use --concurrent 1")
+
+
+def _rank(rank: int, world: int, port: int, spec: str, overrides, reps, rules, inputs, batches, results) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        table = _measure_all(world, spec, overrides, reps, rules, inputs, batches)
+        results.put((rank, table, ""))
+    except Exception as exc:  # reported to the parent as one line
+        results.put((rank, {}, f"{type(exc).__name__}: {exc}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _measure_all(world: int, spec: str, overrides, reps, rules, inputs, batches) -> dict[str, dict[str, float]]:
+    from meshplan.profiler.loader import load_model
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    model = load_model(spec, overrides, "meta")
+    meshes = {d: init_device_mesh("cpu", (world // d, d), mesh_dim_names=("rest", "inner"))["inner"]
+              for d in sorted({d for _, d in configs(world)})}
+    table: dict[str, dict[str, float]] = {}
+    for rep in reps:
+        rule = rules[rep]
+        for kind, degree in configs(world):
+            if kind.startswith("tp") and rule.kind not in ("block", "embedding", "head"):
+                continue
+            for b in batches:
+                row = _overhead(model, rep, rule, inputs[rep], b, kind, degree, meshes[degree])
+                if row:
+                    table.setdefault(rep, {}).update({f"{kind}@{degree}:b{b}{k}": v for k, v in row.items()})
+    return table
+
+
+def _overhead(model, rep: str, rule, spec, b: int, kind: str, degree: int, mesh) -> dict[str, float]:
+    """{"": fwd+bwd overhead s, ":fwd": forward overhead s} of one wrapper, or {} if it cannot wrap."""
+    import torch
+    import torch.distributed as dist
+
+    from meshplan.profiler.runner import make_input, materialise_layer
+
+    x = make_input(model, spec, b, "cpu", seed=1)
+    plain = materialise_layer(model, rep, "cpu")
+    wrapped = materialise_layer(model, rep, "cpu")
+    agreed = torch.tensor([1.0 if _wrap(wrapped, rule, mesh, kind) else 0.0])
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # every rank wraps, or none times it
+    if agreed.item() < 1:
+        return {}
+    dist.barrier()
+    w_f, w_b = _time(wrapped, x)
+    dist.barrier()
+    p_f, p_b = _time(plain, x)
+    split = degree if kind.startswith("tp") else 1
+    return {"": max(0.0, w_f + w_b - (p_f + p_b) / split), ":fwd": max(0.0, w_f - p_f / split)}
+
+
+def _wrap(layer, rule, mesh, kind: str) -> bool:
+    try:
+        if kind.startswith("tp"):
+            from meshplan.executor.tensor_parallel import apply_tp
+
+            apply_tp(layer, {"": rule}, mesh, kind == "tp_sp")
+        else:
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+            layer.set_requires_gradient_sync(False)  # accumulation microbatches: gathers only
+        return True
+    except Exception:  # a layer this wrapper cannot take: the cost model falls back to its model
+        return False
+
+
+def _time(layer, x) -> tuple[float, float]:
+    """Mean wall (forward, backward) seconds over ITERS passes after WARMUP."""
+    import torch
+
+    fwd: list[float] = []
+    bwd: list[float] = []
+    for i in range(WARMUP + ITERS):
+        for p in layer.parameters():
+            p.grad = None
+        x.grad = None
+        t0 = time.perf_counter()
+        y = layer(x)
+        t1 = time.perf_counter()
+        if y.requires_grad:
+            y.backward(torch.ones_like(y))
+        t2 = time.perf_counter()
+        if i >= WARMUP:
+            fwd.append(t1 - t0)
+            bwd.append(t2 - t1)
+    return statistics.fmean(fwd), statistics.fmean(bwd)

@@ -1,0 +1,34 @@
+"""TP and ZeRO-3 wrappers timed in place on real gloo ranks (profiler/insitu.py), and the cost
+model charging exactly those measurements for a plan that runs them."""
+from __future__ import annotations
+
+import pytest
+
+from meshplan.planner import PlanRequest, estimate
+from meshplan.presets import local_cpu
+from meshplan.profiler import profile_model
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def profile():
+    return profile_model("gpt-tiny", device="cpu", concurrent=2, microbatch_sizes=[1, 2])
+
+
+def test_every_layer_gets_in_place_overheads(profile):
+    for lp in profile.layers:
+        fw = lp.framework_overhead_s
+        for key in ("tp@2", "tp_sp@2", "zero3@2"):
+            for b in (1, 2):
+                assert fw[f"{key}:b{b}"] >= fw[f"{key}:b{b}:fwd"] >= 0, (lp.name, key)
+    block = profile.layers[1].framework_overhead_s
+    assert block["tp@2:b1"] > 0 and block["zero3@2:b1"] > 0  # dispatch and collectives cost something
+    assert any("measured in place on 2 gloo ranks" in n for n in profile.notes)
+
+
+def test_tp_plan_is_charged_the_in_place_measurement(profile):
+    plan = estimate(profile, local_cpu(2), PlanRequest(num_gpus=2, global_batch=2, tp=2, dp=1, microbatch=1,
+                                                       precision="fp32"))
+    expected = sum(lp.framework_overhead_s["tp@2:b1"] for lp in profile.layers) * 2  # 2 microbatches
+    assert plan.prediction.breakdown["tp_comm"] == pytest.approx(expected, rel=1e-6)
