@@ -107,7 +107,7 @@ def _interleaved(ctx: Context, pp: int, m: int, rej: Rejects, fam: str,
     blocks = ctx.body[1] - ctx.body[0]
     options = set(VIRTUAL_STAGES)
     if ctx.request.uniform_stages and blocks % pp == 0:  # even splits: every v dividing blocks/pp
-        options |= {v for v in divisors(blocks // pp) if 1 < v <= max(VIRTUAL_STAGES)}
+        options |= {v for v in divisors(blocks // pp) if v > 1}
     vs = _pick(ctx.request.virtual_stages, sorted(options))
     ok = [v for v in vs if v > 1 and pp * v <= blocks + 2
           and not (ctx.request.uniform_stages and blocks % (pp * v))]

@@ -53,13 +53,22 @@ def in_flight(cand: Candidate, rank: int) -> float:
 
 
 def p2p_per_microbatch_s(ctx: Context, cand: Candidate, boundary_bytes: float) -> float:
-    """Forward send + backward send of one microbatch's boundary tensor, per chunk boundary."""
+    """Forward send + backward send of one microbatch's boundary tensor, per chunk boundary.
+
+    With sequence parallelism the boundary is already split over the t ranks (bsh/t each).
+    Without it the TP ranks hold replicas: Megatron-LM sends bsh/t from each and all-gathers it
+    on the receiving side over the node (scatter/gather, Narayanan et al. 2021 Sec 4.1); torch
+    pipelining (meshplan's executor) sends the whole replica from every TP rank."""
     if cand.pp == 1:
         return 0.0
-    buf = boundary_bytes * cand.microbatch / cand.cp / (cand.tp if cand.tp > 1 else 1)
+    full = boundary_bytes * cand.microbatch / cand.cp
     tier = group_tier(ctx.cluster, cand.dp * cand.cp * cand.tp, cand.pp)
+    scatter_gather = cand.tp > 1 and not cand.sequence_parallel and ctx.request.state_layout == "megatron"
+    split = cand.tp if cand.tp > 1 and (cand.sequence_parallel or scatter_gather) else 1
+    gather = collective_s(ctx.cluster, "all_gather", cand.tp, full, group_tier(ctx.cluster, 1, cand.tp)) \
+        if scatter_gather else 0.0
     hidden = ctx.cluster.calibration.pp_overlap
-    return 2 * cand.virtual_stages * p2p_s(ctx.cluster, buf, tier) * (1 - hidden)
+    return 2 * cand.virtual_stages * (p2p_s(ctx.cluster, full / split, tier) + gather) * (1 - hidden)
 
 
 def last_bucket_params(first_layer_kind: str, first_layer_local_params: float) -> float:
