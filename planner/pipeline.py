@@ -11,7 +11,7 @@ microbatches before its first backward (Megatron-LM / torch Interleaved1F1B warm
 Pipeline p2p: the boundary activation `bsh`, `bsh/t` with the scatter/gather optimisation.
 Data parallel: ring all-reduce of the gradients, bucketed and overlapped with the last
 microbatch's backward (DDP); ZeRO-1 reduce-scatter + all-gather; ZeRO-2/3 pay per microbatch
-(layer_cost.py). Optimizer: Adam is memory-bound — OPTIMIZER_BYTES_PER_PARAM over the HBM
+(layer_cost.py); clipping's global-norm all-reduces (grad_norm_sync_s). Optimizer: Adam is memory-bound — OPTIMIZER_BYTES_PER_PARAM over the HBM
 bandwidth.
 """
 from __future__ import annotations
@@ -115,7 +115,22 @@ def tail_s(ctx: Context, cand: Candidate, local_params: float, backward_window_s
         weight_bytes = local_params * (2 if ctx.request.state_layout == "megatron" else 4)
         ag = collective_s(ctx.cluster, "all_gather", group, weight_bytes, tier)
         sync = max(rs - hidden * backward_window_s, last if hidden else rs, 0.0) + (1 - hidden) * ag
-    return sync, optimizer_s + optimizer_call_s(ctx)
+    return sync, optimizer_s + optimizer_call_s(ctx) + grad_norm_sync_s(ctx, cand)
+
+
+def grad_norm_sync_s(ctx: Context, cand: Candidate) -> float:
+    """Global-norm gradient clipping's collectives, once per step (executor/grad_clip.py, as
+    torchtitan and Megatron-LM clip): a scalar all-reduce over the pipeline group, one over the
+    tensor-parallel group per sharded placement (column Shard(0), row Shard(1)), and one over
+    the data-parallel group when ZeRO-2/3 shards the gradients. Latency-bound: negligible on
+    NVLink, milliseconds between busy CPU ranks."""
+    norm_bytes = 8.0
+    calls = [(cand.pp, group_tier(ctx.cluster, cand.dp * cand.cp * cand.tp, cand.pp))] if cand.pp > 1 else []
+    if cand.tp > 1:
+        calls += [(cand.tp, group_tier(ctx.cluster, 1, cand.tp))] * 2
+    if cand.zero >= 2 and cand.dp > 1:
+        calls.append((cand.dp, group_tier(ctx.cluster, cand.tp * cand.cp, cand.dp)))
+    return sum(collective_s(ctx.cluster, "all_reduce", g, norm_bytes, tier) for g, tier in calls)
 
 
 def optimizer_call_s(ctx: Context) -> float:

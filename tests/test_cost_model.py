@@ -245,3 +245,16 @@ def test_in_place_measurements_replace_modelled_tp_and_zero3_costs():
     z3 = layer_cost(ctx, blk, 1, 1, False, 1, 3, 4)  # m = 12 / 4 = 3 microbatches
     scatter = collective_s(ctx.cluster, "reduce_scatter", 4, blk.num_params * 4, "intra_node")
     assert z3.modes["none"].dp_s == pytest.approx(0.020 + scatter / 3)
+
+
+def test_grad_clipping_pays_a_norm_all_reduce_per_sharded_group():
+    from meshplan.planner.pipeline import grad_norm_sync_s
+
+    ctx = _ctx(P22, n=64)
+    ar = lambda g, tier: collective_s(ctx.cluster, "all_reduce", g, 8.0, tier)  # noqa: E731
+    plain = Candidate(pp=1, dp=64, cp=1, tp=1, microbatch=1, num_microbatches=1, schedule="1F1B",
+                      virtual_stages=1, zero=0, sequence_parallel=False)
+    assert grad_norm_sync_s(ctx, plain) == 0.0  # DDP replicas hold whole gradients
+    hybrid = dataclasses.replace(plain, pp=4, dp=2, tp=8, zero=3)
+    expected = ar(4, "inter_node") + 2 * ar(8, "intra_node") + ar(2, "inter_node")
+    assert grad_norm_sync_s(ctx, hybrid) == pytest.approx(expected)
