@@ -116,16 +116,62 @@ def _baselines(r: dict) -> list[str]:
     return lines + ["", "A speedup below 1 means the baseline ran faster than the plan the cost model ranked first.", ""]
 
 
+def _count(n) -> str:
+    """An exact (possibly 100-digit) integer as 1.2e75, without going through float."""
+    if n is None:
+        return "-"
+    digits = str(n)
+    return digits if len(digits) <= 7 else f"{digits[0]}.{digits[1]}e{len(digits) - 1}"
+
+
+def _sci(x) -> str:
+    """3 significant digits; 1.6e72 style from 1e4 on (None: n/a)."""
+    if x is None:
+        return "n/a"
+    if abs(x) < 1e4:
+        return f"{x:.3g}"
+    mantissa, exponent = f"{x:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def _brute_cells(row: dict) -> tuple[str, str]:
+    """(brute-force CPU s, speedup): measured where brute force finished; otherwise the measured
+    lower bound (it ran that long without finishing) and the extrapolation, marked as estimates."""
+    if "brute_force_finished" not in row:
+        return "-", "-"
+    if row["brute_force_finished"]:
+        return f"{row['brute_force_s']:.2f}", _num(row.get("speedup"), "**{:.0f}x**")
+    est_s, est_x = row.get("brute_force_estimate_s"), row.get("speedup_estimate")
+    return (f"> {_sci(row['brute_force_spent_s'])} (stopped); ~{_sci(est_s)} (est.)",
+            f"> {_sci(row.get('speedup_lower_bound'))}x; ~{_sci(est_x)}x (est.)")
+
+
+BRUTE_FORCE_DEFINITION = (
+    "Brute force (`meshplan.planner.bruteforce`): every plan of the space search() chooses from — every outer "
+    "candidate, every contiguous split of the layers into pp x v stages, every per-layer recompute choice — "
+    "visited and costed with the same cost model, with no pruning; a rank's cost for one recompute assignment is "
+    "computed once and shared by the plans containing it. CPU seconds, like the search. Rows named `-Nlayer` are "
+    "the same model shape with N transformer blocks, small enough for brute force to finish: their speedup is "
+    "measured (and \"same optimum\" checks that both found the same step time). Full-size rows ran brute force "
+    "for a short probe only: `> X` is what was measured (it had not finished after X s, so the speedup is at "
+    "least X / search time); `~Y (est.)` is an extrapolation, plans in the space x CPU seconds per plan in the "
+    "probe, an estimate and not a measurement.")
+
+
 def _planner_speed(r: dict) -> list[str]:
     rows = r.get("planner_speed", [])
     lines = ["## 3. Planner speed", ""] + _error_block(rows)
     if not isinstance(rows, list):
         return lines
-    lines += ["| model | cluster | GPUs | search CPU s | candidates | plan |", "|---|---|---|---|---|---|"]
+    lines += ["| model | cluster | GPUs | search CPU s | candidates | plans in space | brute force CPU s "
+              "| speedup over brute force | same optimum | plan |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
+        brute_s, speedup = _brute_cells(row)
+        agrees = {True: "yes", False: "**no**"}.get(row.get("brute_force_agrees"), "-")
         lines.append(f"| {row['model']} | {row['cluster']} | {row['num_gpus']} | {row['search_time_s']:.3f} | "
-                     f"{row['candidates']} | {row.get('plan', '')} |")
-    return lines + [""]
+                     f"{row['candidates']} | {_count(row.get('brute_force_plans'))} | {brute_s} | {speedup} | "
+                     f"{agrees} | {row.get('plan', '')} |")
+    return lines + ["", BRUTE_FORCE_DEFINITION, ""]
 
 
 def _memory(r: dict) -> list[str]:

@@ -61,7 +61,12 @@ class BruteForceResult:
         """Extrapolation to the whole space: num_plans x the measured seconds per plan (exact
         when finished). Per-plan cost varies between candidates, so this is an order of magnitude."""
         per = self.seconds_per_plan
-        return None if per is None else float(self.num_plans) * per
+        if per is None:
+            return None
+        try:
+            return float(self.num_plans) * per
+        except OverflowError:  # more plans than a float holds (> 1e308)
+            return math.inf
 
 
 class OutOfTime(Exception):

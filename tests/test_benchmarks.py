@@ -174,3 +174,26 @@ def test_a_failed_calibration_round_is_skipped_and_recorded(monkeypatch):
     local, _, _ = run.local_sections(quick=False, say=lambda *_: None)
     assert local["failed_rounds"] == [{"round": 1, "error": "busy workers timed out"}]
     assert len(local["calibrations"]) == 2 and local["models"]["m"]["rows"][0]["runs"] == 2
+
+
+def test_planner_speed_brute_force_columns_and_report(tmp_path):
+    """A finished brute force gives a measured speedup and the same optimum; a capped one gives
+    no measured speedup, a lower bound and an estimate, and the report marks it as estimated."""
+    from benchmarks import planner_speed
+    from planner_profiles import small_gpt
+
+    profile = small_gpt(2)
+    row = planner_speed.measure("gpt-small", "a100-80g", 16, profile, 8)
+    done = {**row, **planner_speed.compare_brute_force(row, profile, cap_s=60.0)}
+    assert done["brute_force_finished"] and done["brute_force_agrees"]
+    assert done["brute_force_evaluated"] == done["brute_force_plans"] > done["candidates"]
+    assert done["speedup"] == pytest.approx(done["brute_force_s"] / done["search_time_s"], rel=0.02)
+    capped = {**row, **planner_speed.compare_brute_force(row, small_gpt(6), cap_s=0.0)}
+    assert not capped["brute_force_finished"] and capped["brute_force_s"] is None and capped["speedup"] is None
+    assert capped["brute_force_plans"] > capped["brute_force_evaluated"] > 0
+    assert capped["speedup_estimate"] > capped["speedup_lower_bound"] > 0
+    results = {**_results(), "planner_speed": [done, capped]}
+    write(results, tmp_path)
+    md = (tmp_path / "benchmarks.md").read_text()
+    assert f"**{done['speedup']:.0f}x**" in md and "(est.)" in md and "Brute force (`meshplan.planner.bruteforce`)" in md
+    assert json.loads((tmp_path / "benchmarks.json").read_text())["planner_speed"][1]["brute_force_finished"] is False
