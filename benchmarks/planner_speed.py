@@ -62,8 +62,8 @@ FULL_COUNTS = (8, 64, 256, 1024, 4096, 16384)
 QUICK_COUNTS = {"gpt3-175b": (8, 1024), "llama3-405b": (16384,)}
 REDUCED = [("gpt3-175b", 2, (8,)), ("gpt3-175b", 4, (8, 64)), ("gpt3-175b", 6, (8, 64)),
            ("llama3-405b", 4, (8, 64)), ("llama3-405b", 6, (8, 32))]
-"""(family, transformer blocks, GPU counts) whose brute force finishes: about 0.3 s to 70 s of CPU
-each on this host (3.5 min in all), spaces of 2e4 to 4e7 plans."""
+"""(family, transformer blocks, GPU counts) whose brute force finishes: 0.3 s to 81 s of CPU each on
+this host (about 4 min in all), spaces of 2e4 to 4e7 plans."""
 QUICK_REDUCED = [("gpt3-175b", 2, (8,)), ("llama3-405b", 3, (8,))]
 PROBE_S, QUICK_PROBE_S = 20.0, 0.5
 """CPU seconds of brute force on each full-size row: enough to extrapolate, never to finish."""
@@ -128,7 +128,8 @@ def _rows(model: str, layers: int | None, counts, cap_s: float, say) -> list[dic
     return out
 
 
-def run(quick: bool, brute_force_cap_s: float = 600.0, probe_s: float | None = None, say=lambda row: None) -> list[dict]:
+def run(quick: bool, brute_force_cap_s: float = 600.0, probe_s: float | None = None,
+        say=lambda row: None) -> list[dict]:
     """One row per (model, GPU count): model, cluster, num_gpus, search_time_s (CPU), candidates,
     and the brute-force columns (full-size models: probe only; `-Nlayer` models: to the end or the cap)."""
     probe_s = min(probe_s if probe_s is not None else QUICK_PROBE_S if quick else PROBE_S, brute_force_cap_s)
@@ -145,7 +146,8 @@ def _seconds(x) -> str:
 
 
 def line(r: dict) -> str:
-    bf = (f"brute force {r['brute_force_s']:.2f} s, speedup {r['speedup']:.0f}x" if r["brute_force_finished"] else
+    same = {True: ", same optimum", False: ", DIFFERENT optimum"}.get(r.get("brute_force_agrees"), "")
+    bf = (f"brute force {r['brute_force_s']:.2f} s, speedup {r['speedup']:.0f}x{same}" if r["brute_force_finished"] else
           f"brute force > {_seconds(r['brute_force_spent_s'])} s (est. {_seconds(r['brute_force_estimate_s'])} s, "
           f"speedup > {_seconds(r['speedup_lower_bound'])}x, est. {_seconds(r['speedup_estimate'])}x)")
     return (f"{r['model']:20s} {r['cluster']:9s} {r['num_gpus']:6d} GPUs  {r['search_time_s']:7.3f} s CPU  "

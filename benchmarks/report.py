@@ -155,7 +155,9 @@ BRUTE_FORCE_DEFINITION = (
     "measured (and \"same optimum\" checks that both found the same step time). Full-size rows ran brute force "
     "for a short probe only: `> X` is what was measured (it had not finished after X s, so the speedup is at "
     "least X / search time); `~Y (est.)` is an extrapolation, plans in the space x CPU seconds per plan in the "
-    "probe, an estimate and not a measurement.")
+    "probe, an estimate and not a measurement. A probe's rate comes from its first plans, where one rank holds "
+    "most of the layers, and exceeds the amortised rate of a complete run (`brute_force_seconds_per_plan` in "
+    "benchmarks.json): read the estimates as orders of magnitude.")
 
 
 def _planner_speed(r: dict) -> list[str]:

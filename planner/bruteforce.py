@@ -24,8 +24,8 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from meshplan.model_profile import ModelProfile
 from meshplan.cluster import ClusterSpec
+from meshplan.model_profile import ModelProfile
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.enumerate import Rejects, candidates
 from meshplan.planner.layer_cost import CostTable, allowed_modes
@@ -41,7 +41,7 @@ CHECK_EVERY = 4096
 @dataclass(kw_only=True)
 class BruteForceResult:
     best_step_s: float
-    """Least step time among the plans visited (inf when none of them fits)."""
+    """Least step time over the fully enumerated candidates (inf when no plan of them fits)."""
     per_candidate: dict[Candidate, float] = field(default_factory=dict)
     """Each fully enumerated candidate's optimum (inf when no plan of it fits)."""
     num_plans: int
