@@ -52,7 +52,7 @@ BENCHMARK_LIKE = textwrap.dedent('''
             gc.disable()
             leave_gloo_garbage()
             print("native threads", len(os.listdir("/proc/self/task")), flush=True)
-            profile = profile_model("gpt-tiny", {"layers": 1}, device="cpu", concurrent=2)
+            profile = profile_model("gpt-tiny", {"layers": 1}, device="cpu", concurrent=2, in_place=False)
             gc.enable()
             print("profiled", i, "concurrent", profile.concurrent, flush=True)
 ''')
@@ -63,7 +63,7 @@ UNGUARDED = textwrap.dedent('''
     os.environ["OMP_NUM_THREADS"] = "1"
     from meshplan.profiler import profile_model
 
-    profile_model("gpt-tiny", {"layers": 1}, device="cpu", concurrent=2)
+    profile_model("gpt-tiny", {"layers": 1}, device="cpu", concurrent=2, in_place=False)
 ''')
 
 
