@@ -12,8 +12,9 @@ wrapper_timing's one-rank process group) and unreachable C++ objects that own th
 child's garbage collector frees such a ProcessGroupGloo, its destructor joins threads that do not
 exist in the child and the worker aborts (`std::system_error: Invalid argument`, SIGABRT) or hangs.
 The workers come from a fork server instead: a process started by exec that imports only torch
-and the worker's modules, and forks each worker from that clean state (spawn where no fork server
-exists). Like spawn, it re-imports the caller's `__main__` in each worker, hence the guard.
+and the worker's modules, and forks each worker from that clean state (spawn on CUDA and where no
+fork server exists). Like spawn, it re-imports the caller's `__main__` in each worker, hence the
+guard.
 """
 from __future__ import annotations
 
@@ -76,9 +77,13 @@ def _redirect_output(log_path: str) -> None:
     os.close(fd)
 
 
-def start_method() -> str:
-    """forkserver where the platform has it (Linux, macOS), else spawn; never fork (module doc)."""
-    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+def start_method(device: str) -> str:
+    """Never fork (module doc): forkserver where the platform has it (Linux, macOS); spawn on CUDA,
+    whose driver must not be initialised before a fork (the server's imports could query it),
+    and where no fork server exists."""
+    if device.startswith("cuda") or "forkserver" not in mp.get_all_start_methods():
+        return "spawn"
+    return "forkserver"
 
 
 class BusyNeighbours:
@@ -92,7 +97,7 @@ class BusyNeighbours:
 
     def __enter__(self) -> "BusyNeighbours":
         _refuse_while_bootstrapping(self.count + 1)
-        ctx = mp.get_context(start_method())
+        ctx = mp.get_context(start_method(self.device))
         if ctx.get_start_method() == "forkserver":
             ctx.set_forkserver_preload(FORKSERVER_PRELOAD)  # no effect once the server runs
         self._log_dir = tempfile.TemporaryDirectory(prefix="meshplan-busy-")
@@ -146,7 +151,7 @@ class BusyNeighbours:
                     f"--concurrent {self.count + 1}: busy worker {proc.name} exited ({_exit_text(proc.exitcode)}) "
                     "before it started (its traceback is on stderr above); a script calling "
                     "profile_model(concurrent>1) needs an `if __name__ == '__main__':` guard "
-                    f"(multiprocessing {start_method()}), or use --concurrent 1")
+                    f"(multiprocessing {start_method(self.device)}), or use --concurrent 1")
             raise RunError(f"--concurrent {self.count + 1}: busy worker {proc.name} died "
                            f"({_exit_text(proc.exitcode)}) while starting {fqn}; its output: {_tail(log)}")
 
