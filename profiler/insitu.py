@@ -42,6 +42,13 @@ def configs(ranks: int) -> list[tuple[str, int]]:
     return [(kind, d) for d in degrees for kind in ("tp", "tp_sp", "zero3")]
 
 
+def tp_degree_valid(rules, degree: int) -> bool:
+    """The planner's and executor's rule (planner/enumerate.tp_reason): every head, KV-head and
+    FFN count of the model divisible by the degree; otherwise no plan runs it, and timing it
+    would fail inside a collective on some ranks only."""
+    return all(size % degree == 0 for rule in rules for size in rule.divisors.values())
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -128,7 +135,8 @@ def _measure_all(world: int, spec: str, overrides, reps, rules, inputs, batches)
     for rep in reps:
         rule = rules[rep]
         for kind, degree in configs(world):
-            if kind.startswith("tp") and rule.kind not in ("block", "embedding", "head"):
+            if kind.startswith("tp") and (rule.kind not in ("block", "embedding", "head")
+                                          or not tp_degree_valid(rules.values(), degree)):
                 continue
             for b in batches:
                 row = _overhead(model, rep, rule, inputs[rep], b, kind, degree, meshes[degree])

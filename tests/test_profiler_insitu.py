@@ -32,3 +32,11 @@ def test_tp_plan_is_charged_the_in_place_measurement(profile):
                                                        precision="fp32"))
     expected = sum(lp.framework_overhead_s["tp@2:b1"] for lp in profile.layers) * 2  # 2 microbatches
     assert plan.prediction.breakdown["tp_comm"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_tp_degrees_that_no_plan_runs_are_not_timed():
+    from meshplan.model_profile import TPRule
+    from meshplan.profiler.insitu import tp_degree_valid
+
+    gqa = [TPRule(kind="block", divisors={"heads": 4, "kv_heads": 2, "ffn": 160}), TPRule(kind="head")]
+    assert tp_degree_valid(gqa, 2) and not tp_degree_valid(gqa, 4)  # llama-tiny: 2 KV heads
