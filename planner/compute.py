@@ -84,3 +84,23 @@ def layer_compute_s(ctx: Context, layer: LayerProfile, b: int, split: int, cp: i
     sel = layer.recompute_flops_selective * b / (split * cp) / attn_rate  # the attention core again
     return (_flops_time_s(ctx, layer, layer.forward_flops, b, split, cp) + overhead,
             _flops_time_s(ctx, layer, layer.backward_flops, b, split, cp) + overhead, sel)
+
+
+def recompute_overheads_s(ctx: Context, layer: LayerProfile) -> tuple[float, float]:
+    """(full, selective) checkpoint machinery per microbatch beyond the recomputed arithmetic:
+    the measured recompute cost (profiler/wrapper_timing.py, "recompute_full:bB") minus the
+    forward at that microbatch B (full) or the modelled selective share of it. Measured profiles
+    only; the machinery's cost (saved-tensor hooks, policy dispatch) does not shrink with TP."""
+    fw = layer.framework_overhead_s if ctx.measured and layer.timings else {}
+    out = []
+    for mode in ("full", "selective"):
+        key = next((k for k in fw if k.startswith(f"recompute_{mode}:b")), None)
+        if key is None:
+            out.append(0.0)
+            continue
+        b = int(key.rsplit(":b", 1)[1])
+        fwd = _interp_timing(layer, b)[0]
+        share = 1.0 if mode == "full" else (
+            layer.recompute_flops_selective / layer.forward_flops if layer.forward_flops else 0.0)
+        out.append(max(0.0, fw[key] - share * fwd))
+    return out[0], out[1]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from meshplan.model_profile import LayerProfile
 from meshplan.planner.comm import all_reduce_s, collective_s, group_tier
-from meshplan.planner.compute import layer_compute_s
+from meshplan.planner.compute import layer_compute_s, recompute_overheads_s
 from meshplan.planner.context import Context
 from meshplan.planner.memory import activation_bytes, layer_static_bytes, recompute_modes
 from meshplan.planner.pipeline import layer_optimizer_s
@@ -193,6 +193,7 @@ def layer_cost(ctx: Context, layer: LayerProfile, b: int, tp: int, sp: bool, cp:
     cp_s = _cp_comm_s(ctx, layer, b, tp, cp, fwd + bwd)
     mem_fwd, mem_bwd, mem_sel = _memory_bound_s(ctx, layer, b, split, cp, sp)
     fwd, bwd, sel = fwd + mem_fwd, bwd + mem_bwd, sel + mem_sel
+    full_machinery, sel_machinery = recompute_overheads_s(ctx, layer)
     tp_wrap, fsdp_wrap, opt_wrap = wrapper_overheads_s(ctx, layer, split, zero, dp)
     tp_in_place = _in_place_tp(ctx, layer, b, split, sp, cp, tp_fwd)
     zero_in_place = _in_place_zero3(ctx, layer, local, b, zero, dp, tp, cp, m)
@@ -200,7 +201,8 @@ def layer_cost(ctx: Context, layer: LayerProfile, b: int, tp: int, sp: bool, cp:
         zero_s, fsdp_wrap = zero_in_place, 0.0
     modes = {}
     for mode in allowed_modes(ctx, layer):
-        extra = fwd if mode == "full" else sel if mode == "selective" else 0.0
+        extra = (fwd + full_machinery if mode == "full" else sel + sel_machinery if mode == "selective"
+                 else 0.0)
         tp_s = (1 - tp_hidden) * (tp_fwd * (2 if mode == "full" else 1) + tp_bwd) + tp_wrap
         if tp_in_place is not None:
             tp_s = tp_in_place[mode]

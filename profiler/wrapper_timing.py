@@ -6,6 +6,10 @@ and each FSDP2 unit its pre/post hooks and all-gather copy-in/out. These costs d
 the degree t or d (the arithmetic does), so one measurement at degree 1 — the wrapped layer
 against the plain one, same input, same host share — gives the per-microbatch overhead, and the
 optimizer step over DTensor parameters its per-step overhead (LayerProfile.framework_overhead_s).
+Activation recompute is measured the same way (executor/activation_checkpoint.apply_ac, full and
+selective): "recompute_full" / "recompute_selective" are the checkpointed layer's forward+backward
+minus the plain one's — the recomputed forward plus the checkpoint machinery (saved-tensor hooks,
+the selective policy's dispatch), which on small layers costs more than the arithmetic.
 Skipped (empty) where a process group already exists (inside a launched job) or on CUDA.
 """
 from __future__ import annotations
@@ -40,7 +44,20 @@ def _wrap_fsdp(layer, rule: TPRule, mesh):
     return layer
 
 
-WRAPPERS = {"tp": _wrap_tp, "fsdp": _wrap_fsdp}
+def _wrap_recompute(mode: str):
+    def wrap(layer, rule: TPRule, mesh):
+        from meshplan.executor.activation_checkpoint import apply_ac
+
+        apply_ac(layer, {"": mode})
+        return layer
+    return wrap
+
+
+WRAPPERS = {"tp": _wrap_tp, "fsdp": _wrap_fsdp, "recompute_full": _wrap_recompute("full"),
+            "recompute_selective": _wrap_recompute("selective")}
+PER_STEP = ("tp", "fsdp")
+"""Wrappers whose parameters the optimizer then steps differently (DTensor / sharded): their
+optimizer-step overhead is measured too."""
 
 
 def wrapper_overheads(layers: dict[str, torch.nn.Module], rules: dict[str, TPRule],
@@ -68,9 +85,11 @@ def _layer_overheads(layer, rule: TPRule, x, mesh, measure_times) -> dict[str, f
         try:
             wrapped = wrap(copy.deepcopy(layer), rule, mesh)
             fwd, bwd = measure_times(wrapped, x, "cpu")
-            opt = optimizer_step_cpu_s(wrapped, x)[0]
+            opt = optimizer_step_cpu_s(wrapped, x)[0] if name in PER_STEP else 0.0
         except Exception:  # a layer a wrapper cannot take: no measurement, the model then ignores it
             continue
-        out[name] = max(0.0, fwd + bwd - plain_f - plain_b)
-        out[f"{name}_optimizer"] = max(0.0, opt - plain_opt)
+        key = name if name in PER_STEP else f"{name}:b{x.shape[0]}"  # recompute scales with b
+        out[key] = max(0.0, fwd + bwd - plain_f - plain_b)
+        if name in PER_STEP:
+            out[f"{name}_optimizer"] = max(0.0, opt - plain_opt)
     return out

@@ -258,3 +258,18 @@ def test_grad_clipping_pays_a_norm_all_reduce_per_sharded_group():
     hybrid = dataclasses.replace(plain, pp=4, dp=2, tp=8, zero=3)
     expected = ar(4, "inter_node") + 2 * ar(8, "intra_node") + ar(2, "inter_node")
     assert grad_norm_sync_s(ctx, hybrid) == pytest.approx(expected)
+
+
+def test_measured_recompute_machinery_is_charged_beyond_the_forward():
+    """Checkpointing a layer costs its forward again plus the machinery measured around it
+    (wrapper_timing: recompute_full:bB = checkpointed - plain, at microbatch B)."""
+    ctx = _measured_cpu_ctx()
+    for lp in ctx.profile.layers:
+        lp.framework_overhead_s.update({"recompute_full:b1": 0.016, "recompute_selective:b1": 0.003})
+    ctx = Context.build(ctx.profile, local_cpu(4), PlanRequest(num_gpus=4, global_batch=8, precision="fp32"))
+    blk = ctx.layers[1]
+    modes = layer_cost(ctx, blk, 2, 1, False, 1, 0, 4).modes  # forward at b=2: 0.02 s
+    assert modes["full"].recompute_s == pytest.approx(0.02 + (0.016 - 0.01))
+    sel_share = blk.recompute_flops_selective / blk.forward_flops
+    assert modes["selective"].recompute_s == pytest.approx(0.02 * sel_share + (0.003 - 0.01 * sel_share))
+    assert modes["none"].recompute_s == 0
