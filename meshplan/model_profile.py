@@ -129,6 +129,10 @@ class ModelProfile:
     """Graph edges [src_fqn, dst_fqn]; empty means the chain in list order."""
     notes: list[str] = field(default_factory=list)
     """What the profiler did that a reader should know (reused measurements, approximations)."""
+    step_overhead_s: dict[str, float] = field(default_factory=dict)
+    """Whole-model, once-per-step costs measured in place on N CPU ranks (profiler/insitu.py):
+    "ddp@D:bB" = the DDP-wrapped model's forward+backward (its gradient all-reduce included)
+    minus the plain model's, on D-rank groups, at microbatch B. Empty when not measured."""
 
     def validate(self, path: str = "") -> None:
         p = f"{path}." if path else ""

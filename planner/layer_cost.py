@@ -17,6 +17,7 @@ from meshplan.model_profile import LayerProfile
 from meshplan.planner.comm import all_reduce_s, collective_s, group_tier
 from meshplan.planner.compute import layer_compute_s, recompute_overheads_s
 from meshplan.planner.context import Context
+from meshplan.planner.in_place import in_place_overhead_s
 from meshplan.planner.memory import activation_bytes, layer_static_bytes, recompute_modes
 from meshplan.planner.pipeline import layer_optimizer_s
 
@@ -120,23 +121,6 @@ def wrapper_overheads_s(ctx: Context, layer: LayerProfile, split: int, zero: int
     tp_on, fsdp_on = split > 1, zero >= 2 and dp > 1
     opt = max(fw.get("tp_optimizer", 0.0) if tp_on else 0.0, fw.get("fsdp_optimizer", 0.0) if fsdp_on else 0.0)
     return fw.get("tp", 0.0) if tp_on else 0.0, fw.get("fsdp", 0.0) if fsdp_on else 0.0, opt
-
-
-def in_place_overhead_s(overheads: dict[str, float], key: str, b: int, forward_only: bool = False) -> float | None:
-    """A wrapper's overhead measured in place on real ranks (profiler/insitu.py: keys "tp@2:b1",
-    "zero3@4:b8", + ":fwd" for the forward share) at microbatch b, linear in b through the two
-    measured sizes; None when the profile has no such measurement."""
-    suffix = ":fwd" if forward_only else ""
-    pts = []
-    for k, v in overheads.items():
-        if not k.startswith(key + ":b") or k.endswith(":fwd") != forward_only:
-            continue
-        pts.append((int(k[len(key) + 2:len(k) - len(suffix)]), v))
-    if not pts:
-        return None
-    pts.sort()
-    (b0, v0), (b1, v1) = pts[0], pts[-1]
-    return v0 if b1 == b0 else max(0.0, v0 + (b - b0) * (v1 - v0) / (b1 - b0))
 
 
 def _in_place_tp(ctx: Context, layer: LayerProfile, b: int, split: int, sp: bool, cp: int,

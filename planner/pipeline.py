@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from meshplan.planner.comm import collective_s, group_tier, p2p_s
 from meshplan.planner.context import Candidate, Context
+from meshplan.planner.in_place import in_place_overhead_s
 from meshplan.planner.memory import DDP_BUCKET_BYTES
 
 
@@ -100,11 +101,11 @@ def tail_s(ctx: Context, cand: Candidate, local_params: float, backward_window_s
     hidden = ctx.cluster.calibration.dp_overlap if ctx.request.overlap_dp_comm else 0.0
     grad_bytes = local_params * 4
     tail_bytes = min(last_bucket, local_params) * 4
-    sync = 0.0
+    sync = ddp_contention_s(ctx, cand, group, tier) if cand.zero <= 1 and group > 1 else 0.0
     if cand.zero == 0:
         comm = collective_s(ctx.cluster, "all_reduce", group, grad_bytes, tier)
         last = collective_s(ctx.cluster, "all_reduce", group, tail_bytes, tier)
-        sync = max(comm - hidden * backward_window_s, last if hidden else comm, 0.0)
+        sync += max(comm - hidden * backward_window_s, last if hidden else comm, 0.0)
     elif cand.zero == 1:
         # Megatron's distributed optimizer reduce-scatters gradients; torch's ZeroRedundancyOptimizer
         # (what meshplan's executor runs) keeps DDP's all-reduce, then broadcasts the updated
@@ -114,8 +115,21 @@ def tail_s(ctx: Context, cand: Candidate, local_params: float, backward_window_s
         last = collective_s(ctx.cluster, grads, group, tail_bytes, tier)
         weight_bytes = local_params * (2 if ctx.request.state_layout == "megatron" else 4)
         ag = collective_s(ctx.cluster, "all_gather", group, weight_bytes, tier)
-        sync = max(rs - hidden * backward_window_s, last if hidden else rs, 0.0) + (1 - hidden) * ag
+        sync += max(rs - hidden * backward_window_s, last if hidden else rs, 0.0) + (1 - hidden) * ag
     return sync, optimizer_s + optimizer_call_s(ctx) + grad_norm_sync_s(ctx, cand)
+
+
+def ddp_contention_s(ctx: Context, cand: Candidate, group: int, tier: str) -> float:
+    """What a gradient all-reduce costs between busy ranks beyond its idle-rank link fit: the
+    whole model's DDP overhead measured in place (ModelProfile.step_overhead_s "ddp@D", hooks,
+    bucket copies and the wait for the slowest rank) minus the fit's time for the same bytes.
+    Paid once per step by every DDP / replica-reducer sync on that group size; 0 unless measured."""
+    table = ctx.profile.step_overhead_s if ctx.measured else {}
+    measured = in_place_overhead_s(table, f"ddp@{group}", cand.microbatch) if table else None
+    if measured is None:
+        return 0.0
+    fit = collective_s(ctx.cluster, "all_reduce", group, ctx.profile.num_params * 4.0, tier)
+    return max(0.0, measured - fit)
 
 
 def grad_norm_sync_s(ctx: Context, cand: Candidate) -> float:

@@ -14,6 +14,8 @@ mean, not the median, is what it pays), the slowest rank's. The overhead of a wr
 
     tp:    wrapped - plain / t     (the cost model charges compute / t for the arithmetic)
     zero3: wrapped - plain
+    ddp:   the whole model under DDP - the plain model (once per step: DDP wraps the model, not a
+           layer), in ModelProfile.step_overhead_s["ddp@D:bB"]
 
 stored per representative layer in LayerProfile.framework_overhead_s under "tp@T:bB",
 "tp_sp@T:bB" and "zero3@D:bB" (forward + backward) and the same keys + ":fwd" (forward only),
@@ -31,6 +33,8 @@ import time
 from meshplan.errors import MeshplanError
 from meshplan.model_profile import ModelProfile
 
+STEP = ""
+"""Key of the whole-model (once-per-step) measurements in a rank's table."""
 WARMUP = 2
 ITERS = 12
 TIMEOUT_S = 600
@@ -84,6 +88,7 @@ def measure_in_place(profile: ModelProfile, spec: str, overrides: dict | None, r
                 merged.setdefault(rep, {})[key] = max(merged.get(rep, {}).get(key, 0.0), value)
     for lp in profile.layers:
         lp.framework_overhead_s.update(merged.get(rep_of[lp.name], {}))
+    profile.step_overhead_s.update(merged.get(STEP, {}))
     profile.notes.append(f"parallel wrappers measured in place on {ranks} gloo ranks at microbatch "
                          f"{', '.join(map(str, batches))}: {', '.join(f'{k}@{d}' for k, d in configs(ranks))} "
                          f"(mean wall of {ITERS} passes after {WARMUP}, slowest rank)")
@@ -142,7 +147,43 @@ def _measure_all(world: int, spec: str, overrides, reps, rules, inputs, batches)
                 row = _overhead(model, rep, rule, inputs[rep], b, kind, degree, meshes[degree])
                 if row:
                     table.setdefault(rep, {}).update({f"{kind}@{degree}:b{b}{k}": v for k, v in row.items()})
+    whole = load_model(spec, overrides, "cpu")
+    for degree in meshes:
+        for b in batches:
+            table.setdefault(STEP, {})[f"ddp@{degree}:b{b}"] = _ddp_overhead(whole, b, meshes[degree])
     return table
+
+
+def _ddp_overhead(model, b: int, mesh) -> float:
+    """Seconds DDP adds to one forward+backward of the whole model (as executor/data_parallel
+    wraps it: one process group per replica set, 25 MiB buckets), all groups at once."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from meshplan.executor.data_parallel import BUCKET_BYTES
+
+    x, y = model.example_batch(b, torch.Generator().manual_seed(1))
+    wrapped = DDP(model, process_group=mesh.get_group(), bucket_cap_mb=BUCKET_BYTES // 2**20)
+    loss = lambda m: model.loss(m(x), y)  # noqa: E731
+    dist.barrier()
+    with_ddp = _time_step(lambda: loss(wrapped), model)
+    dist.barrier()
+    plain = _time_step(lambda: loss(model), model)
+    return max(0.0, with_ddp - plain)
+
+
+def _time_step(run, model) -> float:
+    """Mean wall seconds of forward (with the loss) + backward over ITERS passes after WARMUP."""
+    times = []
+    for i in range(WARMUP + ITERS):
+        for p in model.parameters():
+            p.grad = None
+        t0 = time.perf_counter()
+        run().backward()
+        if i >= WARMUP:
+            times.append(time.perf_counter() - t0)
+    return statistics.fmean(times)
 
 
 def _overhead(model, rep: str, rule, spec, b: int, kind: str, degree: int, mesh) -> dict[str, float]:

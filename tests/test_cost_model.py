@@ -221,7 +221,7 @@ def _in_place_ctx(n=4):
 
 
 def test_in_place_overhead_is_linear_in_the_microbatch():
-    from meshplan.planner.layer_cost import in_place_overhead_s
+    from meshplan.planner.in_place import in_place_overhead_s
 
     fw = {"tp@2:b1": 0.010, "tp@2:b1:fwd": 0.004, "tp@2:b3": 0.014, "tp@2:b3:fwd": 0.006}
     assert in_place_overhead_s(fw, "tp@2", 2) == pytest.approx(0.012)

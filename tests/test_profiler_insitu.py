@@ -40,3 +40,20 @@ def test_tp_degrees_that_no_plan_runs_are_not_timed():
 
     gqa = [TPRule(kind="block", divisors={"heads": 4, "kv_heads": 2, "ffn": 160}), TPRule(kind="head")]
     assert tp_degree_valid(gqa, 2) and not tp_degree_valid(gqa, 4)  # llama-tiny: 2 KV heads
+
+
+def test_ddp_is_measured_once_per_step_for_the_whole_model(profile):
+    assert set(profile.step_overhead_s) == {"ddp@2:b1", "ddp@2:b2"}
+    assert all(v >= 0 for v in profile.step_overhead_s.values())
+
+
+def test_ddp_contention_is_paid_once_per_step_on_top_of_the_link_fit(profile):
+    from meshplan.planner.comm import collective_s
+
+    req = dict(num_gpus=2, global_batch=4, dp=2, microbatch=1, precision="fp32")
+    measured = estimate(profile, local_cpu(2), PlanRequest(**req)).prediction.breakdown["dp_comm"]
+    bare = profile.__class__(**{**profile.__dict__, "step_overhead_s": {}})
+    modelled = estimate(bare, local_cpu(2), PlanRequest(**req)).prediction.breakdown["dp_comm"]
+    cluster = local_cpu(2)
+    fit_whole = collective_s(cluster, "all_reduce", 2, profile.num_params * 4.0, "intra_node")
+    assert measured == pytest.approx(modelled + max(0.0, profile.step_overhead_s["ddp@2:b1"] - fit_whole))
