@@ -63,8 +63,10 @@ def _model_table(name: str, m: dict) -> list[str]:
     scale = max([r.get("measured_s", 0) for r in rows] + [r["predicted_s"] for r in rows])
     lines = [f"### {name}", "",
              f"MAPE {m['mape'] * 100:.1f}%, Kendall tau {m['kendall_tau']:.2f}, top-1 regret "
-             f"{m['top1_regret']:.3f} (model's choice: `{m['choice']}`, best measured: `{m['best_measured']}`), "
-             f"{m['num_plans']} plans measured.", "",
+             f"{m['top1_regret']:.3f} (model's choice: `{m['choice']}`, best measured: `{m['best_measured']}`; "
+             f"rows of the same configuration pooled"
+             + (f", {m['top1_regret_unpooled']:.3f} taking the grid row the model predicts fastest, unpooled"
+                if "top1_regret_unpooled" in m else "") + f"), {m['num_plans']} plans measured.", "",
              "| plan | configuration | predicted ms | measured ms | error | spread over launches | step min..max ms | measured (bar) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: r.get("measured_s", float("inf"))):

@@ -55,6 +55,13 @@ def test_summaries_and_baseline_speedups_from_rows():
     assert s["num_plans"] == 3 and s["top1_regret"] == pytest.approx(2.0)
     assert s["kendall_tau"] == pytest.approx(-1 / 3)
     assert baselines.speedups(rows, "ddp") == {"ddp": 1.0, "zero3": 2.0, "megatron": 0.5}
+    # the planner's own result is its choice; a configuration measured twice is pooled
+    search = {**_row("planner-search", 1.5, 2.6), "config": "megatron", "measured_runs_s": [1.2, 0.8]}
+    s2 = la.summarize(rows + [search])
+    assert s2["choice"] == "planner-search"
+    assert s2["top1_regret"] == pytest.approx(1.0)  # megatron's samples 1.0, 1.2, 0.8 -> median 1.0 (best)
+    worse = {**_row("planner-search", 0.1, 2.0), "config": "zero3", "measured_runs_s": [4.0, 5.0]}
+    assert la.summarize(rows + [worse])["top1_regret"] == pytest.approx(4.0 / 1.0)
     combined = baselines.combine({"a": {"ddp": 1.0, "zero3": 4.0}, "b": {"ddp": 1.0, "zero3": 1.0}})
     assert combined == {"ddp": pytest.approx(1.0), "zero3": pytest.approx(2.0)}
     mem = memory_accuracy.summarize({"m": rows})
