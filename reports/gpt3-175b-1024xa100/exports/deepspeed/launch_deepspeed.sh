@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # meshplan plan -> DeepSpeed: gpt3-175b on 1024 x a100-80g
-# plan decisions hash 7f83f89a57ec47a6; mesh pp=4 dp_replicate=1 dp_shard=32 cp=1 tp=8
+# plan decisions hash 953f6a3a4af5da49; mesh pp=4 dp_replicate=1 dp_shard=32 cp=1 tp=8
 # global batch 1536 = micro 4 x accumulation 12 x data-parallel 32; seq_len 2048
 # WARNING: schedule Interleaved1F1B (virtual stages 8) is not available in DeepSpeed's pipeline engine, which runs 1F1B with one stage per rank
 # WARNING: uneven stage boundaries [4, 3, 3, 4, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3] are not expressible in the config: PipelineModule's partition_method='uniform' splits evenly; give the boundaries in code

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: gpt3-175b on 1024 x a100-80g
-# plan decisions hash 7f83f89a57ec47a6; mesh pp=4 dp_replicate=1 dp_shard=32 cp=1 tp=8
+# plan decisions hash 953f6a3a4af5da49; mesh pp=4 dp_replicate=1 dp_shard=32 cp=1 tp=8
 # global batch 1536 = micro 4 x accumulation 12 x data-parallel 32; seq_len 2048
 # WARNING: uneven stage boundaries (blocks per stage [3, 3, 3, 4, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2]) are not expressible: Megatron-LM splits blocks evenly over (virtual) stages; the split below is even
 # WARNING: ZeRO-3 maps to --use-torch-fsdp2 (Megatron-Core >= 0.9); older versions cannot shard parameters

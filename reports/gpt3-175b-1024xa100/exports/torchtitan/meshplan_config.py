@@ -1,5 +1,5 @@
 """meshplan plan -> torchtitan (Python config): gpt3-175b on 1024 x a100-80g
-plan decisions hash 7f83f89a57ec47a6; mesh pp=4 dp_replicate=1 dp_shard=32 cp=1 tp=8
+plan decisions hash 953f6a3a4af5da49; mesh pp=4 dp_replicate=1 dp_shard=32 cp=1 tp=8
 global batch 1536 = micro 4 x accumulation 12 x data-parallel 32; seq_len 2048
 every setting of the plan is expressed below
 """
