@@ -6,7 +6,7 @@ Each process builds the plan with `meshplan.executor.apply` (and the executor's 
 clipping and loss reduction: `train._train_step`) and, beside it, the hand-written NativeTrainer
 of native_train.py (whose logged loss is rank 0's local one: no extra all-reduce). Steps alternate executor, native, executor, ... (the first of each pair
 alternating too), so both see the same host load; rank 0 writes the per-step wall times and
-process CPU times (all threads, incl. gloo's; max over ranks) of both and their losses.
+process CPU times (all threads, incl. gloo's; mean over ranks, as the executor reduces them) of both and their losses.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from native_train import NativeTrainer, max_over_ranks, register_pid  # noqa: E402
+from native_train import NativeTrainer, job_times, register_pid  # noqa: E402
 
 from meshplan.executor.data import make_batches  # noqa: E402
 from meshplan.executor.data_parallel import build_optimizer  # noqa: E402
@@ -71,8 +71,8 @@ def main() -> None:
             losses[name].append(sides[name].step(step))
             times[name].append(time.perf_counter() - start)
             cpu[name].append(time.process_time() - start_cpu)
-    result = {name: max_over_ranks(ts) for name, ts in times.items()}
-    cpu_result = {name: max_over_ranks(ts) for name, ts in cpu.items()}
+    result = {name: job_times(ts) for name, ts in times.items()}
+    cpu_result = {name: job_times(ts) for name, ts in cpu.items()}
     if dist.get_rank() == 0:
         Path(args.out).write_text(json.dumps({"step_times_s": result, "step_cpu_s": cpu_result, "losses": losses}))
     dist.barrier()

@@ -5,7 +5,7 @@
 The same model (zoo build, same init), data (the executor's seeded global batch, sliced per
 rank), optimizer (AdamW lr 3e-4, wd 0.1, betas 0.9/0.95) and clipping (1.0) as `meshplan run`,
 written the way a user would write it by hand: DDP, or FSDP2 fully_shard on the embedding,
-each layer, the head and the root (ZeRO-3; torchtitan's units, which the executor uses too). Rank 0 writes the per-step wall time (max over ranks) and its losses as JSON.
+each layer, the head and the root (ZeRO-3; torchtitan's units, which the executor uses too). Rank 0 writes the per-step wall time (mean over ranks, as the executor reduces it: launch.job_step_times) and its losses as JSON.
 """
 from __future__ import annotations
 
@@ -68,10 +68,13 @@ class NativeTrainer:
         return loss.item()
 
 
-def max_over_ranks(times: list[float]) -> list[float]:
+def job_times(times: list[float]) -> list[float]:
+    """Every rank's step times gathered, reduced as the executor does (launch.job_step_times)."""
+    from meshplan.executor.launch import job_step_times
+
     all_times = [None] * dist.get_world_size()
     dist.all_gather_object(all_times, times)
-    return [max(ts) for ts in zip(*all_times)]
+    return job_step_times(all_times)
 
 
 def register_pid() -> None:
@@ -94,7 +97,7 @@ def main() -> None:
         start = time.perf_counter()
         losses.append(trainer.step(step))
         times.append(time.perf_counter() - start)
-    times = max_over_ranks(times)
+    times = job_times(times)
     if trainer.rank == 0:
         with open(args.out, "w") as fh:
             json.dump({"step_times_s": times, "losses": losses}, fh)

@@ -128,3 +128,11 @@ def test_sharding_lowers_measured_peak_memory(ws2):
     assert 0 < ws2["zero3"][1].peak_memory_bytes < ddp
     assert 0 < ws2["tp"][1].peak_memory_bytes < ddp
     assert len(ws2["ddp"][1].peak_memory_per_rank_bytes) == 2
+
+
+def test_job_step_time_is_the_ranks_pace_not_their_jitter():
+    """Two ranks coupled by a collective: each step one waits for the other, so their durations
+    alternate 10/30 ms while the job does a step per 20 ms; the max per step would say 30."""
+    from meshplan.executor.launch import job_step_times
+
+    assert job_step_times([[0.010, 0.030, 0.010], [0.030, 0.010, 0.030]]) == pytest.approx([0.02, 0.02, 0.02])
