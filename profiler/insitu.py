@@ -25,6 +25,7 @@ CPU only: on GPUs the collectives run on their own engines and link fits describ
 """
 from __future__ import annotations
 
+import copy
 import os
 import socket
 import statistics
@@ -36,7 +37,8 @@ from meshplan.model_profile import ModelProfile
 STEP = ""
 """Key of the whole-model (once-per-step) measurements in a rank's table."""
 WARMUP = 2
-ITERS = 12
+ITERS = 18
+PASSES = 3
 TIMEOUT_S = 600
 
 
@@ -91,7 +93,7 @@ def measure_in_place(profile: ModelProfile, spec: str, overrides: dict | None, r
     profile.step_overhead_s.update(merged.get(STEP, {}))
     profile.notes.append(f"parallel wrappers measured in place on {ranks} gloo ranks at microbatch "
                          f"{', '.join(map(str, batches))}: {', '.join(f'{k}@{d}' for k, d in configs(ranks))} "
-                         f"(mean wall of {ITERS} passes after {WARMUP}, slowest rank)")
+                         f"(mean wall of {ITERS} passes in {PASSES} round-robin rounds after {WARMUP}, slowest rank)")
 
 
 def _get(results, procs) -> dict:
@@ -129,14 +131,16 @@ def _rank(rank: int, world: int, port: int, spec: str, overrides, reps, rules, i
 
 
 def _measure_all(world: int, spec: str, overrides, reps, rules, inputs, batches) -> dict[str, dict[str, float]]:
-    from meshplan.profiler.loader import load_model
-
+    """Every case timed in PASSES round-robin passes (so that the host's drift over the
+    measurement spreads over all cases, as profile-links does), ITERS passes each in all."""
     from torch.distributed.device_mesh import init_device_mesh
+
+    from meshplan.profiler.loader import load_model
 
     model = load_model(spec, overrides, "meta")
     meshes = {d: init_device_mesh("cpu", (world // d, d), mesh_dim_names=("rest", "inner"))["inner"]
               for d in sorted({d for _, d in configs(world)})}
-    table: dict[str, dict[str, float]] = {}
+    cases: list[Case] = []
     for rep in reps:
         rule = rules[rep]
         for kind, degree in configs(world):
@@ -144,50 +148,51 @@ def _measure_all(world: int, spec: str, overrides, reps, rules, inputs, batches)
                                           or not tp_degree_valid(rules.values(), degree)):
                 continue
             for b in batches:
-                row = _overhead(model, rep, rule, inputs[rep], b, kind, degree, meshes[degree])
-                if row:
-                    table.setdefault(rep, {}).update({f"{kind}@{degree}:b{b}{k}": v for k, v in row.items()})
-    whole = load_model(spec, overrides, "cpu")
-    for degree in meshes:
-        for b in batches:
-            table.setdefault(STEP, {})[f"ddp@{degree}:b{b}"] = _ddp_overhead(whole, b, meshes[degree])
+                case = _layer_case(model, rep, rule, inputs[rep], b, kind, degree, meshes[degree])
+                if case is not None:
+                    cases.append(case)
+    cases += [_ddp_case(load_model(spec, overrides, "cpu"), b, degree, meshes[degree])
+              for degree in meshes for b in batches]
+    for case in cases:  # warm-up: first calls set up buffers, hooks and connections
+        case.run(WARMUP, keep=False)
+    for _ in range(PASSES):
+        for case in cases:
+            case.run(ITERS // PASSES)
+    table: dict[str, dict[str, float]] = {}
+    for case in cases:
+        table.setdefault(case.owner, {}).update(case.overheads())
     return table
 
 
-def _ddp_overhead(model, b: int, mesh) -> float:
-    """Seconds DDP adds to one forward+backward of the whole model (as executor/data_parallel
-    wraps it: one process group per replica set, 25 MiB buckets), all groups at once."""
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
+class Case:
+    """One wrapper on one layer (or DDP on the whole model) at one microbatch size: the wrapped
+    and the plain module, timed alternately; forward and backward wall times accumulate."""
 
-    from meshplan.executor.data_parallel import BUCKET_BYTES
+    def __init__(self, owner: str, key: str, wrapped, plain, x, loss=None, split: int = 1):
+        self.owner, self.key, self.wrapped, self.plain, self.x, self.loss, self.split = (
+            owner, key, wrapped, plain, x, loss, split)
+        self.times: dict[str, list[tuple[float, float]]] = {"wrapped": [], "plain": []}
 
-    x, y = model.example_batch(b, torch.Generator().manual_seed(1))
-    wrapped = DDP(model, process_group=mesh.get_group(), bucket_cap_mb=BUCKET_BYTES // 2**20)
-    loss = lambda m: model.loss(m(x), y)  # noqa: E731
-    dist.barrier()
-    with_ddp = _time_step(lambda: loss(wrapped), model)
-    dist.barrier()
-    plain = _time_step(lambda: loss(model), model)
-    return max(0.0, with_ddp - plain)
+    def run(self, iters: int, keep: bool = True) -> None:
+        import torch.distributed as dist
 
+        for name, module in (("wrapped", self.wrapped), ("plain", self.plain)):
+            dist.barrier()
+            out = [_pass(module, self.x, self.loss) for _ in range(iters)]
+            if keep:
+                self.times[name] += out
 
-def _time_step(run, model) -> float:
-    """Mean wall seconds of forward (with the loss) + backward over ITERS passes after WARMUP."""
-    times = []
-    for i in range(WARMUP + ITERS):
-        for p in model.parameters():
-            p.grad = None
-        t0 = time.perf_counter()
-        run().backward()
-        if i >= WARMUP:
-            times.append(time.perf_counter() - t0)
-    return statistics.fmean(times)
+    def overheads(self) -> dict[str, float]:
+        (w_f, w_b), (p_f, p_b) = (tuple(statistics.fmean(t[i] for t in self.times[n]) for i in (0, 1))
+                                  for n in ("wrapped", "plain"))
+        out = {self.key: max(0.0, w_f + w_b - (p_f + p_b) / self.split)}
+        if self.loss is None:
+            out[self.key + ":fwd"] = max(0.0, w_f - p_f / self.split)
+        return out
 
 
-def _overhead(model, rep: str, rule, spec, b: int, kind: str, degree: int, mesh) -> dict[str, float]:
-    """{"": fwd+bwd overhead s, ":fwd": forward overhead s} of one wrapper, or {} if it cannot wrap."""
+def _layer_case(model, rep: str, rule, spec, b: int, kind: str, degree: int, mesh) -> Case | None:
+    """A wrapper on one representative layer, or None if it cannot wrap it (on any rank)."""
     import torch
     import torch.distributed as dist
 
@@ -199,13 +204,41 @@ def _overhead(model, rep: str, rule, spec, b: int, kind: str, degree: int, mesh)
     agreed = torch.tensor([1.0 if _wrap(wrapped, rule, mesh, kind) else 0.0])
     dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # every rank wraps, or none times it
     if agreed.item() < 1:
-        return {}
-    dist.barrier()
-    w_f, w_b = _time(wrapped, x)
-    dist.barrier()
-    p_f, p_b = _time(plain, x)
+        return None
     split = degree if kind.startswith("tp") else 1
-    return {"": max(0.0, w_f + w_b - (p_f + p_b) / split), ":fwd": max(0.0, w_f - p_f / split)}
+    return Case(rep, f"{kind}@{degree}:b{b}", wrapped, plain, x, split=split)
+
+
+def _ddp_case(model, b: int, degree: int, mesh) -> Case:
+    """DDP on the whole model (as executor/data_parallel wraps it: one process group per replica
+    set, 25 MiB buckets), forward with the loss + backward, all groups at once."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from meshplan.executor.data_parallel import BUCKET_BYTES
+
+    x, y = model.example_batch(b, torch.Generator().manual_seed(1))
+    plain = copy.deepcopy(model)  # DDP's gradient hooks live on the wrapped model's parameters
+    wrapped = DDP(model, process_group=mesh.get_group(), bucket_cap_mb=BUCKET_BYTES // 2**20)
+    return Case(STEP, f"ddp@{degree}:b{b}", wrapped, plain, x, loss=lambda out: plain.loss(out, y))
+
+
+def _pass(module, x, loss=None) -> tuple[float, float]:
+    """Wall (forward, backward) seconds of one pass; `loss` reduces the output (else ones)."""
+    import torch
+
+    for p in module.parameters():
+        p.grad = None
+    if x.is_floating_point():
+        x.grad = None
+    t0 = time.perf_counter()
+    y = module(x)
+    t1 = time.perf_counter()
+    if loss is not None:
+        loss(y).backward()
+    elif y.requires_grad:
+        y.backward(torch.ones_like(y))
+    return t1 - t0, time.perf_counter() - t1
 
 
 def _wrap(layer, rule, mesh, kind: str) -> bool:
@@ -222,25 +255,3 @@ def _wrap(layer, rule, mesh, kind: str) -> bool:
         return True
     except Exception:  # a layer this wrapper cannot take: the cost model falls back to its model
         return False
-
-
-def _time(layer, x) -> tuple[float, float]:
-    """Mean wall (forward, backward) seconds over ITERS passes after WARMUP."""
-    import torch
-
-    fwd: list[float] = []
-    bwd: list[float] = []
-    for i in range(WARMUP + ITERS):
-        for p in layer.parameters():
-            p.grad = None
-        x.grad = None
-        t0 = time.perf_counter()
-        y = layer(x)
-        t1 = time.perf_counter()
-        if y.requires_grad:
-            y.backward(torch.ones_like(y))
-        t2 = time.perf_counter()
-        if i >= WARMUP:
-            fwd.append(t1 - t0)
-            bwd.append(t2 - t1)
-    return statistics.fmean(fwd), statistics.fmean(bwd)
