@@ -14,6 +14,7 @@ from bisect import bisect_left
 
 from meshplan.model_profile import LayerProfile
 from meshplan.planner.context import Context
+from meshplan.planner.in_place import measured_points
 
 
 def gemm_efficiency(curve: list[list[float]], flops: float) -> float:
@@ -94,13 +95,12 @@ def recompute_overheads_s(ctx: Context, layer: LayerProfile) -> tuple[float, flo
     fw = layer.framework_overhead_s if ctx.measured and layer.timings else {}
     out = []
     for mode in ("full", "selective"):
-        key = next((k for k in fw if k.startswith(f"recompute_{mode}:b")), None)
-        if key is None:
+        pts = measured_points(fw, f"recompute_{mode}")
+        if not pts:
             out.append(0.0)
             continue
-        b = int(key.rsplit(":b", 1)[1])
-        fwd = _interp_timing(layer, b)[0]
+        b, measured = pts[0]
         share = 1.0 if mode == "full" else (
             layer.recompute_flops_selective / layer.forward_flops if layer.forward_flops else 0.0)
-        out.append(max(0.0, fw[key] - share * fwd))
+        out.append(max(0.0, measured - share * _interp_timing(layer, b)[0]))
     return out[0], out[1]

@@ -8,18 +8,24 @@ two measured sizes (the fixed part is dispatch and waiting, the slope the bytes 
 from __future__ import annotations
 
 
-def in_place_overhead_s(overheads: dict[str, float], key: str, b: int, forward_only: bool = False) -> float | None:
-    """A wrapper's overhead measured in place on real ranks (profiler/insitu.py: keys "tp@2:b1",
-    "zero3@4:b8", + ":fwd" for the forward share) at microbatch b, linear in b through the two
-    measured sizes; None when the profile has no such measurement."""
+def measured_points(overheads: dict[str, float], key: str, forward_only: bool = False) -> list[tuple[int, float]]:
+    """[(microbatch, seconds)] of the entries "<key>:b<B>" (":fwd" appended when forward_only),
+    sorted by microbatch."""
     suffix = ":fwd" if forward_only else ""
     pts = []
     for k, v in overheads.items():
         if not k.startswith(key + ":b") or k.endswith(":fwd") != forward_only:
             continue
         pts.append((int(k[len(key) + 2:len(k) - len(suffix)]), v))
+    return sorted(pts)
+
+
+def in_place_overhead_s(overheads: dict[str, float], key: str, b: int, forward_only: bool = False) -> float | None:
+    """A wrapper's overhead measured in place on real ranks (profiler/insitu.py: keys "tp@2:b1",
+    "zero3@4:b8", + ":fwd" for the forward share) at microbatch b, linear in b through the two
+    measured sizes; None when the profile has no such measurement."""
+    pts = measured_points(overheads, key, forward_only)
     if not pts:
         return None
-    pts.sort()
     (b0, v0), (b1, v1) = pts[0], pts[-1]
     return v0 if b1 == b0 else max(0.0, v0 + (b - b0) * (v1 - v0) / (b1 - b0))

@@ -187,9 +187,8 @@ def layer_cost(ctx: Context, layer: LayerProfile, b: int, tp: int, sp: bool, cp:
     for mode in allowed_modes(ctx, layer):
         extra = (fwd + full_machinery if mode == "full" else sel + sel_machinery if mode == "selective"
                  else 0.0)
-        tp_s = (1 - tp_hidden) * (tp_fwd * (2 if mode == "full" else 1) + tp_bwd) + tp_wrap
-        if tp_in_place is not None:
-            tp_s = tp_in_place[mode]
+        tp_s = tp_in_place[mode] if tp_in_place is not None else (
+            (1 - tp_hidden) * (tp_fwd * (2 if mode == "full" else 1) + tp_bwd) + tp_wrap)
         compute = fwd + bwd + extra
         dp_s = max(0.0, zero_s - dp_hidden * compute) + fsdp_wrap
         modes[mode] = ModeCost(time_s=compute + tp_s + dp_s + cp_s,

@@ -86,6 +86,15 @@ def start_method(device: str) -> str:
     return "forkserver"
 
 
+def worker_context(device: str):
+    """The multiprocessing context for profiler workers: start_method(device), with the fork
+    server preloading torch and the worker modules (FORKSERVER_PRELOAD) so a worker starts fast."""
+    ctx = mp.get_context(start_method(device))
+    if ctx.get_start_method() == "forkserver":
+        ctx.set_forkserver_preload(FORKSERVER_PRELOAD)  # no effect once the server runs
+    return ctx
+
+
 class BusyNeighbours:
     """Context manager owning `count` worker processes; `run(fqn, batch, spec)` retargets them."""
 
@@ -97,9 +106,7 @@ class BusyNeighbours:
 
     def __enter__(self) -> "BusyNeighbours":
         _refuse_while_bootstrapping(self.count + 1)
-        ctx = mp.get_context(start_method(self.device))
-        if ctx.get_start_method() == "forkserver":
-            ctx.set_forkserver_preload(FORKSERVER_PRELOAD)  # no effect once the server runs
+        ctx = worker_context(self.device)
         self._log_dir = tempfile.TemporaryDirectory(prefix="meshplan-busy-")
         self.acks = ctx.Queue()
         try:

@@ -64,12 +64,12 @@ def _free_port() -> int:
 def measure_in_place(profile: ModelProfile, spec: str, overrides: dict | None, rep_of: dict[str, str],
                      inputs: dict, ranks: int, microbatch_sizes: list[int]) -> None:
     """Fill framework_overhead_s[...] of every layer from its representative's in-place timings."""
-    import torch.multiprocessing as mp
+    from meshplan.profiler.concurrency import worker_context
 
-    reps = [r for r in dict.fromkeys(rep_of.values())]
+    reps = list(dict.fromkeys(rep_of.values()))
     rules = {lp.name: lp.tp for lp in profile.layers}
     batches = sorted({min(microbatch_sizes), max(microbatch_sizes)})
-    ctx = mp.get_context("spawn")
+    ctx = worker_context("cpu")  # never fork the caller (profiler/concurrency.py)
     results = ctx.Queue()
     port = _free_port()
     args = (ranks, port, spec, overrides, reps, rules, inputs, batches, results)
@@ -151,8 +151,8 @@ def _measure_all(world: int, spec: str, overrides, reps, rules, inputs, batches)
                 case = _layer_case(model, rep, rule, inputs[rep], b, kind, degree, meshes[degree])
                 if case is not None:
                     cases.append(case)
-    cases += [_ddp_case(load_model(spec, overrides, "cpu"), b, degree, meshes[degree])
-              for degree in meshes for b in batches]
+    for degree, mesh in meshes.items():
+        cases += _ddp_cases(load_model(spec, overrides, "cpu"), batches, degree, mesh)
     for case in cases:  # warm-up: first calls set up buffers, hooks and connections
         case.run(WARMUP, keep=False)
     for _ in range(PASSES):
@@ -209,18 +209,23 @@ def _layer_case(model, rep: str, rule, spec, b: int, kind: str, degree: int, mes
     return Case(rep, f"{kind}@{degree}:b{b}", wrapped, plain, x, split=split)
 
 
-def _ddp_case(model, b: int, degree: int, mesh) -> Case:
+def _ddp_cases(model, batches: list[int], degree: int, mesh) -> list[Case]:
     """DDP on the whole model (as executor/data_parallel wraps it: one process group per replica
-    set, 25 MiB buckets), forward with the loss + backward, all groups at once."""
+    set, 25 MiB buckets), forward with the loss + backward, all groups at once; one case per
+    microbatch size, sharing the wrapped model and its plain copy."""
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from meshplan.executor.data_parallel import BUCKET_BYTES
 
-    x, y = model.example_batch(b, torch.Generator().manual_seed(1))
     plain = copy.deepcopy(model)  # DDP's gradient hooks live on the wrapped model's parameters
     wrapped = DDP(model, process_group=mesh.get_group(), bucket_cap_mb=BUCKET_BYTES // 2**20)
-    return Case(STEP, f"ddp@{degree}:b{b}", wrapped, plain, x, loss=lambda out: plain.loss(out, y))
+    cases = []
+    for b in batches:
+        x, y = model.example_batch(b, torch.Generator().manual_seed(1))
+        cases.append(Case(STEP, f"ddp@{degree}:b{b}", wrapped, plain, x,
+                          loss=lambda out, y=y: plain.loss(out, y)))
+    return cases
 
 
 def _pass(module, x, loss=None) -> tuple[float, float]:

@@ -2,6 +2,8 @@
 model charging exactly those measurements for a plan that runs them."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from meshplan.planner import PlanRequest, estimate
@@ -52,7 +54,7 @@ def test_ddp_contention_is_paid_once_per_step_on_top_of_the_link_fit(profile):
 
     req = dict(num_gpus=2, global_batch=4, dp=2, microbatch=1, precision="fp32")
     measured = estimate(profile, local_cpu(2), PlanRequest(**req)).prediction.breakdown["dp_comm"]
-    bare = profile.__class__(**{**profile.__dict__, "step_overhead_s": {}})
+    bare = dataclasses.replace(profile, step_overhead_s={})
     modelled = estimate(bare, local_cpu(2), PlanRequest(**req)).prediction.breakdown["dp_comm"]
     cluster = local_cpu(2)
     fit_whole = collective_s(cluster, "all_reduce", 2, profile.num_params * 4.0, "intra_node")
