@@ -132,7 +132,9 @@ class ModelProfile:
     step_overhead_s: dict[str, float] = field(default_factory=dict)
     """Whole-model, once-per-step costs measured in place on N CPU ranks (profiler/insitu.py):
     "ddp@D:bB" = the DDP-wrapped model's forward+backward (its gradient all-reduce included)
-    minus the plain model's, on D-rank groups, at microbatch B. Empty when not measured."""
+    minus the plain model's, on D-rank groups, at microbatch B; "zero1@D" = ZeRO-1's optimizer
+    step (ZeroRedundancyOptimizer: its 1/D of the update and the parameter broadcast) minus the
+    plain optimizer step / D. Empty when not measured."""
 
     def validate(self, path: str = "") -> None:
         p = f"{path}." if path else ""

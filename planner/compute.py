@@ -14,7 +14,7 @@ from bisect import bisect_left
 
 from meshplan.model_profile import LayerProfile
 from meshplan.planner.context import Context
-from meshplan.planner.in_place import measured_points
+from meshplan.planner.in_place import in_place_overhead_s, measured_points
 
 
 def gemm_efficiency(curve: list[list[float]], flops: float) -> float:
@@ -87,20 +87,20 @@ def layer_compute_s(ctx: Context, layer: LayerProfile, b: int, split: int, cp: i
             _flops_time_s(ctx, layer, layer.backward_flops, b, split, cp) + overhead, sel)
 
 
-def recompute_overheads_s(ctx: Context, layer: LayerProfile) -> tuple[float, float]:
-    """(full, selective) checkpoint machinery per microbatch beyond the recomputed arithmetic:
-    the measured recompute cost (profiler/wrapper_timing.py, "recompute_full:bB") minus the
-    forward at that microbatch B (full) or the modelled selective share of it. Measured profiles
-    only; the machinery's cost (saved-tensor hooks, policy dispatch) does not shrink with TP."""
+def recompute_overheads_s(ctx: Context, layer: LayerProfile, b: int) -> tuple[float, float]:
+    """(full, selective) checkpoint machinery per microbatch of size b beyond the recomputed
+    arithmetic: the measured recompute cost — in place on all ranks at once where measured
+    (profiler/insitu.py, "recompute_full@1:bB"), else on one rank (profiler/wrapper_timing.py,
+    "recompute_full:bB") — minus the forward at that microbatch B (full) or the modelled
+    selective share of it, linear in b through the measured sizes (saved-tensor hooks and policy
+    dispatch are per call, the copies and allocations they make grow with the bytes). Measured
+    profiles only; the machinery's cost does not shrink with TP."""
     fw = layer.framework_overhead_s if ctx.measured and layer.timings else {}
     out = []
     for mode in ("full", "selective"):
-        pts = measured_points(fw, f"recompute_{mode}")
-        if not pts:
-            out.append(0.0)
-            continue
-        b, measured = pts[0]
         share = 1.0 if mode == "full" else (
             layer.recompute_flops_selective / layer.forward_flops if layer.forward_flops else 0.0)
-        out.append(max(0.0, measured - share * _interp_timing(layer, b)[0]))
+        pts = measured_points(fw, f"recompute_{mode}@1") or measured_points(fw, f"recompute_{mode}")
+        machinery = {f"m:b{mb}": max(0.0, measured - share * _interp_timing(layer, mb)[0]) for mb, measured in pts}
+        out.append(in_place_overhead_s(machinery, "m", b) or 0.0)
     return out[0], out[1]

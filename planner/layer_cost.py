@@ -177,7 +177,7 @@ def layer_cost(ctx: Context, layer: LayerProfile, b: int, tp: int, sp: bool, cp:
     cp_s = _cp_comm_s(ctx, layer, b, tp, cp, fwd + bwd)
     mem_fwd, mem_bwd, mem_sel = _memory_bound_s(ctx, layer, b, split, cp, sp)
     fwd, bwd, sel = fwd + mem_fwd, bwd + mem_bwd, sel + mem_sel
-    full_machinery, sel_machinery = recompute_overheads_s(ctx, layer)
+    full_machinery, sel_machinery = recompute_overheads_s(ctx, layer, b)
     tp_wrap, fsdp_wrap, opt_wrap = wrapper_overheads_s(ctx, layer, split, zero, dp)
     tp_in_place = _in_place_tp(ctx, layer, b, split, sp, cp, tp_fwd)
     zero_in_place = _in_place_zero3(ctx, layer, local, b, zero, dp, tp, cp, m)

@@ -114,8 +114,10 @@ def tail_s(ctx: Context, cand: Candidate, local_params: float, backward_window_s
         rs = collective_s(ctx.cluster, grads, group, grad_bytes, tier)
         last = collective_s(ctx.cluster, grads, group, tail_bytes, tier)
         weight_bytes = local_params * (2 if ctx.request.state_layout == "megatron" else 4)
-        ag = collective_s(ctx.cluster, "all_gather", group, weight_bytes, tier)
-        sync += max(rs - hidden * backward_window_s, last if hidden else rs, 0.0) + (1 - hidden) * ag
+        ag = zero1_broadcast_s(ctx, cand, group)
+        if ag is None:
+            ag = (1 - hidden) * collective_s(ctx.cluster, "all_gather", group, weight_bytes, tier)
+        sync += max(rs - hidden * backward_window_s, last if hidden else rs, 0.0) + ag
     return sync, optimizer_s + optimizer_call_s(ctx) + grad_norm_sync_s(ctx, cand)
 
 
@@ -130,6 +132,17 @@ def ddp_contention_s(ctx: Context, cand: Candidate, group: int, tier: str) -> fl
         return 0.0
     fit = collective_s(ctx.cluster, "all_reduce", group, ctx.profile.num_params * 4.0, tier)
     return max(0.0, measured - fit)
+
+
+def zero1_broadcast_s(ctx: Context, cand: Candidate, group: int) -> float | None:
+    """ZeRO-1's parameter broadcast as measured in place between busy ranks (ModelProfile.
+    step_overhead_s "zero1@D": the sharded optimizer step minus 1/D of the plain one, which
+    the optimizer term already charges); None unless measured for this group size. The
+    measurement is of the whole, unsharded model, so it stands for plans whose ranks hold all of
+    it (pp = tp = cp = 1); others keep the all-gather link fit."""
+    if not ctx.measured or cand.pp * cand.tp * cand.cp != 1:
+        return None
+    return ctx.profile.step_overhead_s.get(f"zero1@{group}")
 
 
 def grad_norm_sync_s(ctx: Context, cand: Candidate) -> float:

@@ -16,6 +16,9 @@ mean, not the median, is what it pays), the slowest rank's. The overhead of a wr
     zero3: wrapped - plain
     ddp:   the whole model under DDP - the plain model (once per step: DDP wraps the model, not a
            layer), in ModelProfile.step_overhead_s["ddp@D:bB"]
+    recompute_<mode>: the checkpointed layer - the plain one (degree 1, "recompute_full@1:bB")
+    zero1: ZeRO-1's optimizer step (ZeroRedundancyOptimizer: 1/D of the update, then the
+           parameter broadcast) - the plain optimizer step / D, in step_overhead_s["zero1@D"]
 
 stored per representative layer in LayerProfile.framework_overhead_s under "tp@T:bB",
 "tp_sp@T:bB" and "zero3@D:bB" (forward + backward) and the same keys + ":fwd" (forward only),
@@ -39,6 +42,7 @@ STEP = ""
 WARMUP = 2
 ITERS = 18
 PASSES = 3
+RECOMPUTE = ("full", "selective")
 TIMEOUT_S = 600
 
 
@@ -151,8 +155,10 @@ def _measure_all(world: int, spec: str, overrides, reps, rules, inputs, batches)
                 case = _layer_case(model, rep, rule, inputs[rep], b, kind, degree, meshes[degree])
                 if case is not None:
                     cases.append(case)
+        cases += [_recompute_case(model, rep, inputs[rep], b, mode) for mode in RECOMPUTE for b in batches]
     for degree, mesh in meshes.items():
         cases += _ddp_cases(load_model(spec, overrides, "cpu"), batches, degree, mesh)
+        cases.append(_zero1_case(load_model(spec, overrides, "cpu"), batches[0], degree, mesh))
     for case in cases:  # warm-up: first calls set up buffers, hooks and connections
         case.run(WARMUP, keep=False)
     for _ in range(PASSES):
@@ -209,6 +215,20 @@ def _layer_case(model, rep: str, rule, spec, b: int, kind: str, degree: int, mes
     return Case(rep, f"{kind}@{degree}:b{b}", wrapped, plain, x, split=split)
 
 
+def _recompute_case(model, rep: str, spec, b: int, mode: str) -> Case:
+    """Activation recompute on one representative layer (executor/activation_checkpoint.apply_ac),
+    every rank at once with no collective: the recomputed forward and the checkpoint machinery
+    (saved-tensor hooks, SAC dispatch, the extra allocations) as the ranks pay them sharing the
+    cores. Key "recompute_<mode>@1:bB" (degree 1: nothing is split)."""
+    from meshplan.executor.activation_checkpoint import apply_ac
+    from meshplan.profiler.runner import make_input, materialise_layer
+
+    plain = materialise_layer(model, rep, "cpu")
+    wrapped = materialise_layer(model, rep, "cpu")
+    apply_ac(wrapped, {"": mode})
+    return Case(rep, f"recompute_{mode}@1:b{b}", wrapped, plain, make_input(model, spec, b, "cpu", seed=1))
+
+
 def _ddp_cases(model, batches: list[int], degree: int, mesh) -> list[Case]:
     """DDP on the whole model (as executor/data_parallel wraps it: one process group per replica
     set, 25 MiB buckets), forward with the loss + backward, all groups at once; one case per
@@ -226,6 +246,54 @@ def _ddp_cases(model, batches: list[int], degree: int, mesh) -> list[Case]:
         cases.append(Case(STEP, f"ddp@{degree}:b{b}", wrapped, plain, x,
                           loss=lambda out, y=y: plain.loss(out, y)))
     return cases
+
+
+class OptimizerCase:
+    """ZeRO-1's optimizer step on the whole model (torch's ZeroRedundancyOptimizer, as
+    executor/data_parallel.build_optimizer makes it: AdamW over a 1/D partition, then every
+    rank's updated parameters broadcast from their owner) against the plain AdamW step on a copy,
+    both on the gradients of one real backward. Overhead "zero1@D" = sharded - plain / D: what
+    the broadcast and the waiting for busy partners add to the 1/D of the update the cost model
+    charges (planner/pipeline.tail_s)."""
+
+    owner = STEP
+
+    def __init__(self, key: str, wrapped, plain):
+        self.key, self.wrapped, self.plain, self.degree = key, wrapped, plain, wrapped.world_size
+        self.times: dict[str, list[float]] = {"wrapped": [], "plain": []}
+
+    def run(self, iters: int, keep: bool = True) -> None:
+        import torch.distributed as dist
+
+        for name, opt in (("wrapped", self.wrapped), ("plain", self.plain)):
+            dist.barrier()
+            out = []
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                opt.step()
+                out.append(time.perf_counter() - t0)
+            if keep:
+                self.times[name] += out
+
+    def overheads(self) -> dict[str, float]:
+        wrapped, plain = (statistics.fmean(self.times[n]) for n in ("wrapped", "plain"))
+        return {self.key: max(0.0, wrapped - plain / self.degree)}
+
+
+def _zero1_case(model, b: int, degree: int, mesh) -> OptimizerCase:
+    import torch
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from meshplan.executor.data_parallel import make_optimizer, optimizer_spec
+
+    plain = copy.deepcopy(model)
+    x, y = model.example_batch(b, torch.Generator().manual_seed(1))
+    for module in (model, plain):
+        module.loss(module(x), y).backward()
+    cls, kwargs = optimizer_spec("adamw", 1e-4, 0.1)
+    sharded = ZeroRedundancyOptimizer(list(model.parameters()), optimizer_class=cls, process_group=mesh.get_group(),
+                                      parameters_as_bucket_view=True, **kwargs)
+    return OptimizerCase(f"zero1@{degree}", sharded, make_optimizer(list(plain.parameters()), "adamw", 1e-4, 0.1))
 
 
 def _pass(module, x, loss=None) -> tuple[float, float]:

@@ -35,6 +35,8 @@ REPEATS = 5
 MIN_WINDOW_S = 0.25
 """CPU: keep timing passes until their wall time covers many scheduler time slices."""
 MAX_REPEATS = 400
+RANK_THREADS = 1
+"""Intra-op threads of one CPU rank (executor/launch.py runs every rank with OMP_NUM_THREADS=1)."""
 
 
 def time_layers(profile: ModelProfile, model: LayeredModel, rep_of: dict[str, str],
@@ -50,7 +52,7 @@ def time_layers(profile: ModelProfile, model: LayeredModel, rep_of: dict[str, st
     neighbours = _neighbours(device, concurrent, profile.notes)
     share = HostShare(floor=max(1.0, (neighbours + 1) / cores_available()))
     busy = BusyNeighbours(neighbours, spec, overrides, device) if neighbours else None
-    with busy or contextlib.nullcontext():
+    with busy or contextlib.nullcontext(), rank_threads(device):
         for rep in progress(reps, f"timing on {device}"):
             layer = materialise_layer(model, rep, device)
             measured[rep] = [_measure(layer, model, rep, inputs[rep], captures[rep], b, device, busy, share)
@@ -59,7 +61,7 @@ def time_layers(profile: ModelProfile, model: LayeredModel, rep_of: dict[str, st
                 optimizer_s[rep], call_s[rep] = optimizer_step_cpu_s(layer, make_input(model, inputs[rep], 1, device))
             del layer
         overheads = {} if device.startswith("cuda") else _wrapper_overheads(profile, model, reps, inputs,
-                                                                             microbatch_sizes[0])
+                                                                             microbatch_sizes)
     factor = 1.0 if device.startswith("cuda") else share.factor
     for lp in profile.layers:
         rep = rep_of[lp.name]
@@ -82,13 +84,32 @@ def time_layers(profile: ModelProfile, model: LayeredModel, rep_of: dict[str, st
                          "the timings (timings[].reused_from)")
 
 
+@contextlib.contextmanager
+def rank_threads(device: str):
+    """On CPU, time with the intra-op thread count every rank runs with (executor/launch.py sets
+    OMP_NUM_THREADS=1 per rank; the busy neighbours run one thread too). With more, the timed
+    process's idle OpenMP threads spin on the shared cores and its CPU time grows several-fold."""
+    if device.startswith("cuda"):
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(RANK_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _wrapper_overheads(profile: ModelProfile, model: LayeredModel, reps: list[str], inputs,
-                       batch: int) -> dict[str, dict[str, float]]:
-    """TP (DTensor) and FSDP2 overheads of each representative on a one-rank mesh (wrapper_timing)."""
+                       batches: list[int]) -> dict[str, dict[str, float]]:
+    """TP (DTensor), FSDP2 and recompute overheads of each representative on a one-rank mesh
+    (wrapper_timing), recompute at the smallest and largest microbatch."""
     rules = {lp.name: lp.tp for lp in profile.layers}
     layers = {rep: materialise_layer(model, rep, "cpu") for rep in reps}
-    xs = {rep: make_input(model, inputs[rep], batch, "cpu") for rep in reps}
-    return wrapper_overheads(layers, rules, xs, functools.partial(measure_times, min_window_s=0.0))
+    sizes = sorted({min(batches), max(batches)})
+    xs = {rep: {b: make_input(model, inputs[rep], b, "cpu") for b in sizes} for rep in reps}
+    return wrapper_overheads(layers, rules, xs, functools.partial(measure_times, min_window_s=0.0),
+                             window_s=MIN_WINDOW_S)
 
 
 def _neighbours(device: str, concurrent: int, notes: list[str]) -> int:

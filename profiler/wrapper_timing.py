@@ -15,11 +15,14 @@ Skipped (empty) where a process group already exists (inside a launched job) or 
 from __future__ import annotations
 
 import copy
+import statistics
+import time
 
 import torch
 import torch.distributed as dist
 
 from meshplan.model_profile import TPRule
+from meshplan.profiler.runner import forward_backward
 from meshplan.profiler.step_timing import optimizer_step_cpu_s
 
 
@@ -61,21 +64,49 @@ optimizer-step overhead is measured too."""
 
 
 def wrapper_overheads(layers: dict[str, torch.nn.Module], rules: dict[str, TPRule],
-                      inputs: dict[str, torch.Tensor], measure_times) -> dict[str, dict[str, float]]:
-    """{fqn: {"tp": s, "fsdp": s, "tp_optimizer": s, "fsdp_optimizer": s}} in CPU seconds
-    (callers scale by the host share, which these passes do not enter: their collectives wait on
-    nothing but still run gloo threads); {} when a process group exists already."""
+                      inputs: dict[str, dict[int, torch.Tensor]], measure_times,
+                      window_s: float = 0.0) -> dict[str, dict[str, float]]:
+    """{fqn: {"tp": s, "fsdp": s, "tp_optimizer": s, "fsdp_optimizer": s, "recompute_full:bB": s,
+    ...}} in CPU seconds (callers scale by the host share, which these passes do not enter: their
+    collectives wait on nothing but still run gloo threads); {} when a process group exists
+    already. `inputs[fqn]` maps microbatch sizes to inputs: TP and FSDP are measured at the
+    smallest (their overhead is per call), recompute at each (its machinery grows with the saved
+    bytes), each recompute case over at least `window_s` of passes (its wrapped-minus-plain
+    difference is small against a pass)."""
     if dist.is_available() and dist.is_initialized():
         return {}
     mesh = _one_rank_mesh()
     try:
-        return {fqn: _layer_overheads(layer, rules[fqn], inputs[fqn], mesh, measure_times)
+        return {fqn: _layer_overheads(layer, rules[fqn], inputs[fqn], mesh, measure_times, window_s)
                 for fqn, layer in layers.items()}
     finally:
         dist.destroy_process_group()
 
 
-def _layer_overheads(layer, rule: TPRule, x, mesh, measure_times) -> dict[str, float]:
+def paired_extra_s(plain: torch.nn.Module, wrapped: torch.nn.Module, x: torch.Tensor, window_s: float,
+                   warmup: int = 2, min_pairs: int = 5, max_pairs: int = 400) -> float:
+    """Median over alternating passes of (wrapped - plain) forward+backward CPU seconds, until
+    the pairs cover `window_s` of wall time: each difference is taken on the same host state,
+    so drift between two separate timing runs (tens of percent on a shared host, against a
+    difference of a fraction of a pass) cancels."""
+    def pass_cpu_s(layer) -> float:
+        x.grad = None
+        start = time.process_time()
+        forward_backward(layer, x)
+        return time.process_time() - start
+
+    for _ in range(warmup):
+        pass_cpu_s(plain), pass_cpu_s(wrapped)
+    diffs, t0 = [], time.perf_counter()
+    while len(diffs) < min_pairs or (time.perf_counter() - t0 < window_s and len(diffs) < max_pairs):
+        base = pass_cpu_s(plain)
+        diffs.append(pass_cpu_s(wrapped) - base)
+    return max(0.0, statistics.median(diffs))
+
+
+def _layer_overheads(layer, rule: TPRule, xs: dict[int, torch.Tensor], mesh, measure_times,
+                     window_s: float) -> dict[str, float]:
+    x = xs[min(xs)]
     plain_f, plain_b = measure_times(layer, x, "cpu")
     plain_opt = optimizer_step_cpu_s(layer, x)[0]
     out = {}
@@ -84,12 +115,13 @@ def _layer_overheads(layer, rule: TPRule, x, mesh, measure_times) -> dict[str, f
             continue
         try:
             wrapped = wrap(copy.deepcopy(layer), rule, mesh)
-            fwd, bwd = measure_times(wrapped, x, "cpu")
-            opt = optimizer_step_cpu_s(wrapped, x)[0] if name in PER_STEP else 0.0
+            if name in PER_STEP:
+                fwd, bwd = measure_times(wrapped, x, "cpu")
+                out[name] = max(0.0, fwd + bwd - plain_f - plain_b)
+                out[f"{name}_optimizer"] = max(0.0, optimizer_step_cpu_s(wrapped, x)[0] - plain_opt)
+                continue
+            for b, xb in sorted(xs.items()):  # recompute: per size, against the plain layer
+                out[f"{name}:b{b}"] = paired_extra_s(layer, wrapped, xb, window_s)
         except Exception:  # a layer a wrapper cannot take: no measurement, the model then ignores it
             continue
-        key = name if name in PER_STEP else f"{name}:b{x.shape[0]}"  # recompute scales with b
-        out[key] = max(0.0, fwd + bwd - plain_f - plain_b)
-        if name in PER_STEP:
-            out[f"{name}_optimizer"] = max(0.0, opt - plain_opt)
     return out

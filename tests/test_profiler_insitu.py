@@ -44,9 +44,39 @@ def test_tp_degrees_that_no_plan_runs_are_not_timed():
     assert tp_degree_valid(gqa, 2) and not tp_degree_valid(gqa, 4)  # llama-tiny: 2 KV heads
 
 
-def test_ddp_is_measured_once_per_step_for_the_whole_model(profile):
-    assert set(profile.step_overhead_s) == {"ddp@2:b1", "ddp@2:b2"}
+def test_ddp_and_zero1_are_measured_once_per_step_for_the_whole_model(profile):
+    assert set(profile.step_overhead_s) == {"ddp@2:b1", "ddp@2:b2", "zero1@2"}
     assert all(v >= 0 for v in profile.step_overhead_s.values())
+    assert profile.step_overhead_s["zero1@2"] > 0  # the broadcast costs something
+
+
+def test_zero1_plan_is_charged_the_measured_broadcast_instead_of_the_fit(profile):
+    from meshplan.planner.comm import collective_s
+
+    req = dict(num_gpus=2, global_batch=4, dp=2, microbatch=1, precision="fp32")
+    measured = estimate(profile, local_cpu(2), PlanRequest(zero=1, **req)).prediction.breakdown["dp_comm"]
+    ddp = estimate(profile, local_cpu(2), PlanRequest(zero=0, **req)).prediction.breakdown["dp_comm"]
+    # torch's ZeRO-1 keeps DDP's all-reduce (same term) and adds the broadcast as measured
+    assert measured == pytest.approx(ddp + profile.step_overhead_s["zero1@2"], rel=1e-6)
+    fit = collective_s(local_cpu(2), "all_gather", 2, profile.num_params * 4.0, "intra_node")
+    assert fit != pytest.approx(profile.step_overhead_s["zero1@2"], rel=1e-3)
+
+
+def test_recompute_is_measured_in_place_and_preferred(profile):
+    from meshplan.planner.compute import recompute_overheads_s
+    from meshplan.planner.context import Context
+
+    block = profile.layers[1]
+    fw = block.framework_overhead_s
+    for mode in ("full", "selective"):
+        assert fw[f"recompute_{mode}@1:b1"] > 0 and fw[f"recompute_{mode}@1:b2"] > 0
+    ctx = Context.build(profile, local_cpu(2), PlanRequest(num_gpus=2, global_batch=2, precision="fp32"))
+    full, _ = recompute_overheads_s(ctx, block, 1)
+    fwd_b1 = block.timings[0].forward_s
+    assert full == pytest.approx(max(0.0, fw["recompute_full@1:b1"] - fwd_b1))
+    # the one-rank measurement is only the fallback
+    bare = dataclasses.replace(block, framework_overhead_s={k: v for k, v in fw.items() if "@1" not in k})
+    assert recompute_overheads_s(ctx, bare, 1)[0] == pytest.approx(max(0.0, fw["recompute_full:b1"] - fwd_b1))
 
 
 def test_ddp_contention_is_paid_once_per_step_on_top_of_the_link_fit(profile):

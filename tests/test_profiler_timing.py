@@ -103,3 +103,33 @@ def test_once_per_step_and_wrapper_costs_are_measured(cpu_profile):
     assert cpu_profile.layer("layers.0").optimizer_step_s > 0.5 * cpu_profile.layer("embed").optimizer_step_s
     assert any(note.startswith("host share") for note in cpu_profile.notes)
     assert not torch.distributed.is_initialized()  # the one-rank group is torn down
+
+
+def test_timing_runs_with_one_thread_like_a_rank_and_restores_the_callers(monkeypatch):
+    """Ranks run with OMP_NUM_THREADS=1 (executor/launch.py); a timed process with more intra-op
+    threads than that measures something no rank runs (its spinning threads inflate CPU time)."""
+    from meshplan.profiler import timing
+
+    seen = []
+    real = timing.measure_times
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(timing, "measure_times", spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        profile_model("gpt-tiny", device="cpu", microbatch_sizes=[1])
+        assert seen and set(seen) == {timing.RANK_THREADS}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_recompute_is_measured_at_the_smallest_and_largest_microbatch(cpu_profile):
+    fw = cpu_profile.layer("layers.0").framework_overhead_s
+    for mode in ("full", "selective"):
+        assert {f"recompute_{mode}:b1", f"recompute_{mode}:b4"} <= set(fw)
+    assert fw["recompute_full:b4"] > 0  # the recomputed forward at least
