@@ -68,6 +68,7 @@ def calibrate(models: tuple[str, ...], quick: bool, say) -> tuple[dict, object, 
     info["profile_links_args"] = links or "defaults (1 KiB..64 MiB, 5 collectives, groups 2..4)"
     say(f"  measured gloo links on {NUM_RANKS} ranks ({info['profile_links_s']} s)")
     info["layer_timings_s"] = {m: _timings(p) for m, p in profiles.items()}
+    info["step_overhead_s"] = {m: dict(p.step_overhead_s) for m, p in profiles.items()}
     info["links"] = [{"collective": f.collective, "group_size": f.group_size, "latency_s": f.latency_s,
                       "bandwidth_gbps": f.bandwidth_gbps} for f in cluster.collectives]
     info["load_average"] = list(os.getloadavg())

@@ -1,7 +1,8 @@
 """Measured per-layer timing and peak memory on the local device (CPU here, CUDA where present).
 
 For each representative layer and microbatch size: `WARMUP` forward+backward passes, then the
-median of `REPEATS` timed passes (on CPU: at least `MIN_WINDOW_S` of them), forward and backward
+median of `REPEATS` timed passes (on CPU: at least `MIN_WINDOW_S` of them, in `CPU_ROUNDS`
+round-robin rounds over the sizes, the median of the rounds), forward and backward
 separately (CUDA events on GPU; on CPU the median process CPU time times the host share, wall/CPU
 over all timed passes: see step_timing.py), with `concurrent - 1` busy neighbour processes when
 asked. Each representative's once-per-step optimizer work (clip + AdamW + zero_grad) is timed
@@ -35,6 +36,8 @@ REPEATS = 5
 MIN_WINDOW_S = 0.25
 """CPU: keep timing passes until their wall time covers many scheduler time slices."""
 MAX_REPEATS = 400
+CPU_ROUNDS = 3
+"""CPU: microbatch sizes are timed round-robin in this many rounds (see _measure_sizes)."""
 RANK_THREADS = 1
 """Intra-op threads of one CPU rank (executor/launch.py runs every rank with OMP_NUM_THREADS=1)."""
 
@@ -55,8 +58,8 @@ def time_layers(profile: ModelProfile, model: LayeredModel, rep_of: dict[str, st
     with busy or contextlib.nullcontext(), rank_threads(device):
         for rep in progress(reps, f"timing on {device}"):
             layer = materialise_layer(model, rep, device)
-            measured[rep] = [_measure(layer, model, rep, inputs[rep], captures[rep], b, device, busy, share)
-                             for b in microbatch_sizes]
+            measured[rep] = _measure_sizes(layer, model, rep, inputs[rep], captures[rep], microbatch_sizes,
+                                           device, busy, share)
             if not device.startswith("cuda"):
                 optimizer_s[rep], call_s[rep] = optimizer_step_cpu_s(layer, make_input(model, inputs[rep], 1, device))
             del layer
@@ -130,15 +133,29 @@ def device_name(device: str) -> str:
     return device
 
 
-def _measure(layer, model, fqn, spec, capture, batch, device, busy, share: HostShare | None = None) -> LayerTiming:
-    x = make_input(model, spec, batch, device)
-    if busy is not None:
-        busy.run(fqn, batch, spec)
-    forward_s, backward_s = measure_times(layer, x, device, share=share)
-    predicted = predict_peak_bytes(layer_param_bytes(layer, run_dtype(device)), capture, batch,
-                                   run_dtype(device), x.numel() * x.element_size(), x.requires_grad)
-    return LayerTiming(microbatch_size=batch, forward_s=forward_s, backward_s=backward_s,
-                       peak_bytes=measure_peak_bytes(layer, x, device), predicted_peak_bytes=predicted)
+def _measure_sizes(layer, model, fqn, spec, capture, sizes: list[int], device, busy,
+                   share: HostShare | None = None) -> list[LayerTiming]:
+    """One LayerTiming per microbatch size. On CPU the sizes are timed round-robin in CPU_ROUNDS
+    rounds of MIN_WINDOW_S / CPU_ROUNDS each, and each time is the median of the rounds'
+    medians: a burst of other load on a shared host then spoils one round of one size, not the
+    size's whole measurement (it had doubled one size's time against its neighbours)."""
+    rounds = 1 if device.startswith("cuda") else CPU_ROUNDS
+    xs = {b: make_input(model, spec, b, device) for b in sizes}
+    times: dict[int, list[tuple[float, float]]] = {b: [] for b in sizes}
+    for _ in range(rounds):
+        for b in sizes:
+            if busy is not None:
+                busy.run(fqn, b, spec)
+            times[b].append(measure_times(layer, xs[b], device, share=share, min_window_s=MIN_WINDOW_S / rounds))
+    out = []
+    for b in sizes:
+        x = xs[b]
+        predicted = predict_peak_bytes(layer_param_bytes(layer, run_dtype(device)), capture, b,
+                                       run_dtype(device), x.numel() * x.element_size(), x.requires_grad)
+        out.append(LayerTiming(microbatch_size=b, forward_s=statistics.median(t[0] for t in times[b]),
+                               backward_s=statistics.median(t[1] for t in times[b]),
+                               peak_bytes=measure_peak_bytes(layer, x, device), predicted_peak_bytes=predicted))
+    return out
 
 
 def check_fits(model: LayeredModel, reps: list[str], inputs: dict[str, InputSpec],
