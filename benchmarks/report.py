@@ -86,10 +86,10 @@ def _local(r: dict) -> list[str]:
     lines = ["## 1. Local accuracy and plan quality (4 gloo ranks)", ""] + _error_block(la)
     if "models" not in la:
         return lines
-    cal = {k: v for k, v in la.get("calibration", {}).items() if k not in ("layer_timings_s", "links")}
+    cal = {k: v for k, v in la.get("calibration", {}).items() if k not in ("layer_timings_s", "links", "step_overhead_s")}
     lines += [f"Cost model calibrated only from `profile_model(device=\"cpu\", concurrent=4)` and "
               f"`profile_links(4)`, re-measured at the start of each of the {la.get('repeats')} round(s) "
-              f"(first round: {cal}; per-layer timings, link fits and load of every round are in "
+              f"(first round: {cal}; per-layer timings, in-place step overheads, link fits and load of every round are in "
               "benchmarks.json under local_accuracy.calibrations); never fitted to the grid. Global batch "
               f"{la.get('global_batch')}; per round one launch per model runs every plan, each plan's time "
               "the median of its steps after the warm-up step; the tables show medians over rounds.", ""]
