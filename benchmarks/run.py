@@ -47,7 +47,7 @@ def _predict_all(profiles: dict, cluster, grid: list, say) -> tuple[dict, dict]:
 def local_sections(quick: bool, say) -> tuple[dict, dict, dict]:
     """Sections 1, 2 and 4, which share the rounds of calibration, prediction and measurement."""
     grid = [g for g in la.GRID if g[0] in la.QUICK_GRID] if quick else la.GRID
-    repeats, steps = (1, 6) if quick else (3, 10)
+    repeats, steps = (1, 6) if quick else (5, 10)
     pairs: dict[str, dict[str, list]] = {}
     calibrations, launches = [], []
     failed_rounds, skipped = [], {}
