@@ -9,7 +9,10 @@ Each check returns a finding {"check", "value", "text"} or None when it does not
   removed, to show how much of the error that one term carries;
 - recompute blind spot: measured peaks that do not drop (by 2% or more) when recompute is
   switched on, other things equal;
-- profile outliers: a layer's measured time growing > 3x for a 2x larger microbatch.
+- profile outliers: a layer's measured time growing > 3x for a 2x larger microbatch;
+- calibration drift: the same layer at the same microbatch timed in every round's calibration,
+  slowest over fastest round (the host's own speed moving between calibrations, which the
+  predictions of each round carry).
 """
 from __future__ import annotations
 
@@ -93,9 +96,34 @@ def profile_outliers(layer_timings: dict) -> dict | None:
                     "profile, used as is by the cost model): " + "; ".join(found[:6])}
 
 
+def calibration_drift(calibrations: list[dict]) -> dict | None:
+    """Per model, the largest slowest/fastest ratio over rounds of one layer's forward+backward
+    time at one microbatch size."""
+    if len(calibrations) < 2:
+        return None
+    worst: dict[str, tuple[float, str]] = {}
+    timings = [c.get("layer_timings_s", {}) for c in calibrations]
+    for model in timings[0]:
+        for layer, by_mb in timings[0][model].items():
+            for mb in by_mb:
+                runs = [sum(t[model][layer][mb]) for t in timings if mb in t.get(model, {}).get(layer, {})]
+                if len(runs) < 2 or min(runs) <= 0:
+                    continue
+                ratio = max(runs) / min(runs)
+                if ratio > worst.get(model, (0.0, ""))[0]:
+                    worst[model] = (ratio, f"{layer} mb {mb}: " + ", ".join(f"{r * 1e3:.2f}" for r in runs) + " ms")
+    if not worst:
+        return None
+    return {"check": "calibration_drift", "value": {m: r for m, (r, _) in worst.items()},
+            "text": "the same layer at the same microbatch, timed in each round's calibration, slowest over "
+                    "fastest round: " + "; ".join(f"{m} x{r:.2f} ({where})" for m, (r, where) in worst.items())
+                    + " — the host's speed moved between calibrations, and each round's predictions with it."}
+
+
 def diagnose(local: dict, memory: dict) -> list[dict]:
     by_model = {name: m.get("rows", []) for name, m in local.get("models", {}).items()}
     rows = [r for model_rows in by_model.values() for r in model_rows]
     checks = [host_load(local), error_by_family(rows), memory_without_buffers(rows),
-              recompute_blind_spot(by_model), profile_outliers(local.get("calibration", {}).get("layer_timings_s", {}))]
+              recompute_blind_spot(by_model), profile_outliers(local.get("calibration", {}).get("layer_timings_s", {})),
+              calibration_drift(local.get("calibrations", []))]
     return [c for c in checks if c is not None]

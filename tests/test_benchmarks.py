@@ -149,6 +149,18 @@ def test_diagnostics_name_the_causes_found_in_the_data():
     assert found["memory_without_buffers"]["value"]["mape"] == pytest.approx((0 + 0 + 0.5) / 3)
     assert found["recompute_blind_spot"]["value"] == 1
     assert found["profile_outliers"]["value"] == ["m layers.0 backward mb 4->8: x7.0"]
+    assert "calibration_drift" not in found  # one round: nothing to compare
+
+
+def test_calibration_drift_is_the_worst_ratio_of_one_layer_over_rounds():
+    from benchmarks.diagnostics import calibration_drift
+
+    def cal(fb4, fb8):
+        return {"layer_timings_s": {"m": {"layers.0": {"4": fb4, "8": fb8}, "head": {"4": [1.0, 1.0]}}}}
+
+    found = calibration_drift([cal([1.0, 1.0], [2.0, 2.0]), cal([2.0, 2.5], [2.0, 2.2]), cal([1.0, 1.5], [2.0, 2.0])])
+    assert found["value"] == {"m": pytest.approx(2.25)}  # layers.0 at mb 4: 4.5 ms over 2.0 ms
+    assert "layers.0 mb 4" in found["text"]
 
 
 def test_a_failed_calibration_round_is_skipped_and_recorded(monkeypatch):
@@ -162,7 +174,7 @@ def test_a_failed_calibration_round_is_skipped_and_recorded(monkeypatch):
                   microbatch_size=4, num_microbatches=1, pipeline_schedule="1F1B", sequence_parallel=False,
                   recompute={}, prediction=NS(step_time_s=t, breakdown={}, peak_memory_bytes=1e6, stage_memory=[]))
 
-    calls = iter([None, MeshplanError("busy workers timed out"), None])
+    calls = iter([None, MeshplanError("busy workers timed out")] + [None] * 10)
 
     def calibrate(models, quick, say):
         failure = next(calls)
@@ -180,7 +192,8 @@ def test_a_failed_calibration_round_is_skipped_and_recorded(monkeypatch):
         [result] * len(plans), {"model": model, "repetition": rep, "wall_s": 1.0, "load_average": [2.0]}))
     local, _, _ = run.local_sections(quick=False, say=lambda *_: None)
     assert local["failed_rounds"] == [{"round": 1, "error": "busy workers timed out"}]
-    assert len(local["calibrations"]) == 2 and local["models"]["m"]["rows"][0]["runs"] == 2
+    rounds = local["repeats"]
+    assert len(local["calibrations"]) == rounds - 1 and local["models"]["m"]["rows"][0]["runs"] == rounds - 1
 
 
 def test_planner_speed_brute_force_columns_and_report(tmp_path):
