@@ -14,7 +14,7 @@ from bisect import bisect_left
 
 from meshplan.model_profile import LayerProfile
 from meshplan.planner.context import Context
-from meshplan.planner.in_place import in_place_overhead_s, measured_points
+from meshplan.planner.in_place import linear_in_b, measured_points
 
 
 def gemm_efficiency(curve: list[list[float]], flops: float) -> float:
@@ -101,6 +101,6 @@ def recompute_overheads_s(ctx: Context, layer: LayerProfile, b: int) -> tuple[fl
         share = 1.0 if mode == "full" else (
             layer.recompute_flops_selective / layer.forward_flops if layer.forward_flops else 0.0)
         pts = measured_points(fw, f"recompute_{mode}@1") or measured_points(fw, f"recompute_{mode}")
-        machinery = {f"m:b{mb}": max(0.0, measured - share * _interp_timing(layer, mb)[0]) for mb, measured in pts}
-        out.append(in_place_overhead_s(machinery, "m", b) or 0.0)
+        machinery = [(mb, max(0.0, measured - share * _interp_timing(layer, mb)[0])) for mb, measured in pts]
+        out.append(linear_in_b(machinery, b) or 0.0)
     return out[0], out[1]

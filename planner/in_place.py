@@ -24,7 +24,12 @@ def in_place_overhead_s(overheads: dict[str, float], key: str, b: int, forward_o
     """A wrapper's overhead measured in place on real ranks (profiler/insitu.py: keys "tp@2:b1",
     "zero3@4:b8", + ":fwd" for the forward share) at microbatch b, linear in b through the two
     measured sizes; None when the profile has no such measurement."""
-    pts = measured_points(overheads, key, forward_only)
+    return linear_in_b(measured_points(overheads, key, forward_only), b)
+
+
+def linear_in_b(pts: list[tuple[int, float]], b: int) -> float | None:
+    """The value at microbatch b on the line through the smallest and largest measured
+    (microbatch, seconds) points (clamped at 0); None when there are none."""
     if not pts:
         return None
     (b0, v0), (b1, v1) = pts[0], pts[-1]

@@ -184,9 +184,12 @@ class Case:
 
         for name, module in (("wrapped", self.wrapped), ("plain", self.plain)):
             dist.barrier()
-            out = [_pass(module, self.x, self.loss) for _ in range(iters)]
+            out = [self.timed(module) for _ in range(iters)]
             if keep:
                 self.times[name] += out
+
+    def timed(self, module) -> tuple[float, float]:
+        return _pass(module, self.x, self.loss)
 
     def overheads(self) -> dict[str, float]:
         (w_f, w_b), (p_f, p_b) = (tuple(statistics.fmean(t[i] for t in self.times[n]) for i in (0, 1))
@@ -248,43 +251,32 @@ def _ddp_cases(model, batches: list[int], degree: int, mesh) -> list[Case]:
     return cases
 
 
-class OptimizerCase:
+class OptimizerCase(Case):
     """ZeRO-1's optimizer step on the whole model (torch's ZeroRedundancyOptimizer, as
     executor/data_parallel.build_optimizer makes it: AdamW over a 1/D partition, then every
     rank's updated parameters broadcast from their owner) against the plain AdamW step on a copy,
     both on the gradients of one real backward. Overhead "zero1@D" = sharded - plain / D: what
     the broadcast and the waiting for busy partners add to the 1/D of the update the cost model
-    charges (planner/pipeline.tail_s)."""
-
-    owner = STEP
+    charges (planner/pipeline.tail_s). `wrapped` and `plain` are the two optimizers."""
 
     def __init__(self, key: str, wrapped, plain):
-        self.key, self.wrapped, self.plain, self.degree = key, wrapped, plain, wrapped.world_size
-        self.times: dict[str, list[float]] = {"wrapped": [], "plain": []}
+        super().__init__(STEP, key, wrapped, plain, x=None, split=wrapped.world_size)
 
-    def run(self, iters: int, keep: bool = True) -> None:
-        import torch.distributed as dist
-
-        for name, opt in (("wrapped", self.wrapped), ("plain", self.plain)):
-            dist.barrier()
-            out = []
-            for _ in range(iters):
-                t0 = time.perf_counter()
-                opt.step()
-                out.append(time.perf_counter() - t0)
-            if keep:
-                self.times[name] += out
+    def timed(self, optimizer) -> tuple[float]:
+        t0 = time.perf_counter()
+        optimizer.step()
+        return (time.perf_counter() - t0,)
 
     def overheads(self) -> dict[str, float]:
-        wrapped, plain = (statistics.fmean(self.times[n]) for n in ("wrapped", "plain"))
-        return {self.key: max(0.0, wrapped - plain / self.degree)}
+        wrapped, plain = (statistics.fmean(t[0] for t in self.times[n]) for n in ("wrapped", "plain"))
+        return {self.key: max(0.0, wrapped - plain / self.split)}
 
 
 def _zero1_case(model, b: int, degree: int, mesh) -> OptimizerCase:
     import torch
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    from meshplan.executor.data_parallel import make_optimizer, optimizer_spec
+    from meshplan.executor.data_parallel import optimizer_spec
 
     plain = copy.deepcopy(model)
     x, y = model.example_batch(b, torch.Generator().manual_seed(1))
@@ -293,7 +285,7 @@ def _zero1_case(model, b: int, degree: int, mesh) -> OptimizerCase:
     cls, kwargs = optimizer_spec("adamw", 1e-4, 0.1)
     sharded = ZeroRedundancyOptimizer(list(model.parameters()), optimizer_class=cls, process_group=mesh.get_group(),
                                       parameters_as_bucket_view=True, **kwargs)
-    return OptimizerCase(f"zero1@{degree}", sharded, make_optimizer(list(plain.parameters()), "adamw", 1e-4, 0.1))
+    return OptimizerCase(f"zero1@{degree}", sharded, cls(list(plain.parameters()), **kwargs))
 
 
 def _pass(module, x, loss=None) -> tuple[float, float]:
