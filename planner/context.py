@@ -55,6 +55,19 @@ def _signature(layer: LayerProfile) -> tuple:
             tuple(sorted(layer.framework_overhead_s.items())))
 
 
+def optimizer_scale(profile: ModelProfile) -> float:
+    """The whole model's optimizer step measured in place on all ranks at once
+    (step_overhead_s["optimizer@1"], profiler/insitu.py) over what the one-rank per-layer timings
+    add up to for a rank holding the whole model (sum of LayerProfile.optimizer_step_s plus one
+    call's fixed cost). The per-layer timings say how a rank's share splits over the layers; the
+    in-place measurement, spread over many passes like the other in-place cases, sets the scale.
+    1.0 when either is missing."""
+    measured = profile.step_overhead_s.get("optimizer@1", 0.0)
+    call = max((lp.framework_overhead_s.get("optimizer_call", 0.0) for lp in profile.layers), default=0.0)
+    one_rank = sum(lp.optimizer_step_s for lp in profile.layers) + call
+    return measured / one_rank if measured > 0 and one_rank > 0 else 1.0
+
+
 @dataclass
 class Context:
     profile: ModelProfile
@@ -64,6 +77,8 @@ class Context:
     """Index of the first layer with the same signature, per layer (memoisation key)."""
     body: tuple[int, int] | None = None
     """[start, end) of identical blocks when the model is prefix(<=1) + identical blocks + suffix(<=1)."""
+    optimizer_scale: float = 1.0
+    """Factor on the profile's one-rank optimizer timings (optimizer_scale())."""
 
     @classmethod
     def build(cls, profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) -> "Context":
@@ -75,6 +90,7 @@ class Context:
         seen: dict[tuple, int] = {}
         ctx.signatures = [seen.setdefault(_signature(lp), i) for i, lp in enumerate(ctx.profile.layers)]
         ctx.body = ctx._find_body()
+        ctx.optimizer_scale = optimizer_scale(ctx.profile)
         return ctx
 
     def _find_body(self) -> tuple[int, int] | None:

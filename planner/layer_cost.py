@@ -111,16 +111,23 @@ def _memory_bound_s(ctx: Context, layer: LayerProfile, b: int, split: int, cp: i
 
 def wrapper_overheads_s(ctx: Context, layer: LayerProfile, split: int, zero: int, dp: int) -> tuple[float, float, float]:
     """(TP, FSDP2, optimizer) seconds the executor's parallel wrappers add to this layer, from the
-    profile's measurement on a one-rank mesh (LayerProfile.framework_overhead_s; measured
-    profiles only): DTensor dispatch per microbatch when tensor parallelism splits the layer,
+    profile's measurements (LayerProfile.framework_overhead_s, on a one-rank mesh; the optimizer's
+    in place where measured; measured profiles only): DTensor dispatch per microbatch when tensor parallelism splits the layer,
     FSDP2 hooks and copies per microbatch with ZeRO-2/3, and the optimizer over DTensor
     parameters once per step (the larger of the two: one optimizer runs over the parameters)."""
     fw = layer.framework_overhead_s if ctx.measured else {}
     if not fw:
         return 0.0, 0.0, 0.0
     tp_on, fsdp_on = split > 1, zero >= 2 and dp > 1
-    opt = max(fw.get("tp_optimizer", 0.0) if tp_on else 0.0, fw.get("fsdp_optimizer", 0.0) if fsdp_on else 0.0)
+    opt = max(_step_overhead_s(fw, "tp_optimizer", split) if tp_on else 0.0,
+              _step_overhead_s(fw, "fsdp_optimizer", dp) if fsdp_on else 0.0)
     return fw.get("tp", 0.0) if tp_on else 0.0, fw.get("fsdp", 0.0) if fsdp_on else 0.0, opt
+
+
+def _step_overhead_s(fw: dict[str, float], name: str, degree: int) -> float:
+    """A wrapper's optimizer-step overhead: measured in place at this degree ("tp_optimizer@2",
+    profiler/insitu.py) where the profile has it, else on the one-rank mesh ("tp_optimizer")."""
+    return fw.get(f"{name}@{degree}", fw.get(name, 0.0))
 
 
 def _in_place_tp(ctx: Context, layer: LayerProfile, b: int, split: int, sp: bool, cp: int,

@@ -82,11 +82,12 @@ def last_bucket_params(first_layer_kind: str, first_layer_local_params: float) -
 
 def layer_optimizer_s(ctx: Context, layer, local_params: float, shard: int, split: int) -> float:
     """Once-per-step optimizer work on one rank's share of a layer: the profile's measured
-    clip + AdamW + zero_grad time (LayerProfile.optimizer_step_s, on this device) divided by the
+    clip + AdamW + zero_grad time (LayerProfile.optimizer_step_s, on this device, scaled to the
+    in-place whole-model measurement: Context.optimizer_scale) divided by the
     tensor-parallel split and the ZeRO shard; else memory-bound, OPTIMIZER_BYTES_PER_PARAM per
     parameter over the HBM bandwidth."""
     if ctx.measured and layer.optimizer_step_s > 0:
-        return layer.optimizer_step_s / (split * shard)
+        return layer.optimizer_step_s * ctx.optimizer_scale / (split * shard)
     per_param = OPTIMIZER_BYTES_PER_PARAM[ctx.request.state_layout]
     return local_params / shard * per_param / (ctx.cluster.device.hbm_gbps * 1e9)
 
@@ -165,4 +166,5 @@ def optimizer_call_s(ctx: Context) -> float:
     framework_overhead_s["optimizer_call"]), paid once per rank whatever its layers."""
     if not ctx.measured:
         return 0.0
-    return max((lp.framework_overhead_s.get("optimizer_call", 0.0) for lp in ctx.layers), default=0.0)
+    return ctx.optimizer_scale * max((lp.framework_overhead_s.get("optimizer_call", 0.0) for lp in ctx.layers),
+                                     default=0.0)

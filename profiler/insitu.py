@@ -19,6 +19,12 @@ mean, not the median, is what it pays), the slowest rank's. The overhead of a wr
     recompute_<mode>: the checkpointed layer - the plain one (degree 1, "recompute_full@1:bB")
     zero1: ZeRO-1's optimizer step (ZeroRedundancyOptimizer: 1/D of the update, then the
            parameter broadcast) - the plain optimizer step / D, in step_overhead_s["zero1@D"]
+    optimizer: the once-per-step work on the whole model (clip + AdamW + zero_grad), absolute,
+           in step_overhead_s["optimizer@1"] (nothing is wrapped; the cost model scales the
+           one-rank per-layer optimizer timings to it: planner/context.optimizer_scale)
+    tp_optimizer / fsdp_optimizer: that step over a layer's TP DTensors / FSDP2 shards - the
+           plain layer's step / degree, in framework_overhead_s["tp_optimizer@T"] /
+           ["fsdp_optimizer@D"]
 
 stored per representative layer in LayerProfile.framework_overhead_s under "tp@T:bB",
 "tp_sp@T:bB" and "zero3@D:bB" (forward + backward) and the same keys + ":fwd" (forward only),
@@ -155,10 +161,15 @@ def _measure_all(world: int, spec: str, overrides, reps, rules, inputs, batches)
                 case = _layer_case(model, rep, rule, inputs[rep], b, kind, degree, meshes[degree])
                 if case is not None:
                     cases.append(case)
+            if kind in ("tp", "zero3"):  # their parameters step as DTensors / shards
+                case = _layer_step_case(model, rep, rule, inputs[rep], batches[0], kind, degree, meshes[degree])
+                if case is not None:
+                    cases.append(case)
         cases += [_recompute_case(model, rep, inputs[rep], b, mode) for mode in RECOMPUTE for b in batches]
     for degree, mesh in meshes.items():
         cases += _ddp_cases(load_model(spec, overrides, "cpu"), batches, degree, mesh)
         cases.append(_zero1_case(load_model(spec, overrides, "cpu"), batches[0], degree, mesh))
+    cases.append(_step_case(load_model(spec, overrides, "cpu"), batches[0]))
     for case in cases:  # warm-up: first calls set up buffers, hooks and connections
         case.run(WARMUP, keep=False)
     for _ in range(PASSES):
@@ -286,6 +297,81 @@ def _zero1_case(model, b: int, degree: int, mesh) -> OptimizerCase:
     sharded = ZeroRedundancyOptimizer(list(model.parameters()), optimizer_class=cls, process_group=mesh.get_group(),
                                       parameters_as_bucket_view=True, **kwargs)
     return OptimizerCase(f"zero1@{degree}", sharded, cls(list(plain.parameters()), **kwargs))
+
+
+class StepCase(Case):
+    """The executor's once-per-step work on a set of parameters: its global-norm clip, AdamW
+    and zero_grad (executor/train.py), every rank at once, on the gradients of one real backward
+    (restored before each pass; a layer's case leaves the clip out: its norm is reduced once per
+    step over all layers, planner/pipeline.grad_norm_sync_s, not once per layer). `wrapped` and
+    `plain` are two optimizers; overhead = wrapped - plain / split, or, when both are the same
+    optimizer (the whole model, nothing wrapped), its mean wall seconds, absolute. One-rank timings of an optimizer step last a few milliseconds
+    and swing 2x with a burst of other load on a shared host; these are spread over the in-place
+    rounds like every other case."""
+
+    def __init__(self, owner: str, key: str, wrapped, plain, split: int = 1, clip: bool = True):
+        super().__init__(owner, key, wrapped, plain, x=None, split=split)
+        self.state = {id(opt): _params_and_grads(opt) for opt in (wrapped, plain)}
+        self.clip = clip
+
+    def timed(self, optimizer) -> tuple[float]:
+        from meshplan.profiler.step_timing import clip_step_zero
+
+        params, grads = self.state[id(optimizer)]
+        return (clip_step_zero(params, grads, optimizer, clock=time.perf_counter, clip=self.clip),)
+
+    def overheads(self) -> dict[str, float]:
+        if self.wrapped is self.plain:
+            return {self.key: statistics.fmean(t[0] for runs in self.times.values() for t in runs)}
+        wrapped, plain = (statistics.fmean(t[0] for t in self.times[n]) for n in ("wrapped", "plain"))
+        return {self.key: max(0.0, wrapped - plain / self.split)}
+
+
+def _params_and_grads(optimizer) -> tuple[list, list]:
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return params, [p.grad.detach().clone() if p.grad is not None else p.detach() * 0 for p in params]
+
+
+def _adamw(module):
+    from meshplan.executor.data_parallel import optimizer_spec
+
+    cls, kwargs = optimizer_spec("adamw", 1e-4, 0.1)
+    return cls([p for p in module.parameters() if p.requires_grad], **kwargs)
+
+
+def _step_case(model, b: int) -> StepCase:
+    """Key "optimizer@1": the whole model's step, absolute (planner/context.optimizer_scale)."""
+    import torch
+
+    x, y = model.example_batch(b, torch.Generator().manual_seed(1))
+    model.loss(model(x), y).backward()
+    optimizer = _adamw(model)
+    return StepCase(STEP, "optimizer@1", optimizer, optimizer)
+
+
+def _layer_step_case(model, rep: str, rule, spec, b: int, kind: str, degree: int, mesh) -> StepCase | None:
+    """The optimizer update over one representative's parameters as TP DTensors ("tp_optimizer@T")
+    or FSDP2 shards ("fsdp_optimizer@D", gradients reduce-scattered as in the step's last
+    microbatch) against the plain layer's step / degree (the cost model charges the plain step
+    over the rank's 1/degree share); None if the wrapper cannot take the layer (on any rank)."""
+    import torch
+    import torch.distributed as dist
+
+    from meshplan.profiler.runner import make_input, materialise_layer
+
+    plain = materialise_layer(model, rep, "cpu")
+    wrapped = materialise_layer(model, rep, "cpu")
+    agreed = torch.tensor([1.0 if _wrap(wrapped, rule, mesh, kind) else 0.0])
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    if agreed.item() < 1:
+        return None
+    if kind == "zero3":
+        wrapped.set_requires_gradient_sync(True)
+    x = make_input(model, spec, b, "cpu", seed=1)
+    for module in (wrapped, plain):
+        _pass(module, x)
+    name = "tp_optimizer" if kind == "tp" else "fsdp_optimizer"
+    return StepCase(rep, f"{name}@{degree}", _adamw(wrapped), _adamw(plain), split=degree, clip=False)
 
 
 def _pass(module, x, loss=None) -> tuple[float, float]:

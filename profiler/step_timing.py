@@ -53,15 +53,17 @@ class HostShare:
         return max(self.floor, self.wall_s / self.cpu_s) if self.cpu_s > 0 else self.floor
 
 
-def _clip_step_zero(params, grads, optimizer) -> float:
-    """CPU seconds of one clip + AdamW step + zero_grad on fresh copies of `grads`."""
+def clip_step_zero(params, grads, optimizer, clock=time.process_time, clip: bool = True) -> float:
+    """Seconds on `clock` (CPU time by default) of one clip + optimizer step + zero_grad, as the
+    executor's loop runs them, on fresh copies of `grads` (without the clip if not `clip`)."""
     for p, g in zip(params, grads):
         p.grad = g.clone()
-    start = time.process_time()
-    clip_grad_norm(params, 1.0, None, params[0].device)
+    start = clock()
+    if clip:
+        clip_grad_norm(params, 1.0, None, params[0].device)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return time.process_time() - start
+    return clock() - start
 
 
 def _params_and_grads(layer: torch.nn.Module, x: torch.Tensor):
@@ -77,7 +79,7 @@ def _params_and_grads(layer: torch.nn.Module, x: torch.Tensor):
 def _median_step_s(params, grads, warmup: int, repeats: int) -> float:
     saved = [p.detach().clone() for p in params]
     optimizer = torch.optim.AdamW(params, lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95))
-    times = [_clip_step_zero(params, grads, optimizer) for _ in range(warmup + repeats)][warmup:]
+    times = [clip_step_zero(params, grads, optimizer) for _ in range(warmup + repeats)][warmup:]
     with torch.no_grad():
         for p, s in zip(params, saved):
             p.copy_(s)

@@ -44,10 +44,30 @@ def test_tp_degrees_that_no_plan_runs_are_not_timed():
     assert tp_degree_valid(gqa, 2) and not tp_degree_valid(gqa, 4)  # llama-tiny: 2 KV heads
 
 
-def test_ddp_and_zero1_are_measured_once_per_step_for_the_whole_model(profile):
-    assert set(profile.step_overhead_s) == {"ddp@2:b1", "ddp@2:b2", "zero1@2"}
+def test_ddp_zero1_and_the_optimizer_are_measured_once_per_step_for_the_whole_model(profile):
+    assert set(profile.step_overhead_s) == {"ddp@2:b1", "ddp@2:b2", "zero1@2", "optimizer@1"}
     assert all(v >= 0 for v in profile.step_overhead_s.values())
     assert profile.step_overhead_s["zero1@2"] > 0  # the broadcast costs something
+    assert profile.step_overhead_s["optimizer@1"] > 0
+
+
+def test_the_in_place_optimizer_step_sets_the_scale_of_the_one_rank_timings(profile):
+    """A rank holding the whole model (pure DP, no ZeRO) is charged exactly the in-place
+    measurement; a pipeline stage its layers' share of it."""
+    from meshplan.planner.context import Context, optimizer_scale
+
+    whole = profile.step_overhead_s["optimizer@1"]
+    req = dict(num_gpus=2, global_batch=4, microbatch=1, precision="fp32")
+    ddp = estimate(profile, local_cpu(2), PlanRequest(dp=2, pp=1, **req)).prediction.breakdown["optimizer"]
+    assert ddp == pytest.approx(whole, rel=1e-6)
+    scale = optimizer_scale(profile)
+    call = max(lp.framework_overhead_s["optimizer_call"] for lp in profile.layers)
+    assert scale == pytest.approx(whole / (sum(lp.optimizer_step_s for lp in profile.layers) + call))
+    bare = dataclasses.replace(profile, step_overhead_s={k: v for k, v in profile.step_overhead_s.items()
+                                                         if k != "optimizer@1"})
+    assert Context.build(bare, local_cpu(2), PlanRequest(num_gpus=2, global_batch=4)).optimizer_scale == 1.0
+    unscaled = estimate(bare, local_cpu(2), PlanRequest(dp=2, pp=1, **req)).prediction.breakdown["optimizer"]
+    assert unscaled == pytest.approx(whole / scale, rel=1e-6)
 
 
 def test_zero1_plan_is_charged_the_measured_broadcast_instead_of_the_fit(profile):
@@ -89,3 +109,17 @@ def test_ddp_contention_is_paid_once_per_step_on_top_of_the_link_fit(profile):
     cluster = local_cpu(2)
     fit_whole = collective_s(cluster, "all_reduce", 2, profile.num_params * 4.0, "intra_node")
     assert measured == pytest.approx(modelled + max(0.0, profile.step_overhead_s["ddp@2:b1"] - fit_whole))
+
+
+def test_wrapped_optimizer_steps_are_measured_in_place_and_preferred(profile):
+    from meshplan.planner.context import Context
+    from meshplan.planner.layer_cost import wrapper_overheads_s
+
+    ctx = Context.build(profile, local_cpu(2), PlanRequest(num_gpus=2, global_batch=2, precision="fp32"))
+    for lp in profile.layers:
+        fw = lp.framework_overhead_s
+        assert fw["tp_optimizer@2"] >= 0 and fw["fsdp_optimizer@2"] >= 0, lp.name
+        assert wrapper_overheads_s(ctx, lp, 2, 0, 1)[2] == fw["tp_optimizer@2"]
+        assert wrapper_overheads_s(ctx, lp, 1, 3, 2)[2] == fw["fsdp_optimizer@2"]
+        bare = dataclasses.replace(lp, framework_overhead_s={k: v for k, v in fw.items() if "optimizer@" not in k})
+        assert wrapper_overheads_s(ctx, bare, 2, 0, 1)[2] == fw["tp_optimizer"]  # the one-rank fallback
