@@ -76,28 +76,33 @@ def _params_and_grads(layer: torch.nn.Module, x: torch.Tensor):
     return params, [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
 
 
-def _median_step_s(params, grads, warmup: int, repeats: int) -> float:
-    saved = [p.detach().clone() for p in params]
-    optimizer = torch.optim.AdamW(params, lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95))
-    times = [clip_step_zero(params, grads, optimizer) for _ in range(warmup + repeats)][warmup:]
-    with torch.no_grad():
-        for p, s in zip(params, saved):
-            p.copy_(s)
-    return statistics.median(times)
+def _adamw(params):
+    return torch.optim.AdamW(params, lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95))
 
 
 def optimizer_step_cpu_s(layer: torch.nn.Module, x: torch.Tensor, warmup: int = 3,
                          repeats: int = 15) -> tuple[float, float]:
-    """(per-layer, per-call) median CPU seconds of clip + AdamW step + zero_grad: timed over the
-    layer's parameters (one) and over them plus a twin's (two); the layer's share is two - one,
-    the fixed cost of a call (Python, foreach grouping), paid once per optimizer, 2 one - two."""
+    """(per-layer, per-call) CPU seconds of clip + AdamW step + zero_grad: steps over the layer's
+    parameters (one) and over them plus a twin's (two) alternate, so that each pair sees the same
+    host state; the layer's share is the median of two - one, the fixed cost of a call (Python,
+    foreach grouping), paid once per optimizer, the median of one less that share. Two separate
+    timing runs differed by more than the layer's share on a shared host (a negative share)."""
     params, grads = _params_and_grads(layer, x)
     if not params:
         return 0.0, 0.0
-    one = _median_step_s(params, grads, warmup, repeats)
+    saved = [p.detach().clone() for p in params]
+    sets = [(params, grads)]
     try:
-        twin_params, twin_grads = _params_and_grads(copy.deepcopy(layer), x)
+        sets.append(tuple(a + b for a, b in zip(sets[0], _params_and_grads(copy.deepcopy(layer), x))))
     except Exception:  # a wrapped layer that cannot be copied: the whole call counts per layer
+        pass
+    steps = [(ps, gs, _adamw(ps)) for ps, gs in sets]
+    times = [[clip_step_zero(*step) for step in steps] for _ in range(warmup + repeats)][warmup:]
+    with torch.no_grad():
+        for p, s in zip(params, saved):
+            p.copy_(s)
+    one = statistics.median(t[0] for t in times)
+    if len(steps) == 1:
         return one, 0.0
-    two = _median_step_s(params + twin_params, grads + twin_grads, warmup, repeats)
-    return max(two - one, 0.0), max(2 * one - two, 0.0)
+    share = max(statistics.median(t[1] - t[0] for t in times), 0.0)
+    return share, max(one - share, 0.0)
