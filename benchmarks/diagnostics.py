@@ -12,7 +12,11 @@ Each check returns a finding {"check", "value", "text"} or None when it does not
 - profile outliers: a layer's measured time growing > 3x for a 2x larger microbatch;
 - calibration drift: the same layer at the same microbatch timed in every round's calibration,
   slowest over fastest round (the host's own speed moving between calibrations, which the
-  predictions of each round carry).
+  predictions of each round carry);
+- launch drift: per model and round, the launch's common factor (median predicted / measured
+  over its plans: the host's speed then moves every plan of the launch alike) and the MAPE left
+  when each plan's ratio is divided by its launch's factor — the error between plans, which a
+  host-wide speed change cannot cause. A decomposition of the headline MAPE, not a replacement.
 """
 from __future__ import annotations
 
@@ -120,10 +124,38 @@ def calibration_drift(calibrations: list[dict]) -> dict | None:
                     + " — the host's speed moved between calibrations, and each round's predictions with it."}
 
 
+def launch_drift(rows_by_model: dict[str, list[dict]]) -> dict | None:
+    """Launch factors per model and the MAPE with them divided out (rows' `rounds` pairs)."""
+    factors, ratios = {}, []
+    for model, rows in rows_by_model.items():
+        paired = [r["rounds"] for r in rows if r.get("rounds")]
+        if not paired:
+            continue
+        count = max(len(p) for p in paired)
+        launch = []
+        for k in range(count):
+            ks = [p[k][0] / p[k][1] for p in paired if k < len(p) and p[k][1]]
+            launch.append(statistics.median(ks) if ks else None)
+        factors[model] = launch
+        for p in paired:
+            norm = [pk[0] / pk[1] / launch[k] for k, pk in enumerate(p) if pk[1] and launch[k]]
+            if norm:
+                ratios.append(statistics.median(norm))
+    if not ratios or max(len(f) for f in factors.values()) < 2:
+        return None
+    mape = statistics.fmean(abs(x - 1) for x in ratios)
+    shown = "; ".join(f"{m} " + ", ".join("-" if f is None else f"{f:.2f}" for f in fs) for m, fs in factors.items())
+    return {"check": "launch_drift", "value": {"factors": factors, "mape_between_plans": mape},
+            "text": f"median predicted / measured over each launch's plans, per round: {shown} — the host's "
+                    f"speed during a launch moves all its plans alike; with each launch's factor divided out "
+                    f"the step-time MAPE is {mape * 100:.1f}% (the error between plans; the headline keeps "
+                    "the factors)."}
+
+
 def diagnose(local: dict, memory: dict) -> list[dict]:
     by_model = {name: m.get("rows", []) for name, m in local.get("models", {}).items()}
     rows = [r for model_rows in by_model.values() for r in model_rows]
     checks = [host_load(local), error_by_family(rows), memory_without_buffers(rows),
               recompute_blind_spot(by_model), profile_outliers(local.get("calibration", {}).get("layer_timings_s", {})),
-              calibration_drift(local.get("calibrations", []))]
+              calibration_drift(local.get("calibrations", [])), launch_drift(by_model)]
     return [c for c in checks if c is not None]

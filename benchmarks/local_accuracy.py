@@ -155,7 +155,8 @@ def measure_round(model: str, plans: list[tuple[str, object]], rep: int, steps: 
 def plan_row(name: str, pairs: list[tuple[object, object]]) -> dict:
     """Predicted beside measured for one named plan over the repetitions: each pair is (the plan
     as predicted by that repetition's calibration, its RunResult or None). Medians over pairs;
-    the breakdowns are those of the round with the median prediction; seconds and bytes."""
+    the breakdowns are those of the round with the median prediction; `rounds` keeps each round's
+    [predicted, measured or None] pair; seconds and bytes."""
     plan = sorted((p for p, _ in pairs), key=lambda p: p.prediction.step_time_s)[(len(pairs) - 1) // 2]
     runs = [r for _, r in pairs if r is not None]
     predicted = [p.prediction.step_time_s for p, _ in pairs]
@@ -164,6 +165,7 @@ def plan_row(name: str, pairs: list[tuple[object, object]]) -> dict:
     peak = max(plan.prediction.stage_memory, key=lambda m: m.total_bytes, default=None)
     row = {"name": name, "config": " | ".join(dict.fromkeys(describe(p) for p, _ in pairs)),
            "predicted_s": statistics.median(predicted), "predicted_runs_s": predicted,
+           "rounds": [[p.prediction.step_time_s, r.step_time_s if r is not None else None] for p, r in pairs],
            "breakdown_s": dict(plan.prediction.breakdown),
            "predicted_memory_bytes": statistics.median(p.prediction.peak_memory_bytes for p, _ in pairs),
            "runs": len(runs),

@@ -217,3 +217,18 @@ def test_planner_speed_brute_force_columns_and_report(tmp_path):
     md = (tmp_path / "benchmarks.md").read_text()
     assert f"**{done['speedup']:.0f}x**" in md and "(est.)" in md and "Brute force (`meshplan.planner.bruteforce`)" in md
     assert json.loads((tmp_path / "benchmarks.json").read_text())["planner_speed"][1]["brute_force_finished"] is False
+
+
+def test_launch_drift_divides_each_launchs_common_factor_out():
+    from benchmarks.diagnostics import launch_drift
+
+    # round 0 ran on a host 2x faster than its calibration said, round 1 as calibrated; plan b is
+    # 10% over-predicted relative to plan a in both rounds; round 1 of plan c failed
+    rows = {"m": [{"rounds": [[2.0, 1.0], [1.0, 1.0]]}, {"rounds": [[2.2, 1.0], [1.1, 1.0]]},
+                  {"rounds": [[2.0, 1.0], [1.0, None]]}]}
+    found = launch_drift(rows)
+    assert found["value"]["factors"] == {"m": [2.0, pytest.approx(1.05)]}
+    # ratios / factor: a 1.0 and 1/1.05; b 1.1 and 1.1/1.05; c 1.0
+    expected = [abs((1.0 + 1 / 1.05) / 2 - 1), abs((1.1 + 1.1 / 1.05) / 2 - 1), 0.0]
+    assert found["value"]["mape_between_plans"] == pytest.approx(sum(expected) / 3)
+    assert launch_drift({"m": [{"rounds": [[2.0, 1.0]]}]}) is None  # one round: nothing to divide out
