@@ -3,7 +3,8 @@ signature and (microbatch, tp, sp, cp, zero, dp).
 
 Tensor parallel (Narayanan et al. 2021 Sec 3.3; Korthikanti et al. 2022 Sec 4.2.2): a block runs
 2 all-reduces of its `bsh` output forward and 2 backward (`8bsh(t-1)/t` bytes per rank), or the
-same volume as reduce-scatter + all-gather with sequence parallelism; full recompute repeats the
+same volume as reduce-scatter + all-gather with sequence parallelism (Megatron-LM adds one
+all-gather per column-parallel linear in backward: _tp_comm_s); full recompute repeats the
 forward ones. A vocab-parallel embedding all-reduces forward only, the head backward only.
 Context parallel (ring attention): K and V circulate, `(c-1)/c` of them forward, twice backward.
 ZeRO-2/3 per microbatch (FSDP2): all-gather weights forward (ZeRO-3: again backward), reduce-
@@ -48,15 +49,23 @@ class LayerCost:
 
 
 def _tp_comm_s(ctx: Context, layer: LayerProfile, b: int, tp: int, cp: int, sp: bool) -> tuple[float, float]:
-    """(forward, backward) seconds of tensor-parallel collectives."""
+    """(forward, backward) seconds of tensor-parallel collectives. With sequence parallelism
+    Megatron-LM keeps only the sequence-sharded input of each column-parallel linear for backward
+    and all-gathers it again there for the weight gradient (LinearWithGradAccumulationAnd-
+    AsyncCommunication; exposed like every TP collective while tp_overlap is 0): one all-gather
+    per column-parallel linear, n per block. torch's DTensor sequence parallelism (meshplan's
+    executor) saves the gathered input instead and pays no second gather."""
     if tp <= 1 or layer.tp.kind not in ("block", "embedding", "head"):
         return 0.0, 0.0
     n = layer.tp.num_allreduce_fwd
     buf = (layer.input_bytes if layer.tp.kind == "head" else layer.output_bytes) * b / cp
-    one = all_reduce_s(ctx.cluster, tp, buf, group_tier(ctx.cluster, 1, tp), sp)
+    tier = group_tier(ctx.cluster, 1, tp)
+    one = all_reduce_s(ctx.cluster, tp, buf, tier, sp)
     fwd = 0 if layer.tp.kind == "head" else n
     bwd = 0 if layer.tp.kind == "embedding" else n
-    return fwd * one, bwd * one
+    regather = n * collective_s(ctx.cluster, "all_gather", tp, buf, tier) \
+        if sp and layer.tp.kind == "block" and ctx.request.state_layout == "megatron" else 0.0
+    return fwd * one, bwd * one + regather
 
 
 def num_microbatches(ctx: Context, b: int, dp: int) -> int:

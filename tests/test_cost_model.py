@@ -31,9 +31,23 @@ def _ctx(profile=P22, n=8, preset="a100-80g", **req):
 def test_korthikanti_table4_layer_times(sp, mode, measured_ms):
     """22B layer, b=4, t=8 (Korthikanti et al. 2022 Table 4). The first row calibrates the A100
     GEMM plateau (presets.py); the other four are predictions."""
-    ctx = _ctx()
+    ctx = _ctx(state_layout="megatron")
     got_ms = layer_cost(ctx, P22.layers[1], B, T, sp, 1, 0, 1).modes[mode].time_s * 1e3
     assert got_ms == pytest.approx(measured_ms, rel=0.05 if (sp, mode) != (False, "none") else 0.01)
+
+
+def test_megatron_sequence_parallel_gathers_the_linear_inputs_again_in_backward():
+    """Megatron-LM's SP saves the sharded input of QKV and FC1 and all-gathers it again for the
+    weight gradient; torch's DTensor SP (the executor) keeps the gathered input."""
+    from meshplan.planner.layer_cost import _tp_comm_s
+
+    block = P22.layers[1]
+    gather = collective_s(cluster_preset("a100-80g", 8), "all_gather", T, block.output_bytes * B, "intra_node")
+    torch_fwd, torch_bwd = _tp_comm_s(_ctx(), block, B, T, 1, True)
+    mega_fwd, mega_bwd = _tp_comm_s(_ctx(state_layout="megatron"), block, B, T, 1, True)
+    assert mega_fwd == torch_fwd and gather > 0
+    assert mega_bwd == pytest.approx(torch_bwd + block.tp.num_allreduce_fwd * gather)
+    assert _tp_comm_s(_ctx(state_layout="megatron"), block, B, T, 1, False) == _tp_comm_s(_ctx(), block, B, T, 1, False)
 
 
 @pytest.mark.parametrize("sp,mode,per_sbh", [
