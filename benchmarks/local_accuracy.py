@@ -6,10 +6,11 @@ predicted by `meshplan.planner.estimate` with a cost model calibrated ONLY from
 `profile_model(..., device="cpu", concurrent=4)` and `profile_links(4)`; nothing is fitted to
 the grid. Every plan is run with the executor (torchrun, 4 gloo ranks, one thread each): the
 median of the steps after the warm-up step. This repeats `repeats` times, each round as a user
-would work: calibrate (profile + profile-links), predict, run every plan in one launch per model
-(plan order rotated per round). The host is shared and its load moves by 5x over minutes, so a
-calibration taken once and used for a quarter of an hour would compare measurements from
-different machines; per-round calibration keeps each prediction beside its measurement.
+would work: measure the links (profile-links), then per model profile it, predict, and run every
+plan in one launch right after its profile (plan order rotated per round). The host is shared
+and its speed moves by up to 2x over minutes, so a calibration taken once and used for a quarter
+of an hour would compare measurements from different machines; a profile taken right before its
+launch keeps each prediction beside its measurement.
 Reported: medians over rounds of the predictions and of the measurements, and their spread.
 The planner's own search result (re-run each round) is measured beside the grid.
 """
@@ -49,30 +50,34 @@ plan and the planner's search result are added per model (benchmarks.baselines).
 QUICK_GRID = ("ddp", "zero3", "tp2-dp2", "pp4-1f1b", "pp2-dp2-gpipe-recompute", "pp4-gpipe")
 
 
-def calibrate(models: tuple[str, ...], quick: bool, say) -> tuple[dict, object, dict]:
-    """Measured inputs of the cost model: one CPU profile per model and the gloo links."""
-    from meshplan.profiler import profile_model
+def calibrate_links(quick: bool, say) -> tuple[object, dict]:
+    """The gloo links measured on NUM_RANKS ranks (profile-links), once per round."""
     from meshplan.profiler.links import profile_links
 
-    info, profiles = {}, {}
-    for model in models:
-        start = time.perf_counter()
-        profiles[model] = profile_model(model, None, device="cpu", microbatch_sizes=MICROBATCHES,
-                                        concurrent=NUM_RANKS)
-        info[f"profile_{model}_s"] = round(time.perf_counter() - start, 1)
-        say(f"  profiled {model} on the CPU ({info[f'profile_{model}_s']} s, {NUM_RANKS} ranks busy)")
     start = time.perf_counter()
     links = dict(max_bytes=4 * 2**20, repeats=3) if quick else {}
     cluster = profile_links(NUM_RANKS, **links)
-    info["profile_links_s"] = round(time.perf_counter() - start, 1)
-    info["profile_links_args"] = links or "defaults (1 KiB..64 MiB, 5 collectives, groups 2..4)"
+    info = {"profile_links_s": round(time.perf_counter() - start, 1),
+            "profile_links_args": links or "defaults (1 KiB..64 MiB, 5 collectives, groups 2..4)",
+            "links": [{"collective": f.collective, "group_size": f.group_size, "latency_s": f.latency_s,
+                       "bandwidth_gbps": f.bandwidth_gbps} for f in cluster.collectives],
+            "load_average": list(os.getloadavg()), "layer_timings_s": {}, "step_overhead_s": {}}
     say(f"  measured gloo links on {NUM_RANKS} ranks ({info['profile_links_s']} s)")
-    info["layer_timings_s"] = {m: _timings(p) for m, p in profiles.items()}
-    info["step_overhead_s"] = {m: dict(p.step_overhead_s) for m, p in profiles.items()}
-    info["links"] = [{"collective": f.collective, "group_size": f.group_size, "latency_s": f.latency_s,
-                      "bandwidth_gbps": f.bandwidth_gbps} for f in cluster.collectives]
-    info["load_average"] = list(os.getloadavg())
-    return profiles, cluster, info
+    return cluster, info
+
+
+def calibrate_model(model: str, calibration: dict, say):
+    """One CPU profile of `model` with NUM_RANKS ranks busy, taken right before its launch (the
+    host's speed drifts over minutes); its timings are recorded in `calibration`."""
+    from meshplan.profiler import profile_model
+
+    start = time.perf_counter()
+    profile = profile_model(model, None, device="cpu", microbatch_sizes=MICROBATCHES, concurrent=NUM_RANKS)
+    calibration[f"profile_{model}_s"] = round(time.perf_counter() - start, 1)
+    calibration["layer_timings_s"][model] = _timings(profile)
+    calibration["step_overhead_s"][model] = dict(profile.step_overhead_s)
+    say(f"  profiled {model} on the CPU ({calibration[f'profile_{model}_s']} s, {NUM_RANKS} ranks busy)")
+    return profile
 
 
 def _timings(profile) -> dict:

@@ -88,13 +88,15 @@ def _local(r: dict) -> list[str]:
         return lines
     cal = {k: v for k, v in la.get("calibration", {}).items() if k not in ("layer_timings_s", "links", "step_overhead_s")}
     lines += [f"Cost model calibrated only from `profile_model(device=\"cpu\", concurrent=4)` and "
-              f"`profile_links(4)`, re-measured at the start of each of the {la.get('repeats')} round(s) "
+              f"`profile_links(4)`, re-measured in each of the {la.get('repeats')} round(s): the links at "
+              "the round's start, each model's profile right before its launch "
               f"(first round: {cal}; per-layer timings, in-place step overheads, link fits and load of every round are in "
               "benchmarks.json under local_accuracy.calibrations); never fitted to the grid. Global batch "
               f"{la.get('global_batch')}; per round one launch per model runs every plan, each plan's time "
               "the median of its steps after the warm-up step; the tables show medians over rounds.", ""]
     for failed in la.get("failed_rounds", []):
-        lines += [f"Round {failed['round'] + 1} was skipped: `{failed['error']}`", ""]
+        what = f"Round {failed['round'] + 1}" + (f", {failed['model']}," if failed.get("model") else "")
+        lines += [f"{what} was skipped: `{failed['error']}`", ""]
     loads = [f"{x['model']} #{x['repetition'] + 1}: {x['wall_s']:.0f} s, load {x['load_average'][0]:.1f}"
              for x in la.get("launches", [])]
     if loads:

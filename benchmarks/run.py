@@ -32,20 +32,18 @@ def _say(quiet: bool):
     return (lambda *_: None) if quiet else (lambda text: print(text, file=sys.stderr, flush=True))
 
 
-def _predict_all(profiles: dict, cluster, grid: list, say) -> tuple[dict, dict]:
-    """{model: [(name, Plan)]} for the grid, the Megatron heuristic and the planner's search."""
-    named, skipped = {}, {}
-    for model in la.MODELS:
-        profile = profiles[model]
-        megatron = baselines.megatron_pins(profile, cluster, la.NUM_RANKS, la.GLOBAL_BATCH)
-        named[model], skipped[model] = la.predict_grid(profile, cluster, grid + [("megatron", megatron)])
-        named[model].append(("planner-search", baselines.planner_choice(profile, cluster)))
-        say(f"  {model}: {len(named[model])} plans predicted ({len(skipped[model])} skipped)")
+def _predict_model(model: str, profile, cluster, grid: list, say) -> tuple[list, list]:
+    """[(name, Plan)] for the grid, the Megatron heuristic and the planner's search; skipped."""
+    megatron = baselines.megatron_pins(profile, cluster, la.NUM_RANKS, la.GLOBAL_BATCH)
+    named, skipped = la.predict_grid(profile, cluster, grid + [("megatron", megatron)])
+    named.append(("planner-search", baselines.planner_choice(profile, cluster)))
+    say(f"  {model}: {len(named)} plans predicted ({len(skipped)} skipped)")
     return named, skipped
 
 
 def local_sections(quick: bool, say) -> tuple[dict, dict, dict]:
-    """Sections 1, 2 and 4, which share the rounds of calibration, prediction and measurement."""
+    """Sections 1, 2 and 4, which share the rounds of calibration, prediction and measurement.
+    Per round: the links once, then per model its profile, predictions and launch back to back."""
     grid = [g for g in la.GRID if g[0] in la.QUICK_GRID] if quick else la.GRID
     repeats, steps = (1, 6) if quick else (5, 10)
     pairs: dict[str, dict[str, list]] = {}
@@ -55,14 +53,20 @@ def local_sections(quick: bool, say) -> tuple[dict, dict, dict]:
         for rep in range(repeats):
             say(f"  round {rep + 1}/{repeats}: calibrate, predict, measure")
             try:
-                profiles, cluster, calibration = la.calibrate(la.MODELS, quick, say)
-                named, skipped = _predict_all(profiles, cluster, grid, say)
+                cluster, calibration = la.calibrate_links(quick, say)
             except MeshplanError as exc:  # one bad calibration (a busy shared host) costs one round
                 failed_rounds.append({"round": rep, "error": str(exc)})
                 say(f"  round {rep + 1} skipped: {exc}")
                 continue
             calibrations.append(calibration)
-            for model, plans in named.items():
+            for model in la.MODELS:
+                try:
+                    profile = la.calibrate_model(model, calibration, say)
+                    plans, skipped[model] = _predict_model(model, profile, cluster, grid, say)
+                except MeshplanError as exc:
+                    failed_rounds.append({"round": rep, "model": model, "error": str(exc)})
+                    say(f"  round {rep + 1}, {model} skipped: {exc}")
+                    continue
                 results, info = la.measure_round(model, plans, rep, steps, Path(tmp), say)
                 launches.append(info)
                 for (name, plan), result in zip(plans, results):
@@ -74,7 +78,8 @@ def local_sections(quick: bool, say) -> tuple[dict, dict, dict]:
         rows = [la.plan_row(name, plan_results) for name, plan_results in by_name.items()]
         summary = la.summarize(rows)
         speedups[model] = baselines.speedups(rows, summary["choice"])
-        models[model] = {**summary, "baseline_speedups": speedups[model], "skipped": skipped[model], "rows": rows}
+        models[model] = {**summary, "baseline_speedups": speedups[model], "skipped": skipped.get(model, []),
+                         "rows": rows}
         rows_by_model[model] = rows
     local = _overall(models)
     local.update(models=models, calibration=calibrations[0], calibrations=calibrations, targets=TARGETS,

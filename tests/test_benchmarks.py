@@ -176,17 +176,17 @@ def test_a_failed_calibration_round_is_skipped_and_recorded(monkeypatch):
 
     calls = iter([None, MeshplanError("busy workers timed out")] + [None] * 10)
 
-    def calibrate(models, quick, say):
+    def calibrate_links(quick, say):
         failure = next(calls)
         if failure:
             raise failure
-        return {}, None, {"load_average": [1.0]}
+        return None, {"load_average": [1.0]}
 
     monkeypatch.setattr(run.la, "MODELS", ("m",))
-    monkeypatch.setattr(run.la, "calibrate", calibrate)
-    monkeypatch.setattr(run, "_predict_all", lambda *a: ({"m": [(b, plan(t)) for b, t in
-                                                                 (("ddp", 1.0), ("zero3", 2.0), ("megatron", 3.0))]},
-                                                          {"m": []}))
+    monkeypatch.setattr(run.la, "calibrate_links", calibrate_links)
+    monkeypatch.setattr(run.la, "calibrate_model", lambda model, calibration, say: None)
+    monkeypatch.setattr(run, "_predict_model", lambda *a: ([(b, plan(t)) for b, t in
+                                                            (("ddp", 1.0), ("zero3", 2.0), ("megatron", 3.0))], []))
     result = NS(step_time_s=2.0, step_times_s=[9.0, 2.0], peak_memory_bytes=1e6)
     monkeypatch.setattr(run.la, "measure_round", lambda model, plans, rep, steps, work, say: (
         [result] * len(plans), {"model": model, "repetition": rep, "wall_s": 1.0, "load_average": [2.0]}))
