@@ -215,8 +215,17 @@ def _diagnostics(r: dict) -> list[str]:
     found = r.get("diagnostics") or []
     if not found:
         return []
-    return (["## Why targets were missed: checks on this run's own data", ""]
+    title = "Why targets were missed" if _missed(r) else "Where the error comes from"
+    return ([f"## {title}: checks on this run's own data", ""]
             + [f"- **{d['check']}**: {d['text']}" for d in found] + [""])
+
+
+def _missed(r: dict) -> bool:
+    """Whether any issue-7 target in the summary is missed."""
+    la, t = r.get("local_accuracy", {}), r.get("local_accuracy", {}).get("targets", {})
+    ratio = r.get("executor_overhead", {}).get("ratio")
+    return ("mape" in la and (la["mape"] > t.get("mape", 0.1) or la["kendall_tau"] < t.get("kendall_tau", 0.8)
+                              or la["top1_regret"] > t.get("top1_regret", 1.05))) or (ratio is not None and ratio > 1.03)
 
 
 def markdown(results: dict) -> str:

@@ -232,3 +232,15 @@ def test_launch_drift_divides_each_launchs_common_factor_out():
     expected = [abs((1.0 + 1 / 1.05) / 2 - 1), abs((1.1 + 1.1 / 1.05) / 2 - 1), 0.0]
     assert found["value"]["mape_between_plans"] == pytest.approx(sum(expected) / 3)
     assert launch_drift({"m": [{"rounds": [[2.0, 1.0]]}]}) is None  # one round: nothing to divide out
+
+
+def test_diagnostics_heading_says_whether_a_target_was_missed():
+    from benchmarks.report import markdown
+
+    results = {**_results(), "diagnostics": [{"check": "host_load", "value": 1, "text": "load moved."}]}
+    assert "## Why targets were missed" in markdown(results)  # MAPE of _results() is far above 10%
+    local = {**results["local_accuracy"], "mape": 0.05, "kendall_tau": 0.9, "top1_regret": 1.0}
+    met = markdown({**results, "local_accuracy": local})
+    assert "## Where the error comes from" in met and "Why targets were missed" not in met
+    assert "## Why targets were missed" in markdown({**results, "local_accuracy": local,
+                                                      "executor_overhead": {"ratio": 1.2}})
