@@ -55,6 +55,12 @@ def _signature(layer: LayerProfile) -> tuple:
             tuple(sorted(layer.framework_overhead_s.items())))
 
 
+def optimizer_call_measured_s(layers: list[LayerProfile]) -> float:
+    """The one-rank fixed cost of one optimizer step call (framework_overhead_s["optimizer_call"],
+    the largest over the layers' measurements); 0 when not measured."""
+    return max((lp.framework_overhead_s.get("optimizer_call", 0.0) for lp in layers), default=0.0)
+
+
 def optimizer_scale(profile: ModelProfile) -> float:
     """The whole model's optimizer step measured in place on all ranks at once
     (step_overhead_s["optimizer@1"], profiler/insitu.py) over what the one-rank per-layer timings
@@ -63,8 +69,7 @@ def optimizer_scale(profile: ModelProfile) -> float:
     in-place measurement, spread over many passes like the other in-place cases, sets the scale.
     1.0 when either is missing."""
     measured = profile.step_overhead_s.get("optimizer@1", 0.0)
-    call = max((lp.framework_overhead_s.get("optimizer_call", 0.0) for lp in profile.layers), default=0.0)
-    one_rank = sum(lp.optimizer_step_s for lp in profile.layers) + call
+    one_rank = sum(lp.optimizer_step_s for lp in profile.layers) + optimizer_call_measured_s(profile.layers)
     return measured / one_rank if measured > 0 and one_rank > 0 else 1.0
 
 

@@ -121,9 +121,10 @@ def _memory_bound_s(ctx: Context, layer: LayerProfile, b: int, split: int, cp: i
 def wrapper_overheads_s(ctx: Context, layer: LayerProfile, split: int, zero: int, dp: int) -> tuple[float, float, float]:
     """(TP, FSDP2, optimizer) seconds the executor's parallel wrappers add to this layer, from the
     profile's measurements (LayerProfile.framework_overhead_s, on a one-rank mesh; the optimizer's
-    in place where measured; measured profiles only): DTensor dispatch per microbatch when tensor parallelism splits the layer,
-    FSDP2 hooks and copies per microbatch with ZeRO-2/3, and the optimizer over DTensor
-    parameters once per step (the larger of the two: one optimizer runs over the parameters)."""
+    in place where measured; measured profiles only): DTensor dispatch per microbatch when tensor
+    parallelism splits the layer, FSDP2 hooks and copies per microbatch with ZeRO-2/3, and the
+    optimizer over DTensor parameters once per step (the larger of the two: one optimizer runs
+    over the parameters)."""
     fw = layer.framework_overhead_s if ctx.measured else {}
     if not fw:
         return 0.0, 0.0, 0.0

@@ -17,7 +17,7 @@ bandwidth.
 from __future__ import annotations
 
 from meshplan.planner.comm import collective_s, group_tier, p2p_s
-from meshplan.planner.context import Candidate, Context
+from meshplan.planner.context import Candidate, Context, optimizer_call_measured_s
 from meshplan.planner.in_place import in_place_overhead_s
 from meshplan.planner.memory import DDP_BUCKET_BYTES
 
@@ -166,5 +166,4 @@ def optimizer_call_s(ctx: Context) -> float:
     framework_overhead_s["optimizer_call"]), paid once per rank whatever its layers."""
     if not ctx.measured:
         return 0.0
-    return ctx.optimizer_scale * max((lp.framework_overhead_s.get("optimizer_call", 0.0) for lp in ctx.layers),
-                                     default=0.0)
+    return ctx.optimizer_scale * optimizer_call_measured_s(ctx.layers)

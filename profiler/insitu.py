@@ -263,15 +263,17 @@ def _ddp_cases(model, batches: list[int], degree: int, mesh) -> list[Case]:
 
 
 class OptimizerCase(Case):
-    """ZeRO-1's optimizer step on the whole model (torch's ZeroRedundancyOptimizer, as
-    executor/data_parallel.build_optimizer makes it: AdamW over a 1/D partition, then every
-    rank's updated parameters broadcast from their owner) against the plain AdamW step on a copy,
-    both on the gradients of one real backward. Overhead "zero1@D" = sharded - plain / D: what
-    the broadcast and the waiting for busy partners add to the 1/D of the update the cost model
-    charges (planner/pipeline.tail_s). `wrapped` and `plain` are the two optimizers."""
+    """An optimizer step on all ranks at once: `wrapped` and `plain` are two optimizers, timed
+    one step() each pass; overhead = wrapped - plain / split, or, when both are the same
+    optimizer (nothing wrapped), its mean wall seconds, absolute. As ZeRO-1's case ("zero1@D"):
+    torch's ZeroRedundancyOptimizer on the whole model (as executor/data_parallel.build_optimizer
+    makes it: AdamW over a 1/D partition, then every rank's updated parameters broadcast from
+    their owner) against the plain AdamW step on a copy, both on the gradients of one real
+    backward — what the broadcast and the waiting for busy partners add to the 1/D of the update
+    the cost model charges (planner/pipeline.tail_s)."""
 
-    def __init__(self, key: str, wrapped, plain):
-        super().__init__(STEP, key, wrapped, plain, x=None, split=wrapped.world_size)
+    def __init__(self, owner: str, key: str, wrapped, plain, split: int = 1):
+        super().__init__(owner, key, wrapped, plain, x=None, split=split)
 
     def timed(self, optimizer) -> tuple[float]:
         t0 = time.perf_counter()
@@ -279,6 +281,8 @@ class OptimizerCase(Case):
         return (time.perf_counter() - t0,)
 
     def overheads(self) -> dict[str, float]:
+        if self.wrapped is self.plain:
+            return {self.key: statistics.fmean(t[0] for runs in self.times.values() for t in runs)}
         wrapped, plain = (statistics.fmean(t[0] for t in self.times[n]) for n in ("wrapped", "plain"))
         return {self.key: max(0.0, wrapped - plain / self.split)}
 
@@ -296,22 +300,21 @@ def _zero1_case(model, b: int, degree: int, mesh) -> OptimizerCase:
     cls, kwargs = optimizer_spec("adamw", 1e-4, 0.1)
     sharded = ZeroRedundancyOptimizer(list(model.parameters()), optimizer_class=cls, process_group=mesh.get_group(),
                                       parameters_as_bucket_view=True, **kwargs)
-    return OptimizerCase(f"zero1@{degree}", sharded, cls(list(plain.parameters()), **kwargs))
+    return OptimizerCase(STEP, f"zero1@{degree}", sharded, cls(list(plain.parameters()), **kwargs),
+                         split=sharded.world_size)
 
 
-class StepCase(Case):
-    """The executor's once-per-step work on a set of parameters: its global-norm clip, AdamW
-    and zero_grad (executor/train.py), every rank at once, on the gradients of one real backward
-    (restored before each pass; a layer's case leaves the clip out: its norm is reduced once per
-    step over all layers, planner/pipeline.grad_norm_sync_s, not once per layer). `wrapped` and
-    `plain` are two optimizers; overhead = wrapped - plain / split, or, when both are the same
-    optimizer (the whole model, nothing wrapped), its mean wall seconds, absolute. One-rank timings of an optimizer step last a few milliseconds
-    and swing 2x with a burst of other load on a shared host; these are spread over the in-place
-    rounds like every other case."""
+class StepCase(OptimizerCase):
+    """The executor's once-per-step work instead of a bare step(): its global-norm clip, the
+    optimizer step and zero_grad (executor/train.py), on the gradients of one real backward
+    restored before each pass. A layer's case leaves the clip out: its norm is reduced once per
+    step over all layers (planner/pipeline.grad_norm_sync_s), not once per layer. One-rank
+    timings of an optimizer step last a few milliseconds and swing 2x with a burst of other load
+    on a shared host; these are spread over the in-place rounds like every other case."""
 
     def __init__(self, owner: str, key: str, wrapped, plain, split: int = 1, clip: bool = True):
-        super().__init__(owner, key, wrapped, plain, x=None, split=split)
-        self.state = {id(opt): _params_and_grads(opt) for opt in (wrapped, plain)}
+        super().__init__(owner, key, wrapped, plain, split=split)
+        self.state = {id(opt): _grads_of(opt) for opt in (wrapped, plain)}
         self.clip = clip
 
     def timed(self, optimizer) -> tuple[float]:
@@ -320,14 +323,9 @@ class StepCase(Case):
         params, grads = self.state[id(optimizer)]
         return (clip_step_zero(params, grads, optimizer, clock=time.perf_counter, clip=self.clip),)
 
-    def overheads(self) -> dict[str, float]:
-        if self.wrapped is self.plain:
-            return {self.key: statistics.fmean(t[0] for runs in self.times.values() for t in runs)}
-        wrapped, plain = (statistics.fmean(t[0] for t in self.times[n]) for n in ("wrapped", "plain"))
-        return {self.key: max(0.0, wrapped - plain / self.split)}
 
-
-def _params_and_grads(optimizer) -> tuple[list, list]:
+def _grads_of(optimizer) -> tuple[list, list]:
+    """An optimizer's parameters and a copy of their current gradients (zeros where none)."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     return params, [p.grad.detach().clone() if p.grad is not None else p.detach() * 0 for p in params]
 

@@ -23,6 +23,7 @@ import time
 
 import torch
 
+from meshplan.executor.data_parallel import optimizer_spec
 from meshplan.executor.grad_clip import clip_grad_norm
 
 
@@ -77,7 +78,9 @@ def _params_and_grads(layer: torch.nn.Module, x: torch.Tensor):
 
 
 def _adamw(params):
-    return torch.optim.AdamW(params, lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95))
+    """The executor's default optimizer (executor/data_parallel.optimizer_spec, lr 3e-4)."""
+    cls, kwargs = optimizer_spec("adamw", 3e-4, 0.1)
+    return cls(params, **kwargs)
 
 
 def optimizer_step_cpu_s(layer: torch.nn.Module, x: torch.Tensor, warmup: int = 3,
