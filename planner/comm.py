@@ -5,6 +5,13 @@ Ring volumes per rank for a buffer of B bytes over g ranks (Thakur et al. 2005; 
 2021 Sec 3.3): all-reduce `2(g-1)/g B` in 2(g-1) steps, all-gather / reduce-scatter `(g-1)/g B`
 in g-1 steps, send/recv B in one step. Measured fits (meshplan profile-links) give
 time = latency + B / algbw for the full buffer B, which already includes the algorithm.
+
+A group that spans nodes with k of its ranks on each node crosses the network on k NICs at once:
+NCCL lays one ring (channel) per NIC, so each carries 1/k of the ring volume over the network
+and the rest over NVLink — per-rank bandwidth min(k x NIC, NVLink). On 2 x p5 (16 H100, 400 GB/s
+of EFA per node) nccl-tests all-reduce reaches 487 GB/s bus bandwidth at 16 GiB, ten times one
+50 GB/s NIC (../shared/reference/README.md Sec 6). With k = 1 (a group one rank per node, e.g.
+data parallel across t = 8 tensor-parallel ranks) every rank uses its own NIC.
 """
 from __future__ import annotations
 
@@ -14,9 +21,37 @@ _RING = {"all_reduce": (2.0, 2), "all_gather": (1.0, 1), "reduce_scatter": (1.0,
          "all_to_all": (1.0, 1)}
 
 
-def group_tier(cluster: ClusterSpec, stride: int, size: int) -> str:
-    """"intra_node" when a group of `size` ranks, `stride` apart, lies inside one node."""
-    return "intra_node" if stride * size <= cluster.devices_per_node else "inter_node"
+class Tier(str):
+    """A link tier name ("intra_node" / "inter_node") that also carries how many of the group's
+    ranks share a node (`ranks_per_node`, 1 for a bare tier string)."""
+
+    ranks_per_node: int = 1
+
+    def __new__(cls, name: str, ranks_per_node: int = 1):
+        tier = super().__new__(cls, name)
+        tier.ranks_per_node = max(1, ranks_per_node)
+        return tier
+
+
+def group_tier(cluster: ClusterSpec, stride: int, size: int) -> Tier:
+    """"intra_node" when a group of `size` ranks, `stride` apart, lies inside one node; else
+    "inter_node" with the number of its ranks on each node."""
+    per_node = cluster.devices_per_node
+    if stride * size <= per_node:
+        return Tier("intra_node", size)
+    return Tier("inter_node", min(size, per_node // stride) if stride < per_node else 1)
+
+
+def _bandwidth_bytes_s(cluster: ClusterSpec, collective: str, tier: str) -> float:
+    """Per-rank bandwidth of a collective on this tier: NVLink inside a node; across nodes the
+    NICs of the group's ranks on a node together, capped by NVLink (module docstring). A pipeline
+    send/recv is one pair of ranks on one NIC."""
+    intra = cluster.intra_node.effective_gbps(collective) * 1e9
+    if tier == "intra_node":
+        return intra
+    nic = cluster.inter_node.effective_gbps(collective) * 1e9
+    k = 1 if collective == "send_recv" else getattr(tier, "ranks_per_node", 1)
+    return min(k * nic, intra) if k > 1 else nic
 
 
 def _link(cluster: ClusterSpec, tier: str) -> LinkSpec:
@@ -32,7 +67,7 @@ def collective_s(cluster: ClusterSpec, collective: str, group: int, buffer_bytes
     if fit is not None:
         return fit.time_s(buffer_bytes)
     link = _link(cluster, tier)
-    bw_bytes_s = link.effective_gbps(collective) * 1e9
+    bw_bytes_s = _bandwidth_bytes_s(cluster, collective, tier)
     if collective == "send_recv":
         return link.latency_s + buffer_bytes / bw_bytes_s
     factor, steps = _RING[collective]

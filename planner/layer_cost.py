@@ -107,15 +107,29 @@ read, its gradient written and read): norms, dropout, softmax, activation functi
 Roofline time = bytes moved / HBM bandwidth (Williams et al. 2009). Not used for measured timings."""
 
 
+LOSS_PASSES = {"megatron": (9.5, 3.5), "torch": (6.5, 5.0)}
+"""(forward, backward) times the loss moves the head's fp32 logits through HBM, in fp32-logit
+sizes. Megatron-LM's vocab-parallel cross-entropy: cast from bf16 (read 1/2, write 1), max (1),
+subtract in place (2), exp in place (2), sum (1), divide in place (2); backward scales the
+saved softmax in place (2) and casts back (1.5). torch F.cross_entropy (meshplan's executor):
+cast (1.5), log_softmax's max, sum and write passes (4), nll (1); backward a dense nll gradient
+(1), log_softmax backward (2.5) and the cast back (1.5). With a 128k vocabulary these passes
+are a tenth of a small model's step."""
+
+
 def _memory_bound_s(ctx: Context, layer: LayerProfile, b: int, split: int, cp: int, sp: bool) -> tuple[float, float, float]:
-    """(forward, backward, selective-recompute) seconds of a layer's memory-bound kernels."""
+    """(forward, backward, selective-recompute) seconds of a layer's memory-bound kernels; the
+    head's fp32 logits at the loss's own pass counts (LOSS_PASSES)."""
     if ctx.measured and layer.timings:
         return 0.0, 0.0, 0.0
     hbm = ctx.cluster.device.hbm_gbps * 1e9
     saved = activation_bytes(ctx, layer, "none", b, split, cp, sp)
     core = saved - activation_bytes(ctx, layer, "selective", b, split, cp, sp) \
         if layer.selective_activation_bytes > 0 else 0.0
-    return FWD_PASSES * saved / hbm, BWD_PASSES * saved / hbm, FWD_PASSES * max(core, 0.0) / hbm
+    logits = min(layer.output_bytes * b / cp / split, saved) if layer.tp.kind == "head" else 0.0
+    loss_fwd, loss_bwd = LOSS_PASSES[ctx.request.state_layout]
+    return ((FWD_PASSES * (saved - logits) + loss_fwd * logits) / hbm,
+            (BWD_PASSES * (saved - logits) + loss_bwd * logits) / hbm, FWD_PASSES * max(core, 0.0) / hbm)
 
 
 def wrapper_overheads_s(ctx: Context, layer: LayerProfile, split: int, zero: int, dp: int) -> tuple[float, float, float]:

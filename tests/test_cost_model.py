@@ -145,6 +145,43 @@ def test_tp_within_a_node_uses_nvlink():
     assert collective_s(spec, "all_reduce", 16, 1e8, "inter_node") > 5 * collective_s(spec, "all_reduce", 8, 1e8, "intra_node")
 
 
+@pytest.mark.parametrize("preset,nic_gbps,measured_busbw_gbps", [
+    ("h100-80g", 50.0, 487.09),  # 2 x p5: EFA 3,200 Gb/s per node, all-reduce 16 GiB
+    ("a100-80g", 6.25, 78.33)])  # 2 x p4de: EFA 4 x 100 Gb/s per node, all-reduce 2 GiB
+def test_a_group_spanning_nodes_uses_every_nic_of_its_node(preset, nic_gbps, measured_busbw_gbps):
+    """nccl-tests on two 8-GPU nodes (../shared/reference/README.md Sec 6): the all-reduce's bus
+    bandwidth is the node's NICs together, ~10x one GPU's share. The ring model (no tree or
+    NVLS) stays below the measurement but within 2x; one NIC per rank would be 8-10x below."""
+    spec = cluster_preset(preset, 16)
+    spec.inter_node = dataclasses.replace(spec.inter_node, bandwidth_gbps=nic_gbps)
+    size, g = 16 * 1024**3 if preset == "h100-80g" else 2 * 1024**3, 16
+    tier = group_tier(spec, 1, g)
+    assert tier == "inter_node" and tier.ranks_per_node == 8
+    busbw = size * 2 * (g - 1) / g / collective_s(spec, "all_reduce", g, size, tier) / 1e9
+    assert 0.5 * measured_busbw_gbps < busbw < measured_busbw_gbps
+    one_nic = size * 2 * (g - 1) / g / collective_s(spec, "all_reduce", g, size, "inter_node") / 1e9
+    assert one_nic < 0.15 * measured_busbw_gbps
+    # data parallel across t = 8 tensor-parallel ranks: one rank per node, its own NIC
+    assert group_tier(spec, 8, 2).ranks_per_node == 1
+
+
+def test_loss_moves_the_fp32_logits_more_than_a_layer_moves_its_activations():
+    """The head's memory-bound time counts the cross-entropy's passes over the fp32 logits
+    (LOSS_PASSES), not the generic 2 forward + 3 backward."""
+    from meshplan.planner.layer_cost import BWD_PASSES, FWD_PASSES, LOSS_PASSES, _memory_bound_s
+
+    prof = gpt_profile(layers=2, hidden=2048, heads=16, vocab=131072, seq=4096)
+    head = prof.layers[-1]
+    for layout in ("megatron", "torch"):
+        ctx = _ctx(prof, 8, "h100-80g", state_layout=layout)
+        fwd, bwd, _ = _memory_bound_s(ctx, head, 4, 1, 1, False)
+        hbm = ctx.cluster.device.hbm_gbps * 1e9
+        logits, rest = 4 * head.output_bytes, 4 * (head.activation_bytes - head.output_bytes)
+        assert fwd == pytest.approx((LOSS_PASSES[layout][0] * logits + FWD_PASSES * rest) / hbm)
+        assert bwd == pytest.approx((LOSS_PASSES[layout][1] * logits + BWD_PASSES * rest) / hbm)
+        assert sum(LOSS_PASSES[layout]) > FWD_PASSES + BWD_PASSES
+
+
 def test_zero_bubble_third_of_the_bubble_same_memory():
     prof = gpt_profile(layers=96, hidden=12288, heads=96)
     common = dict(num_gpus=64, global_batch=64, tp=8, pp=8, dp=1, microbatch=1, virtual_stages=2, recompute="full")

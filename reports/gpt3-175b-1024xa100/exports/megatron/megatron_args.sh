@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: gpt3-175b on 1024 x a100-80g
-# plan decisions hash 953f6a3a4af5da49; mesh pp=4 dp_replicate=1 dp_shard=32 cp=1 tp=8
-# global batch 1536 = micro 4 x accumulation 12 x data-parallel 32; seq_len 2048
-# WARNING: uneven stage boundaries (blocks per stage [3, 3, 3, 4, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2]) are not expressible: Megatron-LM splits blocks evenly over (virtual) stages; the split below is even
+# plan decisions hash 2ddaf8e53c89111e; mesh pp=8 dp_replicate=1 dp_shard=32 cp=1 tp=4
+# global batch 1536 = micro 2 x accumulation 24 x data-parallel 32; seq_len 2048
+# WARNING: uneven stage boundaries (blocks per stage [1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0]) are not expressible: Megatron-LM splits blocks evenly over (virtual) stages; the split below is even
 # WARNING: ZeRO-3 maps to --use-torch-fsdp2 (Megatron-Core >= 0.9); older versions cannot shard parameters
-# Megatron derives data-parallel size = 1024 / (tp x pp x cp) = 32 and gradient accumulation = 1536 / (4 x 32) = 12
+# Megatron derives data-parallel size = 1024 / (tp x pp x cp) = 32 and gradient accumulation = 1536 / (2 x 32) = 24
 MESHPLAN_ARGS=(
-    --tensor-model-parallel-size 8
-    --pipeline-model-parallel-size 4
+    --tensor-model-parallel-size 4
+    --pipeline-model-parallel-size 8
     --context-parallel-size 1
-    --num-layers-per-virtual-pipeline-stage 3
+    --num-layers-per-virtual-pipeline-stage 1
     --sequence-parallel
-    --micro-batch-size 4
+    --micro-batch-size 2
     --global-batch-size 1536
     --seq-length 2048
     --max-position-embeddings 2048
