@@ -35,8 +35,9 @@ def _model_args(p: argparse.ArgumentParser, required: bool = False) -> None:
     p.add_argument("--model", default=None if required else "gpt-tiny", required=required,
                    help="zoo name (see `meshplan presets`), gpt/llama with --set, file.py:factory, "
                         "module:factory or hf:NAME (default: gpt-tiny)")
-    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="overrides",
-                   help="model shape overrides, e.g. --set layers=96 hidden=12288 heads=96 seq=2048")
+    p.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="model shape overrides, e.g. --set layers=96 hidden=12288 heads=96 seq=2048 "
+                        "(repeatable: --set layers=96 --set hidden=12288)")
 
 
 def _plan_knobs(p: argparse.ArgumentParser, required: bool) -> None:
