@@ -6,8 +6,9 @@ Calibration, one per device type, never per published row:
   stas00/ml-engineering compute/accelerator/README.md: A100 SXM 271.2/312 = 0.869,
   H100/H200 SXM 794.5/989 = 0.803. Smaller GEMMs fall off as tiles stop filling the SMs.
 - link efficiency: nccl-tests all-reduce bus bandwidth over wire bandwidth — A100 node
-  235/300 = 0.78 (ml-engineering network/README.md); H200 ring 365.6/450 = 0.81; inter-node
-  0.9 as in calculon's system files.
+  235/300 = 0.78 (ml-engineering network/README.md); H200 ring 365.6/450 = 0.81. Inter-node:
+  A100_INTERNODE_EFFICIENCY, measured on Selene at scale; the other types 0.9 as in calculon's
+  system files (no at-scale measurement was available for them).
 - framework GEMM fraction 0.946: MAMF is the best GEMM over a sweep of shapes; a training
   framework's GEMMs reach less. The planner's A100 layer model (planner/layer_cost.py: GEMMs on
   this curve, the attention core at its per-head GEMM size, memory-bound kernels, TP
@@ -29,6 +30,16 @@ GIB = 1024**3
 FRAMEWORK_GEMM_FRACTION = 0.946
 """Achieved large-GEMM throughput in training frameworks over MAMF (see module docstring)."""
 GB = 1e9
+A100_INTERNODE_EFFICIENCY = {"default": 0.34, "send_recv": 0.74}
+"""Achieved fraction of the 25 GB/s per-GPU HDR InfiniBand on DGX A100 (Selene, a 3-level fat tree)
+with the whole machine communicating, from the network figures Narayanan et al. 2021 measured for
+the 1T model on 3072 GPUs (../shared/reference/README.md Sec 1): data-parallel all-reduce at an effective bisection
+bandwidth of 12.9 TB/s, i.e. 12.9 TB/s over the 1536 GPUs on one side = 8.4 GB/s of bus
+bandwidth per GPU (0.34); pipeline sends at 892 GB/s over the 48 GPU pairs that cross the middle
+stage boundary (6 replicas x t = 8) = 18.6 GB/s each (0.74). Held out, Korthikanti et al. 2022
+Sec 6.3 measures 8-way data parallelism of the 530B model adding 1.32 s for a 13.2 GB ring
+all-reduce per GPU: 10 GB/s (0.40). Jobs inside one leaf switch see more (two-node nccl-tests reach
+~0.85 of the NICs)."""
 
 
 def _curve(plateau: float, tflops: float = 312.0) -> list[list[float]]:
@@ -42,7 +53,8 @@ def _curve(plateau: float, tflops: float = 312.0) -> list[list[float]]:
 
 
 def _gpu(name: str, tflops: float, mem_gb: float, hbm_tbs: float, nvlink_gbps: float,
-         internode_gbps: float, plateau: float, nvlink_eff: float, source: str) -> ClusterSpec:
+         internode_gbps: float, plateau: float, nvlink_eff: float, source: str,
+         internode_eff: dict[str, float] | None = None) -> ClusterSpec:
     return ClusterSpec(
         name=name,
         device=DeviceSpec(name=name.upper(), kind="cuda",
@@ -52,7 +64,8 @@ def _gpu(name: str, tflops: float, mem_gb: float, hbm_tbs: float, nvlink_gbps: f
         num_nodes=1, devices_per_node=8,
         intra_node=LinkSpec(bandwidth_gbps=nvlink_gbps, latency_s=8e-6,
                             efficiency={"default": nvlink_eff}),
-        inter_node=LinkSpec(bandwidth_gbps=internode_gbps, latency_s=2e-5, efficiency={"default": 0.9}),
+        inter_node=LinkSpec(bandwidth_gbps=internode_gbps, latency_s=2e-5,
+                            efficiency=dict(internode_eff or {"default": 0.9})),
         host_device=LinkSpec(bandwidth_gbps=32 if "a100" in name else 64, latency_s=1e-5,
                              efficiency={"default": 0.87}),
         calibration=Calibration(dp_overlap=0.9, tp_overlap=0.0, pp_overlap=0.0, kernel_overhead_s=0.0,
@@ -64,8 +77,10 @@ def _gpu(name: str, tflops: float, mem_gb: float, hbm_tbs: float, nvlink_gbps: f
 def _gpu_presets() -> dict[str, ClusterSpec]:
     csv = "../shared/reference/hardware.csv"
     return {
-        "a100-40g": _gpu("a100-40g", 312, 40, 1.555, 300, 25, 0.869, 0.78, f"{csv} A100-SXM4-40GB"),
-        "a100-80g": _gpu("a100-80g", 312, 80, 2.0, 300, 25, 0.869, 0.78, f"{csv} A100-SXM4-80GB"),
+        "a100-40g": _gpu("a100-40g", 312, 40, 1.555, 300, 25, 0.869, 0.78, f"{csv} A100-SXM4-40GB",
+                         A100_INTERNODE_EFFICIENCY),
+        "a100-80g": _gpu("a100-80g", 312, 80, 2.0, 300, 25, 0.869, 0.78, f"{csv} A100-SXM4-80GB",
+                         A100_INTERNODE_EFFICIENCY),
         "h100-80g": _gpu("h100-80g", 989, 80, 3.35, 450, 50, 0.803, 0.81, f"{csv} H100-SXM5-80GB"),
         "h200-141g": _gpu("h200-141g", 989, 141, 4.8, 450, 50, 0.803, 0.81, f"{csv} H200-SXM-141GB"),
         "b200-180g": _gpu("b200-180g", 2250, 180, 8.0, 900, 50, 0.80, 0.76, f"{csv} B200-SXM-180GB"),

@@ -46,12 +46,11 @@ def _bandwidth_bytes_s(cluster: ClusterSpec, collective: str, tier: str) -> floa
     """Per-rank bandwidth of a collective on this tier: NVLink inside a node; across nodes the
     NICs of the group's ranks on a node together, capped by NVLink (module docstring). A pipeline
     send/recv is one pair of ranks on one NIC."""
-    intra = cluster.intra_node.effective_gbps(collective) * 1e9
     if tier == "intra_node":
-        return intra
+        return cluster.intra_node.effective_gbps(collective) * 1e9
     nic = cluster.inter_node.effective_gbps(collective) * 1e9
     k = 1 if collective == "send_recv" else getattr(tier, "ranks_per_node", 1)
-    return min(k * nic, intra) if k > 1 else nic
+    return min(k * nic, cluster.intra_node.effective_gbps(collective) * 1e9) if k > 1 else nic
 
 
 def _link(cluster: ClusterSpec, tier: str) -> LinkSpec:

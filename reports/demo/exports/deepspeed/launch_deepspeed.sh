@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # meshplan plan -> DeepSpeed: gpt-tiny on 4 x local-cpu
-# plan decisions hash 69bb1a1e208e52b7; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
+# plan decisions hash 2abc0da3825de30b; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
 # global batch 16 = micro 4 x accumulation 1 x data-parallel 4; seq_len 32
 # every setting of the plan is expressed below
 # DeepSpeed checks train_batch_size 16 = micro 4 x accumulation 1 x data-parallel 4 (world / (tp x pp))

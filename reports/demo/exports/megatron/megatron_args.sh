@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: gpt-tiny on 4 x local-cpu
-# plan decisions hash 69bb1a1e208e52b7; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
+# plan decisions hash 2abc0da3825de30b; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
 # global batch 16 = micro 4 x accumulation 1 x data-parallel 4; seq_len 32
 # every setting of the plan is expressed below
 # Megatron derives data-parallel size = 4 / (tp x pp x cp) = 4 and gradient accumulation = 16 / (4 x 4) = 1
@@ -17,5 +17,6 @@ MESHPLAN_ARGS=(
     --num-attention-heads 4
     --ffn-hidden-size 256
     --vocab-size 256
+    --use-distributed-optimizer
 )
 torchrun --nproc_per_node 4 --nnodes 1 "${NODE_ARGS[@]}" pretrain_gpt.py "${MESHPLAN_ARGS[@]}" "$@"

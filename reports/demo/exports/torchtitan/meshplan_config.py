@@ -1,7 +1,7 @@
 """meshplan plan -> torchtitan (Python config): gpt-tiny on 4 x local-cpu
-plan decisions hash 69bb1a1e208e52b7; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
+plan decisions hash 2abc0da3825de30b; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
 global batch 16 = micro 4 x accumulation 1 x data-parallel 4; seq_len 32
-every setting of the plan is expressed below
+WARNING: ZeRO-1 (sharded optimizer states only) has no torchtitan setting: FSDP2 shards gradients and parameters too; the degrees below keep the plan's replicate/shard split, so the optimizer states stay replicated over data_parallel_replicate_degree
 """
 
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # meshplan plan -> DeepSpeed: gpt3-175b on 1024 x a100-80g
-# plan decisions hash 2ddaf8e53c89111e; mesh pp=8 dp_replicate=1 dp_shard=32 cp=1 tp=4
-# global batch 1536 = micro 2 x accumulation 24 x data-parallel 32; seq_len 2048
-# WARNING: schedule Interleaved1F1B (virtual stages 8) is not available in DeepSpeed's pipeline engine, which runs 1F1B with one stage per rank
-# WARNING: uneven stage boundaries [2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1] are not expressible in the config: PipelineModule's partition_method='uniform' splits evenly; give the boundaries in code
+# plan decisions hash 4da459aadb656c19; mesh pp=16 dp_replicate=16 dp_shard=1 cp=1 tp=4
+# global batch 1536 = micro 1 x accumulation 96 x data-parallel 16; seq_len 2048
+# WARNING: schedule Interleaved1F1B (virtual stages 4) is not available in DeepSpeed's pipeline engine, which runs 1F1B with one stage per rank
+# WARNING: uneven stage boundaries [2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1] are not expressible in the config: PipelineModule's partition_method='uniform' splits evenly; give the boundaries in code
 # WARNING: sequence parallel with TP is not expressible (DeepSpeed AutoTP keeps norm activations replicated): activation memory is higher than predicted
-# pipeline: wrap the model in deepspeed.pipe.PipelineModule(layers=..., num_stages=8); layers per stage [2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]
-# DeepSpeed checks train_batch_size 1536 = micro 2 x accumulation 24 x data-parallel 32 (world / (tp x pp))
+# pipeline: wrap the model in deepspeed.pipe.PipelineModule(layers=..., num_stages=16); layers per stage [2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+# DeepSpeed checks train_batch_size 1536 = micro 1 x accumulation 96 x data-parallel 16 (world / (tp x pp))
 deepspeed --num_nodes 128 --num_gpus 8 train.py --deepspeed --deepspeed_config ds_config.json "$@"
