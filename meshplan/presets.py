@@ -18,6 +18,10 @@ Calibration, one per device type, never per published row:
   checked in tests/test_cost_model.py. Not fitted to any end-to-end published run.
 - dp_overlap: fraction of bucketed gradient communication hidden behind backward (DDP/FSDP
   overlap everything but the last bucket).
+- memory: the spec sheet's "80 GB" is read as 80e9 bytes (74.5 GiB), then 5% is reserved. The
+  parts hold 80 GiB (nvidia-smi 81920 MiB), so plans keep ~11% of the card free for the CUDA
+  context, NCCL buffers and allocator fragmentation, which the memory model does not count; no GPU
+  measurement of predicted vs measured peak was available to narrow it (benchmarks/gpu_check.py).
 """
 from __future__ import annotations
 
