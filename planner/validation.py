@@ -58,6 +58,28 @@ def _recompute(text: str) -> tuple[str | None, bool | None]:
     return mode, sp
 
 
+_ARCH = ("layers", "hidden", "heads", "seq_len", "vocab")
+
+
+def with_source_degrees(rows: list[dict]) -> list[dict]:
+    """Rows that leave tp and pp unstated take them from a row of the same source and the same
+    architecture that states them, when they divide the row's GPU count (the Megatron-LM README's
+    strong-scaling 177B runs are the weak-scaling table's 177B model, stated there as tp 8, pp 6).
+    The search would otherwise report the best split under the model, an optimistic bias."""
+    stated = {}
+    for row in rows:
+        if row["tp"].strip() and row["pp"].strip():
+            stated.setdefault((row["source"].split("(")[0], *(row[k] for k in _ARCH)), (row["tp"], row["pp"]))
+    out = []
+    for row in rows:
+        degrees = stated.get((row["source"].split("(")[0], *(row[k] for k in _ARCH)))
+        if degrees and not row["tp"].strip() and not row["pp"].strip() \
+                and int(row["num_gpus"]) % (int(degrees[0]) * int(degrees[1])) == 0:
+            row = {**row, "tp": degrees[0], "pp": degrees[1], "degrees_from": "same source, same model"}
+        out.append(row)
+    return out
+
+
 def row_request(row: dict) -> tuple[PlanRequest, str]:
     """The PlanRequest a published row pins, and a one-line note on what was assumed."""
     megatron_core = "Megatron-Core" in row["notes"] or "Megatron-LM README" in row["source"]
@@ -74,6 +96,8 @@ def row_request(row: dict) -> tuple[PlanRequest, str]:
         allow_cross_node_tp=False, top_k=1, uniform_stages=True)
     note = ("Megatron-Core: distributed optimizer (ZeRO-1), DP/TP overlap, flash attention" if megatron_core
             else "Megatron-LM 2021-22: no ZeRO, no DP overlap, attention scores materialised")
+    if row.get("degrees_from"):
+        note += f"; tp {row['tp']}, pp {row['pp']} from the {row['degrees_from']}"
     return req, note
 
 
@@ -160,7 +184,7 @@ def validate_published(csv_path: str) -> list[dict]:
     """One dict per published row (throughput), then memory checks and orderings (kind key)."""
     with open(csv_path, newline="") as fh:
         rows = list(csv.DictReader(fh))
-    results = [{"kind": "throughput", **validate_row(row)} for row in rows]
+    results = [{"kind": "throughput", **validate_row(row)} for row in with_source_degrees(rows)]
     results += [{"kind": "memory", **m} for m in memory_checks(rows)]
     from meshplan.planner.orderings import published_orderings
 

@@ -77,3 +77,20 @@ def test_data_parallel_cost_at_scale_matches_korthikanti_section_6_3(rows):
     one, eight = sorted(runs, key=lambda r: r["num_gpus"])
     assert (one["num_gpus"], eight["num_gpus"]) == (280, 2240)
     assert eight["step_time_s"] - one["step_time_s"] == pytest.approx(39.15 - 37.83, rel=0.30)
+
+
+def test_unstated_degrees_come_from_the_same_source_and_model():
+    import csv
+
+    from meshplan.planner.validation import with_source_degrees
+
+    with open(CSV, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    filled = with_source_degrees(rows)
+    strong = [r for r in filled if "strong-scaling" in r["source"]]
+    assert len(strong) == 2 and all((r["tp"], r["pp"]) == ("8", "6") for r in strong)
+    assert [r for r in filled if "degrees_from" in r] == strong  # every other row states its own
+    # no row of that source and architecture states them, or they do not divide the GPUs: searched
+    lone = {**strong[0], "tp": "", "pp": "", "hidden": "12345"}
+    odd = {**strong[0], "tp": "", "pp": "", "num_gpus": "100"}
+    assert [(r["tp"], r["pp"]) for r in with_source_degrees(rows + [lone, odd])[-2:]] == [("", ""), ("", "")]
