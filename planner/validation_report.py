@@ -19,8 +19,8 @@ def summary(rows: list[dict]) -> dict:
             "orderings": sum(1 for r in rows if r["kind"] == "ordering")}
 
 
-def _pct(x) -> str:
-    return "–" if x is None else f"{100 * x:+.1f}%"
+def _pct(x, digits: int = 1) -> str:
+    return "–" if x is None else f"{100 * x:+.{digits}f}%"
 
 
 def _throughput_table(rows: list[dict]) -> list[str]:
@@ -61,7 +61,7 @@ def write_validation_report(rows: list[dict], md_path: str) -> None:
         "type (meshplan/presets.py); nothing is fitted to these rows.",
         "",
         "| target | value | verdict |", "|---|---:|---|",
-        f"| mean abs error of per-GPU throughput <= 5% | {_pct(s['mean_abs_error'])} | {_verdict(s['mean_abs_error'], TARGET_MEAN)} |",
+        f"| mean abs error of per-GPU throughput <= 5% | {_pct(s['mean_abs_error'], 2)} | {_verdict(s['mean_abs_error'], TARGET_MEAN)} |",
         f"| max abs error <= 12% | {_pct(s['max_abs_error'])} | {_verdict(s['max_abs_error'], TARGET_MAX)} |",
         f"| Korthikanti rows: mean / max | {_pct(s['korthikanti_mean'])} / {_pct(s['korthikanti_max'])} | "
         f"{_verdict(s['korthikanti_max'], TARGET_MAX)} (max) |",
