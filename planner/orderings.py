@@ -6,9 +6,10 @@
   at small batch; the gap closes as the batch grows.
 - Table 2: GPT-3 175B, batch 1536: PTD-P (t = 8, p = 12, microbatch 1) against ZeRO-3 without model
   parallelism (microbatch 4 / 2 / 1 on 384 / 768 / 1536 GPUs): PTD-P is ahead by 6% on 384 GPUs and
-  far ahead on 768 and 1536 (149 vs 88, 141 vs 44 TFLOP/s per GPU). The model does not reproduce
-  it: its ZeRO-3 is FSDP2 on NCCL rings over every NIC of a node, which keeps 175B compute-bound;
-  DeepSpeed's 2021 ZeRO-3 ran at about one NIC per GPU (reports/validation.md).
+  far ahead on 768 and 1536 (149 vs 88, 141 vs 44 TFLOP/s per GPU). The model reproduces it only
+  at 1536 GPUs: its ZeRO-3 is FSDP2 on NCCL rings over every NIC of a node, which keeps 175B
+  compute-bound at microbatch 2-4; DeepSpeed's 2021 ZeRO-3 ran at about one NIC per GPU
+  (reports/validation.md).
 - Fig. 17: 145B GPT (80 layers, 96 heads, hidden 12288) on 128 A100, (t, p) = (8, 16): with
   activation recompute a larger batch is reachable and its best throughput beats the best
   without recompute.

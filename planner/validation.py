@@ -61,6 +61,11 @@ def _recompute(text: str) -> tuple[str | None, bool | None]:
 _ARCH = ("layers", "hidden", "heads", "seq_len", "vocab")
 
 
+def _source_and_model(row: dict) -> tuple:
+    """A row's publication (its source up to the parenthesised detail) and architecture."""
+    return (row["source"].split("(")[0], *(row[k] for k in _ARCH))
+
+
 def with_source_degrees(rows: list[dict]) -> list[dict]:
     """Rows that leave tp and pp unstated take them from a row of the same source and the same
     architecture that states them, when they divide the row's GPU count (the Megatron-LM README's
@@ -69,10 +74,10 @@ def with_source_degrees(rows: list[dict]) -> list[dict]:
     stated = {}
     for row in rows:
         if row["tp"].strip() and row["pp"].strip():
-            stated.setdefault((row["source"].split("(")[0], *(row[k] for k in _ARCH)), (row["tp"], row["pp"]))
+            stated.setdefault(_source_and_model(row), (row["tp"], row["pp"]))
     out = []
     for row in rows:
-        degrees = stated.get((row["source"].split("(")[0], *(row[k] for k in _ARCH)))
+        degrees = stated.get(_source_and_model(row))
         if degrees and not row["tp"].strip() and not row["pp"].strip() \
                 and int(row["num_gpus"]) % (int(degrees[0]) * int(degrees[1])) == 0:
             row = {**row, "tp": degrees[0], "pp": degrees[1], "degrees_from": "same source, same model"}

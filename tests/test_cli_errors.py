@@ -87,17 +87,13 @@ def test_print_launch_names_the_plan_and_the_rendezvous(tmp_path):
     assert_one_line_error(meshplan("run", str(path), "--print-launch", "--nnodes", "3"), "--nnodes 3")
 
 
-def test_repeated_set_flags_accumulate(tmp_path):
+def test_repeated_set_flags_accumulate():
     """`--set layers=4 --set hidden=128` keeps both overrides (the last --set used to replace the
     earlier ones and plan a different model without a word)."""
-    split = meshplan("estimate", "--model", "gpt", "--set", "layers=4", "--set", "hidden=128", "heads=4",
-                     "--cluster", "a100-80g", "--num-gpus", "1", "--tp", "1", "--pp", "1", "--dp", "1",
-                     "--microbatch", "1", "--global-batch", "1", "--seq", "64", "--schedule", "1f1b",
-                     "--recompute", "none", "--json")
-    joined = meshplan("estimate", "--model", "gpt", "--set", "layers=4", "hidden=128", "heads=4",
-                      "--cluster", "a100-80g", "--num-gpus", "1", "--tp", "1", "--pp", "1", "--dp", "1",
-                      "--microbatch", "1", "--global-batch", "1", "--seq", "64", "--schedule", "1f1b",
-                      "--recompute", "none", "--json")
+    knobs = ("--cluster", "a100-80g", "--num-gpus", "1", "--tp", "1", "--pp", "1", "--dp", "1", "--microbatch", "1",
+             "--global-batch", "1", "--seq", "64", "--schedule", "1f1b", "--recompute", "none", "--json")
+    split = meshplan("estimate", "--model", "gpt", "--set", "layers=4", "--set", "hidden=128", "heads=4", *knobs)
+    joined = meshplan("estimate", "--model", "gpt", "--set", "layers=4", "hidden=128", "heads=4", *knobs)
     assert split.returncode == joined.returncode == 0, split.stderr + joined.stderr
     a, b = json.loads(split.stdout), json.loads(joined.stdout)
     assert a["step_time_s"] == b["step_time_s"] and a["peak_memory_bytes"] == b["peak_memory_bytes"]

@@ -120,11 +120,11 @@ def test_seq_override_is_planned_and_recorded():
     plan = search(small_gpt(6), cluster(8, 40.0), PlanRequest(num_gpus=8, global_batch=8, seq=4096))
     assert plan.seq_len == 4096 and plan.model_config["seq"] == 4096
     pins = dict(num_gpus=8, global_batch=8, tp=1, pp=1, dp=8, microbatch=1)
-    plan = search(small_gpt(6), cluster(8, 40.0), PlanRequest(seq=4096, **pins))
+    long = search(small_gpt(6), cluster(8, 40.0), PlanRequest(seq=4096, **pins))
     base = search(small_gpt(6), cluster(8, 40.0), PlanRequest(**pins))
     # twice the tokens per sample, and attention's s^2 makes each token dearer: compute more than doubles
     # (tokens/s is not compared: the once-per-step gradient sync is spread over twice the tokens)
-    assert plan.prediction.breakdown["compute"] > 2 * base.prediction.breakdown["compute"]
+    assert long.prediction.breakdown["compute"] > 2 * base.prediction.breakdown["compute"]
 
 
 def gpt_profile_24():
