@@ -56,6 +56,10 @@ class LayerProfile:
     num_params: int
     param_bytes: dict[str, int] = field(default_factory=dict)
     """Parameter bytes by dtype as built (e.g. {"float32": 4096})."""
+    param_shapes: list[list[int]] = field(default_factory=list)
+    """Shape of each trainable parameter, in registration order (what DDP buckets, PowerSGD's
+    low-rank factors and FSDP2's dim-0 padding are computed from); empty when unknown (the cost
+    model then treats the layer's parameters as one flat tensor)."""
     forward_flops: float
     """Forward FLOPs per sample (matmul FLOPs = 2 x MACs), attention included."""
     backward_flops: float

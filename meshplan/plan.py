@@ -10,17 +10,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from meshplan import dp_methods, feasibility
 from meshplan.schema import check
 
-PLAN_SCHEMA_VERSION = 1
-SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
-INTERLEAVED = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
+PLAN_SCHEMA_VERSION = 2
+"""2: the data-parallel methods moved into `dp_methods` (schema 1 had `gradient_comm`, `offload`)."""
+SCHEDULES, INTERLEAVED = feasibility.SCHEDULES, feasibility.INTERLEAVED
 SCHEDULE_ALIASES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B",
                     "interleaved1f1b": "Interleaved1F1B", "loopedbfs": "LoopedBFS",
                     "zerobubble": "InterleavedZeroBubble", "interleavedzerobubble": "InterleavedZeroBubble"}
 RECOMPUTE = ("none", "selective", "full")
-GRADIENT_COMM = ("allreduce", "fp16", "powersgd")
 MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+def check_schema_version(version: object, p: str = "") -> None:
+    """Refuse a Plan of another schema with the way out (checked before the fields are read, so an
+    old file gets this line rather than 'unknown field gradient_comm')."""
+    check(version == PLAN_SCHEMA_VERSION, f"{p}schema_version", version,
+          f"this meshplan reads Plan schema {PLAN_SCHEMA_VERSION} (data-parallel methods in dp_methods); "
+          "re-plan the file with meshplan plan (or estimate) using the same flags")
 
 
 def schedule_name(text: str) -> str:
@@ -33,6 +41,55 @@ def schedule_name(text: str) -> str:
     from meshplan.errors import MeshplanError
 
     raise MeshplanError(f"schedule {text!r} is unknown; use one of gpipe, 1f1b, interleaved")
+
+
+@dataclass(kw_only=True)
+class MethodChoice:
+    """One data-parallel method on one axis: its registry name and its parameters (all of them,
+    defaults filled in: the file says exactly what runs)."""
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def _default(axis: str):
+    return lambda: MethodChoice(name=dp_methods.DEFAULTS[axis],
+                                params=dp_methods.method(axis, dp_methods.DEFAULTS[axis]).resolve({}, axis))
+
+
+@dataclass(kw_only=True)
+class DataParallelMethods:
+    """How replicas exchange gradients and parameters, one registry method per axis
+    (meshplan/dp_methods.py)."""
+    compression: MethodChoice = field(default_factory=_default("compression"))
+    """Gradient compression: none, fp16, powersgd."""
+    sync: MethodChoice = field(default_factory=_default("sync"))
+    """Replica synchronisation: allreduce."""
+    comm_schedule: MethodChoice = field(default_factory=_default("comm_schedule"))
+    """Communication scheduling: buckets (DDP bucket_cap_mb)."""
+    offload: MethodChoice = field(default_factory=_default("offload"))
+    """State placement: none (on the device), cpu (FSDP2 CPUOffloadPolicy)."""
+    waves: MethodChoice = field(default_factory=_default("waves"))
+    """Wave scheduling: 1."""
+
+    def items(self) -> list[tuple[str, MethodChoice]]:
+        return [(axis, getattr(self, axis)) for axis in dp_methods.AXES]
+
+    def non_default(self) -> list[tuple[str, MethodChoice]]:
+        return [(axis, c) for axis, c in self.items() if c.name != dp_methods.DEFAULTS[axis]]
+
+    def approximate(self) -> list[str]:
+        """Labels ("compression=powersgd") of the chosen methods that change the mathematics."""
+        return [dp_methods.method(a, c.name).label for a, c in self.items() if not dp_methods.method(a, c.name).exact]
+
+    def validate(self, path: str = "") -> None:
+        p = f"{path}." if path else ""
+        for axis, choice in self.items():
+            row = dp_methods.method(axis, choice.name, f"{p}{axis}.name")
+            resolved = row.resolve(choice.params, f"{p}{axis}.params")
+            missing = sorted(set(resolved) - set(choice.params))
+            check(not missing, f"{p}{axis}.params", choice.params,
+                  f"missing {', '.join(missing)}; write every parameter of {row.name} (re-plan to fill them)")
+            choice.params = resolved
 
 
 @dataclass(kw_only=True)
@@ -68,6 +125,9 @@ class Prediction:
     """One sentence: what limits this plan (memory on stage 0, pipeline bubble, inter-node TP...)."""
     stage_times_s: list[float] = field(default_factory=list)
     """Forward+backward time of one microbatch per pipeline rank."""
+    comm_bytes_per_step: dict[str, int] = field(default_factory=dict)
+    """Data-parallel bytes on the wire per step and rank (ring volumes, meshplan/comm_bytes.py) by
+    mesh axis ("dp_replicate", "dp_shard"), on the critical rank; `run --json` measures the same."""
 
 
 @dataclass(kw_only=True)
@@ -120,8 +180,8 @@ class Plan:
     tensor_parallel_degree: int = 1
     zero_stage: int = 0
     """0 = DDP, 1 = sharded optimizer states, 2 = + sharded gradients, 3 = + sharded parameters."""
-    offload: bool = False
-    gradient_comm: str = "allreduce"
+    dp_methods: DataParallelMethods = field(default_factory=DataParallelMethods)
+    """Data-parallel methods per axis (gradient compression, sync, scheduling, offload, waves)."""
     sequence_parallel: bool = False
     precision: str = "bf16"
     """Training compute dtype: "bf16" (mixed precision, fp32 master weights) or "fp32"."""
@@ -154,10 +214,13 @@ class Plan:
         return (self.pipeline_parallel_degree, self.data_parallel_replicate_degree,
                 self.data_parallel_shard_degree, self.context_parallel_degree, self.tensor_parallel_degree)
 
+    @staticmethod
+    def precheck(data: dict, path: str = "") -> None:
+        check_schema_version(data.get("schema_version", 1), f"{path}." if path else "")
+
     def validate(self, path: str = "") -> None:
         p = f"{path}." if path else ""
-        check(self.schema_version == PLAN_SCHEMA_VERSION, f"{p}schema_version", self.schema_version,
-              f"this meshplan reads Plan schema {PLAN_SCHEMA_VERSION}; re-run meshplan plan")
+        check_schema_version(self.schema_version, p)
         degrees = dict(zip(("pipeline_parallel_degree", "data_parallel_replicate_degree",
                             "data_parallel_shard_degree", "context_parallel_degree",
                             "tensor_parallel_degree"), self.mesh_shape))
@@ -174,27 +237,35 @@ class Plan:
         self._validate_stages(p)
 
     def _validate_training(self, p: str) -> None:
-        check(0 <= self.zero_stage <= 3, f"{p}zero_stage", self.zero_stage, "use 0, 1, 2 or 3")
-        check(self.zero_stage < 2 or self.data_parallel_replicate_degree == 1 or self.data_parallel_shard_degree > 1,
-              f"{p}zero_stage", self.zero_stage, "ZeRO-2/3 shard over data_parallel_shard_degree; set it > 1")
-        check(self.gradient_comm in GRADIENT_COMM, f"{p}gradient_comm", self.gradient_comm,
-              "use one of " + ", ".join(GRADIENT_COMM))
         check(self.precision in ("bf16", "fp32"), f"{p}precision", self.precision, 'use "bf16" or "fp32"')
-        check(self.pipeline_schedule in SCHEDULES, f"{p}pipeline_schedule", self.pipeline_schedule,
-              "use one of " + ", ".join(SCHEDULES))
-        check(self.virtual_stages >= 1, f"{p}virtual_stages", self.virtual_stages, "must be >= 1")
-        check(self.virtual_stages == 1 or self.pipeline_schedule in INTERLEAVED, f"{p}virtual_stages",
-              self.virtual_stages, f"{self.pipeline_schedule} runs one stage per rank; use 1 or Interleaved1F1B")
-        for name in ("global_batch_size", "microbatch_size", "num_microbatches", "seq_len"):
+        for name in ("global_batch_size", "microbatch_size", "num_microbatches", "seq_len", "virtual_stages"):
             check(getattr(self, name) >= 1, f"{p}{name}", getattr(self, name), "must be >= 1")
         expected = self.microbatch_size * self.num_microbatches * self.data_parallel_degree
         check(expected == self.global_batch_size, f"{p}global_batch_size", self.global_batch_size,
               f"must equal microbatch_size x num_microbatches x data-parallel degree = {expected}")
-        check(self.pipeline_parallel_degree == 1 or self.num_microbatches >= self.pipeline_parallel_degree
-              or self.pipeline_schedule == "GPipe", f"{p}num_microbatches", self.num_microbatches,
-              f"{self.pipeline_schedule} needs at least pp = {self.pipeline_parallel_degree} microbatches")
+        self.dp_methods.validate(f"{p}dp_methods")
+        invalid = [r.text for r in feasibility.reasons(self.layout(), num_layers=len(self.layers))
+                   if not r.runnable_only]
+        check(not invalid, f"{p}layout", self.layout_label(), invalid[0] if invalid else "")
         for layer, mode in self.recompute.items():
             check(mode in RECOMPUTE, f"{p}recompute.{layer}", mode, "use none, selective or full")
+
+    def layout(self) -> feasibility.Layout:
+        """The plan as the feasibility rules read it (meshplan/feasibility.py)."""
+        return feasibility.Layout(
+            pp=self.pipeline_parallel_degree, dp_replicate=self.data_parallel_replicate_degree,
+            dp_shard=self.data_parallel_shard_degree, cp=self.context_parallel_degree,
+            tp=self.tensor_parallel_degree, zero=self.zero_stage, microbatch=self.microbatch_size,
+            num_microbatches=self.num_microbatches, schedule=self.pipeline_schedule,
+            virtual_stages=self.virtual_stages, sequence_parallel=self.sequence_parallel, seq_len=self.seq_len,
+            methods=tuple((axis, c.name) for axis, c in self.dp_methods.items()))
+
+    def layout_label(self) -> str:
+        methods = " ".join(f"{a}={c.name}" for a, c in self.dp_methods.non_default())
+        return (f"pp={self.pipeline_parallel_degree} dp_replicate={self.data_parallel_replicate_degree} "
+                f"dp_shard={self.data_parallel_shard_degree} cp={self.context_parallel_degree} "
+                f"tp={self.tensor_parallel_degree} zero={self.zero_stage} m={self.num_microbatches} "
+                f"{self.pipeline_schedule}" + (f" {methods}" if methods else ""))
 
     def _validate_stages(self, p: str) -> None:
         want = self.pipeline_parallel_degree * self.virtual_stages

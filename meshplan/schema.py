@@ -92,6 +92,9 @@ def from_dict(cls: type[T], data: Any, path: str = "") -> T:
     where = path or cls.__name__
     if not isinstance(data, dict):
         raise _fail(where, data, f"an object ({cls.__name__})")
+    precheck = getattr(cls, "precheck", None)
+    if precheck is not None:  # e.g. Plan's schema_version, before an old file's fields are read
+        precheck(data, path)
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))

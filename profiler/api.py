@@ -16,10 +16,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from meshplan.errors import MeshplanError
 from meshplan.model_profile import LayerProfile, ModelProfile
 from meshplan.profiler.capture import LayerCapture, capture_layer, fake_copy
-from meshplan.profiler.loader import check_device, load_model
+from meshplan.models.loader import check_device, load_model
 from meshplan.profiler.runner import InputSpec
-from meshplan.profiler.tp_rules import tp_rules
-from meshplan.profiler.zoo.base import LayeredModel
+from meshplan.models.tp_rules import tp_rules
+from meshplan.models.zoo.base import LayeredModel
 
 ACTIVATION_DTYPE = torch.bfloat16
 """Activations are captured in bf16, the training precision the planner assumes."""
@@ -135,6 +135,7 @@ def _layer_profile(fqn: str, module: torch.nn.Module, cap: LayerCapture, rule) -
     return LayerProfile(
         name=fqn, kind=type(module).__name__.lower(),
         num_params=sum(p.numel() for p in module.parameters()), param_bytes=param_bytes,
+        param_shapes=[list(p.shape) for p in module.parameters() if p.requires_grad],
         forward_flops=cap.forward_flops, backward_flops=cap.backward_flops,
         activation_bytes=float(cap.activation_bytes),
         selective_activation_bytes=float(cap.selective_activation_bytes),

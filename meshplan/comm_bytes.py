@@ -1,0 +1,61 @@
+"""Bytes on the wire per rank: the one convention the cost model predicts and the executor counts.
+
+Every data-parallel collective is counted where it is issued, as (mesh axis, collective, group
+size, payload bytes this rank hands it), and turned into the bytes each rank sends under the ring
+algorithms (Thakur et al. 2005; Patarasuk & Yuan 2009):
+- all_reduce of B bytes: 2 (g-1)/g B  (reduce-scatter then all-gather)
+- reduce_scatter of an input of B bytes: (g-1)/g B
+- all_gather of a B-byte shard from every rank: (g-1) B
+- broadcast of B bytes (pipelined chain): (g-1)/g B on average over the ranks
+- send/recv of B bytes: B
+Sums are kept as exact fractions and rounded once per step, so a prediction from the totals and a
+count call by call give the same integer. Axes are the mesh's ("dp_replicate", "dp_shard").
+The gradient-clipping norm scalars are not counted (a few bytes, not a method's traffic).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from fractions import Fraction
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv")
+DP_AXES = ("dp_replicate", "dp_shard")
+
+
+def wire_bytes(collective: str, group: int, payload_bytes: int | float) -> Fraction:
+    """Bytes one rank sends for one collective (module docstring)."""
+    if group <= 1 or payload_bytes <= 0:
+        return Fraction(0)
+    b = Fraction(payload_bytes)
+    if collective == "all_reduce":
+        return 2 * (group - 1) * b / group
+    if collective in ("reduce_scatter", "broadcast"):
+        return (group - 1) * b / group
+    if collective == "all_gather":
+        return (group - 1) * b
+    if collective == "send_recv":
+        return b
+    raise ValueError(f"unknown collective {collective!r}")
+
+
+class ByteCounter:
+    """Accumulates one rank's counted collectives; `end_step()` closes a step."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, Fraction] = defaultdict(Fraction)
+        self.steps: list[dict[str, int]] = []
+
+    def add(self, axis: str, collective: str, group: int, payload_bytes: int) -> None:
+        self.current[axis] += wire_bytes(collective, group, payload_bytes)
+
+    def end_step(self) -> dict[str, int]:
+        step = {axis: round(v) for axis, v in sorted(self.current.items()) if v}
+        self.steps.append(step)
+        self.current = defaultdict(Fraction)
+        return step
+
+    def mean_after_first(self) -> dict[str, int]:
+        """Mean per step over the steps after the first (warm-up: DDP bucket rebuild, PowerSGD's
+        start iterations), rounded; the first step alone when only one ran."""
+        steps = self.steps[1:] or self.steps
+        axes = sorted({a for s in steps for a in s})
+        return {a: round(Fraction(sum(s.get(a, 0) for s in steps), len(steps))) for a in axes} if steps else {}

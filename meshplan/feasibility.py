@@ -1,0 +1,132 @@
+"""Which layouts can run: one torch-free set of rules, returning reasons with their numbers.
+
+The search (planner/enumerate.py), `estimate`, `Plan.validate` and the executor's `check_plan`
+all ask `reasons()`, so a plan `meshplan plan` writes is one `meshplan run` runs, and a layout the
+search rejects is rejected by `check_plan` with the same words. A reason is either *invalid*
+(no software could run it: the numbers do not fit together) or *not runnable* (a valid
+description this executor does not run yet, e.g. context parallelism): `Plan.validate` refuses
+only the first kind, so such plans can still be exported; the search and `check_plan` refuse both.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan import dp_methods
+
+SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
+INTERLEAVED = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
+SPLIT_BACKWARD = ("InterleavedZeroBubble",)
+"""Schedules that split backward into input- and weight-gradient passes (zero bubble)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """What the rules read: a search Candidate or a Plan, seen the same way."""
+    pp: int
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    tp: int
+    zero: int
+    microbatch: int
+    num_microbatches: int
+    schedule: str
+    virtual_stages: int
+    sequence_parallel: bool
+    seq_len: int
+    methods: tuple[tuple[str, str], ...] = ()
+    """(axis, name) of every axis's method (defaults may be left out)."""
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+
+@dataclass(frozen=True)
+class Reason:
+    text: str
+    runnable_only: bool = False
+    """True: a valid layout that meshplan's executor does not run."""
+
+
+def reasons(lay: Layout, *, num_layers: int | None = None,
+            tp_divisors: dict[str, int] | None = None) -> list[Reason]:
+    """Every rule `lay` breaks, in a fixed order (the first is the one to show)."""
+    out = [Reason(t) for t in _data_parallel(lay) + _schedule(lay, num_layers) + _tensor_parallel(lay, tp_divisors)]
+    out += [Reason(t) for t in _methods(lay)]
+    if lay.cp > 1:
+        out.append(Reason(f"context_parallel_degree {lay.cp}: the executor does not run context parallelism; "
+                          "use 1", runnable_only=True))
+    return out
+
+
+def first(lay: Layout, **kwargs) -> str:
+    """The first reason (invalid or not runnable), or "" when the layout runs."""
+    found = reasons(lay, **kwargs)
+    return found[0].text if found else ""
+
+
+def _data_parallel(lay: Layout) -> list[str]:
+    out = []
+    if not 0 <= lay.zero <= 3:
+        out.append(f"zero_stage {lay.zero}: use 0, 1, 2 or 3")
+    elif lay.zero <= 1 and lay.dp_shard > 1:
+        out.append(f"zero_stage {lay.zero} with data_parallel_shard_degree {lay.dp_shard}: ZeRO-0/1 replicate; "
+                   "put the data-parallel degree in data_parallel_replicate_degree or use zero_stage 2/3")
+    elif lay.zero >= 2 and lay.dp_replicate > 1 and lay.dp_shard == 1:
+        out.append(f"zero_stage {lay.zero} with data_parallel_shard_degree 1: ZeRO-2/3 shard over "
+                   "data_parallel_shard_degree; set it > 1")
+    return out
+
+
+def _schedule(lay: Layout, num_layers: int | None) -> list[str]:
+    pp, m, v, name = lay.pp, lay.num_microbatches, lay.virtual_stages, lay.schedule
+    if name not in SCHEDULES:
+        return [f"pipeline_schedule {name!r}: use one of {', '.join(SCHEDULES)}"]
+    out = []
+    if v < 1 or (v > 1 and name not in INTERLEAVED):
+        out.append(f"virtual_stages {v}: {name} runs one stage per rank; use 1 or Interleaved1F1B")
+    if num_layers is not None and pp * v > num_layers:
+        out.append(f"pp x virtual_stages = {pp * v} stages for {num_layers} layers; use fewer")
+    if pp > 1 and name != "GPipe" and m % pp:
+        out.append(f"{name} needs the microbatch count ({m}) to be a multiple of pp = {pp}; "
+                   f"use {max(pp, m - m % pp)} or {m + pp - m % pp} microbatches, or GPipe")
+    if pp > 1 and name in SPLIT_BACKWARD and lay.dp > 1 and lay.zero >= 2:
+        out.append(f"{name} with zero_stage {lay.zero}: FSDP2 misses the split weight-gradient pass; "
+                   "use Interleaved1F1B or zero_stage 0/1")
+    return out
+
+
+def _tensor_parallel(lay: Layout, divisors: dict[str, int] | None) -> list[str]:
+    tp, out = lay.tp, []
+    if lay.sequence_parallel and tp == 1:
+        out.append("sequence_parallel with tensor_parallel_degree 1: sequence parallelism splits over the "
+                   "TP group; set tensor_parallel_degree > 1 or turn it off")
+    if lay.sequence_parallel and tp > 1 and lay.seq_len % tp:
+        out.append(f"sequence parallelism needs seq_len {lay.seq_len} divisible by tensor_parallel_degree {tp}")
+    for name, size in sorted((divisors or {}).items()):
+        if tp > 1 and size % tp:
+            out.append(f"{name} {size} not divisible by tp={tp}")
+            break
+    return out
+
+
+def _methods(lay: Layout) -> list[str]:
+    out = []
+    for axis, name in lay.methods:
+        if name == dp_methods.DEFAULTS[axis]:
+            continue
+        row = dp_methods.method(axis, name)
+        if lay.dp == 1 and axis in ("compression", "sync", "comm_schedule"):
+            out.append(f"{row.label} with data-parallel degree 1: there are no replicas to exchange gradients; "
+                       f"use {axis}={dp_methods.DEFAULTS[axis]}")
+        if lay.zero not in row.zero_stages:
+            out.append(f"{row.label} with zero_stage {lay.zero}: runs with zero_stage "
+                       f"{'/'.join(map(str, row.zero_stages))} only")
+        if lay.tp > 1 and not row.tensor_parallel:
+            out.append(f"{row.label} with tensor_parallel_degree {lay.tp}: needs DDP, which cannot hold "
+                       "tensor-parallel parameters; use tensor_parallel_degree 1")
+        if lay.pp > 1 and lay.schedule in SPLIT_BACKWARD and lay.dp > 1 and not row.split_backward:
+            out.append(f"{row.label} with {lay.schedule}: its hooks miss the split weight-gradient pass; "
+                       "use Interleaved1F1B")
+    return out
