@@ -25,7 +25,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
 reports: $(STAMP)
-	$(BIN)/python -m meshplan.report.examples --out reports
+	$(BIN)/python -m meshplan.examples --out reports
 
 validate: $(STAMP)
 	$(BIN)/meshplan validate -o reports/validation.md

@@ -1,8 +1,8 @@
-"""Maps the top-level profiler/, planner/ and executor/ folders into the single import
+"""Maps the top-level models/, profiler/, planner/ and executor/ folders into the single import
 namespace meshplan.* (DESIGN.md, "Layout"); all metadata lives in pyproject.toml."""
 from setuptools import find_packages, setup
 
-ROOTS = {"meshplan": "meshplan", "meshplan.profiler": "profiler",
+ROOTS = {"meshplan": "meshplan", "meshplan.models": "models", "meshplan.profiler": "profiler",
          "meshplan.planner": "planner", "meshplan.executor": "executor"}
 
 packages, package_dir = [], {}

@@ -21,7 +21,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from meshplan.profiler.zoo import build_model
+from meshplan.models.zoo import build_model
 
 
 def parse() -> argparse.Namespace:

@@ -6,7 +6,7 @@ speedup over brute-force enumeration of the same plan space (meshplan.planner.br
 
 Targets (issue 4): 175B on 1024 A100 under 1 s, 405B on 16384 H100 under 5 s of CPU. Profiles
 come from meshplan.profiler.profile_model on the meta device (not timed here; no weights), or the
-closed forms of meshplan.planner.analytic without torch. search_time_s is CPU time of search(). Counts too small to
+closed forms of meshplan.models.analytic without torch. search_time_s is CPU time of search(). Counts too small to
 hold the model end in InfeasibleError; their time includes finding the fewest GPUs that fit.
 
 Brute force (issue 7): every plan of the space search() chooses from — every outer candidate,
@@ -27,7 +27,7 @@ import time
 
 from meshplan.errors import InfeasibleError
 from meshplan.planner import PlanRequest, search
-from meshplan.planner.analytic import GPT3_175B, LLAMA3_405B, gpt_profile, llama_profile
+from meshplan.models.analytic import GPT3_175B, LLAMA3_405B, gpt_profile, llama_profile
 from meshplan.planner.bruteforce import brute_force
 from meshplan.presets import cluster_preset
 

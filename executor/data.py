@@ -16,7 +16,7 @@ from torch.utils.data import DistributedSampler, default_collate
 
 from meshplan.errors import MeshplanError
 from meshplan.plan import Plan
-from meshplan.profiler.zoo.base import LayeredModel
+from meshplan.models.zoo.base import LayeredModel
 
 Batches = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
 

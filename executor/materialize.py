@@ -3,7 +3,7 @@
 After pipeline splitting, TP and FSDP2 have rewritten the parameters (DTensors with Shard,
 _StridedShard or Replicate placements), the stage is allocated with `to_empty` and each
 parameter's local shard is cut from its full initial value: `init_tensor(fqn, shape, seed)`
-(profiler/zoo/base.py, a pure function of FQN and shape), or the user's own weights when
+(models/zoo/base.py, a pure function of FQN and shape), or the user's own weights when
 `apply` was handed a real model. Cutting uses `distribute_tensor(..., src_data_rank=None)`:
 every rank slices its shard locally, with no communication.
 """
@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from meshplan.profiler.zoo.base import init_tensor
+from meshplan.models.zoo.base import init_tensor
 
 FullValue = Callable[[str, torch.Size, torch.dtype], torch.Tensor]
 

@@ -1,6 +1,6 @@
 """Rebuild the plan's model (on the meta device) and look up its tensor-parallel rules.
 
-Zoo names go through `meshplan.profiler.zoo.build_model`; user models ("file.py:factory",
+Zoo names go through `meshplan.models.zoo.build_model`; user models ("file.py:factory",
 "module:factory", "hf:NAME") through the profiler's loader. `tp_rules_for` is the single place the
 executor learns how to split a layer; it defers to the profiler's `tp_rules` and falls back to the
 GPT naming (attn.wq/wk/wv, mlp.fc1 column; attn.wo, mlp.fc2 row) if that module is absent.
@@ -15,7 +15,7 @@ from torch import nn
 from meshplan.errors import MeshplanError
 from meshplan.model_profile import TPRule
 from meshplan.plan import Plan
-from meshplan.profiler.zoo.base import LayeredModel
+from meshplan.models.zoo.base import LayeredModel
 
 
 def build_model_for_plan(plan: Plan, device: str | torch.device = "meta", seed: int = 0) -> LayeredModel:
@@ -37,9 +37,9 @@ def build_named_model(name: str, config: dict[str, Any], device: str | torch.dev
                       seed: int = 0) -> LayeredModel:
     """Zoo, family, user-file or HF model as a LayeredModel, through the profiler's loader."""
     try:
-        from meshplan.profiler.loader import load_model
+        from meshplan.models.loader import load_model
     except ImportError:  # an older profiler: zoo names only
-        from meshplan.profiler import zoo
+        from meshplan.models import zoo
         return zoo.build_model(name, config, device=device, seed=seed)
     model = load_model(name, config, str(device), seed)
     if not isinstance(model, LayeredModel):
@@ -50,7 +50,7 @@ def build_named_model(name: str, config: dict[str, Any], device: str | torch.dev
 def tp_rules_for(model: nn.Module) -> dict[str, TPRule]:
     """TPRule per layer FQN (embed, layers.i, head)."""
     try:
-        from meshplan.profiler.tp_rules import tp_rules
+        from meshplan.models.tp_rules import tp_rules
     except ImportError:
         return _gpt_rules(model)
     return tp_rules(model)

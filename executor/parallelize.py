@@ -34,7 +34,7 @@ from meshplan.executor.parallel_dims import ParallelDims
 from meshplan.executor.pipeline import SPLIT_BACKWARD, build_schedule, schedule_step, split_stages
 from meshplan.executor.tensor_parallel import apply_tp
 from meshplan.plan import MESH_AXES, Plan
-from meshplan.profiler.zoo.base import LayeredModel
+from meshplan.models.zoo.base import LayeredModel
 
 
 @dataclass(kw_only=True)

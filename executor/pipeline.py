@@ -21,7 +21,7 @@ from torch.distributed.pipelining.schedules import (PipelineScheduleMulti, Sched
                                                     ScheduleLoopedBFS)
 
 from meshplan.plan import Plan
-from meshplan.profiler.zoo.base import LayeredModel
+from meshplan.models.zoo.base import LayeredModel
 
 SCHEDULE_CLASSES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B, "Interleaved1F1B": ScheduleInterleaved1F1B,
                     "LoopedBFS": ScheduleLoopedBFS, "InterleavedZeroBubble": ScheduleInterleavedZeroBubble}

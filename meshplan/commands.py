@@ -80,7 +80,7 @@ def _check_positive(**values: int | None) -> None:
 
 def cmd_presets(args: argparse.Namespace) -> int:
     from meshplan.presets import CLUSTER_PRESETS, cluster_preset
-    from meshplan.profiler.zoo import ZOO, FAMILIES
+    from meshplan.models.zoo import ZOO, FAMILIES
 
     models = {name: {"family": fam, **cfg} for name, (fam, cfg) in sorted(ZOO.items())}
     clusters = {}
@@ -317,7 +317,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from meshplan.planner import validate_published, write_validation_report
+    from meshplan.validation import validate_published, write_validation_report
 
     csv = args.csv or str(Path(__file__).parent / "data" / "published-runs.csv")
     with _progress(args, "predicting published runs"):

@@ -1,4 +1,4 @@
-"""`make reports` (python -m meshplan.report.examples --out reports): the example reports in reports/.
+"""`make reports` (python -m meshplan.examples --out reports): the example reports in reports/.
 
 - demo/: gpt-tiny on 4 local CPU ranks WITH a measured run (meshplan.demo: profile on this CPU,
   measured gloo links, search, torchrun, report).
@@ -164,7 +164,7 @@ def stale_reports(out_dir: str | Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m meshplan.report.examples", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m meshplan.examples", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="reports", help="folder holding one sub-folder per example")
     parser.add_argument("--only", nargs="*", help=f"example names: {DEMO}, " + ", ".join(e.name for e in EXAMPLES))

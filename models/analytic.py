@@ -107,7 +107,7 @@ def _assemble(name, family, seq, hidden, heads, vocab, layer_list, config) -> Mo
             lp.num_params for lp in layer_list),
         forward_flops_per_sample=sum(lp.forward_flops for lp in layer_list),
         num_layers=len(layer_list) - 2, hidden=hidden, heads=heads, vocab=vocab, device="meta",
-        layers=layer_list, notes=["closed-form profile (meshplan.planner.analytic)"])
+        layers=layer_list, notes=["closed-form profile (meshplan.models.analytic)"])
 
 
 GPT3_175B = dict(layers=96, hidden=12288, heads=96, vocab=51200, seq=2048)

@@ -19,7 +19,7 @@ from torch import nn
 
 from meshplan.errors import MeshplanError
 from meshplan.model_profile import TPRule
-from meshplan.profiler.zoo.base import CausalLM
+from meshplan.models.zoo.base import CausalLM
 
 _LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                  "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
@@ -167,7 +167,7 @@ def hf_block_rule(block: HFBlock) -> TPRule:
 
 
 def _register_rules() -> None:
-    from meshplan.profiler.tp_rules import register_tp_rule
+    from meshplan.models.tp_rules import register_tp_rule
 
     register_tp_rule(HFBlock, hf_block_rule)
     register_tp_rule(HFEmbed, lambda m: TPRule(row=["tok"], replicated=["pos"] if m.pos is not None else [],

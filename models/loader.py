@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from meshplan.errors import MeshplanError
-from meshplan.profiler.zoo import build_model
-from meshplan.profiler.zoo.base import LayeredModel
+from meshplan.models.zoo import build_model
+from meshplan.models.zoo.base import LayeredModel
 
 DEVICES = ("meta", "cpu", "cuda")
 
@@ -33,11 +33,11 @@ def load_model(spec: str, overrides: dict[str, Any] | None = None, device: str =
     """A LayeredModel for `spec` on `device` (weights from init_weights unless on meta)."""
     check_device(device)
     if spec.startswith("hf:"):
-        from meshplan.profiler.hf import load_hf_model
+        from meshplan.models.hf import load_hf_model
 
         return load_hf_model(spec[3:], overrides, device, seed)
     if ":" in spec:
-        from meshplan.profiler.user_models import load_user_model
+        from meshplan.models.user_models import load_user_model
 
         return load_user_model(spec, overrides, device, seed)
     return build_model(spec, overrides, device, seed)

@@ -45,7 +45,7 @@ def _load_zoo_rules() -> None:
         return
     _load_zoo_rules.done = True
     for name in ZOO_MODULES:
-        module = importlib.import_module(f"meshplan.profiler.zoo.{name}")
+        module = importlib.import_module(f"meshplan.models.zoo.{name}")
         for cls, rule in getattr(module, "TP_RULES", {}).items():
             _RULES.setdefault(cls, rule)
 

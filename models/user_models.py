@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from meshplan.errors import MeshplanError
-from meshplan.profiler.zoo.base import LayeredModel
+from meshplan.models.zoo.base import LayeredModel
 
 
 def load_user_model(spec: str, overrides: dict[str, Any] | None, device: str, seed: int = 0) -> LayeredModel:

@@ -8,7 +8,7 @@ a transformer layer with 16-bit activations saves sbh(34 + 5as/h) bytes
              output-projection input 2sbh, attention dropout mask sbh;
   MLP        19sbh = fc1 input 2sbh, GeLU input 8sbh, fc2 input 8sbh, dropout mask sbh;
   LayerNorm  4sbh  = the two LayerNorm inputs.
-Adapted to OUR block (profiler/zoo/gpt.py):
+Adapted to OUR block (models/zoo/gpt.py):
   - no dropout: drop the two sbh masks and the as^2b softmax mask            -> 32sbh + 4as^2b;
   - attention is fused SDPA (flash on CPU and GPU): it saves Q, K, V, its output O and the
     fp32 log-sum-exp (4asb bytes) instead of the softmax output and dropout output (4as^2b);

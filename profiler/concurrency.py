@@ -36,7 +36,7 @@ and a Linux scheduler runs a task waking from such a wait ahead of CPU-bound loa
 neighbours and the timed process (timing.measure_times) pause this long after each pass, so
 the host share they measure is that of ranks, not of CPU hogs."""
 FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "torch._refs", "meshplan.profiler.concurrency",
-                      "meshplan.profiler.zoo"]
+                      "meshplan.models.zoo"]
 """Imported once by the fork server, so that a worker starts in milliseconds, not seconds
 (torch._dynamo and torch._refs: what the first nn.init on the meta device imports, ~1 s)."""
 LOG_TAIL_LINES = 6
@@ -47,7 +47,7 @@ def _worker(spec: str, overrides: dict | None, device: str, commands, acks, log_
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
 
-    from meshplan.profiler.loader import load_model
+    from meshplan.models.loader import load_model
     from meshplan.profiler.runner import forward_backward, make_input, materialise_layer
 
     torch.set_num_threads(1)

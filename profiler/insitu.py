@@ -145,7 +145,7 @@ def _measure_all(world: int, spec: str, overrides, reps, rules, inputs, batches)
     measurement spreads over all cases, as profile-links does), ITERS passes each in all."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from meshplan.profiler.loader import load_model
+    from meshplan.models.loader import load_model
 
     model = load_model(spec, overrides, "meta")
     meshes = {d: init_device_mesh("cpu", (world // d, d), mesh_dim_names=("rest", "inner"))["inner"]
@@ -234,7 +234,7 @@ def _recompute_case(model, rep: str, spec, b: int, mode: str) -> Case:
     every rank at once with no collective: the recomputed forward and the checkpoint machinery
     (saved-tensor hooks, SAC dispatch, the extra allocations) as the ranks pay them sharing the
     cores. Key "recompute_<mode>@1:bB" (degree 1: nothing is split)."""
-    from meshplan.executor.activation_checkpoint import apply_ac
+    from meshplan.executor.wrappers import apply_ac
     from meshplan.profiler.runner import make_input, materialise_layer
 
     plain = materialise_layer(model, rep, "cpu")
@@ -250,7 +250,7 @@ def _ddp_cases(model, batches: list[int], degree: int, mesh) -> list[Case]:
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from meshplan.executor.data_parallel import BUCKET_BYTES
+    from meshplan.executor.wrappers import BUCKET_BYTES
 
     plain = copy.deepcopy(model)  # DDP's gradient hooks live on the wrapped model's parameters
     wrapped = DDP(model, process_group=mesh.get_group(), bucket_cap_mb=BUCKET_BYTES // 2**20)
@@ -291,7 +291,7 @@ def _zero1_case(model, b: int, degree: int, mesh) -> OptimizerCase:
     import torch
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    from meshplan.executor.data_parallel import optimizer_spec
+    from meshplan.executor.wrappers import optimizer_spec
 
     plain = copy.deepcopy(model)
     x, y = model.example_batch(b, torch.Generator().manual_seed(1))
@@ -331,7 +331,7 @@ def _grads_of(optimizer) -> tuple[list, list]:
 
 
 def _adamw(module):
-    from meshplan.executor.data_parallel import optimizer_spec
+    from meshplan.executor.wrappers import optimizer_spec
 
     cls, kwargs = optimizer_spec("adamw", 1e-4, 0.1)
     return cls([p for p in module.parameters() if p.requires_grad], **kwargs)
@@ -393,7 +393,7 @@ def _pass(module, x, loss=None) -> tuple[float, float]:
 def _wrap(layer, rule, mesh, kind: str) -> bool:
     try:
         if kind.startswith("tp"):
-            from meshplan.executor.tensor_parallel import apply_tp
+            from meshplan.executor.wrappers import apply_tp
 
             apply_tp(layer, {"": rule}, mesh, kind == "tp_sp")
         else:

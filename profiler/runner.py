@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from meshplan.profiler.zoo.base import LayeredModel, init_tensor
+from meshplan.models.zoo.base import LayeredModel, init_tensor
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,7 @@ import time
 
 import torch
 
-from meshplan.executor.data_parallel import optimizer_spec
-from meshplan.executor.grad_clip import clip_grad_norm
+from meshplan.executor.wrappers import clip_grad_norm, optimizer_spec
 
 
 def cores_available() -> int:

@@ -29,7 +29,7 @@ from meshplan.profiler.memory import LiveBytes, layer_param_bytes, available_mem
 from meshplan.profiler.runner import InputSpec, make_input, materialise_layer, run_dtype
 from meshplan.profiler.step_timing import HostShare, cores_available, optimizer_step_cpu_s
 from meshplan.profiler.wrapper_timing import wrapper_overheads
-from meshplan.profiler.zoo.base import LayeredModel
+from meshplan.models.zoo.base import LayeredModel
 
 WARMUP = 2
 REPEATS = 5

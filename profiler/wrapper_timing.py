@@ -34,7 +34,7 @@ def _one_rank_mesh():
 
 
 def _wrap_tp(layer, rule: TPRule, mesh):
-    from meshplan.executor.tensor_parallel import apply_tp
+    from meshplan.executor.wrappers import apply_tp
 
     apply_tp(layer, {"": rule}, mesh, False)
     return layer
@@ -49,7 +49,7 @@ def _wrap_fsdp(layer, rule: TPRule, mesh):
 
 def _wrap_recompute(mode: str):
     def wrap(layer, rule: TPRule, mesh):
-        from meshplan.executor.activation_checkpoint import apply_ac
+        from meshplan.executor.wrappers import apply_ac
 
         apply_ac(layer, {"": mode})
         return layer

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from meshplan.model_profile import LayerProfile, ModelProfile, TPRule
-from meshplan.planner.analytic import gpt_profile, llama_profile
+from meshplan.models.analytic import gpt_profile, llama_profile
 from meshplan.planner.bruteforce import brute_force_best, brute_force_candidate  # noqa: F401 (re-exported)
 from meshplan.presets import cluster_preset
 

@@ -50,7 +50,7 @@ def test_cap_stops_and_reports_not_finished():
 
 def test_space_size_is_exact_beyond_floats():
     """Llama-3 405B's shape at 16384 GPUs: an integer far beyond 1e53, exact, never enumerated."""
-    from meshplan.planner.analytic import LLAMA3_405B, llama_profile
+    from meshplan.models.analytic import LLAMA3_405B, llama_profile
     from meshplan.presets import cluster_preset
 
     size = space_size(llama_profile(**LLAMA3_405B), cluster_preset("h100-80g", 16384),

@@ -128,7 +128,7 @@ def test_seq_override_is_planned_and_recorded():
 
 
 def gpt_profile_24():
-    from meshplan.planner.analytic import gpt_profile
+    from meshplan.models.analytic import gpt_profile
 
     return gpt_profile(layers=24, hidden=2048, heads=16)
 
@@ -151,7 +151,7 @@ def test_planner_never_imports_torch():
     import subprocess
     import sys
 
-    code = ("import sys, meshplan.planner, meshplan.planner.validation, meshplan.planner.orderings; "
+    code = ("import sys, meshplan.planner, meshplan.validation.published, meshplan.validation.orderings; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

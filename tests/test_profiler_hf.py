@@ -7,8 +7,10 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers not installed (pip install 'meshplan[hf]')")
 
 from meshplan.cli import main  # noqa: E402
-from meshplan.profiler import load_model, profile_model, tp_rules  # noqa: E402
-from meshplan.profiler.hf import _config  # noqa: E402
+from meshplan.models.loader import load_model  # noqa: E402
+from meshplan.models.tp_rules import tp_rules  # noqa: E402
+from meshplan.models.hf import _config  # noqa: E402
+from meshplan.profiler import profile_model  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])

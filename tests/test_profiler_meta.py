@@ -2,7 +2,9 @@
 import pytest
 
 from meshplan.model_profile import ModelProfile
-from meshplan.profiler import load_model, profile_model, tp_rules
+from meshplan.models.loader import load_model
+from meshplan.models.tp_rules import tp_rules
+from meshplan.profiler import profile_model
 from meshplan.profiler.activations import gpt_block_activation_bytes, gpt_block_selective_bytes
 from meshplan.schema import from_dict, to_dict
 

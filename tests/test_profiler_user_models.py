@@ -7,7 +7,8 @@ import torch
 
 from meshplan.cli import main
 from meshplan.errors import MeshplanError
-from meshplan.profiler import load_model, profile_model
+from meshplan.models.loader import load_model
+from meshplan.profiler import profile_model
 
 FIXTURES = Path(__file__).parent / "fixtures" / "user_models"
 

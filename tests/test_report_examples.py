@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from meshplan import schema
-from meshplan.report import examples
+from meshplan import examples
 from report_fixtures import flat_plan, run_for, searched_plan, uneven_plan
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.planner import validate_published, write_validation_report
-from meshplan.planner.validation_report import summary
+from meshplan.validation import validate_published, write_validation_report
+from meshplan.validation.report import summary
 
 import meshplan
 
@@ -82,7 +82,7 @@ def test_data_parallel_cost_at_scale_matches_korthikanti_section_6_3(rows):
 def test_unstated_degrees_come_from_the_same_source_and_model():
     import csv
 
-    from meshplan.planner.validation import with_source_degrees
+    from meshplan.validation.published import with_source_degrees
 
     with open(CSV, newline="") as fh:
         rows = list(csv.DictReader(fh))

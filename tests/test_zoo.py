@@ -4,9 +4,11 @@ import copy
 import pytest
 import torch
 
-from meshplan.profiler import load_model, profile_model, tp_rules
-from meshplan.profiler.zoo import ZOO, build_model
-from meshplan.profiler.zoo.moe import MoEConfig, MoEMLP
+from meshplan.models.loader import load_model
+from meshplan.models.tp_rules import tp_rules
+from meshplan.models.zoo import ZOO, build_model
+from meshplan.models.zoo.moe import MoEConfig, MoEMLP
+from meshplan.profiler import profile_model
 
 TINY = ["gpt-tiny", "llama-tiny", "bert-tiny", "vit-tiny", "moe-tiny", "resnet-tiny"]
 
@@ -17,7 +19,7 @@ def narayanan_eq2(l: int, h: int, V: int, s: int) -> int:
 
 
 def our_gpt_params(l: int, h: int, V: int, s: int) -> int:
-    """Exact count for profiler/zoo/gpt.py. Eq. 2 counts per block 12h^2 + 13h (QKV/out projections
+    """Exact count for models/zoo/gpt.py. Eq. 2 counts per block 12h^2 + 13h (QKV/out projections
     4h^2 + 4h, MLP 8h^2 + 5h, two LayerNorms 4h) and the token + learned position embeddings
     (V + s)h, with the output layer tied to the token embedding and the final LayerNorm left out.
     Our head is untied (Vh more) and has the final LayerNorm (2h more)."""

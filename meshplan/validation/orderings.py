@@ -13,14 +13,13 @@
 - Fig. 17: 145B GPT (80 layers, 96 heads, hidden 12288) on 128 A100, (t, p) = (8, 16): with
   activation recompute a larger batch is reachable and its best throughput beats the best
   without recompute.
-Runs are the Megatron-LM of 2021 (see validation.py): interleaved schedule, no ZeRO.
+Runs are the Megatron-LM of 2021 (see published.py): interleaved schedule, no ZeRO.
 """
 from __future__ import annotations
 
 from meshplan.errors import MeshplanError
-from meshplan.planner.analytic import gpt_profile
-from meshplan.planner.request import PlanRequest
-from meshplan.planner.search import search
+from meshplan.models.analytic import gpt_profile
+from meshplan.planner import PlanRequest, search
 from meshplan.presets import cluster_preset
 
 MEGATRON_2021 = dict(state_layout="megatron", overlap_dp_comm=False, zero=0, sequence_parallel=False, top_k=1,
@@ -82,7 +81,7 @@ def fig17_recompute() -> list[dict]:
 
 
 def table2_ptdp_vs_zero3() -> list[dict]:
-    from meshplan.planner.estimate import estimate
+    from meshplan.planner import estimate
 
     prof = gpt_profile(layers=96, hidden=12288, heads=96, vocab=51200, seq=2048)
     out = []

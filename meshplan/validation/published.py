@@ -13,12 +13,11 @@ import csv
 import re
 
 from meshplan.errors import MeshplanError
-from meshplan.planner.analytic import gpt_profile
-from meshplan.planner.estimate import estimate
-from meshplan.planner.memory import GIB
-from meshplan.planner.request import PlanRequest
-from meshplan.planner.search import search
+from meshplan.models.analytic import gpt_profile
+from meshplan.planner import PlanRequest, estimate, search
 from meshplan.presets import cluster_preset
+
+GIB = 2**30
 
 GPU_PRESETS = {"A100-SXM4-80GB": "a100-80g", "A100-SXM4-40GB": "a100-40g", "H100": "h100-80g",
                "H200": "h200-141g", "B200": "b200-180g"}
@@ -191,7 +190,7 @@ def validate_published(csv_path: str) -> list[dict]:
         rows = list(csv.DictReader(fh))
     results = [{"kind": "throughput", **validate_row(row)} for row in with_source_degrees(rows)]
     results += [{"kind": "memory", **m} for m in memory_checks(rows)]
-    from meshplan.planner.orderings import published_orderings
+    from meshplan.validation.orderings import published_orderings
 
     results += [{"kind": "ordering", **o} for o in published_orderings()]
     return results

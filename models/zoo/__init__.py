@@ -12,13 +12,13 @@ from typing import Any
 import torch
 
 from meshplan.errors import MeshplanError
-from meshplan.profiler.zoo.base import LayeredModel, init_weights
-from meshplan.profiler.zoo.bert import Bert, BertConfig
-from meshplan.profiler.zoo.gpt import GPT, GPTConfig
-from meshplan.profiler.zoo.llama import Llama, LlamaConfig
-from meshplan.profiler.zoo.moe import MoE, MoEConfig
-from meshplan.profiler.zoo.resnet import ResNet, ResNetConfig
-from meshplan.profiler.zoo.vit import ViT, ViTConfig
+from meshplan.models.zoo.base import LayeredModel, init_weights
+from meshplan.models.zoo.bert import Bert, BertConfig
+from meshplan.models.zoo.gpt import GPT, GPTConfig
+from meshplan.models.zoo.llama import Llama, LlamaConfig
+from meshplan.models.zoo.moe import MoE, MoEConfig
+from meshplan.models.zoo.resnet import ResNet, ResNetConfig
+from meshplan.models.zoo.vit import ViT, ViTConfig
 
 # family -> (config class, model class)
 FAMILIES: dict[str, tuple[type, type]] = {

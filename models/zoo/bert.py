@@ -14,8 +14,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from meshplan.model_profile import TPRule
-from meshplan.profiler.zoo.base import LayeredModel
-from meshplan.profiler.zoo.gpt import MLP, Attention, GPTConfig, block_rule
+from meshplan.models.zoo.base import LayeredModel
+from meshplan.models.zoo.gpt import MLP, Attention, GPTConfig, block_rule
 
 IGNORE_INDEX = -100
 
@@ -99,4 +99,4 @@ TP_RULES = {
                                     num_allreduce_fwd=1, kind="embedding"),
     MLMHead: lambda m: TPRule(column=["proj"], replicated=["dense", "norm"], kind="head"),
 }
-"""TP rules by layer class, read by meshplan.profiler.tp_rules."""
+"""TP rules by layer class, read by meshplan.models.tp_rules."""

@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from meshplan.model_profile import TPRule
-from meshplan.profiler.zoo.base import CausalLM
+from meshplan.models.zoo.base import CausalLM
 
 
 @dataclass(kw_only=True)
@@ -122,4 +122,4 @@ TP_RULES = {
     # vocab-parallel logits (ColwiseParallel): no all-reduce, the loss runs on the shards
     Head: lambda m: TPRule(column=["proj"], replicated=["norm"], kind="head"),
 }
-"""TP rules by layer class, read by meshplan.profiler.tp_rules."""
+"""TP rules by layer class, read by meshplan.models.tp_rules."""

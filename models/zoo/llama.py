@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from meshplan.model_profile import TPRule
-from meshplan.profiler.zoo.base import CausalLM
+from meshplan.models.zoo.base import CausalLM
 
 
 @dataclass(kw_only=True)
@@ -140,4 +140,4 @@ TP_RULES = {
     LlamaEmbedding: lambda m: TPRule(row=["tok"], num_allreduce_fwd=1, kind="embedding"),
     LlamaHead: lambda m: TPRule(column=["proj"], replicated=["norm"], kind="head"),
 }
-"""TP rules by layer class, read by meshplan.profiler.tp_rules."""
+"""TP rules by layer class, read by meshplan.models.tp_rules."""

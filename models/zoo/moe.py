@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from meshplan.model_profile import TPRule
-from meshplan.profiler.zoo.gpt import GPT, Attention, GPTConfig
+from meshplan.models.zoo.gpt import GPT, Attention, GPTConfig
 
 
 @dataclass(kw_only=True)
@@ -98,4 +98,4 @@ def _block_rule(block: MoEBlock) -> TPRule:
 
 
 TP_RULES = {MoEBlock: _block_rule}
-"""TP rules by layer class, read by meshplan.profiler.tp_rules."""
+"""TP rules by layer class, read by meshplan.models.tp_rules."""

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from meshplan.model_profile import TPRule
-from meshplan.profiler.zoo.base import LayeredModel
-from meshplan.profiler.zoo.gpt import Block, GPTConfig
+from meshplan.models.zoo.base import LayeredModel
+from meshplan.models.zoo.gpt import Block, GPTConfig
 
 
 @dataclass(kw_only=True)
@@ -87,4 +87,4 @@ TP_RULES = {
     PatchEmbedding: lambda m: TPRule(kind="none"),
     ClassifierHead: lambda m: TPRule(kind="none"),
 }
-"""TP rules by layer class, read by meshplan.profiler.tp_rules."""
+"""TP rules by layer class, read by meshplan.models.tp_rules."""

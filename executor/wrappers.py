@@ -1,0 +1,18 @@
+"""The executor's public wrappers: what the profiler times, exactly as the executor applies them.
+
+DESIGN.md ("Dependency direction"): the profiler measures the executor's own wrappers through this
+module and imports nothing else of the executor (tests/test_layering.py holds it to that).
+- apply_tp(stage, rules, tp_mesh, sequence_parallel): DTensor tensor/sequence parallel per TPRule
+- apply_ac(stage, recompute): activation checkpointing per layer ("full" / "selective")
+- optimizer_spec(name, lr, weight_decay) -> (optimizer class, kwargs), as the executor builds it
+- clip_grad_norm(params, max_norm, pp_group, device): global-norm clipping over DTensor grads
+- BUCKET_BYTES: the DDP gradient bucket size
+"""
+from __future__ import annotations
+
+from meshplan.executor.activation_checkpoint import apply_ac
+from meshplan.executor.data_parallel import BUCKET_BYTES, optimizer_spec
+from meshplan.executor.grad_clip import clip_grad_norm
+from meshplan.executor.tensor_parallel import apply_tp
+
+__all__ = ["apply_tp", "apply_ac", "optimizer_spec", "clip_grad_norm", "BUCKET_BYTES"]
