@@ -11,6 +11,10 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
+	@# iproute2 (ip netns, tc) for benchmarks/slow_link.py: only when tc is absent, as root, with apt-get; never fatal
+	@command -v tc >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  timeout 300 sh -c 'apt-get update -qq && apt-get install -y -qq iproute2' >/dev/null 2>&1; } || \
+	  echo "note: iproute2 not installed; slow-link tests will skip"
 	touch $(STAMP)
 
 install: $(STAMP)
