@@ -7,6 +7,8 @@ one line on stderr and a non-zero exit, never a traceback (meshplan.errors.Meshp
 from __future__ import annotations
 
 import argparse
+
+from meshplan import dp_methods
 import sys
 
 from meshplan import __version__
@@ -54,6 +56,25 @@ def _plan_knobs(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage" + need)
     p.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="Megatron sequence parallelism with TP" + need)
+    p.add_argument("--dp-shard", type=int, help="FSDP2 shard degree for ZeRO-2/3 (HSDP when < --dp)" + need)
+    _method_args(p)
+
+
+def _method_args(p: argparse.ArgumentParser) -> None:
+    """Data-parallel methods (meshplan/dp_methods.py): a pin per axis, and what-ifs to price."""
+    g = p.add_argument_group("data-parallel methods (`meshplan presets` lists them)")
+    g.add_argument("--compression", metavar="NAME[:k=v,...]",
+                   help="pin gradient compression: " + ", ".join(dp_methods.names("compression")))
+    g.add_argument("--sync", metavar="NAME[:k=v,...]",
+                   help="pin replica synchronisation: " + ", ".join(dp_methods.names("sync")))
+    g.add_argument("--comm-schedule", metavar="NAME[:k=v,...]",
+                   help="pin communication scheduling: " + ", ".join(dp_methods.names("comm_schedule")))
+    g.add_argument("--offload", choices=dp_methods.names("offload"), help="pin state placement")
+    g.add_argument("--waves", choices=dp_methods.names("waves"), help="pin wave scheduling")
+    g.add_argument("--allow-compression", metavar="NAME,...|all",
+                   help="let the search price these approximate compressors as what-ifs")
+    g.add_argument("--allow-sync", metavar="NAME,...|all",
+                   help="let the search price these approximate synchronisation methods as what-ifs")
 
 
 def _cluster_args(p: argparse.ArgumentParser) -> None:

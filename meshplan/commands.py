@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from meshplan import schema
+from meshplan import dp_methods, schema
 from meshplan.errors import MeshplanError
 from meshplan.plan import Plan, schedule_name
 
@@ -169,7 +169,7 @@ def _request(args: argparse.Namespace, cluster):
     from meshplan.planner.request import PlanRequest
 
     _check_positive(num_gpus=args.num_gpus, global_batch=args.global_batch, seq=args.seq, tp=args.tp,
-                    pp=args.pp, dp=args.dp, cp=args.cp, microbatch=args.microbatch,
+                    pp=args.pp, dp=args.dp, cp=args.cp, dp_shard=args.dp_shard, microbatch=args.microbatch,
                     virtual_stages=args.virtual_stages, top=getattr(args, "top", None))
     precision = args.precision or ("fp32" if cluster.device.kind == "cpu" else "bf16")
     return PlanRequest(num_gpus=args.num_gpus, global_batch=args.global_batch, seq=args.seq,
@@ -177,8 +177,32 @@ def _request(args: argparse.Namespace, cluster):
                        microbatch=args.microbatch,
                        schedule=schedule_name(args.schedule) if args.schedule else None,
                        virtual_stages=args.virtual_stages, recompute=args.recompute, zero=args.zero,
-                       sequence_parallel=args.sequence_parallel,
+                       sequence_parallel=args.sequence_parallel, dp_shard=args.dp_shard,
+                       methods=_pinned_methods(args), allow=_allowed_methods(args),
                        allow_cross_node_tp=getattr(args, "allow_cross_node_tp", False), precision=precision)
+
+
+METHOD_FLAGS = {"compression": "--compression", "sync": "--sync", "comm_schedule": "--comm-schedule",
+                "offload": "--offload", "waves": "--waves"}
+
+
+def _pinned_methods(args: argparse.Namespace) -> dict:
+    """--compression NAME[:k=v,...] etc. -> {axis: (name, resolved params)}."""
+    out = {}
+    for axis, flag in METHOD_FLAGS.items():
+        text = getattr(args, axis)
+        if text is not None:
+            out[axis] = dp_methods.parse_spec(axis, text, flag)
+    return out
+
+
+def _allowed_methods(args: argparse.Namespace) -> dict:
+    out = {}
+    for axis in ("compression", "sync"):
+        text = getattr(args, f"allow_{axis}")
+        if text is not None:
+            out[axis] = dp_methods.parse_allow(axis, text, f"--allow-{axis}")
+    return out
 
 
 def _inputs(args: argparse.Namespace):

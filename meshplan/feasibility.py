@@ -9,6 +9,8 @@ only the first kind, so such plans can still be exported; the search and `check_
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from meshplan import dp_methods
@@ -60,6 +62,24 @@ def reasons(lay: Layout, *, num_layers: int | None = None,
     return out
 
 
+def merge_divisors(per_layer: Iterable[dict[str, int]]) -> dict[str, int]:
+    """One {name: size} over all layers' TP divisors (the gcd where layers differ: the TP degree
+    must divide every layer's size), from the profile's or the model's TP rules alike."""
+    out: dict[str, int] = {}
+    for divs in per_layer:
+        for name, size in divs.items():
+            out[name] = math.gcd(out.get(name, 0), int(size))
+    return out
+
+
+def tp_reason(tp: int, divisors: dict[str, int]) -> str:
+    """The first TP size `tp` does not divide, or ""."""
+    for name, size in sorted(divisors.items()):
+        if tp > 1 and size % tp:
+            return f"{name} {size} not divisible by tp={tp}"
+    return ""
+
+
 def first(lay: Layout, **kwargs) -> str:
     """The first reason (invalid or not runnable), or "" when the layout runs."""
     found = reasons(lay, **kwargs)
@@ -89,8 +109,9 @@ def _schedule(lay: Layout, num_layers: int | None) -> list[str]:
     if num_layers is not None and pp * v > num_layers:
         out.append(f"pp x virtual_stages = {pp * v} stages for {num_layers} layers; use fewer")
     if pp > 1 and name != "GPipe" and m % pp:
+        fix = f"use {m - m % pp} or {m + pp - m % pp}" if m > pp else f"use {pp}"
         out.append(f"{name} needs the microbatch count ({m}) to be a multiple of pp = {pp}; "
-                   f"use {max(pp, m - m % pp)} or {m + pp - m % pp} microbatches, or GPipe")
+                   f"{fix} microbatches, or GPipe")
     if pp > 1 and name in SPLIT_BACKWARD and lay.dp > 1 and lay.zero >= 2:
         out.append(f"{name} with zero_stage {lay.zero}: FSDP2 misses the split weight-gradient pass; "
                    "use Interleaved1F1B or zero_stage 0/1")
@@ -104,11 +125,8 @@ def _tensor_parallel(lay: Layout, divisors: dict[str, int] | None) -> list[str]:
                    "TP group; set tensor_parallel_degree > 1 or turn it off")
     if lay.sequence_parallel and tp > 1 and lay.seq_len % tp:
         out.append(f"sequence parallelism needs seq_len {lay.seq_len} divisible by tensor_parallel_degree {tp}")
-    for name, size in sorted((divisors or {}).items()):
-        if tp > 1 and size % tp:
-            out.append(f"{name} {size} not divisible by tp={tp}")
-            break
-    return out
+    why = tp_reason(tp, divisors or {})
+    return out + ([why] if why else [])
 
 
 def _methods(lay: Layout) -> list[str]:

@@ -107,6 +107,23 @@ class StageMemory:
 
 
 @dataclass(kw_only=True)
+class MethodOption:
+    """The plan re-priced with one data-parallel method (same stages and recompute)."""
+    axis: str
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+    exact: bool = True
+    feasible: bool = True
+    """False: it does not compose with this layout, or it does not fit in memory."""
+    step_time_s: float = 0.0
+    peak_memory_bytes: float = 0.0
+    comm_bytes_per_step: dict[str, int] = field(default_factory=dict)
+    chosen: bool = False
+    note: str = ""
+    """Why it cannot run here, or the convergence caveat of an approximate method."""
+
+
+@dataclass(kw_only=True)
 class Prediction:
     step_time_s: float
     breakdown: dict[str, float] = field(default_factory=dict)
@@ -127,7 +144,9 @@ class Prediction:
     """Forward+backward time of one microbatch per pipeline rank."""
     comm_bytes_per_step: dict[str, int] = field(default_factory=dict)
     """Data-parallel bytes on the wire per step and rank (ring volumes, meshplan/comm_bytes.py) by
-    mesh axis ("dp_replicate", "dp_shard"), on the critical rank; `run --json` measures the same."""
+    mesh axis ("dp_replicate", "dp_shard"), max over the ranks; `run --json` measures the same."""
+    dp_method_options: list[MethodOption] = field(default_factory=list)
+    """Each pinned or allowed data-parallel method (and the default) priced on this plan's split."""
 
 
 @dataclass(kw_only=True)

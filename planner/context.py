@@ -2,9 +2,12 @@
 derived constants every cost function needs; and `Candidate`, one outer-loop configuration."""
 from __future__ import annotations
 
+import dataclasses
+import functools
 import re
 from dataclasses import dataclass, field
 
+from meshplan import dp_methods, feasibility
 from meshplan.cluster import ClusterSpec
 from meshplan.errors import MeshplanError
 from meshplan.model_profile import LayerProfile, ModelProfile
@@ -17,9 +20,11 @@ SPLIT_KINDS = ("block", "embedding", "head")
 
 @dataclass(frozen=True, order=True)
 class Candidate:
-    """One outer configuration; stage boundaries and recompute are solved per candidate."""
+    """One outer configuration; stage boundaries and recompute are solved per candidate.
+    Degrees in the mesh order pp, dp_replicate, dp_shard, cp, tp (HSDP: both dp degrees > 1)."""
     pp: int
-    dp: int
+    dp_replicate: int
+    dp_shard: int
     cp: int
     tp: int
     microbatch: int
@@ -28,15 +33,52 @@ class Candidate:
     virtual_stages: int
     zero: int
     sequence_parallel: bool
+    methods: tuple = ()
+    """((axis, name, ((param, value), ...)), ...) for every axis of meshplan/dp_methods.py;
+    axes left out take the registry default."""
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    def method(self, axis: str) -> tuple[str, dict]:
+        """(name, resolved parameters) of this candidate's method on `axis`."""
+        for a, name, params in self.methods:
+            if a == axis:
+                return name, dict(params)
+        name = dp_methods.DEFAULTS[axis]
+        return name, dp_methods.method(axis, name).resolve({}, axis)
+
+    def with_method(self, axis: str, name: str, params: dict) -> "Candidate":
+        rest = tuple(m for m in self.methods if m[0] != axis)
+        default = name == dp_methods.DEFAULTS[axis] and params == dp_methods.method(axis, name).resolve({}, axis)
+        entry = () if default else ((axis, name, tuple(sorted(params.items()))),)
+        return dataclasses.replace(self, methods=tuple(sorted(rest + entry)))
+
+    @property
+    def cost_key(self) -> tuple:
+        """What per-layer costs depend on (CostTable memoisation, partition frontiers)."""
+        return (self.microbatch, self.tp, self.sequence_parallel, self.cp, self.zero, self.dp, self.dp_shard,
+                self.methods)
+
+    def layout(self, seq_len: int) -> feasibility.Layout:
+        return feasibility.Layout(pp=self.pp, dp_replicate=self.dp_replicate, dp_shard=self.dp_shard, cp=self.cp,
+                                  tp=self.tp, zero=self.zero, microbatch=self.microbatch,
+                                  num_microbatches=self.num_microbatches, schedule=self.schedule,
+                                  virtual_stages=self.virtual_stages, sequence_parallel=self.sequence_parallel,
+                                  seq_len=seq_len, methods=tuple((a, n) for a, n, _ in self.methods))
 
     @property
     def family(self) -> str:
-        return f"pp={self.pp} dp={self.dp} cp={self.cp} tp={self.tp}"
+        dp = f"dp={self.dp}" if self.dp_replicate == 1 or self.dp_shard == 1 else \
+            f"dp={self.dp_replicate}x{self.dp_shard}"
+        return f"pp={self.pp} {dp} cp={self.cp} tp={self.tp}"
 
     def label(self) -> str:
         sched = self.schedule + (f"(v={self.virtual_stages})" if self.virtual_stages > 1 else "")
+        methods = "".join(f" {a}={n}" for a, n, _ in self.methods)
         return (f"{self.family} b={self.microbatch} m={self.num_microbatches} {sched} "
-                f"zero={self.zero}{' sp' if self.sequence_parallel else ''}")
+                f"zero={self.zero}{' sp' if self.sequence_parallel else ''}{methods}")
 
 
 def _gpu_model(name: str) -> str:
@@ -124,7 +166,7 @@ class Context:
         dev = self.cluster.device
         return dev.memory_bytes * (1.0 - dev.memory_reserved_fraction)
 
-    @property
+    @functools.cached_property
     def measured(self) -> bool:
         """Use measured LayerTimings: profiled on this kind of device (DESIGN.md, Cost model) —
         the CPU for a CPU cluster, or the same GPU model (A100, H100, H200, B200...) for a GPU one."""

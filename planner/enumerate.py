@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from meshplan import dp_methods, feasibility
 from meshplan.plan import schedule_name
 from meshplan.planner.context import Candidate, Context
 
@@ -36,10 +37,10 @@ class Rejects:
 
 
 def tp_reason(ctx: Context, tp: int) -> str:
-    for lp in ctx.layers:
-        for name, size in sorted(lp.tp.divisors.items()):
-            if size % tp:
-                return f"{name} {size} not divisible by tp={tp}"
+    """Feasibility's TP rule, then the search's own: TP within a node unless allowed."""
+    why = feasibility.tp_reason(tp, tp_divisors(ctx))
+    if why:
+        return why
     if tp > ctx.cluster.devices_per_node and not ctx.request.allow_cross_node_tp:
         return f"tp={tp} > {ctx.cluster.devices_per_node} GPUs per node (allow_cross_node_tp is off)"
     return ""
@@ -77,6 +78,7 @@ def degrees(ctx: Context, rej: Rejects) -> list[tuple[int, int, int, int]]:
 
 
 def _schedules(ctx: Context, pp: int, m: int, rej: Rejects, fam: str) -> list[tuple[str, int]]:
+    """(schedule, virtual stages) options; the microbatch-count rules are feasibility's."""
     req = ctx.request
     if pp == 1:  # no pipeline: the schedule is moot; GPipe and 1F1B run the same single stage
         name = schedule_name(req.schedule) if req.schedule else "1F1B"
@@ -84,13 +86,8 @@ def _schedules(ctx: Context, pp: int, m: int, rej: Rejects, fam: str) -> list[tu
     names = [schedule_name(req.schedule)] if req.schedule else ["1F1B", "Interleaved1F1B", "GPipe"]
     out = []
     for name in names:
-        if name == "GPipe":
+        if name in ("GPipe", "1F1B"):
             out.append((name, 1))
-        elif name == "1F1B":
-            if m >= pp:
-                out.append((name, 1))
-            else:
-                rej.add(fam, f"1F1B needs >= pp={pp} microbatches per step (microbatch too large)")
         else:  # Interleaved1F1B, or a pinned LoopedBFS / InterleavedZeroBubble
             out += [(name, v) for _, v in _interleaved(ctx, pp, m, rej, fam, name)]
     return out
@@ -100,9 +97,6 @@ def _interleaved(ctx: Context, pp: int, m: int, rej: Rejects, fam: str,
                  name: str = "Interleaved1F1B") -> list[tuple[str, int]]:
     if ctx.body is None:
         rej.add(fam, f"{name} needs identical blocks (this model's layers differ)")
-        return []
-    if m % pp:
-        rej.add(fam, f"{name} needs the microbatch count divisible by pp={pp}")
         return []
     blocks = ctx.body[1] - ctx.body[0]
     options = set(VIRTUAL_STAGES)
@@ -118,8 +112,36 @@ def _interleaved(ctx: Context, pp: int, m: int, rej: Rejects, fam: str,
     return [("Interleaved1F1B", v) for v in ok]
 
 
+def shard_degrees(ctx: Context, dp: int, cp: int, tp: int) -> list[int]:
+    """FSDP2 shard degrees tried for ZeRO-2/3 over dp ranks: all of them (FSDP), and HSDP with a
+    shard group that fills whole nodes (shard x cp x tp = devices per node x 2^j): the layouts
+    whose gathers stay on the fastest links for their memory (torchtitan's HSDP advice). A pinned
+    --dp-shard is tried as given."""
+    if ctx.request.dp_shard is not None:
+        return [ctx.request.dp_shard]
+    per_node, out = ctx.cluster.devices_per_node, [dp]
+    for d in divisors(dp):
+        span = d * cp * tp
+        if 1 < d < dp and span % per_node == 0 and (span // per_node) & (span // per_node - 1) == 0:
+            out.append(d)
+    return sorted(set(out))
+
+
+def base_methods(ctx: Context) -> tuple:
+    """The pinned methods (--compression, --sync, ...) as Candidate.methods; unpinned axes keep
+    the registry default here (the search prices the allowed alternatives per candidate)."""
+    return tuple(sorted((axis, name, tuple(sorted(params.items())))
+                        for axis, (name, params) in ctx.request.methods.items()
+                        if not (name == dp_methods.DEFAULTS[axis] and params == dp_methods.method(axis, name).resolve({}, axis))))
+
+
+def tp_divisors(ctx: Context) -> dict[str, int]:
+    return feasibility.merge_divisors(lp.tp.divisors for lp in ctx.layers)
+
+
 def candidates(ctx: Context, rej: Rejects) -> list[Candidate]:
     req, out = ctx.request, []
+    methods, divs = base_methods(ctx), tp_divisors(ctx)
     for pp, dp, cp, tp in degrees(ctx, rej):
         per_replica = req.global_batch // dp
         for b in _pick(req.microbatch, divisors(per_replica)):
@@ -133,11 +155,18 @@ def candidates(ctx: Context, rej: Rejects) -> list[Candidate]:
                 [False, True] if tp > 1 else [False])
             for sched, v in _schedules(ctx, pp, m, rej, f"pp={pp} dp={dp} cp={cp} tp={tp}"):
                 for zero in zeros:
-                    if sched == "InterleavedZeroBubble" and zero >= 2:
-                        rej.add(f"pp={pp} dp={dp} cp={cp} tp={tp}",
-                                f"InterleavedZeroBubble runs with DDP / ZeRO-1 only (zero={zero} needs FSDP2)")
-                        continue
-                    for sp in sps:
-                        out.append(Candidate(pp=pp, dp=dp, cp=cp, tp=tp, microbatch=b, num_microbatches=m,
-                                             schedule=sched, virtual_stages=v, zero=zero, sequence_parallel=sp))
+                    for shard in (shard_degrees(ctx, dp, cp, tp) if zero >= 2 and dp > 1 else [1]):
+                        if dp % shard:
+                            rej.add(f"pp={pp} dp={dp} cp={cp} tp={tp}", f"dp_shard={shard} does not divide dp={dp}")
+                            continue
+                        for sp in sps:
+                            cand = Candidate(pp=pp, dp_replicate=dp // shard, dp_shard=shard, cp=cp, tp=tp,
+                                             microbatch=b, num_microbatches=m, schedule=sched, virtual_stages=v,
+                                             zero=zero, sequence_parallel=sp, methods=methods)
+                            why = feasibility.first(cand.layout(ctx.seq), num_layers=len(ctx.layers),
+                                                    tp_divisors=divs)
+                            if why:
+                                rej.add(cand.family, why)
+                            else:
+                                out.append(cand)
     return out

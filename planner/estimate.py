@@ -6,25 +6,32 @@ configuration that does not fit still gets its prediction, its binding constrain
 """
 from __future__ import annotations
 
+from meshplan import feasibility
 from meshplan.cluster import ClusterSpec
 from meshplan.errors import MeshplanError
 from meshplan.model_profile import ModelProfile
 from meshplan.plan import INTERLEAVED, Plan, schedule_name
 from meshplan.planner.context import Candidate, Context
-from meshplan.planner.enumerate import tp_reason
+from meshplan.planner.enumerate import base_methods, tp_divisors
 from meshplan.planner.layer_cost import CostTable
+from meshplan.planner.methods import method_options
 from meshplan.planner.pipeline import p2p_per_microbatch_s
 from meshplan.planner.predict import build_plan, provenance
 from meshplan.planner.request import PlanRequest
 from meshplan.planner.stages import RankModel
 
 
-def _candidate(req: PlanRequest) -> Candidate:
+def _candidate(ctx: Context) -> Candidate:
+    req = ctx.request
     tp, pp, cp = req.tp or 1, req.pp or 1, req.cp or 1
     dp = req.dp or max(req.num_gpus // (tp * pp * cp), 1)  # the data-parallel degree fills the rest
     if tp * pp * dp * cp != req.num_gpus:
         raise MeshplanError(f"--tp {tp} x --pp {pp} x --dp {dp} x --cp {cp} = {tp * pp * dp * cp} "
                             f"but --num-gpus is {req.num_gpus}; make the degrees multiply to it")
+    zero = req.zero or 0
+    shard = req.dp_shard or (dp if zero >= 2 else 1)
+    if dp % shard:
+        raise MeshplanError(f"--dp-shard {shard} does not divide the data-parallel degree {dp}; use a divisor of it")
     b = req.microbatch or 1
     if req.global_batch % (dp * b):
         raise MeshplanError(f"--global-batch {req.global_batch} is not divisible by dp x microbatch = "
@@ -33,9 +40,9 @@ def _candidate(req: PlanRequest) -> Candidate:
     v = (req.virtual_stages or 2) if sched in INTERLEAVED else 1
     if pp == 1:
         sched, v = ("1F1B" if sched in INTERLEAVED else sched), 1
-    return Candidate(pp=pp, dp=dp, cp=cp, tp=tp, microbatch=b, num_microbatches=req.global_batch // (dp * b),
-                     schedule=sched, virtual_stages=v, zero=req.zero or 0,
-                     sequence_parallel=bool(req.sequence_parallel) and tp > 1)
+    return Candidate(pp=pp, dp_replicate=dp // shard, dp_shard=shard, cp=cp, tp=tp, microbatch=b,
+                     num_microbatches=req.global_batch // (dp * b), schedule=sched, virtual_stages=v, zero=zero,
+                     sequence_parallel=bool(req.sequence_parallel) and tp > 1, methods=base_methods(ctx))
 
 
 def balanced_stages(ctx: Context, num_stages: int) -> list[list[int]]:
@@ -63,13 +70,11 @@ def estimate(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) 
     """Prediction of the configuration the request pins (degrees, microbatch, schedule, ...)."""
     cluster = cluster if cluster.num_devices == request.num_gpus else cluster.with_num_devices(request.num_gpus)
     ctx = Context.build(profile, cluster, request)
-    cand = _candidate(request)
-    reason = tp_reason(ctx, cand.tp)
-    if reason:  # the same validity rule as the search (and the executor's check_plan)
-        raise MeshplanError(f"--tp {cand.tp}: {reason}; pick a tensor-parallel degree that divides it")
-    if cand.schedule != "GPipe" and cand.pp > 1 and cand.num_microbatches < cand.pp:
-        raise MeshplanError(f"{cand.schedule} needs >= pp = {cand.pp} microbatches, the batch gives "
-                            f"{cand.num_microbatches}; raise --global-batch or use --schedule gpipe")
+    cand = _candidate(ctx)
+    invalid = [r.text for r in feasibility.reasons(cand.layout(ctx.seq), num_layers=len(ctx.layers),
+                                                   tp_divisors=tp_divisors(ctx)) if not r.runnable_only]
+    if invalid:  # the same rules as the search, Plan.validate and the executor's check_plan
+        raise MeshplanError(f"{cand.label()}: {invalid[0]}")
     costs = CostTable(ctx).for_candidate(cand)
     model = RankModel(ctx, cand, costs)
     stages = balanced_stages(ctx, cand.pp * cand.virtual_stages)
@@ -82,4 +87,6 @@ def estimate(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) 
         else:
             p2p = model.p2p(r, layers)
         sols.append(model.finish(r, layers, modes, p2p))
-    return build_plan(ctx, cand, sols, stages, provenance(profile, cluster))
+    plan = build_plan(ctx, cand, sols, stages, provenance(profile, cluster))
+    plan.prediction.dp_method_options = method_options(ctx, CostTable(ctx), cand, sols)
+    return plan

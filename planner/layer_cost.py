@@ -1,5 +1,5 @@
 """Per-layer, per-recompute-mode cost of one microbatch on one rank, memoised per layer
-signature and (microbatch, tp, sp, cp, zero, dp).
+signature and Candidate.cost_key (microbatch, tp, sp, cp, ZeRO, dp degrees, methods).
 
 Tensor parallel (Narayanan et al. 2021 Sec 3.3; Korthikanti et al. 2022 Sec 4.2.2): a block runs
 2 all-reduces of its `bsh` output forward and 2 backward (`8bsh(t-1)/t` bytes per rank), or the
@@ -7,8 +7,9 @@ same volume as reduce-scatter + all-gather with sequence parallelism (Megatron-L
 all-gather per column-parallel linear in backward: _tp_comm_s); full recompute repeats the
 forward ones. A vocab-parallel embedding all-reduces forward only, the head backward only.
 Context parallel (ring attention): K and V circulate, `(c-1)/c` of them forward, twice backward.
-ZeRO-2/3 per microbatch (FSDP2): all-gather weights forward (ZeRO-3: again backward), reduce-
-scatter gradients backward, prefetched behind the layer's compute: only the excess is exposed.
+Data parallelism's per-layer terms (ZeRO-2/3 gathers, state bytes, compression payload) come
+from the candidate's cost object (dp_cost.py); prefetched behind the layer's compute, only the
+excess is exposed.
 """
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ from dataclasses import dataclass
 from meshplan.model_profile import LayerProfile
 from meshplan.planner.comm import all_reduce_s, collective_s, group_tier
 from meshplan.planner.compute import layer_compute_s, recompute_overheads_s
-from meshplan.planner.context import Context
+from meshplan.planner.context import Candidate, Context
+from meshplan.planner.dp_cost import DataParallelCost
 from meshplan.planner.in_place import in_place_overhead_s
-from meshplan.planner.memory import activation_bytes, layer_static_bytes, recompute_modes
+from meshplan.planner.memory import activation_bytes, recompute_modes
 from meshplan.planner.pipeline import layer_optimizer_s
 
 
@@ -46,6 +48,10 @@ class LayerCost:
     backward_s: float
     optimizer_s: float = 0.0
     """Once-per-step optimizer work on this rank's share of the layer (pipeline.optimizer_s)."""
+    payload_bytes: float = 0.0
+    """ZeRO-0/1: bytes the once-per-step gradient all-reduce carries for this layer (compressed)."""
+    compress_s: float = 0.0
+    """Gradient compression + decompression seconds per step (dp_cost.py)."""
 
 
 def _tp_comm_s(ctx: Context, layer: LayerProfile, b: int, tp: int, cp: int, sp: bool) -> tuple[float, float]:
@@ -71,19 +77,6 @@ def _tp_comm_s(ctx: Context, layer: LayerProfile, b: int, tp: int, cp: int, sp: 
 def num_microbatches(ctx: Context, b: int, dp: int) -> int:
     """Microbatches per step of a candidate: the global batch over dp replicas of b samples."""
     return max(ctx.request.global_batch // (dp * b), 1)
-
-
-def _zero_comm_s(ctx: Context, local_params: float, zero: int, dp: int, tp: int, cp: int, m: int = 1) -> float:
-    """Per microbatch: weight all-gathers (ZeRO-3: forward and backward) every microbatch; the
-    gradient reduce-scatter only after the last one (FSDP2 with set_requires_gradient_sync(False)
-    while accumulating, executor/parallelize._grad_sync), i.e. 1/m of it per microbatch."""
-    if zero < 2 or dp <= 1:
-        return 0.0
-    width = 2 if ctx.request.precision == "bf16" else 4
-    tier = group_tier(ctx.cluster, tp * cp, dp)
-    gather = collective_s(ctx.cluster, "all_gather", dp, local_params * width, tier)
-    scatter = collective_s(ctx.cluster, "reduce_scatter", dp, local_params * width, tier)
-    return (2 if zero == 3 else 1) * gather + scatter / m
 
 
 def _cp_comm_s(ctx: Context, layer: LayerProfile, b: int, tp: int, cp: int, compute_s: float) -> float:
@@ -170,21 +163,6 @@ def _in_place_tp(ctx: Context, layer: LayerProfile, b: int, split: int, sp: bool
     return {"none": total, "full": total + fwd, "selective": total + max(0.0, fwd - tp_fwd_s)}
 
 
-def _in_place_zero3(ctx: Context, layer: LayerProfile, local_params: float, b: int, zero: int, dp: int,
-                    tp: int, cp: int, m: int) -> float | None:
-    """ZeRO-3 seconds per microbatch from the in-place measurement (FSDP2 gathers and hooks with
-    gradient sync off) plus the once-per-step gradient reduce-scatter from the link model, 1/m."""
-    fw = layer.framework_overhead_s if ctx.measured else {}
-    if zero != 3 or dp <= 1 or not fw:
-        return None
-    per_mb = in_place_overhead_s(fw, f"zero3@{dp}", b)
-    if per_mb is None:
-        return None
-    width = 2 if ctx.request.precision == "bf16" else 4
-    scatter = collective_s(ctx.cluster, "reduce_scatter", dp, local_params * width, group_tier(ctx.cluster, tp * cp, dp))
-    return per_mb + scatter / m
-
-
 def allowed_modes(ctx: Context, layer: LayerProfile) -> tuple[str, ...]:
     """The layer's recompute choices, or the pinned one (--recompute) where it applies."""
     modes = recompute_modes(layer)
@@ -194,58 +172,87 @@ def allowed_modes(ctx: Context, layer: LayerProfile) -> tuple[str, ...]:
     return (pin,) if pin in modes else ("none",)
 
 
-def layer_cost(ctx: Context, layer: LayerProfile, b: int, tp: int, sp: bool, cp: int, zero: int, dp: int) -> LayerCost:
-    """Time and saved bytes of one microbatch of `layer` per recompute mode, and its state bytes."""
+@dataclass(frozen=True)
+class BaseCost:
+    """The part of a layer's cost that data parallelism does not change, per recompute mode:
+    (forward+backward compute, recompute, tensor-parallel seconds, saved bytes)."""
+    modes: dict[str, tuple[float, float, float, float]]
+    cp_s: float
+    backward_s: float
+    split: int
+
+
+def base_cost(ctx: Context, layer: LayerProfile, b: int, tp: int, sp: bool, cp: int) -> BaseCost:
     split = ctx.tp_split(layer, tp)
     fwd, bwd, sel = layer_compute_s(ctx, layer, b, split, cp)
     tp_fwd, tp_bwd = _tp_comm_s(ctx, layer, b, tp, cp, sp)
-    cal = ctx.cluster.calibration
-    tp_hidden = cal.tp_overlap if ctx.request.overlap_tp_comm else 0.0
-    dp_hidden = cal.dp_overlap if ctx.request.overlap_dp_comm else 0.0
-    local = layer.num_params / split
-    m = num_microbatches(ctx, b, dp)
-    zero_s = _zero_comm_s(ctx, local, zero, dp, tp, cp, m)
+    tp_hidden = ctx.cluster.calibration.tp_overlap if ctx.request.overlap_tp_comm else 0.0
     cp_s = _cp_comm_s(ctx, layer, b, tp, cp, fwd + bwd)
     mem_fwd, mem_bwd, mem_sel = _memory_bound_s(ctx, layer, b, split, cp, sp)
     fwd, bwd, sel = fwd + mem_fwd, bwd + mem_bwd, sel + mem_sel
     full_machinery, sel_machinery = recompute_overheads_s(ctx, layer, b)
-    tp_wrap, fsdp_wrap, opt_wrap = wrapper_overheads_s(ctx, layer, split, zero, dp)
+    tp_wrap = wrapper_overheads_s(ctx, layer, split, 0, 1)[0]
     tp_in_place = _in_place_tp(ctx, layer, b, split, sp, cp, tp_fwd)
-    zero_in_place = _in_place_zero3(ctx, layer, local, b, zero, dp, tp, cp, m)
-    if zero_in_place is not None:
-        zero_s, fsdp_wrap = zero_in_place, 0.0
     modes = {}
     for mode in allowed_modes(ctx, layer):
         extra = (fwd + full_machinery if mode == "full" else sel + sel_machinery if mode == "selective"
                  else 0.0)
         tp_s = tp_in_place[mode] if tp_in_place is not None else (
             (1 - tp_hidden) * (tp_fwd * (2 if mode == "full" else 1) + tp_bwd) + tp_wrap)
-        compute = fwd + bwd + extra
-        dp_s = max(0.0, zero_s - dp_hidden * compute) + fsdp_wrap
-        modes[mode] = ModeCost(time_s=compute + tp_s + dp_s + cp_s,
-                               act_bytes=activation_bytes(ctx, layer, mode, b, split, cp, sp),
-                               compute_s=fwd + bwd, recompute_s=extra, tp_s=tp_s, dp_s=dp_s, cp_s=cp_s)
-    weights, grads, optim = layer_static_bytes(ctx, layer, split, zero, dp, tp, m)
-    return LayerCost(modes=modes, weights_bytes=weights, grads_bytes=grads, optim_bytes=optim,
-                     local_params=local, backward_s=bwd,
-                     optimizer_s=layer_optimizer_s(ctx, layer, local, dp if zero >= 1 else 1, split) + opt_wrap)
+        modes[mode] = (fwd + bwd, extra, tp_s, activation_bytes(ctx, layer, mode, b, split, cp, sp))
+    return BaseCost(modes=modes, cp_s=cp_s, backward_s=bwd, split=split)
+
+
+def layer_cost(ctx: Context, layer: LayerProfile, cand: Candidate, dp_cost: DataParallelCost | None = None,
+               base: BaseCost | None = None) -> LayerCost:
+    """Time and saved bytes of one microbatch of `layer` per recompute mode, and its state bytes."""
+    b = cand.microbatch
+    base = base or base_cost(ctx, layer, b, cand.tp, cand.sequence_parallel, cand.cp)
+    split, local = base.split, layer.num_params / base.split
+    dp_hidden = ctx.cluster.calibration.dp_overlap if ctx.request.overlap_dp_comm else 0.0
+    data = (dp_cost or DataParallelCost(ctx, cand)).layer(layer, split, b, num_microbatches(ctx, b, cand.dp))
+    _, fsdp_wrap, opt_wrap = wrapper_overheads_s(ctx, layer, split, cand.zero,
+                                                 data.optimizer_shard if cand.zero >= 2 else cand.dp)
+    if data.measured:
+        fsdp_wrap = 0.0
+    modes = {}
+    for mode, (compute, extra, tp_s, act) in base.modes.items():
+        dp_s = max(0.0, data.comm_s - dp_hidden * (compute + extra)) + fsdp_wrap
+        modes[mode] = ModeCost(time_s=compute + extra + tp_s + dp_s + base.cp_s, act_bytes=act,
+                               compute_s=compute, recompute_s=extra, tp_s=tp_s, dp_s=dp_s, cp_s=base.cp_s)
+    return LayerCost(modes=modes, weights_bytes=data.weights_bytes, grads_bytes=data.grads_bytes,
+                     optim_bytes=data.optim_bytes, local_params=local, backward_s=base.backward_s,
+                     optimizer_s=layer_optimizer_s(ctx, layer, local, data.optimizer_shard, split) + opt_wrap,
+                     payload_bytes=data.payload_bytes, compress_s=data.compress_s)
 
 
 class CostTable:
-    """Memoised LayerCosts: one entry per (layer signature, b, tp, sp, cp, zero, dp)."""
+    """Memoised LayerCosts: one entry per (layer signature, Candidate.cost_key)."""
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
         self._cache: dict[tuple, LayerCost] = {}
+        self._dp: dict[tuple, DataParallelCost] = {}
+        self._base: dict[tuple, BaseCost] = {}
 
-    def get(self, index: int, b: int, tp: int, sp: bool, cp: int, zero: int, dp: int) -> LayerCost:
-        key = (self.ctx.signatures[index], b, tp, sp, cp, zero, dp)
+    def data_parallel(self, cand: Candidate) -> DataParallelCost:
+        """The candidate's data-parallel cost object, shared by candidates with equal cost keys."""
+        hit = self._dp.get(cand.cost_key)
+        if hit is None:
+            hit = self._dp[cand.cost_key] = DataParallelCost(self.ctx, cand)
+        return hit
+
+    def get(self, index: int, cand: Candidate) -> LayerCost:
+        key = (self.ctx.signatures[index],) + cand.cost_key
         hit = self._cache.get(key)
         if hit is None:
-            hit = layer_cost(self.ctx, self.ctx.layers[index], b, tp, sp, cp, zero, dp)
+            base_key = (self.ctx.signatures[index], cand.microbatch, cand.tp, cand.sequence_parallel, cand.cp)
+            base = self._base.get(base_key)
+            if base is None:
+                base = self._base[base_key] = base_cost(self.ctx, self.ctx.layers[index], *base_key[1:])
+            hit = layer_cost(self.ctx, self.ctx.layers[index], cand, self.data_parallel(cand), base)
             self._cache[key] = hit
         return hit
 
-    def for_candidate(self, cand) -> list[LayerCost]:
-        return [self.get(i, cand.microbatch, cand.tp, cand.sequence_parallel, cand.cp, cand.zero, cand.dp)
-                for i in range(len(self.ctx.layers))]
+    def for_candidate(self, cand: Candidate) -> list[LayerCost]:
+        return [self.get(i, cand) for i in range(len(self.ctx.layers))]

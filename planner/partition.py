@@ -60,11 +60,14 @@ class UniformSplit:
             self._terms[rank] = (sum(static), buf0, buf1, flight, sum(mc.act_bytes for mc in none),
                                  sum(mc.time_s for mc in none), sum(self.costs[i].local_params for i in fixed),
                                  sum(self.costs[i].backward_s for i in fixed),
-                                 sum(self.costs[i].optimizer_s for i in fixed))
+                                 sum(self.costs[i].optimizer_s for i in fixed),
+                                 sum(self.costs[i].payload_bytes for i in fixed),
+                                 sum(self.costs[i].compress_s for i in fixed))
         return self._terms[rank]
 
     def _solve_rank(self, rank: int, n: int):
-        static, buf0, buf1, flight, fixed_act, fixed_time, fixed_local, fixed_bwd, fixed_opt = self._rank_terms(rank)
+        (static, buf0, buf1, flight, fixed_act, fixed_time, fixed_local, fixed_bwd, fixed_opt, fixed_payload,
+         fixed_compress) = self._rank_terms(rank)
         blk = self.block
         base = static + n * self.static_block + (buf1 if n else buf0) + flight * fixed_act
         got = solve_identical(n, self.options, base, flight, self.model.capacity)
@@ -74,8 +77,9 @@ class UniformSplit:
         fixed = self.fixed(rank)
         first = 0 if fixed and fixed[0] == 0 and self.start == 1 else self.start
         last = last_bucket_params(self.ctx.layers[first].tp.kind, self.costs[first].local_params)
-        sync, opt = tail_s(self.ctx, self.cand, fixed_local + n * blk.local_params, fixed_bwd + n * blk.backward_s,
-                           last, fixed_opt + n * blk.optimizer_s)
+        sync, opt = tail_s(self.model.data, self.model.fixed_s, fixed_local + n * blk.local_params,
+                           fixed_payload + n * blk.payload_bytes, fixed_compress + n * blk.compress_s,
+                           fixed_bwd + n * blk.backward_s, last, fixed_opt + n * blk.optimizer_s)
         return self.model.factor * time + sync + opt, got[1]
 
     def solve(self) -> list[int] | None:
@@ -157,13 +161,12 @@ class UniformSplit:
 def solve_general(ctx: Context, cand: Candidate, costs: list[LayerCost], cache: dict | None = None):
     """DP over contiguous ranges for any chain (non-interleaved): best[r][e] = min over a of
     max(best[r-1][a], c_r([a, e))). Frontiers are memoised in `cache` across candidates that
-    share layer costs (same microbatch, tp, sp, cp, zero, dp)."""
+    share layer costs (same Candidate.cost_key)."""
     model, n, p = RankModel(ctx, cand, costs), len(costs), cand.pp
     if p > n:
         return None
     cache = {} if cache is None else cache
-    cost_key = (cand.microbatch, cand.tp, cand.sequence_parallel, cand.cp, cand.zero, cand.dp, cand.schedule,
-                cand.num_microbatches, cand.pp)
+    cost_key = cand.cost_key + (cand.schedule, cand.num_microbatches, cand.pp)
     max_act = model.capacity / min(in_flight(cand, r) for r in range(p))
 
     def frontier(a: int, e: int):

@@ -9,17 +9,15 @@ GPipe m; 1F1B rank i holds min(p - i, m); interleaved rank i runs (v-1)p + 2(p-1
 microbatches before its first backward (Megatron-LM / torch Interleaved1F1B warm-up), i.e.
 `p (1 + (p-1)/(p v))` microbatches' worth on rank 0 — Korthikanti's interleaving factor.
 Pipeline p2p: the boundary activation `bsh`, `bsh/t` with the scatter/gather optimisation.
-Data parallel: ring all-reduce of the gradients, bucketed and overlapped with the last
-microbatch's backward (DDP); ZeRO-1 reduce-scatter + all-gather; ZeRO-2/3 pay per microbatch
-(layer_cost.py); clipping's global-norm all-reduces (grad_norm_sync_s). Optimizer: Adam is memory-bound — OPTIMIZER_BYTES_PER_PARAM over the HBM
+Data parallel: the candidate's cost object (dp_cost.py) prices the once-per-step gradient sync;
+clipping's global-norm all-reduces (grad_norm_sync_s). Optimizer: Adam is memory-bound — OPTIMIZER_BYTES_PER_PARAM over the HBM
 bandwidth.
 """
 from __future__ import annotations
 
 from meshplan.planner.comm import collective_s, group_tier, p2p_s
 from meshplan.planner.context import Candidate, Context, optimizer_call_measured_s
-from meshplan.planner.in_place import in_place_overhead_s
-from meshplan.planner.memory import DDP_BUCKET_BYTES
+from meshplan.planner.dp_cost import DDP_BUCKET_BYTES, DataParallelCost
 
 
 OPTIMIZER_BYTES_PER_PARAM = {"torch": 28, "megatron": 42}
@@ -92,58 +90,20 @@ def layer_optimizer_s(ctx: Context, layer, local_params: float, shard: int, spli
     return local_params / shard * per_param / (ctx.cluster.device.hbm_gbps * 1e9)
 
 
-def tail_s(ctx: Context, cand: Candidate, local_params: float, backward_window_s: float,
-           last_bucket: float = 0.0, optimizer_s: float = 0.0) -> tuple[float, float]:
-    """(exposed gradient sync, optimizer step) seconds of one rank, once per step. Bucketed sync
-    overlaps the last microbatch's backward except the last bucket (`last_bucket` parameters);
-    `optimizer_s` is the sum of the rank's layer_optimizer_s."""
-    group = cand.dp * cand.cp
-    tier = group_tier(ctx.cluster, cand.tp, group)
-    hidden = ctx.cluster.calibration.dp_overlap if ctx.request.overlap_dp_comm else 0.0
-    grad_bytes = local_params * 4
-    tail_bytes = min(last_bucket, local_params) * 4
-    sync = ddp_contention_s(ctx, cand, group, tier) if cand.zero <= 1 and group > 1 else 0.0
-    if cand.zero == 0:
-        comm = collective_s(ctx.cluster, "all_reduce", group, grad_bytes, tier)
-        last = collective_s(ctx.cluster, "all_reduce", group, tail_bytes, tier)
-        sync += max(comm - hidden * backward_window_s, last if hidden else comm, 0.0)
-    elif cand.zero == 1:
-        # Megatron's distributed optimizer reduce-scatters gradients; torch's ZeroRedundancyOptimizer
-        # (what meshplan's executor runs) keeps DDP's all-reduce, then broadcasts the updated
-        # parameter buckets from their owners (~ an all-gather of the weights).
-        grads = "reduce_scatter" if ctx.request.state_layout == "megatron" else "all_reduce"
-        rs = collective_s(ctx.cluster, grads, group, grad_bytes, tier)
-        last = collective_s(ctx.cluster, grads, group, tail_bytes, tier)
-        weight_bytes = local_params * (2 if ctx.request.state_layout == "megatron" else 4)
-        ag = zero1_broadcast_s(ctx, cand, group)
-        if ag is None:
-            ag = (1 - hidden) * collective_s(ctx.cluster, "all_gather", group, weight_bytes, tier)
-        sync += max(rs - hidden * backward_window_s, last if hidden else rs, 0.0) + ag
-    return sync, optimizer_s + optimizer_call_s(ctx) + grad_norm_sync_s(ctx, cand)
+def step_fixed_s(ctx: Context, cand: Candidate) -> float:
+    """Once-per-step seconds every rank of a candidate pays whatever its layers: the optimizer
+    call's fixed cost and the clip's norm all-reduces."""
+    return optimizer_call_s(ctx) + grad_norm_sync_s(ctx, cand)
 
 
-def ddp_contention_s(ctx: Context, cand: Candidate, group: int, tier: str) -> float:
-    """What a gradient all-reduce costs between busy ranks beyond its idle-rank link fit: the
-    whole model's DDP overhead measured in place (ModelProfile.step_overhead_s "ddp@D", hooks,
-    bucket copies and the wait for the slowest rank) minus the fit's time for the same bytes.
-    Paid once per step by every DDP / replica-reducer sync on that group size; 0 unless measured."""
-    table = ctx.profile.step_overhead_s if ctx.measured else {}
-    measured = in_place_overhead_s(table, f"ddp@{group}", cand.microbatch) if table else None
-    if measured is None:
-        return 0.0
-    fit = collective_s(ctx.cluster, "all_reduce", group, ctx.profile.num_params * 4.0, tier)
-    return max(0.0, measured - fit)
-
-
-def zero1_broadcast_s(ctx: Context, cand: Candidate, group: int) -> float | None:
-    """ZeRO-1's parameter broadcast as measured in place between busy ranks (ModelProfile.
-    step_overhead_s "zero1@D": the sharded optimizer step minus 1/D of the plain one, which
-    the optimizer term already charges); None unless measured for this group size. The
-    measurement is of the whole, unsharded model, so it stands for plans whose ranks hold all of
-    it (pp = tp = cp = 1); others keep the all-gather link fit."""
-    if not ctx.measured or cand.pp * cand.tp * cand.cp != 1:
-        return None
-    return ctx.profile.step_overhead_s.get(f"zero1@{group}")
+def tail_s(data: DataParallelCost, fixed_s: float, local_params: float, payload_bytes: float,
+           compress_s: float, backward_window_s: float, last_bucket: float = 0.0,
+           optimizer_s: float = 0.0) -> tuple[float, float]:
+    """(exposed gradient sync, optimizer step) seconds of one rank, once per step: the
+    candidate's data-parallel cost object prices the sync (dp_cost.py); `optimizer_s` is the sum
+    of the rank's layer_optimizer_s, `fixed_s` the candidate's step_fixed_s."""
+    sync = data.sync_s(local_params, payload_bytes, compress_s, backward_window_s, last_bucket)
+    return sync, optimizer_s + fixed_s
 
 
 def grad_norm_sync_s(ctx: Context, cand: Candidate) -> float:

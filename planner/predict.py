@@ -6,9 +6,11 @@ GPT); HFU adds the recompute FLOPs (Narayanan et al. 2021 Eq. 3 counts the full-
 from __future__ import annotations
 
 import meshplan
+from meshplan import dp_methods
 from meshplan.model_profile import ModelProfile
-from meshplan.plan import Plan, Prediction, Provenance, StageMemory
+from meshplan.plan import DataParallelMethods, MethodChoice, Plan, Prediction, Provenance, StageMemory
 from meshplan.planner.context import Candidate, Context
+from meshplan.planner.dp_cost import comm_bytes_per_step
 from meshplan.planner.memory import GIB
 from meshplan.planner.pipeline import bubble_factor
 from meshplan.planner.stages import RankSolution
@@ -75,7 +77,7 @@ def prediction(ctx: Context, cand: Candidate, sols: list[RankSolution]) -> Predi
         peak_memory_bytes=max(s.total_bytes for s in memory), mfu=model_tf / ctx.peak_flops,
         hfu=hw_tf / ctx.peak_flops, model_tflops_per_gpu=model_tf / 1e12, hardware_tflops_per_gpu=hw_tf / 1e12,
         tokens_per_s_per_gpu=batch * ctx.seq / step / n, binding_constraint=_binding(breakdown, memory, step),
-        stage_times_s=[s.time_s for s in sols])
+        stage_times_s=[s.time_s for s in sols], comm_bytes_per_step=comm_bytes_per_step(ctx, cand, [s.layers for s in sols]))
 
 
 def provenance(profile: ModelProfile, cluster) -> Provenance:
@@ -91,10 +93,11 @@ def build_plan(ctx: Context, cand: Candidate, sols: list[RankSolution], stages: 
         model_name=ctx.profile.model_name, model_config=dict(ctx.profile.model_config),
         cluster_name=ctx.cluster.name, world_size=ctx.request.num_gpus,
         pipeline_parallel_degree=cand.pp,
-        data_parallel_replicate_degree=cand.dp if cand.zero <= 1 else 1,
-        data_parallel_shard_degree=cand.dp if cand.zero >= 2 else 1,
+        data_parallel_replicate_degree=cand.dp_replicate, data_parallel_shard_degree=cand.dp_shard,
         context_parallel_degree=cand.cp, tensor_parallel_degree=cand.tp, zero_stage=cand.zero,
         sequence_parallel=cand.sequence_parallel, precision=ctx.request.precision,
+        dp_methods=DataParallelMethods(**{axis: MethodChoice(name=cand.method(axis)[0], params=cand.method(axis)[1])
+                                          for axis in dp_methods.AXES}),
         global_batch_size=ctx.request.global_batch, microbatch_size=cand.microbatch,
         num_microbatches=cand.num_microbatches, seq_len=ctx.seq, pipeline_schedule=cand.schedule,
         virtual_stages=cand.virtual_stages, layers=names,

@@ -4,7 +4,8 @@ A field left as None is searched; a set field pins that choice (users often fix 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 STATE_LAYOUTS = ("torch", "megatron")
 
@@ -27,6 +28,14 @@ class PlanRequest:
     recompute: str | None = None
     """"none" | "selective" | "full" applied to every block; None searches per layer."""
     zero: int | None = None
+    dp_shard: int | None = None
+    """FSDP2 shard degree (ZeRO-2/3); with dp, dp_replicate = dp / dp_shard (HSDP when both > 1)."""
+    methods: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    """Pinned data-parallel methods: axis -> (registry name, resolved parameters) (--compression,
+    --sync, --comm-schedule, --offload, --waves). An unpinned axis searches its exact methods."""
+    allow: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Approximate methods the user lets the search price, per axis (--allow-compression,
+    --allow-sync); never chosen otherwise."""
     sequence_parallel: bool | None = None
     allow_cross_node_tp: bool = False
     precision: str = "bf16"

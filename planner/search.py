@@ -20,6 +20,7 @@ from meshplan.model_profile import ModelProfile
 from meshplan.plan import Plan, Rejection, SearchSummary
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.enumerate import Rejects, candidates
+from meshplan.planner.methods import best_method, method_options
 from meshplan.planner.layer_cost import CostTable
 from meshplan.planner.memory import GIB, fits
 from meshplan.planner.partition import solve
@@ -40,7 +41,7 @@ class Bounds:
         """(sum of fastest per-layer times, slowest single layer, static bytes, leanest act bytes)."""
         time_sum = slowest = static = act = 0.0
         for index, count in self.multiplicity.items():
-            lc = self.table.get(index, cand.microbatch, cand.tp, cand.sequence_parallel, cand.cp, cand.zero, cand.dp)
+            lc = self.table.get(index, cand)
             fastest = min(mc.time_s for mc in lc.modes.values())
             time_sum += count * fastest
             slowest = max(slowest, fastest)
@@ -52,13 +53,13 @@ class Bounds:
         """(step-time lower bound, memory lower bound of the busiest rank)."""
         time_sum, slowest, static, act = self._sums(cand)
         factor = cand.num_microbatches + bubble_factor(cand)
-        flight = min(in_flight(cand, r) for r in range(cand.pp))
+        flight = in_flight(cand, cand.pp - 1)  # the last rank holds the fewest
         return factor * max(time_sum / cand.pp, slowest), (static + flight * act) / cand.pp
 
     def refine(self, cand: Candidate) -> float:
         """The memory-aware step-time bound (computed lazily: only for candidates near the top)."""
         time_sum, slowest, static, _ = self._sums(cand)
-        flight = min(in_flight(cand, r) for r in range(cand.pp))
+        flight = in_flight(cand, cand.pp - 1)  # the last rank holds the fewest
         time_sum = max(time_sum, self._memory_aware_time(cand, static, flight))
         return (cand.num_microbatches + bubble_factor(cand)) * max(time_sum / cand.pp, slowest)
 
@@ -68,8 +69,7 @@ class Bounds:
         if self.ctx.body is None:
             return 0.0
         start, end = self.ctx.body
-        get = lambda i: self.table.get(i, cand.microbatch, cand.tp, cand.sequence_parallel,  # noqa: E731
-                                       cand.cp, cand.zero, cand.dp)
+        get = lambda i: self.table.get(i, cand)  # noqa: E731
         fixed = [get(i).modes["none"] for i in range(len(self.ctx.layers)) if not start <= i < end]
         opts = [(m, mc.time_s, mc.act_bytes) for m, mc in get(start).modes.items()]
         got = solve_identical(end - start, opts, static + flight * sum(mc.act_bytes for mc in fixed), flight,
@@ -132,7 +132,7 @@ class Searcher:
             if sols is None:
                 self._reject_oom(cand, excess, f"stage {stages} (balanced split, leanest recompute)")
                 continue
-            step = max(s.cost_s for s in sols)
+            step, cand, sols = best_method(self.ctx, self.table, cand, sols)
             if step < self.family_best.get(cand.family, (math.inf,))[0]:
                 self.family_best[cand.family] = (step, cand, sols)
             best.append((step, cand, (sols, stages)))
@@ -185,6 +185,7 @@ def search(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) ->
     prov = provenance(profile, cluster)
     plans = [build_plan(searcher.ctx, cand, sols, stages, prov) for _, cand, (sols, stages) in ranked]
     best = plans[0]
+    best.prediction.dp_method_options = method_options(searcher.ctx, searcher.table, ranked[0][1], ranked[0][2][0])
     rejected = searcher.rejections()
     best.search = SearchSummary(
         search_time_s=time.perf_counter() - start, num_candidates=num_candidates,

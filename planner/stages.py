@@ -14,9 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshplan.planner.context import Candidate, Context
+from meshplan.planner.dp_cost import DataParallelCost
 from meshplan.planner.layer_cost import LayerCost
 from meshplan.planner.memory import stage_buffer_bytes
-from meshplan.planner.pipeline import bubble_factor, in_flight, last_bucket_params, p2p_per_microbatch_s, tail_s
+from meshplan.planner.pipeline import (bubble_factor, in_flight, last_bucket_params, p2p_per_microbatch_s,
+                                      step_fixed_s, tail_s)
 
 
 @dataclass
@@ -45,6 +47,8 @@ class RankModel:
         self.ctx, self.cand, self.costs = ctx, cand, costs
         self.factor = cand.num_microbatches + bubble_factor(cand)
         self.capacity = ctx.capacity_bytes
+        self.data = DataParallelCost(ctx, cand)
+        self.fixed_s = step_fixed_s(ctx, cand)
 
     def base(self, rank: int, layers: list[int]) -> tuple[tuple[float, float, float], float, float]:
         """(static weights/grads/optimizer, buffers, in-flight microbatches) of a rank."""
@@ -63,7 +67,9 @@ class RankModel:
         local = sum(self.costs[i].local_params for i in layers)
         first = layers[0]
         last = last_bucket_params(self.ctx.layers[first].tp.kind, self.costs[first].local_params)
-        sync, opt = tail_s(self.ctx, self.cand, local, sum(self.costs[i].backward_s for i in layers), last,
+        sync, opt = tail_s(self.data, self.fixed_s, local, sum(self.costs[i].payload_bytes for i in layers),
+                           sum(self.costs[i].compress_s for i in layers),
+                           sum(self.costs[i].backward_s for i in layers), last,
                            sum(self.costs[i].optimizer_s for i in layers))
         parts = {k: sum(getattr(mc, k) for mc in chosen) for k in ("compute_s", "recompute_s", "tp_s", "dp_s", "cp_s")}
         return RankSolution(rank=rank, layers=layers, modes=modes, time_s=time,

@@ -167,7 +167,10 @@ def test_chosen_plans_fit_memory(schedule):
 def test_lost_families_say_by_how_much():
     plan = search(small_gpt(6), cluster(8, 40.0), PlanRequest(num_gpus=8, global_batch=16, top_k=2))
     lost = [r for r in plan.search.rejected if r.reason.startswith("slower")]
-    chosen = {f"pp={p.pipeline_parallel_degree} dp={p.data_parallel_degree} cp=1 tp={p.tensor_parallel_degree}"
-              for p in [plan] + plan.search.alternatives}
+    def family(p):
+        r, s = p.data_parallel_replicate_degree, p.data_parallel_shard_degree
+        dp = f"dp={r}x{s}" if r > 1 and s > 1 else f"dp={r * s}"
+        return f"pp={p.pipeline_parallel_degree} {dp} cp=1 tp={p.tensor_parallel_degree}"
+    chosen = {family(p) for p in [plan] + plan.search.alternatives}
     assert lost and all(r.family not in chosen and "%" in r.reason for r in lost)
     assert plan.search.num_rejected == sum(r.count for r in plan.search.rejected if not r.reason.startswith("slower"))

@@ -1,0 +1,108 @@
+"""Gradient compressors' cost objects (the compression axis of meshplan/dp_methods.py): what each
+one's once-per-step gradient exchange carries per layer, the state it keeps, the compute it adds.
+
+All of them reduce by all-reduce (their payloads can be summed). A compressor whose payload
+cannot be summed (top-k's values and indices) is exchanged by all-gather and pays only below a
+density of about 1/N; such rows add their own class here.
+"""
+from __future__ import annotations
+
+import math
+
+from meshplan.model_profile import LayerProfile
+from meshplan.planner.compute import gemm_efficiency
+
+GRAD_BYTES = 4
+"""DDP's gradients are fp32 (the parameters' dtype; bf16 runs under autocast)."""
+
+
+def matrices(layer: LayerProfile, split: int) -> list[tuple[int, int]]:
+    """(rows, cols) of each parameter as a DDP hook sees it (dim 0 by the rest; 1-D tensors
+    as (n, 1)); from the GEMM weight shapes when the profile has no parameter shapes."""
+    if layer.param_shapes:
+        out = []
+        for shape in layer.param_shapes:
+            numel = math.prod(shape) if shape else 1
+            rows = shape[0] if len(shape) > 1 else numel
+            out.append((rows, numel // rows if len(shape) > 1 else 1))
+        return out
+    gemms = [(int(g[1]), int(g[2])) for g in layer.gemm_shapes]
+    rest = layer.num_params / split - sum(n * k for n, k in gemms)
+    return gemms + ([(int(max(rest, 0)), 1)] if rest > 0 else [])
+
+
+class Compressor:
+    """No compression: the fp32 gradients are the payload."""
+    name = "none"
+
+    def __init__(self, **params):
+        self.params = params
+
+    def payload_bytes(self, layer: LayerProfile, split: int) -> float:
+        return GRAD_BYTES * layer.num_params / split
+
+    def state_bytes(self, layer: LayerProfile, split: int) -> float:
+        """Bytes the compressor keeps between steps on each rank."""
+        return 0.0
+
+    def compute_s(self, ctx, layer: LayerProfile, split: int) -> float:
+        """Compression + decompression seconds per step."""
+        return 0.0
+
+
+class Fp16(Compressor):
+    """torch default_hooks.fp16_compress_hook: the bucket cast to fp16, all-reduced, cast back
+    (half the bytes; the cast is memory-bound and hidden in the hook)."""
+    name = "fp16"
+
+    def payload_bytes(self, layer: LayerProfile, split: int) -> float:
+        return 2 * layer.num_params / split
+
+
+class PowerSGD(Compressor):
+    """Vogels et al. 2019 Alg. 1, as torch's powerSGD_hook runs it: each n x m gradient matrix
+    with (n + m) r' x min_compression_rate < n m (r' = min(n, m, rank)) is sent as P (n x r')
+    and Q (m x r'), two all-reduces; vectors and small matrices go uncompressed in a third."""
+    name = "powersgd"
+
+    def _split(self, layer: LayerProfile, split: int) -> tuple[int, list[tuple[int, int, int]]]:
+        """(uncompressed elements, [(n, m, r')] of the compressed matrices)."""
+        dense, packed = 0, []
+        rank, rate = self.params["rank"], self.params["min_compression_rate"]
+        for n, m in matrices(layer, split):
+            r = min(n, m, rank)
+            if m > 1 and (n + m) * r * rate < n * m:
+                packed.append((n, m, r))
+            else:
+                dense += n * m
+        return dense, packed
+
+    def payload_bytes(self, layer: LayerProfile, split: int) -> float:
+        dense, packed = self._split(layer, split)
+        return GRAD_BYTES * (dense + sum((n + m) * r for n, m, r in packed))
+
+    def state_bytes(self, layer: LayerProfile, split: int) -> float:
+        """Error feedback keeps the whole bucket's residual (fp32); P and Q per matrix stay
+        allocated (warm start reuses Q)."""
+        _, packed = self._split(layer, split)
+        residual = GRAD_BYTES * layer.num_params / split if self.params["error_feedback"] else 0.0
+        return residual + GRAD_BYTES * sum((n + m) * r for n, m, r in packed)
+
+    def compute_s(self, ctx, layer: LayerProfile, split: int) -> float:
+        """P = M Q, Q = M^T P and M ~ P Q^T (2 n m r' FLOPs each) and P's orthogonalisation
+        (~2 n r'^2), in fp32 at the device's GEMM efficiency for that size."""
+        _, packed = self._split(layer, split)
+        peak = ctx.cluster.device.peak_flops.get("fp32") or max(ctx.cluster.device.peak_flops.values())
+        curve = ctx.cluster.device.gemm_efficiency
+        total = 0.0
+        for n, m, r in packed:
+            gemm = 2.0 * n * m * r
+            total += 3 * gemm / (peak * gemm_efficiency(curve, gemm)) + 2.0 * n * r * r / peak
+        return total
+
+
+COMPRESSORS = {c.name: c for c in (Compressor, Fp16, PowerSGD)}
+
+
+def compressor(name: str, params: dict) -> Compressor:
+    return COMPRESSORS[name](**params)

@@ -1,0 +1,229 @@
+"""Data-parallel cost in one place: what a candidate's data parallelism (ZeRO stage, replicate x
+shard degrees, and its methods from meshplan/dp_methods.py) costs per layer, per step and in
+memory, and the bytes it puts on the wire.
+
+- ZeRO-0/1 (DDP over dp_replicate): the gradients' payload (the compressor's: fp32, fp16, or
+  PowerSGD's factors) all-reduced once per step in buckets, overlapped with the last microbatch's
+  backward except the last bucket; ZeRO-1 then broadcasts each rank's updated fp32 parameters
+  (torch ZeroRedundancyOptimizer; Megatron's distributed optimizer reduce-scatters and
+  all-gathers instead).
+- ZeRO-2/3 (FSDP2 over dp_shard): per microbatch, each layer's weights all-gathered forward
+  (ZeRO-3: again backward) and, after the last microbatch, its gradients reduce-scattered;
+  HSDP (dp_replicate > 1) all-reduces the gradient shards over the replicas. Prefetched behind
+  the layer's compute: only the excess is exposed (layer_cost.py applies the overlap).
+- Memory (Rajbhandari et al. 2020 Sec 3): ZeRO-1 shards the optimizer states over the
+  data-parallel group, ZeRO-2 also the gradients, ZeRO-3 also the weights, each over dp_shard
+  for ZeRO-2/3; the compressor's state (PowerSGD's error feedback and factors) is added.
+- Bytes: meshplan/comm_bytes.py's ring volumes, the same convention the executor counts.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+from meshplan.comm_bytes import wire_bytes
+from meshplan.model_profile import LayerProfile
+from meshplan.planner.comm import collective_s, group_tier
+from meshplan.planner.compression import compressor
+from meshplan.planner.context import Candidate, Context
+from meshplan.planner.in_place import in_place_overhead_s
+
+DDP_BUCKET_BYTES = 25 * 1024**2
+"""PyTorch DDP's default bucket_cap_mb (the comm_schedule=buckets default)."""
+
+_STATE = {"torch": (4, 4, 8), "megatron": (2, 4, 12)}
+"""(weights, grads, optimizer) bytes per parameter, unsharded."""
+
+
+def state_bytes(ctx: Context) -> tuple[int, int, int]:
+    return _STATE[ctx.request.state_layout]
+
+
+def fsdp_width(ctx: Context) -> int:
+    """Bytes per element FSDP2 gathers and reduce-scatters (bf16 under mixed precision)."""
+    return 2 if ctx.request.precision == "bf16" else 4
+
+
+def padded_shard_elems(layer: LayerProfile, split: int, shard: int) -> int:
+    """One rank's FSDP2 shard of a layer: each parameter split on dim 0 into `shard` equal
+    chunks, dim 0 padded up to a multiple of `shard` (FSDP2 FSDPParam); the layer as one flat
+    tensor when its shapes are unknown."""
+    if not layer.param_shapes:
+        return math.ceil(layer.num_params / split / shard)
+    total = 0
+    for shape in layer.param_shapes:
+        rows = math.ceil(shape[0] / (split if len(shape) else 1)) if shape else 1
+        rest = math.prod(shape[1:]) if len(shape) > 1 else 1
+        total += math.ceil(rows / shard) * rest
+    return total
+
+
+@dataclass(frozen=True)
+class LayerDP:
+    """One layer's data-parallel terms on one rank."""
+    weights_bytes: float
+    grads_bytes: float
+    optim_bytes: float
+    comm_s: float
+    """Per microbatch, before overlap: ZeRO-2/3 gathers, 1/m of the reduce-scatter (+ HSDP all-reduce)."""
+    measured: bool
+    """comm_s is the in-place measurement (it already includes FSDP2's hooks)."""
+    payload_bytes: float
+    """ZeRO-0/1: what the once-per-step gradient all-reduce carries for this layer."""
+    compress_s: float
+    """Compression and decompression compute per step."""
+    optimizer_shard: int
+    """Ranks the optimizer step of this layer is split over."""
+
+
+class DataParallelCost:
+    """The data-parallel cost object of one candidate."""
+
+    def __init__(self, ctx: Context, cand: Candidate):
+        self.ctx, self.cand = ctx, cand
+        self.zero, self.dp = cand.zero, cand.dp
+        self.shard = cand.dp_shard if cand.zero >= 2 else 1
+        """FSDP2 shard group (ZeRO-2/3)."""
+        self.replicas = cand.dp_replicate * cand.cp
+        """Ranks holding the same weights and gradient shard: DDP's group, HSDP's all-reduce."""
+        name, params = cand.method("compression")
+        self.compressor = compressor(name, params)
+        self.replica_tier = group_tier(ctx.cluster, cand.tp * (self.shard if cand.zero >= 2 else 1),
+                                       self.replicas)
+        self.shard_tier = group_tier(ctx.cluster, cand.tp * cand.cp, self.shard)
+        self.bucket_bytes = cand.method("comm_schedule")[1].get("bucket_mb", 25) * 1024**2
+        self.offload = cand.method("offload")[0] != "none"
+
+    # --- per layer ------------------------------------------------------------------------
+    def layer(self, layer: LayerProfile, split: int, b: int, m: int) -> LayerDP:
+        local = layer.num_params / split
+        w, g, o = state_bytes(self.ctx)
+        weights = local * w / (self.shard if self.zero >= 3 else 1)
+        if self.zero == 2 and self.shard > 1:
+            weights += local * 2  # FSDP2 ZeRO-2: the gathered bf16 weights stay from forward to backward
+        grads = local * g / (self.shard if self.zero >= 2 else 1) + local * self._ddp_bucket_bytes_per_param()
+        if self.zero >= 2 and self.shard > 1 and m > 1 and self.ctx.request.state_layout == "torch":
+            grads += local * g  # unsharded fp32 gradients accumulated across microbatches
+        optim = local * o / (self.dp if self.zero == 1 else self.shard)
+        if self.offload:  # FSDP2 CPUOffloadPolicy: sharded weights, grads and states live on the host
+            weights, grads, optim = (local * 2 if self.zero == 2 else 0.0), 0.0, 0.0
+        comm, measured = self._fsdp_comm_s(layer, split, local, b, m)
+        zero01 = self.zero <= 1 and self.replicas > 1
+        return LayerDP(weights_bytes=weights, grads_bytes=grads + (self.compressor.state_bytes(layer, split)
+                                                                   if zero01 else 0.0),
+                       optim_bytes=optim, comm_s=comm, measured=measured,
+                       payload_bytes=self.compressor.payload_bytes(layer, split) if zero01 else 0.0,
+                       compress_s=self.compressor.compute_s(self.ctx, layer, split) if zero01 else 0.0,
+                       optimizer_shard=self.dp if self.zero == 1 else self.shard)
+
+    def _ddp_bucket_bytes_per_param(self) -> float:
+        """PyTorch DDP (ZeRO-0/1 without tensor parallelism) allocates its buckets for every
+        gradient when built (Reducer::initialize_buckets), a second copy of the fp32 gradients
+        (gradient_as_bucket_view=False). Megatron's contiguous grad buffer is the main grads."""
+        if self.zero >= 2 or self.replicas <= 1 or self.cand.tp > 1 or self.ctx.request.state_layout != "torch":
+            return 0.0
+        return 4.0
+
+    def _fsdp_comm_s(self, layer: LayerProfile, split: int, local: float, b: int, m: int) -> tuple[float, bool]:
+        """Per microbatch: weight all-gathers (ZeRO-3: forward and backward) every microbatch; the
+        gradient reduce-scatter (and HSDP's replica all-reduce) only after the last one (FSDP2
+        with set_requires_gradient_sync(False) while accumulating), i.e. 1/m of it. ZeRO-3's
+        gathers come from the in-place measurement (profiler/insitu.py "zero3@D") where there is one."""
+        if self.zero < 2 or self.shard <= 1:
+            return 0.0, False
+        ctx, width = self.ctx, fsdp_width(self.ctx)
+        scatter = collective_s(ctx.cluster, "reduce_scatter", self.shard, local * width, self.shard_tier)
+        scatter += collective_s(ctx.cluster, "all_reduce", self.replicas, local * width / self.shard,
+                                self.replica_tier)
+        offload = self._offload_s(local) if self.offload else 0.0
+        fw = layer.framework_overhead_s if ctx.measured else {}
+        measured = in_place_overhead_s(fw, f"zero3@{self.shard}", b) if self.zero == 3 and fw else None
+        if measured is not None:
+            return measured + scatter / m + offload, True
+        gather = collective_s(ctx.cluster, "all_gather", self.shard, local * width, self.shard_tier)
+        return (2 if self.zero == 3 else 1) * gather + scatter / m + offload, False
+
+    def _offload_s(self, local: float) -> float:
+        """CPU offload per microbatch: the fp32 shard copied host -> device before each gather
+        (twice with ZeRO-3). 0 where the device is the host (a CPU cluster). The gradients' copy
+        back and the host's optimizer step are not modelled yet (issue #17)."""
+        link = self.ctx.cluster.host_device
+        if link is None or self.ctx.cluster.device.kind == "cpu":
+            return 0.0
+        shard_bytes = 4 * local / self.shard
+        return (2 if self.zero == 3 else 1) * (link.latency_s + shard_bytes / (link.bandwidth_gbps * 1e9))
+
+    # --- per rank, once per step ----------------------------------------------------------
+    def sync_s(self, local_params: float, payload_bytes: float, compress_s: float, backward_window_s: float,
+               last_bucket: float) -> float:
+        """Exposed gradient sync of one rank (ZeRO-0/1): bucketed all-reduce of the payload behind
+        the last microbatch's backward except the last bucket, plus ZeRO-1's parameter broadcast
+        and what a busy CPU's DDP adds (measured in place)."""
+        if self.zero >= 2 or self.replicas <= 1:
+            return 0.0
+        ctx, tier, group = self.ctx, self.replica_tier, self.replicas
+        hidden = ctx.cluster.calibration.dp_overlap if ctx.request.overlap_dp_comm else 0.0
+        share = payload_bytes / (local_params * 4) if local_params else 0.0
+        tail_bytes = min(last_bucket, local_params) * 4 * share
+        grads = "reduce_scatter" if self.zero == 1 and ctx.request.state_layout == "megatron" else "all_reduce"
+        comm = collective_s(ctx.cluster, grads, group, payload_bytes, tier) + compress_s
+        last = collective_s(ctx.cluster, grads, group, tail_bytes, tier)
+        sync = self._contention_s(group) + max(comm - hidden * backward_window_s, last if hidden else comm, 0.0)
+        if self.zero == 1:
+            sync += self._zero1_broadcast_s(local_params, hidden)
+        return sync
+
+    def _zero1_broadcast_s(self, local_params: float, hidden: float) -> float:
+        """ZeRO-1's parameter broadcast as measured in place between busy ranks (step_overhead_s
+        "zero1@D", whole unsharded model: pp = tp = cp = 1), else ~ an all-gather of the weights."""
+        ctx, cand = self.ctx, self.cand
+        if ctx.measured and cand.pp * cand.tp * cand.cp == 1:
+            got = ctx.profile.step_overhead_s.get(f"zero1@{self.replicas}")
+            if got is not None:
+                return got
+        weight_bytes = local_params * (2 if ctx.request.state_layout == "megatron" else 4)
+        return (1 - hidden) * collective_s(ctx.cluster, "all_gather", self.replicas, weight_bytes, self.replica_tier)
+
+    def _contention_s(self, group: int) -> float:
+        """What a gradient all-reduce costs between busy ranks beyond its idle-rank link fit: the
+        whole model's DDP overhead measured in place (step_overhead_s "ddp@D") minus the fit's
+        time for the same bytes; 0 unless measured."""
+        table = self.ctx.profile.step_overhead_s if self.ctx.measured else {}
+        measured = in_place_overhead_s(table, f"ddp@{group}", self.cand.microbatch) if table else None
+        if measured is None:
+            return 0.0
+        fit = collective_s(self.ctx.cluster, "all_reduce", group, self.ctx.profile.num_params * 4.0, self.replica_tier)
+        return max(0.0, measured - fit)
+
+    # --- bytes ------------------------------------------------------------------------------
+    def bytes_per_step(self, layers: list[tuple[LayerProfile, int]]) -> dict[str, int]:
+        """Bytes one rank sends per step for its (layer, tp split) list, by mesh axis
+        (meshplan/comm_bytes.py; steady state: after PowerSGD's start iterations)."""
+        out: dict[str, Fraction] = {}
+        m = self.cand.num_microbatches
+        if self.zero <= 1 and self.replicas > 1:
+            payload = sum(self.compressor.payload_bytes(lp, s) for lp, s in layers)
+            out["dp_replicate"] = wire_bytes("all_reduce", self.replicas, payload)
+            if self.zero == 1:
+                out["dp_replicate"] += wire_bytes("broadcast", self.replicas,
+                                                  sum(4 * lp.num_params // s for lp, s in layers))
+        elif self.zero >= 2 and self.shard > 1:
+            width, gathers = fsdp_width(self.ctx), (2 if self.zero == 3 else 1) * m
+            shard_bytes = sum(width * padded_shard_elems(lp, s, self.shard) for lp, s in layers)
+            out["dp_shard"] = (gathers * wire_bytes("all_gather", self.shard, shard_bytes)
+                               + wire_bytes("reduce_scatter", self.shard, self.shard * shard_bytes))
+            if self.replicas > 1:
+                out["dp_replicate"] = wire_bytes("all_reduce", self.replicas, shard_bytes)
+        return {axis: round(v) for axis, v in sorted(out.items()) if v}
+
+
+def comm_bytes_per_step(ctx: Context, cand: Candidate, ranks: list[list[int]]) -> dict[str, int]:
+    """Predicted data-parallel bytes on the wire per step, max over the pipeline ranks (each a
+    list of layer indices), by mesh axis."""
+    data, out = DataParallelCost(ctx, cand), {}
+    for layers in ranks:
+        held = [(ctx.layers[i], ctx.tp_split(ctx.layers[i], cand.tp)) for i in layers]
+        for axis, value in data.bytes_per_step(held).items():
+            out[axis] = max(out.get(axis, 0), value)
+    return dict(sorted(out.items()))

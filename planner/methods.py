@@ -1,0 +1,81 @@
+"""Data-parallel methods chosen per candidate, not enumerated as an outer axis.
+
+A compression or synchronisation method changes a candidate's once-per-step data-parallel term
+and a little of its memory, not its per-microbatch layer costs' shape: so the search solves the
+stage split and recompute once (with the pinned or default methods) and then re-prices the same
+split with each allowed alternative (RankModel.finish per rank), keeping the fastest that fits.
+Only methods the user allowed (--allow-compression / --allow-sync) or pinned are priced; exact
+methods the planner prices completely are searched by default (enumerate.py).
+"""
+from __future__ import annotations
+
+from meshplan import dp_methods, feasibility
+from meshplan.plan import MethodOption
+from meshplan.planner.context import Candidate, Context
+from meshplan.planner.dp_cost import comm_bytes_per_step
+from meshplan.planner.layer_cost import CostTable
+from meshplan.planner.memory import fits
+from meshplan.planner.stages import RankModel, RankSolution
+
+
+def alternatives(ctx: Context, cand: Candidate) -> list[Candidate]:
+    """`cand` with each allowed approximate method on an axis the user did not pin, where it
+    composes (feasibility.py)."""
+    out = []
+    for axis, names in sorted(ctx.request.allow.items()):
+        if axis in ctx.request.methods:
+            continue
+        for name in names:
+            alt = cand.with_method(axis, name, dp_methods.method(axis, name).resolve({}, axis))
+            if not feasibility.first(alt.layout(ctx.seq)):
+                out.append(alt)
+    return out
+
+
+def reprice(ctx: Context, table: CostTable, cand: Candidate,
+            sols: list[RankSolution]) -> tuple[list[RankSolution], bool]:
+    """The same stages and recompute under `cand`'s methods: (rank solutions, fits in memory)."""
+    model = RankModel(ctx, cand, table.for_candidate(cand))
+    out = [model.finish(s.rank, s.layers, s.modes, s.p2p_s) for s in sols]
+    return out, all(fits(model.memory_bytes(s), model.capacity) for s in out)
+
+
+def best_method(ctx: Context, table: CostTable, cand: Candidate,
+                sols: list[RankSolution]) -> tuple[float, Candidate, list[RankSolution]]:
+    """(step, candidate, solutions) of the fastest allowed method on this candidate's split."""
+    best = (max(s.cost_s for s in sols), cand, sols)
+    for alt in alternatives(ctx, cand):
+        alt_sols, ok = reprice(ctx, table, alt, sols)
+        step = max(s.cost_s for s in alt_sols)
+        if ok and step < best[0]:
+            best = (step, alt, alt_sols)
+    return best
+
+
+def method_options(ctx: Context, table: CostTable, chosen: Candidate,
+                   sols: list[RankSolution]) -> list[MethodOption]:
+    """The chosen plan re-priced with its default, pinned and allowed methods on every axis that
+    has a choice: what the report's "Data-parallel methods" section shows."""
+    out = []
+    for axis in dp_methods.AXES:
+        names = sorted({dp_methods.DEFAULTS[axis], chosen.method(axis)[0], *ctx.request.allow.get(axis, ())})
+        if len(names) == 1 and names[0] == dp_methods.DEFAULTS[axis] and axis not in ctx.request.methods:
+            continue
+        for name in names:
+            params = chosen.method(axis)[1] if name == chosen.method(axis)[0] else \
+                dp_methods.method(axis, name).resolve({}, axis)
+            alt = chosen.with_method(axis, name, params)
+            why = feasibility.first(alt.layout(ctx.seq))
+            row = dp_methods.method(axis, name)
+            if why:
+                out.append(MethodOption(axis=axis, name=name, params=params, exact=row.exact, feasible=False,
+                                        note=why, chosen=False))
+                continue
+            alt_sols, ok = reprice(ctx, table, alt, sols)
+            out.append(MethodOption(
+                axis=axis, name=name, params=params, exact=row.exact, feasible=ok,
+                step_time_s=max(s.cost_s for s in alt_sols),
+                peak_memory_bytes=max(sum(s.static) + s.buffers_bytes + s.in_flight * s.act_bytes for s in alt_sols),
+                comm_bytes_per_step=comm_bytes_per_step(ctx, alt, [s.layers for s in alt_sols]), chosen=alt == chosen,
+                note="" if row.exact else "changes the training mathematics: check convergence before relying on it"))
+    return out
