@@ -27,6 +27,8 @@ class Rejects:
 
     def __init__(self):
         self.counts: Counter = Counter()
+        self.infeasible: list[tuple[Candidate, str]] = []
+        """Candidates meshplan/feasibility.py refused, with its first reason (tests read them)."""
 
     def add(self, family: str, reason: str, count: int = 1) -> None:
         self.counts[(family, reason)] += count
@@ -167,6 +169,7 @@ def candidates(ctx: Context, rej: Rejects) -> list[Candidate]:
                                                     tp_divisors=divs)
                             if why:
                                 rej.add(cand.family, why)
+                                rej.infeasible.append((cand, why))
                             else:
                                 out.append(cand)
     return out

@@ -1,0 +1,114 @@
+"""One set of validity rules (meshplan/feasibility.py) for the search, estimate, Plan.validate and
+the executor's check_plan: a plan `meshplan plan` writes is always one `meshplan run` accepts, and
+a layout the search refuses is refused by check_plan with the same words."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from meshplan import dp_methods
+from meshplan.errors import InfeasibleError, MeshplanError
+from meshplan.executor.check import check_plan
+from meshplan.plan import DataParallelMethods, MethodChoice, Plan
+from meshplan.planner import PlanRequest, search
+from meshplan.planner.context import Context
+from meshplan.planner.enumerate import Rejects, candidates
+from meshplan.planner.estimate import balanced_stages
+from meshplan.presets import local_cpu
+from meshplan.profiler import profile_model
+
+MODELS = ("gpt-tiny", "llama-tiny")
+
+
+@pytest.fixture(scope="module")
+def profiles():
+    return {name: profile_model(name, {}, device="meta") for name in MODELS}
+
+
+def _request(rng: random.Random) -> PlanRequest:
+    n = rng.choice((1, 2, 3, 4, 6, 8))
+    pick = lambda options: rng.choice(options + [None] * len(options))  # noqa: E731  (None: searched)
+    methods, allow = {}, {}
+    if rng.random() < 0.3:
+        name = rng.choice(dp_methods.names("compression"))
+        methods["compression"] = (name, dp_methods.method("compression", name).resolve({}, "c"))
+    elif rng.random() < 0.5:
+        allow["compression"] = tuple(rng.sample(dp_methods.approximate("compression"), rng.randint(1, 2)))
+    if rng.random() < 0.1:
+        methods["offload"] = ("cpu", {})
+    return PlanRequest(num_gpus=n, global_batch=rng.randint(1, 24), top_k=3, precision="fp32",
+                       tp=pick([1, 2, 4]), pp=pick([1, 2, 3, 4]), microbatch=pick([1, 2, 3, 4]),
+                       schedule=pick(["gpipe", "1f1b", "interleaved", "zerobubble"]), zero=pick([0, 1, 2, 3]),
+                       dp_shard=pick([1, 2]), sequence_parallel=pick([True, False]), methods=methods, allow=allow)
+
+
+def _plan_of(ctx: Context, cand) -> Plan:
+    """The Plan a candidate would be, built without validation (check_plan validates)."""
+    names = [lp.name for lp in ctx.layers]
+    try:
+        stages = [[names[i] for i in st] for st in balanced_stages(ctx, cand.pp * cand.virtual_stages)]
+    except MeshplanError:
+        stages = [names]  # too many stages for the layers: the layout rule fires before the stage check
+    methods = DataParallelMethods(**{a: MethodChoice(name=cand.method(a)[0], params=cand.method(a)[1])
+                                     for a in dp_methods.AXES})
+    return Plan(model_name=ctx.profile.model_name, cluster_name="local-cpu", world_size=ctx.request.num_gpus,
+                pipeline_parallel_degree=cand.pp, data_parallel_replicate_degree=cand.dp_replicate,
+                data_parallel_shard_degree=cand.dp_shard, context_parallel_degree=cand.cp,
+                tensor_parallel_degree=cand.tp, zero_stage=cand.zero, sequence_parallel=cand.sequence_parallel,
+                dp_methods=methods, precision="fp32", global_batch_size=ctx.request.global_batch,
+                microbatch_size=cand.microbatch, num_microbatches=cand.num_microbatches, seq_len=ctx.seq,
+                pipeline_schedule=cand.schedule, virtual_stages=cand.virtual_stages, layers=names, stages=stages)
+
+
+def test_search_plans_run_and_search_rejections_match_check_plan(profiles):
+    rng = random.Random(14)
+    plans_checked = rejections_checked = 0
+    for _ in range(300):
+        req = _request(rng)
+        prof = profiles[rng.choice(MODELS)]
+        cluster = local_cpu(req.num_gpus)
+        try:
+            best = search(prof, cluster, req)
+        except (InfeasibleError, MeshplanError):
+            best = None
+        for plan in ([best] + best.search.alternatives) if best else []:
+            check_plan(plan)  # raises if the executor would refuse what the search wrote
+            allowed = set(req.allow.get("compression", ())) | {req.methods.get("compression", ("none",))[0]}
+            assert plan.dp_methods.compression.name in allowed | set(dp_methods.exact("compression"))
+            plans_checked += 1
+        rej = Rejects()
+        candidates(Context.build(prof, cluster, req), rej)
+        for cand, reason in rng.sample(rej.infeasible, min(3, len(rej.infeasible))):
+            with pytest.raises(MeshplanError) as err:
+                check_plan(_plan_of(Context.build(prof, cluster, req), cand))
+            assert reason in str(err.value), (cand.label(), reason, str(err.value))
+            rejections_checked += 1
+    assert plans_checked > 200 and rejections_checked > 200
+
+
+def test_the_1f1b_plan_with_three_microbatches_on_two_stages_is_never_written(profiles):
+    """The reported case: pp=2, global batch 3, 1F1B; the search used to return m=3."""
+    req = PlanRequest(num_gpus=2, global_batch=3, pp=2, schedule="1F1B", precision="fp32")
+    with pytest.raises(InfeasibleError):
+        search(profiles["gpt-tiny"], local_cpu(2), req)
+    rej = Rejects()
+    candidates(Context.build(profiles["gpt-tiny"], local_cpu(2), req), rej)
+    assert any("multiple of pp = 2" in why for _, why in rej.infeasible)
+
+
+def test_an_approximate_method_that_was_not_allowed_is_never_chosen(profiles):
+    """PowerSGD would win on a slow link; without --allow-compression the search never uses it."""
+    import dataclasses
+
+    cluster = local_cpu(4)
+    slow = dataclasses.replace(cluster, collectives=[], intra_node=dataclasses.replace(
+        cluster.intra_node, bandwidth_gbps=0.01))
+    req = PlanRequest(num_gpus=4, global_batch=16, dp=4, precision="fp32", top_k=5)
+    plain = search(profiles["gpt-tiny"], slow, req)
+    assert all(p.dp_methods.compression.name == "none" for p in [plain] + plain.search.alternatives)
+    allowed = search(profiles["gpt-tiny"], slow, dataclasses.replace(req, allow={"compression": ("powersgd",)}))
+    assert allowed.dp_methods.compression.name == "powersgd"
+    assert allowed.prediction.step_time_s < plain.prediction.step_time_s
+    options = {o.name: o for o in allowed.prediction.dp_method_options if o.axis == "compression"}
+    assert set(options) == {"none", "powersgd"} and options["powersgd"].chosen and not options["powersgd"].exact
