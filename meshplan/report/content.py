@@ -6,6 +6,7 @@ from meshplan.plan import Plan
 from meshplan.report import fmt, svg
 from meshplan.report.export_common import plan_hash
 from meshplan.report.document import Document, Figure, Section, Table
+from meshplan.report.dp_methods_section import dp_methods_section
 from meshplan.report.measured import measured_section
 from meshplan.report.search_tables import alternatives_section, rejected_section, why_paragraphs
 from meshplan.report.summary import (TERM_LABELS, binding_constraint, breakdown_rows, key_figures,
@@ -28,6 +29,7 @@ def build_document(plan: Plan, run: RunResult | None = None, title: str | None =
     doc.sections.append(Section(title="Why this plan", anchor="why", items=why_paragraphs(plan)))
     if plan.prediction is not None:
         doc.sections += [timeline_section(plan), memory_section(plan), breakdown_section(plan)]
+    doc.sections.append(dp_methods_section(plan, run))
     if plan.search is not None:
         doc.sections += [alternatives_section(plan), rejected_section(plan)]
     if run is not None:

@@ -42,3 +42,18 @@ def tflops(value: float) -> str:
 
 def loss(value: float) -> str:
     return f"{value:.4f}"
+
+
+def nbytes(value_bytes: float) -> str:
+    """Bytes in binary units, about 3 significant figures: 512 B, 3.50 KiB, 12.6 MiB, 1.23 GiB."""
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(value_bytes) >= scale:
+            value = value_bytes / scale
+            digits = 0 if abs(value) >= 100 else 1 if abs(value) >= 10 else 2
+            return f"{value:.{digits}f} {unit}"
+    return f"{value_bytes:.0f} B"
+
+
+def ratio(value: float) -> str:
+    """A ratio such as measured / predicted: 1.07x."""
+    return f"{value:.2f}x"
