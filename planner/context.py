@@ -55,11 +55,19 @@ class Candidate:
         entry = () if default else ((axis, name, tuple(sorted(params.items()))),)
         return dataclasses.replace(self, methods=tuple(sorted(rest + entry)))
 
-    @property
+    @functools.cached_property
     def cost_key(self) -> tuple:
-        """What per-layer costs depend on (CostTable memoisation, partition frontiers)."""
-        return (self.microbatch, self.tp, self.sequence_parallel, self.cp, self.zero, self.dp, self.dp_shard,
-                self.methods)
+        """What per-layer costs depend on (CostTable memoisation, partition frontiers): DDP's
+        layers only see whether there are replicas, ZeRO-1's the optimizer shard, ZeRO-2/3's the
+        shard and replica groups and the microbatch count (the reduce-scatter is paid 1/m per
+        microbatch)."""
+        if self.zero == 0:
+            data = (0, self.dp > 1)
+        elif self.zero == 1:
+            data = (1, self.dp)
+        else:
+            data = (self.zero, self.dp_shard, self.dp_replicate, self.num_microbatches)
+        return (self.microbatch, self.tp, self.sequence_parallel, self.cp) + data + (self.methods,)
 
     def layout(self, seq_len: int) -> feasibility.Layout:
         return feasibility.Layout(pp=self.pp, dp_replicate=self.dp_replicate, dp_shard=self.dp_shard, cp=self.cp,
@@ -68,7 +76,7 @@ class Candidate:
                                   virtual_stages=self.virtual_stages, sequence_parallel=self.sequence_parallel,
                                   seq_len=seq_len, methods=tuple((a, n) for a, n, _ in self.methods))
 
-    @property
+    @functools.cached_property
     def family(self) -> str:
         dp = f"dp={self.dp}" if self.dp_replicate == 1 or self.dp_shard == 1 else \
             f"dp={self.dp_replicate}x{self.dp_shard}"

@@ -116,15 +116,17 @@ def _interleaved(ctx: Context, pp: int, m: int, rej: Rejects, fam: str,
 
 def shard_degrees(ctx: Context, dp: int, cp: int, tp: int) -> list[int]:
     """FSDP2 shard degrees tried for ZeRO-2/3 over dp ranks: all of them (FSDP), and HSDP with a
-    shard group that fills whole nodes (shard x cp x tp = devices per node x 2^j): the layouts
-    whose gathers stay on the fastest links for their memory (torchtitan's HSDP advice). A pinned
-    --dp-shard is tried as given."""
+    shard group that fills one or two whole nodes (shard x cp x tp = devices per node x 1 or 2):
+    the per-microbatch gathers stay on (or barely leave) the node's fast links while the shards
+    are all-reduced across nodes once per step (torchtitan's HSDP advice; larger shard groups
+    only trade more gather traffic for memory, which FSDP over all dp ranks already offers).
+    A pinned --dp-shard is tried as given."""
     if ctx.request.dp_shard is not None:
         return [ctx.request.dp_shard]
     per_node, out = ctx.cluster.devices_per_node, [dp]
     for d in divisors(dp):
         span = d * cp * tp
-        if 1 < d < dp and span % per_node == 0 and (span // per_node) & (span // per_node - 1) == 0:
+        if 1 < d < dp and span in (per_node, 2 * per_node):
             out.append(d)
     return sorted(set(out))
 

@@ -36,9 +36,17 @@ class Bounds:
     def __init__(self, ctx: Context, table: CostTable):
         self.ctx, self.table = ctx, table
         self.multiplicity = Counter(ctx.signatures)
+        self._memo: dict[tuple, tuple[float, float, float, float]] = {}
 
     def _sums(self, cand: Candidate) -> tuple[float, float, float, float]:
-        """(sum of fastest per-layer times, slowest single layer, static bytes, leanest act bytes)."""
+        """(sum of fastest per-layer times, slowest single layer, static bytes, leanest act bytes);
+        the same for every candidate with the same layer costs (Candidate.cost_key)."""
+        hit = self._memo.get(cand.cost_key)
+        if hit is None:
+            hit = self._memo[cand.cost_key] = self._layer_sums(cand)
+        return hit
+
+    def _layer_sums(self, cand: Candidate) -> tuple[float, float, float, float]:
         time_sum = slowest = static = act = 0.0
         for index, count in self.multiplicity.items():
             lc = self.table.get(index, cand)
