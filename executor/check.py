@@ -1,13 +1,20 @@
 """`check_plan`: every mismatch between a plan, its model and the launch, found before any
-process starts, as one MeshplanError line naming the value and the fix."""
+process starts, as one MeshplanError line naming the value and the fix.
+
+Which layouts run is decided in one torch-free place, meshplan/feasibility.py (the search and
+`Plan.validate` ask the same rules): check_plan refuses its first reason, invalid or not
+runnable here, with the model's tensor-parallel divisors. What only the model and the launch
+can tell (the layer list, the context length, GPUs per node) is checked here."""
 from __future__ import annotations
+
+import math
 
 import torch
 
+from meshplan import feasibility
 from meshplan.errors import MeshplanError
 from meshplan.executor.model import build_model_for_plan, tp_rules_for
-from meshplan.executor.pipeline import SCHEDULE_CLASSES, SPLIT_BACKWARD
-from meshplan.executor.tensor_parallel import tp_divisor_problem
+from meshplan.executor.pipeline import SCHEDULE_CLASSES
 from meshplan.plan import Plan
 
 
@@ -18,10 +25,10 @@ def local_device_count() -> int:
 
 def check_plan(plan: Plan, *, nnodes: int = 1) -> None:
     """Raise MeshplanError if `plan` cannot run on its model or on `nnodes` nodes of this kind."""
+    model = build_model_for_plan(plan, "meta")
+    _check_layout(plan, model)
     plan.validate("plan")
     _check_launch(plan, nnodes)
-    _check_features(plan)
-    model = build_model_for_plan(plan, "meta")
     names = model.layer_names()
     if plan.layers != names:
         bad = next((a for a, b in zip(plan.layers, names) if a != b), None) or \
@@ -32,7 +39,27 @@ def check_plan(plan: Plan, *, nnodes: int = 1) -> None:
     if seq > 1 and plan.seq_len > seq:
         raise MeshplanError(f"plan.seq_len = {plan.seq_len}: {plan.model_name} handles at most {seq} tokens; "
                             "re-plan with a shorter sequence or a model with a longer context")
-    _check_tp(plan, model)
+
+
+def _check_layout(plan: Plan, model) -> None:
+    """The first feasibility reason (invalid or not runnable by this executor), as one line."""
+    divisors = tp_divisors(tp_rules_for(model)) if plan.tensor_parallel_degree > 1 else None
+    found = feasibility.reasons(plan.layout(), num_layers=len(plan.layers), tp_divisors=divisors)
+    if found:
+        raise MeshplanError(f"plan: {found[0].text}")
+    if plan.pipeline_schedule not in SCHEDULE_CLASSES:
+        raise MeshplanError(f"plan.pipeline_schedule = {plan.pipeline_schedule!r}: not runnable; use one of "
+                            + ", ".join(SCHEDULE_CLASSES))
+
+
+def tp_divisors(rules: dict) -> dict[str, int]:
+    """The model's tensor-parallel divisors merged over its layers' rules: per name the gcd of
+    its sizes (tp divides every size exactly when it divides their gcd)."""
+    out: dict[str, int] = {}
+    for rule in rules.values():
+        for name, size in rule.divisors.items():
+            out[name] = math.gcd(out.get(name, 0), size)
+    return out
 
 
 def _check_launch(plan: Plan, nnodes: int) -> None:
@@ -43,49 +70,3 @@ def _check_launch(plan: Plan, nnodes: int) -> None:
     if gpus and per_node > gpus:
         raise MeshplanError(f"plan.world_size = {plan.world_size}: needs {per_node} GPUs per node on {nnodes} "
                             f"node(s) but this node has {gpus}; use --nnodes {-(-plan.world_size // gpus)}")
-
-
-def _check_features(plan: Plan) -> None:
-    if plan.context_parallel_degree > 1:
-        raise MeshplanError(f"plan.context_parallel_degree = {plan.context_parallel_degree}: the executor does not "
-                            "run context parallelism; re-plan with context_parallel_degree 1")
-    if plan.offload and plan.zero_stage != 3:
-        raise MeshplanError(f"plan.offload = true with zero_stage {plan.zero_stage}: the executor offloads only "
-                            "with FSDP2 (zero_stage 3); set zero_stage 3 or offload false")
-    if plan.gradient_comm != "allreduce" and plan.zero_stage >= 2:
-        raise MeshplanError(f"plan.gradient_comm = {plan.gradient_comm!r}: FSDP2 (zero_stage {plan.zero_stage}) "
-                            "has no communication hooks; use allreduce or zero_stage 0/1")
-    if plan.gradient_comm == "powersgd" and plan.tensor_parallel_degree > 1:
-        raise MeshplanError("plan.gradient_comm = 'powersgd': needs DDP, which cannot hold tensor-parallel "
-                            "parameters; use allreduce or fp16 with tensor_parallel_degree > 1")
-    if plan.pipeline_schedule not in SCHEDULE_CLASSES:
-        raise MeshplanError(f"plan.pipeline_schedule = {plan.pipeline_schedule!r}: not runnable; use one of "
-                            + ", ".join(SCHEDULE_CLASSES))
-    if plan.pipeline_schedule in SPLIT_BACKWARD and plan.pipeline_parallel_degree > 1:
-        if plan.zero_stage >= 2 and plan.data_parallel_degree > 1:
-            raise MeshplanError(f"plan.pipeline_schedule = {plan.pipeline_schedule!r} with zero_stage "
-                                f"{plan.zero_stage}: FSDP2 misses the split weight-gradient pass; use "
-                                "Interleaved1F1B or zero_stage 0/1")
-        if plan.gradient_comm == "powersgd" and plan.data_parallel_degree > 1:
-            raise MeshplanError(f"plan.gradient_comm = 'powersgd' with {plan.pipeline_schedule}: needs DDP hooks, "
-                                "which miss the split weight-gradient pass; use allreduce or fp16")
-    pp, nmb = plan.pipeline_parallel_degree, plan.num_microbatches
-    if pp > 1 and plan.pipeline_schedule != "GPipe" and nmb % pp and nmb > pp:
-        raise MeshplanError(f"plan.num_microbatches = {nmb}: {plan.pipeline_schedule} needs a multiple of "
-                            f"pp = {pp} when above it; use {nmb - nmb % pp} or {nmb + pp - nmb % pp}")
-
-
-def _check_tp(plan: Plan, model) -> None:
-    tp = plan.tensor_parallel_degree
-    if tp == 1:
-        if plan.sequence_parallel:
-            raise MeshplanError("plan.sequence_parallel = true with tensor_parallel_degree 1: sequence "
-                                "parallelism splits over the TP group; set tensor_parallel_degree > 1 or false")
-        return
-    rules = tp_rules_for(model)
-    problem = tp_divisor_problem(rules, tp)
-    if problem:
-        raise MeshplanError(f"plan.tensor_parallel_degree = {tp}: {problem}; use a divisor of it")
-    if plan.sequence_parallel and plan.seq_len % tp:
-        raise MeshplanError(f"plan.seq_len = {plan.seq_len}: sequence parallelism needs it divisible by "
-                            f"tensor_parallel_degree = {tp}")

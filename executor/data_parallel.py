@@ -1,46 +1,56 @@
 """Data parallelism: DDP (+ communication hook), ZeRO-1, ZeRO-2/3 (FSDP2), and the optimizers.
 
 - zero_stage 0: DDP over all data-parallel ranks, gradients all-reduced in buckets during
-  backward; `gradient_comm` picks the hook: allreduce (default), fp16 (compress to fp16 before the
-  all-reduce), powersgd (Vogels et al. 2019, rank 2, error feedback; exact for the first 2 steps).
+  backward (comm_schedule=buckets: bucket_cap_mb); the plan's compression method supplies the
+  comm hook (executor/methods/: allreduce, fp16, powersgd), which counts the bytes it sends.
 - zero_stage 1: the same gradient all-reduce, and a ZeroRedundancyOptimizer, so each rank keeps
-  1/dp of the optimizer states and broadcasts the parameters it updated (Rajbhandari et al. 2020).
+  1/dp of the optimizer states and broadcasts the parameters it updated (Rajbhandari et al. 2020);
+  the broadcasts are counted (`CountedBroadcasts`).
 - zero_stage 2/3: FSDP2 `fully_shard` per layer and on the stage root (HSDP over dp_replicate x
   dp_shard when both > 1); reshard_after_forward = False for ZeRO-2 (parameters stay gathered
-  between forward and backward), True for ZeRO-3.
+  between forward and backward), True for ZeRO-3; offload=cpu adds CPUOffloadPolicy. Gathers,
+  reduce-scatters and HSDP's all-reduce are counted through FSDP2's custom-comm API.
 DDP and ZeroRedundancyOptimizer refuse DTensor parameters, so with tensor parallelism zero 0/1
 use `ReplicaGradReducer` (one bucketed all-reduce of the local shards after backward) and a
 ZeroRedundancyOptimizer over the local shards (`_local_tensor`, sharing storage).
+Every count goes into the rank's ByteCounter (meshplan/comm_bytes.py) on the mesh axis of its
+group: "dp_replicate" for DDP, ZeRO-1 and HSDP's replicate all-reduce, "dp_shard" for FSDP2.
 """
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from meshplan import dp_methods
+from meshplan.comm_bytes import ByteCounter
+from meshplan.executor import methods
+from meshplan.executor.methods.allreduce import ReplicaGradReducer, _local  # noqa: F401 (public here)
+from meshplan.executor.methods.counting import count_fsdp, tensor_bytes
 from meshplan.executor.parallel_dims import ParallelDims
 from meshplan.plan import Plan
 
-BUCKET_BYTES = 25 * 2**20
+BUCKET_BYTES = dp_methods.method("comm_schedule", "buckets").resolve({}, "")["bucket_mb"] * 2**20
+"""The default DDP gradient bucket (comm_schedule=buckets' default bucket_mb, 25 MiB)."""
 
 
-def apply_fsdp(part: nn.Module, dims: ParallelDims, plan: Plan, device: torch.device) -> nn.Module:
-    """ZeRO-2/3: shard each held layer, then the stage root (which takes embed/head leftovers)."""
-    mesh = dims.fsdp_mesh()
-    kwargs = {"mesh": mesh, "reshard_after_forward": plan.zero_stage == 3}
-    if plan.offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
-    for name in ("embed", "head"):
-        if getattr(part, name, None) is not None and any(True for _ in getattr(part, name).parameters()):
-            fully_shard(getattr(part, name), **kwargs)
-    for layer in part.layers.values():
-        fully_shard(layer, **kwargs)
-    fully_shard(part, **kwargs)
+def apply_fsdp(part: nn.Module, dims: ParallelDims, plan: Plan, device: torch.device,
+               counter: ByteCounter) -> nn.Module:
+    """ZeRO-2/3: shard each held layer, then the stage root (which takes embed/head leftovers);
+    the offload method adds its policy, and every sharded module counts its collectives."""
+    offload, params = methods.method(plan, "offload")
+    kwargs = {"mesh": dims.fsdp_mesh(), "reshard_after_forward": plan.zero_stage == 3,
+              **offload.fsdp_kwargs(params, device)}
+    sharded = [getattr(part, name) for name in ("embed", "head")
+               if getattr(part, name, None) is not None and any(True for _ in getattr(part, name).parameters())]
+    sharded += list(part.layers.values()) + [part]
+    replicate = dims.mesh["dp_replicate"].get_group() if dims.size("dp_replicate") > 1 else None
+    for module in sharded:
+        fully_shard(module, **kwargs)
+        count_fsdp(module, counter, replicate)
     return part
 
 
@@ -48,67 +58,31 @@ def has_dtensor_params(part: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in part.parameters())
 
 
-def apply_ddp(part: nn.Module, dims: ParallelDims, plan: Plan, device: torch.device) -> nn.Module:
-    """DDP over the flattened data-parallel group, with the plan's gradient communication hook."""
+def apply_ddp(part: nn.Module, dims: ParallelDims, plan: Plan, device: torch.device,
+              counter: ByteCounter) -> nn.Module:
+    """DDP over the data-parallel (dp_replicate) group: the comm_schedule method's buckets, then
+    the compression method's comm hook (which counts what it sends)."""
     group = dims.dp_mesh().get_group()
+    schedule, schedule_params = methods.method(plan, "comm_schedule")
     ddp = DDP(part, process_group=group, device_ids=[device.index] if device.type == "cuda" else None,
-              bucket_cap_mb=BUCKET_BYTES // 2**20,
+              bucket_cap_mb=schedule.bucket_cap_mb(schedule_params),
               # under a pipeline schedule every microbatch's backward marks the params ready again
               # and DDP's one-time bucket rebuild double-counts them (INTERNAL ASSERT); the rebuild
               # is skipped when find_unused_parameters is set
               find_unused_parameters=plan.pipeline_parallel_degree > 1)
-    if plan.gradient_comm == "fp16":
-        ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
-    elif plan.gradient_comm == "powersgd":
-        # start_powerSGD_iter >= 2 is required with error feedback / warm start (torch-gloo.md 1e)
-        state = powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=2,
-                                            start_powerSGD_iter=2, min_compression_rate=2)
-        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    compression, params = methods.method(plan, "compression")
+    ddp.register_comm_hook(*compression.comm_hook(group, params, counter, "dp_replicate"))
     return ddp
 
 
-class ReplicaGradReducer:
-    """DDP's arithmetic for DTensor (tensor-parallel) parameters: after backward, average each
-    local gradient shard over the data-parallel group in flat buckets (fp16 if asked)."""
-
-    def __init__(self, params: list[nn.Parameter], group, fp16: bool = False):
-        self.params = [p for p in params if p.requires_grad]
-        self.group = group
-        self.fp16 = fp16
-        self.world = dist.get_world_size(group)
-
-    @torch.no_grad()
-    def reduce(self) -> None:
-        for p in self.params:
-            if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
-                # e.g. the vocab-parallel embedding's grad comes out Replicate/Partial: shard it as the param
-                p.grad = p.grad.redistribute(p.device_mesh, p.placements)
-        grads = [_local(p.grad) for p in self.params if p.grad is not None]
-        for bucket in _buckets(grads):
-            flat = torch.cat([g.reshape(-1) for g in bucket])
-            wire = flat.half() if self.fp16 else flat
-            dist.all_reduce(wire, group=self.group)
-            flat.copy_(wire).div_(self.world)
-            offset = 0
-            for g in bucket:
-                g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t._local_tensor if isinstance(t, DTensor) else t
-
-
-def _buckets(tensors: list[torch.Tensor]):
-    bucket, size = [], 0
-    for t in tensors:
-        if bucket and (size + t.numel() * t.element_size() > BUCKET_BYTES or t.dtype != bucket[0].dtype):
-            yield bucket
-            bucket, size = [], 0
-        bucket.append(t)
-        size += t.numel() * t.element_size()
-    if bucket:
-        yield bucket
+def replica_reducer(part: nn.Module, dims: ParallelDims, plan: Plan, counter: ByteCounter) -> ReplicaGradReducer:
+    """DDP's arithmetic for DTensor (tensor-parallel) replicas and zero-bubble schedules: the
+    comm_schedule method's bucket size, the compression method's wire dtype (fp16 or as is)."""
+    schedule, schedule_params = methods.method(plan, "comm_schedule")
+    compression, _ = methods.method(plan, "compression")
+    return ReplicaGradReducer(list(part.parameters()), dims.dp_mesh().get_group(), counter=counter,
+                              axis="dp_replicate", bucket_bytes=schedule.bucket_bytes(schedule_params),
+                              wire_dtype=getattr(compression, "WIRE_DTYPE", None))
 
 
 def make_optimizer(params: list[nn.Parameter], name: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
@@ -124,25 +98,50 @@ def optimizer_spec(name: str, lr: float, weight_decay: float) -> tuple[type, dic
 
 
 def build_optimizer(part: nn.Module, dims: ParallelDims, plan: Plan, name: str, lr: float,
-                    weight_decay: float) -> torch.optim.Optimizer:
-    """One optimizer per model part; ZeRO-1 shards its states over the data-parallel group."""
+                    weight_decay: float, counter: ByteCounter | None = None) -> torch.optim.Optimizer:
+    """One optimizer per model part; ZeRO-1 shards its states over the data-parallel group and
+    counts its parameter broadcasts into `counter`."""
     params = [p for p in part.parameters() if p.requires_grad]
     if plan.zero_stage != 1 or dims.dp_degree == 1:
         return make_optimizer(params, name, lr, weight_decay)
     cls, kwargs = optimizer_spec(name, lr, weight_decay)
     group = dims.dp_mesh().get_group()
+    counter = counter if counter is not None else ByteCounter()
     if not any(isinstance(p, DTensor) for p in params):
-        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=group,
-                                       parameters_as_bucket_view=True, **kwargs)
-    return ZeroOverLocalShards(params, optimizer_class=cls, process_group=group, **kwargs)
+        return CountedZero(params, optimizer_class=cls, process_group=group, parameters_as_bucket_view=True,
+                           counter=counter, **kwargs)
+    return ZeroOverLocalShards(params, optimizer_class=cls, process_group=group, counter=counter, **kwargs)
 
 
-class ZeroOverLocalShards(ZeroRedundancyOptimizer):
+class CountedBroadcasts:
+    """ZeroRedundancyOptimizer mixin: after each step every rank broadcasts the parameters it
+    updated (`_broadcast_params_from_rank`, once per source rank); each broadcast is counted on
+    "dp_replicate" as the bucket (parameters_as_bucket_view) or the parameters it sends."""
+
+    def _broadcast_params_from_rank(self, rank: int):
+        if self.parameters_as_bucket_view:
+            payload = sum(tensor_bytes(dev_buckets[rank]) for dev_buckets in self._buckets)
+        else:
+            payload = sum(tensor_bytes(p) for g in self._partition_parameters()[rank] for p in g["params"])
+        self.counter.add("dp_replicate", "broadcast", self.world_size, payload)
+        return super()._broadcast_params_from_rank(rank)
+
+
+class CountedZero(CountedBroadcasts, ZeroRedundancyOptimizer):
+    """torch's ZeroRedundancyOptimizer with its parameter broadcasts counted."""
+
+    def __init__(self, params, *, counter: ByteCounter, **kwargs):
+        self.counter = counter
+        super().__init__(params, **kwargs)
+
+
+class ZeroOverLocalShards(CountedBroadcasts, ZeroRedundancyOptimizer):
     """ZeRO-1 for tensor-parallel (DTensor) parameters, which ZeroRedundancyOptimizer cannot
     broadcast: it optimises plain Parameters viewing each DTensor's local shard (same storage),
     copies the DTensor gradients' local shards onto them before each step, and clears both."""
 
-    def __init__(self, params: list[nn.Parameter], **kwargs):
+    def __init__(self, params: list[nn.Parameter], *, counter: ByteCounter, **kwargs):
+        self.counter = counter
         self.real_and_local = [(p, _local_param(p)) for p in params]
         super().__init__([local for _, local in self.real_and_local], **kwargs)
 

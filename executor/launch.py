@@ -353,4 +353,15 @@ def merge_results(plan: Plan, per_rank: list[dict], rc: int, opts: LaunchOptions
                      peak_memory_bytes=max(r["peak_memory_bytes"] for r in per_rank),
                      peak_memory_per_rank_bytes=[r["peak_memory_bytes"] for r in per_rank],
                      device=device, backend="nccl" if device == "cuda" else "gloo",
-                     torch_version=torch.__version__, resumed_from_step=first["start_step"], notes=notes)
+                     torch_version=torch.__version__, resumed_from_step=first["start_step"], notes=notes,
+                     **comm_bytes_fields(per_rank))
+
+
+def comm_bytes_fields(per_rank: list[dict]) -> dict:
+    """RunResult's byte counts: per axis the max over ranks of each rank's mean per step after
+    the first (the critical rank, as the cost model predicts), every rank's mean, rank 0's steps."""
+    by_rank = [r.get("comm_bytes_per_step", {}) for r in per_rank]
+    axes = sorted({axis for r in by_rank for axis in r})
+    return {"comm_bytes_per_step": {a: max(r.get(a, 0) for r in by_rank) for a in axes},
+            "comm_bytes_per_step_by_rank": by_rank,
+            "comm_bytes_by_step": per_rank[0].get("comm_bytes_by_step", [])}

@@ -5,12 +5,20 @@ The order is fixed (torchtitan's `parallelize`), each step one small `apply_*` f
   2. tensor/sequence  – DTensor parallelize_module from the profile's TP rules (needs unsharded
      parallel              params, so it precedes data parallelism)
   3. recompute        – activation checkpointing per layer (inside FSDP/DDP, as torchtitan)
-  4. ZeRO-2/3         – FSDP2 fully_shard on the meta stage (shards before anything is allocated)
-  5. materialise      – allocate and fill each local shard from the single-process weights
-  6. DDP / ZeRO-1     – wrap real tensors (DDP broadcasts rank 0's state at construction);
-                        DTensor stages, and zero-bubble schedules (whose split weight-gradient
-                        pass DDP's hooks miss), get a bucketed gradient reducer instead
+  4. ZeRO-2/3         – FSDP2 fully_shard on the meta stage (shards before anything is allocated),
+                        with the offload method's policy (offload=cpu: CPUOffloadPolicy) and
+                        FSDP2's custom comms counting every gather / reduce-scatter
+  5. materialise      – allocate and fill each local shard from the single-process weights, on
+                        the offload method's device (the host for offload=cpu)
+  6. DDP / ZeRO-1     – wrap real tensors (DDP broadcasts rank 0's state at construction) with
+                        the comm_schedule method's buckets, then the compression method's comm
+                        hook (allreduce / fp16 / powersgd); DTensor stages, and zero-bubble
+                        schedules (whose split weight-gradient pass DDP's hooks miss), get a
+                        bucketed gradient reducer instead (same buckets, fp16 wire for fp16)
   7. schedule         – torch.distributed.pipelining stages and the plan's schedule (pp > 1)
+The data-parallel methods' executor modules live in executor/methods/ (one per registry row);
+every collective they issue is counted into `Parallelized.comm_bytes` (meshplan/comm_bytes.py),
+closed once per optimizer step by `end_step()` (executor/train.py).
 """
 from __future__ import annotations
 
@@ -24,7 +32,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from meshplan.comm_bytes import ByteCounter
 from meshplan.executor import data_parallel as dp_
+from meshplan.executor import methods
 from meshplan.errors import MeshplanError
 from meshplan.executor.activation_checkpoint import apply_ac
 from meshplan.executor.grad_clip import clip_grad_norm
@@ -53,13 +63,16 @@ class Parallelized:
     reducers: list = field(default_factory=list)
     """ReplicaGradReducer per part for DTensor stages under DDP/ZeRO-1 semantics."""
     autocast_dtype: torch.dtype | None = None
+    comm_bytes: ByteCounter = field(default_factory=ByteCounter)
+    """This rank's data-parallel bytes on the wire, per mesh axis, one entry per optimizer step."""
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for part in self.parts for p in part.parameters()]
 
     def make_optimizers(self, name: str = "adamw", lr: float = 3e-4, weight_decay: float = 0.1) -> list:
         """One optimizer per part ("adamw" or "sgd"); ZeRO-1 plans get sharded optimizer states."""
-        return [dp_.build_optimizer(part, self.dims, self.plan, name, lr, weight_decay) for part in self.parts]
+        return [dp_.build_optimizer(part, self.dims, self.plan, name, lr, weight_decay, self.comm_bytes)
+                for part in self.parts]
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip to a global L2 norm over every parallel dimension; returns the norm before clipping
@@ -154,29 +167,31 @@ def apply(model: LayeredModel, plan: Plan, mesh: DeviceMesh, *, seed: int = 0,
     meta = model if on_meta else copy.deepcopy(model).to("meta")
     rules = tp_rules_for(meta) if plan.tensor_parallel_degree > 1 else {}
     stage_ids, parts = split_stages(meta, plan, dims.pp_rank)                          # 1
-    parts, reducers = [_parallelize_part(p, plan, dims, rules, device, full_value) for p in parts], []
+    counter = ByteCounter()
+    parts, reducers = [_parallelize_part(p, plan, dims, rules, device, full_value, counter) for p in parts], []
     parts, reducers = [p for p, _ in parts], [r for _, r in parts if r is not None]
     result = Parallelized(plan=plan, dims=dims, device=device, parts=parts, stage_ids=stage_ids,
-                          loss_fn=_loss_fn(model), reducers=reducers, autocast_dtype=_autocast_dtype(plan, device))
+                          loss_fn=_loss_fn(model), reducers=reducers, autocast_dtype=_autocast_dtype(plan, device),
+                          comm_bytes=counter)
     if plan.pipeline_parallel_degree > 1 or len(plan.stages) > 1:                      # 7
         result.schedule, result.stages = build_schedule(plan, stage_ids, parts, mesh["pp"], device, result.loss_fn)
     return result
 
 
-def _parallelize_part(part, plan: Plan, dims: ParallelDims, rules, device, full_value):
+def _parallelize_part(part, plan: Plan, dims: ParallelDims, rules, device, full_value, counter: ByteCounter):
     if plan.tensor_parallel_degree > 1:                                                 # 2
         apply_tp(part, rules, dims.mesh["tp"], plan.sequence_parallel)
     apply_ac(part, plan.recompute)                                                      # 3
     data_parallel = dims.dp_degree > 1
     if data_parallel and plan.zero_stage >= 2:                                          # 4
-        dp_.apply_fsdp(part, dims, plan, device)
+        dp_.apply_fsdp(part, dims, plan, device, counter)
     # FSDP2 CPU offload keeps the sharded parameters in host memory (torchtitan does the same)
-    materialize(part, torch.device("cpu") if plan.offload else device, full_value)     # 5
+    offload, offload_params = methods.method(plan, "offload")
+    materialize(part, offload.shard_device(offload_params, device), full_value)        # 5
     if data_parallel and plan.zero_stage <= 1:                                          # 6
         if dp_.has_dtensor_params(part) or plan.pipeline_schedule in SPLIT_BACKWARD:
-            group = dims.dp_mesh().get_group()
-            return part, dp_.ReplicaGradReducer(list(part.parameters()), group, plan.gradient_comm == "fp16")
-        return dp_.apply_ddp(part, dims, plan, device), None
+            return part, dp_.replica_reducer(part, dims, plan, counter)
+        return dp_.apply_ddp(part, dims, plan, device, counter), None
     return part, None
 
 

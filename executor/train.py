@@ -5,12 +5,13 @@ GPU, synthetic seeded data or a user dataset, DCP checkpoints every K steps and 
 Measured per rank: every step's wall time, the loss (identical on all ranks: the last pipeline
 stage's losses, all-reduced once after the last step so no step waits on the loss), and peak
 memory (CUDA max allocated; on CPU the live-tensor tracker watches step 1 — step 0 when it is
-the only one — which the median step time then leaves out).
+the only one — which the median step time then leaves out), and the data-parallel bytes this
+rank sent per step and mesh axis (the methods' counters, closed after each optimizer step).
 """
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
@@ -50,6 +51,10 @@ class RankResult:
     peak_memory_bytes: int
     start_step: int
     grad_norms: list[float]
+    comm_bytes_by_step: list[dict[str, int]] = field(default_factory=list)
+    """Data-parallel bytes this rank put on the wire in each step, by mesh axis (comm_bytes.py)."""
+    comm_bytes_per_step: dict[str, int] = field(default_factory=dict)
+    """Its mean per step after the first (ByteCounter.mean_after_first), by mesh axis."""
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -77,6 +82,7 @@ def train(plan: Plan, options: TrainOptions, device: torch.device,
         with tracker or _null():
             loss, norm = _train_step(par, optimizers, batches(step), options.grad_clip)
         _sync(device)
+        result.comm_bytes_by_step.append(par.comm_bytes.end_step())
         result.step_times_s.append(time.perf_counter() - t0)
         shares.append(loss)
         result.grad_norms.append(norm)
@@ -88,6 +94,7 @@ def train(plan: Plan, options: TrainOptions, device: torch.device,
         result.peak_memory_bytes = torch.cuda.max_memory_allocated(device)
     result.losses = par.global_losses(shares) if shares else []  # one all-reduce for all steps
     result.grad_norms = [float(n) for n in result.grad_norms]
+    result.comm_bytes_per_step = par.comm_bytes.mean_after_first()
     return result
 
 

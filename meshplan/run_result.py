@@ -30,6 +30,15 @@ class RunResult:
     backend: str = "gloo"
     torch_version: str = ""
     resumed_from_step: int = 0
+    comm_bytes_per_step: dict[str, int] = field(default_factory=dict)
+    """Data-parallel bytes on the wire per step and rank, by mesh axis ("dp_replicate",
+    "dp_shard"): the max over ranks of each rank's mean over the steps after the first, counted
+    by the executor's hooks under meshplan/comm_bytes.py's convention (what
+    Prediction.comm_bytes_per_step predicts)."""
+    comm_bytes_per_step_by_rank: list[dict[str, int]] = field(default_factory=list)
+    """Each rank's mean per step after the first, by mesh axis (rank order)."""
+    comm_bytes_by_step: list[dict[str, int]] = field(default_factory=list)
+    """Rank 0's bytes in every step, by mesh axis (warm-up steps included)."""
     notes: list[str] = field(default_factory=list)
 
     def validate(self, path: str = "") -> None:

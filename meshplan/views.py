@@ -49,7 +49,8 @@ def plan_view(plan: Plan, with_search: bool = True) -> dict[str, Any]:
         "tensor_parallel_degree": plan.tensor_parallel_degree,
         "zero_stage": plan.zero_stage,
         "sequence_parallel": plan.sequence_parallel,
-        "gradient_comm": plan.gradient_comm,
+        "dp_methods": {axis: {"name": c.name, "params": dict(c.params)} for axis, c in plan.dp_methods.items()},
+        "dp_methods_label": dp_methods_label(plan),
         "precision": plan.precision,
         "global_batch_size": plan.global_batch_size,
         "microbatch_size": plan.microbatch_size,
@@ -75,6 +76,16 @@ def plan_view(plan: Plan, with_search: bool = True) -> dict[str, Any]:
             "rejected": to_dict(s.rejected),
         })
     return view
+
+
+def dp_methods_label(plan: Plan) -> str:
+    """The non-default data-parallel methods with their parameters, e.g.
+    "compression=powersgd(rank=2, start_iter=2, ...)"; the defaults' description when none is."""
+    parts = []
+    for axis, choice in plan.dp_methods.non_default():
+        params = ", ".join(f"{k}={v}" for k, v in choice.params.items())
+        parts.append(f"{axis}={choice.name}" + (f"({params})" if params else ""))
+    return "; ".join(parts) or "defaults (full-precision all-reduce, buckets)"
 
 
 def recompute_summary(plan: Plan) -> str:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from meshplan.plan import Plan, Prediction, Provenance, Rejection, SearchSummary, StageMemory
+from meshplan import dp_methods
+from meshplan.plan import (DataParallelMethods, MethodChoice, Plan, Prediction, Provenance, Rejection, SearchSummary,
+                           StageMemory)
 from meshplan.run_result import RunResult
 from meshplan.schema import content_hash
 
@@ -107,10 +109,10 @@ def searched_plan(**kwargs) -> Plan:
 
 
 def flat_plan() -> Plan:
-    """No pipeline: FSDP (ZeRO-3) over 8 ranks with offload and fp16 gradient compression."""
+    """No pipeline: FSDP (ZeRO-3) over 8 ranks with CPU offload (fp16 compression needs ZeRO-0/1)."""
     plan = gpt_plan(pp=1, dp_replicate=1, dp_shard=8, tp=1, zero=3, micro=4, num_microbatches=2,
                     recompute="full")
-    return dataclasses.replace(plan, offload=True, gradient_comm="fp16")
+    return dataclasses.replace(plan, dp_methods=dp_choice(offload="cpu"))
 
 
 def uneven_plan() -> Plan:
@@ -120,8 +122,18 @@ def uneven_plan() -> Plan:
     layers = plan.layers
     plan.stages = split(layers, [5, 3, 3, 3])
     plan.recompute = {"layers.0": "full", "layers.5": "selective", "layers.6": "full"}
-    plan.gradient_comm = "powersgd"
+    # PowerSGD needs DDP, which holds no TP parameters: an export-only plan (not runnable, and
+    # Plan.validate refuses it), kept to test that every export says what it cannot express
+    plan.dp_methods = dp_choice(compression="powersgd")
     return plan
+
+
+def dp_choice(**names: str) -> DataParallelMethods:
+    """DataParallelMethods with the given method per axis, parameters at their defaults."""
+    out = DataParallelMethods()
+    for axis, name in names.items():
+        setattr(out, axis, MethodChoice(name=name, params=dp_methods.method(axis, name).resolve({}, axis)))
+    return out
 
 
 def run_for(plan: Plan, steps: int = 6) -> RunResult:

@@ -22,13 +22,13 @@ REL_TOL = 1e-4
 CASES = {
     2: {
         "ddp": dict(dp=2),
-        "ddp_fp16_hook": dict(dp=2, gradient_comm="fp16"),
+        "ddp_fp16_hook": dict(dp=2, compression="fp16"),
         "ddp_full_recompute_accum": dict(dp=2, microbatches=2, recompute="full"),
         "zero1": dict(dp=2, zero=1),
         "zero2": dict(dp_shard=2, zero=2),
         "zero3": dict(dp_shard=2, zero=3),
         "zero3_selective": dict(dp_shard=2, zero=3, recompute="selective"),
-        "zero3_offload": dict(dp_shard=2, zero=3, offload=True),
+        "zero3_offload": dict(dp_shard=2, zero=3, offload="cpu"),
         "tp": dict(tp=2),
         "tp_sp": dict(tp=2, sp=True),
         "tp_sp_selective": dict(tp=2, sp=True, recompute="selective"),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from executor_plans import make_plan
+from executor_plans import make_plan, methods
 from meshplan.errors import MeshplanError, RunError
 from meshplan.executor import check_plan, launch_command, run_plan
 from meshplan.executor.checkpoint import latest_step
@@ -105,17 +105,22 @@ def _with(plan, **changes):
                                                            ["layers.2", "layers.3", "layers.9"]],
                    layers=["embed", "layers.0", "layers.1", "layers.2", "layers.3", "layers.9"]),
      r"plan.layers: 'layers.9' does not match the layers of gpt-tiny"),
-    (lambda: make_plan(tp=3), r"tensor_parallel_degree = 3: does not divide heads = 4 of layers.0"),
-    (lambda: make_plan(model="llama-tiny", tp=4), r"does not divide kv_heads = 2"),
-    (lambda: _with(make_plan(dp=2), context_parallel_degree=2, world_size=4), r"context_parallel_degree = 2"),
-    (lambda: _with(make_plan(dp_shard=2, zero=2), offload=True), r"plan.offload = true with zero_stage 2"),
-    (lambda: make_plan(tp=2, dp=2, gradient_comm="powersgd"), r"gradient_comm = 'powersgd'"),
-    (lambda: make_plan(dp_shard=2, zero=3, gradient_comm="fp16"), r"FSDP2 \(zero_stage 3\) has no communication"),
+    (lambda: make_plan(tp=3), r"^plan: \w+ \d+ not divisible by tp=3$"),
+    (lambda: make_plan(model="llama-tiny", tp=4), r"kv_heads 2 not divisible by tp=4"),
+    (lambda: _with(make_plan(dp=2), context_parallel_degree=2, world_size=4),
+     r"context_parallel_degree 2: the executor does not run context parallelism"),
+    (lambda: _with(make_plan(dp_shard=2, zero=2), dp_methods=methods(offload="cpu")),
+     r"offload=cpu with zero_stage 2: runs with zero_stage 3 only"),
+    (lambda: make_plan(tp=2, dp=2, compression="powersgd", validate=False),
+     r"compression=powersgd with tensor_parallel_degree 2: needs DDP"),
+    (lambda: make_plan(dp_shard=2, zero=3, compression="fp16", validate=False),
+     r"compression=fp16 with zero_stage 3: runs with zero_stage 0/1 only"),
     (lambda: _with(make_plan(), seq_len=64), r"plan.seq_len = 64: gpt-tiny handles at most 32"),
     (lambda: _with(make_plan(pp=2, microbatches=2), stages=[["embed", "layers.0"], ["layers.2", "layers.1",
                                                              "layers.3", "head"]]), r"contiguous layers"),
     (lambda: _with(make_plan(), model_name="no-such-model"), r"not in the zoo"),
-    (lambda: make_plan(pp=2, dp_shard=2, zero=3, virtual=2, schedule="InterleavedZeroBubble", microbatches=4),
+    (lambda: make_plan(pp=2, dp_shard=2, zero=3, virtual=2, schedule="InterleavedZeroBubble", microbatches=4,
+                       validate=False),
      r"FSDP2 misses the split weight-gradient pass"),
 ])
 def test_mismatched_plans_fail_before_launch(make, match):

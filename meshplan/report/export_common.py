@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 
+from meshplan import dp_methods
 from meshplan.errors import MeshplanError
 from meshplan.plan import Plan
 from meshplan.schema import content_hash
@@ -108,3 +109,19 @@ def comment(lines: list[str], marker: str = "#") -> str:
 
 def warning_lines(warnings: list[str]) -> list[str]:
     return [f"WARNING: {w}" for w in warnings] or ["every setting of the plan is expressed below"]
+
+
+def offloads(plan: Plan) -> bool:
+    return plan.dp_methods.offload.name == "cpu"
+
+
+def method_warnings(plan: Plan, target: str) -> list[str]:
+    """WARNING lines for the plan's data-parallel methods, from the registry (meshplan/dp_methods.py):
+    each method `target` cannot express (its `unsupported` text, dp_methods.export_warnings), and
+    for each non-default method it expresses through a setting, that setting (the row's `exports`)."""
+    out = dp_methods.export_warnings({axis: (c.name, c.params) for axis, c in plan.dp_methods.items()}, target)
+    for axis, choice in plan.dp_methods.non_default():
+        row = dp_methods.method(axis, choice.name)
+        if row.exports.get(target):
+            out.append(f"{row.label} maps to {row.exports[target]}")
+    return out

@@ -13,7 +13,7 @@ from meshplan.report import export_common as ec
 
 def _zero(plan: Plan, warnings: list[str]) -> dict:
     zero = {"stage": plan.zero_stage, "overlap_comm": True, "contiguous_gradients": True}
-    if plan.offload:
+    if ec.offloads(plan):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         if plan.zero_stage == 3:
             zero["offload_param"] = {"device": "cpu", "pin_memory": True}
@@ -67,11 +67,9 @@ def deepspeed_config(plan: Plan, warnings: list[str]) -> dict:
                             "activations replicated): activation memory is higher than predicted")
     if plan.context_parallel_degree > 1:
         warnings.append(f"context parallel cp={plan.context_parallel_degree} needs DeepSpeed-Ulysses in model code")
-    if plan.gradient_comm == "fp16":
+    if plan.dp_methods.compression.name == "fp16":
         config["communication_data_type"] = "fp16"
-    elif plan.gradient_comm == "powersgd":
-        warnings.append("gradient_comm=powersgd is not expressible (DeepSpeed offers 1-bit Adam instead); "
-                        "gradients are reduced uncompressed")
+    warnings.extend(ec.method_warnings(plan, "deepspeed"))
     checkpointing = _activation_checkpointing(plan, warnings)
     if checkpointing:
         config["activation_checkpointing"] = checkpointing
@@ -111,12 +109,12 @@ def accelerate_config(plan: Plan, warnings: list[str]) -> dict:
     if plan.zero_stage == 1:
         cfg["distributed_type"] = "DEEPSPEED"
         cfg["deepspeed_config"] = {"zero_stage": 1, "gradient_accumulation_steps": plan.num_microbatches,
-                                   "offload_optimizer_device": "cpu" if plan.offload else "none",
+                                   "offload_optimizer_device": "cpu" if ec.offloads(plan) else "none",
                                    "offload_param_device": "none", "zero3_init_flag": False}
     elif plan.zero_stage in (2, 3) or plan.data_parallel_shard_degree > 1:
         cfg["distributed_type"] = "FSDP"
         cfg["fsdp_config"] = {"fsdp_version": 2, "fsdp_reshard_after_forward": plan.zero_stage == 3,
-                              "fsdp_offload_params": plan.offload,
+                              "fsdp_offload_params": ec.offloads(plan),
                               "fsdp_activation_checkpointing": ec.strongest_recompute(plan) != "none",
                               "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
                               "fsdp_state_dict_type": "SHARDED_STATE_DICT", "fsdp_cpu_ram_efficient_loading": True}
@@ -140,9 +138,7 @@ def _accelerate_warnings(plan: Plan, warnings: list[str]) -> None:
     if ec.uniform_recompute(plan) not in ("none", "full"):
         warnings.append(f"recompute ({ec.recompute_text(plan)}): accelerate checkpoints every wrapped block or none; "
                         f"exported fsdp_activation_checkpointing={ec.strongest_recompute(plan) != 'none'}")
-    if plan.gradient_comm != "allreduce":
-        warnings.append(f"gradient_comm={plan.gradient_comm}: register the DDP comm hook in code "
-                        "(accelerate's DDPCommunicationHookType), not expressible in the YAML")
+    warnings.extend(ec.method_warnings(plan, "accelerate"))
 
 
 def export_accelerate(plan: Plan) -> dict[str, str]:

@@ -97,15 +97,11 @@ def _data_parallel_flags(plan: Plan, warnings: list[str]) -> list[str]:
         if plan.data_parallel_replicate_degree > 1:
             warnings.append("hybrid sharding (replicate x shard) is not expressible with --use-torch-fsdp2; "
                             "it shards over the whole data-parallel group")
-    if plan.offload:
+    if ec.offloads(plan):
         flags += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer"]
-        warnings.append("optimizer CPU offload needs Megatron-Core >= 0.11 (--optimizer-cpu-offload)")
-    if plan.gradient_comm == "fp16":
+    if plan.dp_methods.compression.name == "fp16":
         flags.append("--grad-reduce-in-bf16")
-        warnings.append("gradient_comm=fp16 maps to --grad-reduce-in-bf16 (Megatron reduces in bf16, not fp16)")
-    elif plan.gradient_comm == "powersgd":
-        warnings.append("gradient_comm=powersgd is not expressible in Megatron-LM; gradients are reduced "
-                        "uncompressed (more DP communication than predicted)")
+    warnings.extend(ec.method_warnings(plan, "megatron"))
     return flags
 
 

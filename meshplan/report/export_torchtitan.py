@@ -83,10 +83,8 @@ def _settings(plan: Plan, warnings: list[str]) -> dict[str, dict]:
     training = {"local_batch_size": local, "global_batch_size": local * dp * (1 if pp > 1 else m),
                 "seq_len": plan.seq_len,
                 "mixed_precision_param": "bfloat16" if plan.precision == "bf16" else "float32",
-                "enable_cpu_offload": plan.offload}
-    if plan.gradient_comm != "allreduce":
-        warnings.append(f"gradient_comm={plan.gradient_comm} (a DDP communication hook) has no torchtitan "
-                        "setting; gradients are reduced in full precision")
+                "enable_cpu_offload": ec.offloads(plan)}
+    warnings.extend(ec.method_warnings(plan, "torchtitan"))
     return {"parallelism": par, "activation_checkpoint": _activation_checkpoint(plan, warnings),
             "training": training}
 

@@ -5,6 +5,7 @@ from collections import Counter
 
 from meshplan.plan import Plan, Prediction
 from meshplan.report import fmt
+from meshplan.views import dp_methods_label
 
 TERMS = ("compute", "recompute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer")
 TERM_LABELS = {"compute": "compute", "recompute": "recompute", "bubble": "pipeline bubble",
@@ -40,7 +41,7 @@ def zero_summary(plan: Plan) -> str:
     names = {0: "DDP (replicated params, grads, optimizer)", 1: "ZeRO-1 (sharded optimizer states)",
              2: "ZeRO-2 (sharded optimizer states + gradients)", 3: "ZeRO-3 / FSDP (all sharded)"}
     text = names[plan.zero_stage]
-    return text + (", CPU offload" if plan.offload else "")
+    return text + (", CPU offload" if plan.dp_methods.offload.name == "cpu" else "")
 
 
 def schedule_summary(plan: Plan) -> str:
@@ -85,7 +86,7 @@ def plan_settings(plan: Plan) -> list[list[str]]:
          f"= {plan.microbatch_size} x {plan.num_microbatches} x dp {plan.data_parallel_degree}"],
         ["training.seq_len", str(plan.seq_len), "tokens per sample"],
         ["activation_checkpoint", recompute_summary(plan), "activation recompute"],
-        ["data-parallel mode", zero_summary(plan), f"gradient communication: {plan.gradient_comm}"],
+        ["data-parallel mode", zero_summary(plan), f"data-parallel methods: {dp_methods_label(plan)}"],
         ["precision", plan.precision, "training compute dtype"],
     ]
 

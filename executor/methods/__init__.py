@@ -1,0 +1,39 @@
+"""One executor module per data-parallel method of the registry (meshplan/dp_methods.py).
+
+(axis, name) -> module; parallelize.py and data_parallel.py apply them in the fixed order of
+parallelize.py's docstring (offload at fully_shard and materialise, then comm_schedule and
+compression when DDP or the replica reducer is built). What each module provides:
+- compression (allreduce / fp16 / powersgd): `comm_hook(group, params, counter, axis)` ->
+  (state, hook) for DDP.register_comm_hook, counting what it sends; fp16 also `WIRE_DTYPE` for
+  the ReplicaGradReducer of tensor-parallel replicas
+- sync=allreduce: `allreduce` (the comm hook and the ReplicaGradReducer)
+- comm_schedule=buckets: `bucket_cap_mb(params)`, `bucket_bytes(params)`
+- offload (device / offload_cpu): `fsdp_kwargs(params, device)`, `shard_device(params, device)`
+- waves=1: `device` (nothing to apply)
+Bytes are counted as executor/methods/counting.py says (executor/README.md, "Bytes on the wire").
+"""
+from __future__ import annotations
+
+from types import ModuleType
+
+from meshplan import dp_methods
+from meshplan.executor.methods import allreduce, buckets, device, fp16, offload_cpu, powersgd
+from meshplan.plan import MethodChoice, Plan
+
+MODULES: dict[tuple[str, str], ModuleType] = {
+    ("compression", "none"): allreduce,
+    ("compression", "fp16"): fp16,
+    ("compression", "powersgd"): powersgd,
+    ("sync", "allreduce"): allreduce,
+    ("comm_schedule", "buckets"): buckets,
+    ("offload", "none"): device,
+    ("offload", "cpu"): offload_cpu,
+    ("waves", "1"): device,
+}
+
+
+def method(plan: Plan, axis: str) -> tuple[ModuleType, dict]:
+    """The executor module of the plan's method on `axis` and its (resolved) parameters."""
+    choice: MethodChoice = getattr(plan.dp_methods, axis)
+    row = dp_methods.method(axis, choice.name, f"plan.dp_methods.{axis}.name")
+    return MODULES[(axis, row.name)], row.resolve(choice.params, f"plan.dp_methods.{axis}.params")
