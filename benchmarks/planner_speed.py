@@ -3,6 +3,7 @@
 speedup over brute-force enumeration of the same plan space (meshplan.planner.bruteforce).
 
     python -m benchmarks.planner_speed [--quick] [--brute-force-cap-s 600] [--probe-s 20] [--json]
+    python -m benchmarks.planner_speed --methods    # plain vs --allow-compression all --allow-sync all
 
 Targets (issue 4): 175B on 1024 A100 under 1 s, 405B on 16384 H100 under 5 s of CPU. Profiles
 come from meshplan.profiler.profile_model on the meta device (not timed here; no weights), or the
@@ -25,6 +26,7 @@ import json
 import math
 import time
 
+from meshplan import dp_methods
 from meshplan.errors import InfeasibleError
 from meshplan.planner import PlanRequest, search
 from meshplan.models.analytic import GPT3_175B, LLAMA3_405B, gpt_profile, llama_profile
@@ -70,20 +72,28 @@ PROBE_S, QUICK_PROBE_S = 20.0, 0.5
 
 
 def _plan_text(plan) -> str:
-    return (f"pp={plan.pipeline_parallel_degree} dp={plan.data_parallel_degree} tp={plan.tensor_parallel_degree} "
+    return (f"pp={plan.pipeline_parallel_degree} dp={plan.data_parallel_replicate_degree}x"
+            f"{plan.data_parallel_shard_degree} tp={plan.tensor_parallel_degree} "
             f"b={plan.microbatch_size} {plan.pipeline_schedule} v={plan.virtual_stages} zero={plan.zero_stage}")
 
 
-def measure(model: str, preset: str, global_batch: int, profile, num_gpus: int) -> dict:
+ALLOW_ALL = {axis: tuple(dp_methods.approximate(axis)) for axis in ("compression", "sync")}
+"""--allow-compression all --allow-sync all: every approximate method priced as a what-if."""
+
+
+def measure(model: str, preset: str, global_batch: int, profile, num_gpus: int, allow: dict | None = None) -> dict:
     """search() once: its CPU time, candidates and choice."""
     start = time.process_time()
     wall = time.perf_counter()
-    row = {"model": model, "cluster": preset, "num_gpus": num_gpus, "global_batch": global_batch}
+    row = {"model": model, "cluster": preset, "num_gpus": num_gpus, "global_batch": global_batch,
+           "allow": {k: list(v) for k, v in (allow or {}).items()}}
     try:
-        plan = search(profile, cluster_preset(preset, num_gpus), PlanRequest(num_gpus=num_gpus, global_batch=global_batch))
+        plan = search(profile, cluster_preset(preset, num_gpus),
+                      PlanRequest(num_gpus=num_gpus, global_batch=global_batch, allow=dict(allow or {})))
         s = plan.search
         row.update(candidates=s.num_candidates, evaluated=s.num_evaluated, rejected=s.num_rejected, feasible=True,
-                   mfu=round(plan.prediction.mfu, 4), step_time_s=plan.prediction.step_time_s, plan=_plan_text(plan))
+                   mfu=round(plan.prediction.mfu, 4), step_time_s=plan.prediction.step_time_s, plan=_plan_text(plan),
+                   methods=" ".join(f"{a}={c.name}" for a, c in plan.dp_methods.non_default()) or "plain")
     except InfeasibleError as exc:
         row.update(candidates=0, evaluated=0, rejected=0, feasible=False, step_time_s=None, plan=str(exc)[:120])
     row["search_time_s"] = round(time.process_time() - start, 4)
@@ -141,6 +151,22 @@ def run(quick: bool, brute_force_cap_s: float = 600.0, probe_s: float | None = N
     return rows
 
 
+def methods_rows(say=lambda row: None, repeats: int = 5) -> list[dict]:
+    """GPT-3 175B on 1024 A100-80GB, plain and with every approximate data-parallel method
+    allowed, measured alternately `repeats` times in this process; the median CPU time of each
+    (target, issue 14: both under 1 s)."""
+    preset, batch, make = FAMILIES["gpt3-175b"]
+    profile = make()
+    rows = []
+    for allow in ({}, ALLOW_ALL):
+        runs = [measure("gpt3-175b", preset, batch, profile, 1024, allow) for _ in range(repeats)]
+        row = dict(runs[-1], search_time_s=sorted(r["search_time_s"] for r in runs)[repeats // 2],
+                   search_times_s=[r["search_time_s"] for r in runs])
+        say(row)
+        rows.append(row)
+    return rows
+
+
 def _seconds(x) -> str:
     return "-" if x is None else f"{x:.3g}"
 
@@ -163,7 +189,16 @@ def main() -> None:
     parser.add_argument("--probe-s", type=float, default=None,
                         help=f"brute-force CPU seconds on full-size models (default {PROBE_S}, quick {QUICK_PROBE_S})")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--methods", action="store_true",
+                        help="only GPT-3 175B on 1024 GPUs, plain vs every approximate method allowed (median of 5)")
     args = parser.parse_args()
+    if args.methods:
+        rows = methods_rows(lambda r: None if args.json else print(
+            f"{r['model']} {r['num_gpus']} GPUs allow={r['allow'] or 'none'}: median {r['search_time_s']:.3f} s CPU "
+            f"of {r['search_times_s']}, {r['candidates']} candidates, {r['plan']} {r['methods']}", flush=True))
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        return
     say = (lambda row: None) if args.json else (lambda row: print(line(row), flush=True))
     rows = run(args.quick, args.brute_force_cap_s, args.probe_s, say)
     if args.json:
