@@ -7,8 +7,6 @@ runnable here, with the model's tensor-parallel divisors. What only the model an
 can tell (the layer list, the context length, GPUs per node) is checked here."""
 from __future__ import annotations
 
-import math
-
 import torch
 
 from meshplan import feasibility
@@ -43,23 +41,13 @@ def check_plan(plan: Plan, *, nnodes: int = 1) -> None:
 
 def _check_layout(plan: Plan, model) -> None:
     """The first feasibility reason (invalid or not runnable by this executor), as one line."""
-    divisors = tp_divisors(tp_rules_for(model)) if plan.tensor_parallel_degree > 1 else None
+    divisors = feasibility.merge_divisors(r.divisors for r in tp_rules_for(model).values()) if plan.tensor_parallel_degree > 1 else None
     found = feasibility.reasons(plan.layout(), num_layers=len(plan.layers), tp_divisors=divisors)
     if found:
         raise MeshplanError(f"plan: {found[0].text}")
     if plan.pipeline_schedule not in SCHEDULE_CLASSES:
         raise MeshplanError(f"plan.pipeline_schedule = {plan.pipeline_schedule!r}: not runnable; use one of "
                             + ", ".join(SCHEDULE_CLASSES))
-
-
-def tp_divisors(rules: dict) -> dict[str, int]:
-    """The model's tensor-parallel divisors merged over its layers' rules: per name the gcd of
-    its sizes (tp divides every size exactly when it divides their gcd)."""
-    out: dict[str, int] = {}
-    for rule in rules.values():
-        for name, size in rule.divisors.items():
-            out[name] = math.gcd(out.get(name, 0), size)
-    return out
 
 
 def _check_launch(plan: Plan, nnodes: int) -> None:

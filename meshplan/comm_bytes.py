@@ -43,6 +43,9 @@ class ByteCounter:
     def __init__(self) -> None:
         self.current: dict[str, Fraction] = defaultdict(Fraction)
         self.steps: list[dict[str, int]] = []
+        self.warmup_steps = 1
+        """Steps left out of the steady-state mean: the first (DDP's bucket rebuild), or more where
+        a method warms up (PowerSGD sends dense before start_iter); methods raise it."""
 
     def add(self, axis: str, collective: str, group: int, payload_bytes: int) -> None:
         self.current[axis] += wire_bytes(collective, group, payload_bytes)
@@ -54,8 +57,9 @@ class ByteCounter:
         return step
 
     def mean_after_first(self) -> dict[str, int]:
-        """Mean per step over the steps after the first (warm-up: DDP bucket rebuild, PowerSGD's
-        start iterations), rounded; the first step alone when only one ran."""
-        steps = self.steps[1:] or self.steps
+        """Mean per step over the steps after the warm-up (the first step, and PowerSGD's start
+        iterations: `warmup_steps`), rounded: the steady state the cost model predicts. The last
+        step alone when the run was no longer than the warm-up."""
+        steps = self.steps[self.warmup_steps:] or self.steps[-1:]
         axes = sorted({a for s in steps for a in s})
         return {a: round(Fraction(sum(s.get(a, 0) for s in steps), len(steps))) for a in axes} if steps else {}

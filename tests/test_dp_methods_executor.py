@@ -112,8 +112,9 @@ def powersgd_compressed(g: int, rank: int, min_rate: float, config=None) -> dict
     return _steps({"dp_replicate": wire_bytes("all_reduce", g, FP32 * elems)})
 
 
-def mean_after_first(steps: list[dict[str, int]]) -> dict[str, int]:
-    rest = steps[1:]
+def mean_after_first(steps: list[dict[str, int]], warmup: int = 1) -> dict[str, int]:
+    """The steady state: steps after the first and after PowerSGD's dense start iterations."""
+    rest = steps[warmup:]
     return {a: round(Fraction(sum(s[a] for s in rest), len(rest))) for a in rest[0]}
 
 
@@ -153,7 +154,29 @@ def _launch(world_size: int, tmp_path_factory) -> dict:
     plans = [make_plan(**CASES[world_size][n][0]) for n in names]
     out = tmp_path_factory.mktemp(f"dp_methods_ws{world_size}")
     results = run_plans(plans, LaunchOptions(steps=STEPS, out_dir=str(out), quiet=True, timeout_s=240, **TRAIN))
+    for plan, result in zip(plans, results):
+        result.plan = plan
     return dict(zip(names, results))
+
+
+def _warmup(plan) -> int:
+    c = plan.dp_methods.compression
+    return max(1, c.params["start_iter"]) if c.name == "powersgd" else 1
+
+
+def predicted_bytes(plan) -> dict[str, int]:
+    """The cost model's comm_bytes_per_step for the same layout, through the public estimate()."""
+    from meshplan.planner import PlanRequest, estimate
+    from meshplan.presets import local_cpu
+    from meshplan.profiler import profile_model
+
+    profile = profile_model(plan.model_name, dict(plan.model_config), device="meta")
+    methods = {axis: (c.name, dict(c.params)) for axis, c in plan.dp_methods.items()}
+    req = PlanRequest(num_gpus=plan.world_size, global_batch=plan.global_batch_size, precision=plan.precision,
+                      tp=plan.tensor_parallel_degree, pp=plan.pipeline_parallel_degree, dp=plan.data_parallel_degree,
+                      dp_shard=plan.data_parallel_shard_degree, microbatch=plan.microbatch_size,
+                      zero=plan.zero_stage, schedule=plan.pipeline_schedule, methods=methods)
+    return estimate(profile, local_cpu(plan.world_size), req).prediction.comm_bytes_per_step
 
 
 @pytest.fixture(scope="module")
@@ -168,9 +191,11 @@ def ws4(tmp_path_factory):
 
 def _check_counts(result, expected_steps: list[dict[str, int]], world_size: int) -> None:
     assert result.comm_bytes_by_step == expected_steps
-    mean = mean_after_first(expected_steps)
+    mean = mean_after_first(expected_steps, _warmup(result.plan))
     assert result.comm_bytes_per_step_by_rank == [mean] * world_size
     assert result.comm_bytes_per_step == mean
+    # and the cost model predicts the same integers (planner/dp_cost.py, from the profile's shapes)
+    assert predicted_bytes(result.plan) == result.comm_bytes_per_step
 
 
 @pytest.mark.slow

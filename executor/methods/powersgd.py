@@ -29,6 +29,7 @@ def comm_hook(group, params: dict, counter: ByteCounter, axis: str):
         start_powerSGD_iter=params["start_iter"], min_compression_rate=params["min_compression_rate"],
         use_error_feedback=params["error_feedback"], warm_start=params["warm_start"])
     counting_dist(powerSGD_hook).register(group, counter, axis)
+    counter.warmup_steps = max(counter.warmup_steps, params["start_iter"])  # dense until then
 
     def powersgd_counted(state, bucket):  # no annotations: DDP checks them against the class
         if state.iter < state.start_powerSGD_iter:  # the hook then all-reduces the bucket as it is
