@@ -75,7 +75,13 @@ class DataParallelMethods:
         return [(axis, getattr(self, axis)) for axis in dp_methods.AXES]
 
     def non_default(self) -> list[tuple[str, MethodChoice]]:
-        return [(axis, c) for axis, c in self.items() if c.name != dp_methods.DEFAULTS[axis]]
+        """Axes whose method or parameters differ from plain data parallelism."""
+        out = []
+        for axis, c in self.items():
+            default = dp_methods.DEFAULTS[axis]
+            if c.name != default or c.params != dp_methods.method(axis, default).resolve({}, axis):
+                out.append((axis, c))
+        return out
 
     def approximate(self) -> list[str]:
         """Labels ("compression=powersgd") of the chosen methods that change the mathematics."""
