@@ -13,4 +13,9 @@ for name, folder in ROOTS.items():
         packages.append(f"{name}.{sub}")
         package_dir[f"{name}.{sub}"] = f"{folder}/{sub.replace('.', '/')}"
 
+# meshplan/data holds no Python, only the shipped tables (hardware.csv, published-runs.csv): a
+# data-only package, read with importlib.resources.files("meshplan.data").
+packages.append("meshplan.data")
+package_dir["meshplan.data"] = "meshplan/data"
+
 setup(packages=packages, package_dir=package_dir)
