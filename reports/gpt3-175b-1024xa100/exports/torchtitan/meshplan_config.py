@@ -1,5 +1,5 @@
 """meshplan plan -> torchtitan (Python config): gpt3-175b on 1024 x a100-80g
-plan decisions hash 4da459aadb656c19; mesh pp=16 dp_replicate=16 dp_shard=1 cp=1 tp=4
+plan decisions hash 93b04fcfa118d8c1; mesh pp=16 dp_replicate=8 dp_shard=2 cp=1 tp=4
 global batch 1536 = micro 1 x accumulation 96 x data-parallel 16; seq_len 2048
 every setting of the plan is expressed below
 """
@@ -7,9 +7,9 @@ every setting of the plan is expressed below
 
 def meshplan_config(job_config):
     """Set the plan's parallelism, activation checkpointing and batch on a torchtitan JobConfig; returns it."""
-    job_config.parallelism.data_parallel_replicate_degree = 16
-    job_config.parallelism.data_parallel_shard_degree = 1
-    job_config.parallelism.fsdp_reshard_after_forward = 'default'
+    job_config.parallelism.data_parallel_replicate_degree = 8
+    job_config.parallelism.data_parallel_shard_degree = 2
+    job_config.parallelism.fsdp_reshard_after_forward = 'never'
     job_config.parallelism.tensor_parallel_degree = 4
     job_config.parallelism.context_parallel_degree = 1
     job_config.parallelism.pipeline_parallel_degree = 16

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: llama3-70b on 64 x h100-80g
-# plan decisions hash e6187b679c740c55; mesh pp=1 dp_replicate=1 dp_shard=64 cp=1 tp=1
+# plan decisions hash cb71d3dc5d89124e; mesh pp=1 dp_replicate=1 dp_shard=64 cp=1 tp=1
 # global batch 128 = micro 2 x accumulation 1 x data-parallel 64; seq_len 8192
 # WARNING: ZeRO-3 maps to --use-torch-fsdp2 (Megatron-Core >= 0.9); older versions cannot shard parameters
 # Megatron derives data-parallel size = 64 / (tp x pp x cp) = 64 and gradient accumulation = 128 / (2 x 64) = 1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # meshplan plan -> DeepSpeed: resnet50 on 8 x a100-80g
-# plan decisions hash 10b8ac5fbf87cb61; mesh pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1
+# plan decisions hash 8997f360f9d717a7; mesh pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1
 # global batch 1024 = micro 128 x accumulation 1 x data-parallel 8; seq_len 1
 # every setting of the plan is expressed below
 # DeepSpeed checks train_batch_size 1024 = micro 128 x accumulation 1 x data-parallel 8 (world / (tp x pp))

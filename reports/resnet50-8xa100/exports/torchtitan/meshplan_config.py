@@ -1,5 +1,5 @@
 """meshplan plan -> torchtitan (Python config): resnet50 on 8 x a100-80g
-plan decisions hash 10b8ac5fbf87cb61; mesh pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1
+plan decisions hash 8997f360f9d717a7; mesh pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1
 global batch 1024 = micro 128 x accumulation 1 x data-parallel 8; seq_len 1
 every setting of the plan is expressed below
 """
