@@ -11,10 +11,14 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
-	@# iproute2 (ip netns, tc) for benchmarks/slow_link.py: only when tc is absent, as root, with apt-get; never fatal
-	@command -v tc >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-	  timeout 300 sh -c 'apt-get update -qq && apt-get install -y -qq iproute2' >/dev/null 2>&1; } || \
-	  echo "note: iproute2 not installed; slow-link tests will skip"
+	@# system packages, only those missing, as root with apt-get; never fatal (tests never install):
+	@# iproute2 (ip netns, tc) for benchmarks/slow_link.py, chromium for tests/test_report_browser.py
+	@missing=""; command -v tc >/dev/null 2>&1 || missing="$$missing iproute2"; \
+	  command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	  [ -z "$$missing" ] || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	    DEBIAN_FRONTEND=noninteractive timeout 900 sh -c "apt-get update -qq && apt-get install -y -qq$$missing" \
+	    >/dev/null 2>&1; } || \
+	  echo "note: could not install$$missing (needs root and apt-get): slow-link and browser tests will skip"
 	touch $(STAMP)
 
 install: $(STAMP)

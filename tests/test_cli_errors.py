@@ -1,22 +1,37 @@
 """User mistakes at the CLI: one line on stderr naming the value, non-zero exit, no traceback,
-and no half-written output file."""
+and no half-written output file. Every case runs in this process through meshplan.cli.main
+(what the `meshplan` script calls), with stdout and stderr captured."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+from dataclasses import dataclass
 
 import pytest
 
 from contract_fixtures import make_plan
 from meshplan import schema
+from meshplan.cli import main
 
 
-def meshplan(*args, cwd=None):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "meshplan", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=120)
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def meshplan(capsys):
+    """Call the CLI in-process: argparse's exits (--help, usage errors) become return codes."""
+    def call(*args) -> Result:
+        capsys.readouterr()  # drop anything printed before this call
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        out, err = capsys.readouterr()
+        return Result(code, out, err)
+    return call
 
 
 def assert_one_line_error(proc, needle):
@@ -27,7 +42,7 @@ def assert_one_line_error(proc, needle):
     assert needle in lines[0], lines[0]
 
 
-def test_run_rejects_plan_with_wrong_world_size(tmp_path):
+def test_run_rejects_plan_with_wrong_world_size(meshplan, tmp_path):
     data = schema.to_dict(make_plan())
     data["world_size"] = 6
     path = tmp_path / "plan.json"
@@ -35,7 +50,7 @@ def test_run_rejects_plan_with_wrong_world_size(tmp_path):
     assert_one_line_error(meshplan("run", str(path)), "world_size")
 
 
-def test_report_rejects_malformed_json(tmp_path):
+def test_report_rejects_malformed_json(meshplan, tmp_path):
     path = tmp_path / "plan.json"
     path.write_text("{\"model_name\": ")
     out = tmp_path / "out"
@@ -52,20 +67,20 @@ def test_report_rejects_malformed_json(tmp_path):
     (["plan", "--schedule", "zigzag"], "zigzag"),
     (["plan", "--cluster", "missing-cluster.json"], "missing-cluster.json"),
 ])
-def test_plan_bad_flags(tmp_path, args, needle):
+def test_plan_bad_flags(meshplan, tmp_path, args, needle):
     out = tmp_path / "plan.json"
     proc = meshplan(*args, "-o", str(out))
     assert_one_line_error(proc, needle)
     assert not out.exists()
 
 
-def test_estimate_rejects_tp_that_does_not_divide_kv_heads():
+def test_estimate_rejects_tp_that_does_not_divide_kv_heads(meshplan):
     proc = meshplan("estimate", "--model", "llama-tiny", "--num-gpus", "4", "--tp", "4", "--pp", "1", "--dp", "1",
                     "--microbatch", "4", "--global-batch", "16", "--schedule", "1f1b", "--recompute", "none")
     assert_one_line_error(proc, "kv_heads 2 not divisible by tp=4")
 
 
-def test_help_describes_every_verb():
+def test_help_describes_every_verb(meshplan):
     proc = meshplan("--help")
     assert proc.returncode == 0
     for verb in ("profile", "profile-links", "plan", "estimate", "run", "report", "export", "validate"):
@@ -74,7 +89,7 @@ def test_help_describes_every_verb():
         assert sub.returncode == 0 and "--json" in sub.stdout and len(sub.stdout) > 300, verb
 
 
-def test_print_launch_names_the_plan_and_the_rendezvous(tmp_path):
+def test_print_launch_names_the_plan_and_the_rendezvous(meshplan, tmp_path):
     path = tmp_path / "my plan.json"
     schema.save(make_plan(), path)
     proc = meshplan("run", str(path), "--print-launch", "--nnodes", "2", "--node-rank", "1",
@@ -87,7 +102,7 @@ def test_print_launch_names_the_plan_and_the_rendezvous(tmp_path):
     assert_one_line_error(meshplan("run", str(path), "--print-launch", "--nnodes", "3"), "--nnodes 3")
 
 
-def test_repeated_set_flags_accumulate():
+def test_repeated_set_flags_accumulate(meshplan):
     """`--set layers=4 --set hidden=128` keeps both overrides (the last --set used to replace the
     earlier ones and plan a different model without a word)."""
     knobs = ("--cluster", "a100-80g", "--num-gpus", "1", "--tp", "1", "--pp", "1", "--dp", "1", "--microbatch", "1",

@@ -98,6 +98,7 @@ def test_seq_override_changes_attention_flops():
     assert long.forward_flops - 2 * short.forward_flops == pytest.approx(4 * 128 * 128 * h - 2 * 4 * 64 * 64 * h)
 
 
+@pytest.mark.slow  # a fresh process profiling 175B parameters on meta: ~25 s on 2 cores
 def test_gpt3_175b_profiles_on_meta_in_bounded_time_and_memory():
     """Issue 3: profiling the 175B GPT takes < 60 s and < 4 GiB RAM (measured in a fresh process)."""
     import json

@@ -34,15 +34,21 @@ def test_block_peak_memory_matches_prediction_within_10_percent(cpu_profile):
     assert four.peak_bytes > 2 * one.peak_bytes  # activations dominate and scale with b
 
 
+def timing_at(profile, layer: str, microbatch_size: int):
+    """The LayerTiming of `layer` at `microbatch_size`."""
+    (t,) = [t for t in profile.layer(layer).timings if t.microbatch_size == microbatch_size]
+    return t
+
+
 @pytest.mark.parametrize("name", ["gpt-tiny", "llama-tiny", "bert-tiny", "moe-tiny"])
-def test_tiny_block_peak_within_10_percent(name):
-    t = profile_model(name, device="cpu", microbatch_sizes=[2]).layer("layers.0").timings[0]
+def test_tiny_block_peak_within_10_percent(name, zoo_cpu_profile):
+    t = timing_at(zoo_cpu_profile(name), "layers.0", 2)
     assert t.predicted_peak_bytes == pytest.approx(t.peak_bytes, rel=0.10)
 
 
-def test_embedding_peak_is_the_end_of_backward():
+def test_embedding_peak_is_the_end_of_backward(zoo_cpu_profile):
     """Few parameters, tiny saved tensors: the peak is when every gradient exists (2P + 2 b out)."""
-    t = profile_model("gpt-tiny", device="cpu", microbatch_sizes=[4]).layer("embed").timings[0]
+    t = timing_at(zoo_cpu_profile("gpt-tiny"), "embed", 4)
     assert t.predicted_peak_bytes == pytest.approx(t.peak_bytes, rel=0.02)
 
 
@@ -121,7 +127,7 @@ def test_timing_runs_with_one_thread_like_a_rank_and_restores_the_callers(monkey
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        profile_model("gpt-tiny", device="cpu", microbatch_sizes=[1])
+        profile_model("gpt-tiny", {"layers": 1}, device="cpu", microbatch_sizes=[1])
         assert seen and set(seen) == {timing.RANK_THREADS}
         assert torch.get_num_threads() == 2
     finally:
