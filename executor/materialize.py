@@ -3,8 +3,9 @@
 After pipeline splitting, TP and FSDP2 have rewritten the parameters (DTensors with Shard,
 _StridedShard or Replicate placements), the stage is allocated with `to_empty` and each
 parameter's local shard is cut from its full initial value: `init_tensor(fqn, shape, seed)`
-(models/zoo/base.py, a pure function of FQN and shape), or the user's own weights when
-`apply` was handed a real model. Cutting uses `distribute_tensor(..., src_data_rank=None)`:
+(models/zoo/base.py, a pure function of FQN and shape), or the user's own weights and buffers
+when `apply` was handed a real model (`models.identity.full_state`: every FQN, non-persistent
+buffers such as RoPE's inv_freq included, as the model's own code initialised them). Cutting uses `distribute_tensor(..., src_data_rank=None)`:
 every rank slices its shard locally, with no communication.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ def state_source(state: dict[str, torch.Tensor]) -> FullValue:
     """Full initial values from a real model's state dict (apply() on a materialised model)."""
     def value(fqn: str, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         return state[fqn].to(dtype)
+    value.state = state  # buffers are then copied as they are (running stats included)
     return value
 
 
@@ -59,7 +61,9 @@ def _fill(param: torch.Tensor, full: torch.Tensor) -> None:
 
 
 def _fill_buffer(fqn: str, buf: torch.Tensor, full_value: FullValue) -> None:
-    if fqn.endswith("running_var"):
+    if fqn in getattr(full_value, "state", {}):
+        _fill(buf, full_value(fqn, buf.shape, buf.dtype))
+    elif fqn.endswith("running_var"):
         buf.fill_(1.0)
     elif fqn.endswith(("running_mean", "num_batches_tracked")):
         buf.zero_()

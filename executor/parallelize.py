@@ -45,6 +45,7 @@ from meshplan.executor.pipeline import SPLIT_BACKWARD, build_schedule, schedule_
 from meshplan.executor.tensor_parallel import apply_tp
 from meshplan.plan import MESH_AXES, Plan
 from meshplan.models.zoo.base import LayeredModel
+from meshplan.models.identity import full_state
 
 
 @dataclass(kw_only=True)
@@ -162,8 +163,8 @@ def apply(model: LayeredModel, plan: Plan, mesh: DeviceMesh, *, seed: int = 0,
     dims = ParallelDims(plan=plan, mesh=mesh)
     device = device or _default_device(mesh)
     on_meta = any(p.is_meta for p in model.parameters())
-    full_value = init_source(seed) if on_meta else state_source(
-        {k: v.detach().cpu() for k, v in model.state_dict().items()})
+    # every parameter and buffer as the model's own code set it (non-persistent buffers too)
+    full_value = init_source(seed) if on_meta else state_source(full_state(model))
     meta = model if on_meta else copy.deepcopy(model).to("meta")
     rules = tp_rules_for(meta) if plan.tensor_parallel_degree > 1 else {}
     stage_ids, parts = split_stages(meta, plan, dims.pp_rank)                          # 1

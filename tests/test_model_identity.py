@@ -1,0 +1,67 @@
+"""What a model is (models/identity.py): full state with non-persistent buffers, tied weights,
+unique parameter counts and the structure hash; each checked against plain PyTorch."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from meshplan.executor.materialize import materialize, state_source
+from meshplan.models.identity import full_state, num_params, retie, structure_hash, tied_groups
+
+
+class Rope(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 4, 2).float() / 4)), persistent=False)
+        self.register_buffer("count", torch.tensor(3))
+
+    def forward(self, x):
+        return self.proj(x) * self.inv_freq.repeat(2)
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+        self.out = nn.Linear(4, 10, bias=False)
+        self.out.weight = self.emb.weight
+
+
+def test_non_persistent_buffers_are_materialised_as_the_model_set_them():
+    model = Rope()
+    assert "inv_freq" not in model.state_dict()  # what used to break every RoPE model
+    state = full_state(model)
+    assert set(state) == {"proj.weight", "proj.bias", "inv_freq", "count"}
+    meta = copy.deepcopy(model).to("meta")
+    materialize(meta, torch.device("cpu"), state_source(state))
+    torch.testing.assert_close(meta.inv_freq, model.inv_freq)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(meta(x), model(x))
+
+
+def test_tied_weights_are_found_counted_once_and_retied():
+    model = Tied()
+    assert tied_groups(model) == [["emb.weight", "out.weight"]]
+    assert num_params(model) == 40 == sum(p.numel() for p in set(model.parameters()))
+    meta = model.to("meta")  # nn.Module.to() unties ...
+    assert meta.emb.weight is not meta.out.weight
+    assert retie(meta, [["emb.weight", "out.weight"]]).emb.weight is meta.out.weight  # ... retie fixes it
+
+
+def test_frozen_parameters_are_counted_apart():
+    model = Tied()
+    model.emb.weight.requires_grad_(False)
+    assert num_params(model, trainable=False) == 40 and num_params(model, trainable=True) == 0
+
+
+def test_structure_hash_sees_shapes_classes_and_ties_but_not_values():
+    a, b = Tied(), Tied()
+    assert structure_hash(a) == structure_hash(b) == structure_hash(copy.deepcopy(a))
+    untied = Tied()
+    untied.out.weight = nn.Parameter(untied.emb.weight.detach().clone())
+    assert structure_hash(untied) != structure_hash(a)
+    wider = Tied()
+    wider.emb = nn.Embedding(11, 4)
+    assert structure_hash(wider) != structure_hash(a)
