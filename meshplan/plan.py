@@ -53,7 +53,7 @@ class MethodChoice:
 
 def _default(axis: str):
     return lambda: MethodChoice(name=dp_methods.DEFAULTS[axis],
-                                params=dp_methods.method(axis, dp_methods.DEFAULTS[axis]).resolve({}, axis))
+                                params=dp_methods.default_params(axis))
 
 
 @dataclass(kw_only=True)
@@ -79,13 +79,14 @@ class DataParallelMethods:
         out = []
         for axis, c in self.items():
             default = dp_methods.DEFAULTS[axis]
-            if c.name != default or c.params != dp_methods.method(axis, default).resolve({}, axis):
+            if c.name != default or c.params != dp_methods.default_params(axis):
                 out.append((axis, c))
         return out
 
     def approximate(self) -> list[str]:
         """Labels ("compression=powersgd") of the chosen methods that change the mathematics."""
-        return [dp_methods.method(a, c.name).label for a, c in self.items() if not dp_methods.method(a, c.name).exact]
+        return [dp_methods.method(a, c.name).label for a, c in self.items()
+                if not dp_methods.method(a, c.name).exact_with(c.params)]
 
     def validate(self, path: str = "") -> None:
         p = f"{path}." if path else ""
@@ -209,7 +210,11 @@ class Plan:
     """Data-parallel methods per axis (gradient compression, sync, scheduling, offload, waves)."""
     sequence_parallel: bool = False
     precision: str = "bf16"
-    """Training compute dtype: "bf16" (mixed precision, fp32 master weights) or "fp32"."""
+    """Training compute dtype: "bf16" (mixed precision, fp32 master weights), "fp8" (fp8 GEMMs,
+    the rest bf16; not runnable by meshplan's executor) or "fp32"."""
+    runtime: str = "meshplan"
+    """The software the prediction is for (meshplan/runtimes.py): meshplan, torchtitan,
+    megatron-lm, megatron-core or deepspeed. Exports to another framework warn when it differs."""
     global_batch_size: int
     microbatch_size: int
     num_microbatches: int
@@ -262,7 +267,11 @@ class Plan:
         self._validate_stages(p)
 
     def _validate_training(self, p: str) -> None:
-        check(self.precision in ("bf16", "fp32"), f"{p}precision", self.precision, 'use "bf16" or "fp32"')
+        check(self.precision in ("bf16", "fp8", "fp32"), f"{p}precision", self.precision,
+              'use "bf16", "fp8" or "fp32"')
+        from meshplan.runtimes import NAMES
+
+        check(self.runtime in NAMES, f"{p}runtime", self.runtime, f"use one of {', '.join(NAMES)}")
         for name in ("global_batch_size", "microbatch_size", "num_microbatches", "seq_len", "virtual_stages"):
             check(getattr(self, name) >= 1, f"{p}{name}", getattr(self, name), "must be >= 1")
         expected = self.microbatch_size * self.num_microbatches * self.data_parallel_degree

@@ -11,7 +11,8 @@ from meshplan import dp_methods, feasibility
 from meshplan.cluster import ClusterSpec
 from meshplan.errors import MeshplanError
 from meshplan.model_profile import LayerProfile, ModelProfile
-from meshplan.planner.request import STATE_LAYOUTS, PlanRequest
+from meshplan.planner.attention import with_attention
+from meshplan.planner.request import ATTENTION, STATE_LAYOUTS, PlanRequest
 from meshplan.planner.seqscale import with_seq_len
 
 SPLIT_KINDS = ("block", "embedding", "head")
@@ -46,12 +47,11 @@ class Candidate:
         for a, name, params in self.methods:
             if a == axis:
                 return name, dict(params)
-        name = dp_methods.DEFAULTS[axis]
-        return name, dp_methods.method(axis, name).resolve({}, axis)
+        return dp_methods.DEFAULTS[axis], dp_methods.default_params(axis)
 
     def with_method(self, axis: str, name: str, params: dict) -> "Candidate":
         rest = tuple(m for m in self.methods if m[0] != axis)
-        default = name == dp_methods.DEFAULTS[axis] and params == dp_methods.method(axis, name).resolve({}, axis)
+        default = name == dp_methods.DEFAULTS[axis] and params == dp_methods.default_params(axis)
         entry = () if default else ((axis, name, tuple(sorted(params.items()))),)
         return dataclasses.replace(self, methods=tuple(sorted(rest + entry)))
 
@@ -137,11 +137,14 @@ class Context:
 
     @classmethod
     def build(cls, profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) -> "Context":
-        if request.precision not in ("bf16", "fp32"):
-            raise MeshplanError(f"precision {request.precision!r} is unknown; use bf16 or fp32")
+        if request.precision not in ("bf16", "fp32", "fp8"):
+            raise MeshplanError(f"precision {request.precision!r} is unknown; use bf16, fp8 or fp32")
+        if request.attention not in (None, *ATTENTION):
+            raise MeshplanError(f"attention {request.attention!r} is unknown; use {' or '.join(ATTENTION)}")
         if request.state_layout not in STATE_LAYOUTS:
             raise MeshplanError(f"state_layout {request.state_layout!r} is unknown; use torch or megatron")
-        ctx = cls(profile=with_seq_len(profile, request.seq), cluster=cluster, request=request)
+        ctx = cls(profile=with_attention(with_seq_len(profile, request.seq), request.attention), cluster=cluster,
+                  request=request)
         seen: dict[tuple, int] = {}
         ctx.signatures = [seen.setdefault(_signature(lp), i) for i, lp in enumerate(ctx.profile.layers)]
         ctx.body = ctx._find_body()
@@ -166,8 +169,26 @@ class Context:
 
     @property
     def peak_flops(self) -> float:
+        """The compute dtype's peak: MFU/HFU are against it; fp8 runs count against bf16 (the
+        attention core and every non-GEMM kernel stay bf16)."""
         peaks = self.cluster.device.peak_flops
-        return peaks.get(self.request.precision) or max(peaks.values())
+        dtype = "bf16" if self.request.precision == "fp8" else self.request.precision
+        return peaks.get(dtype) or max(peaks.values())
+
+    @property
+    def fp8_gemms(self) -> bool:
+        """fp8 GEMMs: asked for and the device has an fp8 peak (else they stay bf16)."""
+        return self.request.precision == "fp8" and "fp8" in self.cluster.device.peak_flops
+
+    @property
+    def gemm_peak_flops(self) -> float:
+        return self.cluster.device.peak_flops["fp8"] if self.fp8_gemms else self.peak_flops
+
+    @property
+    def gemm_curve(self) -> list[list[float]]:
+        """The GEMM efficiency curve of the GEMMs' dtype (fp8: the device's fp8 curve if it has one)."""
+        dev = self.cluster.device
+        return (dev.fp8_gemm_efficiency or dev.gemm_efficiency) if self.fp8_gemms else dev.gemm_efficiency
 
     @property
     def capacity_bytes(self) -> float:

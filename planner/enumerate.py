@@ -136,7 +136,7 @@ def base_methods(ctx: Context) -> tuple:
     the registry default here (the search prices the allowed alternatives per candidate)."""
     return tuple(sorted((axis, name, tuple(sorted(params.items())))
                         for axis, (name, params) in ctx.request.methods.items()
-                        if not (name == dp_methods.DEFAULTS[axis] and params == dp_methods.method(axis, name).resolve({}, axis))))
+                        if not (name == dp_methods.DEFAULTS[axis] and params == dp_methods.defaults_of(axis, name))))
 
 
 def tp_divisors(ctx: Context) -> dict[str, int]:
@@ -154,7 +154,7 @@ def candidates(ctx: Context, rej: Rejects) -> list[Candidate]:
                 rej.add(fam, f"microbatch {b} does not divide the per-replica batch {per_replica}")
                 continue
             m = per_replica // b
-            zeros = _pick(req.zero, [0, 1, 2, 3] if dp > 1 else [0])
+            zeros = _pick(req.zero, list(req.zero_stages or (0, 1, 2, 3)) if dp > 1 else [0])
             sps = [bool(req.sequence_parallel) and tp > 1] if req.sequence_parallel is not None else (
                 [False, True] if tp > 1 else [False])
             for sched, v in _schedules(ctx, pp, m, rej, f"pp={pp} dp={dp} cp={cp} tp={tp}"):

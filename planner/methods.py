@@ -26,7 +26,7 @@ def alternatives(ctx: Context, cand: Candidate) -> list[Candidate]:
         if axis in ctx.request.methods:
             continue
         for name in names:
-            alt = cand.with_method(axis, name, dp_methods.method(axis, name).resolve({}, axis))
+            alt = cand.with_method(axis, name, dp_methods.defaults_of(axis, name))
             if not feasibility.first(alt.layout(ctx.seq)):
                 out.append(alt)
     return out
@@ -63,19 +63,19 @@ def method_options(ctx: Context, table: CostTable, chosen: Candidate,
             continue
         for name in names:
             params = chosen.method(axis)[1] if name == chosen.method(axis)[0] else \
-                dp_methods.method(axis, name).resolve({}, axis)
+                dp_methods.defaults_of(axis, name)
             alt = chosen.with_method(axis, name, params)
             why = feasibility.first(alt.layout(ctx.seq))
             row = dp_methods.method(axis, name)
             if why:
-                out.append(MethodOption(axis=axis, name=name, params=params, exact=row.exact, feasible=False,
+                out.append(MethodOption(axis=axis, name=name, params=params, exact=row.exact_with(params), feasible=False,
                                         note=why, chosen=False))
                 continue
             alt_sols, ok = reprice(ctx, table, alt, sols)
             out.append(MethodOption(
-                axis=axis, name=name, params=params, exact=row.exact, feasible=ok,
+                axis=axis, name=name, params=params, exact=row.exact_with(params), feasible=ok,
                 step_time_s=max(s.cost_s for s in alt_sols),
                 peak_memory_bytes=max(sum(s.static) + s.buffers_bytes + s.in_flight * s.act_bytes for s in alt_sols),
                 comm_bytes_per_step=comm_bytes_per_step(ctx, alt, [s.layers for s in alt_sols]), chosen=alt == chosen,
-                note="" if row.exact else "changes the training mathematics: check convergence before relying on it"))
+                note="" if row.exact_with(params) else "changes the training mathematics: check convergence before relying on it"))
     return out
