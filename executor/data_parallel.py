@@ -71,6 +71,10 @@ def apply_ddp(part: nn.Module, dims: ParallelDims, plan: Plan, device: torch.dev
               # is skipped when find_unused_parameters is set
               find_unused_parameters=plan.pipeline_parallel_degree > 1)
     compression, params = methods.method(plan, "compression")
+    sync, sync_params = methods.method(plan, "sync")
+    if hasattr(sync, "ddp_comm_hook"):  # sync=local-sgd: torch's post-local SGD hook (no compression)
+        ddp.register_comm_hook(*sync.ddp_comm_hook(group, sync_params, counter, "dp_replicate"))
+        return ddp
     ddp.register_comm_hook(*compression.comm_hook(group, params, counter, "dp_replicate"))
     return ddp
 

@@ -16,6 +16,8 @@ The order is fixed (torchtitan's `parallelize`), each step one small `apply_*` f
                         schedules (whose split weight-gradient pass DDP's hooks miss), get a
                         bucketed gradient reducer instead (same buckets, fp16 wire for fp16)
   7. schedule         – torch.distributed.pipelining stages and the plan's schedule (pp > 1)
+  8. sync method      – sync != allreduce: the replicas stay plain (no DDP; local-sgd keeps DDP with
+                        torch's post-local SGD hook) and executor/methods/sync_*.py runs each step
 The data-parallel methods' executor modules live in executor/methods/ (one per registry row);
 every collective they issue is counted into `Parallelized.comm_bytes` (meshplan/comm_bytes.py),
 closed once per optimizer step by `end_step()` (executor/train.py).
@@ -66,14 +68,18 @@ class Parallelized:
     autocast_dtype: torch.dtype | None = None
     comm_bytes: ByteCounter = field(default_factory=ByteCounter)
     """This rank's data-parallel bytes on the wire, per mesh axis, one entry per optimizer step."""
+    sync: object | None = None
+    """The sync method's SyncMethod (executor/methods/sync.py: it runs the step); None for
+    sync=allreduce, whose gradients DDP / the reducers average."""
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for part in self.parts for p in part.parameters()]
 
     def make_optimizers(self, name: str = "adamw", lr: float = 3e-4, weight_decay: float = 0.1) -> list:
         """One optimizer per part ("adamw" or "sgd"); ZeRO-1 plans get sharded optimizer states."""
-        return [dp_.build_optimizer(part, self.dims, self.plan, name, lr, weight_decay, self.comm_bytes)
+        opts = [dp_.build_optimizer(part, self.dims, self.plan, name, lr, weight_decay, self.comm_bytes)
                 for part in self.parts]
+        return self.sync.wrap_optimizers(opts, name, lr, weight_decay) if self.sync else opts
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip to a global L2 norm over every parallel dimension; returns the norm before clipping
@@ -174,6 +180,8 @@ def apply(model: LayeredModel, plan: Plan, mesh: DeviceMesh, *, seed: int = 0,
     result = Parallelized(plan=plan, dims=dims, device=device, parts=parts, stage_ids=stage_ids,
                           loss_fn=_loss_fn(model), reducers=reducers, autocast_dtype=_autocast_dtype(plan, device),
                           comm_bytes=counter)
+    sync, sync_params = methods.method(plan, "sync")                                   # 8
+    result.sync = sync.build(result, sync_params, counter) if hasattr(sync, "build") and dims.dp_degree > 1 else None
     if plan.pipeline_parallel_degree > 1 or len(plan.stages) > 1:                      # 7
         result.schedule, result.stages = build_schedule(plan, stage_ids, parts, mesh["pp"], device, result.loss_fn)
     return result
@@ -190,6 +198,8 @@ def _parallelize_part(part, plan: Plan, dims: ParallelDims, rules, device, full_
     offload, offload_params = methods.method(plan, "offload")
     materialize(part, offload.shard_device(offload_params, device), full_value)        # 5
     if data_parallel and plan.zero_stage <= 1:                                          # 6
+        if not getattr(methods.method(plan, "sync")[0], "USES_DDP", True):
+            return part, None  # a sync method on plain replicas (executor/methods/sync.py)
         if dp_.has_dtensor_params(part) or plan.pipeline_schedule in SPLIT_BACKWARD:
             return part, dp_.replica_reducer(part, dims, plan, counter)
         return dp_.apply_ddp(part, dims, plan, device, counter), None

@@ -90,6 +90,8 @@ def train(plan: Plan, options: TrainOptions, device: torch.device,
             result.peak_memory_bytes = tracker.peak_bytes
         if options.checkpoint_every and (step + 1) % options.checkpoint_every == 0:
             checkpoint.save(options.out_dir, step + 1, par.parts, optimizers, par.stage_ids, plan)
+    if par.sync is not None:
+        par.sync.close()  # lands the last averaging round, stops a background thread
     if device.type == "cuda":
         result.peak_memory_bytes = torch.cuda.max_memory_allocated(device)
     result.losses = par.global_losses(shares) if shares else []  # one all-reduce for all steps
@@ -100,7 +102,10 @@ def train(plan: Plan, options: TrainOptions, device: torch.device,
 
 def _train_step(par, optimizers, batch, grad_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step; returns this rank's loss share (see Parallelized.step_local) and the
-    global gradient norm before clipping."""
+    global gradient norm before clipping. A sync method other than all-reduce runs its own step
+    (local steps, master updates, learners, a time budget: executor/methods/sync.py)."""
+    if par.sync is not None:
+        return par.sync.train_step(par, optimizers, batch, grad_clip)
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
     loss = par.step_local(*batch)

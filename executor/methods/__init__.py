@@ -7,6 +7,9 @@ compression when DDP or the replica reducer is built). What each module provides
   (state, hook) for DDP.register_comm_hook, counting what it sends; fp16 also `WIRE_DTYPE` for
   the ReplicaGradReducer of tensor-parallel replicas
 - sync=allreduce: `allreduce` (the comm hook and the ReplicaGradReducer)
+- sync=master / local-sgd / crossbow / dabmd / gossip / async (sync_*.py): `build(par, params,
+  counter)` -> a SyncMethod (sync.py) whose train_step replaces train.py's step, `USES_DDP`
+  (only local-sgd keeps DDP, with its `ddp_comm_hook`)
 - comm_schedule=buckets: `bucket_cap_mb(params)`, `bucket_bytes(params)`
 - offload (device / offload_cpu): `fsdp_kwargs(params, device)`, `shard_device(params, device)`
 - waves=1: `device` (nothing to apply)
@@ -18,6 +21,7 @@ from types import ModuleType
 
 from meshplan import dp_methods
 from meshplan.executor.methods import allreduce, buckets, device, fp16, offload_cpu, powersgd
+from meshplan.executor.methods import sync_async, sync_crossbow, sync_dabmd, sync_gossip, sync_localsgd, sync_master
 from meshplan.plan import MethodChoice, Plan
 
 MODULES: dict[tuple[str, str], ModuleType] = {
@@ -25,6 +29,12 @@ MODULES: dict[tuple[str, str], ModuleType] = {
     ("compression", "fp16"): fp16,
     ("compression", "powersgd"): powersgd,
     ("sync", "allreduce"): allreduce,
+    ("sync", "master"): sync_master,  # issue #16: sync.py's SyncMethod (train_step replaces train.py's)
+    ("sync", "local-sgd"): sync_localsgd,
+    ("sync", "crossbow"): sync_crossbow,
+    ("sync", "dabmd"): sync_dabmd,
+    ("sync", "gossip"): sync_gossip,
+    ("sync", "async"): sync_async,
     ("comm_schedule", "buckets"): buckets,
     ("offload", "none"): device,
     ("offload", "cpu"): offload_cpu,

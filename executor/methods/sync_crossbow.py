@@ -1,0 +1,105 @@
+"""sync=crossbow: k small-batch learners per device and synchronous model averaging (SMA).
+
+Koliousis et al., CROSSBOW, VLDB 2019, as lsds/Crossbow's clib-multigpu/synch/sma.c computes it
+(notes/dp-methods.md section 8). K = k x N learners, each its own replica w_j with its own
+optimizer, and one central model z (identical on every rank):
+  each learner steps on its 1/k share of the local batch  w_j <- step(w_j)
+  d_j = w_j - z;  w_j <- w_j - alpha d_j                       (pulled toward the centre)
+  Delta = sum_j alpha d_j  (this rank's learners, then all-reduced over the N ranks)
+  Delta <- Delta + mu Delta_prev;  z <- z + Delta               (central model with momentum)
+alpha = 0 means 1/K. reset=True restarts every learner from z after the sync: with one learner,
+alpha = 1/K and mu = 0 that is synchronous SGD on the union batch (z = the learners' mean).
+
+The learners live in one process: learner 0 is the plan's part (what checkpoints save), the
+others deep copies trained one after another; memory is k replicas + z + Delta_prev (+ the
+flat buffers), what planner/sync.py prices. Bytes: one all-reduce of Delta (fp32, every
+trainable parameter) per step on "dp_replicate".
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch.nn.utils import clip_grad_norm_
+
+from meshplan.errors import MeshplanError
+from meshplan.executor import data_parallel as dp_
+from meshplan.executor.methods.sync import SyncMethod, flat, tensor_bytes, trainable, unflat
+
+USES_DDP = False
+
+
+def sma_update(learners: list[torch.Tensor], z: torch.Tensor, delta_prev: torch.Tensor, alpha: float,
+               mu: float, all_reduce=lambda t: t) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """One SMA round on flat vectors: (learners after the correction, new z, Delta). `all_reduce`
+    sums this rank's Delta over the ranks (identity in one process)."""
+    diffs = [w - z for w in learners]
+    corrected = [w - alpha * d for w, d in zip(learners, diffs)]
+    delta = all_reduce(alpha * torch.stack(diffs).sum(0))
+    delta = delta + mu * delta_prev
+    return corrected, z + delta, delta
+
+
+class Crossbow(SyncMethod):
+    def __init__(self, par, params, counter):
+        super().__init__(par, params, counter)
+        (part,) = par.parts
+        self.k = params["learners"]
+        self.learners = [part] + [copy.deepcopy(part) for _ in range(self.k - 1)]
+        self.alpha = params["alpha"] or 1.0 / (self.k * self.world)
+        self.mu, self.reset = params["momentum"], params["reset"]
+        self.z = flat(trainable(part))
+        self.delta_prev = torch.zeros_like(self.z)
+        self.optimizers: list = []
+
+    def wrap_optimizers(self, optimizers, name, lr, weight_decay):
+        self.optimizers = [optimizers] + [[dp_.make_optimizer(trainable(m), name, lr, weight_decay)]
+                                          for m in self.learners[1:]]
+        return optimizers
+
+    def train_step(self, par, optimizers, batch, grad_clip):
+        inputs, targets = batch
+        if inputs.shape[0] % self.k:
+            raise MeshplanError(f"sync=crossbow learners={self.k}: the local batch of {inputs.shape[0]} "
+                                "samples does not split evenly; use a batch divisible by learners")
+        shares, norms = [], []
+        for model, opts, x, y in zip(self.learners, self.optimizers, inputs.chunk(self.k),
+                                     (targets.chunk(self.k) if targets is not None else [None] * self.k)):
+            for opt in opts:
+                opt.zero_grad(set_to_none=True)
+            shares.append(self._forward_backward(par, model, x, y))
+            norms.append(clip_grad_norm_(trainable(model), grad_clip) if grad_clip > 0 else
+                         torch.zeros(()))
+            for opt in opts:
+                opt.step()
+        self._average()
+        return torch.stack(shares).mean(), norms[0]
+
+    def _forward_backward(self, par, model, x, y) -> torch.Tensor:
+        """par.step_local's accumulation over the plan's microbatches, on one learner."""
+        n, total = par.plan.num_microbatches, torch.zeros((), dtype=torch.float64)
+        y = torch.empty(x.shape[0], 0) if y is None else y
+        with par._autocast():
+            for xm, ym in zip(x.chunk(n), y.chunk(n)):
+                loss = par.loss_fn(model(xm.to(par.device)), ym.to(par.device)) / n
+                loss.backward()
+                total += loss.detach().double().cpu()
+        return total
+
+    @torch.no_grad()
+    def _average(self) -> None:
+        params = [trainable(m) for m in self.learners]
+
+        def all_reduce(t):
+            self.counter.add("dp_replicate", "all_reduce", self.world, tensor_bytes(t))
+            dist.all_reduce(t, group=self.group)
+            return t
+        corrected, self.z, self.delta_prev = sma_update([flat(p) for p in params], self.z, self.delta_prev,
+                                                        self.alpha, self.mu, all_reduce)
+        for p, w in zip(params, corrected):
+            unflat(self.z if self.reset else w, p)
+
+
+def build(par, params, counter):
+    return Crossbow(par, params, counter)
