@@ -35,6 +35,7 @@ CPU only: on GPUs the collectives run on their own engines and link fits describ
 from __future__ import annotations
 
 import copy
+import math
 import os
 import socket
 import statistics
@@ -72,9 +73,12 @@ def _free_port() -> int:
 
 
 def measure_in_place(profile: ModelProfile, spec: str, overrides: dict | None, rep_of: dict[str, str],
-                     inputs: dict, ranks: int, microbatch_sizes: list[int]) -> None:
-    """Fill framework_overhead_s[...] of every layer from its representative's in-place timings."""
+                     inputs: dict, ranks: int, microbatch_sizes: list[int]) -> dict[str, dict[str, float]]:
+    """Fill framework_overhead_s[...] of every layer from its representative's in-place timings,
+    and step_overhead_s, clamped at zero; return the unclamped table they were made from
+    ({representative or STEP: {key: wrapped - plain, slowest rank}})."""
     from meshplan.profiler.concurrency import worker_context
+    from meshplan.profiler.wrapper_timing import clamped
 
     reps = list(dict.fromkeys(rep_of.values()))
     rules = {lp.name: lp.tp for lp in profile.layers}
@@ -93,17 +97,19 @@ def measure_in_place(profile: ModelProfile, spec: str, overrides: dict | None, r
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
-    merged: dict[str, dict[str, float]] = {}
+    raw: dict[str, dict[str, float]] = {}
     for table in per_rank:  # the slowest rank decides when a collective is done
         for rep, row in table.items():
             for key, value in row.items():
-                merged.setdefault(rep, {})[key] = max(merged.get(rep, {}).get(key, 0.0), value)
+                raw.setdefault(rep, {})[key] = max(raw.get(rep, {}).get(key, -math.inf), value)
+    stored = clamped(raw)
     for lp in profile.layers:
-        lp.framework_overhead_s.update(merged.get(rep_of[lp.name], {}))
-    profile.step_overhead_s.update(merged.get(STEP, {}))
+        lp.framework_overhead_s.update(stored.get(rep_of[lp.name], {}))
+    profile.step_overhead_s.update(stored.get(STEP, {}))
     profile.notes.append(f"parallel wrappers measured in place on {ranks} gloo ranks at microbatch "
                          f"{', '.join(map(str, batches))}: {', '.join(f'{k}@{d}' for k, d in configs(ranks))} "
                          f"(mean wall of {ITERS} passes in {PASSES} round-robin rounds after {WARMUP}, slowest rank)")
+    return raw
 
 
 def _get(results, procs) -> dict:
@@ -177,7 +183,7 @@ def _measure_all(world: int, spec: str, overrides, reps, rules, inputs, batches)
             case.run(ITERS // PASSES)
     table: dict[str, dict[str, float]] = {}
     for case in cases:
-        table.setdefault(case.owner, {}).update(case.overheads())
+        table.setdefault(case.owner, {}).update(case.raw_overheads())
     return table
 
 
@@ -202,12 +208,13 @@ class Case:
     def timed(self, module) -> tuple[float, float]:
         return _pass(module, self.x, self.loss)
 
-    def overheads(self) -> dict[str, float]:
+    def raw_overheads(self) -> dict[str, float]:
+        """Wrapped minus plain / split, unclamped: below zero where the host's noise won."""
         (w_f, w_b), (p_f, p_b) = (tuple(statistics.fmean(t[i] for t in self.times[n]) for i in (0, 1))
                                   for n in ("wrapped", "plain"))
-        out = {self.key: max(0.0, w_f + w_b - (p_f + p_b) / self.split)}
+        out = {self.key: w_f + w_b - (p_f + p_b) / self.split}
         if self.loss is None:
-            out[self.key + ":fwd"] = max(0.0, w_f - p_f / self.split)
+            out[self.key + ":fwd"] = w_f - p_f / self.split
         return out
 
 
@@ -280,11 +287,11 @@ class OptimizerCase(Case):
         optimizer.step()
         return (time.perf_counter() - t0,)
 
-    def overheads(self) -> dict[str, float]:
+    def raw_overheads(self) -> dict[str, float]:
         if self.wrapped is self.plain:
             return {self.key: statistics.fmean(t[0] for runs in self.times.values() for t in runs)}
         wrapped, plain = (statistics.fmean(t[0] for t in self.times[n]) for n in ("wrapped", "plain"))
-        return {self.key: max(0.0, wrapped - plain / self.split)}
+        return {self.key: wrapped - plain / self.split}
 
 
 def _zero1_case(model, b: int, degree: int, mesh) -> OptimizerCase:

@@ -28,7 +28,7 @@ from meshplan.errors import MeshplanError
 from meshplan.profiler.memory import LiveBytes, layer_param_bytes, available_memory_bytes, predict_peak_bytes
 from meshplan.profiler.runner import InputSpec, make_input, materialise_layer, run_dtype
 from meshplan.profiler.step_timing import HostShare, cores_available, optimizer_step_cpu_s
-from meshplan.profiler.wrapper_timing import wrapper_overheads
+from meshplan.profiler.wrapper_timing import clamped, wrapper_overheads
 from meshplan.models.zoo.base import LayeredModel
 
 WARMUP = 2
@@ -106,13 +106,13 @@ def rank_threads(device: str):
 def _wrapper_overheads(profile: ModelProfile, model: LayeredModel, reps: list[str], inputs,
                        batches: list[int]) -> dict[str, dict[str, float]]:
     """TP (DTensor), FSDP2 and recompute overheads of each representative on a one-rank mesh
-    (wrapper_timing), recompute at the smallest and largest microbatch."""
+    (wrapper_timing), recompute at the smallest and largest microbatch; clamped at zero."""
     rules = {lp.name: lp.tp for lp in profile.layers}
     layers = {rep: materialise_layer(model, rep, "cpu") for rep in reps}
     sizes = sorted({min(batches), max(batches)})
     xs = {rep: {b: make_input(model, inputs[rep], b, "cpu") for b in sizes} for rep in reps}
-    return wrapper_overheads(layers, rules, xs, functools.partial(measure_times, min_window_s=0.0),
-                             window_s=MIN_WINDOW_S)
+    return clamped(wrapper_overheads(layers, rules, xs, functools.partial(measure_times, min_window_s=0.0),
+                                     window_s=MIN_WINDOW_S))
 
 
 def _neighbours(device: str, concurrent: int, notes: list[str]) -> int:

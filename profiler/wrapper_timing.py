@@ -67,12 +67,13 @@ def wrapper_overheads(layers: dict[str, torch.nn.Module], rules: dict[str, TPRul
                       inputs: dict[str, dict[int, torch.Tensor]], measure_times,
                       window_s: float = 0.0) -> dict[str, dict[str, float]]:
     """{fqn: {"tp": s, "fsdp": s, "tp_optimizer": s, "fsdp_optimizer": s, "recompute_full:bB": s,
-    ...}} in CPU seconds (callers scale by the host share, which these passes do not enter: their
-    collectives wait on nothing but still run gloo threads); {} when a process group exists
-    already. `inputs[fqn]` maps microbatch sizes to inputs: TP and FSDP are measured at the
-    smallest (their overhead is per call), recompute at each (its machinery grows with the saved
-    bytes), each recompute case over at least `window_s` of passes (its wrapped-minus-plain
-    difference is small against a pass)."""
+    ...}} in CPU seconds, unclamped: wrapped minus plain, below zero where the host's noise
+    outweighed the overhead (`clamped` makes what the profile stores). Callers scale by the host
+    share, which these passes do not enter (their collectives wait on nothing but still run gloo
+    threads); {} when a process group exists already. `inputs[fqn]` maps microbatch sizes to
+    inputs: TP and FSDP are measured at the smallest (their overhead is per call), recompute at
+    each (its machinery grows with the saved bytes), each recompute case over at least `window_s`
+    of passes (its wrapped-minus-plain difference is small against a pass)."""
     if dist.is_available() and dist.is_initialized():
         return {}
     mesh = _one_rank_mesh()
@@ -88,7 +89,7 @@ def paired_extra_s(plain: torch.nn.Module, wrapped: torch.nn.Module, x: torch.Te
     """Median over alternating passes of (wrapped - plain) forward+backward CPU seconds, until
     the pairs cover `window_s` of wall time: each difference is taken on the same host state,
     so drift between two separate timing runs (tens of percent on a shared host, against a
-    difference of a fraction of a pass) cancels."""
+    difference of a fraction of a pass) cancels. Unclamped: negative when noise wins."""
     def pass_cpu_s(layer) -> float:
         x.grad = None
         start = time.process_time()
@@ -101,7 +102,7 @@ def paired_extra_s(plain: torch.nn.Module, wrapped: torch.nn.Module, x: torch.Te
     while len(diffs) < min_pairs or (time.perf_counter() - t0 < window_s and len(diffs) < max_pairs):
         base = pass_cpu_s(plain)
         diffs.append(pass_cpu_s(wrapped) - base)
-    return max(0.0, statistics.median(diffs))
+    return statistics.median(diffs)
 
 
 def _layer_overheads(layer, rule: TPRule, xs: dict[int, torch.Tensor], mesh, measure_times,
@@ -117,11 +118,16 @@ def _layer_overheads(layer, rule: TPRule, xs: dict[int, torch.Tensor], mesh, mea
             wrapped = wrap(copy.deepcopy(layer), rule, mesh)
             if name in PER_STEP:
                 fwd, bwd = measure_times(wrapped, x, "cpu")
-                out[name] = max(0.0, fwd + bwd - plain_f - plain_b)
-                out[f"{name}_optimizer"] = max(0.0, optimizer_step_cpu_s(wrapped, x)[0] - plain_opt)
+                out[name] = fwd + bwd - plain_f - plain_b
+                out[f"{name}_optimizer"] = optimizer_step_cpu_s(wrapped, x)[0] - plain_opt
                 continue
             for b, xb in sorted(xs.items()):  # recompute: per size, against the plain layer
                 out[f"{name}:b{b}"] = paired_extra_s(layer, wrapped, xb, window_s)
         except Exception:  # a layer a wrapper cannot take: no measurement, the model then ignores it
             continue
     return out
+
+
+def clamped(raw: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """What the profile stores: an overhead measured below zero is noise around zero, charged 0."""
+    return {fqn: {key: max(0.0, value) for key, value in row.items()} for fqn, row in raw.items()}

@@ -10,8 +10,26 @@ GPT_SMALL = dict(layers=2, hidden=128, heads=4, vocab=256, seq=128)
 
 
 @pytest.fixture(scope="module")
-def cpu_profile():
-    return profile_model("gpt", GPT_SMALL, device="cpu", microbatch_sizes=[1, 4])
+def measured():
+    """The CPU profile and the unclamped one-rank wrapper overheads it stores clamped at zero
+    (profiler/wrapper_timing.wrapper_overheads, kept as the profiler returned them)."""
+    from meshplan.profiler import timing
+
+    raw, real = {}, timing.wrapper_overheads
+
+    def keep(*args, **kwargs):
+        raw.update(real(*args, **kwargs))
+        return raw
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(timing, "wrapper_overheads", keep)
+        profile = profile_model("gpt", GPT_SMALL, device="cpu", microbatch_sizes=[1, 4])
+    return profile, raw
+
+
+@pytest.fixture(scope="module")
+def cpu_profile(measured):
+    return measured[0]
 
 
 def test_every_layer_has_a_timing_per_microbatch(cpu_profile):
@@ -103,7 +121,6 @@ def test_once_per_step_and_wrapper_costs_are_measured(cpu_profile):
     for layer in cpu_profile.layers:
         assert layer.optimizer_step_s > 0
         assert set(layer.framework_overhead_s) >= {"fsdp", "fsdp_optimizer"}
-        assert all(v >= 0 for v in layer.framework_overhead_s.values())
     assert "tp" in cpu_profile.layer("layers.0").framework_overhead_s
     # a 12h^2 block has far more parameters than the learned positions + 256-token embedding
     assert cpu_profile.layer("layers.0").optimizer_step_s > 0.5 * cpu_profile.layer("embed").optimizer_step_s
@@ -139,3 +156,53 @@ def test_recompute_is_measured_at_the_smallest_and_largest_microbatch(cpu_profil
     for mode in ("full", "selective"):
         assert {f"recompute_{mode}:b1", f"recompute_{mode}:b4"} <= set(fw)
     assert fw["recompute_full:b4"] > 0  # the recomputed forward at least
+
+
+def test_wrapper_overheads_are_the_measurement_clamped_at_zero_and_scaled(measured):
+    """What the profile stores is the unclamped measurement, clamped at zero and times the one
+    host-share factor of every CPU timing; the measurement itself is sane: a wrapper that does
+    the layer's arithmetic and more never comes out at under half the plain layer's time."""
+    profile, raw = measured
+    factors = []
+    for lp in profile.layers:
+        row = raw[lp.timings[0].reused_from or lp.name]
+        stored = lp.framework_overhead_s
+        assert set(stored) == set(row) | {"optimizer_call"}, lp.name
+        for key, value in row.items():
+            assert (stored[key] == 0) == (value <= 0), (lp.name, key, value, stored[key])
+            if value > 0:
+                factors.append(stored[key] / value)
+    assert factors and min(factors) == pytest.approx(max(factors), rel=1e-9) and factors[0] >= 1.0
+    factor = factors[0]
+    for lp in profile.layers:
+        row = raw[lp.timings[0].reused_from or lp.name]
+        for key, value in row.items():
+            b = int(key.rsplit(":b", 1)[1]) if ":b" in key else 1
+            at_b = timing_at(profile, lp.name, b)
+            pass_s = (at_b.forward_s + at_b.backward_s) / factor  # the plain layer, in the raw's units
+            scale = lp.optimizer_step_s / factor if key.endswith("_optimizer") else pass_s
+            assert value > -0.5 * scale, (lp.name, key, value, scale)
+
+
+def test_paired_extra_is_unclamped_and_recovers_a_known_extra_pass():
+    """A 'wrapper' that runs the layer twice costs one plain pass more; swapped, the measurement
+    is one pass less, reported below zero, and only `clamped` charges it as 0."""
+    from meshplan.profiler.wrapper_timing import clamped, paired_extra_s
+
+    class Twice(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(self.inner(x))
+
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Tanh())
+    twice = Twice(plain)
+    x = torch.randn(64, 256, requires_grad=True)
+    extra = paired_extra_s(plain, twice, x, window_s=0.3)
+    less = paired_extra_s(twice, plain, x, window_s=0.3)
+    assert extra > 0 > less
+    assert 0.5 < -less / extra < 2.0, (extra, less)  # both are one plain pass, measured twice
+    assert clamped({"l": {"more": extra, "less": less}}) == {"l": {"more": extra, "less": 0.0}}
