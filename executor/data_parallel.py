@@ -43,7 +43,7 @@ def apply_fsdp(part: nn.Module, dims: ParallelDims, plan: Plan, device: torch.de
     the offload method adds its policy, and every sharded module counts its collectives."""
     offload, params = methods.method(plan, "offload")
     kwargs = {"mesh": dims.fsdp_mesh(), "reshard_after_forward": plan.zero_stage == 3,
-              **offload.fsdp_kwargs(params, device)}
+              **offload.fsdp_kwargs(params, device, plan.zero_stage)}
     sharded = [getattr(part, name) for name in ("embed", "head")
                if getattr(part, name, None) is not None and any(True for _ in getattr(part, name).parameters())]
     sharded += list(part.layers.values()) + [part]
@@ -64,6 +64,8 @@ def apply_ddp(part: nn.Module, dims: ParallelDims, plan: Plan, device: torch.dev
     the compression method's comm hook (which counts what it sends)."""
     group = dims.dp_mesh().get_group()
     schedule, schedule_params = methods.method(plan, "comm_schedule")
+    if hasattr(schedule, "wrap"):  # comm_schedule=bytescheduler replaces DDP's reducer
+        return schedule.wrap(part, group, schedule_params, counter)
     ddp = DDP(part, process_group=group, device_ids=[device.index] if device.type == "cuda" else None,
               bucket_cap_mb=schedule.bucket_cap_mb(schedule_params),
               # under a pipeline schedule every microbatch's backward marks the params ready again
@@ -102,15 +104,21 @@ def optimizer_spec(name: str, lr: float, weight_decay: float) -> tuple[type, dic
 
 
 def build_optimizer(part: nn.Module, dims: ParallelDims, plan: Plan, name: str, lr: float,
-                    weight_decay: float, counter: ByteCounter | None = None) -> torch.optim.Optimizer:
+                    weight_decay: float, counter: ByteCounter | None = None,
+                    offload_dir: str = "offload") -> torch.optim.Optimizer:
     """One optimizer per model part; ZeRO-1 shards its states over the data-parallel group and
-    counts its parameter broadcasts into `counter`."""
+    counts its parameter broadcasts into `counter`; the offload method may put the step on the
+    host (offload=cpu/nvme: executor/methods/host_optimizer.py, NVMe files under offload_dir)."""
     params = [p for p in part.parameters() if p.requires_grad]
-    if plan.zero_stage != 1 or dims.dp_degree == 1:
-        return make_optimizer(params, name, lr, weight_decay)
-    cls, kwargs = optimizer_spec(name, lr, weight_decay)
-    group = dims.dp_mesh().get_group()
     counter = counter if counter is not None else ByteCounter()
+    cls, kwargs = optimizer_spec(name, lr, weight_decay)
+    offload, offload_params = methods.method(plan, "offload")
+    if hasattr(offload, "optimizer_class"):
+        cls = offload.optimizer_class(cls, offload_params, zero=plan.zero_stage, counter=counter,
+                                      folder=offload_dir, optimizer=name)
+    if plan.zero_stage != 1 or dims.dp_degree == 1:
+        return cls(params, **kwargs)
+    group = dims.dp_mesh().get_group()
     if not any(isinstance(p, DTensor) for p in params):
         return CountedZero(params, optimizer_class=cls, process_group=group, parameters_as_bucket_view=True,
                            counter=counter, **kwargs)

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from meshplan.errors import MeshplanError, RunError
+from meshplan.errors import MeshplanError, RunError, RunInterrupted
+from meshplan.executor import run_dir
 from meshplan.executor.check import check_plan
 from meshplan.executor.checkpoint import checkpoint_root, latest_step, saved_plan_path
 from meshplan.executor.worker import variant_dir
@@ -61,7 +62,7 @@ def launch_command(plan: Plan, *, nnodes: int = 1, node_rank: int = 0, rdzv_endp
                    steps: int = 5, plan_path: str = "plan.json", out_dir: str = "runs/latest",
                    data: str | None = None, checkpoint_every: int = 0, resume: bool = False,
                    optimizer: str = "adamw", lr: float = 3e-4, grad_clip: float = 1.0, seed: int = 0,
-                   timeout_s: float = 300, extra_plans: list[str] = ()) -> list[str]:
+                   timeout_s: float = 300, extra_plans: list[str] = (), run_id: str | None = None) -> list[str]:
     """The torchrun command that runs `plan` (world_size / nnodes processes on this node)."""
     if nnodes < 1 or plan.world_size % nnodes:
         raise MeshplanError(f"--nnodes {nnodes}: must divide the plan's world size {plan.world_size}")
@@ -76,6 +77,8 @@ def launch_command(plan: Plan, *, nnodes: int = 1, node_rank: int = 0, rdzv_endp
     cmd += ["-m", "meshplan.executor.worker", "--plan", plan_path]
     for extra in extra_plans:
         cmd += ["--plan", extra]
+    if run_id:
+        cmd += ["--run-id", run_id]  # how cleanup finds this run's processes and files
     cmd += ["--out-dir", out_dir, "--steps", str(steps), "--optimizer", optimizer, "--lr", repr(lr),
             "--grad-clip", repr(grad_clip), "--seed", str(seed), "--timeout-s", repr(timeout_s)]
     if data:
@@ -96,13 +99,13 @@ def run_plan(plan: Plan, *, steps: int = 5, data: str | None = None, out_dir: st
                          resume=resume, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
                          timeout_s=timeout_s, quiet=quiet, optimizer=optimizer, lr=lr, grad_clip=grad_clip,
                          seed=seed)
-    (result,) = run_plans([plan], opts)
-    save(result, Path(out_dir) / "run.json")
+    (result,) = run_plans([plan], opts, run_json=True)
     return result
 
 
-def run_plans(plans: list[Plan], opts: LaunchOptions) -> list[RunResult]:
-    """Run several plans of one world size in ONE torchrun launch (one RunResult each)."""
+def run_plans(plans: list[Plan], opts: LaunchOptions, *, run_json: bool = False) -> list[RunResult]:
+    """Run several plans of one world size in ONE torchrun launch (one RunResult each), holding
+    the run directory's lock throughout; run_json=True also writes out_dir/run.json (one plan)."""
     sizes = {p.world_size for p in plans}
     if len(sizes) != 1:
         raise MeshplanError(f"plans of different world sizes {sorted(sizes)} cannot share a launch")
@@ -111,19 +114,71 @@ def run_plans(plans: list[Plan], opts: LaunchOptions) -> list[RunResult]:
     if opts.steps < 1:
         raise MeshplanError(f"--steps {opts.steps}: must be >= 1")
     out = Path(opts.out_dir)
-    _check_checkpoints(out, len(plans), opts, plans)
+    run_dir.check_out_dir(out)
+    run_id = run_dir.new_run_id()
+    with _interrupt_signals():
+        lock, launched = run_dir.RunDirLock(out, run_id).acquire(), False
+        try:
+            _check_checkpoints(out, len(plans), opts, plans)
+            launched = True
+            results = _launch(plans, opts, out, run_id)
+            if run_json:
+                save(results[0], out / "run.json")
+            return results
+        finally:
+            lock.release(remove_dir=not launched)
+
+
+def _launch(plans: list[Plan], opts: LaunchOptions, out: Path, run_id: str) -> list[RunResult]:
     paths = _write_plans(plans, out)
     _clear_reports(out, len(plans))
     cmd = launch_command(plans[0], nnodes=opts.nnodes, node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint,
                          steps=opts.steps, plan_path=paths[0], out_dir=str(out), data=opts.data,
                          checkpoint_every=opts.checkpoint_every, resume=opts.resume, optimizer=opts.optimizer,
                          lr=opts.lr, grad_clip=opts.grad_clip, seed=opts.seed, timeout_s=opts.timeout_s,
-                         extra_plans=paths[1:])
+                         extra_plans=paths[1:], run_id=run_id)
     nproc = plans[0].world_size // opts.nnodes
     ranks = list(range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc))
-    rc, output = _supervise(cmd, out, ranks, len(plans), opts)
-    return [_collect(plan, variant_dir(str(out), i, len(plans)), ranks, rc, opts, output, len(plans))
+    try:
+        rc, output = _supervise(cmd, out, ranks, run_id, opts)
+    except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM/SIGHUP through _interrupt_signals
+        signum = getattr(exc, "signum", signal.SIGINT)
+        raise RunInterrupted(signum, _interrupted_message(out, len(plans), len(ranks), signum)) from None
+    return [_collect(plan, variant_dir(str(out), i, len(plans)), ranks, rc, opts, output, len(plans), run_id)
             for i, plan in enumerate(plans)]
+
+
+class _interrupt_signals:
+    """SIGTERM and SIGHUP raise RunInterrupted like SIGINT raises KeyboardInterrupt, so every
+    way of stopping the launcher stops the ranks too; a second signal while stopping is ignored.
+    Only the main thread can install handlers; elsewhere this does nothing."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+    def __enter__(self):
+        self.saved, self.fired = {}, False
+        if threading.current_thread() is threading.main_thread():
+            self.saved = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+        return self
+
+    def _handle(self, signum, frame):
+        if not self.fired:
+            self.fired = True
+            raise RunInterrupted(signum, "")
+
+    def __exit__(self, *exc):
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+        return False
+
+
+def _interrupted_message(out: Path, count: int, nranks: int, signum: int) -> str:
+    """One line: which signal, that every rank is gone, and the newest complete checkpoint."""
+    steps = [latest_step(variant_dir(str(out), i, count)) for i in range(count)]
+    where = checkpoint_root(variant_dir(str(out), 0, count))
+    kept = (f"the last complete checkpoint is step {steps[0]} in {where} (continue with --resume)"
+            if steps[0] else "no checkpoint was completed")
+    return f"interrupted by {signal.Signals(signum).name}: all {nranks} ranks stopped; {kept}"
 
 
 def _check_reshard(saved: Plan, plan: Plan, vdir: Path) -> None:
@@ -207,74 +262,85 @@ class _Output:
         return (int(rank.group(1)), code.group(1) if code else "?") if rank else None
 
 
-def _supervise(cmd: list[str], out: Path, ranks: list[int], count: int, opts: LaunchOptions) -> tuple[int, _Output]:
-    """Run torchrun; kill it when no rank reported progress for timeout_s. Returns its exit code."""
+def _supervise(cmd: list[str], out: Path, ranks: list[int], run_id: str,
+               opts: LaunchOptions) -> tuple[int, _Output]:
+    """Run torchrun; kill it when no rank reported progress for timeout_s. Returns its exit code.
+    However this ends (success, failure, hang, signal), no process of the run outlives it."""
     proc = subprocess.Popen(cmd, env=_env(opts), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=lambda: run_dir.set_parent_death_signal(signal.SIGTERM))
     output = _Output(proc, out, opts.quiet)
     last_change, last_seen = time.monotonic(), None
     try:
         while proc.poll() is None:
             time.sleep(0.2)
-            seen = _status_mtimes(out)
+            seen = _status_mtimes(out, ranks, run_id)
             if seen != last_seen:
                 last_change, last_seen = time.monotonic(), seen
             # before the first report, allow for process start-up (imports, rendezvous) on a busy host
             limit_s = opts.timeout_s if seen else max(opts.timeout_s, STARTUP_GRACE_S)
             if time.monotonic() - last_change > limit_s:
-                _kill(proc)
-                raise RunError(_hang_message(out, ranks, opts.timeout_s))
+                message = _hang_message(out, ranks, opts.timeout_s, run_id)  # before the kill ends the stops
+                _stop(proc, run_id, output)
+                raise RunError(message)
         output.thread.join(timeout=10)
         return proc.returncode, output
     finally:
-        if proc.poll() is None:
-            _kill(proc)
-        _kill_stray_workers(out, ranks)
+        _stop(proc, run_id, output)
 
 
-def _kill_stray_workers(out: Path, ranks: list[int]) -> None:
-    """torchrun starts each worker in its own session; a worker stuck in a collective can outlive
-    torchrun (seen with gloo at shutdown). Kill any that is still ours after torchrun is gone."""
-    for status in read_statuses(out, ranks).values():
-        pid = status.get("pid")
+def _stop(proc: subprocess.Popen, run_id: str, output: _Output) -> None:
+    """End torchrun and every rank of this run (only this run's: they carry its --run-id), in
+    bounded time: SIGTERM to torchrun (which stops its ranks), then SIGKILL to whatever of the
+    run is left, such as a stopped rank or one stuck in a collective at shutdown."""
+    if proc.poll() is None:
+        output.quiet = True  # torchrun's traceback on SIGTERM goes to launch.log only
         try:
-            if pid and b"meshplan.executor.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                os.kill(pid, signal.SIGKILL)
-        except (OSError, ProcessLookupError):
-            continue
-
-
-def _status_mtimes(out: Path) -> tuple:
-    files = sorted((out / "ranks").glob("rank*.status.json")) if (out / "ranks").exists() else []
-    return tuple((f.name, f.stat().st_mtime_ns) for f in files if f.exists())
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
+            os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=5)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+    for _ in range(20):
+        if not run_dir.kill_run(run_id, signal.SIGKILL):
+            break
+        time.sleep(0.1)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
-def read_statuses(out: Path, ranks: list[int]) -> dict[int, dict]:
+def _status_mtimes(out: Path, ranks: list[int], run_id: str) -> tuple:
+    """The heartbeat: this run's status files and their modification times."""
+    files = [out / "ranks" / f"rank{r}.status.json" for r in ranks]
+    return tuple((f.name, f.stat().st_mtime_ns) for f in files
+                 if f.exists() and _read_json(f).get("run_id") == run_id)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def read_statuses(out: Path, ranks: list[int], run_id: str | None = None) -> dict[int, dict]:
+    """Each rank's status; a file another run wrote counts as "not started"."""
     statuses = {}
     for r in ranks:
-        path = out / "ranks" / f"rank{r}.status.json"
-        try:
-            statuses[r] = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            statuses[r] = {"rank": r, "state": "not started", "step": -1, "variant": 0, "time": 0}
+        status = _read_json(out / "ranks" / f"rank{r}.status.json")
+        if not status or (run_id is not None and status.get("run_id") != run_id):
+            status = {"rank": r, "state": "not started", "step": -1, "variant": 0, "time": 0}
+        statuses[r] = status
     return statuses
 
 
-def _hang_message(out: Path, ranks: list[int], timeout_s: float) -> str:
-    st = read_statuses(out, ranks)
+def _hang_message(out: Path, ranks: list[int], timeout_s: float, run_id: str | None = None) -> str:
+    st = read_statuses(out, ranks, run_id)
+    stopped = [s for s in st.values() if s.get("pid") and run_dir.is_stopped(s["pid"])]
+    if stopped:
+        s = stopped[0]
+        return (f"rank {s['rank']} is stopped (SIGSTOP/SIGTSTP, pid {s['pid']}) at step {s.get('step', -1)}: "
+                f"no progress from any rank for {timeout_s:g} s; job killed")
     behind = min(st.values(), key=lambda s: (s.get("variant", 0), s.get("step", -1), s.get("time", 0)))
     ahead = max(s.get("step", -1) for s in st.values())
     return (f"rank {behind['rank']} hung: no progress from any rank for {timeout_s:g} s; rank {behind['rank']} "
@@ -284,10 +350,11 @@ def _hang_message(out: Path, ranks: list[int], timeout_s: float) -> str:
 _SECONDARY = re.compile(r"closed by peer|[Tt]imed out|Connection reset|Broken pipe|aborted|watchdog")
 
 
-def _failure_message(out: Path, ranks: list[int], rc: int, output: _Output, count: int = 1) -> str:
+def _failure_message(out: Path, ranks: list[int], rc: int, output: _Output, count: int = 1,
+                     run_id: str | None = None) -> str:
     """Name the rank that failed first: its own exception, else the process torchrun saw die,
     else the rank that fell behind (peers only report broken or timed-out collectives)."""
-    st = read_statuses(out, ranks)
+    st = read_statuses(out, ranks, run_id)
     errors = sorted((s for s in st.values() if s.get("state") == "error"), key=lambda s: s.get("time", 0))
     primary = [s for s in errors if not _SECONDARY.search(s.get("error", ""))]
     where = lambda s: f" of plan variant {s.get('variant', 0)}" if count > 1 else ""
@@ -307,16 +374,18 @@ def _failure_message(out: Path, ranks: list[int], rc: int, output: _Output, coun
 
 
 def _collect(plan: Plan, vdir: Path, ranks: list[int], rc: int, opts: LaunchOptions, output: _Output,
-             count: int = 1) -> RunResult:
+             count: int = 1, run_id: str = "") -> RunResult:
+    """This run's result file of every rank (one another run wrote does not count)."""
     results = {}
     for r in ranks:
-        path = vdir / f"rank{r}.result.json"
-        if path.exists():
-            results[r] = json.loads(path.read_text())
+        result = _read_json(vdir / f"rank{r}.result.json")
+        if result and result.get("run_id", "") == run_id:
+            results[r] = result
     if len(results) != len(ranks):
         missing = [r for r in ranks if r not in results]
-        raise RunError(_failure_message(Path(opts.out_dir), ranks, rc, output, count) + f" (no result from ranks {missing})")
-    return merge_results(plan, [results[r] for r in ranks], rc, opts)
+        raise RunError(_failure_message(Path(opts.out_dir), ranks, rc, output, count, run_id)
+                       + f" (no result from ranks {missing})")
+    return merge_results(plan, [results[r] for r in ranks], rc, opts, run_id)
 
 
 def job_step_times(per_rank: list[list[float]]) -> list[float]:
@@ -330,7 +399,7 @@ def job_step_times(per_rank: list[list[float]]) -> list[float]:
     return [statistics.fmean(ts) for ts in zip(*per_rank)]
 
 
-def merge_results(plan: Plan, per_rank: list[dict], rc: int, opts: LaunchOptions) -> RunResult:
+def merge_results(plan: Plan, per_rank: list[dict], rc: int, opts: LaunchOptions, run_id: str = "") -> RunResult:
     """RunResult from the ranks' reports: losses of the first rank, the job's time per step."""
     first = per_rank[0]
     notes = []
@@ -347,7 +416,7 @@ def merge_results(plan: Plan, per_rank: list[dict], rc: int, opts: LaunchOptions
     skip = 2 if device == "cpu" and len(step_times) > 2 else 1
     timed = step_times[skip:] if len(step_times) > skip else step_times
     median_s = statistics.median(timed)
-    return RunResult(plan_hash=content_hash(plan), world_size=plan.world_size, steps=opts.steps,
+    return RunResult(run_id=run_id, plan_hash=content_hash(plan), world_size=plan.world_size, steps=opts.steps,
                      losses=first["losses"], step_time_s=median_s, step_times_s=step_times,
                      tokens_per_s=plan.global_batch_size * plan.seq_len / median_s if median_s > 0 else 0.0,
                      peak_memory_bytes=max(r["peak_memory_bytes"] for r in per_rank),

@@ -68,6 +68,8 @@ class Parallelized:
     autocast_dtype: torch.dtype | None = None
     comm_bytes: ByteCounter = field(default_factory=ByteCounter)
     """This rank's data-parallel bytes on the wire, per mesh axis, one entry per optimizer step."""
+    offload_dir: str = "offload"
+    """offload=nvme: this rank's folder for the optimizer-state files (one subfolder per part)."""
     sync: object | None = None
     """The sync method's SyncMethod (executor/methods/sync.py: it runs the step); None for
     sync=allreduce, whose gradients DDP / the reducers average."""
@@ -77,8 +79,8 @@ class Parallelized:
 
     def make_optimizers(self, name: str = "adamw", lr: float = 3e-4, weight_decay: float = 0.1) -> list:
         """One optimizer per part ("adamw" or "sgd"); ZeRO-1 plans get sharded optimizer states."""
-        opts = [dp_.build_optimizer(part, self.dims, self.plan, name, lr, weight_decay, self.comm_bytes)
-                for part in self.parts]
+        opts = [dp_.build_optimizer(part, self.dims, self.plan, name, lr, weight_decay, self.comm_bytes,
+                                    offload_dir=f"{self.offload_dir}/part{i}") for i, part in enumerate(self.parts)]
         return self.sync.wrap_optimizers(opts, name, lr, weight_decay) if self.sync else opts
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
@@ -196,7 +198,7 @@ def _parallelize_part(part, plan: Plan, dims: ParallelDims, rules, device, full_
         dp_.apply_fsdp(part, dims, plan, device, counter)
     # FSDP2 CPU offload keeps the sharded parameters in host memory (torchtitan does the same)
     offload, offload_params = methods.method(plan, "offload")
-    materialize(part, offload.shard_device(offload_params, device), full_value)        # 5
+    materialize(part, offload.shard_device(offload_params, device, plan.zero_stage), full_value)  # 5
     if data_parallel and plan.zero_stage <= 1:                                          # 6
         if not getattr(methods.method(plan, "sync")[0], "USES_DDP", True):
             return part, None  # a sync method on plain replicas (executor/methods/sync.py)

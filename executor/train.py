@@ -10,6 +10,7 @@ rank sent per step and mesh axis (the methods' counters, closed after each optim
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -20,6 +21,7 @@ from meshplan.executor import checkpoint
 from meshplan.executor.parallelize import apply
 from meshplan.executor.data import make_batches
 from meshplan.executor.memory import LiveTensorTracker, held_tensors
+from meshplan.executor.methods.host_optimizer import close_all
 from meshplan.executor.model import build_for_apply
 from meshplan.executor.parallel_dims import build_mesh
 from meshplan.plan import Plan
@@ -40,6 +42,8 @@ class TrainOptions:
     checkpoint_every: int = 0
     resume: bool = False
     track_memory: bool = True
+    offload_dir: str | None = None
+    """offload=nvme: where the optimizer-state files go (default: <out_dir>/offload); removed at the end."""
 
 
 @dataclass(kw_only=True)
@@ -66,7 +70,17 @@ def train(plan: Plan, options: TrainOptions, device: torch.device,
     mesh = build_mesh(plan, device.type)
     model = build_for_apply(plan, options.seed)
     par = apply(model, plan, mesh, seed=options.seed, device=device)
+    base = options.offload_dir or os.environ.get("MESHPLAN_OFFLOAD_DIR") or f"{options.out_dir}/offload"
+    par.offload_dir = f"{base}/rank{torch.distributed.get_rank()}"  # `meshplan run --offload-dir` sets the env
     optimizers = par.make_optimizers(options.optimizer, options.lr, options.weight_decay)
+    try:
+        return _train(par, plan, options, device, optimizers, model, on_step)
+    finally:
+        close_all(optimizers)  # offload=nvme: the state files are removed, also after an error
+
+
+def _train(par, plan: Plan, options: TrainOptions, device: torch.device, optimizers, model,
+           on_step: Callable[[int], None]) -> RankResult:
     batches = make_batches(model, plan, par.dims.dp_rank, par.dims.dp_degree, options.seed, options.data)
     start = checkpoint.load(options.out_dir, par.parts, optimizers, par.stage_ids) if options.resume else 0
     result = RankResult(rank=torch.distributed.get_rank(), losses=[], step_times_s=[], peak_memory_bytes=0,

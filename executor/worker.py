@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from meshplan.executor.run_dir import set_parent_death_signal
 from meshplan.executor.train import TrainOptions, train
 from meshplan.plan import Plan
 from meshplan.schema import load, write_text_atomic
@@ -40,6 +42,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--checkpoint-every", type=int, default=0)
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--timeout-s", type=float, default=300)
+    ap.add_argument("--run-id", default="", help="the launch's id, written into every status and result file")
     return ap.parse_args(argv)
 
 
@@ -50,9 +53,10 @@ def variant_dir(out_dir: str, index: int, count: int) -> Path:
 class Status:
     """This rank's status file (atomic rewrites; its mtime is the launcher's heartbeat)."""
 
-    def __init__(self, out_dir: str, rank: int):
+    def __init__(self, out_dir: str, rank: int, run_id: str = ""):
         self.path = Path(out_dir) / "ranks" / f"rank{rank}.status.json"
-        self.info = {"rank": rank, "state": "starting", "variant": 0, "step": -1, "error": "", "pid": os.getpid()}
+        self.info = {"rank": rank, "state": "starting", "variant": 0, "step": -1, "error": "", "pid": os.getpid(),
+                     "run_id": run_id}
 
     def update(self, **fields) -> None:
         self.info.update(fields, time=time.time())
@@ -104,20 +108,22 @@ def run_variants(args: argparse.Namespace, status: Status, device: torch.device)
             status.update(state="running", variant=i, step=step)
 
         result = train(plan, options, device, on_step)
-        write_text_atomic(out / f"rank{rank}.result.json", json.dumps(result.to_json()) + "\n")
+        write_text_atomic(out / f"rank{rank}.result.json",
+                          json.dumps({**result.to_json(), "run_id": args.run_id}) + "\n")
         if rank == 0:
             print(f"[meshplan] variant {i}: losses {[round(x, 5) for x in result.losses]}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    set_parent_death_signal(signal.SIGKILL)  # never outlive torchrun (e.g. when it is SIGKILLed)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     device = _device()
     backend = "nccl" if device.type == "cuda" else "gloo"
     # collectives wait longer than the launcher's no-progress watchdog, so a hang is reported
     # by the launcher (naming the rank that fell behind), not as a timeout on its peers
     dist.init_process_group(backend, timeout=timedelta(seconds=2 * args.timeout_s + 30))
-    status = Status(args.out_dir, dist.get_rank())
+    status = Status(args.out_dir, dist.get_rank(), args.run_id)
     status.update(state="running")
     try:
         run_variants(args, status, device)

@@ -69,7 +69,9 @@ def _method_args(p: argparse.ArgumentParser) -> None:
                    help="pin replica synchronisation: " + ", ".join(dp_methods.names("sync")))
     g.add_argument("--comm-schedule", metavar="NAME[:k=v,...]",
                    help="pin communication scheduling: " + ", ".join(dp_methods.names("comm_schedule")))
-    g.add_argument("--offload", choices=dp_methods.names("offload"), help="pin state placement")
+    g.add_argument("--offload", metavar="NAME[:k=v,...]",
+                   help="pin state placement: " + ", ".join(dp_methods.names("offload"))
+                        + " (cpu:delayed_update=true is approximate)")
     g.add_argument("--waves", choices=dp_methods.names("waves"), help="pin wave scheduling")
     g.add_argument("--allow-compression", metavar="NAME,...|all",
                    help="let the search price these approximate compressors as what-ifs")
@@ -85,8 +87,32 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--global-batch", type=int, default=16, help="samples per optimizer step (default: 16)")
     p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
     p.add_argument("--profile", help="a profile.json from `meshplan profile` instead of building one")
-    p.add_argument("--precision", choices=("bf16", "fp32"), default=None,
-                   help="training precision (default: bf16 on GPUs, fp32 on local-cpu)")
+    p.add_argument("--precision", choices=("bf16", "fp8", "fp32"), default=None,
+                   help="training precision (default: bf16 on GPUs, fp32 on local-cpu); fp8: GEMMs at the "
+                        "device's fp8 peak and curve (H100/H200/B200; bf16 elsewhere), the rest bf16")
+
+
+def _runtime_args(p: argparse.ArgumentParser) -> None:
+    """The software that will run the plan (meshplan/runtimes.py) and each of its behaviours."""
+    from meshplan import runtimes
+
+    g = p.add_argument_group("runtime (each behaviour flag overrides the runtime's default; README table)")
+    g.add_argument("--runtime", choices=runtimes.NAMES, default=runtimes.DEFAULT,
+                   help="software that will execute the plan (default: meshplan)")
+    g.add_argument("--state-layout", choices=("torch", "megatron", "zero"), default=None,
+                   help="training state per parameter: torch 4+4+8 B, megatron 2+4+12 B, zero 2+2+12 B")
+    g.add_argument("--overlap-dp-comm", action=argparse.BooleanOptionalAction, default=None,
+                   help="overlap the gradient reduction with backward")
+    g.add_argument("--overlap-tp-comm", action=argparse.BooleanOptionalAction, default=None,
+                   help="overlap tensor-parallel collectives with GEMMs (Megatron-Core --tp-comm-overlap)")
+    g.add_argument("--attention", choices=("flash", "materialized"), default=None,
+                   help="attention kernel: flash keeps the log-sum-exp, materialized the s x s scores")
+    g.add_argument("--dropout", action=argparse.BooleanOptionalAction, default=None,
+                   help="dropout masks kept for backward (closed-form --model analytic:gpt only)")
+    g.add_argument("--uniform-stages", action=argparse.BooleanOptionalAction, default=None,
+                   help="split blocks evenly over pipeline stages (Megatron) instead of searching boundaries")
+    g.add_argument("--fsdp-gather-dtype", choices=("bf16", "fp32"), default=None,
+                   help="dtype of ZeRO-3/FSDP parameter all-gathers and gradient reduce-scatters")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     _cluster_args(p)
     _plan_knobs(p, required=False)
+    _runtime_args(p)
     p.add_argument("--top", type=int, default=5, help="alternatives to keep (default 5)")
     p.add_argument("--allow-cross-node-tp", action="store_true", help="allow TP groups to span nodes")
     p.add_argument("-o", "--output", help="write the Plan JSON here (input of run/report/export)")
@@ -143,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     _cluster_args(p)
     _plan_knobs(p, required=True)
+    _runtime_args(p)
     p.add_argument("-o", "--output", help="write the Plan JSON here")
     _common(p)
 
@@ -161,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rdzv-endpoint", help="host:port for multi-node rendezvous")
     p.add_argument("--timeout", type=float, default=600, help="seconds before a hung job is ended")
     p.add_argument("--print-launch", action="store_true", help="print the torchrun command and exit")
+    p.add_argument("--offload-dir", help="offload=nvme: folder for the optimizer-state files on local NVMe "
+                                         "(default: <out-dir>/offload; removed at the end of the run)")
     _common(p)
 
     p = sub.add_parser("report", help="write the plan report",
@@ -205,9 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     except MeshplanError as exc:
         print(f"meshplan {args.verb}: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"meshplan {args.verb}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # SIGINT; `run` also turns SIGTERM/SIGHUP into RunInterrupted
+        print(f"meshplan {args.verb}: {exc or 'interrupted'}", file=sys.stderr)
+        return getattr(exc, "exit_code", 130)
 
 
 if __name__ == "__main__":

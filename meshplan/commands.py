@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -278,6 +279,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from meshplan.executor import check_plan, launch_command, run_plan
 
     check_plan(plan, nnodes=args.nnodes)
+    if args.offload_dir:  # offload=nvme's state files; the ranks read it (executor/train.py)
+        os.environ["MESHPLAN_OFFLOAD_DIR"] = os.path.abspath(args.offload_dir)
     if args.print_launch:
         cmd = launch_command(plan, nnodes=args.nnodes, node_rank=args.node_rank,
                              rdzv_endpoint=args.rdzv_endpoint, steps=args.steps, plan_path=args.plan,

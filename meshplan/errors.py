@@ -20,3 +20,15 @@ class RunError(MeshplanError):
     """A launched job failed (a rank died, hung, or returned an error)."""
 
     exit_code = 4
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """The launcher was stopped by a signal (SIGINT, SIGTERM, SIGHUP) and has stopped every rank.
+
+    Exits with 128 + the signal number (130 SIGINT, 143 SIGTERM, 129 SIGHUP), as a shell reports
+    a process killed by that signal. The message says which checkpoint survived."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum

@@ -21,6 +21,11 @@ SPLIT_BACKWARD = ("InterleavedZeroBubble",)
 """Schedules that split backward into input- and weight-gradient passes (zero bubble)."""
 
 
+WAVES_NOT_RUN = ("waves=2: the executor does not run Wavelet's two waves: they need two CUDA streams sharing one "
+                 "caching allocator in one process so one wave's freed activations serve the other, and gloo/CPU "
+                 "ranks run a single stream; the planner prices it (estimate --waves 2); use waves=1")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Layout:
     """What the rules read: a search Candidate or a Plan, seen the same way."""
@@ -56,6 +61,8 @@ def reasons(lay: Layout, *, num_layers: int | None = None,
     """Every rule `lay` breaks, in a fixed order (the first is the one to show)."""
     out = [Reason(t) for t in _data_parallel(lay) + _schedule(lay, num_layers) + _tensor_parallel(lay, tp_divisors)]
     out += [Reason(t) for t in _methods(lay)]
+    if ("waves", "2") in lay.methods:
+        out.append(Reason(WAVES_NOT_RUN, runnable_only=True))
     if lay.cp > 1:
         out.append(Reason(f"context_parallel_degree {lay.cp}: the executor does not run context parallelism; "
                           "use 1", runnable_only=True))
@@ -151,6 +158,13 @@ def _methods(lay: Layout) -> list[str]:
         if axis == "sync" and others:
             out.append(f"{row.label} with {', '.join(others)}: those run inside DDP's gradient exchange, which "
                        f"{row.name} replaces; use the defaults on the other axes or sync=allreduce")
+        if axis == "comm_schedule" and name == "bytescheduler" and dict(lay.methods).get("compression", "none") != "none":
+            out.append(f"{row.label} with compression={dict(lay.methods)['compression']}: it sends the fp32 "
+                       "gradients itself, without DDP's comm hooks; use compression=none or comm_schedule=buckets")
+        if lay.pp > 1 and axis == "comm_schedule" and name == "bytescheduler":
+            out.append(f"{row.label} with pipeline_parallel_degree {lay.pp}: its per-layer scheduler sends once "
+                       "per step after the last microbatch, which pipeline schedules do not expose; use "
+                       "comm_schedule=buckets or pipeline_parallel_degree 1")
         if lay.pp > 1 and lay.schedule in SPLIT_BACKWARD and lay.dp > 1 and not row.split_backward:
             out.append(f"{row.label} with {lay.schedule}: its hooks miss the split weight-gradient pass; "
                        "use Interleaved1F1B")

@@ -54,6 +54,13 @@ class LayerProfile:
     kind: str
     """Layer type; identical kinds with identical shapes share one measurement."""
     num_params: int
+    """Unique parameters of this layer: a weight tied to an earlier layer's is counted there
+    (num_tied_params); frozen ones are included (num_frozen_params says how many)."""
+    num_tied_params: int = 0
+    """Parameters this layer uses that an earlier layer owns (a tied LM head): not in num_params;
+    a pipeline stage holding this layer without the owner keeps a synchronised copy."""
+    num_frozen_params: int = 0
+    """Part of num_params with requires_grad=False: weights only, no gradients or optimizer states."""
     param_bytes: dict[str, int] = field(default_factory=dict)
     """Parameter bytes by dtype as built (e.g. {"float32": 4096})."""
     param_shapes: list[list[int]] = field(default_factory=list)
@@ -166,8 +173,13 @@ class ModelProfile:
         raise KeyError(name)
 
     def graph(self):
-        """networkx DiGraph of layers in execution order; node attributes are the LayerProfile."""
-        import networkx as nx
+        """networkx DiGraph of layers in execution order; node attributes are the LayerProfile.
+        networkx is optional (`pip install 'meshplan[graph]'`): the planner reads the layer list
+        as a chain and never builds the graph."""
+        try:
+            import networkx as nx
+        except ImportError:
+            raise ImportError("ModelProfile.graph() needs networkx: pip install 'meshplan[graph]'") from None
 
         g = nx.DiGraph()
         for order, layer in enumerate(self.layers):

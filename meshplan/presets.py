@@ -1,6 +1,10 @@
-"""Cluster presets from spec sheets (../shared/reference/hardware.csv) and the local CPU preset.
+"""Cluster presets from spec sheets and the local CPU preset.
 
-Calibration, one per device type, never per published row:
+The spec-sheet numbers (dense bf16 TFLOP/s, HBM GB and TB/s, NVLink and inter-node GB/s per GPU)
+are read from meshplan/data/hardware.csv, shipped with the package and cited per row: the one
+source of truth. What is here is the calibration on top of them:
+
+one per device type, never per published row:
 - gemm_efficiency: achieved fraction of dense bf16 peak by GEMM size (FLOPs of one GEMM).
   The large-GEMM plateau is the measured "maximum achievable matmul FLOPs" (MAMF) of
   stas00/ml-engineering compute/accelerator/README.md: A100 SXM 271.2/312 = 0.869,
@@ -25,7 +29,11 @@ Calibration, one per device type, never per published row:
 """
 from __future__ import annotations
 
+import csv
+import functools
+import io
 import os
+from importlib import resources
 
 from meshplan.cluster import Calibration, ClusterSpec, DeviceSpec, LinkSpec
 from meshplan.errors import MeshplanError
@@ -78,16 +86,35 @@ def _gpu(name: str, tflops: float, mem_gb: float, hbm_tbs: float, nvlink_gbps: f
     )
 
 
+@functools.cache
+def hardware_table() -> dict[str, dict[str, str]]:
+    """meshplan/data/hardware.csv by its `gpu` column (values as written)."""
+    text = resources.files("meshplan.data").joinpath("hardware.csv").read_text(encoding="utf-8")
+    return {row["gpu"]: row for row in csv.DictReader(io.StringIO(text))}
+
+
+def _number(text: str) -> float:
+    """A table cell as written: "312" an int, "2.0" a float."""
+    return int(text) if text.isdigit() else float(text)
+
+
+def _sheet(gpu: str) -> dict:
+    """_gpu's spec-sheet arguments from hardware.csv's row `gpu`."""
+    row = hardware_table()[gpu]
+    cols = {"tflops": "bf16_dense_tflops", "mem_gb": "hbm_gb", "hbm_tbs": "hbm_tb_s",
+            "nvlink_gbps": "nvlink_gb_s_per_gpu_unidir", "internode_gbps": "typical_internode_gb_s_per_gpu"}
+    return {arg: _number(row[col]) for arg, col in cols.items()} | {"source": f"meshplan/data/hardware.csv {gpu}"}
+
+
 def _gpu_presets() -> dict[str, ClusterSpec]:
-    csv = "../shared/reference/hardware.csv"
     return {
-        "a100-40g": _gpu("a100-40g", 312, 40, 1.555, 300, 25, 0.869, 0.78, f"{csv} A100-SXM4-40GB",
-                         A100_INTERNODE_EFFICIENCY),
-        "a100-80g": _gpu("a100-80g", 312, 80, 2.0, 300, 25, 0.869, 0.78, f"{csv} A100-SXM4-80GB",
-                         A100_INTERNODE_EFFICIENCY),
-        "h100-80g": _gpu("h100-80g", 989, 80, 3.35, 450, 50, 0.803, 0.81, f"{csv} H100-SXM5-80GB"),
-        "h200-141g": _gpu("h200-141g", 989, 141, 4.8, 450, 50, 0.803, 0.81, f"{csv} H200-SXM-141GB"),
-        "b200-180g": _gpu("b200-180g", 2250, 180, 8.0, 900, 50, 0.80, 0.76, f"{csv} B200-SXM-180GB"),
+        "a100-40g": _gpu("a100-40g", **_sheet("A100-SXM4-40GB"), plateau=0.869, nvlink_eff=0.78,
+                         internode_eff=A100_INTERNODE_EFFICIENCY),
+        "a100-80g": _gpu("a100-80g", **_sheet("A100-SXM4-80GB"), plateau=0.869, nvlink_eff=0.78,
+                         internode_eff=A100_INTERNODE_EFFICIENCY),
+        "h100-80g": _gpu("h100-80g", **_sheet("H100-SXM5-80GB"), plateau=0.803, nvlink_eff=0.81),
+        "h200-141g": _gpu("h200-141g", **_sheet("H200-SXM-141GB"), plateau=0.803, nvlink_eff=0.81),
+        "b200-180g": _gpu("b200-180g", **_sheet("B200-SXM-180GB"), plateau=0.80, nvlink_eff=0.76),
     }
 
 

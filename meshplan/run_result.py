@@ -11,6 +11,8 @@ RUN_SCHEMA_VERSION = 1
 @dataclass(kw_only=True)
 class RunResult:
     schema_version: int = RUN_SCHEMA_VERSION
+    run_id: str = ""
+    """The launch's id; every rank's status and result file of the run carries it."""
     plan_hash: str = ""
     """content_hash of the plan that was executed."""
     world_size: int

@@ -10,9 +10,12 @@ compression when DDP or the replica reducer is built). What each module provides
 - sync=master / local-sgd / crossbow / dabmd / gossip / async (sync_*.py): `build(par, params,
   counter)` -> a SyncMethod (sync.py) whose train_step replaces train.py's step, `USES_DDP`
   (only local-sgd keeps DDP, with its `ddp_comm_hook`)
-- comm_schedule=buckets: `bucket_cap_mb(params)`, `bucket_bytes(params)`
-- offload (device / offload_cpu): `fsdp_kwargs(params, device)`, `shard_device(params, device)`
-- waves=1: `device` (nothing to apply)
+- comm_schedule=buckets: `bucket_cap_mb(params)`, `bucket_bytes(params)`; bytescheduler also
+  `wrap(part, group, params, counter)`, which replaces DDP (bytescheduler.py)
+- offload (device / offload_cpu / offload_nvme): `fsdp_kwargs(params, device, zero)`,
+  `shard_device(params, device, zero)`; cpu and nvme also `optimizer_class(...)`, the host
+  optimizer step (host_optimizer.py, nvme_store.py)
+- waves=1: `device` (nothing to apply); waves=2 is refused by feasibility.py (WAVES_NOT_RUN)
 Bytes are counted as executor/methods/counting.py says (executor/README.md, "Bytes on the wire").
 """
 from __future__ import annotations
@@ -20,7 +23,8 @@ from __future__ import annotations
 from types import ModuleType
 
 from meshplan import dp_methods
-from meshplan.executor.methods import allreduce, buckets, device, fp16, offload_cpu, powersgd
+from meshplan.executor.methods import (allreduce, buckets, bytescheduler, device, fp16, offload_cpu, offload_nvme,
+                                       powersgd)
 from meshplan.executor.methods import sync_async, sync_crossbow, sync_dabmd, sync_gossip, sync_localsgd, sync_master
 from meshplan.plan import MethodChoice, Plan
 
@@ -36,9 +40,12 @@ MODULES: dict[tuple[str, str], ModuleType] = {
     ("sync", "gossip"): sync_gossip,
     ("sync", "async"): sync_async,
     ("comm_schedule", "buckets"): buckets,
+    ("comm_schedule", "bytescheduler"): bytescheduler,
     ("offload", "none"): device,
     ("offload", "cpu"): offload_cpu,
+    ("offload", "nvme"): offload_nvme,
     ("waves", "1"): device,
+    ("waves", "2"): device,  # never run: feasibility.WAVES_NOT_RUN says why
 }
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 
-def fsdp_kwargs(params: dict, device: torch.device) -> dict:
+def fsdp_kwargs(params: dict, device: torch.device, zero: int = 3) -> dict:
     return {}
 
 
-def shard_device(params: dict, device: torch.device) -> torch.device:
+def shard_device(params: dict, device: torch.device, zero: int = 3) -> torch.device:
     return device

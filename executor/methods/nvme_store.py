@@ -1,0 +1,104 @@
+"""offload=nvme's state files: one preallocated file per parameter on local disk, memory-mapped
+only while that parameter's states are read or written (ZeRO-Infinity's NVMe tier, with numpy's
+memmap standing in for DeepSpeed's async I/O).
+
+Each file holds a parameter's tensor states back to back in a fixed order (Adam: exp_avg then
+exp_avg_sq; SGD: momentum_buffer). The whole footprint is allocated up front with
+posix_fallocate, so a full disk fails at start-up as one `MeshplanError` naming the directory,
+the bytes needed and the bytes free, never as a SIGBUS on a half-written mapping. `remove()`
+deletes the rank's folder (train() calls it at the end of a run, also after an error).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from meshplan.errors import MeshplanError
+
+STATES_PER_PARAM = {"adamw": ("exp_avg", "exp_avg_sq"), "sgd": ("momentum_buffer",)}
+"""Parameter-sized tensor states each optimizer keeps, in file order."""
+
+
+class NvmeStore:
+    """The tensor states of a list of fp32 parameters in files under `folder`."""
+
+    def __init__(self, folder: str | Path, numels: list[int], keys: tuple[str, ...], shapes: list[tuple]):
+        self.folder, self.keys, self.numels, self.shapes = Path(folder), keys, numels, shapes
+        self.written = [False] * len(numels)
+        self.moved_bytes = 0
+        """Bytes read + written since the last take_bytes()."""
+        self._allocate()
+
+    def _allocate(self) -> None:
+        need = sum(self.numels) * 4 * len(self.keys)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(self.folder).free
+        if need > free:
+            self._full(need, free)
+        try:
+            for i, n in enumerate(self.numels):
+                fd = os.open(self._path(i), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+                try:
+                    if n:
+                        os.posix_fallocate(fd, 0, n * 4 * len(self.keys))
+                finally:
+                    os.close(fd)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                self._full(need, shutil.disk_usage(self.folder).free)
+            raise
+
+    def _full(self, need: int, free: int):
+        self.remove()
+        raise MeshplanError(f"--offload-dir {self.folder.parent}: not enough disk space for offload=nvme: the "
+                            f"optimizer states need {need / 2**20:.1f} MiB on this rank, {free / 2**20:.1f} MiB "
+                            "are free; free space there or pass --offload-dir on a larger disk")
+
+    def _path(self, i: int) -> Path:
+        return self.folder / f"param{i:05d}.bin"
+
+    def _map(self, i: int, mode: str) -> np.memmap:
+        return np.memmap(self._path(i), dtype=np.float32, mode=mode, shape=(len(self.keys), self.numels[i]))
+
+    def read(self, i: int) -> dict[str, torch.Tensor]:
+        """Parameter i's states as fresh in-memory tensors ({} before its first step)."""
+        if not self.written[i]:
+            return {}
+        mm = self._map(i, "r")
+        out = {k: torch.from_numpy(np.array(mm[j])).view(self.shapes[i]) for j, k in enumerate(self.keys)}
+        del mm  # unmapped: the pages leave this process
+        self.moved_bytes += self.numels[i] * 4 * len(self.keys)
+        return out
+
+    def write(self, i: int, states: dict[str, torch.Tensor]) -> None:
+        missing = [k for k in self.keys if k not in states]
+        assert not missing, f"optimizer state {missing} not kept for parameter {i}"
+        mm = self._map(i, "r+")
+        for j, k in enumerate(self.keys):
+            mm[j] = states[k].reshape(-1).numpy()
+        mm.flush()
+        del mm
+        self.written[i] = True
+        self.moved_bytes += self.numels[i] * 4 * len(self.keys)
+
+    def take_bytes(self) -> int:
+        moved, self.moved_bytes = self.moved_bytes, 0
+        return moved
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def store_factory(folder: str | Path, optimizer: str):
+    """params -> NvmeStore in `folder` for `optimizer` ("adamw" or "sgd")."""
+    def make(params) -> NvmeStore:
+        from meshplan.executor.methods.host_optimizer import _local
+        locals_ = [_local(p) for p in params]
+        return NvmeStore(folder, [t.numel() for t in locals_], STATES_PER_PARAM[optimizer],
+                         [tuple(t.shape) for t in locals_])
+    return make

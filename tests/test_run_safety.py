@@ -1,0 +1,176 @@
+"""Runs that cannot lose or mix up data (issue #19): one run per directory, signals that stop
+every rank, ranks that die or stop named correctly, and no process of a run left behind.
+
+Every test here launches gpt-tiny on 2 gloo ranks for a few seconds; the launcher runs as
+`python -m meshplan run` in its own session so the test can signal it like a shell would."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from executor_plans import make_plan
+from meshplan.cli import main
+from meshplan.errors import RunError
+from meshplan.executor import run_plan
+from meshplan.executor.checkpoint import latest_step
+from meshplan.executor.reference import reference_losses
+from meshplan.schema import save
+
+pytestmark = pytest.mark.slow
+SGD = dict(optimizer="sgd", lr=0.5, grad_clip=1.0)
+
+
+def processes_of(out_dir: Path) -> list[str]:
+    """Command lines of live processes that name out_dir (torchrun and its ranks do)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if str(out_dir) in cmd and state != "Z" and entry.name != str(os.getpid()):
+            found.append(f"{entry.name}: {cmd[:160]}")
+    return found
+
+
+def wait_for(cond, timeout_s: float, what: str):
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def start_cli_run(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
+    plan_path, out = tmp_path / "plan.json", tmp_path / "run"
+    save(make_plan(dp=2), plan_path)
+    cmd = [sys.executable, "-m", "meshplan", "run", str(plan_path), "--out-dir", str(out), "--quiet", *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=dict(os.environ, PYTHONPATH=str(Path(__file__).parent)))
+    return proc, out
+
+
+def lock_holder(out: Path) -> dict:
+    try:
+        return json.loads((out / ".meshplan.lock").read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
+
+
+def finish(proc: subprocess.Popen, timeout_s: float = 60) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"launcher still running after {timeout_s} s: {err[-2000:]}")
+    return proc.returncode, out, err
+
+
+def test_second_run_into_the_same_dir_is_refused_and_cleanup_spares_other_runs(tmp_path, capsys):
+    """Run B into run A's --out-dir refuses at once naming A's pid; A completes with its own
+    results (run id in run.json and every rank's result file); A's cleanup leaves a process
+    that looks like another run's rank alone."""
+    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "meshplan.executor.worker",
+                              "--run-id", "someone-else", "--out-dir", str(tmp_path / "run")])
+    try:
+        proc, out = start_cli_run(tmp_path, "--steps", "40", "--checkpoint-every", "20", "--timeout", "120")
+        holder = wait_for(lambda: lock_holder(out).get("pid"), 60, "run A's lock")
+        start = time.monotonic()
+        assert main(["run", str(tmp_path / "plan.json"), "--out-dir", str(out), "--steps", "4", "--quiet"]) == 2
+        assert time.monotonic() - start < 10
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and f"in use by run" in err and f"(pid {holder})" in err, err
+        rc, _, err = finish(proc, 240)
+        assert rc == 0, err
+        run = json.loads((out / "run.json").read_text())
+        assert run["run_id"] == lock_holder(out)["run_id"] and len(run["losses"]) == 40
+        for rank in (0, 1):
+            assert json.loads((out / f"rank{rank}.result.json").read_text())["run_id"] == run["run_id"]
+        assert decoy.poll() is None, "the run's cleanup killed another run's process"
+    finally:
+        decoy.kill()
+        decoy.wait()
+    assert processes_of(out) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_signal_stops_every_rank_and_keeps_the_last_checkpoint(tmp_path, sig):
+    """The launcher stopped by SIGTERM/SIGHUP/SIGINT ends every rank within seconds, exits
+    128 + signal with one line naming the surviving checkpoint, prints no torchrun traceback; the
+    checkpoint resumes (SIGTERM: onto the single-process trajectory)."""
+    proc, out = start_cli_run(tmp_path, "--steps", "100000", "--checkpoint-every", "5", "--timeout", "120")
+    wait_for(lambda: latest_step(out) >= 5 or proc.poll() is not None, 120, "the first checkpoint")
+    assert proc.poll() is None, proc.communicate()[1]
+    start = time.monotonic()
+    proc.send_signal(sig)
+    rc, stdout, stderr = finish(proc, 60)
+    assert time.monotonic() - start < 20
+    assert rc == 128 + sig, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in stdout + stderr, stdout + stderr
+    kept = latest_step(out)
+    assert lines[0].startswith(f"meshplan run: interrupted by {signal.Signals(sig).name}: all 2 ranks stopped; "
+                               f"the last complete checkpoint is step {kept}"), lines[0]
+    assert kept >= 5 and kept % 5 == 0
+    assert processes_of(out) == []
+    if sig == signal.SIGTERM:
+        plan = make_plan(dp=2)
+        resumed = run_plan(plan, steps=kept + 3, out_dir=str(out), resume=True, quiet=True, timeout_s=120)
+        ref = reference_losses(plan, steps=kept + 3)
+        assert resumed.resumed_from_step == kept
+        assert max(abs(a - b) / b for a, b in zip(resumed.losses, ref[kept:])) <= 1e-5
+
+
+def test_killed_launcher_takes_every_rank_with_it(tmp_path):
+    """SIGKILL cannot be handled: torchrun and the ranks go with their parent anyway."""
+    proc, out = start_cli_run(tmp_path, "--steps", "100000", "--timeout", "120")
+    wait_for(lambda: len(list((out / "ranks").glob("*.status.json"))) == 2 if (out / "ranks").exists() else False,
+             120, "both ranks running")
+    proc.kill()
+    proc.wait()
+    wait_for(lambda: processes_of(out) == [], 30, "no process of the run")
+
+
+def _signal_rank_when_running(out: Path, rank: int, sig: int, min_step: int) -> threading.Thread:
+    def act():
+        path = out / "ranks" / f"rank{rank}.status.json"
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            try:
+                status = json.loads(path.read_text())
+            except (OSError, ValueError):
+                status = {}
+            if status.get("step", -1) >= min_step:
+                os.kill(status["pid"], sig)
+                return
+            time.sleep(0.1)
+    thread = threading.Thread(target=act, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("sig, match", [
+    (signal.SIGSTOP, r"^rank 1 is stopped \(SIGSTOP/SIGTSTP, pid \d+\) at step \d+"),
+    (signal.SIGKILL, r"^rank 1 died \(exit code -9\) after reporting step \d+"),
+])
+def test_stopped_or_killed_rank_is_named(tmp_path, sig, match):
+    out = tmp_path / "run"
+    watcher = _signal_rank_when_running(out, 1, sig, min_step=3)
+    start = time.monotonic()
+    with pytest.raises(RunError, match=match):
+        run_plan(make_plan(dp=2), steps=100000, out_dir=str(out), quiet=True, timeout_s=10, **SGD)
+    watcher.join()
+    assert time.monotonic() - start < 120
+    assert processes_of(out) == []
