@@ -47,7 +47,8 @@ from meshplan.executor.pipeline import SPLIT_BACKWARD, build_schedule, schedule_
 from meshplan.executor.tensor_parallel import apply_tp
 from meshplan.plan import MESH_AXES, Plan
 from meshplan.models.zoo.base import LayeredModel
-from meshplan.models.identity import full_state
+from meshplan.models.identity import full_state, tied_groups
+from meshplan.executor.tied import TiedGrads
 
 
 @dataclass(kw_only=True)
@@ -70,6 +71,8 @@ class Parallelized:
     """This rank's data-parallel bytes on the wire, per mesh axis, one entry per optimizer step."""
     offload_dir: str = "offload"
     """offload=nvme: this rank's folder for the optimizer-state files (one subfolder per part)."""
+    tied: TiedGrads | None = None
+    """Keeps the copies of tied weights equal (executor/tied.py); None when the model has none."""
     sync: object | None = None
     """The sync method's SyncMethod (executor/methods/sync.py: it runs the step); None for
     sync=allreduce, whose gradients DDP / the reducers average."""
@@ -86,7 +89,12 @@ class Parallelized:
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip to a global L2 norm over every parallel dimension; returns the norm before clipping
         (a 0-dim tensor: no host synchronisation until you read it)."""
-        return clip_grad_norm(self.parameters(), max_norm, self.dims.pp_group, self.device)
+        skip = self.tied.duplicates if self.tied else set()  # a tied weight counts once ...
+        norm = clip_grad_norm([p for p in self.parameters() if id(p) not in skip], max_norm,
+                              self.dims.pp_group, self.device)
+        if skip and max_norm > 0:  # ... and all its copies are scaled alike
+            self.tied.scale_duplicates((max_norm / (norm + 1e-6)).clamp(max=1.0))
+        return norm
 
     def local_batch(self, tensor: torch.Tensor) -> torch.Tensor:
         """This data-parallel replica's slice of a global batch (dim 0)."""
@@ -107,6 +115,8 @@ class Parallelized:
             local = self._pipelined(inputs, targets) if self.schedule else self._accumulated(inputs, targets)
         for reducer in self.reducers:
             reducer.reduce()
+        if self.tied:
+            self.tied.reduce()
         if not self.dims.is_loss_owner:
             return torch.zeros((), dtype=torch.float64, device=self.device)
         return local.detach().to(torch.float64)
@@ -173,6 +183,8 @@ def apply(model: LayeredModel, plan: Plan, mesh: DeviceMesh, *, seed: int = 0,
     on_meta = any(p.is_meta for p in model.parameters())
     # every parameter and buffer as the model's own code set it (non-persistent buffers too)
     full_value = init_source(seed) if on_meta else state_source(full_state(model))
+    tied = tied_groups(model)  # before .to("meta"), which unties them
+    full_value = _tied_source(full_value, tied)
     meta = model if on_meta else copy.deepcopy(model).to("meta")
     rules = tp_rules_for(meta) if plan.tensor_parallel_degree > 1 else {}
     stage_ids, parts = split_stages(meta, plan, dims.pp_rank)                          # 1
@@ -182,6 +194,7 @@ def apply(model: LayeredModel, plan: Plan, mesh: DeviceMesh, *, seed: int = 0,
     result = Parallelized(plan=plan, dims=dims, device=device, parts=parts, stage_ids=stage_ids,
                           loss_fn=_loss_fn(model), reducers=reducers, autocast_dtype=_autocast_dtype(plan, device),
                           comm_bytes=counter)
+    result.tied = TiedGrads(plan, tied, parts, mesh) if tied else None
     sync, sync_params = methods.method(plan, "sync")                                   # 8
     result.sync = sync.build(result, sync_params, counter) if hasattr(sync, "build") and dims.dp_degree > 1 else None
     if plan.pipeline_parallel_degree > 1 or len(plan.stages) > 1:                      # 7
@@ -206,6 +219,16 @@ def _parallelize_part(part, plan: Plan, dims: ParallelDims, rules, device, full_
             return part, dp_.replica_reducer(part, dims, plan, counter)
         return dp_.apply_ddp(part, dims, plan, device, counter), None
     return part, None
+
+
+def _tied_source(full_value, groups: list[list[str]]):
+    """Every FQN of a tied group starts from its first FQN's value (one weight, equal copies)."""
+    first = {fqn: names[0] for names in groups for fqn in names[1:]}
+    if not first:
+        return full_value
+    value = lambda fqn, shape, dtype: full_value(first.get(fqn, fqn), shape, dtype)  # noqa: E731
+    value.state = getattr(full_value, "state", {})
+    return value
 
 
 def _loss_fn(model: LayeredModel):

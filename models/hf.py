@@ -3,8 +3,8 @@
 `hf:NAME` builds `AutoModelForCausalLM.from_config(config)` and splits it into the layered
 convention: `embed` (token [+ position] embeddings), `layers.i` (each HF decoder layer, wrapped to
 take and return hidden states; causal SDPA attention, rotary angles computed per layer), `head`
-(final norm + LM head). Output embeddings are untied (pipeline stages cannot share a weight), so
-GPT-2 counts V*h more parameters than the tied original. Dropout is 0. Build on meta costs nothing;
+(final norm + LM head). Tied output embeddings stay tied (counted once; the executor keeps the
+copies of a weight split across stages equal: executor/tied.py). Dropout is 0. Build on meta costs nothing;
 the forward needs fake tensors (HF mask code calls .item(), ../shared/notes/torch-gloo.md §4.13),
 which is how the profiler runs it.
 """
@@ -95,7 +95,7 @@ def _config(transformers, name: str, overrides: dict[str, Any]):
     if kind == "gpt2":  # no dropout; special tokens inside the (possibly smaller) vocabulary
         last = values["vocab_size"] - 1
         values.update(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=last, eos_token_id=last)
-    return cls(**values, tie_word_embeddings=False), seq
+    return cls(**values), seq
 
 
 class HFEmbed(nn.Module):

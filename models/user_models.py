@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from meshplan.errors import MeshplanError
+from meshplan.models.identity import retie, tied_groups
 from meshplan.models.zoo.base import LayeredModel
 
 
@@ -31,9 +32,8 @@ def load_user_model(spec: str, overrides: dict[str, Any] | None, device: str, se
     torch.manual_seed(seed)
     module, batch = _call_factory(factory, overrides, spec)
     model = module if isinstance(module, LayeredModel) else wrap_module(module, batch, spec)
-    if device == "meta":
-        return model.to("meta")
-    return model.to(device)
+    tied = tied_groups(model)  # .to() unties shared weights: tie them again
+    return retie(model.to(device), tied)
 
 
 def _import_target(target: str, spec: str):

@@ -77,6 +77,7 @@ def analyse_model(model: LayeredModel, model_name: str, progress: bool = False) 
     seen: dict[tuple, str] = {}
     analysis = Analysis(profile=None, rep_of={}, inputs={}, captures={})
     layers: list[LayerProfile] = []
+    counted: set[int] = set()  # parameters already counted by an earlier layer (tied weights)
     for i, fqn in enumerate(_progress(model.layer_names(), progress, "analysing layers")):
         module = model.get_submodule(fqn)
         key = _signature(module, x)
@@ -85,7 +86,7 @@ def analyse_model(model: LayeredModel, model_name: str, progress: bool = False) 
             analysis.inputs[fqn] = InputSpec(tuple(x.shape), str(x.dtype), first=i == 0)
             analysis.captures[fqn] = _capture(fqn, module, x, fake_mode, rules[fqn])
         rep = analysis.rep_of[fqn] = seen[key]
-        layers.append(_layer_profile(fqn, module, analysis.captures[rep], rules[fqn]))
+        layers.append(_layer_profile(fqn, module, analysis.captures[rep], rules[fqn], counted))
         x = analysis.captures[rep].output
     analysis.profile = _model_profile(model, model_name, layers, _reuse_notes(model, seen.values()))
     return analysis
@@ -127,15 +128,22 @@ def _signature(module: torch.nn.Module, x: torch.Tensor) -> tuple:
     return type(module).__qualname__, repr(module), params, tuple(x.shape), str(x.dtype)
 
 
-def _layer_profile(fqn: str, module: torch.nn.Module, cap: LayerCapture, rule) -> LayerProfile:
+def _layer_profile(fqn: str, module: torch.nn.Module, cap: LayerCapture, rule, counted: set[int]) -> LayerProfile:
+    """A tied weight (LM head = embedding) counts in the first layer holding it only; later ones
+    list it in num_tied_params. Frozen parameters count in num_params and num_frozen_params."""
+    own = [p for p in module.parameters() if id(p) not in counted]
+    tied = [p for p in module.parameters() if id(p) in counted]
+    counted.update(id(p) for p in own)
     param_bytes: dict[str, int] = {}
-    for p in module.parameters():
+    for p in own:
         dtype = str(p.dtype).removeprefix("torch.")
         param_bytes[dtype] = param_bytes.get(dtype, 0) + p.numel() * p.element_size()
     return LayerProfile(
         name=fqn, kind=type(module).__name__.lower(),
-        num_params=sum(p.numel() for p in module.parameters()), param_bytes=param_bytes,
-        param_shapes=[list(p.shape) for p in module.parameters() if p.requires_grad],
+        num_params=sum(p.numel() for p in own), param_bytes=param_bytes,
+        num_tied_params=sum(p.numel() for p in tied),
+        num_frozen_params=sum(p.numel() for p in own if not p.requires_grad),
+        param_shapes=[list(p.shape) for p in own if p.requires_grad],
         forward_flops=cap.forward_flops, backward_flops=cap.backward_flops,
         activation_bytes=float(cap.activation_bytes),
         selective_activation_bytes=float(cap.selective_activation_bytes),

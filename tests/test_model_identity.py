@@ -65,3 +65,20 @@ def test_structure_hash_sees_shapes_classes_and_ties_but_not_values():
     wider = Tied()
     wider.emb = nn.Embedding(11, 4)
     assert structure_hash(wider) != structure_hash(a)
+
+
+def test_profile_counts_a_tied_sequential_once():
+    from pathlib import Path
+
+    from meshplan.profiler import profile_model
+
+    spec = f"{Path(__file__).parent / 'fixtures' / 'user_models' / 'tied.py'}:build"
+    profile = profile_model(spec)
+    import importlib.util
+
+    loader = importlib.util.spec_from_file_location("tied_fixture", spec.rsplit(":", 1)[0])
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    model, _ = module.build()
+    assert profile.num_params == sum(p.numel() for p in set(model.parameters())) == 4288
+    assert profile.layer("layers.3").num_params == 0 and profile.layer("layers.3").num_tied_params == 64 * 32

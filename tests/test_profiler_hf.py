@@ -26,7 +26,8 @@ def test_layered_wrapper_computes_the_hf_forward(name):
 
 def test_hf_parameter_counts_match_the_published_shapes():
     gpt2 = profile_model("hf:gpt2")
-    assert gpt2.num_params == 124_439_808 + 50257 * 768  # published GPT-2 small + untied LM head
+    assert gpt2.num_params == 124_439_808  # published GPT-2 small: the LM head is the tied embedding
+    assert gpt2.layer("head").num_tied_params == 50257 * 768
     llama = profile_model("hf:meta-llama/Llama-3.1-8B")
     assert llama.num_params == pytest.approx(8.03e9, rel=0.005)
     block = llama.layer("layers.0")
