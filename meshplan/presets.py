@@ -2,9 +2,7 @@
 
 The spec-sheet numbers (dense bf16 TFLOP/s, HBM GB and TB/s, NVLink and inter-node GB/s per GPU)
 are read from meshplan/data/hardware.csv, shipped with the package and cited per row: the one
-source of truth. What is here is the calibration on top of them:
-
-one per device type, never per published row:
+source of truth. The calibration on top of them, one per device type, never per published row:
 - gemm_efficiency: achieved fraction of dense bf16 peak by GEMM size (FLOPs of one GEMM).
   The large-GEMM plateau is the measured "maximum achievable matmul FLOPs" (MAMF) of
   stas00/ml-engineering compute/accelerator/README.md: A100 SXM 271.2/312 = 0.869,
