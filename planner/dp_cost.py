@@ -28,6 +28,7 @@ from meshplan.planner.comm import collective_s, group_tier
 from meshplan.planner.compression import compressor
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.in_place import in_place_overhead_s
+from meshplan.planner.sync import sync_cost
 
 DDP_BUCKET_BYTES = 25 * 1024**2
 """PyTorch DDP's default bucket_cap_mb (the comm_schedule=buckets default)."""
@@ -94,6 +95,8 @@ class DataParallelCost:
         self.shard_tier = group_tier(ctx.cluster, cand.tp * cand.cp, self.shard)
         self.bucket_bytes = cand.method("comm_schedule")[1].get("bucket_mb", 25) * 1024**2
         self.offload = cand.method("offload")[0] != "none"
+        self.sync = sync_cost(self, *cand.method("sync"))
+        """The sync method's cost object (planner/sync.py); all but allreduce replace DDP's sync."""
 
     # --- per layer ------------------------------------------------------------------------
     def layer(self, layer: LayerProfile, split: int, b: int, m: int) -> LayerDP:
@@ -110,18 +113,22 @@ class DataParallelCost:
             weights, grads, optim = (local * 2 if self.zero == 2 else 0.0), 0.0, 0.0
         comm, measured = self._fsdp_comm_s(layer, split, local, b, m)
         zero01 = self.zero <= 1 and self.replicas > 1
+        if zero01 and self.sync.replaces_ddp:  # planner/sync.py: copies, buffers, Crossbow's learners
+            weights += self.sync.state_bytes(local)
         return LayerDP(weights_bytes=weights, grads_bytes=grads + (self.compressor.state_bytes(layer, split)
                                                                    if zero01 else 0.0),
                        optim_bytes=optim, comm_s=comm, measured=measured,
                        payload_bytes=self.compressor.payload_bytes(layer, split) if zero01 else 0.0,
-                       compress_s=self.compressor.compute_s(self.ctx, layer, split) if zero01 else 0.0,
+                       compress_s=(self.compressor.compute_s(self.ctx, layer, split)
+                                   + self.sync.extra_compute_s(layer, split, b, m)) if zero01 else 0.0,
                        optimizer_shard=self.dp if self.zero == 1 else self.shard)
 
     def _ddp_bucket_bytes_per_param(self) -> float:
         """PyTorch DDP (ZeRO-0/1 without tensor parallelism) allocates its buckets for every
         gradient when built (Reducer::initialize_buckets), a second copy of the fp32 gradients
         (gradient_as_bucket_view=False). Megatron's contiguous grad buffer is the main grads."""
-        if self.zero >= 2 or self.replicas <= 1 or self.cand.tp > 1 or self.ctx.request.state_layout != "torch":
+        if self.zero >= 2 or self.replicas <= 1 or self.cand.tp > 1 or self.ctx.request.state_layout != "torch" \
+                or not self.sync.ddp_buckets:
             return 0.0
         return 4.0
 
@@ -162,6 +169,8 @@ class DataParallelCost:
         and what a busy CPU's DDP adds (measured in place)."""
         if self.zero >= 2 or self.replicas <= 1:
             return 0.0
+        if self.sync.replaces_ddp:  # planner/sync.py: master, local SGD, Crossbow, DABMD, gossip, async
+            return self.sync.sync_s(local_params, backward_window_s) + compress_s
         ctx, tier, group = self.ctx, self.replica_tier, self.replicas
         hidden = ctx.cluster.calibration.dp_overlap if ctx.request.overlap_dp_comm else 0.0
         share = payload_bytes / (local_params * 4) if local_params else 0.0
@@ -215,6 +224,8 @@ class DataParallelCost:
                                + wire_bytes("reduce_scatter", self.shard, self.shard * shard_bytes))
             if self.replicas > 1:
                 out["dp_replicate"] = wire_bytes("all_reduce", self.replicas, shard_bytes)
+        if self.sync.replaces_ddp and self.zero <= 1 and self.replicas > 1:  # its own exchange (sync.py)
+            out["dp_replicate"] = self.sync.bytes(sum(lp.num_params // s for lp, s in layers))
         return {axis: round(v) for axis, v in sorted(out.items()) if v}
 
 
