@@ -13,6 +13,7 @@ from meshplan import feasibility
 from meshplan.errors import MeshplanError
 from meshplan.executor.model import build_model_for_plan, tp_rules_for
 from meshplan.executor.pipeline import SCHEDULE_CLASSES
+from meshplan.models.identity import num_params, structure_hash
 from meshplan.plan import Plan
 
 
@@ -24,6 +25,7 @@ def local_device_count() -> int:
 def check_plan(plan: Plan, *, nnodes: int = 1) -> None:
     """Raise MeshplanError if `plan` cannot run on its model or on `nnodes` nodes of this kind."""
     model = build_model_for_plan(plan, "meta")
+    _check_identity(plan, model)
     _check_layout(plan, model)
     plan.validate("plan")
     _check_launch(plan, nnodes)
@@ -37,6 +39,18 @@ def check_plan(plan: Plan, *, nnodes: int = 1) -> None:
     if seq > 1 and plan.seq_len > seq:
         raise MeshplanError(f"plan.seq_len = {plan.seq_len}: {plan.model_name} handles at most {seq} tokens; "
                             "re-plan with a shorter sequence or a model with a longer context")
+
+
+def _check_identity(plan: Plan, model) -> None:
+    """The rebuilt model is the profiled one: same unique parameter count and structure hash."""
+    count, digest = num_params(model), structure_hash(model)
+    if plan.model_num_params and count != plan.model_num_params:
+        raise MeshplanError(f"plan.model_config rebuilds {plan.model_name} with {count:,} parameters, but the plan "
+                            f"was made for {plan.model_num_params:,}; re-plan, or give the factory the same --set keys")
+    if plan.model_structure_hash and digest != plan.model_structure_hash:
+        raise MeshplanError(f"plan.model_structure_hash = {plan.model_structure_hash}: {plan.model_name} rebuilt "
+                            f"from plan.model_config has structure {digest} (other modules, shapes or ties); "
+                            "re-plan for this model")
 
 
 def _check_layout(plan: Plan, model) -> None:

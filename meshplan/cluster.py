@@ -29,6 +29,9 @@ class DeviceSpec:
     gemm_efficiency: list[list[float]] = field(default_factory=list)
     """Achieved fraction of peak by GEMM size: [[flops_per_gemm, efficiency], ...], ascending.
     Interpolated in log(flops); the calibration of this device type (one curve per type)."""
+    fp8_gemm_efficiency: list[list[float]] = field(default_factory=list)
+    """The same curve for fp8 GEMMs against peak_flops["fp8"] (--precision fp8); empty: the bf16
+    curve's fractions are used."""
     memory_reserved_fraction: float = 0.0
     """Fraction of memory_bytes kept free for the allocator, CUDA context and fragmentation."""
 

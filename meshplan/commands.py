@@ -173,14 +173,53 @@ def _request(args: argparse.Namespace, cluster):
                     pp=args.pp, dp=args.dp, cp=args.cp, dp_shard=args.dp_shard, microbatch=args.microbatch,
                     virtual_stages=args.virtual_stages, top=getattr(args, "top", None))
     precision = args.precision or ("fp32" if cluster.device.kind == "cpu" else "bf16")
-    return PlanRequest(num_gpus=args.num_gpus, global_batch=args.global_batch, seq=args.seq,
+    behaviours = runtime_behaviours(args, cluster, precision)
+    return PlanRequest(**behaviours, num_gpus=args.num_gpus, global_batch=args.global_batch, seq=args.seq,
                        top_k=getattr(args, "top", 5), tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp,
                        microbatch=args.microbatch,
                        schedule=schedule_name(args.schedule) if args.schedule else None,
                        virtual_stages=args.virtual_stages, recompute=args.recompute, zero=args.zero,
                        sequence_parallel=args.sequence_parallel, dp_shard=args.dp_shard,
                        methods=_pinned_methods(args), allow=_allowed_methods(args),
-                       allow_cross_node_tp=getattr(args, "allow_cross_node_tp", False), precision=precision)
+                       allow_cross_node_tp=getattr(args, "allow_cross_node_tp", False), precision=precision,
+                       runtime=args.runtime)
+
+
+def runtime_behaviours(args: argparse.Namespace, cluster, precision: str) -> dict:
+    """PlanRequest behaviour fields: --runtime's table row (meshplan/runtimes.py), each overridden
+    by its own flag; warns (stderr) where the model does not know a behaviour, a pin leaves the
+    runtime's range, or a knob is ignored."""
+    from meshplan import runtimes
+
+    rt = runtimes.runtime(args.runtime)
+    flags = {"state_layout": args.state_layout, "overlap_dp_comm": args.overlap_dp_comm,
+             "overlap_tp_comm": args.overlap_tp_comm, "attention": args.attention,
+             "uniform_stages": args.uniform_stages,
+             "fsdp_gather_bytes": {"bf16": 2, "fp32": 4}.get(args.fsdp_gather_dtype)}
+    out = runtimes.request_behaviours(rt.name, flags)
+    unknown = [k for k in rt.unknown() if k in (*runtimes.REQUEST_FIELDS, "dropout") and flags.get(k) is None]
+    if unknown:
+        _warn(args, f"runtime {rt.name}: the model does not know its {', '.join(unknown)} "
+                    "(README runtime table); generic defaults used")
+    if args.zero is not None and args.zero not in rt.value("zero_stages"):
+        _warn(args, f"--zero {args.zero}: runtime {rt.name} implements ZeRO {rt.value('zero_stages')}; "
+                    "predicted as pinned")
+    if precision == "fp8":
+        if not rt.value("fp8"):
+            raise MeshplanError(f"--precision fp8: runtime {rt.name} has no fp8 path the model knows "
+                                f"({rt.behaviours['fp8'].source}); use --runtime torchtitan or megatron-core")
+        if "fp8" not in cluster.device.peak_flops:
+            _warn(args, f"--precision fp8: {cluster.device.name} has no fp8 tensor cores; GEMMs stay bf16")
+    if args.dropout is not None and not args.model.startswith("analytic:") and not args.profile:
+        _warn(args, "--dropout applies to closed-form profiles (--model analytic:gpt); ignored")
+    return out
+
+
+def _warn(args: argparse.Namespace, text: str) -> None:
+    import sys
+
+    if not args.quiet:
+        print(f"meshplan {args.verb}: warning: {text}", file=sys.stderr)
 
 
 METHOD_FLAGS = {"compression": "--compression", "sync": "--sync", "comm_schedule": "--comm-schedule",
@@ -218,6 +257,13 @@ def _inputs(args: argparse.Namespace):
         profile = schema.load(ModelProfile, args.profile, "profile")
         if args.overrides:
             raise MeshplanError("--set cannot change a saved --profile; re-run meshplan profile with --set")
+    elif args.model.startswith("analytic:"):
+        from meshplan import runtimes
+        from meshplan.models.analytic import from_spec
+
+        dropout = args.dropout if args.dropout is not None else runtimes.runtime(args.runtime).value("dropout")
+        profile = from_spec(args.model, parse_overrides(args.overrides), flash=request.attention != "materialized",
+                            dropout=bool(dropout))
     else:
         profile = _build_profile(args)
     return profile, cluster, request

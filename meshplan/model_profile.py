@@ -138,6 +138,9 @@ class ModelProfile:
     layers: list[LayerProfile]
     edges: list[list[str]] = field(default_factory=list)
     """Graph edges [src_fqn, dst_fqn]; empty means the chain in list order."""
+    structure_hash: str = ""
+    """models.identity.structure_hash of the profiled model (module classes, parameter and
+    buffer FQNs/shapes/dtypes, tied groups); "" in profiles written before it existed."""
     notes: list[str] = field(default_factory=list)
     """What the profiler did that a reader should know (reused measurements, approximations)."""
     step_overhead_s: dict[str, float] = field(default_factory=dict)

@@ -195,6 +195,11 @@ class Plan:
     """What the executor rebuilds: zoo name, file.py:factory, module:factory or hf:NAME."""
     model_config: dict[str, Any] = field(default_factory=dict)
     """Shape overrides the model was built with (the --set values, resolved)."""
+    model_num_params: int = 0
+    """Unique parameters of the profiled model (tied weights once); `meshplan run` rebuilds the
+    model from model_name + model_config and refuses it if the count differs (0: not checked)."""
+    model_structure_hash: str = ""
+    """The profile's structure_hash, checked like model_num_params before any rank starts ("": not checked)."""
     cluster_name: str
     world_size: int
     pipeline_parallel_degree: int = 1
@@ -215,6 +220,10 @@ class Plan:
     runtime: str = "meshplan"
     """The software the prediction is for (meshplan/runtimes.py): meshplan, torchtitan,
     megatron-lm, megatron-core or deepspeed. Exports to another framework warn when it differs."""
+    runtime_behaviours: dict[str, Any] = field(default_factory=dict)
+    """The behaviours the prediction used: the runtime's defaults with any per-behaviour flag
+    (state_layout, overlap_dp_comm, overlap_tp_comm, attention, uniform_stages, ...); exports turn
+    them into the target's flags."""
     global_batch_size: int
     microbatch_size: int
     num_microbatches: int

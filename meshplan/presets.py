@@ -51,6 +51,28 @@ Sec 6.3 measures 8-way data parallelism of the 530B model adding 1.32 s for a 13
 all-reduce per GPU: 10 GB/s (0.40). Jobs inside one leaf switch see more (two-node nccl-tests reach
 ~0.85 of the NICs)."""
 
+FP8 = {"h100": (1979.0, 0.709), "h200": (1979.0, 0.734), "b200": (4500.0, 0.80)}
+"""Dense fp8 peak (spec sheets: H100/H200 SXM 1979, B200 4500 TFLOP/s) and the measured fp8 MAMF
+fraction (ml-engineering compute/accelerator/README.md: H100 SXM 1402.6 = 0.709, H200 1453.4 =
+0.734). B200: no fp8 MAMF in the stored sources; its bf16 plateau fraction (0.80) is assumed.
+The fp8 ramp scales with the fp8 peak (_curve), the framework fraction is the bf16 one."""
+
+
+HOST = {"a100": (51.2, 250), "h100": (76.8, 250), "h200": (76.8, 250), "b200": (89.6, 500)}
+"""Host DRAM (bandwidth GB/s, capacity GB) per GPU of the DGX node, from the CPUs' memory
+channels: DGX A100 2x EPYC 7742, 8 ch DDR4-3200 each = 409.6 GB/s, 2 TB; DGX H100/H200 2x Xeon
+8480C, 8 ch DDR5-4800 = 614.4 GB/s, 2 TB; DGX B200 2x Xeon 8570, 8 ch DDR5-5600 = 716.8 GB/s,
+4 TB (NVIDIA DGX user guides' system specifications); / 8 GPUs, capacity rounded down for the OS.
+Peak channel bandwidth: STREAM reaches ~70-80% of it, which the CPU-Adam model leaves in the
+28 bytes it charges per parameter (planner/offload.py)."""
+NVME_READ_GBPS = 3.5
+NVME_WRITE_FRACTION = 0.54
+"""Local NVMe per GPU: DGX A100/H100 hold 8 x 3.84 TB U.2 PCIe Gen4 data drives (DGX user guides),
+Samsung PM1733-class: 7.0 GB/s sequential read, 3.8 GB/s write each (vendor spec sheet); as
+RAID-0 shared by 8 GPUs, 7.0 GB/s read per GPU, but DeepSpeed's ZeRO-Infinity runs reach about
+half the raw drive rate (SC'21 Sec 8 used 3.5 GB/s per GPU-equivalent): 3.5 GB/s read, write at
+3.8/7.0 of it."""
+
 
 def _curve(plateau: float, tflops: float = 312.0) -> list[list[float]]:
     """Efficiency vs GEMM FLOPs: on an A100 (312 TFLOP/s) it ramps from ~20% of the plateau at 1e8
@@ -64,13 +86,19 @@ def _curve(plateau: float, tflops: float = 312.0) -> list[list[float]]:
 
 def _gpu(name: str, tflops: float, mem_gb: float, hbm_tbs: float, nvlink_gbps: float,
          internode_gbps: float, plateau: float, nvlink_eff: float, source: str,
-         internode_eff: dict[str, float] | None = None) -> ClusterSpec:
+         internode_eff: dict[str, float] | None = None, fp8: tuple[float, float] | None = None) -> ClusterSpec:
+    """fp8: (dense fp8 TFLOP/s, fp8 MAMF fraction of it) where the part has fp8 tensor cores."""
+    peaks = {"bf16": tflops * 1e12, "fp16": tflops * 1e12, "fp32": tflops * 1e12 / 16}
+    if fp8:
+        peaks["fp8"] = fp8[0] * 1e12
     return ClusterSpec(
         name=name,
         device=DeviceSpec(name=name.upper(), kind="cuda",
-                          peak_flops={"bf16": tflops * 1e12, "fp16": tflops * 1e12, "fp32": tflops * 1e12 / 16},
+                          peak_flops=peaks,
                           memory_bytes=int(mem_gb * GB), hbm_gbps=hbm_tbs * 1000,
-                          gemm_efficiency=_curve(plateau * FRAMEWORK_GEMM_FRACTION, tflops), memory_reserved_fraction=0.05),
+                          gemm_efficiency=_curve(plateau * FRAMEWORK_GEMM_FRACTION, tflops),
+                          fp8_gemm_efficiency=_curve(fp8[1] * FRAMEWORK_GEMM_FRACTION, fp8[0]) if fp8 else [],
+                          memory_reserved_fraction=0.05),
         num_nodes=1, devices_per_node=8,
         intra_node=LinkSpec(bandwidth_gbps=nvlink_gbps, latency_s=8e-6,
                             efficiency={"default": nvlink_eff}),
@@ -110,9 +138,12 @@ def _gpu_presets() -> dict[str, ClusterSpec]:
                          internode_eff=A100_INTERNODE_EFFICIENCY),
         "a100-80g": _gpu("a100-80g", **_sheet("A100-SXM4-80GB"), plateau=0.869, nvlink_eff=0.78,
                          internode_eff=A100_INTERNODE_EFFICIENCY),
-        "h100-80g": _gpu("h100-80g", **_sheet("H100-SXM5-80GB"), plateau=0.803, nvlink_eff=0.81),
-        "h200-141g": _gpu("h200-141g", **_sheet("H200-SXM-141GB"), plateau=0.803, nvlink_eff=0.81),
-        "b200-180g": _gpu("b200-180g", **_sheet("B200-SXM-180GB"), plateau=0.80, nvlink_eff=0.76),
+        "h100-80g": _gpu("h100-80g", **_sheet("H100-SXM5-80GB"), plateau=0.803, nvlink_eff=0.81,
+                         fp8=FP8["h100"]),
+        "h200-141g": _gpu("h200-141g", **_sheet("H200-SXM-141GB"), plateau=0.803, nvlink_eff=0.81,
+                          fp8=FP8["h200"]),
+        "b200-180g": _gpu("b200-180g", **_sheet("B200-SXM-180GB"), plateau=0.80, nvlink_eff=0.76,
+                          fp8=FP8["b200"]),
     }
 
 

@@ -52,6 +52,7 @@ def plan_view(plan: Plan, with_search: bool = True) -> dict[str, Any]:
         "dp_methods": {axis: {"name": c.name, "params": dict(c.params)} for axis, c in plan.dp_methods.items()},
         "dp_methods_label": dp_methods_label(plan),
         "precision": plan.precision,
+        "runtime": plan.runtime,
         "global_batch_size": plan.global_batch_size,
         "microbatch_size": plan.microbatch_size,
         "microbatch": plan.microbatch_size,
@@ -107,7 +108,8 @@ def describe(plan: Plan) -> str:
             f"zero={plan.zero_stage} microbatch={plan.microbatch_size} x{plan.num_microbatches} "
             f"schedule={plan.pipeline_schedule}"
             f"{f' v={plan.virtual_stages}' if plan.virtual_stages > 1 else ''} "
-            f"recompute={recompute_summary(plan)}")
+            f"recompute={recompute_summary(plan)}"
+            f"{f' runtime={plan.runtime}' if plan.runtime != 'meshplan' else ''}")
 
 
 def plan_table(plan: Plan):

@@ -110,5 +110,27 @@ def _assemble(name, family, seq, hidden, heads, vocab, layer_list, config) -> Mo
         layers=layer_list, notes=["closed-form profile (meshplan.models.analytic)"])
 
 
+def from_spec(spec: str, overrides: dict, *, flash: bool, dropout: bool) -> ModelProfile:
+    """`--model analytic:gpt --set layers=... hidden=... heads=... [vocab= seq= ffn_hidden=]` (or
+    analytic:llama, which also needs kv_heads and ffn_hidden): the closed-form profile, for plan and
+    estimate only (no module is built). The runtime gives attention and dropout (gpt)."""
+    from meshplan.errors import MeshplanError
+
+    family = spec.partition(":")[2]
+    need = {"gpt": ("layers", "hidden", "heads"), "llama": ("layers", "hidden", "heads", "kv_heads", "ffn_hidden")}
+    if family not in need:
+        raise MeshplanError(f"--model {spec}: use analytic:gpt or analytic:llama")
+    missing = [k for k in need[family] if k not in overrides]
+    allowed = set(need[family]) | {"vocab", "seq", "ffn_hidden"}
+    unknown = sorted(set(overrides) - allowed)
+    if missing or unknown:
+        raise MeshplanError(f"--model {spec}: " + (f"--set {' '.join(k + '=N' for k in missing)} is required"
+                            if missing else f"--set {', '.join(unknown)} is unknown; use {', '.join(sorted(allowed))}"))
+    cfg = {k: int(v) for k, v in overrides.items()}
+    if family == "gpt":
+        return gpt_profile(**cfg, dropout=dropout, flash=flash, name=spec)
+    return llama_profile(**cfg, name=spec)
+
+
 GPT3_175B = dict(layers=96, hidden=12288, heads=96, vocab=51200, seq=2048)
 LLAMA3_405B = dict(layers=126, hidden=16384, heads=128, kv_heads=8, ffn_hidden=53248, vocab=128256, seq=8192)

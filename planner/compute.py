@@ -33,7 +33,7 @@ def gemm_efficiency(curve: list[list[float]], flops: float) -> float:
 
 
 def layer_efficiency(ctx: Context, layer: LayerProfile, b: int, split: int, cp: int) -> float:
-    curve = ctx.cluster.device.gemm_efficiency
+    curve = ctx.gemm_curve
     gemms = [2.0 * g[0] * b / cp * g[1] * g[2] / split for g in layer.gemm_shapes]
     if not gemms:
         return gemm_efficiency(curve, layer.forward_flops * b / (split * cp))
@@ -68,7 +68,7 @@ def _flops_time_s(ctx: Context, layer: LayerProfile, flops: float, b: int, split
     scale = b / (split * cp)
     gemm_fwd = sum(2.0 * g[0] * g[1] * g[2] for g in layer.gemm_shapes)
     other = max(layer.forward_flops - gemm_fwd, 0.0) / layer.forward_flops if layer.tp.kind == "block" else 0.0
-    rate = ctx.peak_flops * layer_efficiency(ctx, layer, b, split, cp)
+    rate = ctx.gemm_peak_flops * layer_efficiency(ctx, layer, b, split, cp)  # fp8 GEMMs at the fp8 peak
     attn_rate = ctx.peak_flops * attention_efficiency(ctx, b, cp) if other else rate
     return flops * scale * ((1 - other) / rate + other / attn_rate)
 

@@ -142,7 +142,7 @@ class Context:
         if request.attention not in (None, *ATTENTION):
             raise MeshplanError(f"attention {request.attention!r} is unknown; use {' or '.join(ATTENTION)}")
         if request.state_layout not in STATE_LAYOUTS:
-            raise MeshplanError(f"state_layout {request.state_layout!r} is unknown; use torch or megatron")
+            raise MeshplanError(f"state_layout {request.state_layout!r} is unknown; use torch, megatron or zero")
         ctx = cls(profile=with_attention(with_seq_len(profile, request.seq), request.attention), cluster=cluster,
                   request=request)
         seen: dict[tuple, int] = {}

@@ -33,7 +33,7 @@ from meshplan.planner.sync import sync_cost
 DDP_BUCKET_BYTES = 25 * 1024**2
 """PyTorch DDP's default bucket_cap_mb (the comm_schedule=buckets default)."""
 
-_STATE = {"torch": (4, 4, 8), "megatron": (2, 4, 12)}
+_STATE = {"torch": (4, 4, 8), "megatron": (2, 4, 12), "zero": (2, 2, 12)}
 """(weights, grads, optimizer) bytes per parameter, unsharded."""
 
 
@@ -42,8 +42,11 @@ def state_bytes(ctx: Context) -> tuple[int, int, int]:
 
 
 def fsdp_width(ctx: Context) -> int:
-    """Bytes per element FSDP2 gathers and reduce-scatters (bf16 under mixed precision)."""
-    return 2 if ctx.request.precision == "bf16" else 4
+    """Bytes per element FSDP2 gathers and reduce-scatters: the runtime's (request.fsdp_gather_bytes;
+    meshplan's executor gathers fp32, autocast without a MixedPrecisionPolicy), else 2 under bf16."""
+    if ctx.request.fsdp_gather_bytes:
+        return ctx.request.fsdp_gather_bytes
+    return 2 if ctx.request.precision in ("bf16", "fp8") else 4
 
 
 def padded_shard_elems(layer: LayerProfile, split: int, shard: int) -> int:

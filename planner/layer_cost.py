@@ -100,7 +100,7 @@ read, its gradient written and read): norms, dropout, softmax, activation functi
 Roofline time = bytes moved / HBM bandwidth (Williams et al. 2009). Not used for measured timings."""
 
 
-LOSS_PASSES = {"megatron": (9.5, 3.5), "torch": (6.5, 5.0)}
+LOSS_PASSES = {"megatron": (9.5, 3.5), "torch": (6.5, 5.0), "zero": (6.5, 5.0)}  # zero: the user's torch loss
 """(forward, backward) times the loss moves the head's fp32 logits through HBM, in fp32-logit
 sizes. Megatron-LM's vocab-parallel cross-entropy: cast from bf16 (read 1/2, write 1), max (1),
 subtract in place (2), exp in place (2), sum (1), divide in place (2); backward scales the

@@ -20,10 +20,11 @@ from meshplan.planner.context import Candidate, Context, optimizer_call_measured
 from meshplan.planner.dp_cost import DDP_BUCKET_BYTES, DataParallelCost
 
 
-OPTIMIZER_BYTES_PER_PARAM = {"torch": 28, "megatron": 42}
+OPTIMIZER_BYTES_PER_PARAM = {"torch": 28, "megatron": 42, "zero": 28}
 """HBM bytes moved per parameter by the optimizer step. Fused Adam reads weights, grads, m, v (16)
 and writes weights, m, v (12). Megatron-LM also reads the fp32 main grads for the global-norm
-clip (4), zeroes them (4) and copies the fp32 master weights to the bf16 model (4 + 2)."""
+clip (4), zeroes them (4) and copies the fp32 master weights to the bf16 model (4 + 2). DeepSpeed
+("zero": reads 16-bit grads, writes 16-bit weights beside the fp32 master) is counted as torch."""
 
 
 ZERO_BUBBLE_SHARE = 1 / 3

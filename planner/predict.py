@@ -80,6 +80,15 @@ def prediction(ctx: Context, cand: Candidate, sols: list[RankSolution]) -> Predi
         stage_times_s=[s.time_s for s in sols], comm_bytes_per_step=comm_bytes_per_step(ctx, cand, [s.layers for s in sols]))
 
 
+def runtime_behaviours(request) -> dict:
+    """The request's behaviour fields as the Plan records them (meshplan/runtimes.py)."""
+    from meshplan.runtimes import REQUEST_FIELDS
+
+    out = {key: getattr(request, key) for key in REQUEST_FIELDS}
+    out["zero_stages"] = list(out["zero_stages"]) if out["zero_stages"] is not None else None
+    return out
+
+
 def provenance(profile: ModelProfile, cluster) -> Provenance:
     return Provenance(profile_hash=content_hash(profile), cluster_hash=content_hash(cluster),
                       meshplan_version=meshplan.__version__)
@@ -91,11 +100,13 @@ def build_plan(ctx: Context, cand: Candidate, sols: list[RankSolution], stages: 
     modes = {i: mode for s in sols for i, mode in s.modes.items()}
     plan = Plan(
         model_name=ctx.profile.model_name, model_config=dict(ctx.profile.model_config),
+        model_num_params=ctx.profile.num_params, model_structure_hash=ctx.profile.structure_hash,
         cluster_name=ctx.cluster.name, world_size=ctx.request.num_gpus,
         pipeline_parallel_degree=cand.pp,
         data_parallel_replicate_degree=cand.dp_replicate, data_parallel_shard_degree=cand.dp_shard,
         context_parallel_degree=cand.cp, tensor_parallel_degree=cand.tp, zero_stage=cand.zero,
-        sequence_parallel=cand.sequence_parallel, precision=ctx.request.precision,
+        sequence_parallel=cand.sequence_parallel, precision=ctx.request.precision, runtime=ctx.request.runtime,
+        runtime_behaviours=runtime_behaviours(ctx.request),
         dp_methods=DataParallelMethods(**{axis: MethodChoice(name=cand.method(axis)[0], params=cand.method(axis)[1])
                                           for axis in dp_methods.AXES}),
         global_batch_size=ctx.request.global_batch, microbatch_size=cand.microbatch,

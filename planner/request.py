@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-STATE_LAYOUTS = ("torch", "megatron")
+STATE_LAYOUTS = ("torch", "megatron", "zero")
+ATTENTION = ("flash", "materialized")
 
 
 @dataclass(kw_only=True)
@@ -42,7 +43,9 @@ class PlanRequest:
     state_layout: str = "torch"
     """How training state is kept per parameter (unsharded bytes): "torch" = fp32 master weights +
     fp32 grads + Adam m, v (4 + 4 + 8 = 16 B; AMP / FSDP2 mixed precision); "megatron" = bf16
-    weights + fp32 main grads + fp32 master copy + Adam (2 + 4 + 12 = 18 B, Megatron-LM)."""
+    weights + fp32 main grads + fp32 master copy + Adam (2 + 4 + 12 = 18 B, Megatron-LM); "zero" =
+    16-bit weights and grads + fp32 master + Adam (2 + 2 + 12 = 16 B, Rajbhandari et al. 2020 Sec 3.1,
+    DeepSpeed)."""
     overlap_dp_comm: bool = True
     """Overlap the gradient all-reduce with backward (PyTorch DDP/FSDP do; Megatron-LM before
     Megatron-Core did not: Korthikanti et al. 2022 Sec 6.3)."""
@@ -53,3 +56,13 @@ class PlanRequest:
     """Split the blocks evenly over the pp x v stages instead of searching the boundaries (the
     embedding on the first stage, the head on the last), as Megatron-LM does (it requires the
     layer count to divide evenly); per-layer recompute is still solved."""
+    runtime: str = "meshplan"
+    """The software that will execute the plan (meshplan/runtimes.py); the CLI fills the
+    behaviour fields above and below from it unless a behaviour's own flag is given."""
+    attention: str | None = None
+    """"flash" | "materialized": re-target the blocks' attention core (planner/attention.py);
+    None keeps the profile's."""
+    zero_stages: tuple[int, ...] | None = None
+    """ZeRO stages the runtime implements (the search tries only these); None: 0-3."""
+    fsdp_gather_bytes: int | None = None
+    """Bytes per element of FSDP/ZeRO-3 gathers and reduce-scatters; None: 2 under bf16, else 4."""

@@ -19,6 +19,7 @@ from meshplan.profiler.capture import LayerCapture, capture_layer, fake_copy
 from meshplan.models.loader import check_device, load_model
 from meshplan.profiler.runner import InputSpec
 from meshplan.models.tp_rules import tp_rules
+from meshplan.models.identity import structure_hash
 from meshplan.models.zoo.base import LayeredModel
 
 ACTIVATION_DTYPE = torch.bfloat16
@@ -42,6 +43,8 @@ def profile_model(model: str, overrides: dict | None = None, *, device: str = "m
     analysis = analyse_model(layered, model, progress=progress)
     if not _buildable_on_meta(model):  # user factory: its --set keys rebuild it (executor)
         analysis.profile.model_config = dict(overrides or {})
+    elif model.startswith("hf:"):  # every --set key (kv_heads, rope_theta, ...) rebuilds it, not only the shape
+        analysis.profile.model_config = {**analysis.profile.model_config, **(overrides or {})}
     if device != "meta":
         from meshplan.profiler.timing import time_layers
 
@@ -97,6 +100,10 @@ def _capture(fqn: str, module: torch.nn.Module, x: torch.Tensor, fake_mode: Fake
         return capture_layer(fake_copy(module, fake_mode, ACTIVATION_DTYPE), x, fake_mode, rule)
     except Exception as exc:  # unsupported op in the user's forward: name the layer and the op
         first = (str(exc).strip().splitlines() or [""])[0][:200]
+        if "DataDependent" not in type(exc).__name__:  # a shape or type error, as on real tensors
+            raise MeshplanError(f"layer {fqn} ({type(module).__name__}) fails on its input of shape "
+                                f"{list(x.shape)}: {type(exc).__name__}: {first}; check the model's "
+                                "shapes (--set) or the layer's forward") from None
         raise MeshplanError(f"layer {fqn} ({type(module).__name__}) cannot run on fake tensors: "
                             f"{type(exc).__name__}: {first}; avoid data-dependent ops (.item(), nonzero, "
                             "boolean-mask indexing, branching on values) in its forward") from None
@@ -172,6 +179,7 @@ def _model_profile(model: LayeredModel, name: str, layers: list[LayerProfile], n
     dtypes = {d for layer in layers for d in layer.param_bytes}
     return ModelProfile(
         model_name=name, model_config=config_dict, family=getattr(model, "family", "user"),
+        structure_hash=structure_hash(model),
         seq_len=model.seq_len, param_dtype=sorted(dtypes)[0] if len(dtypes) == 1 else "mixed",
         activation_dtype_bytes=torch.finfo(ACTIVATION_DTYPE).bits // 8,
         num_params=sum(layer.num_params for layer in layers),

@@ -110,7 +110,7 @@ def test_megatron(name):
 
 
 def test_megatron_expresses_even_interleaving_and_block_recompute():
-    plan = PLANS["even_interleaved"]()
+    plan = dataclasses.replace(PLANS["even_interleaved"](), runtime="megatron-lm")  # predicted for Megatron: no warning
     text = export_plan(plan, "megatron")["megatron_args.sh"]
     args = megatron_args(text)
     assert args["--num-layers-per-virtual-pipeline-stage"] == "2"
@@ -180,7 +180,8 @@ def test_what_cannot_be_expressed_is_said_in_every_output():
 
 def test_megatron_counts_embedding_and_loss_when_that_makes_stages_even():
     plan = gpt_plan(pp=4, dp_replicate=1, blocks=6, recompute="none")
-    plan = dataclasses.replace(plan, stages=split(plan.layers, [2, 2, 2, 2]))  # blocks per stage [1, 2, 2, 1]
+    plan = dataclasses.replace(plan, stages=split(plan.layers, [2, 2, 2, 2]),  # blocks per stage [1, 2, 2, 1]
+                               runtime="megatron-core")
     text = export_plan(plan, "megatron")["megatron_args.sh"]
     args = megatron_args(text)
     assert args["--account-for-embedding-in-pipeline-split"] is True and warnings_in(text) == []

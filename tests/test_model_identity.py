@@ -82,3 +82,30 @@ def test_profile_counts_a_tied_sequential_once():
     model, _ = module.build()
     assert profile.num_params == sum(p.numel() for p in set(model.parameters())) == 4288
     assert profile.layer("layers.3").num_params == 0 and profile.layer("layers.3").num_tied_params == 64 * 32
+
+
+def test_run_refuses_a_plan_whose_model_config_rebuilds_another_model(tmp_path):
+    """Every --set key reaches the plan (kv_heads, ffn_hidden: not shape keys), and check_plan
+    compares the rebuilt model's unique parameter count and structure hash with the plan's."""
+    pytest.importorskip("transformers")
+    from meshplan.cli import main
+    from meshplan.errors import MeshplanError
+    from meshplan.executor.check import check_plan
+    from meshplan.executor.model import build_model_for_plan
+    from meshplan.plan import Plan
+    from meshplan.schema import load
+
+    out = tmp_path / "p.json"
+    sets = ["layers=2", "hidden=64", "heads=4", "kv_heads=2", "ffn_hidden=128", "vocab=256", "seq=32"]
+    assert main(["plan", "--model", "hf:meta-llama/Llama-3.1-8B", "--set", *sets, "--num-gpus", "1",
+                 "--global-batch", "4", "-o", str(out)]) == 0
+    plan = load(Plan, out)
+    assert plan.model_config["kv_heads"] == 2 and plan.model_config["ffn_hidden"] == 128
+    assert plan.model_num_params == num_params(build_model_for_plan(plan, "meta")) == 106_816
+    check_plan(plan)
+    plan.model_config.pop("ffn_hidden")  # what used to happen silently: a 5.6M-parameter model
+    with pytest.raises(MeshplanError, match="106,816"):
+        check_plan(plan)
+    plan.model_config["ffn_hidden"], plan.model_structure_hash = 128, "0123456789abcdef"
+    with pytest.raises(MeshplanError, match="structure"):
+        check_plan(plan)

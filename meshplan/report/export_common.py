@@ -124,4 +124,18 @@ def method_warnings(plan: Plan, target: str) -> list[str]:
         row = dp_methods.method(axis, choice.name)
         if row.exports.get(target):
             out.append(f"{row.label} maps to {row.exports[target]}")
-    return out
+    return out + runtime_warnings(plan, target)
+
+
+TARGET_RUNTIMES = {"torchtitan": ("torchtitan",), "megatron": ("megatron-lm", "megatron-core"),
+                   "deepspeed": ("deepspeed",), "accelerate": ("meshplan", "torchtitan", "deepspeed")}
+"""Runtimes (meshplan/runtimes.py) whose prediction an export target runs as predicted."""
+
+
+def runtime_warnings(plan: Plan, target: str) -> list[str]:
+    """A WARNING when the plan was predicted for a runtime other than the target's."""
+    if plan.runtime in TARGET_RUNTIMES.get(target, ()):
+        return []
+    hint = " or ".join(TARGET_RUNTIMES.get(target, ()))
+    return [f"the prediction was made for runtime {plan.runtime}; {target} runs this plan with its own behaviours "
+            f"(README, Runtimes), so its step time and memory will differ: re-plan with --runtime {hint}"]

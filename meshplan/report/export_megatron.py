@@ -124,8 +124,29 @@ def megatron_flags(plan: Plan, warnings: list[str]) -> list[str]:
             flags += ([flag, str(plan.model_config[key])] if key != "kv_heads"
                       else ["--group-query-attention", flag, str(plan.model_config[key])])
     flags += _recompute_flags(plan, warnings) + _data_parallel_flags(plan, warnings)
-    if plan.precision == "bf16":
+    if plan.precision in ("bf16", "fp8"):
         flags.append("--bf16")
+    return flags + _runtime_flags(plan, warnings)
+
+
+def _runtime_flags(plan: Plan, warnings: list[str]) -> list[str]:
+    """The flags a megatron-core prediction's behaviours imply (meshplan/runtimes.py): gradient
+    and parameter-gather overlap, TP communication overlap, fp8; Megatron-LM before Core has none."""
+    b = plan.runtime_behaviours
+    if plan.runtime != "megatron-core":
+        return []
+    flags = []
+    if b.get("overlap_dp_comm") and plan.data_parallel_degree > 1:
+        flags.append("--overlap-grad-reduce")
+        if plan.zero_stage in (1, 2):
+            flags.append("--overlap-param-gather")
+    if b.get("overlap_tp_comm") and plan.tensor_parallel_degree > 1:
+        if plan.sequence_parallel:
+            flags.append("--tp-comm-overlap")
+        else:
+            warnings.append("--tp-comm-overlap needs --sequence-parallel; the predicted TP overlap is not expressed")
+    if plan.precision == "fp8":
+        flags += ["--fp8-format", "hybrid"]
     return flags
 
 

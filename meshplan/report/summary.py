@@ -88,6 +88,7 @@ def plan_settings(plan: Plan) -> list[list[str]]:
         ["activation_checkpoint", recompute_summary(plan), "activation recompute"],
         ["data-parallel mode", zero_summary(plan), f"data-parallel methods: {dp_methods_label(plan)}"],
         ["precision", plan.precision, "training compute dtype"],
+        ["runtime", plan.runtime, "software the prediction is for (README: Runtimes)"],
     ]
 
 

@@ -21,9 +21,11 @@ from meshplan.errors import MeshplanError
 from meshplan.models.analytic import gpt_profile
 from meshplan.planner import PlanRequest, search
 from meshplan.presets import cluster_preset
+from meshplan.runtimes import request_behaviours
 
-MEGATRON_2021 = dict(state_layout="megatron", overlap_dp_comm=False, zero=0, sequence_parallel=False, top_k=1,
-                     uniform_stages=True)
+MEGATRON_2021 = dict(**request_behaviours("megatron-lm", {}), runtime="megatron-lm", zero=0,
+                     sequence_parallel=False, top_k=1)
+"""The runtime table's megatron-lm row (meshplan/runtimes.py), as `--runtime megatron-lm` sets it."""
 
 
 def _best(profile, n: int, **pins) -> float | None:

@@ -1,11 +1,12 @@
 """Hold the cost model against published runs (../shared/reference/published-runs.csv).
 
-Every row is predicted with search(), pinned to what the row states (degrees; microbatch,
-schedule and recompute where given; the software's known behaviour: Megatron-LM 2021-22 kept
-bf16 weights + fp32 main grads + fp32 Adam (18 B/param), did not overlap the data-parallel
-all-reduce (Korthikanti et al. 2022 Sec 6.3) and had no ZeRO; Megatron-Core 2024 ran with the
-distributed optimizer and DP/TP overlap, as its README row says). Everything else is searched.
-The error is on per-GPU throughput (tokens/s/GPU). No number here is fitted to a row.
+Every row is predicted through the public path a user takes: the `meshplan plan` command line
+(row_argv; the report prints it per row) parsed by the CLI's own parser and turned into a request
+by the CLI's own builder (commands._inputs), then search(). The line pins what the row states
+(degrees; microbatch, schedule and recompute where given) and names the runtime the row's source
+ran (row_runtime: Megatron-LM for Narayanan 2021 and Korthikanti 2022, Megatron-Core for the 2024
+README table); the runtime's documented behaviours (meshplan/runtimes.py) do the rest. Everything
+else is searched. The error is on per-GPU throughput (tokens/s/GPU). No number here is fitted to a row.
 """
 from __future__ import annotations
 
@@ -84,32 +85,93 @@ def with_source_degrees(rows: list[dict]) -> list[dict]:
     return out
 
 
-def row_request(row: dict) -> tuple[PlanRequest, str]:
-    """The PlanRequest a published row pins, and a one-line note on what was assumed."""
-    megatron_core = "Megatron-Core" in row["notes"] or "Megatron-LM README" in row["source"]
+RUNTIME_OF_SOURCE = (
+    ("Megatron-Core", "megatron-core"), ("DeepSpeed", "deepspeed"), ("torchtitan", "torchtitan"),
+    ("Megatron-LM", "megatron-lm"),
+    ("Korthikanti", "megatron-lm"),  # arXiv 2205.05198 Sec 5: implemented in Megatron-LM (2022, before Core)
+)
+"""The software a row ran, from its source and notes (first match wins: the Megatron-LM README's 2024
+rows say Megatron-Core r0.8.0). A row naming none is predicted as meshplan."""
+
+
+def _software_text(row: dict) -> str:
+    return f"{row['source']} {row['notes']} {row.get('software_from', '')}"
+
+
+def row_runtime(row: dict) -> str:
+    text = _software_text(row)
+    return next((rt for key, rt in RUNTIME_OF_SOURCE if key in text), "meshplan")
+
+
+def with_source_software(rows: list[dict]) -> list[dict]:
+    """Rows whose notes name no software take the software statement of the other rows of the same
+    publication (the Megatron-LM README's strong-scaling rows are its weak-scaling table's runs:
+    Megatron-Core r0.8.0 with --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap)."""
+    stated: dict[str, str] = {}
+    for row in rows:
+        if any(key in row["notes"] for key, _ in RUNTIME_OF_SOURCE):
+            stated.setdefault(row["source"].split("(")[0], row["notes"])
+    return [row if any(key in row["notes"] for key, _ in RUNTIME_OF_SOURCE)
+            or row["source"].split("(")[0] not in stated
+            else {**row, "software_from": stated[row["source"].split("(")[0]]} for row in rows]
+
+
+def row_argv(row: dict, verb: str = "plan") -> list[str]:
+    """The `meshplan plan` arguments that predict a published row: its model (closed-form, as the
+    software ran it), GPUs, batch, runtime, and every knob the row states; the rest is searched."""
     schedule, v = _schedule(row["schedule"])
     recompute, sp = _recompute(row["recompute"])
-    pp = _int(row["pp"])
-    if pp == 1:
+    if _int(row["pp"]) == 1:
         schedule, v = None, None
-    req = PlanRequest(
-        num_gpus=int(row["num_gpus"]), global_batch=int(row["global_batch"]), tp=_int(row["tp"]), pp=pp,
-        dp=_int(row["dp"]), cp=_int(row["cp"]) or 1, microbatch=_int(row["microbatch"]), schedule=schedule,
-        virtual_stages=v, recompute=recompute, sequence_parallel=sp, state_layout="megatron",
-        zero=1 if megatron_core else 0, overlap_dp_comm=megatron_core, overlap_tp_comm=megatron_core,
-        allow_cross_node_tp=False, top_k=1, uniform_stages=True)
-    note = ("Megatron-Core: distributed optimizer (ZeRO-1), DP/TP overlap, flash attention" if megatron_core
-            else "Megatron-LM 2021-22: no ZeRO, no DP overlap, attention scores materialised")
+    model = {"layers": row["layers"], "hidden": row["hidden"], "heads": row["heads"], "vocab": row["vocab"],
+             "seq": row["seq_len"]}
+    argv = [verb, "--model", "analytic:gpt", "--set", *(f"{k}={int(x)}" for k, x in model.items()),
+            "--cluster", preset_for(row["gpu"]), "--num-gpus", str(int(row["num_gpus"])),
+            "--global-batch", str(int(row["global_batch"])), "--runtime", row_runtime(row),
+            "--cp", str(_int(row["cp"]) or 1)]
+    pins = {"--tp": _int(row["tp"]), "--pp": _int(row["pp"]), "--dp": _int(row["dp"]),
+            "--microbatch": _int(row["microbatch"]), "--schedule": schedule, "--virtual-stages": v,
+            "--recompute": recompute, "--zero": _zero_stated(row)}
+    for flag, value in pins.items():
+        if value is not None:
+            argv += [flag, {"Interleaved1F1B": "interleaved", "1F1B": "1f1b"}.get(value, str(value))]
+    if sp is not None:
+        argv.append("--sequence-parallel" if sp else "--no-sequence-parallel")
+    return argv + (["--top", "1"] if verb == "plan" else [])
+
+
+def _zero_stated(row: dict) -> int | None:
+    """--overlap-param-gather exists only with Megatron's distributed optimizer (ZeRO-1)."""
+    text = _software_text(row).lower()
+    return 1 if "overlap-param-gather" in text or "distributed optimizer" in text else None
+
+
+def command_line(row: dict, verb: str = "plan") -> str:
+    import shlex
+
+    return shlex.join(["meshplan", *row_argv(row, verb)])
+
+
+def cli_inputs(argv: list[str]):
+    """(profile, cluster, request) exactly as `meshplan <argv>` builds them (the CLI's own parser
+    and request builder)."""
+    from meshplan import commands
+    from meshplan.cli import build_parser
+
+    args = build_parser().parse_args([*argv, "--quiet"])
+    return commands._inputs(args)
+
+
+def row_note(row: dict) -> str:
+    from meshplan.runtimes import runtime
+
+    name = row_runtime(row)
+    note = f"runtime {name}: {runtime(name).description}"
     if row.get("degrees_from"):
         note += f"; tp {row['tp']}, pp {row['pp']} from the {row['degrees_from']}"
-    return req, note
-
-
-def row_profile(row: dict):
-    megatron_core = "Megatron-Core" in row["notes"] or "Megatron-LM README" in row["source"]
-    return gpt_profile(layers=int(row["layers"]), hidden=int(row["hidden"]), heads=int(row["heads"]),
-                       vocab=int(row["vocab"]), seq=int(row["seq_len"]), dropout=True, flash=megatron_core,
-                       name=f"gpt ({row['model']})")
+    if row.get("software_from"):
+        note += "; software and its flags from the same source's other rows"
+    return note
 
 
 def measured_tokens_per_s(row: dict, profile, peak_flops: float) -> tuple[float, str]:
@@ -125,13 +187,12 @@ def measured_tokens_per_s(row: dict, profile, peak_flops: float) -> tuple[float,
 
 
 def validate_row(row: dict) -> dict:
-    req, note = row_request(row)
-    profile = row_profile(row)
-    cluster = cluster_preset(preset_for(row["gpu"]), req.num_gpus)
+    profile, cluster, req = cli_inputs(row_argv(row))
+    note = row_note(row)
     measured, how = measured_tokens_per_s(row, profile, cluster.device.peak_flops["bf16"])
     out = {"model": row["model"], "source": row["source"].split("'")[0].strip(), "gpu": row["gpu"],
            "num_gpus": req.num_gpus, "global_batch": req.global_batch, "measured_tokens_per_s_per_gpu": measured,
-           "measured_how": how, "assumed": note}
+           "measured_how": how, "assumed": note, "runtime": req.runtime, "command": command_line(row)}
     try:
         plan = search(profile, cluster, req)
     except MeshplanError as exc:
@@ -170,9 +231,10 @@ def memory_checks(rows: list[dict]) -> list[dict]:
     for model, figs in published.items():
         row = figs["row"]
         for key, mode, sp in (("act_none", "none", False), ("act_selective", "selective", True)):
-            req, _ = row_request(row)
-            req.recompute, req.sequence_parallel, req.microbatch = mode, sp, req.microbatch or 1
-            plan = estimate(row_profile(row), cluster_preset(preset_for(row["gpu"]), req.num_gpus), req)
+            pinned = {**row, "recompute": f"{mode}{' + sequence parallel' if sp else ' (no sequence parallel)'}",
+                      "microbatch": row["microbatch"] or "1"}
+            profile, cluster, req = cli_inputs(row_argv(pinned))
+            plan = estimate(profile, cluster, req)
             st = plan.prediction.stage_memory[0]
             pairs = [(key, st.activations_bytes / GIB)]
             if key == "act_none":
