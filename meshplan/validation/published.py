@@ -14,9 +14,7 @@ import csv
 import re
 
 from meshplan.errors import MeshplanError
-from meshplan.models.analytic import gpt_profile
-from meshplan.planner import PlanRequest, estimate, search
-from meshplan.presets import cluster_preset
+from meshplan.planner import estimate, search
 
 GIB = 2**30
 
@@ -250,7 +248,7 @@ def validate_published(csv_path: str) -> list[dict]:
     """One dict per published row (throughput), then memory checks and orderings (kind key)."""
     with open(csv_path, newline="") as fh:
         rows = list(csv.DictReader(fh))
-    results = [{"kind": "throughput", **validate_row(row)} for row in with_source_degrees(rows)]
+    results = [{"kind": "throughput", **validate_row(row)} for row in with_source_software(with_source_degrees(rows))]
     results += [{"kind": "memory", **m} for m in memory_checks(rows)]
     from meshplan.validation.orderings import published_orderings
 

@@ -1,0 +1,206 @@
+"""Runtimes (meshplan/runtimes.py): `--runtime` and each behaviour's own flag, through the CLI's
+own parser and request builder; `meshplan validate` predicts every published row the same way."""
+from __future__ import annotations
+
+import csv
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+import meshplan
+from meshplan import commands, runtimes
+from meshplan.cli import build_parser, main
+from meshplan.errors import MeshplanError
+from meshplan.planner import estimate, search
+from meshplan.validation.published import row_argv, validate_row, with_source_degrees, with_source_software
+
+CSV = Path(meshplan.__file__).parent / "data" / "published-runs.csv"
+GPT22 = ["--model", "analytic:gpt", "--set", "layers=48", "hidden=6144", "heads=64", "--cluster", "a100-80g",
+         "--num-gpus", "8", "--global-batch", "4"]
+PINS = ["--tp", "8", "--pp", "1", "--dp", "1", "--microbatch", "4", "--schedule", "1f1b", "--recompute", "none",
+        "--no-sequence-parallel"]
+
+
+def _inputs(argv: list[str]):
+    return commands._inputs(build_parser().parse_args([*argv, "--quiet"]))
+
+
+def _estimate(*extra: str, base=GPT22, pins=PINS):
+    return estimate(*_inputs(["estimate", *base, *pins, *extra]))
+
+
+def _published_rows() -> list[dict]:
+    with open(CSV, newline="") as fh:
+        return with_source_software(with_source_degrees(list(csv.DictReader(fh))))
+
+
+def test_every_runtime_has_every_behaviour_with_a_source():
+    assert runtimes.NAMES == ("meshplan", "torchtitan", "megatron-lm", "megatron-core", "deepspeed")
+    for rt in runtimes.RUNTIMES.values():
+        assert set(rt.behaviours) == set(runtimes.BEHAVIOURS)
+        assert all(b.source for b in rt.behaviours.values())
+    assert runtimes.RUNTIMES["deepspeed"].unknown()  # the model says what it does not know
+
+
+def test_every_runtime_plans_and_the_plan_carries_it(tmp_path, capsys):
+    for name in runtimes.NAMES:
+        out = tmp_path / f"{name}.json"
+        assert main(["estimate", *GPT22, *PINS, "--runtime", name, "-o", str(out), "--quiet"]) == 0
+        data = json.loads(out.read_text())
+        assert data["runtime"] == name and data["schema_version"] == 2
+        assert data["runtime_behaviours"]["state_layout"] == runtimes.RUNTIMES[name].value("state_layout")
+
+
+def test_a_behaviour_flag_overrides_the_runtime():
+    _, _, req = _inputs(["plan", *GPT22, "--runtime", "megatron-core", "--no-overlap-dp-comm",
+                         "--state-layout", "torch", "--attention", "materialized"])
+    assert (req.overlap_dp_comm, req.state_layout, req.attention) == (False, "torch", "materialized")
+    assert req.overlap_tp_comm is True and req.uniform_stages is True  # the rest stays megatron-core's
+
+
+DP = ["--model", "analytic:gpt", "--set", "layers=8", "hidden=2048", "heads=16", "--cluster", "a100-80g",
+      "--num-gpus", "16", "--global-batch", "64"]
+DP_PINS = ["--tp", "1", "--pp", "1", "--dp", "16", "--microbatch", "4", "--schedule", "1f1b", "--recompute", "none"]
+
+
+@pytest.mark.parametrize("runtime", runtimes.NAMES)
+def test_no_dp_overlap_never_speeds_a_plan_up(runtime):
+    on = _estimate("--runtime", runtime, "--overlap-dp-comm", "--zero", "0", base=DP, pins=DP_PINS).prediction
+    off = _estimate("--runtime", runtime, "--no-overlap-dp-comm", "--zero", "0", base=DP, pins=DP_PINS).prediction
+    assert off.step_time_s > on.step_time_s and off.breakdown["dp_comm"] > on.breakdown["dp_comm"]
+
+
+def test_megatron_state_layout_adds_two_bytes_per_param():
+    torch = _estimate("--state-layout", "torch").prediction.stage_memory[0]
+    mega = _estimate("--state-layout", "megatron").prediction.stage_memory[0]
+    state = lambda m: m.params_bytes + m.grads_bytes + m.optimizer_bytes  # noqa: E731
+    params = sum(lp.num_params for lp in _inputs(["estimate", *GPT22, *PINS])[0].layers)
+    # tp = 8 divides every parameter but the layer norms' and biases' replicated ones: within 1%
+    assert state(mega) - state(torch) == pytest.approx(2 * params / 8, rel=0.01)
+
+
+def test_tp_overlap_never_slows_and_materialized_attention_costs_memory():
+    base = _estimate("--runtime", "megatron-lm").prediction
+    overlap = _estimate("--runtime", "megatron-lm", "--overlap-tp-comm").prediction
+    flash = _estimate("--runtime", "megatron-lm", "--attention", "flash").prediction
+    assert overlap.step_time_s <= base.step_time_s
+    assert flash.stage_memory[0].activations_bytes < 0.5 * base.stage_memory[0].activations_bytes
+
+
+def test_attention_retargets_a_captured_profile():
+    """A captured zoo profile (SDPA = flash) becomes materialised under --runtime megatron-lm."""
+    base = ["--model", "gpt-tiny", "--cluster", "a100-80g", "--num-gpus", "1", "--global-batch", "2"]
+    pins = ["--tp", "1", "--pp", "1", "--dp", "1", "--microbatch", "2", "--schedule", "1f1b", "--recompute", "none"]
+    flash = _estimate("--runtime", "meshplan", base=base, pins=pins).prediction.stage_memory[0]
+    mat = _estimate("--attention", "materialized", base=base, pins=pins).prediction.stage_memory[0]
+    assert mat.activations_bytes > flash.activations_bytes
+
+
+def test_uniform_stages_never_beat_searched_boundaries():
+    base = ["--model", "analytic:gpt", "--set", "layers=10", "hidden=2048", "heads=16", "vocab=131072",
+            "--cluster", "a100-80g", "--num-gpus", "4", "--global-batch", "16"]
+    pins = ["--tp", "1", "--pp", "2", "--dp", "2", "--microbatch", "1", "--schedule", "1f1b", "--recompute", "full"]
+    even = _estimate("--uniform-stages", base=base, pins=pins).prediction
+    searched = _estimate("--no-uniform-stages", base=base, pins=pins).prediction
+    assert searched.step_time_s <= even.step_time_s
+
+
+def test_runtime_zero_stages_bound_the_search():
+    plan = search(*_inputs(["plan", *DP, "--runtime", "megatron-core"]))
+    assert plan.zero_stage in (0, 1)
+    assert all(alt.zero_stage in (0, 1) for alt in plan.search.alternatives)
+
+
+def test_meshplan_gathers_fp32_torchtitan_bf16():
+    pins = ["--tp", "1", "--pp", "1", "--dp", "16", "--microbatch", "4", "--schedule", "1f1b", "--recompute", "none",
+            "--zero", "3"]
+    ours = _estimate("--runtime", "meshplan", base=DP, pins=pins).prediction.comm_bytes_per_step["dp_shard"]
+    titan = _estimate("--runtime", "torchtitan", base=DP, pins=pins).prediction.comm_bytes_per_step["dp_shard"]
+    assert ours == 2 * titan
+
+
+def test_fp8_speeds_gemms_on_h100_and_keeps_bf16_on_a100(capsys):
+    h100 = [*GPT22[:6], "--cluster", "h100-80g", *GPT22[8:]]
+    bf16 = _estimate("--runtime", "torchtitan", base=h100).prediction
+    fp8 = _estimate("--runtime", "torchtitan", "--precision", "fp8", base=h100).prediction
+    assert fp8.step_time_s < bf16.step_time_s
+    assert fp8.stage_memory[0].total_bytes == bf16.stage_memory[0].total_bytes  # the model saves no memory
+    a100 = _estimate("--runtime", "megatron-core", "--precision", "fp8").prediction
+    assert a100.step_time_s == _estimate("--runtime", "megatron-core").prediction.step_time_s
+    with pytest.raises(MeshplanError, match="no fp8 path"):
+        _estimate("--runtime", "meshplan", "--precision", "fp8", base=h100)
+
+
+def test_table4_layer_times_through_the_cli():
+    """`meshplan plan --runtime megatron-lm` on the Korthikanti 22B row builds the very profile
+    and state layout tests/test_cost_model.py holds against Table 4 (per-layer times)."""
+    from meshplan.models.analytic import gpt_profile
+    from meshplan.planner.context import Candidate, Context
+    from meshplan.planner.layer_cost import layer_cost
+
+    profile, cluster, req = _inputs(["plan", *GPT22, "--runtime", "megatron-lm"])
+    assert [lp.activation_bytes for lp in profile.layers] == [
+        lp.activation_bytes for lp in gpt_profile(layers=48, hidden=6144, heads=64).layers]
+    ctx = Context.build(profile, cluster, req)
+    for sp, mode, ms in ((False, "none", 19.6), (True, "none", 19.0), (False, "full", 27.2),
+                         (False, "selective", 20.9), (True, "selective", 20.3)):
+        cand = Candidate(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=8, microbatch=4, num_microbatches=1,
+                         schedule="1F1B", virtual_stages=1, zero=0, sequence_parallel=sp)
+        got = layer_cost(ctx, profile.layers[1], cand).modes[mode].time_s * 1e3
+        assert got == pytest.approx(ms, rel=0.05)
+
+
+def test_export_megatron_carries_megatron_core_flags_and_warns_for_other_runtimes(tmp_path):
+    from meshplan.report import export_plan
+
+    big = ["--model", "analytic:gpt", "--set", "layers=8", "hidden=4096", "heads=32", "--cluster", "h100-80g",
+           "--num-gpus", "32", "--global-batch", "64"]
+    pins = ["--tp", "4", "--pp", "1", "--dp", "8", "--microbatch", "2", "--schedule", "1f1b", "--recompute", "none",
+            "--zero", "1", "--sequence-parallel"]
+    core = export_plan(_estimate("--runtime", "megatron-core", base=big, pins=pins), "megatron")["megatron_args.sh"]
+    for flag in ("--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--use-distributed-optimizer"):
+        assert flag in core
+    assert "prediction was made for runtime" not in core
+    ours = export_plan(_estimate("--runtime", "meshplan", base=big, pins=pins), "megatron")["megatron_args.sh"]
+    assert "prediction was made for runtime meshplan" in ours and "--tp-comm-overlap" not in ours
+
+
+def test_old_plan_without_runtime_loads_as_meshplan(tmp_path):
+    from meshplan import schema
+    from meshplan.plan import Plan
+
+    path = tmp_path / "plan.json"
+    schema.save(_estimate(), str(path))
+    data = json.loads(path.read_text())
+    del data["runtime"], data["runtime_behaviours"]
+    path.write_text(json.dumps(data))
+    assert schema.load(Plan, str(path), "plan").runtime == "meshplan"
+
+
+@pytest.mark.parametrize("model", ["GPT-1.7B", "GPT 22B", "GPT 530B (MT-NLG)", "GPT-7.1B", "GPT-3 177B"])
+def test_validate_rows_reproduce_through_the_command_line(model, capsys):
+    """The `meshplan plan ...` line validate prints for a row gives validate's number."""
+    row = next(r for r in _published_rows() if r["model"].startswith(model))
+    expected = validate_row(row)
+    line = expected["command"]
+    assert shlex.split(line)[:2] == ["meshplan", "plan"] and "--runtime" in line
+    capsys.readouterr()
+    assert main([*shlex.split(line)[1:], "--json", "--quiet"]) == 0
+    view = json.loads(capsys.readouterr().out)
+    assert view["runtime"] == expected["runtime"]
+    assert view["tokens_per_s_per_gpu"] == pytest.approx(expected["predicted_tokens_per_s_per_gpu"],
+                                                         rel=1e-12)
+
+
+def test_row_runtime_comes_from_the_source():
+    got = {(r["source"].split("(")[0], validate_row.__globals__["row_runtime"](r)) for r in _published_rows()}
+    assert {rt for _, rt in got} == {"megatron-lm", "megatron-core"}
+    assert all(rt == "megatron-core" for src, rt in got if "README" in src)
+
+
+def test_runtime_table_is_in_the_readme():
+    readme = (Path(meshplan.__file__).resolve().parent.parent / "README.md").read_text()
+    for key in runtimes.BEHAVIOURS:
+        assert f"| {key} —" in readme
