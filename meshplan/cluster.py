@@ -133,6 +133,13 @@ class ClusterSpec:
     host_device: LinkSpec | None = None
     """PCIe host <-> device (offload)."""
     nvme: LinkSpec | None = None
+    """Local NVMe per device (the node's drives shared by its devices); efficiency "read" and
+    "write" scale bandwidth_gbps for each direction (offload=nvme)."""
+    host_memory_gbps: float | None = None
+    """Host DRAM bandwidth per device (the node's / devices per node), GB/s: the host optimizer
+    step of offload=cpu/nvme is memory-bound (CPU Adam touches ~28 bytes per parameter)."""
+    host_memory_bytes: int | None = None
+    """Host DRAM per device (the node's / devices per node): what offload=cpu may fill."""
     collectives: list[CollectiveFit] = field(default_factory=list)
     """Measured fits; when present the cost model uses them instead of the link tiers."""
     calibration: Calibration = field(default_factory=Calibration)

@@ -74,6 +74,22 @@ half the raw drive rate (SC'21 Sec 8 used 3.5 GB/s per GPU-equivalent): 3.5 GB/s
 3.8/7.0 of it."""
 
 
+HOST = {"a100": (51.2, 250), "h100": (76.8, 250), "h200": (76.8, 250), "b200": (89.6, 500)}
+"""Host DRAM (bandwidth GB/s, capacity GB) per GPU of the DGX node, from the CPUs' memory
+channels: DGX A100 2x EPYC 7742, 8 ch DDR4-3200 each = 409.6 GB/s, 2 TB; DGX H100/H200 2x Xeon
+8480C, 8 ch DDR5-4800 = 614.4 GB/s, 2 TB; DGX B200 2x Xeon 8570, 8 ch DDR5-5600 = 716.8 GB/s,
+4 TB (NVIDIA DGX user guides' system specifications); / 8 GPUs, capacity rounded down for the OS.
+Peak channel bandwidth: STREAM reaches ~70-80% of it, which the CPU-Adam model leaves in the
+28 bytes it charges per parameter (planner/offload.py)."""
+NVME_READ_GBPS = 3.5
+NVME_WRITE_FRACTION = 0.54
+"""Local NVMe per GPU: DGX A100/H100 hold 8 x 3.84 TB U.2 PCIe Gen4 data drives (DGX user guides),
+Samsung PM1733-class: 7.0 GB/s sequential read, 3.8 GB/s write each (vendor spec sheet); as
+RAID-0 shared by 8 GPUs, 7.0 GB/s read per GPU, but DeepSpeed's ZeRO-Infinity runs reach about
+half the raw drive rate (SC'21 Sec 8 used 3.5 GB/s per GPU-equivalent): 3.5 GB/s read, write at
+3.8/7.0 of it."""
+
+
 def _curve(plateau: float, tflops: float = 312.0) -> list[list[float]]:
     """Efficiency vs GEMM FLOPs: on an A100 (312 TFLOP/s) it ramps from ~20% of the plateau at 1e8
     FLOPs to the plateau at 1e12. The ramp is set by per-kernel fixed time (launch, prologue,
@@ -106,6 +122,8 @@ def _gpu(name: str, tflops: float, mem_gb: float, hbm_tbs: float, nvlink_gbps: f
                             efficiency=dict(internode_eff or {"default": 0.9})),
         host_device=LinkSpec(bandwidth_gbps=32 if "a100" in name else 64, latency_s=1e-5,
                              efficiency={"default": 0.87}),
+        nvme=LinkSpec(bandwidth_gbps=NVME_READ_GBPS, latency_s=1e-4, efficiency={"read": 1.0, "write": NVME_WRITE_FRACTION}),
+        host_memory_gbps=HOST[name.split("-")[0]][0], host_memory_bytes=int(HOST[name.split("-")[0]][1] * GB),
         calibration=Calibration(dp_overlap=0.9, tp_overlap=0.0, pp_overlap=0.0, kernel_overhead_s=0.0,
                                 source="spec sheet + MAMF and nccl-tests fractions; see meshplan/presets.py"),
         source=source,
@@ -166,6 +184,10 @@ def local_cpu(num_ranks: int = 4) -> ClusterSpec:
         num_nodes=1, devices_per_node=num_ranks,
         intra_node=LinkSpec(bandwidth_gbps=1.0, latency_s=1e-4, efficiency={"default": 1.0}),
         inter_node=LinkSpec(bandwidth_gbps=1.0, latency_s=1e-4, efficiency={"default": 1.0}),
+        # the host is the device: offload=cpu moves nothing; offload=nvme goes to the local disk
+        # (nominal 0.5 GB/s; benchmarks/offload.py measures it)
+        nvme=LinkSpec(bandwidth_gbps=0.5, latency_s=1e-4, efficiency={"read": 1.0, "write": 1.0}),
+        host_memory_gbps=10.0, host_memory_bytes=per_rank,
         calibration=Calibration(dp_overlap=0.0, tp_overlap=0.0, pp_overlap=0.0, kernel_overhead_s=0.0,
                                 source="nominal; run `meshplan profile-links` for measured links"),
         source="local CPU ranks (gloo)",

@@ -28,6 +28,7 @@ from meshplan.planner.comm import collective_s, group_tier
 from meshplan.planner.compression import compressor
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.in_place import in_place_overhead_s
+from meshplan.planner.offload import offload_cost
 from meshplan.planner.sync import sync_cost
 
 DDP_BUCKET_BYTES = 25 * 1024**2
@@ -79,6 +80,8 @@ class LayerDP:
     """Compression and decompression compute per step."""
     optimizer_shard: int
     """Ranks the optimizer step of this layer is split over."""
+    host_step: bool = False
+    """The offload method steps this layer on the host (planner/offload.py prices it in sync_s)."""
 
 
 class DataParallelCost:
@@ -98,6 +101,8 @@ class DataParallelCost:
         self.shard_tier = group_tier(ctx.cluster, cand.tp * cand.cp, self.shard)
         self.bucket_bytes = cand.method("comm_schedule")[1].get("bucket_mb", 25) * 1024**2
         self.offload = cand.method("offload")[0] != "none"
+        self.offload_cost = offload_cost(ctx, cand)
+        """Where the states live and what moving them costs (planner/offload.py)."""
         self.sync = sync_cost(self, *cand.method("sync"))
         """The sync method's cost object (planner/sync.py); all but allreduce replace DDP's sync."""
 
@@ -112,8 +117,7 @@ class DataParallelCost:
         if self.zero >= 2 and self.shard > 1 and m > 1 and self.ctx.request.state_layout == "torch":
             grads += local * g  # unsharded fp32 gradients accumulated across microbatches
         optim = local * o / (self.dp if self.zero == 1 else self.shard)
-        if self.offload:  # FSDP2 CPUOffloadPolicy: sharded weights, grads and states live on the host
-            weights, grads, optim = (local * 2 if self.zero == 2 else 0.0), 0.0, 0.0
+        weights, grads, optim = self.offload_cost.state_bytes(local, weights, grads, optim)  # planner/offload.py
         comm, measured = self._fsdp_comm_s(layer, split, local, b, m)
         zero01 = self.zero <= 1 and self.replicas > 1
         if zero01 and self.sync.replaces_ddp:  # planner/sync.py: copies, buffers, Crossbow's learners
@@ -124,7 +128,8 @@ class DataParallelCost:
                        payload_bytes=self.compressor.payload_bytes(layer, split) if zero01 else 0.0,
                        compress_s=(self.compressor.compute_s(self.ctx, layer, split)
                                    + self.sync.extra_compute_s(layer, split, b, m)) if zero01 else 0.0,
-                       optimizer_shard=self.dp if self.zero == 1 else self.shard)
+                       optimizer_shard=self.dp if self.zero == 1 else self.shard,
+                       host_step=self.offload_cost.host_step)
 
     def _ddp_bucket_bytes_per_param(self) -> float:
         """PyTorch DDP (ZeRO-0/1 without tensor parallelism) allocates its buckets for every
@@ -155,18 +160,20 @@ class DataParallelCost:
         return (2 if self.zero == 3 else 1) * gather + scatter / m + offload, False
 
     def _offload_s(self, local: float) -> float:
-        """CPU offload per microbatch: the fp32 shard copied host -> device before each gather
-        (twice with ZeRO-3). 0 where the device is the host (a CPU cluster). The gradients' copy
-        back and the host's optimizer step are not modelled yet (issue #17)."""
-        link = self.ctx.cluster.host_device
-        if link is None or self.ctx.cluster.device.kind == "cpu":
-            return 0.0
-        shard_bytes = 4 * local / self.shard
-        return (2 if self.zero == 3 else 1) * (link.latency_s + shard_bytes / (link.bandwidth_gbps * 1e9))
+        """Offload per microbatch (FSDP2's policy: the shard copied up before each gather); the
+        once-per-step part (gradients down, the host step, NVMe, parameters up) is in sync_s."""
+        return self.offload_cost.per_microbatch_s(local)
 
     # --- per rank, once per step ----------------------------------------------------------
     def sync_s(self, local_params: float, payload_bytes: float, compress_s: float, backward_window_s: float,
                last_bucket: float) -> float:
+        """Once per step: the exposed gradient sync and the offload method's exposed step
+        (planner/offload.py)."""
+        return (self._grad_sync_s(local_params, payload_bytes, compress_s, backward_window_s, last_bucket)
+                + self.offload_cost.step_s(local_params, backward_window_s))
+
+    def _grad_sync_s(self, local_params: float, payload_bytes: float, compress_s: float,
+                     backward_window_s: float, last_bucket: float) -> float:
         """Exposed gradient sync of one rank (ZeRO-0/1): bucketed all-reduce of the payload behind
         the last microbatch's backward except the last bucket, plus ZeRO-1's parameter broadcast
         and what a busy CPU's DDP adds (measured in place)."""
@@ -229,6 +236,9 @@ class DataParallelCost:
                 out["dp_replicate"] = wire_bytes("all_reduce", self.replicas, shard_bytes)
         if self.sync.replaces_ddp and self.zero <= 1 and self.replicas > 1:  # its own exchange (sync.py)
             out["dp_replicate"] = self.sync.bytes(sum(lp.num_params // s for lp, s in layers))
+        host_elems = (sum(padded_shard_elems(lp, s, self.shard) for lp, s in layers) if self.zero >= 2
+                      else sum(lp.num_params // s for lp, s in layers) / (self.dp if self.zero == 1 else 1))
+        out.update(self.offload_cost.bytes_per_step(host_elems))  # host_device / nvme (planner/offload.py)
         return {axis: round(v) for axis, v in sorted(out.items()) if v}
 
 

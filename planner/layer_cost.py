@@ -222,7 +222,8 @@ def layer_cost(ctx: Context, layer: LayerProfile, cand: Candidate, dp_cost: Data
                                compute_s=compute, recompute_s=extra, tp_s=tp_s, dp_s=dp_s, cp_s=base.cp_s)
     return LayerCost(modes=modes, weights_bytes=data.weights_bytes, grads_bytes=data.grads_bytes,
                      optim_bytes=data.optim_bytes, local_params=local, backward_s=base.backward_s,
-                     optimizer_s=layer_optimizer_s(ctx, layer, local, data.optimizer_shard, split) + opt_wrap,
+                     optimizer_s=(0.0 if data.host_step else layer_optimizer_s(ctx, layer, local, data.optimizer_shard,
+                                                                              split)) + opt_wrap,
                      payload_bytes=data.payload_bytes, compress_s=data.compress_s)
 
 

@@ -187,9 +187,19 @@ def search(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) ->
     cluster = cluster if cluster.num_devices == request.num_gpus else cluster.with_num_devices(request.num_gpus)
     searcher = Searcher(profile, cluster, request)
     ranked, num_candidates = searcher.run(max(request.top_k, 1))
-    if not ranked:
+    offload_notes: list[str] = []
+    if not ranked:  # offload only when nothing fits on the device (planner/offload_search.py)
+        from meshplan.planner import offload_search
         from meshplan.planner.explain import infeasible_message
-        raise InfeasibleError(infeasible_message(searcher, profile, cluster, request))
+        if "offload" in request.methods:
+            raise InfeasibleError(infeasible_message(searcher, profile, cluster, request)
+                                  + offload_search.pinned_hint(Searcher, profile, cluster, request))
+        found, ranked, num_candidates, offload_notes = offload_search.fallback(
+            Searcher, profile, cluster, request, max(request.top_k, 1))
+        if found is None:
+            raise InfeasibleError(infeasible_message(searcher, profile, cluster, request)
+                                  + " " + "; ".join(offload_notes) + ".")
+        searcher = found
     prov = provenance(profile, cluster)
     plans = [build_plan(searcher.ctx, cand, sols, stages, prov) for _, cand, (sols, stages) in ranked]
     best = plans[0]

@@ -1,0 +1,162 @@
+"""State placement's cost objects (the offload axis of meshplan/dp_methods.py): what offload=cpu
+(ZeRO-Offload, Ren et al. 2021) and offload=nvme (ZeRO-Infinity, Rajbhandari et al. 2021) take
+off the device, and what they cost per step; dp_cost.py delegates to `offload_cost()`.
+
+Who steps the optimizer (executor/methods/offload_*.py):
+- FSDP2's CPUOffloadPolicy (offload=cpu, ZeRO-2/3, no delayed update): the sharded weights,
+  gradients and states live on the host; each gather first copies the fp32 shard host -> device
+  (twice per microbatch with ZeRO-3), the reduce-scattered gradient shard goes back once per step,
+  the host steps the shard.
+- meshplan's HostOptimizer (offload=cpu on ZeRO-0/1 or with delayed_update; offload=nvme on
+  every stage): weights and gradients stay on the device; once per step the rank's gradients go
+  down and its parameters come up over PCIe (4 + 4 bytes per fp32 parameter), the host runs the
+  step; offload=nvme reads and writes the states from disk, prefetched behind the host step.
+Time, once per step: the gradients' copy down hidden behind backward up to the calibration's
+dp_overlap (ZeRO-Offload streams them per bucket), then max(host step, NVMe traffic) and the
+parameters' copy up, exposed. The host step is memory-bound (CPU Adam reads parameter, gradient,
+m, v and writes parameter, m, v: 28 bytes per fp32 parameter) at cluster.host_memory_gbps.
+delayed_update runs all of it behind the next step's compute: only the excess over the
+forward+backward window (backward x 1.5) shows. On a CPU cluster the host is the device: PCIe
+and the host step cost nothing beyond the device's own optimizer step (which stays in the layer
+costs), and offload=cpu saves no memory; offload=nvme still moves the states to disk.
+"""
+from __future__ import annotations
+
+from meshplan.comm_bytes import wire_bytes
+from meshplan.planner.context import Candidate, Context
+
+CPU_ADAM_BYTES_PER_PARAM = 28
+"""fp32 Adam step traffic per parameter: read p, g, m, v (16 B), write p, m, v (12 B)."""
+FORWARD_OVER_BACKWARD = 0.5
+"""Forward time over backward time (2 vs 4 FLOPs per parameter and token), for DPU's window."""
+
+
+class Offload:
+    """offload=none: everything on the device."""
+    host_step = False
+    """The optimizer step runs on the host (the device's layer optimizer step is not paid)."""
+
+    def __init__(self, ctx: Context, cand: Candidate, params: dict):
+        self.ctx, self.cand, self.params = ctx, cand, params
+        self.zero, self.shard = cand.zero, (cand.dp_shard if cand.zero >= 2 else 1)
+        self.on_cpu = ctx.cluster.device.kind == "cpu"
+
+    def state_bytes(self, local: float, weights: float, grads: float, optim: float) -> tuple[float, float, float]:
+        return weights, grads, optim
+
+    def per_microbatch_s(self, local: float) -> float:
+        return 0.0
+
+    def step_s(self, local_params: float, backward_window_s: float) -> float:
+        return 0.0
+
+    def bytes_per_step(self, local_elems: float) -> dict[str, float]:
+        return {}
+
+
+class CpuOffload(Offload):
+    """offload=cpu (module docstring)."""
+
+    def __init__(self, ctx, cand, params):
+        super().__init__(ctx, cand, params)
+        self.delayed = bool(params.get("delayed_update"))
+        self.policy = self.zero >= 2 and not self.delayed
+        self.host_step = not self.on_cpu
+
+    def state_bytes(self, local, weights, grads, optim):
+        if self.on_cpu:
+            return weights, grads, optim  # the host is the device
+        if self.policy:  # FSDP2 CPUOffloadPolicy: sharded weights, grads and states on the host
+            return (local * 2 if self.zero == 2 else 0.0), 0.0, 0.0
+        return weights, grads, 0.0
+
+    def per_microbatch_s(self, local: float) -> float:
+        """FSDP2's policy: the fp32 shard copied host -> device before each gather."""
+        link = self.ctx.cluster.host_device
+        if not self.policy or link is None or self.on_cpu:
+            return 0.0
+        shard_bytes = 4 * local / self.shard
+        return (2 if self.zero == 3 else 1) * (link.latency_s + shard_bytes / (link.bandwidth_gbps * 1e9))
+
+    def _host_params(self, local_params: float) -> float:
+        """Parameters this rank's host steps: its ZeRO-1 partition or FSDP shard."""
+        if self.zero == 1:
+            return local_params / self.cand.dp
+        return local_params / self.shard
+
+    def _pcie_s(self, nbytes: float) -> float:
+        link = self.ctx.cluster.host_device
+        if link is None or self.on_cpu or nbytes <= 0:
+            return 0.0
+        return link.latency_s + nbytes / (link.effective_gbps("default") * 1e9)
+
+    def _host_s(self, params: float) -> float:
+        bw = self.ctx.cluster.host_memory_gbps
+        if self.on_cpu or not bw:
+            return 0.0
+        return params * CPU_ADAM_BYTES_PER_PARAM / (bw * 1e9)
+
+    def _io_s(self, params: float) -> float:
+        return 0.0
+
+    def step_s(self, local_params: float, backward_window_s: float) -> float:
+        host = self._host_params(local_params)
+        hidden = self.ctx.cluster.calibration.dp_overlap * backward_window_s
+        down = self._pcie_s(4 * host)
+        up = 0.0 if self.policy else self._pcie_s(4 * host)  # the policy's copies up are per gather
+        work = max(self._host_s(host), self._io_s(host))
+        if self.delayed:  # DPU: behind the next step's forward + backward
+            return max(0.0, down + work + up - (1 + FORWARD_OVER_BACKWARD) * backward_window_s)
+        return max(0.0, down - hidden) + work + up
+
+    def bytes_per_step(self, local_elems: float) -> dict[str, float]:
+        """What the HostOptimizer counts (executor/methods/host_optimizer.py): gradients down and
+        parameters up, 4 bytes each per parameter it steps; FSDP2's policy copies are not counted."""
+        if self.policy:
+            return {}
+        return {"host_device": 2 * wire_bytes("send_recv", 2, 4 * local_elems)}
+
+
+class NvmeOffload(CpuOffload):
+    """offload=nvme: as the HostOptimizer path of offload=cpu, plus the states read and written
+    from disk every step, prefetched behind the host step."""
+
+    def __init__(self, ctx, cand, params):
+        super().__init__(ctx, cand, {})
+        self.policy = False
+        self.host_step = not self.on_cpu
+
+    def _state_bytes_per_param(self) -> float:
+        from meshplan.planner.dp_cost import state_bytes
+        return state_bytes(self.ctx)[2]
+
+    def state_bytes(self, local, weights, grads, optim):
+        return weights, grads, 0.0
+
+    def _io_s(self, params: float) -> float:
+        link = self.ctx.cluster.nvme
+        if link is None:
+            return float("inf")
+        nbytes = params * self._state_bytes_per_param()
+        return (2 * link.latency_s + nbytes / (link.effective_gbps("read") * 1e9)
+                + nbytes / (link.effective_gbps("write") * 1e9))
+
+    def step_s(self, local_params: float, backward_window_s: float) -> float:
+        base = super().step_s(local_params, backward_window_s)
+        if self.on_cpu:  # the device's own step is in the layer costs; the disk traffic is extra
+            return self._io_s(self._host_params(local_params))
+        return base
+
+    def bytes_per_step(self, local_elems: float) -> dict[str, float]:
+        """Gradients down, parameters up, and the states read + written (steady state)."""
+        states = 2 * self._state_bytes_per_param() * local_elems
+        return {"host_device": 2 * wire_bytes("send_recv", 2, 4 * local_elems),
+                "nvme": wire_bytes("send_recv", 2, states)}
+
+
+_COSTS = {"none": Offload, "cpu": CpuOffload, "nvme": NvmeOffload}
+
+
+def offload_cost(ctx: Context, cand: Candidate) -> Offload:
+    name, params = cand.method("offload")
+    return _COSTS[name](ctx, cand, params)
