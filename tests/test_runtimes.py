@@ -204,3 +204,12 @@ def test_runtime_table_is_in_the_readme():
     readme = (Path(meshplan.__file__).resolve().parent.parent / "README.md").read_text()
     for key in runtimes.BEHAVIOURS:
         assert f"| {key} —" in readme
+
+
+def test_a_tp_pin_wider_than_a_node_is_planned_with_a_warning(capsys):
+    argv = ["plan", "--model", "analytic:gpt", "--set", "layers=4", "hidden=4096", "heads=32", "--cluster",
+            "a100-80g", "--num-gpus", "16", "--global-batch", "4", "--tp", "16"]
+    assert main([*argv, "--json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["tensor_parallel_degree"] == 16
+    assert "planned as cross-node tensor parallelism" in out.err
