@@ -181,8 +181,18 @@ def _request(args: argparse.Namespace, cluster):
                        virtual_stages=args.virtual_stages, recompute=args.recompute, zero=args.zero,
                        sequence_parallel=args.sequence_parallel, dp_shard=args.dp_shard,
                        methods=_pinned_methods(args), allow=_allowed_methods(args),
-                       allow_cross_node_tp=getattr(args, "allow_cross_node_tp", False), precision=precision,
+                       allow_cross_node_tp=_cross_node_tp(args, cluster), precision=precision,
                        runtime=args.runtime)
+
+
+def _cross_node_tp(args: argparse.Namespace, cluster) -> bool:
+    """A --tp pin wider than a node is a decision: planned across nodes, with a warning line."""
+    allowed = getattr(args, "allow_cross_node_tp", False)
+    if args.tp and args.tp > cluster.devices_per_node and not allowed:
+        _warn(args, f"--tp {args.tp} > {cluster.devices_per_node} devices per node: planned as cross-node "
+                    "tensor parallelism (its collectives run on the inter-node links)")
+        return True
+    return allowed
 
 
 def runtime_behaviours(args: argparse.Namespace, cluster, precision: str) -> dict:
