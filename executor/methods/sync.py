@@ -15,6 +15,7 @@ Every collective a method issues is counted into the rank's ByteCounter on "dp_r
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -26,7 +27,7 @@ from meshplan.comm_bytes import ByteCounter
 
 STATS_DIR_ENV = "MESHPLAN_SYNC_STATS_DIR"
 """When set, a method writes its per-step statistics (DABMD's batch sizes, a gossip round's
-consensus error, the async rounds) to DIR/sync_stats.rank{R}.json at close(), for tests and
+consensus error, the async rounds) to DIR/`stats_name(...)` at close(), for tests and
 benchmarks."""
 
 
@@ -56,8 +57,14 @@ class SyncMethod:
         directory = os.environ.get(STATS_DIR_ENV)
         if directory and self.stats:
             os.makedirs(directory, exist_ok=True)
-            with open(os.path.join(directory, f"sync_stats.rank{dist.get_rank()}.json"), "w") as f:
+            with open(os.path.join(directory, stats_name(self.par.plan.dp_methods.sync, dist.get_rank())), "w") as f:
                 json.dump(self.stats, f)
+
+
+def stats_name(choice, rank: int) -> str:
+    """sync_stats.NAME.HASH.rankR.json: one file per method, parameters and rank."""
+    key = hashlib.sha1(json.dumps(choice.params, sort_keys=True).encode()).hexdigest()[:8]
+    return f"sync_stats.{choice.name}.{key}.rank{rank}.json"
 
 
 def local_step(par, optimizers, batch, grad_clip: float):

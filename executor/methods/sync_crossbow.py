@@ -78,10 +78,12 @@ class Crossbow(SyncMethod):
 
     def _forward_backward(self, par, model, x, y) -> torch.Tensor:
         """par.step_local's accumulation over the plan's microbatches, on one learner."""
-        n, total = par.plan.num_microbatches, torch.zeros((), dtype=torch.float64)
+        total = torch.zeros((), dtype=torch.float64)
         y = torch.empty(x.shape[0], 0) if y is None else y
+        pieces = list(zip(x.chunk(par.plan.num_microbatches), y.chunk(par.plan.num_microbatches)))
+        n = len(pieces)  # fewer than the plan's microbatches when a learner's share is smaller
         with par._autocast():
-            for xm, ym in zip(x.chunk(n), y.chunk(n)):
+            for xm, ym in pieces:
                 loss = par.loss_fn(model(xm.to(par.device)), ym.to(par.device)) / n
                 loss.backward()
                 total += loss.detach().double().cpu()

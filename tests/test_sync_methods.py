@@ -1,0 +1,291 @@
+"""Replica synchronisation methods (issue #16): master, local SGD, Crossbow, DABMD, gossip, async.
+
+Fast tests check the algebra in one process (Crossbow's SMA on hand-computed numbers, the 8-bit
+quantizer's bound, the ring's spectral gap, the planner's closed forms, feasibility). The slow
+ones run gpt-tiny on 2 and 4 gloo ranks (one launch per world size, every method in it) and
+check, against DDP run in the same launch:
+- master, local SGD with period 1, Crossbow with one reset learner, DABMD at equal speed and
+  gossip on 2 ranks (an exact average) equal DDP step by step (SGD with momentum, no clipping);
+- counted bytes per step equal the closed form and the planner's comm_bytes_per_step (through
+  the public estimate()); local SGD averages steps / H times; the master takes in (N-1) x the
+  model's gradients and sends (N-1) x its parameters;
+- every approximate method ends within a stated tolerance of DDP's loss on a learnable problem
+  (a fixed 64-sample token dataset, memorised);
+- DABMD with one rank slowed 3x stays within its budget and weights each rank by its samples.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+from fractions import Fraction
+
+import pytest
+import torch
+
+from executor_plans import make_plan
+from meshplan import dp_methods, feasibility
+from meshplan.comm_bytes import wire_bytes
+from meshplan.errors import MeshplanError
+from meshplan.executor.methods.sync_crossbow import sma_update
+from meshplan.executor.methods.sync_gossip import dequantize, neighbours, quantize, spectral_rate
+from meshplan.plan import MethodChoice
+
+STEPS = 21
+"""1 + 20: the steady state (after the first step) holds a whole number of every period used."""
+TRAIN = dict(optimizer="sgd", lr=0.2, grad_clip=0.0)
+"""SGD with momentum 0.9; no clipping (per-replica clipping would differ from DDP's by design)."""
+EXACT_REL = 1e-4
+"""Exact methods vs DDP, relative loss difference per step: only summation order differs."""
+CONVERGENCE_REL = 0.03
+"""Approximate methods vs DDP: mean loss over the last 5 of 21 steps within 3%."""
+
+
+def sync_plan(name: str, params: dict | None = None, **kw):
+    plan = make_plan(**kw)
+    plan.dp_methods.sync = MethodChoice(name=name, params=dp_methods.method("sync", name).resolve(params or {}, "sync"))
+    plan.validate()
+    return plan
+
+
+# --- fast: algebra --------------------------------------------------------------------------
+
+def test_crossbow_sma_on_hand_computed_values():
+    # two learners at 1 and 3 (one parameter), z = 0, alpha = 0.25, mu = 0.5, Delta_prev = 2
+    learners, z, delta = sma_update([torch.tensor([1.0]), torch.tensor([3.0])], torch.tensor([0.0]),
+                                    torch.tensor([2.0]), alpha=0.25, mu=0.5)
+    # d = (1, 3); w <- w - 0.25 d = (0.75, 2.25); Delta = 0.25 (1 + 3) + 0.5 x 2 = 2; z = 2
+    assert [w.item() for w in learners] == [0.75, 2.25]
+    assert delta.item() == 2.0 and z.item() == 2.0
+
+
+def test_crossbow_one_reset_learner_per_rank_is_the_mean():
+    ws = [torch.randn(5) for _ in range(3)]
+    z = torch.randn(5)
+    _, z1, _ = sma_update(ws, z, torch.zeros(5), alpha=1 / 3, mu=0.0)
+    torch.testing.assert_close(z1, torch.stack(ws).mean(0))
+
+
+def test_8bit_quantizer_error_is_within_half_a_level():
+    v = torch.randn(10_000) * 3
+    codes, ranges = quantize(v, 256)
+    back = dequantize(codes, ranges, 256)
+    assert codes.dtype == torch.uint8 and ranges.shape == (math.ceil(10_000 / 256), 2)
+    chunks = torch.nn.functional.pad(v, (0, (-v.numel()) % 256)).view(-1, 256)
+    bound = ((chunks.max(1).values - chunks.min(1).values) / 255 / 2).repeat_interleave(256)[:v.numel()]
+    assert bool(((back - v).abs() <= bound + 1e-6).all())
+
+
+def test_ring_neighbours_and_spectral_gap():
+    assert neighbours(0, 2) == [1] and neighbours(0, 4) == [1, 3] and neighbours(3, 4) == [0, 2]
+    assert spectral_rate(4) == pytest.approx(1 / 3) and spectral_rate(2) == 0.0
+    assert spectral_rate(8) == pytest.approx((1 + 2 * math.cos(2 * math.pi / 8)) / 3)
+
+
+def test_allow_sync_all_and_master_as_a_what_if():
+    assert dp_methods.parse_allow("sync", "all", "--allow-sync") == (
+        "async", "crossbow", "dabmd", "gossip", "local-sgd", "master")
+    assert dp_methods.parse_allow("sync", "master,gossip", "--allow-sync") == ("gossip", "master")
+    with pytest.raises(MeshplanError, match="allreduce is exact and always searched"):
+        dp_methods.parse_allow("sync", "allreduce", "--allow-sync")
+    assert dp_methods.method("sync", "master").exact
+    assert not any(dp_methods.method("sync", n).exact for n in ("local-sgd", "crossbow", "dabmd", "gossip", "async"))
+
+
+@pytest.mark.parametrize("kw, reason", [
+    (dict(dp=2, pp=2, microbatches=2), "sync=gossip with pipeline_parallel_degree 2"),
+    (dict(dp=2, zero=1), "sync=gossip with zero_stage 1: runs with zero_stage 0 only"),
+    (dict(dp=2, compression="fp16"), "sync=gossip with compression=fp16"),
+    (dict(dp=1), "sync=gossip with data-parallel degree 1"),
+])
+def test_feasibility_refuses_what_the_sync_executor_does_not_run(kw, reason):
+    plan = make_plan(validate=False, **kw)
+    plan.dp_methods.sync = MethodChoice(name="gossip", params=dp_methods.defaults_of("sync", "gossip"))
+    assert reason in feasibility.first(plan.layout(), num_layers=len(plan.layers))
+
+
+# --- fast: the planner's closed forms ----------------------------------------------------------
+
+def _params_bytes() -> int:
+    from meshplan.executor.model import build_named_model
+    return 4 * sum(p.numel() for p in build_named_model("gpt-tiny", {}, "meta").parameters())
+
+
+def expected_bytes(name: str, params: dict, n: int) -> int:
+    """Bytes one rank (the busiest) sends per steady-state step, from first principles."""
+    s = _params_bytes()
+    p = dp_methods.method("sync", name).resolve(params, "sync")
+    if name == "master":  # the master sends the parameters to each worker
+        return (n - 1) * s
+    if name == "local-sgd":
+        g = p["group_size"]
+        total = wire_bytes("all_reduce", n, s) / p["period"]
+        if g and g < n:
+            total += wire_bytes("all_reduce", g, s) * (Fraction(1, p["group_period"]) - Fraction(1, p["period"]))
+        return round(total)
+    if name in ("crossbow", "allreduce"):
+        return round(wire_bytes("all_reduce", n, s))
+    if name == "dabmd":
+        return round(wire_bytes("all_reduce", n, s + 4))
+    if name == "gossip":
+        peers = 1 if n == 2 else 2
+        msg = s // 4 + 8 * math.ceil(s // 4 / p["chunk"]) if p["low_precision"] else s
+        return round(Fraction(peers * msg, p["period"]))
+    if name == "async":
+        return round(wire_bytes("all_reduce", n, s) / p["period"])
+    raise AssertionError(name)
+
+
+def predicted_bytes(plan) -> dict[str, int]:
+    from test_dp_methods_executor import predicted_bytes as predict
+    return predict(plan)
+
+
+SPECS = [("master", {}), ("local-sgd", {"period": 4}), ("local-sgd", {"period": 4, "group_size": 2, "group_period": 2}),
+         ("crossbow", {"learners": 2}), ("dabmd", {}), ("gossip", {}), ("gossip", {"low_precision": True}),
+         ("async", {"period": 2})]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("name, params", SPECS)
+def test_planner_bytes_equal_the_closed_form(name, params, n):
+    plan = sync_plan(name, params, dp=n)
+    assert predicted_bytes(plan) == {"dp_replicate": expected_bytes(name, params, n)}
+
+
+def test_planner_prices_master_against_all_reduce_as_n_grows():
+    """Master aggregation's exposed sync grows ~ (N-1) while all-reduce's stays ~ flat."""
+    from meshplan.planner import PlanRequest, estimate
+    from meshplan.presets import local_cpu
+    from meshplan.profiler import profile_model
+    profile = profile_model("gpt-tiny", {}, device="meta")
+
+    def step(n, sync):
+        methods = {"sync": (sync, dp_methods.defaults_of("sync", sync))}
+        req = PlanRequest(num_gpus=n, global_batch=2 * n, precision="fp32", dp=n, tp=1, pp=1, microbatch=2, zero=0,
+                          methods=methods)
+        return estimate(profile, local_cpu(n), req).prediction.step_time_s
+    assert step(2, "master") / step(2, "allreduce") < step(4, "master") / step(4, "allreduce")
+
+
+# --- slow: real runs on gloo ------------------------------------------------------------------
+
+RUNS = {
+    2: {
+        "ddp": ("allreduce", {}), "master": ("master", {}), "local1": ("local-sgd", {"period": 1}),
+        "local4": ("local-sgd", {"period": 4}), "postlocal": ("local-sgd", {"period": 4, "warmup_steps": 1}),
+        "crossbow1": ("crossbow", {"learners": 1, "reset": True, "momentum": 0.0}),
+        "crossbow2": ("crossbow", {"learners": 2}), "dabmd": ("dabmd", {}),
+        "gossip": ("gossip", {}), "gossip8": ("gossip", {"low_precision": True}), "async": ("async", {}),
+        "dabmd_slow": ("dabmd", {"budget_ms": 40.0}),
+    },
+    4: {
+        "ddp": ("allreduce", {}), "master": ("master", {}),
+        "hier": ("local-sgd", {"period": 4, "group_size": 2, "group_period": 2}),
+        "gossip": ("gossip", {}), "gossip8": ("gossip", {"low_precision": True}), "dabmd": ("dabmd", {}),
+        "async": ("async", {"period": 2}),
+    },
+}
+EXACT = {2: ["master", "local1", "crossbow1", "dabmd", "gossip"], 4: ["master", "dabmd"]}
+MICROBATCHES = 4
+"""Per rank and step: 4 microbatches of 1 sample (DABMD's budget counts them)."""
+
+
+def _launch(n: int, tmp_path_factory):
+    from meshplan.executor.launch import LaunchOptions, run_plans
+    names = list(RUNS[n])
+    plans = [sync_plan(RUNS[n][k][0], RUNS[n][k][1], dp=n, microbatch=1, microbatches=MICROBATCHES) for k in names]
+    out = tmp_path_factory.mktemp(f"sync_ws{n}")
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = {"PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]),
+           "MESHPLAN_SYNC_STATS_DIR": str(out / "stats"), "MESHPLAN_SLOW_RANK": "1:3"}
+    results = run_plans(plans, LaunchOptions(steps=STEPS, out_dir=str(out), quiet=True, timeout_s=300,
+                                             data="executor_plans:token_dataset", env=env, **TRAIN))
+    for plan, result in zip(plans, results):
+        result.plan = plan
+    return dict(zip(names, results)), out / "stats"
+
+
+@pytest.fixture(scope="module")
+def ws2(tmp_path_factory):
+    return _launch(2, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def ws4(tmp_path_factory):
+    return _launch(4, tmp_path_factory)
+
+
+def _rel(a, b) -> float:
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
+def _runs(request, n):
+    return request.getfixturevalue(f"ws{n}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [2, 4])
+def test_exact_methods_equal_ddp_step_by_step(request, n):
+    runs, _ = _runs(request, n)
+    for key in EXACT[n]:
+        assert _rel(runs[key].losses, runs["ddp"].losses) <= EXACT_REL, key
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [2, 4])
+def test_counted_bytes_equal_the_planner_and_the_closed_form(request, n):
+    runs, _ = _runs(request, n)
+    for key, (name, params) in RUNS[n].items():
+        if key in ("ddp", "dabmd_slow", "postlocal"):
+            continue
+        got = runs[key].comm_bytes_per_step
+        assert got == {"dp_replicate": expected_bytes(name, params, n)}, key
+        assert predicted_bytes(runs[key].plan) == got, key
+
+
+@pytest.mark.slow
+def test_local_sgd_averages_steps_over_period_times_and_post_local_warms_up(ws2):
+    runs, _ = ws2
+    avg = round(wire_bytes("all_reduce", 2, _params_bytes()))
+    per_step = [s.get("dp_replicate", 0) for s in runs["local4"].comm_bytes_by_step]
+    assert per_step == [avg if step % 4 == 0 else 0 for step in range(STEPS)]  # averaging at 0, 4, 8, ...
+    post = [s.get("dp_replicate", 0) for s in runs["postlocal"].comm_bytes_by_step]
+    assert post[0] == avg and post[1] == avg  # step 0: gradient all-reduce; step 1: first averaging
+    assert sum(1 for b in post[1:] if b) == len(range(1, STEPS, 4))
+
+
+@pytest.mark.slow
+def test_master_takes_in_and_sends_the_model_n_minus_1_times(ws4):
+    runs, _ = ws4
+    s = _params_bytes()
+    by_rank = runs["master"].comm_bytes_per_step_by_rank
+    assert by_rank[0] == {"dp_replicate": 3 * s}  # parameters out to 3 workers
+    assert by_rank[1:] == [{"dp_replicate": s}] * 3  # each worker's gradients in: 3 s at the master
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [2, 4])
+def test_approximate_methods_converge_near_ddp(request, n):
+    runs, _ = _runs(request, n)
+    ddp = runs["ddp"].losses
+    assert sum(ddp[-5:]) < 0.9 * 5 * ddp[0]  # the problem is learnable
+    for key in RUNS[n]:
+        tail = sum(runs[key].losses[-5:]) / 5
+        assert abs(tail - sum(ddp[-5:]) / 5) <= CONVERGENCE_REL * sum(ddp[-5:]) / 5, (key, runs[key].losses[-5:], ddp[-5:])
+
+
+@pytest.mark.slow
+def test_dabmd_absorbs_a_rank_slowed_3x(ws2):
+    _, stats = ws2
+    choice = ws2[0]["dabmd_slow"].plan.dp_methods.sync
+    from meshplan.executor.methods.sync import stats_name
+    fast, slow = (json.load(open(stats / stats_name(choice, r))) for r in (0, 1))
+    budget_s = choice.params["budget_ms"] / 1e3
+    for f, s in zip(fast[1:], slow[1:]):
+        assert f["union"] == s["union"] == f["samples"] + s["samples"]
+        assert f["weight"] + s["weight"] == pytest.approx(1.0)
+        per_sample = s["compute_s"] / s["samples"]
+        assert s["compute_s"] <= budget_s + per_sample + 0.02  # overshoot: at most the microbatch in flight
+    assert sum(s["samples"] for s in slow) < sum(f["samples"] for f in fast)
