@@ -41,7 +41,13 @@ def build_named_model(name: str, config: dict[str, Any], device: str | torch.dev
     except ImportError:  # an older profiler: zoo names only
         from meshplan.models import zoo
         return zoo.build_model(name, config, device=device, seed=seed)
-    model = load_model(name, config, str(device), seed)
+    try:
+        model = load_model(name, config, str(device), seed)
+    except MeshplanError as exc:  # the loader speaks of --set; in a plan the values are model_config's
+        text = str(exc)
+        if not text.startswith("--set"):
+            raise
+        raise MeshplanError("plan.model_config" + text[len("--set"):]) from None
     if not isinstance(model, LayeredModel):
         raise MeshplanError(f"plan.model_name = {name!r}: the loader did not return a LayeredModel")
     return model

@@ -402,7 +402,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from meshplan.validation import validate_published, write_validation_report
 
-    csv = args.csv or str(Path(__file__).parent / "data" / "published-runs.csv")
+    shipped = str(Path(__file__).parent / "data" / "published-runs.csv")
+    csv = args.csv or shipped
+    if args.csv:
+        _check_csv_header(args.csv, shipped)
     with _progress(args, "predicting published runs"):
         rows = validate_published(csv)
     write_validation_report(rows, args.output)
@@ -411,3 +414,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
     else:
         _say(args, f"wrote {args.output} ({len(rows)} rows)")
     return 0
+
+
+def _check_csv_header(path: str, shipped: str) -> None:
+    """--csv: a UTF-8 CSV with at least the shipped table's columns and one row."""
+    text = schema.read_text_file(path, "--csv")
+    need = schema.read_text_file(shipped, "shipped").splitlines()[0].split(",")
+    lines = [line for line in text.splitlines() if line.strip()]
+    have = lines[0].split(",") if lines else []
+    missing = [c for c in need if c not in have]
+    if missing or len(lines) < 2:
+        what = f"lacks the columns {', '.join(missing[:5])}" if missing else "has no rows"
+        raise MeshplanError(f"--csv {path}: {what}; give a table with the columns of {shipped}")
+

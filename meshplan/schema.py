@@ -154,17 +154,64 @@ def content_hash(obj: Any) -> str:
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write via a temporary file and rename, so a failure never leaves a half-written file."""
+    """Write via a temporary file and rename, so a failure never leaves a half-written file.
+    The file gets the mode a plain open() would (0666 less the umask), not mkstemp's 0600. A path
+    that cannot be written (under a file, a directory, /proc) is one MeshplanError line."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    if path.is_dir():
+        raise MeshplanError(f"cannot write {str(path)!r}: it is a directory; give a file path")
+    blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise MeshplanError(f"cannot write {str(path)!r}: {str(blocker)!r} is a file, not a directory; "
+                            "give another path")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise MeshplanError(f"cannot write {str(path)!r}: {exc.strerror or exc}; give a path in a writable "
+                            "directory") from None
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise MeshplanError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
         raise
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux allows (/proc/self/status)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def read_text_file(path: str | os.PathLike, what: str) -> str:
+    """A user's text file as str; missing, unreadable or non-UTF-8 is one MeshplanError line."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise MeshplanError(f"{what} file {str(path)!r} does not exist; check the path") from None
+    except IsADirectoryError:
+        raise MeshplanError(f"{what} file {str(path)!r} is a directory; give a file") from None
+    except OSError as exc:
+        raise MeshplanError(f"{what} file {str(path)!r} cannot be read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise MeshplanError(f"{what} file {str(path)!r} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+                            f"offset {exc.start}); give the text file meshplan wrote") from None
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number meshplan accepts (every number must be finite)")
 
 
 def save(obj: Any, path: str | os.PathLike) -> None:
@@ -174,18 +221,15 @@ def save(obj: Any, path: str | os.PathLike) -> None:
 def load(cls: type[T], path: str | os.PathLike, what: str | None = None) -> T:
     """Read and validate a contract file; every failure is one MeshplanError line."""
     what = what or cls.__name__
+    text = read_text_file(path, what)
     try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise MeshplanError(f"{what} file {str(path)!r} does not exist; check the path") from None
-    except OSError as exc:
-        raise MeshplanError(f"{what} file {str(path)!r} cannot be read: {exc.strerror}") from None
-    try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise MeshplanError(
             f"{what} file {str(path)!r} is not valid JSON (line {exc.lineno}, column {exc.colno}: "
             f"{exc.msg}); regenerate it with meshplan") from None
+    except ValueError as exc:  # NaN, Infinity, -Infinity
+        raise MeshplanError(f"{what} file {str(path)!r}: {exc}; regenerate it with meshplan") from None
     try:
         return from_dict(cls, data)
     except MeshplanError as exc:

@@ -105,6 +105,7 @@ def _one_line(exc: BaseException) -> str:
 def wrap_module(module: nn.Module, batch: Any, spec: str) -> "UserModel":
     """UserModel over the module's children if they form a chain, else over the whole module."""
     inputs, targets = _split_batch(batch, spec)
+    _check_trainable(module, inputs, spec)
     children = list(module.children())
     if len(children) > 1 and _is_chain(module, children, inputs):
         return UserModel(children, inputs, targets, chained=True)
@@ -118,6 +119,20 @@ def _split_batch(batch: Any, spec: str) -> tuple[torch.Tensor, torch.Tensor | No
         return batch[0], batch[1]
     raise MeshplanError(f"--model {spec}: example_batch is {type(batch).__name__}; return a tensor of inputs "
                         "or an (inputs, targets) pair of tensors, batch in dim 0")
+
+
+@torch.no_grad()
+def _check_trainable(module: nn.Module, inputs: torch.Tensor, spec: str) -> None:
+    """A module with trainable parameters whose forward runs on its own example batch."""
+    if not any(p.requires_grad for p in module.parameters()):
+        raise MeshplanError(f"--model {spec}: {type(module).__name__} has no trainable parameters "
+                            f"({len(list(module.children()))} child modules); there is nothing to train or split")
+    try:
+        module(inputs)
+    except Exception as exc:
+        raise MeshplanError(f"--model {spec}: {type(module).__name__} fails on its example_batch of shape "
+                            f"{list(inputs.shape)}: {_one_line(exc)}; each layer's output must fit the next "
+                            "layer's input") from None
 
 
 @torch.no_grad()

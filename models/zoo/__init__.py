@@ -99,14 +99,38 @@ def resolve(name: str, overrides: dict[str, Any] | None = None) -> tuple[str, An
                                 f"known keys are {', '.join(fields)}")
     try:
         config = config_cls(**{k: _coerce(fields[k], k, v) for k, v in values.items()})
+    except MeshplanError:
+        raise
     except (TypeError, ValueError) as exc:
         raise MeshplanError(f"--set for {family}: {exc}") from None
+    _check_shape(family, config, fields)
     return family, config
+
+
+def _check_shape(family: str, config: Any, fields: dict[str, dataclasses.Field]) -> None:
+    """Sizes are positive (0 only where the field's default 0 means "derived", as ffn_hidden);
+    attention heads split the hidden size evenly. Refused here, before any tensor is made."""
+    for key, field in fields.items():
+        value = getattr(config, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if value < 0 or (value == 0 and field.default != 0) or value != value:
+            raise MeshplanError(f"--set {key}={value}: {family} needs {key} >= 1")
+    hidden, heads = getattr(config, "hidden", None), getattr(config, "heads", None)
+    if isinstance(hidden, int) and isinstance(heads, int) and hidden % heads:
+        raise MeshplanError(f"--set heads={heads}: {family}'s hidden size {hidden} is not divisible by "
+                            f"heads {heads}; pick heads that divide hidden (e.g. {_divisor_near(hidden, heads)})")
+
+
+def _divisor_near(n: int, k: int) -> int:
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - k), d))
 
 
 def _coerce(field: dataclasses.Field, key: str, value: Any) -> Any:
     kind = field.type if isinstance(field.type, type) else {"int": int, "float": float, "str": str,
                                                              "bool": bool}.get(str(field.type), None)
+    if kind is int and isinstance(value, float) and not value.is_integer():
+        raise MeshplanError(f"--set {key}={value}: expected an integer")
     if kind is None or isinstance(value, kind):
         return value
     try:
