@@ -36,7 +36,8 @@ def _request(rng: random.Random) -> PlanRequest:
     elif rng.random() < 0.5:
         allow["compression"] = tuple(rng.sample(dp_methods.approximate("compression"), rng.randint(1, 2)))
     if rng.random() < 0.1:
-        methods["offload"] = ("cpu", {})
+        name = rng.choice(["cpu", "nvme"])
+        methods["offload"] = (name, dp_methods.method("offload", name).resolve({}, "offload"))
     return PlanRequest(num_gpus=n, global_batch=rng.randint(1, 24), top_k=3, precision="fp32",
                        tp=pick([1, 2, 4]), pp=pick([1, 2, 3, 4]), microbatch=pick([1, 2, 3, 4]),
                        schedule=pick(["gpipe", "1f1b", "interleaved", "zerobubble"]), zero=pick([0, 1, 2, 3]),
