@@ -6,7 +6,9 @@ every rank. Keys are the single-process model's FQNs, so DCP can load the checkp
 different plan (other degrees, stages, ZeRO stage): it reads each rank's shards by key. ZeRO-1's
 ZeroRedundancyOptimizer keeps its state outside (one file per rank), so it resumes only into the
 same plan. `latest` names the newest complete checkpoint and is written (atomically, by rank 0)
-only after every rank finished saving; a rank dying mid-save leaves the previous one as latest.
+only after every rank finished saving and rank 0 listed every file's size and sha256 in the step's
+manifest.json; a rank dying mid-save leaves the previous one as latest, and a damaged one is
+skipped for the newest complete one (executor/checkpoint_manifest.py).
 """
 from __future__ import annotations
 
@@ -20,19 +22,15 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_optimizer_state_dict)
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from meshplan.executor.checkpoint_manifest import checkpoint_root, resume_point, step_dir, write_manifest
 from meshplan.schema import write_text_atomic
 
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
-def checkpoint_root(out_dir: str | Path) -> Path:
-    return Path(out_dir) / "checkpoints"
-
-
 def latest_step(out_dir: str | Path) -> int:
-    """Steps completed by the newest complete checkpoint (0 if none)."""
-    marker = checkpoint_root(out_dir) / "latest"
-    return int(marker.read_text().strip()) if marker.exists() else 0
+    """Steps completed by the newest complete checkpoint (0 if none; never a damaged one)."""
+    return resume_point(out_dir)[0]
 
 
 def saved_plan_path(out_dir: str | Path) -> Path:
@@ -41,7 +39,7 @@ def saved_plan_path(out_dir: str | Path) -> Path:
 
 
 def _step_dir(out_dir, step: int) -> Path:
-    return checkpoint_root(out_dir) / f"step_{step:06d}"
+    return step_dir(out_dir, step)
 
 
 def _part_states(parts, optimizers) -> list[tuple[dict, dict]]:
@@ -64,6 +62,11 @@ def _merged(states: list[tuple[dict, dict]]) -> dict:
 def save(out_dir, step: int, parts, optimizers, stage_ids, plan=None) -> None:
     """Collective: every rank saves its shards of model and optimizer after `step` steps."""
     path = _step_dir(out_dir, step)
+    if dist.get_rank() == 0 and path.exists():  # a damaged save of an earlier run: no stale shards
+        import shutil
+
+        shutil.rmtree(path)
+    dist.barrier()
     if plan is not None and dist.get_rank() == 0:
         from meshplan.schema import save as save_json
         save_json(plan, path / "plan.json")
@@ -73,6 +76,7 @@ def save(out_dir, step: int, parts, optimizers, stage_ids, plan=None) -> None:
             torch.save(opt.optim.state_dict(), path / f"zero1.{sid}.rank{dist.get_rank()}.pt")
     dist.barrier()
     if dist.get_rank() == 0:
+        write_manifest(path, step)
         write_text_atomic(checkpoint_root(out_dir) / "latest", f"{step}\n")
     dist.barrier()
 

@@ -14,6 +14,7 @@ import collections
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -29,6 +30,7 @@ from meshplan.errors import MeshplanError, RunError, RunInterrupted
 from meshplan.executor import run_dir
 from meshplan.executor.check import check_plan
 from meshplan.executor.checkpoint import checkpoint_root, latest_step, saved_plan_path
+from meshplan.executor.checkpoint_manifest import resume_point
 from meshplan.executor.worker import variant_dir
 from meshplan.plan import Plan
 from meshplan.run_result import RunResult
@@ -46,6 +48,8 @@ class LaunchOptions:
     out_dir: str = "runs/latest"
     checkpoint_every: int = 0
     resume: bool = False
+    overwrite: bool = False
+    """Start afresh even if out_dir holds an earlier run's resumable checkpoint (deleting it)."""
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str | None = None
@@ -93,10 +97,11 @@ def launch_command(plan: Plan, *, nnodes: int = 1, node_rank: int = 0, rdzv_endp
 def run_plan(plan: Plan, *, steps: int = 5, data: str | None = None, out_dir: str = "runs/latest",
              checkpoint_every: int = 0, resume: bool = False, nnodes: int = 1, node_rank: int = 0,
              rdzv_endpoint: str | None = None, timeout_s: float = 300, quiet: bool = False,
-             optimizer: str = "adamw", lr: float = 3e-4, grad_clip: float = 1.0, seed: int = 0) -> RunResult:
+             optimizer: str = "adamw", lr: float = 3e-4, grad_clip: float = 1.0, seed: int = 0,
+             overwrite: bool = False) -> RunResult:
     """Run `plan` with torchrun; writes out_dir/run.json and returns the RunResult."""
     opts = LaunchOptions(steps=steps, data=data, out_dir=out_dir, checkpoint_every=checkpoint_every,
-                         resume=resume, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+                         resume=resume, overwrite=overwrite, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
                          timeout_s=timeout_s, quiet=quiet, optimizer=optimizer, lr=lr, grad_clip=grad_clip,
                          seed=seed)
     (result,) = run_plans([plan], opts, run_json=True)
@@ -192,20 +197,31 @@ def _check_reshard(saved: Plan, plan: Plan, vdir: Path) -> None:
 
 
 def _check_checkpoints(out: Path, count: int, opts: LaunchOptions, plans: list[Plan]) -> None:
-    """--resume needs a checkpoint short of --steps; a fresh run forgets an old run's `latest`."""
+    """Before any rank starts: --resume needs a complete checkpoint (manifest sizes and hashes
+    checked) short of --steps, a damaged `latest` falls back to the newest complete one with a
+    warning; a fresh run never deletes an earlier run's resumable checkpoint without --overwrite."""
     for i in range(count):
         vdir = variant_dir(str(out), i, count)
-        done = latest_step(vdir)
-        if opts.resume and done == 0:
-            raise MeshplanError(f"--resume: no complete checkpoint under {checkpoint_root(vdir)}; "
-                                "run without --resume (and with --checkpoint-every K) first")
-        if opts.resume and done >= opts.steps:
+        done, warning = resume_point(vdir)
+        if not opts.resume:
+            if done and not opts.overwrite:
+                raise MeshplanError(f"--out-dir {out}: holds a resumable checkpoint at step {done} "
+                                    f"({checkpoint_root(vdir)}); continue it with --resume, start afresh with "
+                                    "--overwrite (deletes it), or use another --out-dir")
+            if checkpoint_root(vdir).exists():
+                shutil.rmtree(checkpoint_root(vdir))
+            continue
+        if done == 0:
+            raise MeshplanError(f"--resume: no complete checkpoint under {checkpoint_root(vdir)}"
+                                + (f" ({warning})" if warning else "")
+                                + "; run without --resume (and with --checkpoint-every K) first")
+        if done >= opts.steps:
             raise MeshplanError(f"--resume: the checkpoint in {checkpoint_root(vdir)} is at step {done}, "
                                 f"not before --steps {opts.steps}; raise --steps")
-        if not opts.resume:
-            (checkpoint_root(vdir) / "latest").unlink(missing_ok=True)
-        elif saved_plan_path(vdir).exists():
+        if saved_plan_path(vdir).exists():
             _check_reshard(load(Plan, saved_plan_path(vdir)), plans[i], vdir)
+        if warning:
+            print(f"meshplan run: warning: {warning}", file=sys.stderr, flush=True)
 
 
 def _write_plans(plans: list[Plan], out: Path) -> list[str]:

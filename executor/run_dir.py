@@ -48,6 +48,7 @@ class RunDirLock:
         check_out_dir(self.out)
         self.created = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
+        self.new_file = not (self.out / LOCK_NAME).exists()
         fd = os.open(self.out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -64,15 +65,13 @@ class RunDirLock:
 
     def release(self, *, remove_dir: bool = False) -> None:
         """Unlock; remove_dir=True deletes the directory again if acquire created it and the run
-        wrote nothing else (a refused run leaves nothing behind)."""
+        wrote nothing else, and the lock file if acquire made it (a refused run leaves nothing)."""
         if self.fd is None:
             return
-        if remove_dir and self.created and {p.name for p in self.out.iterdir()} <= {LOCK_NAME}:
+        if remove_dir and self.new_file:
             (self.out / LOCK_NAME).unlink(missing_ok=True)
-            try:
-                self.out.rmdir()
-            except OSError:
-                pass
+        if remove_dir and self.created and not any(self.out.iterdir()):
+            self.out.rmdir()
         os.close(self.fd)  # closing the descriptor drops the flock
         self.fd = None
 

@@ -184,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", default="runs/latest", help="where run.json and checkpoints go")
     p.add_argument("--checkpoint-every", type=int, default=0, help="save a DCP checkpoint every K steps")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out-dir")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start afresh in an --out-dir that holds an earlier run's checkpoint (deletes it)")
     p.add_argument("--nnodes", type=int, default=1)
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--rdzv-endpoint", help="host:port for multi-node rendezvous")

@@ -276,12 +276,27 @@ def _inputs(args: argparse.Namespace):
                             dropout=bool(dropout))
     else:
         profile = _build_profile(args)
+    _check_seq(args, profile)
     return profile, cluster, request
+
+
+def _check_seq(args: argparse.Namespace, profile) -> None:
+    """--seq beyond the model's context is priced, but such a plan cannot run: -o refuses it."""
+    if not args.seq or args.seq <= profile.seq_len:
+        return
+    text = (f"--seq {args.seq}: {profile.model_name} handles at most {profile.seq_len} tokens; "
+            f"build the model for it with --set seq={args.seq}")
+    if args.output:
+        raise MeshplanError(text + " (a plan written with -o must be runnable)")
+    import sys
+
+    print(f"meshplan {args.verb}: warning: {text}; this plan is a what-if `meshplan run` refuses", file=sys.stderr)
 
 
 def _emit_plan(args: argparse.Namespace, plan: Plan) -> None:
     from meshplan.views import describe, plan_table, plan_view
 
+    _warn_dropped_pins(args, plan)
     if args.output:
         schema.save(plan, args.output)
     if args.json:
@@ -304,6 +319,20 @@ def _emit_plan(args: argparse.Namespace, plan: Plan) -> None:
             _say(args, f"  rejected {rej.family}: {rej.reason}" + (f" (x{rej.count})" if rej.count > 1 else ""))
     if args.output:
         _say(args, f"wrote {args.output}")
+
+
+def _warn_dropped_pins(args: argparse.Namespace, plan: Plan) -> None:
+    """A pinned knob the chosen plan cannot use is said, not silently dropped."""
+    import sys
+
+    dropped = []
+    if args.virtual_stages and args.virtual_stages > 1 and plan.virtual_stages != args.virtual_stages:
+        dropped.append(f"--virtual-stages {args.virtual_stages} (the plan has pp={plan.pipeline_parallel_degree}, "
+                       f"{plan.virtual_stages} stage(s) per rank)")
+    if args.sequence_parallel and not plan.sequence_parallel:
+        dropped.append(f"--sequence-parallel (the plan has tp={plan.tensor_parallel_degree}; it needs tp >= 2)")
+    for what in dropped:
+        print(f"meshplan {args.verb}: warning: ignored {what}", file=sys.stderr)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -331,6 +360,7 @@ def _load_plan(path: str) -> Plan:
 
 def cmd_run(args: argparse.Namespace) -> int:
     _check_positive(steps=args.steps, nnodes=args.nnodes)
+    _check_run_flags(args)
     plan = _load_plan(args.plan)
     from meshplan.executor import check_plan, launch_command, run_plan
 
@@ -348,7 +378,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     with _progress(args, f"running {args.steps} steps on {plan.world_size} ranks"):
         result = run_plan(plan, steps=args.steps, data=args.data, out_dir=args.out_dir,
-                          checkpoint_every=args.checkpoint_every, resume=args.resume, nnodes=args.nnodes,
+                          checkpoint_every=args.checkpoint_every, resume=args.resume, overwrite=args.overwrite,
+                          nnodes=args.nnodes,
                           node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
                           timeout_s=args.timeout, quiet=args.quiet or args.json)
     if args.json:
@@ -364,11 +395,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_run_flags(args: argparse.Namespace) -> None:
+    if args.checkpoint_every < 0:
+        raise MeshplanError(f"--checkpoint-every {args.checkpoint_every}: must be >= 0 (0: no checkpoints)")
+    if not args.timeout > 0:
+        raise MeshplanError(f"--timeout {args.timeout:g}: must be > 0 seconds")
+    if not 0 <= args.node_rank < args.nnodes:
+        raise MeshplanError(f"--node-rank {args.node_rank}: must be in 0..{args.nnodes - 1} (--nnodes {args.nnodes})")
+
+
+def _check_run_matches(plan: Plan, run, path: str) -> None:
+    """report --run: the run must be of this plan's model and world size; another plan of them is
+    compared with a warning (the report says so too)."""
+    if run.world_size != plan.world_size:
+        raise MeshplanError(f"--run {path}: ran {run.world_size} ranks, the plan has world_size "
+                            f"{plan.world_size}; give the run.json of this plan")
+    if run.plan_hash and run.plan_hash != schema.content_hash(plan):
+        import sys
+
+        print(f"meshplan report: warning: --run {path} was measured on another plan (hash {run.plan_hash}, "
+              f"this plan {schema.content_hash(plan)}); its numbers are not this plan's", file=sys.stderr)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from meshplan.run_result import RunResult
 
     plan = _load_plan(args.plan)
     run = schema.load(RunResult, args.run, "run") if args.run else None
+    if run is not None:
+        _check_run_matches(plan, run, args.run)
     from meshplan.report import write_report
 
     paths = write_report(plan, args.output, run=run)

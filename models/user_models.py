@@ -65,6 +65,10 @@ def _run_import(load: Callable, target: str, spec: str, on_fail: Callable = lamb
                                 "directory to PYTHONPATH (or give path/to/file.py:factory)") from None
         raise MeshplanError(f"--model {spec}: importing {target} failed: no module named {exc.name!r}; "
                             f"install {exc.name} or fix the import") from None
+    except SystemExit as exc:  # its exit code would read as one of meshplan's (3 = infeasible)
+        on_fail()
+        raise MeshplanError(f"--model {spec}: importing {target} called sys.exit({exc.code!r}); a model file "
+                            "must not exit (guard script code with `if __name__ == \"__main__\":`)") from None
     except Exception as exc:  # the user's code: any error becomes one line
         on_fail()
         raise MeshplanError(f"--model {spec}: importing {target} failed: {_one_line(exc)}; fix the file") from None
@@ -88,7 +92,7 @@ def _call_factory(factory: Callable, overrides: dict | None, spec: str) -> tuple
             raise MeshplanError(f"--set {', '.join(overrides)}: {spec} does not accept it ({_one_line(exc)}); "
                                 "add keyword parameters to the factory or drop --set") from None
         raise MeshplanError(f"--model {spec}: the factory raised {_one_line(exc)}; fix the factory") from None
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise MeshplanError(f"--model {spec}: the factory raised {_one_line(exc)}; fix the factory") from None
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module)):
         got = type(result).__name__ + (f" of {len(result)}" if isinstance(result, tuple) else "")

@@ -13,6 +13,7 @@ from executor_plans import make_plan, methods
 from meshplan.errors import MeshplanError, RunError
 from meshplan.executor import check_plan, launch_command, run_plan
 from meshplan.executor.checkpoint import latest_step
+from meshplan.executor.checkpoint_manifest import write_manifest
 from meshplan.executor.reference import reference_losses
 from meshplan.run_result import RunResult
 from meshplan.schema import load
@@ -164,7 +165,9 @@ def test_resume_needs_a_checkpoint_before_the_last_step(tmp_path):
     plan = make_plan(dp=2)
     with pytest.raises(MeshplanError, match=r"--resume: no complete checkpoint"):
         run_plan(plan, steps=4, out_dir=str(tmp_path), resume=True)
-    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "step_000004").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step_000004" / "__0_0.distcp").write_bytes(b"shard")
+    write_manifest(tmp_path / "checkpoints" / "step_000004", 4)
     (tmp_path / "checkpoints" / "latest").write_text("4\n")
     with pytest.raises(MeshplanError, match=r"at step 4, not before --steps 4"):
         run_plan(plan, steps=4, out_dir=str(tmp_path), resume=True)
@@ -175,6 +178,7 @@ def test_zero1_checkpoint_resumes_only_into_its_own_plan(tmp_path):
     from meshplan.schema import save
     step_dir = tmp_path / "checkpoints" / "step_000002"
     save(make_plan(dp=2, zero=1), step_dir / "plan.json")
+    write_manifest(step_dir, 2)
     (tmp_path / "checkpoints" / "latest").write_text("2\n")
     with pytest.raises(MeshplanError, match=r"ZeRO-1 optimizer state .* resumes only into the plan"):
         run_plan(make_plan(dp=2), steps=4, out_dir=str(tmp_path), resume=True)

@@ -174,3 +174,35 @@ def test_stopped_or_killed_rank_is_named(tmp_path, sig, match):
     watcher.join()
     assert time.monotonic() - start < 120
     assert processes_of(out) == []
+
+
+def test_damaged_checkpoint_falls_back_and_a_fresh_run_keeps_it(tmp_path, capfd):
+    """A fresh run never deletes an earlier run's resumable checkpoint (refused before launch);
+    a truncated shard of the newest checkpoint is found before any rank starts and the resume
+    falls back to the newest complete one with one warning line, onto the single-process
+    trajectory; a garbage `latest` falls back the same way."""
+    from meshplan.errors import MeshplanError
+    from meshplan.executor.checkpoint_manifest import resume_point
+
+    plan, out = make_plan(dp=2), tmp_path / "run"
+    run_plan(plan, steps=4, out_dir=str(out), checkpoint_every=2, quiet=True, timeout_s=120, **SGD)
+    assert latest_step(out) == 4
+    with pytest.raises(MeshplanError, match=r"holds a resumable checkpoint at step 4 .* --resume.* --overwrite"):
+        run_plan(plan, steps=4, out_dir=str(out), quiet=True, **SGD)
+    assert latest_step(out) == 4 and json.loads((out / "ranks" / "rank0.status.json").read_text())["state"] == "done"
+    shard = max((out / "checkpoints" / "step_000004").glob("*.distcp"), key=lambda f: f.stat().st_size)
+    shard.write_bytes(shard.read_bytes()[:-10])
+    (out / "checkpoints" / "latest").write_text("garbage\0")
+    step, warning = resume_point(out)
+    assert step == 2 and "checkpoints/latest is damaged" in warning and "falling back to step 2" in warning
+    (out / "checkpoints" / "latest").write_text("4\n")
+    capfd.readouterr()
+    resumed = run_plan(plan, steps=5, out_dir=str(out), checkpoint_every=2, resume=True, quiet=True,
+                       timeout_s=120, **SGD)
+    err = [line for line in capfd.readouterr().err.splitlines() if "meshplan run: warning" in line]
+    assert len(err) == 1 and f"{shard.name} is" in err[0] and "falling back to step 2" in err[0], err
+    assert resumed.resumed_from_step == 2 and len(resumed.losses) == 3
+    ref = reference_losses(plan, steps=5, **SGD)
+    assert max(abs(a - b) / b for a, b in zip(resumed.losses, ref[2:])) <= 1e-5
+    assert latest_step(out) == 4  # step 4 saved again, complete this time
+    assert processes_of(out) == []

@@ -1,0 +1,152 @@
+"""Bad input at the CLI, as a demanding user gives it (issue #19 items 3, 5, 6): every case runs
+in this process through meshplan.cli.main and must exit 2 with exactly one stderr line, no
+"Traceback", and leave the working directory exactly as it was (no file written or removed)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from contract_fixtures import LAYERS, make_plan, make_profile
+from meshplan import schema
+from meshplan.cli import main
+
+GEMM = ["--tp", "1", "--pp", "1", "--dp", "2", "--microbatch", "2", "--schedule", "1f1b", "--recompute", "none"]
+
+
+def make_inputs(root: Path) -> None:
+    """The files the cases name, in the test's working directory."""
+    (root / "d").mkdir()
+    (root / "afile").write_text("x")
+    (root / "bin.json").write_bytes(b"\xff\xfe\x00\x01garbage\x80")
+    plan = make_plan(pipeline_parallel_degree=1, data_parallel_replicate_degree=2, world_size=2,
+                     stages=[list(LAYERS)])
+    schema.save(plan, root / "good.json")
+    text = (root / "good.json").read_text()
+    (root / "nan.json").write_text(text.replace('"seq_len": 32', '"seq_len": NaN'))
+    (root / "inf.json").write_text(text.replace('"step_time_s": 0.5', '"step_time_s": Infinity'))
+    for name, config in (("heads3.json", {"heads": 3}), ("nested.json", {"nested": {"a": 1}})):
+        data = json.loads(text)
+        data["model_config"] = config
+        (root / name).write_text(json.dumps(data))
+    run = {"world_size": 4, "steps": 1, "losses": [1.0], "step_time_s": 0.1, "tokens_per_s": 1.0,
+           "peak_memory_bytes": 1}
+    (root / "run4.json").write_text(json.dumps(run))
+    schema.save(make_profile(), root / "prof.json")
+    factories = {"empty": "torch.nn.Sequential()", "noparams": "torch.nn.Sequential(torch.nn.ReLU())",
+                 "nochain": "torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(4, 2))"}
+    for name, module in factories.items():
+        (root / f"{name}.py").write_text(f"import torch\ndef f():\n    return {module}, torch.randn(2, 8)\n")
+    (root / "exit3.py").write_text("import sys\nsys.exit(3)\n")
+    (root / "rd" / "checkpoints").mkdir(parents=True)
+    (root / "rd" / "checkpoints" / "latest").write_text("garbage\0")
+    (root / "empty_run").mkdir()
+
+
+CASES = [
+    # -o / --out-dir that cannot be written
+    (["plan", "-o", "afile/x.json"], "'afile' is a file"),
+    (["plan", "-o", "d"], "is a directory"),
+    (["plan", "-o", "/proc/x.json"], "cannot write '/proc/x.json'"),
+    (["profile", "-o", "d"], "is a directory"),
+    (["estimate", "--num-gpus", "2", *GEMM, "-o", "/proc/p.json"], "/proc/p.json"),
+    (["export", "good.json", "--to", "megatron", "-o", "afile"], "'afile' is a file"),
+    (["report", "good.json", "-o", "afile"], "'afile' is a file"),
+    (["run", "good.json", "--out-dir", "afile"], "--out-dir afile: is a file"),
+    # files that are not what they should be
+    (["report", "bin.json", "-o", "out"], "not UTF-8"),
+    (["plan", "--profile", "bin.json", "-o", "p.json"], "not UTF-8"),
+    (["report", "good.json", "--run", "bin.json", "-o", "out"], "not UTF-8"),
+    (["run", "bin.json"], "not UTF-8"),
+    (["validate", "--csv", "bin.json", "-o", "v.md"], "not UTF-8"),
+    (["validate", "--csv", "missing.csv", "-o", "v.md"], "does not exist"),
+    (["validate", "--csv", "good.json", "-o", "v.md"], "lacks the columns"),
+    (["report", "d", "-o", "out"], "is a directory"),
+    (["run", "missing.json"], "does not exist"),
+    (["plan", "--profile", "good.json", "-o", "p.json"], "unknown field"),
+    (["report", "nan.json", "-o", "out"], "NaN"),
+    (["report", "inf.json", "-o", "out"], "Infinity"),
+    (["run", "nan.json", "--print-launch"], "NaN"),
+    (["export", "inf.json", "--to", "deepspeed"], "Infinity"),
+    # model shapes
+    (["plan", "--model", "gpt", "--set", "hidden=-64", "-o", "p.json"], "hidden=-64"),
+    (["plan", "--set", "layers=0", "-o", "p.json"], "layers=0"),
+    (["plan", "--set", "layers=2.5", "-o", "p.json"], "layers=2.5: expected an integer"),
+    (["plan", "--model", "gpt", "--set", "heads=5", "hidden=64", "-o", "p.json"], "not divisible by heads 5"),
+    (["plan", "--model", "gpt", "--set", "heads=0", "-o", "p.json"], "heads=0"),
+    (["run", "heads3.json", "--print-launch"], "plan.model_config heads=3"),
+    (["run", "nested.json", "--print-launch"], "plan.model_config nested="),
+    (["plan", "--model", "empty.py:f", "-o", "p.json"], "no trainable parameters"),
+    (["plan", "--model", "noparams.py:f", "-o", "p.json"], "no trainable parameters"),
+    (["plan", "--model", "nochain.py:f", "-o", "p.json"], "fails on its example_batch of shape [2, 8]"),
+    (["plan", "--model", "exit3.py:f", "-o", "p.json"], "called sys.exit(3)"),
+    (["plan", "--seq", "100000", "-o", "p.json"], "gpt-tiny handles at most 32"),
+    # run flags
+    (["run", "good.json", "--checkpoint-every", "-1", "--print-launch"], "--checkpoint-every -1"),
+    (["run", "good.json", "--timeout", "-5", "--print-launch"], "--timeout -5"),
+    (["run", "good.json", "--timeout", "0", "--print-launch"], "--timeout 0"),
+    (["run", "good.json", "--steps", "0"], "--steps 0"),
+    (["run", "good.json", "--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1", "--print-launch"],
+     "--node-rank 2"),
+    (["run", "good.json", "--nnodes", "2", "--print-launch"], "--rdzv-endpoint"),
+    (["run", "good.json", "--resume", "--out-dir", "rd"], "checkpoints/latest is damaged"),
+    (["run", "good.json", "--resume", "--out-dir", "empty_run"], "no complete checkpoint"),
+    # plan/cluster flags and a report of another world size
+    (["plan", "--num-gpus", "0"], "--num-gpus 0"),
+    (["plan", "--cluster", "tpu-v9"], "tpu-v9"),
+    (["report", "good.json", "--run", "run4.json", "-o", "out"], "ran 4 ranks"),
+]
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Every path with, for files, size and modification time (a directory's own mtime changes
+    when a refused run takes and drops its lock file, which is not a file left behind)."""
+    return {str(p.relative_to(root)): (p.is_dir(), 0, 0) if p.is_dir() else (False, p.stat().st_size,
+                                                                              p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize("args, needle", CASES, ids=[" ".join(a)[:60] for a, _ in CASES])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, capsys, args, needle):
+    make_inputs(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    try:
+        code = main(args + ["--quiet"])
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, (code, err)
+    assert "Traceback" not in err + out
+    assert len(lines) == 1, err
+    assert needle in lines[0], lines[0]
+    assert snapshot(tmp_path) == before
+
+
+def test_at_least_forty_cases():
+    assert len(CASES) >= 40
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["plan", "--num-gpus", "2", "--pp", "1", "--schedule", "interleaved", "--virtual-stages", "3"],
+     "warning: ignored --virtual-stages 3"),
+    (["plan", "--num-gpus", "2", "--tp", "1", "--sequence-parallel"], "warning: ignored --sequence-parallel"),
+    (["plan", "--seq", "64"], "warning: --seq 64: gpt-tiny handles at most 32"),
+])
+def test_dropped_pins_are_a_warning_line(capsys, args, needle):
+    assert main(args + ["--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_written_files_honour_the_umask(tmp_path):
+    old = os.umask(0o027)
+    try:
+        schema.save(make_plan(), tmp_path / "plan.json")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "plan.json").stat().st_mode & 0o777 == 0o640
