@@ -85,7 +85,11 @@ def replica_reducer(part: nn.Module, dims: ParallelDims, plan: Plan, counter: By
     """DDP's arithmetic for DTensor (tensor-parallel) replicas and zero-bubble schedules: the
     comm_schedule method's bucket size, the compression method's wire dtype (fp16 or as is)."""
     schedule, schedule_params = methods.method(plan, "comm_schedule")
-    compression, _ = methods.method(plan, "compression")
+    compression, compression_params = methods.method(plan, "compression")
+    if hasattr(compression, "replica_reducer"):  # a codec (executor/methods/compressed.py)
+        return compression.replica_reducer(list(part.parameters()), dims.dp_mesh().get_group(), counter=counter,
+                                           axis="dp_replicate", bucket_bytes=schedule.bucket_bytes(schedule_params),
+                                           method_params=compression_params)
     return ReplicaGradReducer(list(part.parameters()), dims.dp_mesh().get_group(), counter=counter,
                               axis="dp_replicate", bucket_bytes=schedule.bucket_bytes(schedule_params),
                               wire_dtype=getattr(compression, "WIRE_DTYPE", None))

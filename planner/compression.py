@@ -1,9 +1,10 @@
 """Gradient compressors' cost objects (the compression axis of meshplan/dp_methods.py): what each
 one's once-per-step gradient exchange carries per layer, the state it keeps, the compute it adds.
 
-All of them reduce by all-reduce (their payloads can be summed). A compressor whose payload
-cannot be summed (top-k's values and indices) is exchanged by all-gather and pays only below a
-density of about 1/N; such rows add their own class here.
+These reduce by all-reduce (their payloads can be summed). A compressor whose payload cannot
+be summed (top-k's values and indices, quantized codes) is exchanged by all-gather
+(`collective = "all_gather"`, payload = this rank's contribution) and pays only below a density
+of about 1/N: planner/compression_quant.py (issue #15), registered in COMPRESSORS below.
 """
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ def matrices(layer: LayerProfile, split: int) -> list[tuple[int, int]]:
 class Compressor:
     """No compression: the fp32 gradients are the payload."""
     name = "none"
+    collective = "all_reduce"
+    """How the payload is exchanged: "all_reduce" (summable) or "all_gather" (per-rank payloads)."""
+    group = 1
+    """Ranks exchanging (dp_cost.py sets it): the gathered buffers of all-gather compressors."""
 
     def __init__(self, **params):
         self.params = params
@@ -102,6 +107,10 @@ class PowerSGD(Compressor):
 
 
 COMPRESSORS = {c.name: c for c in (Compressor, Fp16, PowerSGD)}
+
+from meshplan.planner import compression_quant  # noqa: E402 (it subclasses the classes above)
+
+COMPRESSORS.update(compression_quant.COMPRESSORS)
 
 
 def compressor(name: str, params: dict) -> Compressor:

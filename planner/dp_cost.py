@@ -96,6 +96,7 @@ class DataParallelCost:
         """Ranks holding the same weights and gradient shard: DDP's group, HSDP's all-reduce."""
         name, params = cand.method("compression")
         self.compressor = compressor(name, params)
+        self.compressor.group = self.replicas
         self.replica_tier = group_tier(ctx.cluster, cand.tp * (self.shard if cand.zero >= 2 else 1),
                                        self.replicas)
         self.shard_tier = group_tier(ctx.cluster, cand.tp * cand.cp, self.shard)
@@ -186,8 +187,11 @@ class DataParallelCost:
         share = payload_bytes / (local_params * 4) if local_params else 0.0
         tail_bytes = min(last_bucket, local_params) * 4 * share
         grads = "reduce_scatter" if self.zero == 1 and ctx.request.state_layout == "megatron" else "all_reduce"
-        comm = collective_s(ctx.cluster, grads, group, payload_bytes, tier) + compress_s
-        last = collective_s(ctx.cluster, grads, group, tail_bytes, tier)
+        wire = 1
+        if self.compressor.collective == "all_gather":  # per-rank payloads: the gathered buffer is N x
+            grads, wire = "all_gather", group
+        comm = collective_s(ctx.cluster, grads, group, wire * payload_bytes, tier) + compress_s
+        last = collective_s(ctx.cluster, grads, group, wire * tail_bytes, tier)
         sync = self._contention_s(group) + max(comm - hidden * backward_window_s, last if hidden else comm, 0.0)
         if self.zero == 1:
             sync += self._zero1_broadcast_s(local_params, hidden)
@@ -223,7 +227,7 @@ class DataParallelCost:
         m = self.cand.num_microbatches
         if self.zero <= 1 and self.replicas > 1:
             payload = sum(self.compressor.payload_bytes(lp, s) for lp, s in layers)
-            out["dp_replicate"] = wire_bytes("all_reduce", self.replicas, payload)
+            out["dp_replicate"] = wire_bytes(self.compressor.collective, self.replicas, payload)
             if self.zero == 1:
                 out["dp_replicate"] += wire_bytes("broadcast", self.replicas,
                                                   sum(4 * lp.num_params // s for lp, s in layers))

@@ -9,6 +9,8 @@ methods the planner prices completely are searched by default (enumerate.py).
 """
 from __future__ import annotations
 
+import math
+
 from meshplan import dp_methods, feasibility
 from meshplan.plan import MethodOption
 from meshplan.planner.context import Candidate, Context
@@ -40,11 +42,19 @@ def reprice(ctx: Context, table: CostTable, cand: Candidate,
     return out, all(fits(model.memory_bytes(s), model.capacity) for s in out)
 
 
-def best_method(ctx: Context, table: CostTable, cand: Candidate,
-                sols: list[RankSolution]) -> tuple[float, Candidate, list[RankSolution]]:
-    """(step, candidate, solutions) of the fastest allowed method on this candidate's split."""
+def best_method(ctx: Context, table: CostTable, cand: Candidate, sols: list[RankSolution],
+                worth_below_s: float = math.inf) -> tuple[float, Candidate, list[RankSolution]]:
+    """(step, candidate, solutions) of the fastest allowed method on this candidate's split.
+    A compressor changes only the once-per-step sync (and memory), so none beats max over ranks
+    of (cost - sync): when that is already >= `worth_below_s` (the search's K-th best step) the
+    compressors are not priced. Other axes' methods may change the per-microbatch costs too."""
     best = (max(s.cost_s for s in sols), cand, sols)
+    if not ctx.request.allow:
+        return best
+    hopeless = max(s.cost_s - s.sync_s for s in sols) >= worth_below_s
     for alt in alternatives(ctx, cand):
+        if hopeless and alt.method("compression")[0] != cand.method("compression")[0]:
+            continue
         alt_sols, ok = reprice(ctx, table, alt, sols)
         step = max(s.cost_s for s in alt_sols)
         if ok and step < best[0]:

@@ -140,7 +140,8 @@ class Searcher:
             if sols is None:
                 self._reject_oom(cand, excess, f"stage {stages} (balanced split, leanest recompute)")
                 continue
-            step, cand, sols = best_method(self.ctx, self.table, cand, sols)
+            step, cand, sols = best_method(self.ctx, self.table, cand, sols,
+                                           best[-1][0] if len(best) >= top_k else math.inf)
             if step < self.family_best.get(cand.family, (math.inf,))[0]:
                 self.family_best[cand.family] = (step, cand, sols)
             best.append((step, cand, (sols, stages)))

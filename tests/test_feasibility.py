@@ -65,7 +65,7 @@ def _plan_of(ctx: Context, cand) -> Plan:
 def test_search_plans_run_and_search_rejections_match_check_plan(profiles):
     rng = random.Random(14)
     plans_checked = rejections_checked = 0
-    for _ in range(300):
+    for _ in range(400):
         req = _request(rng)
         prof = profiles[rng.choice(MODELS)]
         cluster = local_cpu(req.num_gpus)

@@ -1,0 +1,7 @@
+"""compression=accordion: Accordion over per-tensor PowerSGD ranks (accordion.py, lowrank.py)."""
+from __future__ import annotations
+
+from meshplan.executor.methods import compressed
+from meshplan.executor.methods.accordion import AccordionPowerSGD, powersgd_hook as comm_hook  # noqa: F401
+
+replica_reducer = compressed.replica_reducer(AccordionPowerSGD)

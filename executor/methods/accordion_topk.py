@@ -1,0 +1,7 @@
+"""compression=accordion_topk: Accordion over top-k densities (accordion.py, topk.py)."""
+from __future__ import annotations
+
+from meshplan.executor.methods import compressed
+from meshplan.executor.methods.accordion import AccordionTopK, topk_hook as comm_hook  # noqa: F401
+
+replica_reducer = compressed.replica_reducer(AccordionTopK)
