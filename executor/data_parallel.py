@@ -114,6 +114,8 @@ def build_optimizer(part: nn.Module, dims: ParallelDims, plan: Plan, name: str, 
     counts its parameter broadcasts into `counter`; the offload method may put the step on the
     host (offload=cpu/nvme: executor/methods/host_optimizer.py, NVMe files under offload_dir)."""
     params = [p for p in part.parameters() if p.requires_grad]
+    if not params:  # a fully frozen pipeline stage: nothing to update (torch refuses an empty list)
+        return FrozenOptimizer()
     counter = counter if counter is not None else ByteCounter()
     cls, kwargs = optimizer_spec(name, lr, weight_decay)
     offload, offload_params = methods.method(plan, "offload")
@@ -175,3 +177,23 @@ class ZeroOverLocalShards(CountedBroadcasts, ZeroRedundancyOptimizer):
 
 def _local_param(p: nn.Parameter) -> nn.Parameter:
     return nn.Parameter(p._local_tensor, requires_grad=True) if isinstance(p, DTensor) else p
+
+
+class FrozenOptimizer(torch.optim.Optimizer):
+    """The optimizer of a stage without trainable parameters: step and zero_grad do nothing."""
+
+    def __init__(self):
+        self.param_groups, self.state, self.defaults = [], {}, {}
+        self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}
+
+    def step(self, closure=None):
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        return None
+
+    def state_dict(self) -> dict:
+        return {"state": {}, "param_groups": []}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        return None

@@ -35,8 +35,10 @@ def state_source(state: dict[str, torch.Tensor]) -> FullValue:
 
 
 def clean_fqn(fqn: str) -> str:
-    """Strip wrapper prefixes (DDP's "module.", checkpoint wrappers) to the model's FQN."""
-    for prefix in ("module.", "_checkpoint_wrapped_module.", "_orig_mod."):
+    """Strip wrapper prefixes (DDP's leading "module.", checkpoint and compile wrappers) to the
+    model's FQN; a model's own submodule named "module" keeps its name."""
+    fqn = fqn.removeprefix("module.")
+    for prefix in ("_checkpoint_wrapped_module.", "_orig_mod."):
         fqn = fqn.replace(prefix, "")
     return fqn
 

@@ -47,7 +47,8 @@ from meshplan.executor.pipeline import SPLIT_BACKWARD, build_schedule, schedule_
 from meshplan.executor.tensor_parallel import apply_tp
 from meshplan.plan import MESH_AXES, Plan
 from meshplan.models.zoo.base import LayeredModel
-from meshplan.models.identity import full_state, tied_groups
+from meshplan.models.identity import full_state, retie, tied_groups
+from torch.distributed.tensor import DTensor
 from meshplan.executor.tied import TiedGrads
 
 
@@ -189,7 +190,7 @@ def apply(model: LayeredModel, plan: Plan, mesh: DeviceMesh, *, seed: int = 0,
     rules = tp_rules_for(meta) if plan.tensor_parallel_degree > 1 else {}
     stage_ids, parts = split_stages(meta, plan, dims.pp_rank)                          # 1
     counter = ByteCounter()
-    parts, reducers = [_parallelize_part(p, plan, dims, rules, device, full_value, counter) for p in parts], []
+    parts, reducers = [_parallelize_part(p, plan, dims, rules, device, full_value, counter, tied) for p in parts], []
     parts, reducers = [p for p, _ in parts], [r for _, r in parts if r is not None]
     result = Parallelized(plan=plan, dims=dims, device=device, parts=parts, stage_ids=stage_ids,
                           loss_fn=_loss_fn(model), reducers=reducers, autocast_dtype=_autocast_dtype(plan, device),
@@ -202,7 +203,8 @@ def apply(model: LayeredModel, plan: Plan, mesh: DeviceMesh, *, seed: int = 0,
     return result
 
 
-def _parallelize_part(part, plan: Plan, dims: ParallelDims, rules, device, full_value, counter: ByteCounter):
+def _parallelize_part(part, plan: Plan, dims: ParallelDims, rules, device, full_value, counter: ByteCounter,
+                      tied: list[list[str]] = ()):
     if plan.tensor_parallel_degree > 1:                                                 # 2
         apply_tp(part, rules, dims.mesh["tp"], plan.sequence_parallel)
     apply_ac(part, plan.recompute)                                                      # 3
@@ -212,13 +214,23 @@ def _parallelize_part(part, plan: Plan, dims: ParallelDims, rules, device, full_
     # FSDP2 CPU offload keeps the sharded parameters in host memory (torchtitan does the same)
     offload, offload_params = methods.method(plan, "offload")
     materialize(part, offload.shard_device(offload_params, device, plan.zero_stage), full_value)  # 5
-    if data_parallel and plan.zero_stage <= 1:                                          # 6
+    _retie_plain(part, tied)  # one weight again where nothing sharded it (DDP then sees it once)
+    if data_parallel and plan.zero_stage <= 1 and any(p.requires_grad for p in part.parameters()):  # 6
         if not getattr(methods.method(plan, "sync")[0], "USES_DDP", True):
             return part, None  # a sync method on plain replicas (executor/methods/sync.py)
         if dp_.has_dtensor_params(part) or plan.pipeline_schedule in SPLIT_BACKWARD:
             return part, dp_.replica_reducer(part, dims, plan, counter)
         return dp_.apply_ddp(part, dims, plan, device, counter), None
     return part, None
+
+
+def _retie_plain(part: nn.Module, groups: list[list[str]]) -> None:
+    """Tie the plain-tensor copies of each group held whole by this part (TiedGrads then has one)."""
+    names = {n for n, _ in part.named_parameters(remove_duplicate=False)}
+    for group in groups:
+        held = [n for n in group if n in names]
+        if len(held) > 1 and not any(isinstance(part.get_parameter(n), DTensor) for n in held):
+            retie(part, [held])
 
 
 def _tied_source(full_value, groups: list[list[str]]):

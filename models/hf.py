@@ -1,24 +1,30 @@
-"""HuggingFace transformers models built from configs written here (no download, HF_HUB_OFFLINE=1).
+"""HuggingFace transformers models built from configs (nothing is downloaded: HF_HUB_OFFLINE=1).
 
-`hf:NAME` builds `AutoModelForCausalLM.from_config(config)` and splits it into the layered
-convention: `embed` (token [+ position] embeddings), `layers.i` (each HF decoder layer, wrapped to
-take and return hidden states; causal SDPA attention, rotary angles computed per layer), `head`
-(final norm + LM head). Tied output embeddings stay tied (counted once; the executor keeps the
-copies of a weight split across stages equal: executor/tied.py). Dropout is 0. Build on meta costs nothing;
-the forward needs fake tensors (HF mask code calls .item(), ../shared/notes/torch-gloo.md §4.13),
-which is how the profiler runs it.
+`hf:SPEC` takes a built-in name (`CONFIGS`: published shapes and tiny test configs of every
+common architecture), a local `config.json` or a directory holding one. The model class is the
+config's own `architectures[0]` when transformers has it, else AutoModelForSeq2SeqLM for
+encoder-decoders (T5, BART), AutoModelForMaskedLM for encoder-only models (BERT), else
+AutoModelForCausalLM, else AutoModel. `--set` keys are config fields (any, e.g. rope_theta) or
+the aliases in `ALIASES`, and `seq`. The model is split into layers by models/hf_layers.py
+(`embed`, `layers.i`, `head`; one `HFWhole` layer when the layout is not recognised). Tied output
+embeddings stay tied (counted once; executor/tied.py keeps copies across stages equal).
+Dropout is 0 unless --set turns it on. Building on meta costs nothing; the forward needs fake
+tensors (HF mask code calls .item(), ../shared/notes/torch-gloo.md §4.13), which is how the
+profiler runs it.
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from meshplan.errors import MeshplanError
-from meshplan.model_profile import TPRule
+from meshplan.models.hf_layers import HFBlock, HFEmbed, HFHead, HFWhole, split  # noqa: F401 (public here)
 from meshplan.models.zoo.base import CausalLM
 
 _LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -27,15 +33,44 @@ _LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "
 
 def _llama(layers: int, hidden: int, heads: int, ffn: int, seq: int = 8192, vocab: int = 128256,
            kv_heads: int = 8) -> dict:
-    return dict(kind="llama", seq=seq, num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+    return dict(model_type="llama", seq=seq, num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                 num_key_value_heads=kv_heads, intermediate_size=ffn, vocab_size=vocab,
                 max_position_embeddings=131072, rope_parameters=dict(_LLAMA31_ROPE), rms_norm_eps=1e-5)
 
 
 def _gpt2(layers: int, hidden: int, heads: int, vocab: int = 50257) -> dict:
-    return dict(kind="gpt2", seq=1024, n_layer=layers, n_embd=hidden, n_head=heads, vocab_size=vocab,
+    return dict(model_type="gpt2", seq=1024, n_layer=layers, n_embd=hidden, n_head=heads, vocab_size=vocab,
                 bos_token_id=vocab - 1, eos_token_id=vocab - 1)
 
+
+def _tiny(model_type: str, **fields) -> dict:
+    """A shrunk config of `model_type` (2 layers, h = 64, 4 heads, V = 256, s = 32)."""
+    base = dict(model_type=model_type, seq=32, num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                intermediate_size=128, vocab_size=256, max_position_embeddings=64)
+    return {**base, **fields}
+
+
+_TINY_MOE = dict(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)
+TINY = {
+    "tiny-mistral": _tiny("mistral", num_key_value_heads=2, sliding_window=None),
+    "tiny-qwen2": _tiny("qwen2", num_key_value_heads=2),
+    "tiny-qwen3": _tiny("qwen3", num_key_value_heads=2, head_dim=16),
+    "tiny-mixtral": _tiny("mixtral", **_TINY_MOE),
+    "tiny-qwen2-moe": _tiny("qwen2_moe", num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                            moe_intermediate_size=64, shared_expert_intermediate_size=64),
+    "tiny-gpt-neox": _tiny("gpt_neox", hidden_dropout=0.0, attention_dropout=0.0),
+    "tiny-opt": dict(model_type="opt", seq=32, num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                     ffn_dim=128, vocab_size=256, max_position_embeddings=64, word_embed_proj_dim=64,
+                     dropout=0.0, attention_dropout=0.0),
+    "tiny-bert": _tiny("bert", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+    "tiny-t5": dict(model_type="t5", seq=32, num_layers=2, num_decoder_layers=2, d_model=64, d_ff=128,
+                    d_kv=16, num_heads=4, vocab_size=256, dropout_rate=0.0, decoder_start_token_id=0),
+    "tiny-bart": dict(model_type="bart", seq=32, encoder_layers=2, decoder_layers=2, d_model=64,
+                      encoder_ffn_dim=128, decoder_ffn_dim=128, encoder_attention_heads=4,
+                      decoder_attention_heads=4, vocab_size=256, max_position_embeddings=64, dropout=0.0,
+                      attention_dropout=0.0, activation_dropout=0.0, pad_token_id=1, bos_token_id=0,
+                      eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None),
+}
 
 # Published config.json shapes (Radford et al. 2019; Meta Llama 3.1/3.2 model cards)
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -47,6 +82,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "meta-llama/Llama-3.1-405B": _llama(126, 16384, 128, 53248),
     "tiny-gpt2": dict(_gpt2(2, 64, 4, vocab=256), seq=32),
     "tiny-llama": _llama(2, 64, 4, 160, seq=32, vocab=256, kv_heads=2),
+    **TINY,
 }
 ALIASES = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
            "vocab": "vocab_size", "kv_heads": "num_key_value_heads", "ffn_hidden": "intermediate_size"}
@@ -63,6 +99,7 @@ class HFShape:
 
 
 def load_hf_model(name: str, overrides: dict[str, Any] | None, device: str, seed: int = 0) -> "HFLayered":
+    """The transformers model of `hf:name` as a LayeredModel (see the module docstring)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import transformers
@@ -71,108 +108,116 @@ def load_hf_model(name: str, overrides: dict[str, Any] | None, device: str, seed
     config, seq = _config(transformers, name, overrides or {})
     torch.manual_seed(seed)
     with torch.device(device):
-        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    return HFLayered(model, config, HFShape(layers=config.num_hidden_layers, hidden=config.hidden_size,
-                                            heads=config.num_attention_heads, vocab=config.vocab_size, seq=seq))
+        model = build_from_config(transformers, config)
+    return wrap_hf_model(model, seq)
+
+
+def wrap_hf_model(model: nn.Module, seq: int) -> "HFLayered":
+    """A built transformers model (from hf:NAME or a user factory) as layers."""
+    config = model.config
+    shape = HFShape(layers=_get(config, "num_hidden_layers", "num_layers", "n_layer"),
+                    hidden=_get(config, "hidden_size", "d_model", "n_embd"),
+                    heads=_get(config, "num_attention_heads", "num_heads", "n_head"),
+                    vocab=int(config.vocab_size), seq=seq)
+    return HFLayered(model, shape)
+
+
+def _get(config, *names) -> int:
+    return int(next((getattr(config, n) for n in names if getattr(config, n, None) is not None), 0))
+
+
+def build_from_config(transformers, config) -> nn.Module:
+    """The config's own architecture class if transformers has it, else the Auto class for its kind."""
+    for arch in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, arch, None)
+        if cls is not None:
+            return cls._from_config(config, attn_implementation="sdpa")
+    autos = [transformers.AutoModelForSeq2SeqLM] if config.is_encoder_decoder else []
+    if not config.is_encoder_decoder and not getattr(config, "is_decoder", False) and _encoder_only(config):
+        autos.append(transformers.AutoModelForMaskedLM)
+    autos += [transformers.AutoModelForCausalLM, transformers.AutoModel]
+    for auto in filter(None, autos):
+        try:
+            return auto.from_config(config, attn_implementation="sdpa")
+        except ValueError:  # this Auto class has no model for the config type
+            continue
+    raise MeshplanError(f"--model hf: transformers {transformers.__version__} has no model for "
+                        f"model_type {config.model_type!r}; upgrade transformers or use a file.py:factory")
+
+
+def _encoder_only(config) -> bool:
+    """BERT-style: transformers has a masked-LM class for it (BERT also has a BertLMHeadModel,
+    used only when the config says is_decoder)."""
+    from transformers.models.auto import modeling_auto as auto
+
+    return config.model_type in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 
 def _config(transformers, name: str, overrides: dict[str, Any]):
-    if name not in CONFIGS:
-        raise MeshplanError(f"--model hf:{name}: no built-in config (nothing is downloaded); use one of "
-                            f"{', '.join(sorted(CONFIGS))}, or a zoo name / file.py:factory")
-    values = dict(CONFIGS[name])
-    kind, seq = values.pop("kind"), int(overrides.get("seq", values.pop("seq")))
-    cls = transformers.LlamaConfig if kind == "llama" else transformers.GPT2Config
-    defaults = cls(**values)
+    """(config, seq) for a built-in name, a config.json or a directory holding one, with --set applied."""
+    values = _config_values(name)
+    model_type = values.pop("model_type", None)
+    seq = int(overrides.get("seq", values.pop("seq", 0) or _default_seq(values)))
+    try:
+        defaults = transformers.AutoConfig.for_model(model_type, **values)
+    except (ValueError, KeyError) as exc:
+        raise MeshplanError(f"--model hf:{name}: transformers {transformers.__version__} cannot build "
+                            f"model_type {model_type!r} ({exc}); upgrade transformers") from None
     for key, value in overrides.items():
-        attr = defaults.attribute_map.get(ALIASES.get(key, key), ALIASES.get(key, key))
-        if key != "seq" and not hasattr(defaults, attr):
-            raise MeshplanError(f"--set {key}={value}: hf:{name} has no {key!r}; use "
-                                f"{', '.join(['seq', *ALIASES])} or a {cls.__name__} field")
-        if key != "seq":
-            current = getattr(defaults, attr)
-            values[attr] = type(current)(value) if isinstance(current, (int, float, str)) else value
-    if kind == "gpt2":  # no dropout; special tokens inside the (possibly smaller) vocabulary
-        last = values["vocab_size"] - 1
-        values.update(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=last, eos_token_id=last)
-    return cls(**values), seq
+        if key == "seq":
+            continue
+        attr = ALIASES.get(key, key)
+        attr = defaults.attribute_map.get(attr, attr)
+        current = getattr(defaults, attr, None)
+        values[attr] = _coerce(value, current)  # unknown keys pass through as config fields
+    if model_type == "gpt2":  # special tokens inside the (possibly smaller) vocabulary
+        last = int(values.get("vocab_size", defaults.vocab_size)) - 1
+        values.setdefault("resid_pdrop", 0.0), values.setdefault("embd_pdrop", 0.0)
+        values.setdefault("attn_pdrop", 0.0)
+        values.update(bos_token_id=last, eos_token_id=last)
+    return transformers.AutoConfig.for_model(model_type, **values), seq
 
 
-class HFEmbed(nn.Module):
-    def __init__(self, tok: nn.Module, pos: nn.Module | None):
-        super().__init__()
-        self.tok, self.pos = tok, pos
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.tok(idx)  # (B, T, h)
-        if self.pos is not None:
-            x = x + self.pos(torch.arange(idx.shape[1], device=idx.device))
-        return x
+def _coerce(value, current):
+    if isinstance(current, bool) and isinstance(value, str):
+        return value.lower() in ("1", "true", "yes")
+    if isinstance(current, (int, float, str)) and not isinstance(current, bool):
+        return type(current)(value)
+    return value
 
 
-class HFBlock(nn.Module):
-    """One HF decoder layer, hidden states in and out (attention_mask=None: causal SDPA)."""
-
-    def __init__(self, block: nn.Module, rotary: nn.Module | None):
-        super().__init__()
-        self.block, self.rotary = block, rotary
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
-        kwargs = {"attention_mask": None}
-        if self.rotary is not None:
-            kwargs.update(position_ids=positions, position_embeddings=self.rotary(x, positions))
-        out = self.block(x, **kwargs)
-        return out[0] if isinstance(out, tuple) else out
+def _default_seq(values: dict) -> int:
+    return int(min(values.get("max_position_embeddings", 2048) or 2048, 2048))
 
 
-class HFHead(nn.Module):
-    def __init__(self, norm: nn.Module, proj: nn.Module):
-        super().__init__()
-        self.norm, self.proj = norm, proj
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(self.norm(x))  # (B, T, V)
+def _config_values(name: str) -> dict[str, Any]:
+    if name in CONFIGS:
+        return dict(CONFIGS[name])
+    path = Path(name)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.suffix == ".json" and path.is_file():
+        try:
+            values = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise MeshplanError(f"--model hf:{name}: cannot read {path} ({exc}); give a valid config.json") from None
+        if "model_type" not in values:
+            raise MeshplanError(f"--model hf:{name}: {path} has no \"model_type\"; it is not a transformers config")
+        values.pop("transformers_version", None)
+        values.pop("torch_dtype", None), values.pop("dtype", None)
+        return values
+    raise MeshplanError(f"--model hf:{name}: no built-in config and no config.json at {name} (nothing is "
+                        f"downloaded); give a local config.json or a directory with one, or one of "
+                        f"{', '.join(sorted(CONFIGS))}")
 
 
 class HFLayered(CausalLM):
+    """A transformers model as embed / layers.i / head (or one HFWhole layer)."""
+
     family = "hf"
 
-    def __init__(self, model: nn.Module, hf_config, shape: HFShape):
-        if hasattr(model, "transformer"):  # GPT-2
-            body = model.transformer
-            embed, blocks, norm, rotary = HFEmbed(body.wte, body.wpe), list(body.h), body.ln_f, None
-        else:  # Llama
-            body = model.model
-            embed, blocks, norm, rotary = HFEmbed(body.embed_tokens, None), list(body.layers), body.norm, body.rotary_emb
-        super().__init__(embed, [HFBlock(b, rotary) for b in blocks], HFHead(norm, model.lm_head))
+    def __init__(self, model: nn.Module, shape: HFShape):
+        embed, blocks, head = split(model)
+        super().__init__(embed, blocks, head)
         self.config = shape
-        plan = dict(getattr(hf_config, "base_model_tp_plan", None) or {})
-        for block in self.layers.values():
-            block.tp_plan = plan
-
-
-def hf_block_rule(block: HFBlock) -> TPRule:
-    """TPRule from the HF config's `base_model_tp_plan` ("layers.*.x": colwise/rowwise)."""
-    plan = {k.removeprefix("layers.*."): v for k, v in block.tp_plan.items() if k.startswith("layers.*.")}
-    column = [f"block.{k}" for k, v in plan.items() if v == "colwise"]
-    row = [f"block.{k}" for k, v in plan.items() if v == "rowwise"]
-    if not column or not row or len(column) + len(row) != len(plan):
-        return TPRule(kind="none")  # a style we do not translate (or no plan: GPT-2's fused c_attn)
-    config = block.block.self_attn.config
-    norms = [f"block.{n}" for n, m in block.block.named_children() if "norm" in type(m).__name__.lower()]
-    return TPRule(column=column, row=row, replicated=norms, num_allreduce_fwd=2, kind="block",
-                  divisors={"heads": config.num_attention_heads, "kv_heads": config.num_key_value_heads,
-                            "ffn": config.intermediate_size})
-
-
-def _register_rules() -> None:
-    from meshplan.models.tp_rules import register_tp_rule
-
-    register_tp_rule(HFBlock, hf_block_rule)
-    register_tp_rule(HFEmbed, lambda m: TPRule(row=["tok"], replicated=["pos"] if m.pos is not None else [],
-                                               num_allreduce_fwd=1, kind="embedding"))
-    register_tp_rule(HFHead, lambda m: TPRule(column=["proj"], replicated=["norm"], kind="head"))
-
-
-_register_rules()
+        self.hf_config = model.config

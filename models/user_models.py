@@ -1,9 +1,12 @@
 """User models: `path/to/file.py:factory` or `package.module:factory` -> a LayeredModel.
 
-The factory takes no arguments (or the `--set` keys as keyword arguments) and returns
-`(module, example_batch)`, where example_batch is the inputs tensor or an `(inputs, targets)` pair
-with the batch in dim 0. A LayeredModel is used as is. Otherwise the module's top-level children
-become the layers when running them in order reproduces `module(inputs)` (nn.Sequential, or any
+The factory takes no arguments (or the `--set` keys as keyword arguments; a `device` parameter
+gets "meta" for profiling and planning and the real device to run, so a 7B model need not fit in
+host memory to be planned) and returns `(module, example_batch)`, where example_batch is the
+inputs tensor, a dict of input tensors (models/user_inputs.py) or an `(inputs, targets)` pair,
+with the batch in dim 0. A LayeredModel is used as is; a raw transformers model on token ids is
+split into its layers (models/hf_layers.py). Otherwise the module's top-level children become the
+layers when running them in order reproduces `module(inputs)` (always for an nn.Sequential, or any
 module whose forward is such a chain); if not, the whole module is one layer. Every failure is one
 MeshplanError line naming the file, factory or layer and the fix.
 """
@@ -22,6 +25,7 @@ from torch import nn
 
 from meshplan.errors import MeshplanError
 from meshplan.models.identity import retie, tied_groups
+from meshplan.models.user_inputs import DictInputs, OutputTensor, pack
 from meshplan.models.zoo.base import LayeredModel
 
 
@@ -30,10 +34,28 @@ def load_user_model(spec: str, overrides: dict[str, Any] | None, device: str, se
     target, _, name = spec.rpartition(":")
     factory = _find_factory(_import_target(target, spec), name, target, spec)
     torch.manual_seed(seed)
-    module, batch = _call_factory(factory, overrides, spec)
+    module, batch = _call_factory(factory, overrides, spec, device)
+    if any(p.is_meta for p in module.parameters()) and device != "meta":
+        raise MeshplanError(f"--model {spec}: the factory built the model on the meta device; give it a "
+                            "`device` keyword parameter (meshplan passes 'meta' to profile and plan, the real "
+                            "device to run) and build with `with torch.device(device): ...`")
     model = module if isinstance(module, LayeredModel) else wrap_module(module, batch, spec)
     tied = tied_groups(model)  # .to() unties shared weights: tie them again
     return retie(model.to(device), tied)
+
+
+def factory_device(spec: str) -> str:
+    """Where the profiler builds `spec`: "meta" when its factory takes a `device` parameter."""
+    target, _, name = spec.rpartition(":")
+    factory = _find_factory(_import_target(target, spec), name, target, spec)
+    return "meta" if _takes_device(factory) else "cpu"
+
+
+def _takes_device(factory: Callable) -> bool:
+    try:
+        return "device" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _import_target(target: str, spec: str):
@@ -84,9 +106,12 @@ def _find_factory(module, name: str, target: str, spec: str) -> Callable:
     return factory
 
 
-def _call_factory(factory: Callable, overrides: dict | None, spec: str) -> tuple[nn.Module, Any]:
+def _call_factory(factory: Callable, overrides: dict | None, spec: str, device: str = "cpu") -> tuple[nn.Module, Any]:
+    kwargs = dict(overrides or {})
+    if _takes_device(factory):
+        kwargs["device"] = device
     try:
-        result = factory(**(overrides or {}))
+        result = factory(**kwargs)
     except TypeError as exc:
         if overrides and "argument" in str(exc):
             raise MeshplanError(f"--set {', '.join(overrides)}: {spec} does not accept it ({_one_line(exc)}); "
@@ -109,20 +134,46 @@ def _one_line(exc: BaseException) -> str:
 def wrap_module(module: nn.Module, batch: Any, spec: str) -> "UserModel":
     """UserModel over the module's children if they form a chain, else over the whole module."""
     inputs, targets = _split_batch(batch, spec)
-    _check_trainable(module, inputs, spec)
+    special = _wrap_special(module, inputs, targets)
+    if special is not None:
+        return special
+    on_meta = any(p.is_meta for p in module.parameters())
+    if not on_meta:
+        _check_trainable(module, inputs, spec)
     children = list(module.children())
-    if len(children) > 1 and _is_chain(module, children, inputs):
-        return UserModel(children, inputs, targets, chained=True)
+    if len(children) > 1 and (isinstance(module, nn.Sequential) or (not on_meta and _is_chain(module, children, inputs))):
+        return UserModel(children, inputs, targets, chained=True)  # an nn.Sequential is a chain by definition
+    if _is_transformers_model(module):
+        module = OutputTensor(module)
     return UserModel([module], inputs, targets, chained=False)
 
 
-def _split_batch(batch: Any, spec: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if isinstance(batch, torch.Tensor):
+def _wrap_special(module: nn.Module, inputs, targets) -> LayeredModel | None:
+    """Dict inputs: one DictInputs layer (models/user_inputs.py). A raw transformers model on token
+    ids: its own layers (models/hf_layers.py), trained on next-token targets."""
+    if isinstance(inputs, dict):
+        packed, layout = pack(inputs)
+        return UserModel([DictInputs(module, layout)], packed, targets, chained=False)
+    if _is_transformers_model(module) and not inputs.is_floating_point() and inputs.dim() == 2:
+        from meshplan.models.hf import wrap_hf_model
+
+        return wrap_hf_model(module, int(inputs.shape[1]))
+    return None
+
+
+def _is_transformers_model(module: nn.Module) -> bool:
+    return any(cls.__name__ == "PreTrainedModel" for cls in type(module).__mro__)
+
+
+def _split_batch(batch: Any, spec: str) -> tuple[torch.Tensor | dict, torch.Tensor | None]:
+    tensors = lambda d: isinstance(d, dict) and d and all(isinstance(t, torch.Tensor) for t in d.values())  # noqa: E731
+    if isinstance(batch, torch.Tensor) or tensors(batch):
         return batch, None
-    if isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch):
+    if isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[1], torch.Tensor) and (
+            isinstance(batch[0], torch.Tensor) or tensors(batch[0])):
         return batch[0], batch[1]
-    raise MeshplanError(f"--model {spec}: example_batch is {type(batch).__name__}; return a tensor of inputs "
-                        "or an (inputs, targets) pair of tensors, batch in dim 0")
+    raise MeshplanError(f"--model {spec}: example_batch is {type(batch).__name__}; return a tensor of inputs, "
+                        "a dict of input tensors, or an (inputs, targets) pair, batch in dim 0")
 
 
 @torch.no_grad()

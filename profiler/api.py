@@ -16,6 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from meshplan.errors import MeshplanError
 from meshplan.model_profile import LayerProfile, ModelProfile
 from meshplan.profiler.capture import LayerCapture, capture_layer, fake_copy
+from meshplan.profiler.moe_flops import expert_flops
 from meshplan.models.loader import check_device, load_model
 from meshplan.profiler.runner import InputSpec
 from meshplan.models.tp_rules import tp_rules
@@ -39,7 +40,7 @@ def profile_model(model: str, overrides: dict | None = None, *, device: str = "m
     """
     check_device(device)
     _check_timing_args(microbatch_sizes, concurrent)
-    layered = load_model(model, overrides, "meta" if _buildable_on_meta(model) else "cpu")
+    layered = load_model(model, overrides, _build_device(model))
     analysis = analyse_model(layered, model, progress=progress)
     if not _buildable_on_meta(model):  # user factory: its --set keys rebuild it (executor)
         analysis.profile.model_config = dict(overrides or {})
@@ -97,7 +98,7 @@ def analyse_model(model: LayeredModel, model_name: str, progress: bool = False) 
 
 def _capture(fqn: str, module: torch.nn.Module, x: torch.Tensor, fake_mode: FakeTensorMode, rule) -> LayerCapture:
     try:
-        return capture_layer(fake_copy(module, fake_mode, ACTIVATION_DTYPE), x, fake_mode, rule)
+        cap = capture_layer(fake_copy(module, fake_mode, ACTIVATION_DTYPE), x, fake_mode, rule)
     except Exception as exc:  # unsupported op in the user's forward: name the layer and the op
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         if "DataDependent" not in type(exc).__name__:  # a shape or type error, as on real tensors
@@ -107,6 +108,20 @@ def _capture(fqn: str, module: torch.nn.Module, x: torch.Tensor, fake_mode: Fake
         raise MeshplanError(f"layer {fqn} ({type(module).__name__}) cannot run on fake tensors: "
                             f"{type(exc).__name__}: {first}; avoid data-dependent ops (.item(), nonzero, "
                             "boolean-mask indexing, branching on values) in its forward") from None
+    extra, shapes = expert_flops(module, int(x.shape[1]) if x.dim() >= 3 else 1)  # routed experts
+    cap.forward_flops += extra
+    cap.backward_flops += 2 * extra
+    cap.gemm_shapes += shapes
+    return cap
+
+
+def _build_device(spec: str) -> str:
+    """Zoo and HF models, and user factories taking `device`, are analysed on meta."""
+    if _buildable_on_meta(spec):
+        return "meta"
+    from meshplan.models.user_models import factory_device
+
+    return factory_device(spec)
 
 
 def _buildable_on_meta(spec: str) -> bool:
