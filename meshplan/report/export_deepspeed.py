@@ -18,12 +18,11 @@ def _zero(plan: Plan, warnings: list[str]) -> dict:
         if plan.zero_stage == 3:
             zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     if plan.data_parallel_replicate_degree > 1 and plan.data_parallel_shard_degree > 1:
-        if plan.zero_stage == 3:
-            zero["mics_shard_size"] = plan.data_parallel_shard_degree  # MiCS: shard within, replicate across
-        else:
-            warnings.append(f"ZeRO-{plan.zero_stage} over dp_shard={plan.data_parallel_shard_degree} replicated "
-                            f"{plan.data_parallel_replicate_degree}x is not expressible; DeepSpeed shards over "
-                            "the whole data-parallel group (less memory, more communication than predicted)")
+        # MiCS (zero_optimization.mics_shard_size) was removed from DeepSpeed (its config class refuses
+        # the key, tests/test_export_parsers.py); ZeRO++ hpZ shards a secondary copy only
+        warnings.append(f"ZeRO-{plan.zero_stage} over dp_shard={plan.data_parallel_shard_degree} replicated "
+                        f"{plan.data_parallel_replicate_degree}x is not expressible; DeepSpeed shards over "
+                        "the whole data-parallel group (less memory, more communication than predicted)")
     return zero
 
 

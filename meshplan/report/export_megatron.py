@@ -97,7 +97,15 @@ def _data_parallel_flags(plan: Plan, warnings: list[str]) -> list[str]:
         if plan.data_parallel_replicate_degree > 1:
             warnings.append("hybrid sharding (replicate x shard) is not expressible with --use-torch-fsdp2; "
                             "it shards over the whole data-parallel group")
-    if ec.offloads(plan):
+    if ec.offloads(plan) and plan.zero_stage == 3:
+        warnings.append("optimizer offload with ZeRO-3 is not expressible: Megatron's --optimizer-cpu-offload "
+                        "runs inside the distributed optimizer, not --use-torch-fsdp2 (more device memory than "
+                        "predicted)")
+    elif ec.offloads(plan):
+        # Megatron-Core's OptimizerConfig: cpu offload and the precision-aware optimizer live in the
+        # distributed optimizer (its __post_init__ refuses them without it)
+        if "--use-distributed-optimizer" not in flags:
+            flags.append("--use-distributed-optimizer")
         flags += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer"]
     if plan.dp_methods.compression.name == "fp16":
         flags.append("--grad-reduce-in-bf16")
