@@ -55,8 +55,10 @@ def _check_identity(plan: Plan, model) -> None:
 
 def _check_layout(plan: Plan, model) -> None:
     """The first feasibility reason (invalid or not runnable by this executor), as one line."""
-    divisors = feasibility.merge_divisors(r.divisors for r in tp_rules_for(model).values()) if plan.tensor_parallel_degree > 1 else None
-    found = feasibility.reasons(plan.layout(), num_layers=len(plan.layers), tp_divisors=divisors)
+    rules = tp_rules_for(model) if plan.tensor_parallel_degree > 1 else {}
+    divisors = feasibility.merge_divisors(r.divisors for r in rules.values()) if rules else None
+    found = feasibility.reasons(plan.layout(), num_layers=len(plan.layers), tp_divisors=divisors,
+                                tp_kinds=[r.kind for r in rules.values()] if rules else None)
     if found:
         raise MeshplanError(f"plan: {found[0].text}")
     if plan.pipeline_schedule not in SCHEDULE_CLASSES:

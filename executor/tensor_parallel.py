@@ -10,15 +10,19 @@ Per layer kind:
   SP the layer's output is then sliced to Shard(1) (no communication).
 - "head": ColwiseParallel logits gathered to Replicate, so the loss is the plain mean
   cross-entropy; with SP its input is Shard(1) and norms are SequenceParallel.
-- "none" (and "conv"): replicated; with SP the input is gathered and the output re-sliced.
+- "none" (and "conv"): replicated; with SP the input is gathered and the output re-sliced, as for
+  a block's replicated non-norm children (a MoE MLP); HF blocks call their attention with
+  `hidden_states=` keywords, which the gather before each column group accepts too.
 """
 from __future__ import annotations
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
-                                               RowwiseParallel, SequenceParallel, parallelize_module)
+import torch
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOutput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
+from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from meshplan.model_profile import TPRule
 
@@ -33,6 +37,8 @@ def apply_tp(stage: nn.Module, rules: dict[str, TPRule], tp_mesh: DeviceMesh, se
         if layer is None:
             continue
         plan = _layer_plan(rule, sequence_parallel)
+        if sequence_parallel and hasattr(layer, "seq_shards"):
+            layer.seq_shards = tp_mesh.size()  # HF layers: RoPE angles for the whole sequence
         if plan:
             parallelize_module(layer, tp_mesh, plan)
         outer = _layer_boundary(rule, sequence_parallel)
@@ -47,10 +53,9 @@ def _layer_plan(rule: TPRule, sp: bool) -> dict:
                 for c in rule.column}
         plan.update({r: RowwiseParallel(output_layouts=seq if sp else Replicate()) for r in rule.row})
         if sp:
-            plan.update({n: SequenceParallel() for n in rule.replicated if _is_norm_name(n)})
+            plan.update({n: SequenceParallel() if _is_norm_name(n) else _GatherScatter() for n in rule.replicated})
             parents = sorted({c.rsplit(".", 1)[0] for c in rule.column if "." in c})
-            plan.update({p: PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
-                         for p in parents})
+            plan.update({p: _GatherSequence() for p in parents})
         return plan
     if rule.kind == "embedding":
         plan = {r: RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()) for r in rule.row}
@@ -77,16 +82,41 @@ def _layer_boundary(rule: TPRule, sp: bool):
     return _GatherScatter()
 
 
-class _GatherScatter(PrepareModuleInput):
-    """A replicated layer inside a sequence-parallel model: all-gather in, slice back out."""
+class _GatherSequence(ParallelStyle):
+    """All-gather a sequence-sharded input (Shard(1)) to a plain full tensor before the module
+    runs, whether it comes positionally or as `hidden_states=` (HF calls self_attn by keyword)."""
 
-    def __init__(self):
-        super().__init__(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-        self._out = PrepareModuleOutput(output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),))
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def gather(t):
+            if not isinstance(t, torch.Tensor):
+                return t
+            dt = t if isinstance(t, DTensor) else DTensor.from_local(t, device_mesh, (Shard(1),), run_check=False)
+            return dt.redistribute(device_mesh, (Replicate(),)).to_local()
+
+        def hook(_module, args, kwargs):
+            if args:
+                return (gather(args[0]), *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": gather(kwargs["hidden_states"])}
+
+        module.register_forward_pre_hook(hook, with_kwargs=True)
+        return module
+
+
+class _GatherScatter(_GatherSequence):
+    """A replicated module inside a sequence-parallel model: all-gather in (plain tensors inside,
+    so its own parameters stay plain), slice this rank's sequence shard back out."""
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         module = super()._apply(module, device_mesh)
-        return self._out._apply(module, device_mesh)
+
+        def scatter(_module, _args, out):
+            first = out[0] if isinstance(out, tuple) else out
+            local = DTensor.from_local(first, device_mesh, (Replicate(),), run_check=False)
+            local = local.redistribute(device_mesh, (Shard(1),)).to_local()
+            return (local, *out[1:]) if isinstance(out, tuple) else local
+
+        module.register_forward_hook(scatter)
+        return module
 
 
 def _is_norm_name(name: str) -> bool:

@@ -59,6 +59,9 @@ class TiedGrads:
         for copies, collective, group in zip(self.groups, self.collective, self.pp_groups):
             if len(copies) < 2 and not collective:
                 continue
+            for p in copies:  # a DTensor's gradient may come in another layout (embedding: Replicate)
+                if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+                    p.grad = p.grad.redistribute(p.device_mesh, p.placements)
             total = self._local_sum(copies)
             if collective and total is not None:
                 dist.all_reduce(total, group=group)

@@ -57,9 +57,11 @@ class Reason:
 
 
 def reasons(lay: Layout, *, num_layers: int | None = None,
-            tp_divisors: dict[str, int] | None = None) -> list[Reason]:
-    """Every rule `lay` breaks, in a fixed order (the first is the one to show)."""
-    out = [Reason(t) for t in _data_parallel(lay) + _schedule(lay, num_layers) + _tensor_parallel(lay, tp_divisors)]
+            tp_divisors: dict[str, int] | None = None, tp_kinds: Iterable[str] | None = None) -> list[Reason]:
+    """Every rule `lay` breaks, in a fixed order (the first is the one to show). `tp_kinds`: the
+    layers' TPRule kinds (None: not known, not checked)."""
+    out = [Reason(t) for t in _data_parallel(lay) + _schedule(lay, num_layers)
+           + _tensor_parallel(lay, tp_divisors, tp_kinds)]
     out += [Reason(t) for t in _methods(lay)]
     if ("waves", "2") in lay.methods:
         out.append(Reason(WAVES_NOT_RUN, runnable_only=True))
@@ -79,8 +81,17 @@ def merge_divisors(per_layer: Iterable[dict[str, int]]) -> dict[str, int]:
     return out
 
 
-def tp_reason(tp: int, divisors: dict[str, int]) -> str:
-    """The first TP size `tp` does not divide, or ""."""
+TP_APPLIED_KINDS = ("block", "embedding", "head")
+"""TPRule kinds the executor splits (executor/tensor_parallel.py); "none" and "conv" run whole."""
+
+
+def tp_reason(tp: int, divisors: dict[str, int], kinds: Iterable[str] | None = None) -> str:
+    """Why tensor parallelism of degree `tp` cannot split the model (no layer the executor
+    splits, or the first size `tp` does not divide), or ""."""
+    kinds = None if kinds is None else sorted(set(kinds))
+    if tp > 1 and kinds is not None and not set(kinds) & set(TP_APPLIED_KINDS):
+        return (f"tensor_parallel_degree {tp}: no layer has tensor-parallel rules the executor applies "
+                f"(layer kinds: {', '.join(kinds) or 'none'}), so TP would only duplicate compute; use 1")
     for name, size in sorted(divisors.items()):
         if tp > 1 and size % tp:
             return f"{name} {size} not divisible by tp={tp}"
@@ -125,14 +136,17 @@ def _schedule(lay: Layout, num_layers: int | None) -> list[str]:
     return out
 
 
-def _tensor_parallel(lay: Layout, divisors: dict[str, int] | None) -> list[str]:
+def _tensor_parallel(lay: Layout, divisors: dict[str, int] | None, kinds: Iterable[str] | None) -> list[str]:
     tp, out = lay.tp, []
     if lay.sequence_parallel and tp == 1:
         out.append("sequence_parallel with tensor_parallel_degree 1: sequence parallelism splits over the "
                    "TP group; set tensor_parallel_degree > 1 or turn it off")
-    if lay.sequence_parallel and tp > 1 and lay.seq_len % tp:
+    if lay.sequence_parallel and tp > 1 and lay.seq_len <= 1:
+        out.append("sequence_parallel with seq_len 1: the model's activations have no sequence dim to split; "
+                   "turn it off")
+    elif lay.sequence_parallel and tp > 1 and lay.seq_len % tp:
         out.append(f"sequence parallelism needs seq_len {lay.seq_len} divisible by tensor_parallel_degree {tp}")
-    why = tp_reason(tp, divisors or {})
+    why = tp_reason(tp, divisors or {}, kinds)
     return out + ([why] if why else [])
 
 

@@ -40,7 +40,7 @@ class Rejects:
 
 def tp_reason(ctx: Context, tp: int) -> str:
     """Feasibility's TP rule, then the search's own: TP within a node unless allowed."""
-    why = feasibility.tp_reason(tp, tp_divisors(ctx))
+    why = feasibility.tp_reason(tp, tp_divisors(ctx), tp_kinds(ctx))
     if why:
         return why
     if tp > ctx.cluster.devices_per_node and not ctx.request.allow_cross_node_tp:
@@ -143,6 +143,11 @@ def tp_divisors(ctx: Context) -> dict[str, int]:
     return feasibility.merge_divisors(lp.tp.divisors for lp in ctx.layers)
 
 
+def tp_kinds(ctx: Context) -> list[str]:
+    """The profile's TPRule kinds (feasibility refuses TP where none is one the executor splits)."""
+    return [lp.tp.kind for lp in ctx.layers]
+
+
 def candidates(ctx: Context, rej: Rejects) -> list[Candidate]:
     req, out = ctx.request, []
     methods, divs = base_methods(ctx), tp_divisors(ctx)
@@ -168,7 +173,7 @@ def candidates(ctx: Context, rej: Rejects) -> list[Candidate]:
                                              microbatch=b, num_microbatches=m, schedule=sched, virtual_stages=v,
                                              zero=zero, sequence_parallel=sp, methods=methods)
                             why = feasibility.first(cand.layout(ctx.seq), num_layers=len(ctx.layers),
-                                                    tp_divisors=divs)
+                                                    tp_divisors=divs, tp_kinds=tp_kinds(ctx))
                             if why:
                                 rej.add(cand.family, why)
                                 rej.infeasible.append((cand, why))

@@ -12,7 +12,7 @@ from meshplan.errors import MeshplanError
 from meshplan.model_profile import ModelProfile
 from meshplan.plan import INTERLEAVED, Plan, schedule_name
 from meshplan.planner.context import Candidate, Context
-from meshplan.planner.enumerate import base_methods, tp_divisors
+from meshplan.planner.enumerate import base_methods, tp_divisors, tp_kinds
 from meshplan.planner.layer_cost import CostTable
 from meshplan.planner.methods import method_options
 from meshplan.planner.pipeline import p2p_per_microbatch_s
@@ -72,7 +72,8 @@ def estimate(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) 
     ctx = Context.build(profile, cluster, request)
     cand = _candidate(ctx)
     invalid = [r.text for r in feasibility.reasons(cand.layout(ctx.seq), num_layers=len(ctx.layers),
-                                                   tp_divisors=tp_divisors(ctx)) if not r.runnable_only]
+                                                   tp_divisors=tp_divisors(ctx), tp_kinds=tp_kinds(ctx))
+               if not r.runnable_only]
     if invalid:  # the same rules as the search, Plan.validate and the executor's check_plan
         raise MeshplanError(f"{cand.label()}: {invalid[0]}")
     costs = CostTable(ctx).for_candidate(cand)
