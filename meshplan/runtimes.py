@@ -59,7 +59,7 @@ FLAGS = {"state_layout": "--state-layout", "overlap_dp_comm": "--overlap-dp-comm
          "dropout": "--dropout / --no-dropout", "uniform_stages": "--uniform-stages / --no-uniform-stages",
          "zero_stages": "--zero (pins one)", "fsdp_gather_bytes": "--fsdp-gather-dtype",
          "fp8": "--precision fp8", "sp_regather": "(follows --state-layout megatron)",
-         "selective_recompute": "(not a flag: one meaning)"}
+         "selective_recompute": "(--runtime; --recompute selective)"}
 
 _KORTH = "Korthikanti et al. 2022"
 _SP = Behaviour(value=True, source=f"{_KORTH} Sec 4.2.2 (Megatron's LinearWithGradAccumulationAndAsyncCommunication)")
@@ -105,9 +105,10 @@ RUNTIMES: dict[str, Runtime] = {
                                        "(training.mixed_precision_param)"),
         "fp8": Behaviour(value=True, source="torchtitan docs/float8.md (model.converters = float8, torchao)"),
         "sp_regather": _SP_DTENSOR,
-        "selective_recompute": Behaviour(value="attention core", known=False, source=(
-            "not modelled: torchtitan's selective AC is an op-level policy (saves matmul outputs) or "
-            "every k-th block; priced as Korthikanti's attention-core recompute")),
+        "selective_recompute": Behaviour(value="op", source=(
+            "torchtitan activation_checkpoint mode=selective, selective_ac_option=op: _save_list (mm, SDPA) "
+            "saves every other matmul output and SDPA's, recomputes the rest (planner/sac.py); option k "
+            "(every k-th block fully) is per-layer full/none, planned by the recompute solver")),
     }),
     "megatron-lm": Runtime(name="megatron-lm", description=(
         "Megatron-LM before Megatron-Core, as Narayanan et al. SC21 and Korthikanti et al. 2022 ran it"),
@@ -175,7 +176,7 @@ def runtime(name: str) -> Runtime:
 
 
 REQUEST_FIELDS = ("state_layout", "overlap_dp_comm", "overlap_tp_comm", "attention", "uniform_stages",
-                  "zero_stages", "fsdp_gather_bytes")
+                  "zero_stages", "fsdp_gather_bytes", "selective_recompute")
 """Behaviours the PlanRequest carries (dropout is a profile-building input, fp8 a check)."""
 
 

@@ -12,6 +12,7 @@ from meshplan.cluster import ClusterSpec
 from meshplan.errors import MeshplanError
 from meshplan.model_profile import LayerProfile, ModelProfile
 from meshplan.planner.attention import with_attention
+from meshplan.planner.sac import with_selective
 from meshplan.planner.request import ATTENTION, STATE_LAYOUTS, PlanRequest
 from meshplan.planner.seqscale import with_seq_len
 
@@ -143,8 +144,8 @@ class Context:
             raise MeshplanError(f"attention {request.attention!r} is unknown; use {' or '.join(ATTENTION)}")
         if request.state_layout not in STATE_LAYOUTS:
             raise MeshplanError(f"state_layout {request.state_layout!r} is unknown; use torch, megatron or zero")
-        ctx = cls(profile=with_attention(with_seq_len(profile, request.seq), request.attention), cluster=cluster,
-                  request=request)
+        profile = with_attention(with_seq_len(profile, request.seq), request.attention)
+        ctx = cls(profile=with_selective(profile, request.selective_recompute), cluster=cluster, request=request)
         seen: dict[tuple, int] = {}
         ctx.signatures = [seen.setdefault(_signature(lp), i) for i, lp in enumerate(ctx.profile.layers)]
         ctx.body = ctx._find_body()

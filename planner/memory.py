@@ -60,16 +60,26 @@ def _activation_bytes(ctx: Context, layer: LayerProfile, mode: str, b: int, spli
 
 def stage_buffer_bytes(ctx: Context, layers: list[LayerProfile], b: int, split_of, zero: int, cp: int) -> float:
     """Largest temporary buffers of a rank: the gathered bf16 weights and unsharded fp32 grads of
-    the largest layer twice over (ZeRO-3 prefetch), a transient fp32 copy of the logits in the
-    loss (head stage). DDP's buckets are per parameter (dp_cost.py)."""
+    the largest layer twice over (ZeRO-3 prefetch), and the loss's transient fp32 logit-sized
+    tensors beyond the one the head keeps (head stage; LOSS_TRANSIENTS). DDP's buckets are per
+    parameter (dp_cost.py)."""
     buf = 0.0
     if zero == 3 and layers:
         largest = max(lp.num_params / split_of(lp) for lp in layers)
         buf += 2 * (2 + 4) * largest
     for lp in layers:
         if lp.tp.kind == "head":
-            buf += lp.output_bytes * b / cp / split_of(lp)
+            buf += LOSS_TRANSIENTS[ctx.request.state_layout] * lp.output_bytes * b / cp / split_of(lp)
     return buf
+
+
+LOSS_TRANSIENTS = {"megatron": 1, "torch": 2, "zero": 2}
+"""fp32 logit-sized tensors alive at the loss's peak besides the saved one (the head's
+activation_bytes). Megatron-LM's vocab-parallel cross-entropy works in place on one fp32 copy:
+1. torch F.cross_entropy(logits.float()) (torchtitan, meshplan's executor, a DeepSpeed user's
+loss): backward of log_softmax holds its saved output, the incoming dense nll gradient and the
+gradient it writes, each fp32 and logit-sized: 2 beyond the saved one (the forward's cast copy
+plus log_softmax output is one fewer)."""
 
 
 def fits(total_bytes: float, capacity_bytes: float) -> bool:
