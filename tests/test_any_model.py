@@ -1,0 +1,196 @@
+"""Any model a user brings, end to end (issue 21): Hugging Face configs of every common
+architecture, torchvision-style and user models with skips, dict inputs, tied and frozen weights.
+
+For each model: the profile's parameter count equals `sum(p.numel())` over the plain model's
+unique parameters (and a number written here); `meshplan plan` plans it for 2 ranks; and every
+layout run on 2 gloo ranks (DP, ZeRO, TP, TP+SP, PP, and the planner's own choice) equals the
+losses of *plain PyTorch* on one process: the transformers model or the factory's module itself,
+trained with torch.optim.SGD and clip_grad_norm_ on the same global batches — not meshplan's
+own 1-rank run.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+transformers = pytest.importorskip("transformers", reason="transformers not installed (pip install 'meshplan[hf]')")
+
+from executor_plans import make_plan  # noqa: E402
+from meshplan.cli import main  # noqa: E402
+from meshplan.executor.data import step_generator  # noqa: E402
+from meshplan.executor.launch import LaunchOptions, run_plans  # noqa: E402
+from meshplan.models.hf import _config, build_from_config  # noqa: E402
+from meshplan.plan import Plan  # noqa: E402
+from meshplan.profiler import profile_model  # noqa: E402
+from meshplan.schema import load  # noqa: E402
+
+FIXTURES = Path(__file__).parent / "fixtures" / "user_models"
+ANY = f"{FIXTURES / 'any_models.py'}"
+STEPS, LR, CLIP, REL_TOL = 3, 0.5, 1.0, 1e-4
+TP_SP, PP = dict(tp=2, sp=True), dict(pp=2, microbatches=2)
+
+
+@dataclass
+class Case:
+    spec: str
+    num_params: int
+    """Unique parameters of the plain model (tied weights once)."""
+    layouts: dict[str, dict] = field(default_factory=dict)
+    """Layout name -> make_plan keywords, 2 ranks each."""
+    tp_rules: bool = True
+    """False: no layer TP splits (the planner must not choose tp > 1; pinning it is refused)."""
+
+
+CASES = {
+    "llama": Case("hf:tiny-llama", 119_104, {"tp_sp": TP_SP, "pp": PP}),
+    "mistral": Case("hf:tiny-mistral", 106_816, {"tp": dict(tp=2), "tp_sp": TP_SP}),
+    "qwen2": Case("hf:tiny-qwen2", 107_072, {"tp_sp": TP_SP, "dp": dict(dp=2)}),
+    "qwen3": Case("hf:tiny-qwen3", 106_880, {"zero3": dict(dp_shard=2, zero=3)}),
+    "mixtral": Case("hf:tiny-mixtral", 254_784, {"tp_sp": TP_SP, "zero3": dict(dp_shard=2, zero=3)}),
+    "qwen2_moe": Case("hf:tiny-qwen2-moe", 181_440, {"pp": PP}),
+    "gpt2_tied": Case("hf:tiny-gpt2", 182_016, {"tp_sp": TP_SP, "pp": PP}),
+    "gpt_neox": Case("hf:tiny-gpt-neox", 99_840, {"pp": PP}),
+    "opt_tied": Case("hf:tiny-opt", 87_680, {"pp": PP, "zero2": dict(dp_shard=2, zero=2)}),
+    "bert": Case("hf:tiny-bert", 92_224, {"dp": dict(dp=2)}, tp_rules=False),
+    "t5": Case("hf:tiny-t5", 181_248, {"dp": dict(dp=2)}, tp_rules=False),
+    "bart": Case("hf:tiny-bart", 192_512, {"zero3": dict(dp_shard=2, zero=3)}, tp_rules=False),
+    "resnet": Case(f"{ANY}:resnet", 11_122, {"dp": dict(dp=2)}, tp_rules=False),
+    "vit": Case(f"{ANY}:vit", 19_626, {"dp": dict(dp=2)}, tp_rules=False),
+    "unet_long_skips": Case(f"{ANY}:unet", 7_473, {"zero3": dict(dp_shard=2, zero=3)}, tp_rules=False),
+    "dict_inputs": Case(f"{ANY}:dict_inputs", 643, {"dp": dict(dp=2)}, tp_rules=False),
+    "hf_dict_labels": Case(f"{ANY}:hf_dict_labels", 26_784, {"dp": dict(dp=2)}, tp_rules=False),
+    "hf_raw_on_meta": Case(f"{ANY}:hf_raw", 26_784, {"pp": PP, "tp_sp": TP_SP}),
+    "tied_sequential": Case(f"{FIXTURES / 'tied.py'}:build", 4_288, {"pp": PP, "dp": dict(dp=2)}, tp_rules=False),
+    "frozen_backbone": Case(f"{ANY}:frozen_backbone", 1_732, {"pp": PP, "dp": dict(dp=2)}, tp_rules=False),
+}
+
+
+def _factory(spec: str):
+    path, _, name = spec.rpartition(":")
+    loader = importlib.util.spec_from_file_location(f"plain_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def plain_model(spec: str, seed: int = 0):
+    """(module, example_batch or None) built by plain transformers / the user's factory."""
+    torch.manual_seed(seed)
+    if spec.startswith("hf:"):
+        config, seq = _config(transformers, spec[3:], {})
+        return build_from_config(transformers, config), seq
+    factory = _factory(spec)
+    kwargs = {"device": "cpu"} if "device" in factory.__code__.co_varnames else {}
+    return factory(**kwargs)
+
+
+def _is_hf(module) -> bool:
+    return isinstance(module, transformers.PreTrainedModel)
+
+
+def plain_batch(module, example, batch_size: int, step: int):
+    """The global batch meshplan trains on at `step`: random next-token data for language
+    models (meshplan.executor.data's seeded generator), else the example tiled to batch_size."""
+    if _is_hf(module) and not isinstance(example, dict):
+        seq = example if isinstance(example, int) else example.shape[1]
+        tokens = torch.randint(0, module.config.vocab_size, (batch_size, seq + 1), generator=step_generator(0, step))
+        return tokens[:, :-1], tokens[:, 1:]
+    tile = lambda t: t.repeat(-(-batch_size // t.shape[0]), *([1] * (t.dim() - 1)))[:batch_size]  # noqa: E731
+    inputs, targets = example if isinstance(example, tuple) else (example, None)
+    inputs = {k: tile(v) for k, v in inputs.items()} if isinstance(inputs, dict) else tile(inputs)
+    return inputs, None if targets is None else tile(targets)
+
+
+def plain_loss(module, x, y) -> torch.Tensor:
+    if isinstance(x, dict):
+        out = module(**x)
+    elif _is_hf(module):
+        kwargs = {"decoder_input_ids": x} if module.config.is_encoder_decoder else {}
+        out = module(input_ids=x, use_cache=False, **kwargs)
+    else:
+        out = module(x)
+    if not isinstance(out, torch.Tensor):
+        out = out.loss if getattr(out, "loss", None) is not None else out.logits
+    if y is None:
+        return out.float().mean()
+    if y.is_floating_point():
+        return F.mse_loss(out, y)
+    return F.cross_entropy(out.flatten(0, -2), y.flatten())
+
+
+def plain_losses(spec: str, batch_size: int, steps: int = STEPS) -> list[float]:
+    """Single-process plain PyTorch: SGD (momentum 0.9), global-norm clipping, fp32."""
+    module, example = plain_model(spec)
+    opt = torch.optim.SGD(module.parameters(), lr=LR, momentum=0.9)
+    losses = []
+    for step in range(steps):
+        x, y = plain_batch(module, example, batch_size, step)
+        opt.zero_grad(set_to_none=True)
+        loss = plain_loss(module, x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), CLIP)
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_profile_counts_exact_unique_parameters(name):
+    case = CASES[name]
+    module, _ = plain_model(case.spec)
+    unique = sum(p.numel() for p in set(module.parameters()))
+    profile = profile_model(case.spec)
+    assert profile.num_params == unique == case.num_params
+    frozen = sum(p.numel() for p in set(module.parameters()) if not p.requires_grad)
+    assert sum(layer.num_frozen_params for layer in profile.layers) == frozen
+
+
+def _plan(spec: str, out: Path, *extra: str) -> int:
+    return main(["plan", "--model", spec, "--cluster", "local-cpu", "--num-gpus", "2", "--global-batch", "4",
+                 "-o", str(out), *extra])
+
+
+@pytest.mark.parametrize("name", [n for n, c in CASES.items() if not c.tp_rules][:3])
+def test_tp_is_never_planned_where_no_layer_splits(name, tmp_path, capsys):
+    """A model without TP rules the executor applies: the search keeps tp = 1 and a pinned
+    --tp 2 is refused with feasibility's reason (it would only duplicate compute)."""
+    spec = CASES[name].spec
+    assert _plan(spec, tmp_path / "p.json") == 0
+    assert load(Plan, tmp_path / "p.json").tensor_parallel_degree == 1
+    assert _plan(spec, tmp_path / "tp.json", "--tp", "2") != 0
+    assert "no layer has tensor-parallel rules" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One 2-rank launch: every explicit layout and the planner's own 2-rank plan of each model."""
+    out = tmp_path_factory.mktemp("any_model")
+    keys, plans = [], []
+    for name, case in CASES.items():
+        for layout, kwargs in case.layouts.items():
+            keys.append((name, layout))
+            plans.append(make_plan(case.spec, **kwargs))
+        assert _plan(case.spec, out / f"{name}.json") == 0  # profile -> plan
+        keys.append((name, "planned"))
+        plans.append(load(Plan, out / f"{name}.json"))
+    results = run_plans(plans, LaunchOptions(steps=STEPS, out_dir=str(out / "run"), quiet=True, timeout_s=300,
+                                             optimizer="sgd", lr=LR, grad_clip=CLIP))
+    return {key: (plan, result) for key, plan, result in zip(keys, plans, results)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", [(n, layout) for n, c in CASES.items() for layout in [*c.layouts, "planned"]],
+                         ids=lambda key: f"{key[0]}-{key[1]}")
+def test_layout_equals_plain_pytorch(runs, key):
+    plan, result = runs[key]
+    ref = plain_losses(CASES[key[0]].spec, plan.global_batch_size)
+    rel = max(abs(a - b) / abs(b) for a, b in zip(result.losses, ref))
+    assert len(result.losses) == STEPS and rel <= REL_TOL, f"{key}: {result.losses} vs plain PyTorch {ref}"
+    assert max(ref) - min(ref) > 1e-4, "the loss must move, or equality proves nothing"
+    if not CASES[key[0]].tp_rules:
+        assert plan.tensor_parallel_degree == 1
