@@ -418,7 +418,7 @@ def job_step_times(per_rank: list[list[float]]) -> list[float]:
 def merge_results(plan: Plan, per_rank: list[dict], rc: int, opts: LaunchOptions, run_id: str = "") -> RunResult:
     """RunResult from the ranks' reports: losses of the first rank, the job's time per step."""
     first = per_rank[0]
-    notes = []
+    notes = list(first.get("method_notes", []))  # rank 0's (the compression codecs' decisions agree)
     if any(r["losses"] != first["losses"] for r in per_rank):
         notes.append("losses differ between ranks (max abs diff "
                      f"{max(abs(a - b) for r in per_rank for a, b in zip(r['losses'], first['losses'])):.3g})")

@@ -59,6 +59,8 @@ class RankResult:
     """Data-parallel bytes this rank put on the wire in each step, by mesh axis (comm_bytes.py)."""
     comm_bytes_per_step: dict[str, int] = field(default_factory=dict)
     """Its mean per step after the first (ByteCounter.mean_after_first), by mesh axis."""
+    method_notes: list[str] = field(default_factory=list)
+    """Lines the data-parallel methods report (e.g. Accordion's share of steps at each setting)."""
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -111,6 +113,7 @@ def _train(par, plan: Plan, options: TrainOptions, device: torch.device, optimiz
     result.losses = par.global_losses(shares) if shares else []  # one all-reduce for all steps
     result.grad_norms = [float(n) for n in result.grad_norms]
     result.comm_bytes_per_step = par.comm_bytes.mean_after_first()
+    result.method_notes = [line for codec in getattr(par.comm_bytes, "notes_from", []) for line in codec.notes()]
     return result
 
 

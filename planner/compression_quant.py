@@ -14,6 +14,8 @@ decode once per rank of the group. `meshplan profile` does not time compressors 
 """
 from __future__ import annotations
 
+import math
+
 from meshplan import compression_wire as wire
 from meshplan.model_profile import LayerProfile
 from meshplan.planner.compression import GRAD_BYTES, Compressor, PowerSGD, matrices
@@ -23,7 +25,10 @@ OP_S = 8e-6
 
 
 def _numels(layer: LayerProfile, split: int) -> list[int]:
-    return [n * m for n, m in matrices(layer, split)]
+    """Elements per tensor one rank exchanges: exact without tensor parallelism; under TP each
+    tensor is taken as 1/split of itself (replicated norms and row-parallel biases are in fact
+    whole), so TP bytes are approximate."""
+    return [math.ceil(n * m / split) for n, m in matrices(layer, split)]
 
 
 def _pass_s(ctx, ops: float, bytes_touched: float) -> float:

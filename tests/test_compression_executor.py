@@ -121,3 +121,10 @@ def test_counted_bytes_equal_the_closed_form_and_the_prediction(runs, name):
 def test_compressing_changes_the_updates(runs):
     for name in ("topk", "dgc", "qsgd", "nuqsgd", "alq", "amq", "accordion", "accordion_topk"):
         assert runs[name].losses[-1] != runs["ddp"].losses[-1], name
+
+
+@pytest.mark.slow
+def test_accordion_reports_its_share_of_steps_at_each_setting(runs):
+    # 4 steps inside the first window (100): every tensor-step at the critical (low-compression) setting
+    assert "accordion: 100.0% of tensor-steps at rank 2 (critical), 0.0% at rank 1" in runs["accordion"].notes
+    assert any(n.startswith("accordion: 100.0% of tensor-steps at density 0.1") for n in runs["accordion_topk"].notes)
