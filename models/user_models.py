@@ -7,7 +7,9 @@ inputs tensor, a dict of input tensors (models/user_inputs.py) or an `(inputs, t
 with the batch in dim 0. A LayeredModel is used as is; a raw transformers model on token ids is
 split into its layers (models/hf_layers.py). Otherwise the module's top-level children become the
 layers when running them in order reproduces `module(inputs)` (always for an nn.Sequential, or any
-module whose forward is such a chain); if not, the whole module is one layer. Every failure is one
+module whose forward is such a chain); if not, layers are cut from its torch.fx graph wherever one
+tensor is live (models/fx_layers.py: torchvision-style ResNet/ViT blocks, skips kept inside a
+layer); failing that, the whole module is one layer. Every failure is one
 MeshplanError line naming the file, factory or layer and the fix.
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 from torch import nn
 
 from meshplan.errors import MeshplanError
+from meshplan.models.fx_layers import fx_layers
 from meshplan.models.identity import retie, tied_groups
 from meshplan.models.user_inputs import DictInputs, OutputTensor, pack
 from meshplan.models.zoo.base import LayeredModel
@@ -143,6 +146,9 @@ def wrap_module(module: nn.Module, batch: Any, spec: str) -> "UserModel":
     children = list(module.children())
     if len(children) > 1 and (isinstance(module, nn.Sequential) or (not on_meta and _is_chain(module, children, inputs))):
         return UserModel(children, inputs, targets, chained=True)  # an nn.Sequential is a chain by definition
+    layers = None if on_meta or _is_transformers_model(module) else fx_layers(module, inputs)
+    if layers:  # cut from the torch.fx graph where one tensor is live (models/fx_layers.py)
+        return UserModel(layers, inputs, targets, chained=True)
     if _is_transformers_model(module):
         module = OutputTensor(module)
     return UserModel([module], inputs, targets, chained=False)

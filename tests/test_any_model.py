@@ -44,6 +44,9 @@ class Case:
     """Layout name -> make_plan keywords, 2 ranks each."""
     tp_rules: bool = True
     """False: no layer TP splits (the planner must not choose tp > 1; pinning it is refused)."""
+    num_layers: int = 0
+    """Layers the profile must find (0: not checked); torchvision-style models are cut from
+    their torch.fx graph where one tensor is live, skips kept inside a layer."""
 
 
 CASES = {
@@ -59,9 +62,10 @@ CASES = {
     "bert": Case("hf:tiny-bert", 92_224, {"dp": dict(dp=2)}, tp_rules=False),
     "t5": Case("hf:tiny-t5", 181_248, {"dp": dict(dp=2)}, tp_rules=False),
     "bart": Case("hf:tiny-bart", 192_512, {"zero3": dict(dp_shard=2, zero=3)}, tp_rules=False),
-    "resnet": Case(f"{ANY}:resnet", 11_122, {"dp": dict(dp=2)}, tp_rules=False),
-    "vit": Case(f"{ANY}:vit", 19_626, {"dp": dict(dp=2)}, tp_rules=False),
-    "unet_long_skips": Case(f"{ANY}:unet", 7_473, {"zero3": dict(dp_shard=2, zero=3)}, tp_rules=False),
+    "resnet": Case(f"{ANY}:resnet", 11_122, {"dp": dict(dp=2), "pp": PP}, tp_rules=False, num_layers=7),
+    "vit": Case(f"{ANY}:vit", 19_626, {"dp": dict(dp=2), "pp": PP}, tp_rules=False, num_layers=6),
+    "unet_long_skips": Case(f"{ANY}:unet", 7_473, {"zero3": dict(dp_shard=2, zero=3), "pp": PP}, tp_rules=False,
+                            num_layers=3),
     "dict_inputs": Case(f"{ANY}:dict_inputs", 643, {"dp": dict(dp=2)}, tp_rules=False),
     "hf_dict_labels": Case(f"{ANY}:hf_dict_labels", 26_784, {"dp": dict(dp=2)}, tp_rules=False),
     "hf_raw_on_meta": Case(f"{ANY}:hf_raw", 26_784, {"pp": PP, "tp_sp": TP_SP}),
@@ -148,6 +152,7 @@ def test_profile_counts_exact_unique_parameters(name):
     assert profile.num_params == unique == case.num_params
     frozen = sum(p.numel() for p in set(module.parameters()) if not p.requires_grad)
     assert sum(layer.num_frozen_params for layer in profile.layers) == frozen
+    assert not case.num_layers or len(profile.layers) == case.num_layers
 
 
 def _plan(spec: str, out: Path, *extra: str) -> int:
@@ -194,3 +199,18 @@ def test_layout_equals_plain_pytorch(runs, key):
     assert max(ref) - min(ref) > 1e-4, "the loss must move, or equality proves nothing"
     if not CASES[key[0]].tp_rules:
         assert plan.tensor_parallel_degree == 1
+
+
+def test_layers_come_from_the_graph_not_two_random_passes():
+    """An nn.Sequential with active dropout is its children; a torchvision-style ResNet is cut at
+    its block boundaries (one tensor live), each skip inside its block; the fx layers keep the
+    user's parameter names, and chained they compute the module's own forward."""
+    assert profile_model(f"{ANY}:dropout_sequential").layer_names == [f"layers.{i}" for i in range(4)]
+    from meshplan.models.loader import load_model
+
+    model = load_model(f"{ANY}:resnet", device="cpu")
+    names = {n.split(".", 2)[2] for n, _ in model.named_parameters()}
+    module, (x, _) = plain_model(f"{ANY}:resnet")
+    assert names == {n for n, _ in module.named_parameters()}
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), module(x))
