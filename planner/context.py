@@ -44,11 +44,13 @@ class Candidate:
         return self.dp_replicate * self.dp_shard
 
     def method(self, axis: str) -> tuple[str, dict]:
-        """(name, resolved parameters) of this candidate's method on `axis`."""
-        for a, name, params in self.methods:
-            if a == axis:
-                return name, dict(params)
-        return dp_methods.DEFAULTS[axis], dp_methods.default_params(axis)
+        """(name, resolved parameters) of this candidate's method on `axis` (a fresh dict)."""
+        name, params = self._methods_by_axis.get(axis) or (dp_methods.DEFAULTS[axis], None)
+        return name, dict(params) if params is not None else dp_methods.default_params(axis)
+
+    @functools.cached_property
+    def _methods_by_axis(self) -> dict[str, tuple[str, tuple]]:
+        return {a: (name, params) for a, name, params in self.methods}
 
     def with_method(self, axis: str, name: str, params: dict) -> "Candidate":
         rest = tuple(m for m in self.methods if m[0] != axis)

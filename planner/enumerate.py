@@ -150,7 +150,7 @@ def tp_kinds(ctx: Context) -> list[str]:
 
 def candidates(ctx: Context, rej: Rejects) -> list[Candidate]:
     req, out = ctx.request, []
-    methods, divs = base_methods(ctx), tp_divisors(ctx)
+    methods, divs, kinds = base_methods(ctx), tp_divisors(ctx), tp_kinds(ctx)
     for pp, dp, cp, tp in degrees(ctx, rej):
         per_replica = req.global_batch // dp
         for b in _pick(req.microbatch, divisors(per_replica)):
@@ -173,7 +173,7 @@ def candidates(ctx: Context, rej: Rejects) -> list[Candidate]:
                                              microbatch=b, num_microbatches=m, schedule=sched, virtual_stages=v,
                                              zero=zero, sequence_parallel=sp, methods=methods)
                             why = feasibility.first(cand.layout(ctx.seq), num_layers=len(ctx.layers),
-                                                    tp_divisors=divs, tp_kinds=tp_kinds(ctx))
+                                                    tp_divisors=divs, tp_kinds=kinds)
                             if why:
                                 rej.add(cand.family, why)
                                 rej.infeasible.append((cand, why))
