@@ -7,6 +7,7 @@ checks the plan, starts torchrun in its own process group and watches the ranks'
 - a rank that exits or raises: RunError naming it and the step it was at;
 - no status file changed for `timeout_s` (a hang): the job is killed, RunError naming the
   rank(s) that fell behind. Checkpoints are only declared complete after every rank saved.
+On several nodes each node's launcher watches its own ranks (executor/multinode.py).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from pathlib import Path
 import torch
 
 from meshplan.errors import MeshplanError, RunError, RunInterrupted
-from meshplan.executor import run_dir
+from meshplan.executor import multinode, run_dir
 from meshplan.executor.check import check_plan
 from meshplan.executor.checkpoint import checkpoint_root, latest_step, saved_plan_path
 from meshplan.executor.checkpoint_manifest import resume_point
@@ -76,8 +77,11 @@ def launch_command(plan: Plan, *, nnodes: int = 1, node_rank: int = 0, rdzv_endp
     else:
         if not rdzv_endpoint:
             raise MeshplanError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the node-rank-0 host)")
-        cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={rdzv_endpoint}", "--rdzv-id=meshplan"]
+        # static rendezvous: torchrun's c10d backend ignores --node-rank and numbers nodes by
+        # arrival, so a node could not know which global ranks are its own (their status files)
+        cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=static",
+                f"--rdzv-endpoint={rdzv_endpoint}", "--rdzv-id=meshplan",
+                f"--rdzv-conf=timeout={max(1, int(timeout_s))}", "--max-restarts=0"]
     cmd += ["-m", "meshplan.executor.worker", "--plan", plan_path]
     for extra in extra_plans:
         cmd += ["--plan", extra]
@@ -122,13 +126,18 @@ def run_plans(plans: list[Plan], opts: LaunchOptions, *, run_json: bool = False)
     run_dir.check_out_dir(out)
     run_id = run_dir.new_run_id()
     with _interrupt_signals():
-        lock, launched = run_dir.RunDirLock(out, run_id).acquire(), False
+        node = opts.node_rank if opts.nnodes > 1 else None  # the nodes of one job may share out
+        lock, launched = run_dir.RunDirLock(out, run_id, node).acquire(), False
         try:
             _check_checkpoints(out, len(plans), opts, plans)
             launched = True
             results = _launch(plans, opts, out, run_id)
+            for result in results if opts.nnodes > 1 else []:
+                nproc = plans[0].world_size // opts.nnodes
+                result.notes.append(f"node {opts.node_rank} of {opts.nnodes}: peak memory and bytes per rank are of "
+                                    f"ranks {opts.node_rank * nproc}..{(opts.node_rank + 1) * nproc - 1}")
             if run_json:
-                save(results[0], out / "run.json")
+                save(results[0], out / multinode.node_file("run.json", opts.node_rank, opts.nnodes))
             return results
         finally:
             lock.release(remove_dir=not launched)
@@ -136,14 +145,14 @@ def run_plans(plans: list[Plan], opts: LaunchOptions, *, run_json: bool = False)
 
 def _launch(plans: list[Plan], opts: LaunchOptions, out: Path, run_id: str) -> list[RunResult]:
     paths = _write_plans(plans, out)
-    _clear_reports(out, len(plans))
+    nproc = plans[0].world_size // opts.nnodes
+    ranks = list(range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc))
+    _clear_reports(out, len(plans), ranks)
     cmd = launch_command(plans[0], nnodes=opts.nnodes, node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint,
                          steps=opts.steps, plan_path=paths[0], out_dir=str(out), data=opts.data,
                          checkpoint_every=opts.checkpoint_every, resume=opts.resume, optimizer=opts.optimizer,
                          lr=opts.lr, grad_clip=opts.grad_clip, seed=opts.seed, timeout_s=opts.timeout_s,
                          extra_plans=paths[1:], run_id=run_id)
-    nproc = plans[0].world_size // opts.nnodes
-    ranks = list(range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc))
     try:
         rc, output = _supervise(cmd, out, ranks, run_id, opts)
     except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM/SIGHUP through _interrupt_signals
@@ -235,12 +244,12 @@ def _write_plans(plans: list[Plan], out: Path) -> list[str]:
     return paths
 
 
-def _clear_reports(out: Path, count: int) -> None:
-    for f in list((out / "ranks").glob("rank*.status.json")) if (out / "ranks").exists() else []:
-        f.unlink()
-    for i in range(count):
-        for f in variant_dir(str(out), i, count).glob("rank*.result.json"):
-            f.unlink()
+def _clear_reports(out: Path, count: int, ranks: list[int]) -> None:
+    """Earlier reports of this node's ranks (another node's, in a shared out_dir, stay)."""
+    for r in ranks:
+        (out / "ranks" / f"rank{r}.status.json").unlink(missing_ok=True)
+        for i in range(count):
+            (variant_dir(str(out), i, count) / f"rank{r}.result.json").unlink(missing_ok=True)
 
 
 def _env(opts: LaunchOptions) -> dict:
@@ -253,9 +262,10 @@ class _Output:
     """Copies torchrun's output to out_dir/launch.log (and the terminal unless quiet), keeping
     the tail to find torchrun's "Root Cause" rank when a process dies."""
 
-    def __init__(self, proc: subprocess.Popen, out: Path, quiet: bool):
+    def __init__(self, proc: subprocess.Popen, out: Path, quiet: bool, name: str = "launch.log"):
         self.tail: collections.deque[str] = collections.deque(maxlen=400)
-        self.log = open(out / "launch.log", "w")
+        self.path = out / name
+        self.log = open(self.path, "w")
         self.quiet = quiet
         self.thread = threading.Thread(target=self._pump, args=(proc.stdout,), daemon=True)
         self.thread.start()
@@ -285,7 +295,7 @@ def _supervise(cmd: list[str], out: Path, ranks: list[int], run_id: str,
     proc = subprocess.Popen(cmd, env=_env(opts), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True,
                             preexec_fn=lambda: run_dir.set_parent_death_signal(signal.SIGTERM))
-    output = _Output(proc, out, opts.quiet)
+    output = _Output(proc, out, opts.quiet, multinode.node_file("launch.log", opts.node_rank, opts.nnodes))
     last_change, last_seen = time.monotonic(), None
     try:
         while proc.poll() is None:
@@ -294,9 +304,13 @@ def _supervise(cmd: list[str], out: Path, ranks: list[int], run_id: str,
             if seen != last_seen:
                 last_change, last_seen = time.monotonic(), seen
             # before the first report, allow for process start-up (imports, rendezvous) on a busy host
-            limit_s = opts.timeout_s if seen else max(opts.timeout_s, STARTUP_GRACE_S)
+            # (on several nodes torchrun's rendezvous waits up to timeout_s for the others first)
+            limit_s = opts.timeout_s if seen else max(opts.timeout_s, STARTUP_GRACE_S) + (opts.nnodes > 1) * opts.timeout_s
             if time.monotonic() - last_change > limit_s:
                 message = _hang_message(out, ranks, opts.timeout_s, run_id)  # before the kill ends the stops
+                if opts.nnodes > 1:
+                    message = multinode.hang_message(read_statuses(out, ranks, run_id), opts.node_rank, opts.nnodes,
+                                                     opts.rdzv_endpoint, opts.timeout_s) or message
                 _stop(proc, run_id, output)
                 raise RunError(message)
         output.thread.join(timeout=10)
@@ -381,12 +395,12 @@ def _failure_message(out: Path, ranks: list[int], rc: int, output: _Output, coun
     if cause is not None and cause[0] in st and st[cause[0]].get("state") != "error":
         s = st[cause[0]]
         return (f"rank {s['rank']} died (exit code {cause[1]}) after reporting step {s.get('step', -1)}{where(s)}; "
-                f"torchrun stopped the other ranks; see {out / 'launch.log'}")
+                f"torchrun stopped the other ranks; see {output.path}")
     if errors:
         behind = min(st.values(), key=lambda s: (s.get("variant", 0), s.get("step", -1), s.get("time", 0)))
         return (f"rank {behind['rank']} stopped responding at step {behind.get('step', -1)}{where(behind)}; "
                 f"its peers failed waiting for it ({errors[0].get('error', '')[:200]})")
-    return f"torchrun exited with {rc} before every rank reported; see {out / 'launch.log'}"
+    return f"torchrun exited with {rc} before every rank reported; see {output.path}"
 
 
 def _collect(plan: Plan, vdir: Path, ranks: list[int], rc: int, opts: LaunchOptions, output: _Output,
@@ -399,9 +413,19 @@ def _collect(plan: Plan, vdir: Path, ranks: list[int], rc: int, opts: LaunchOpti
             results[r] = result
     if len(results) != len(ranks):
         missing = [r for r in ranks if r not in results]
-        raise RunError(_failure_message(Path(opts.out_dir), ranks, rc, output, count, run_id)
-                       + f" (no result from ranks {missing})")
+        message = _node_failure_message(ranks, opts, output, run_id) if opts.nnodes > 1 else None
+        raise RunError(message or (_failure_message(Path(opts.out_dir), ranks, rc, output, count, run_id)
+                                   + f" (no result from ranks {missing})"))
     return merge_results(plan, [results[r] for r in ranks], rc, opts, run_id)
+
+
+def _node_failure_message(ranks: list[int], opts: LaunchOptions, output: _Output, run_id: str) -> str | None:
+    """Several nodes: the rendezvous failed, or this node's ranks only lost their peers elsewhere."""
+    st = read_statuses(Path(opts.out_dir), ranks, run_id)
+    if all(s.get("state") == "not started" for s in st.values()):
+        return multinode.rendezvous_message("".join(output.tail), opts.node_rank, opts.nnodes,
+                                            opts.rdzv_endpoint, opts.timeout_s)
+    return multinode.peer_failure_message(st, opts.node_rank, _SECONDARY.search)
 
 
 def job_step_times(per_rank: list[list[float]]) -> list[float]:

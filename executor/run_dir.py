@@ -3,6 +3,9 @@
 - `RunDirLock`: an exclusive `flock` on out_dir/.meshplan.lock for the whole run. A second
   `meshplan run` into the same directory refuses at once, naming the holder's pid and run id.
   The kernel drops the lock when its holder dies, so a killed launcher never leaves it stale.
+  A node of a multi-node job holds .meshplan.lock shared and its own .meshplan.node<R>.lock
+  exclusively: the nodes of one job may share a directory (one shared filesystem), a second
+  launch of the same node rank or a single-node run into it refuses.
 - `new_run_id()`: the id every status, result and run.json of a run carries; the launcher
   reads only files with its own id, so it can never report another run's results as its own.
 - `run_processes(run_id)`: the pids whose command line carries `--run-id <id>` (torchrun and
@@ -39,41 +42,88 @@ class RunDirLock:
     """Exclusive lock on a run directory, held by the launcher from before its checks until the
     last rank is gone. `created` tells whether acquiring it made the directory."""
 
-    def __init__(self, out: Path, run_id: str):
+    def __init__(self, out: Path, run_id: str, node_rank: int | None = None):
         self.out, self.run_id, self.fd, self.created = out, run_id, None, False
+        self.node_rank, self.node_fd = node_rank, None  # node_rank: one node of a multi-node job
 
     def acquire(self) -> "RunDirLock":
-        import fcntl
-
         check_out_dir(self.out)
         self.created = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
         self.new_file = not (self.out / LOCK_NAME).exists()
-        fd = os.open(self.out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd)
-            os.close(fd)
-            raise MeshplanError(
-                f"--out-dir {self.out}: in use by run {holder.get('run_id', '?')} (pid {holder.get('pid', '?')}); "
-                "wait for it to finish, stop it, or use another --out-dir") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, (json.dumps({"pid": os.getpid(), "run_id": self.run_id, "started": time.time()}) + "\n").encode())
-        self.fd = fd
+        if self.node_rank is None:
+            self.fd = self._lock(LOCK_NAME, exclusive=True)
+            return self
+        self.fd = self._lock(LOCK_NAME, exclusive=False)
+        self.node_new_file = not (self.out / node_lock_name(self.node_rank)).exists()
+        self.node_fd = self._lock(node_lock_name(self.node_rank), exclusive=True)
         return self
+
+    def _lock(self, name: str, *, exclusive: bool) -> int:
+        """flock out/name (shared: written by nobody); exclusive: write the holder into it."""
+        import fcntl
+
+        fd = os.open(self.out / name, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holders = _node_holders(self.out) if name == LOCK_NAME and exclusive else []
+            holder = holders[0] if holders else _read_holder(fd)
+            os.close(fd)
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None
+            raise MeshplanError(
+                f"--out-dir {self.out}: in use by run {holder.get('run_id', '?')} (pid {holder.get('pid', '?')}"
+                + (f", node {holder['node_rank']}" if "node_rank" in holder else "")
+                + "); wait for it to finish, stop it, or use another --out-dir") from None
+        if exclusive:
+            holder = {"pid": os.getpid(), "run_id": self.run_id, "started": time.time()}
+            if self.node_rank is not None:
+                holder["node_rank"] = self.node_rank
+            os.ftruncate(fd, 0)
+            os.write(fd, (json.dumps(holder) + "\n").encode())
+        return fd
 
     def release(self, *, remove_dir: bool = False) -> None:
         """Unlock; remove_dir=True deletes the directory again if acquire created it and the run
         wrote nothing else, and the lock file if acquire made it (a refused run leaves nothing)."""
         if self.fd is None:
             return
+        if self.node_fd is not None:
+            if remove_dir and self.node_new_file:
+                (self.out / node_lock_name(self.node_rank)).unlink(missing_ok=True)
+            os.close(self.node_fd)
+            self.node_fd = None
         if remove_dir and self.new_file:
             (self.out / LOCK_NAME).unlink(missing_ok=True)
         if remove_dir and self.created and not any(self.out.iterdir()):
             self.out.rmdir()
         os.close(self.fd)  # closing the descriptor drops the flock
         self.fd = None
+
+
+def node_lock_name(node_rank: int) -> str:
+    return f".meshplan.node{node_rank}.lock"
+
+
+def _node_holders(out: Path) -> list[dict]:
+    """Holders of the node locks in `out` that are held now (a free one is tried and let go)."""
+    import fcntl
+
+    holders = []
+    for path in sorted(out.glob(".meshplan.node*.lock")):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holders.append(_read_holder(fd))
+        finally:
+            os.close(fd)  # also lets go of a lock this test took
+    return holders
 
 
 def _read_holder(fd: int) -> dict:

@@ -23,10 +23,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from meshplan.executor import multinode
 from meshplan.executor.run_dir import set_parent_death_signal
 from meshplan.executor.train import TrainOptions, train
 from meshplan.plan import Plan
-from meshplan.schema import load, write_text_atomic
+from meshplan.schema import content_hash, load, write_text_atomic
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -126,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     status = Status(args.out_dir, dist.get_rank(), args.run_id)
     status.update(state="running")
     try:
+        if multinode.is_multinode():  # every node: the same plan and flags; checkpoints: one out_dir
+            multinode.check_ranks_agree(args, [content_hash(load(Plan, p)) for p in args.plan])
+            multinode.check_shared_out_dir(args)
         run_variants(args, status, device)
     except BaseException as exc:
         status.update(state="error", step=status.info.get("current", -1), error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500])

@@ -391,7 +391,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if plan.prediction is not None and plan.prediction.step_time_s > 0:
         err = result.step_time_s / plan.prediction.step_time_s - 1
         print(f"predicted {plan.prediction.step_time_s:.4g} s/step: measured is {err:+.1%} off")
-    _say(args, f"wrote {Path(args.out_dir) / 'run.json'}")
+    from meshplan.executor.multinode import node_file
+
+    _say(args, f"wrote {Path(args.out_dir) / node_file('run.json', args.node_rank, args.nnodes)}")
     return 0
 
 
@@ -402,6 +404,10 @@ def _check_run_flags(args: argparse.Namespace) -> None:
         raise MeshplanError(f"--timeout {args.timeout:g}: must be > 0 seconds")
     if not 0 <= args.node_rank < args.nnodes:
         raise MeshplanError(f"--node-rank {args.node_rank}: must be in 0..{args.nnodes - 1} (--nnodes {args.nnodes})")
+    host, _, port = (args.rdzv_endpoint or "").rpartition(":")
+    if args.nnodes > 1 and not (host and port.isdigit() and 0 < int(port) < 65536):
+        raise MeshplanError(f"--rdzv-endpoint {args.rdzv_endpoint}: --nnodes {args.nnodes} needs HOST:PORT of "
+                            "node 0 (the same on every node), e.g. 10.0.0.1:29500")
 
 
 def _check_run_matches(plan: Plan, run, path: str) -> None:
