@@ -65,6 +65,9 @@ def reasons(lay: Layout, *, num_layers: int | None = None,
     out += [Reason(t) for t in _methods(lay)]
     if ("waves", "2") in lay.methods:
         out.append(Reason(WAVES_NOT_RUN, runnable_only=True))
+        if lay.microbatch % 2:  # after the runnable-only reason: estimate and Plan.validate refuse this one
+            out.append(Reason(f"waves=2 with microbatch_size {lay.microbatch}: Wavelet runs each microbatch as two "
+                              "half waves; use an even microbatch size or waves=1"))
     if lay.cp > 1:
         out.append(Reason(f"context_parallel_degree {lay.cp}: the executor does not run context parallelism; "
                           "use 1", runnable_only=True))

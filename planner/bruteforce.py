@@ -2,8 +2,10 @@
 
 The plan space of a request is, for every outer candidate of `enumerate.candidates`, every
 contiguous split of the L profile layers into pp x v stages (stage s on rank s mod pp) and every
-per-layer recompute choice (`layer_cost.allowed_modes`). Brute force visits every plan of that
-space and takes its step time as the slowest rank's cost (`RankModel.finish`, the cost function
+per-layer recompute choice (`layer_cost.allowed_modes`), each candidate also with ByteScheduler
+at its tuned chunk and credit where it composes (the search prices it by default:
+planner/comm_schedule.py). Brute force visits every plan of that space and takes its step time
+as the slowest rank's cost (`RankModel.finish`, the cost function
 the search uses), infinite when any rank overflows its memory (`memory.fits`). Nothing is pruned:
 no lower bounds, no heap merge, no Pareto frontier. What is shared is only arithmetic: a rank's
 cost for one recompute assignment of its layers is computed once per candidate and reused by every
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 
 from meshplan.cluster import ClusterSpec
 from meshplan.model_profile import ModelProfile
+from meshplan.planner import comm_schedule
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.enumerate import Rejects, candidates
 from meshplan.planner.layer_cost import CostTable, allowed_modes
@@ -97,6 +100,7 @@ def layer_mode_counts(ctx: Context) -> list[int]:
 def count_plans(ctx: Context, cands: list[Candidate] | None = None) -> int:
     """Exact number of plans in the space (a Python int, astronomically large for big models)."""
     cands = candidates(ctx, Rejects()) if cands is None else cands
+    cands = cands + [alt for c in cands if (alt := comm_schedule.variant(ctx, c)) is not None]
     num_layers, per_split = len(ctx.layers), math.prod(layer_mode_counts(ctx))
     return per_split * sum(math.comb(num_layers - 1, c.pp * c.virtual_stages - 1) for c in cands)
 
@@ -199,6 +203,8 @@ def brute_force(profile: ModelProfile, cluster: ClusterSpec, request: PlanReques
     try:
         for cand in cands:
             per[cand] = brute_force_candidate(ctx, cand, table, clock)
+            for alt in comm_schedule.searched(ctx, table, cand):  # exact methods searched by default
+                per[alt] = brute_force_candidate(ctx, alt, table, clock)
     except OutOfTime:
         finished = False
     elapsed_s = time.process_time() - start

@@ -25,6 +25,7 @@ from fractions import Fraction
 from meshplan.comm_bytes import wire_bytes
 from meshplan.model_profile import LayerProfile
 from meshplan.planner.comm import collective_s, group_tier
+from meshplan.planner.comm_schedule import comm_schedule_cost
 from meshplan.planner.compression import compressor
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.in_place import in_place_overhead_s
@@ -106,6 +107,8 @@ class DataParallelCost:
         """Where the states live and what moving them costs (planner/offload.py)."""
         self.sync = sync_cost(self, *cand.method("sync"))
         """The sync method's cost object (planner/sync.py); all but allreduce replace DDP's sync."""
+        self.schedule = comm_schedule_cost(self, *cand.method("comm_schedule"))
+        """The communication schedule's (planner/comm_schedule.py): bytescheduler replaces DDP's buckets."""
 
     # --- per layer ------------------------------------------------------------------------
     def layer(self, layer: LayerProfile, split: int, b: int, m: int) -> LayerDP:
@@ -137,7 +140,7 @@ class DataParallelCost:
         gradient when built (Reducer::initialize_buckets), a second copy of the fp32 gradients
         (gradient_as_bucket_view=False). Megatron's contiguous grad buffer is the main grads."""
         if self.zero >= 2 or self.replicas <= 1 or self.cand.tp > 1 or self.ctx.request.state_layout != "torch" \
-                or not self.sync.ddp_buckets:
+                or not self.sync.ddp_buckets or not self.schedule.ddp_buckets:
             return 0.0
         return 4.0
 
@@ -182,6 +185,8 @@ class DataParallelCost:
             return 0.0
         if self.sync.replaces_ddp:  # planner/sync.py: master, local SGD, Crossbow, DABMD, gossip, async
             return self.sync.sync_s(local_params, backward_window_s) + compress_s
+        if self.schedule.replaces_ddp:  # planner/comm_schedule.py: ByteScheduler's priority chunks
+            return self._contention_s(self.replicas) + self.schedule.sync_s(local_params, backward_window_s)
         ctx, tier, group = self.ctx, self.replica_tier, self.replicas
         hidden = ctx.cluster.calibration.dp_overlap if ctx.request.overlap_dp_comm else 0.0
         share = payload_bytes / (local_params * 4) if local_params else 0.0

@@ -11,6 +11,7 @@ from meshplan.cluster import ClusterSpec
 from meshplan.errors import MeshplanError
 from meshplan.model_profile import ModelProfile
 from meshplan.plan import INTERLEAVED, Plan, schedule_name
+from meshplan.planner import waves
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.enumerate import base_methods, tp_divisors, tp_kinds
 from meshplan.planner.layer_cost import CostTable
@@ -76,7 +77,8 @@ def estimate(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) 
                if not r.runnable_only]
     if invalid:  # the same rules as the search, Plan.validate and the executor's check_plan
         raise MeshplanError(f"{cand.label()}: {invalid[0]}")
-    costs = CostTable(ctx).for_candidate(cand)
+    table = CostTable(ctx)
+    costs = table.for_candidate(cand)
     model = RankModel(ctx, cand, costs)
     stages = balanced_stages(ctx, cand.pp * cand.virtual_stages)
     sols = []
@@ -88,6 +90,7 @@ def estimate(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) 
         else:
             p2p = model.p2p(r, layers)
         sols.append(model.finish(r, layers, modes, p2p))
+    sols = waves.solutions(ctx, table, cand, sols)  # waves=2: planner/waves.py
     plan = build_plan(ctx, cand, sols, stages, provenance(profile, cluster))
-    plan.prediction.dp_method_options = method_options(ctx, CostTable(ctx), cand, sols)
+    plan.prediction.dp_method_options = method_options(ctx, table, cand, sols)
     return plan

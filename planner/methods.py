@@ -5,7 +5,8 @@ and a little of its memory, not its per-microbatch layer costs' shape: so the se
 stage split and recompute once (with the pinned or default methods) and then re-prices the same
 split with each allowed alternative (RankModel.finish per rank), keeping the fastest that fits.
 Only methods the user allowed (--allow-compression / --allow-sync) or pinned are priced; exact
-methods the planner prices completely are searched by default (enumerate.py).
+methods the planner prices completely are searched by default: ByteScheduler with its tuned chunk
+and credit (planner/comm_schedule.py), offload as the fallback (offload_search.py).
 """
 from __future__ import annotations
 
@@ -13,11 +14,16 @@ import math
 
 from meshplan import dp_methods, feasibility
 from meshplan.plan import MethodOption
+from meshplan.planner import comm_schedule, waves
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.dp_cost import comm_bytes_per_step
 from meshplan.planner.layer_cost import CostTable
 from meshplan.planner.memory import fits
 from meshplan.planner.stages import RankModel, RankSolution
+
+
+NOT_RUN = "priced only, not run by this executor: "
+"""MethodOption.note of a method feasibility.py calls valid but not runnable here (waves=2)."""
 
 
 def alternatives(ctx: Context, cand: Candidate) -> list[Candidate]:
@@ -38,7 +44,7 @@ def reprice(ctx: Context, table: CostTable, cand: Candidate,
             sols: list[RankSolution]) -> tuple[list[RankSolution], bool]:
     """The same stages and recompute under `cand`'s methods: (rank solutions, fits in memory)."""
     model = RankModel(ctx, cand, table.for_candidate(cand))
-    out = [model.finish(s.rank, s.layers, s.modes, s.p2p_s) for s in sols]
+    out = waves.solutions(ctx, table, cand, [model.finish(s.rank, s.layers, s.modes, s.p2p_s) for s in sols])
     return out, all(fits(model.memory_bytes(s), model.capacity) for s in out)
 
 
@@ -49,9 +55,16 @@ def best_method(ctx: Context, table: CostTable, cand: Candidate, sols: list[Rank
     of (cost - sync): when that is already >= `worth_below_s` (the search's K-th best step) the
     compressors are not priced. Other axes' methods may change the per-microbatch costs too."""
     best = (max(s.cost_s for s in sols), cand, sols)
-    if not ctx.request.allow:
+    scheduled = comm_schedule.composes(ctx, cand)
+    if not ctx.request.allow and not scheduled:
         return best
     hopeless = max(s.cost_s - s.sync_s for s in sols) >= worth_below_s
+    recomputes = any(mode != "none" for s in sols for mode in s.modes.values())
+    for alt in comm_schedule.searched(ctx, table, cand) if not hopeless or recomputes else ():
+        alt_sols, ok = comm_schedule.solutions(ctx, table, alt, sols)  # exact: searched by default
+        step = max(s.cost_s for s in alt_sols)
+        if ok and step < best[0]:
+            best = (step, alt, alt_sols)
     for alt in alternatives(ctx, cand):
         if hopeless and alt.method("compression")[0] != cand.method("compression")[0]:
             continue
@@ -75,7 +88,9 @@ def method_options(ctx: Context, table: CostTable, chosen: Candidate,
             params = chosen.method(axis)[1] if name == chosen.method(axis)[0] else \
                 dp_methods.defaults_of(axis, name)
             alt = chosen.with_method(axis, name, params)
-            why = feasibility.first(alt.layout(ctx.seq))
+            found = feasibility.reasons(alt.layout(ctx.seq))
+            why = next((r.text for r in found if not r.runnable_only), "")
+            not_run = next((NOT_RUN + r.text for r in found if r.runnable_only), "")  # priced all the same
             row = dp_methods.method(axis, name)
             if why:
                 out.append(MethodOption(axis=axis, name=name, params=params, exact=row.exact_with(params), feasible=False,
@@ -87,5 +102,6 @@ def method_options(ctx: Context, table: CostTable, chosen: Candidate,
                 step_time_s=max(s.cost_s for s in alt_sols),
                 peak_memory_bytes=max(sum(s.static) + s.buffers_bytes + s.in_flight * s.act_bytes for s in alt_sols),
                 comm_bytes_per_step=comm_bytes_per_step(ctx, alt, [s.layers for s in alt_sols]), chosen=alt == chosen,
-                note="" if row.exact_with(params) else "changes the training mathematics: check convergence before relying on it"))
+                note=not_run or ("" if row.exact_with(params) else
+                                 "changes the training mathematics: check convergence before relying on it")))
     return out

@@ -18,6 +18,7 @@ from meshplan.cluster import ClusterSpec
 from meshplan.errors import InfeasibleError
 from meshplan.model_profile import ModelProfile
 from meshplan.plan import Plan, Rejection, SearchSummary
+from meshplan.planner import comm_schedule
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.enumerate import Rejects, candidates
 from meshplan.planner.methods import best_method, method_options
@@ -115,6 +116,10 @@ class Searcher:
         cap, queue = self.ctx.capacity_bytes, []
         for cand in cands:
             lb_time, lb_mem = bound(cand)
+            alt = None if fits(lb_mem, cap) else comm_schedule.variant(self.ctx, cand)
+            if alt is not None and fits(bound(alt)[1], cap):  # ByteScheduler frees DDP's bucket copy
+                cand = comm_schedule.searched(self.ctx, self.table, cand)[0]  # (planner/comm_schedule.py)
+                lb_time, lb_mem = bound(cand)
             if fits(lb_mem, cap):
                 queue.append((lb_time, False, cand))
             else:
@@ -139,6 +144,8 @@ class Searcher:
             self.num_evaluated += 1
             if sols is None:
                 self._reject_oom(cand, excess, f"stage {stages} (balanced split, leanest recompute)")
+                for alt in comm_schedule.searched(self.ctx, self.table, cand):  # as in _queue
+                    heapq.heappush(queue, (lb_time, False, alt))
                 continue
             step, cand, sols = best_method(self.ctx, self.table, cand, sols,
                                            best[-1][0] if len(best) >= top_k else math.inf)

@@ -93,7 +93,7 @@ def test_convergence_caveat_on_approximate_methods_only(allowed, tmp_path):
 
 
 def test_exact_plan_has_no_caveat_and_names_plain_data_parallelism(tmp_path):
-    plan = planned()  # nothing allowed: the exact default, no option priced against it
+    plan = planned(zero=1)  # nothing allowed, ZeRO-1 (ByteScheduler, searched by default, is ZeRO-0 only): no option
     assert plan.dp_methods.approximate() == [] and not plan.prediction.dp_method_options
     md, body = sections(plan, tmp_path)
     report = (tmp_path / "report.md").read_text() + (tmp_path / "report.html").read_text()

@@ -1,0 +1,224 @@
+"""Communication-scheduling cost objects (the comm_schedule axis of meshplan/dp_methods.py), and
+the search's choice of ByteScheduler's chunk and credit per candidate.
+
+DataParallelCost (dp_cost.py) delegates to the candidate's object: `Buckets` keeps DDP's own
+bucket pricing there; `ByteScheduler` (Peng et al., SOSP 2019) replaces it (ZeRO-0, pp = tp = 1:
+meshplan/feasibility.py), with the same bytes on the wire (the fp32 gradients, all-reduced).
+
+ByteScheduler, as modelled (one rank, all layers, layer i = priority i, the input side first):
+- Chunks: every gradient tensor cut into chunks of `chunk_mb` (the last one shorter), n_i chunks
+  of mean size s_i for layer i. A chunk of s bytes costs a + beta s on the link (the all-reduce's
+  latency and per-byte terms, from planner/comm.py's ring model or the measured fit).
+- Credit window (Sec 4.2, "credit-based preemption"): at most `credit_mb` of chunks in flight, so
+  k_i = floor(credit / s_i) of them overlap their latency (a sliding window): the link is busy
+  tau_i = max(beta s_i, (a + beta s_i) / k_i) per chunk, a chunk lands a + beta s_i - tau_i after
+  its service ends. Chunks are committed to the link in priority order; what is committed is
+  sent first-in first-out, so a more urgent layer that becomes ready waits for up to the credit
+  already committed ahead of it (large credit: bandwidth, small credit: preemption).
+- Timeline of the last microbatch: backward runs layers L-1 .. 0 (layer i's gradients ready
+  when its backward ends), then the next step's first forward runs 0 .. L-1 and layer i may
+  start once its chunks have landed (the dependency proxy, Sec 4.3). The exposed sync is the
+  forward's total stall: what the next forward cannot overlap. Per-layer backward and forward
+  times are the rank's backward window split by the layers' backward (and forward) FLOPs.
+  Both windows are scaled by the calibration's dp_overlap, as DDP's bucket rule hides at most
+  dp_overlap x backward (dp_cost.py); with overlap_dp_comm off nothing overlaps.
+- Memory: no DDP bucket copy (chunks are views of the gradients, all-reduced in place).
+A fluid simulation over the layers (O(L) events, not per chunk); the optimizer step between
+backward and forward is not counted as overlap (conservative).
+
+The search prices ByteScheduler by default (it is exact) on every candidate where it composes,
+on the split solved with DDP (planner/methods.py), with the (chunk, credit) of CHUNK_MB x
+CREDIT_CHUNKS whose exposed sync is least; a candidate that does not fit with DDP's bucket copy
+is tried with ByteScheduler instead (search.py), so the search equals brute force over both.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+
+from meshplan import feasibility
+from meshplan.planner.comm import collective_s
+
+MIB = 2**20
+CHUNK_MB = (0.25, 1.0, 4.0, 16.0, 64.0)
+"""Partition units the search tries: ByteScheduler's defaults are 1M parameters (4 MiB of fp32)
+for a parameter server and ~8M (32 MiB) for all-reduce (docs/scheduling.md); its Bayesian tuner
+moves around them. 256 KiB for the small models of CPU clusters."""
+CREDIT_CHUNKS = (1, 2, 4)
+"""Credit in chunks: 1 = stop-and-wait (every latency exposed, finest preemption), 4 =
+ByteScheduler's PS default (credit 4M = 4 partitions)."""
+DEFAULT = {"chunk_mb": 4.0, "credit_mb": 16.0}
+"""The registry's default (preferred on a tie)."""
+
+
+class Buckets:
+    """comm_schedule=buckets: DDP's bucketed all-reduce, priced by DataParallelCost itself."""
+    name, replaces_ddp, ddp_buckets = "buckets", False, True
+
+    def __init__(self, data, **params):
+        self.data, self.params = data, params
+
+
+class ByteScheduler(Buckets):
+    """comm_schedule=bytescheduler (module docstring)."""
+    name, replaces_ddp, ddp_buckets = "bytescheduler", True, False
+
+    def __init__(self, data, **params):
+        super().__init__(data, **params)
+        self.ctx, self.cand = data.ctx, data.cand
+        ctx, group, tier = data.ctx, data.replicas, data.replica_tier
+        one, two = (collective_s(ctx.cluster, "all_reduce", group, n * MIB, tier) for n in (1, 2))
+        self.latency_s = max(0.0, 2 * one - two)
+        """a: the all-reduce's time at zero bytes (its fit is affine)."""
+        self.beta_s = max(0.0, (two - one) / MIB)
+        """beta: seconds per byte."""
+        self.hidden = ctx.cluster.calibration.dp_overlap if ctx.request.overlap_dp_comm else 0.0
+        layers = [(lp, ctx.tp_split(lp, data.cand.tp)) for lp in ctx.layers]
+        self.sizes = [[4 * math.prod(s) / split for s in lp.param_shapes] if lp.param_shapes
+                      else [4 * lp.num_params / split] for lp, split in layers]
+        """fp32 gradient bytes of each tensor, per layer (forward order = priority)."""
+        back = [lp.backward_flops for lp, _ in layers]
+        total = sum(back)
+        self.back_share = [b / total for b in back] if total else [1 / len(layers)] * len(layers)
+        self.fwd_share = [lp.forward_flops / total for lp, _ in layers] if total else \
+            [0.5 * s for s in self.back_share]
+
+    def sync_s(self, local_params: float, backward_window_s: float) -> float:
+        return self.exposed_s(self.params["chunk_mb"], self.params["credit_mb"], backward_window_s)
+
+    def chunks(self, chunk_mb: float) -> list[tuple[float, int]]:
+        """(bytes, chunks) per layer: each tensor split into chunks of chunk_mb (the executor's
+        flat.split(chunk elements))."""
+        chunk = chunk_mb * MIB
+        return [(sum(t), sum(max(1, math.ceil(x / chunk)) for x in t if x > 0)) for t in self.sizes]
+
+    def exposed_s(self, chunk_mb: float, credit_mb: float, backward_window_s: float) -> float:
+        """The next forward's stall (module docstring)."""
+        h = self.hidden
+        ready, t = [], h * backward_window_s
+        for share in self.back_share:  # layer i ready when backward (L-1 .. 0) has run down to it
+            ready.append(t)
+            t -= h * backward_window_s * share
+        credit = max(credit_mb, chunk_mb) * MIB
+        landed = _simulate(self.chunks(chunk_mb), ready, credit, self.latency_s, self.beta_s)
+        start = clock = h * backward_window_s
+        for share, arrival in zip(self.fwd_share, landed):
+            clock = max(clock, arrival) + h * backward_window_s * share
+        return max(0.0, clock - start - h * backward_window_s * sum(self.fwd_share))
+
+    def tuned(self, backward_window_s: float) -> dict:
+        """The (chunk_mb, credit_mb) of CHUNK_MB x CREDIT_CHUNKS with the least exposed sync;
+        on a tie the registry default, then the larger chunk (fewer messages), then less credit."""
+        options = [{"chunk_mb": c, "credit_mb": c * k} for c in CHUNK_MB for k in CREDIT_CHUNKS]
+        return min(options, key=lambda o: (self.exposed_s(o["chunk_mb"], o["credit_mb"], backward_window_s),
+                                           o != DEFAULT, -o["chunk_mb"], o["credit_mb"]))
+
+
+def _simulate(layers: list[tuple[float, int]], ready: list[float], credit: float, a: float,
+              beta: float) -> list[float]:
+    """When each layer's last chunk lands: a fluid model of the committed FIFO (<= credit bytes)
+    fed from a priority heap of ready, uncommitted bytes (module docstring)."""
+    num = len(layers)
+    landed = [-math.inf] * num
+    rate, tail, left = [0.0] * num, [0.0] * num, [0.0] * num
+    for i, (nbytes, n) in enumerate(layers):
+        if nbytes <= 0:
+            continue
+        s = nbytes / n
+        k = max(1, math.floor(credit / s))
+        tau = max(beta * s, (a + beta * s) / k)
+        rate[i], tail[i], left[i] = (s / tau if tau > 0 else math.inf), a + beta * s - tau, nbytes
+    order = sorted((r, i) for i, r in enumerate(ready) if left[i] > 0)  # ready order: L-1 first
+    heap: list[list] = []
+    fifo: deque = deque()
+    committed, now, nxt = 0.0, 0.0, 0
+    remaining = {i: left[i] for i in range(num) if left[i] > 0}
+    while remaining:
+        if not fifo and not heap:
+            now = max(now, order[nxt][0])
+        while nxt < len(order) and order[nxt][0] <= now:
+            heapq.heappush(heap, [order[nxt][1], left[order[nxt][1]]])
+            nxt += 1
+        committed = _commit(heap, fifo, committed, credit)
+        layer, amount = fifo[0]
+        finish = amount / rate[layer]
+        until = order[nxt][0] - now if nxt < len(order) else math.inf
+        step = min(finish, until)
+        served = amount if step == finish else step * rate[layer]
+        now += step
+        fifo[0][1] -= served
+        committed -= served
+        remaining[layer] -= served
+        if fifo[0][1] <= 1e-9 * left[layer]:
+            fifo.popleft()
+        if remaining[layer] <= 1e-9 * left[layer]:
+            del remaining[layer]
+            landed[layer] = now + tail[layer]
+    return landed
+
+
+def _commit(heap: list, fifo: deque, committed: float, credit: float) -> float:
+    """Move the most urgent ready bytes into the FIFO until the credit is used."""
+    while heap and committed < credit:
+        top = heap[0]
+        amount = min(credit - committed, top[1])
+        if fifo and fifo[-1][0] == top[0]:
+            fifo[-1][1] += amount
+        else:
+            fifo.append([top[0], amount])
+        committed += amount
+        top[1] -= amount
+        if top[1] <= 0:
+            heapq.heappop(heap)
+    return committed
+
+
+SCHEDULES = {c.name: c for c in (Buckets, ByteScheduler)}
+
+
+def comm_schedule_cost(data, name: str, params: dict) -> Buckets:
+    return SCHEDULES[name](data, **params)
+
+
+def composes(ctx, cand) -> bool:
+    """ByteScheduler may be searched on this candidate: the axis unpinned, meshplan's executor
+    (other runtimes express only the bucket order), and feasibility's rules (ZeRO-0 replicas
+    without tensor or pipeline parallelism, no compression; the cheap ones checked first)."""
+    if "comm_schedule" in ctx.request.methods or ctx.request.runtime != "meshplan" \
+            or cand.method("comm_schedule")[0] != "buckets":
+        return False
+    if cand.zero != 0 or cand.pp != 1 or cand.tp != 1 or cand.dp_replicate * cand.cp <= 1:
+        return False
+    return cand.method("compression")[0] == "none" and cand.method("sync")[0] == "allreduce"
+
+
+def variant(ctx, cand):
+    """The candidate with ByteScheduler (default chunk and credit) where it composes, else None."""
+    if not composes(ctx, cand):
+        return None
+    alt = cand.with_method("comm_schedule", "bytescheduler", DEFAULT)
+    return None if feasibility.first(alt.layout(ctx.seq)) else alt
+
+
+def searched(ctx, table, cand) -> list:
+    """The candidate with ByteScheduler at its tuned chunk and credit, where it composes ([] else):
+    what the search (planner/methods.py) and brute force (bruteforce.py) price by default."""
+    from meshplan.planner.dp_cost import DataParallelCost
+    alt = variant(ctx, cand)
+    if alt is None:
+        return []
+    window = sum(table.get(i, cand).backward_s for i in range(len(ctx.layers)))  # pp = 1: every layer
+    return [cand.with_method("comm_schedule", "bytescheduler", DataParallelCost(ctx, alt).schedule.tuned(window))]
+
+
+def solutions(ctx, table, alt, sols):
+    """(rank solutions, fit) of a ByteScheduler candidate: the DDP split re-priced (it changes only
+    the sync and frees DDP's bucket copy); re-solved when that split recomputes a layer, as the
+    freed memory may let it recompute less (pp = 1: one rank, solved exactly)."""
+    from meshplan.planner.methods import reprice
+    from meshplan.planner.partition import solve
+    if all(mode == "none" for s in sols for mode in s.modes.values()):
+        return reprice(ctx, table, alt, sols)
+    got, _, _ = solve(ctx, alt, table.for_candidate(alt))
+    return (got, True) if got is not None else reprice(ctx, table, alt, sols)

@@ -1,0 +1,84 @@
+"""Wavelet's cost model (the waves axis of meshplan/dp_methods.py): waves=2 runs each microbatch
+as two half waves (b/2 samples each) on the same devices, the second (tock) started half a wave
+period after the first (tick), so tock's forward (memory rising) overlaps tick's backward (memory
+falling) and their activation peaks interleave (Wang et al., Wavelet, MLSys 2021, Sec 3). The
+synchronous variant: both waves accumulate into the same gradients, all-reduced once per step,
+so the updates are those of one wave of b. The executor refuses it (feasibility.WAVES_NOT_RUN);
+estimate and the report's data-parallel methods section price it.
+
+- Memory timeline (per rank, one wave period T = forward + backward of a half microbatch): layer
+  i's saved activations a_i (at b/2) are held from the start of its forward, F_i = sum_{j<i} f_j,
+  to the end of its backward, F_L + sum_{j>=i} g_j (backward runs L-1 .. 0); the peak is
+  max_t sum_i a_i (held_i(t) + held_i(t - T/2)) over one period: a sweep over the intervals'
+  ends. One wave's peak is sum_i a_i (at the end of forward); two interleaved half waves reach
+  sum_i a_i + what the other wave holds then (~ A_peak + A_valley, Sec 3.1). Weights, gradients
+  and optimizer states are held once (the waves share them): with no activations the peak is
+  one wave's. Pipelines: the in-flight count of the schedule times the two-wave peak.
+- Throughput: the device is shared, work-conserving: a microbatch costs both halves' compute,
+  2 C (C = compute + recompute of one half wave at b/2's efficiency), and one wave's
+  communication (tensor/context parallel, ZeRO gathers, pipeline p2p: X) runs behind the other
+  wave's compute (Sec 3.2): max(2 C, 2 X) per microbatch. Once per step the tick starts alone
+  and the tock ends alone (min(C, X) exposed, counted with the sync), and the summed gradients
+  are all-reduced behind the tock's last backward (DDP's rule over one half wave's backward).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from meshplan.planner.stages import RankModel, RankSolution
+
+
+def two_wave_peak(acts: list[float], fwd: list[float], bwd: list[float]) -> float:
+    """Peak of the summed activations of two waves offset by half a period (module docstring);
+    per layer in forward order: saved bytes, forward and backward seconds."""
+    total_f, period = sum(fwd), sum(fwd) + sum(bwd)
+    if period <= 0:
+        return 2 * sum(acts)
+    always, events, start = 0.0, [], 0.0
+    suffix = [sum(bwd[i:]) for i in range(len(bwd))]
+    for a, f, tail in zip(acts, fwd, suffix):
+        lo, hi = start, total_f + tail
+        start += f
+        for shift in (0.0, period / 2):
+            if hi - lo >= period:  # held through the whole period
+                always += a
+                continue
+            s, e = lo + shift, hi + shift
+            if s >= period:
+                s, e = s - period, e - period
+            if e <= period:
+                events += [(s, a), (e, -a)]
+            else:  # wraps around the period's end
+                events += [(s, a), (period, -a), (0.0, a), (e - period, -a)]
+    peak = held = 0.0
+    for _, delta in sorted(events):  # frees before allocations at the same instant
+        held += delta
+        peak = max(peak, held)
+    return always + peak
+
+
+def solutions(ctx, table, cand, sols: list[RankSolution]) -> list[RankSolution]:
+    """The rank solutions under the candidate's wave scheduling (unchanged for waves=1)."""
+    if cand.method("waves")[0] != "2":
+        return sols
+    half = dataclasses.replace(cand.with_method("waves", "1", {}), microbatch=max(1, cand.microbatch // 2))
+    costs = table.for_candidate(half)
+    model = RankModel(ctx, half, costs)
+    return [_two_waves(model, costs, s) for s in sols]
+
+
+def _two_waves(model: RankModel, costs, sol: RankSolution) -> RankSolution:
+    one = model.finish(sol.rank, sol.layers, sol.modes, sol.p2p_s / 2)  # one half wave (p2p: half the tensor)
+    compute = one.parts["compute_s"] + one.parts["recompute_s"]
+    comm = max(0.0, one.time_s - compute)
+    time = max(2 * compute, 2 * comm)
+    exposed = (time - 2 * compute) / (2 * comm) if comm > 0 else 0.0
+    parts = {"compute_s": 2 * one.parts["compute_s"], "recompute_s": 2 * one.parts["recompute_s"],
+             **{k: 2 * exposed * one.parts[k] for k in ("tp_s", "dp_s", "cp_s")}}
+    modes = [costs[i].modes[sol.modes[i]] for i in sol.layers]
+    peak = two_wave_peak([mc.act_bytes for mc in modes],
+                         [max(0.0, mc.compute_s - costs[i].backward_s) for mc, i in zip(modes, sol.layers)],
+                         [costs[i].backward_s + mc.recompute_s for mc, i in zip(modes, sol.layers)])
+    sync = one.sync_s + min(compute, comm)
+    return dataclasses.replace(sol, time_s=time, act_bytes=peak, sync_s=sync, optimizer_s=one.optimizer_s,
+                               cost_s=model.factor * time + sync + one.optimizer_s, parts=parts)
