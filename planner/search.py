@@ -21,6 +21,7 @@ from meshplan.plan import Plan, Rejection, SearchSummary
 from meshplan.planner import comm_schedule
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.enumerate import Rejects, candidates
+from meshplan.planner.gc_pause import gc_paused
 from meshplan.planner.methods import best_method, method_options
 from meshplan.planner.layer_cost import CostTable
 from meshplan.planner.memory import GIB, fits
@@ -189,6 +190,7 @@ class Searcher:
         return out
 
 
+@gc_paused
 def search(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) -> Plan:
     """The best plan (with prediction and search summary) for `request` on `cluster`."""
     start = time.perf_counter()
