@@ -168,13 +168,6 @@ def _methods(lay: Layout) -> list[str]:
         if lay.tp > 1 and not row.tensor_parallel:
             out.append(f"{row.label} with tensor_parallel_degree {lay.tp}: needs DDP, which cannot hold "
                        "tensor-parallel parameters; use tensor_parallel_degree 1")
-        if lay.pp > 1 and axis == "sync":
-            out.append(f"{row.label} with pipeline_parallel_degree {lay.pp}: it runs its own step on whole "
-                       "replicas (executor/methods/sync_*.py); use pipeline_parallel_degree 1 or sync=allreduce")
-        others = [f"{a}={n}" for a, n in lay.methods if a != "sync" and n != dp_methods.DEFAULTS[a]]
-        if axis == "sync" and others:
-            out.append(f"{row.label} with {', '.join(others)}: those run inside DDP's gradient exchange, which "
-                       f"{row.name} replaces; use the defaults on the other axes or sync=allreduce")
         if axis == "comm_schedule" and name == "bytescheduler" and dict(lay.methods).get("compression", "none") != "none":
             out.append(f"{row.label} with compression={dict(lay.methods)['compression']}: it sends the fp32 "
                        "gradients itself, without DDP's comm hooks; use compression=none or comm_schedule=buckets")
@@ -182,6 +175,13 @@ def _methods(lay: Layout) -> list[str]:
             out.append(f"{row.label} with pipeline_parallel_degree {lay.pp}: its per-layer scheduler sends once "
                        "per step after the last microbatch, which pipeline schedules do not expose; use "
                        "comm_schedule=buckets or pipeline_parallel_degree 1")
+        if lay.pp > 1 and axis == "sync":
+            out.append(f"{row.label} with pipeline_parallel_degree {lay.pp}: it runs its own step on whole "
+                       "replicas (executor/methods/sync_*.py); use pipeline_parallel_degree 1 or sync=allreduce")
+        others = [f"{a}={n}" for a, n in lay.methods if a != "sync" and n != dp_methods.DEFAULTS[a]]
+        if axis == "sync" and others:
+            out.append(f"{row.label} with {', '.join(others)}: those run inside DDP's gradient exchange, which "
+                       f"{row.name} replaces; use the defaults on the other axes or sync=allreduce")
         if lay.pp > 1 and lay.schedule in SPLIT_BACKWARD and lay.dp > 1 and not row.split_backward:
             out.append(f"{row.label} with {lay.schedule}: its hooks miss the split weight-gradient pass; "
                        "use Interleaved1F1B")

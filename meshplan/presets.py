@@ -74,22 +74,6 @@ half the raw drive rate (SC'21 Sec 8 used 3.5 GB/s per GPU-equivalent): 3.5 GB/s
 3.8/7.0 of it."""
 
 
-HOST = {"a100": (51.2, 250), "h100": (76.8, 250), "h200": (76.8, 250), "b200": (89.6, 500)}
-"""Host DRAM (bandwidth GB/s, capacity GB) per GPU of the DGX node, from the CPUs' memory
-channels: DGX A100 2x EPYC 7742, 8 ch DDR4-3200 each = 409.6 GB/s, 2 TB; DGX H100/H200 2x Xeon
-8480C, 8 ch DDR5-4800 = 614.4 GB/s, 2 TB; DGX B200 2x Xeon 8570, 8 ch DDR5-5600 = 716.8 GB/s,
-4 TB (NVIDIA DGX user guides' system specifications); / 8 GPUs, capacity rounded down for the OS.
-Peak channel bandwidth: STREAM reaches ~70-80% of it, which the CPU-Adam model leaves in the
-28 bytes it charges per parameter (planner/offload.py)."""
-NVME_READ_GBPS = 3.5
-NVME_WRITE_FRACTION = 0.54
-"""Local NVMe per GPU: DGX A100/H100 hold 8 x 3.84 TB U.2 PCIe Gen4 data drives (DGX user guides),
-Samsung PM1733-class: 7.0 GB/s sequential read, 3.8 GB/s write each (vendor spec sheet); as
-RAID-0 shared by 8 GPUs, 7.0 GB/s read per GPU, but DeepSpeed's ZeRO-Infinity runs reach about
-half the raw drive rate (SC'21 Sec 8 used 3.5 GB/s per GPU-equivalent): 3.5 GB/s read, write at
-3.8/7.0 of it."""
-
-
 def _curve(plateau: float, tflops: float = 312.0) -> list[list[float]]:
     """Efficiency vs GEMM FLOPs: on an A100 (312 TFLOP/s) it ramps from ~20% of the plateau at 1e8
     FLOPs to the plateau at 1e12. The ramp is set by per-kernel fixed time (launch, prologue,

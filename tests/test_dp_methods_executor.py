@@ -46,7 +46,7 @@ def test_every_registry_row_has_an_executor_module():
      "compression=powersgd with tensor_parallel_degree 2: needs DDP"),
     (lambda: make_plan(dp_shard=2, zero=2, compression="powersgd", validate=False),
      "compression=powersgd with zero_stage 2: runs with zero_stage 0/1 only"),
-    (lambda: make_plan(dp=2, tp=2, compression="powersgd", zero=2, validate=False),
+    (lambda: make_plan(dp_shard=2, tp=2, compression="powersgd", zero=2, validate=False),
      "compression=powersgd with zero_stage 2: runs with zero_stage 0/1 only"),
     (lambda: make_plan(pp=2, microbatches=3, validate=False),
      "1F1B needs the microbatch count (3) to be a multiple of pp = 2"),
