@@ -1,9 +1,15 @@
 """Maps the top-level models/, profiler/, planner/ and executor/ folders into the single import
 namespace meshplan.* (DESIGN.md, "Layout"); all metadata lives in pyproject.toml."""
+
 from setuptools import find_packages, setup
 
-ROOTS = {"meshplan": "meshplan", "meshplan.models": "models", "meshplan.profiler": "profiler",
-         "meshplan.planner": "planner", "meshplan.executor": "executor"}
+ROOTS = {
+    "meshplan": "meshplan",
+    "meshplan.models": "models",
+    "meshplan.profiler": "profiler",
+    "meshplan.planner": "planner",
+    "meshplan.executor": "executor",
+}
 
 packages, package_dir = [], {}
 for name, folder in ROOTS.items():

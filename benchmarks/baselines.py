@@ -7,6 +7,7 @@
   smallest pipeline degree whose predicted memory fits, data parallel for the rest.
 Speedup = measured step time of the baseline / measured step time of the planner's choice.
 """
+
 from __future__ import annotations
 
 from benchmarks.common import geomean

@@ -6,6 +6,7 @@
 - top1_regret: measured time of the plan the model ranks first / best measured time.
 - spread: max / min - 1 over repeated measurements of one thing.
 """
+
 from __future__ import annotations
 
 import math
@@ -85,6 +86,11 @@ def machine_info() -> dict:
         memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError):
         memory_gib = float("nan")
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(memory_gib, 1),
-            "platform": platform.platform(), "python": platform.python_version(),
-            "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else []}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(memory_gib, 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else [],
+    }

@@ -18,6 +18,7 @@ Each check returns a finding {"check", "value", "text"} or None when it does not
   when each plan's ratio is divided by its launch's factor — the error between plans, which a
   host-wide speed change cannot cause. A decomposition of the headline MAPE, not a replacement.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -36,10 +37,13 @@ def host_load(local: dict) -> dict | None:
         return None
     shown = ", ".join(f"{c:.1f} -> {g:.1f}" for c, g in rounds)
     worse = sum(g > 2 * max(c, 1.0) for c, g in rounds)
-    return {"check": "host_load", "value": [{"calibration": c, "grid_median": g} for c, g in rounds],
-            "text": f"1-minute load average while calibrating -> after the grid launches, per round: {shown} "
-                    f"(2 cores; {worse} of {len(rounds)} round(s) measured the grid on a host more than twice "
-                    "as loaded as the profile saw)."}
+    return {
+        "check": "host_load",
+        "value": [{"calibration": c, "grid_median": g} for c, g in rounds],
+        "text": f"1-minute load average while calibrating -> after the grid launches, per round: {shown} "
+        f"(2 cores; {worse} of {len(rounds)} round(s) measured the grid on a host more than twice "
+        "as loaded as the profile saw).",
+    }
 
 
 def error_by_family(rows: list[dict]) -> dict | None:
@@ -49,22 +53,33 @@ def error_by_family(rows: list[dict]) -> dict | None:
     if not tp or not rest:
         return None
     a, b = statistics.median(tp), statistics.median(rest)
-    return {"check": "error_by_family", "value": {"tp": a, "no_tp": b},
-            "text": f"median measured / predicted step time: {a:.2f}x for tensor-parallel plans, "
-                    f"{b:.2f}x for the others."}
+    return {
+        "check": "error_by_family",
+        "value": {"tp": a, "no_tp": b},
+        "text": f"median measured / predicted step time: {a:.2f}x for tensor-parallel plans, {b:.2f}x for the others.",
+    }
 
 
 def memory_without_buffers(rows: list[dict]) -> dict | None:
-    pairs = [(r["predicted_memory_bytes"] - r["predicted_memory_breakdown"].get("buffers_bytes", 0),
-              r["measured_memory_bytes"], r["predicted_memory_breakdown"].get("buffers_bytes", 0))
-             for r in rows if r.get("measured_memory_bytes") and r.get("predicted_memory_breakdown")]
+    pairs = [
+        (
+            r["predicted_memory_bytes"] - r["predicted_memory_breakdown"].get("buffers_bytes", 0),
+            r["measured_memory_bytes"],
+            r["predicted_memory_breakdown"].get("buffers_bytes", 0),
+        )
+        for r in rows
+        if r.get("measured_memory_bytes") and r.get("predicted_memory_breakdown")
+    ]
     if not pairs:
         return None
     mape = statistics.fmean(abs(p - m) / m for p, m, _ in pairs)
     biggest = max(b for _, _, b in pairs)
-    return {"check": "memory_without_buffers", "value": {"mape": mape, "largest_buffers_bytes": biggest},
-            "text": f"memory MAPE with the predicted temporary-buffer term removed: {mape * 100:.1f}% "
-                    f"(that term is up to {biggest / 2**20:.1f} MiB per rank in these predictions)."}
+    return {
+        "check": "memory_without_buffers",
+        "value": {"mape": mape, "largest_buffers_bytes": biggest},
+        "text": f"memory MAPE with the predicted temporary-buffer term removed: {mape * 100:.1f}% "
+        f"(that term is up to {biggest / 2**20:.1f} MiB per rank in these predictions).",
+    }
 
 
 def recompute_blind_spot(rows_by_model: dict[str, list[dict]]) -> dict | None:
@@ -77,10 +92,13 @@ def recompute_blind_spot(rows_by_model: dict[str, list[dict]]) -> dict | None:
     same = [k for k, v in by_key.items() if len(v) == 2 and v[True] >= 0.98 * v[False]]
     if not same:
         return None
-    return {"check": "recompute_blind_spot", "value": len(same),
-            "text": f"{len(same)} configuration(s) measure no lower peak with recompute than without: the "
-                    "CPU peak is tracked on the first step, where AdamW creates its states after the "
-                    "backward, so the optimizer step, not the activations, sets that peak."}
+    return {
+        "check": "recompute_blind_spot",
+        "value": len(same),
+        "text": f"{len(same)} configuration(s) measure no lower peak with recompute than without: the "
+        "CPU peak is tracked on the first step, where AdamW creates its states after the "
+        "backward, so the optimizer step, not the activations, sets that peak.",
+    }
 
 
 def profile_outliers(layer_timings: dict) -> dict | None:
@@ -95,9 +113,12 @@ def profile_outliers(layer_timings: dict) -> dict | None:
                         found.append(f"{model} {layer} {phase} mb {small}->{big}: x{ratio:.1f}")
     if not found:
         return None
-    return {"check": "profile_outliers", "value": found,
-            "text": "measured layer times that grow faster than 1.5x the microbatch ratio (noise in the "
-                    "profile, used as is by the cost model): " + "; ".join(found[:6])}
+    return {
+        "check": "profile_outliers",
+        "value": found,
+        "text": "measured layer times that grow faster than 1.5x the microbatch ratio (noise in the "
+        "profile, used as is by the cost model): " + "; ".join(found[:6]),
+    }
 
 
 def calibration_drift(calibrations: list[dict]) -> dict | None:
@@ -118,10 +139,14 @@ def calibration_drift(calibrations: list[dict]) -> dict | None:
                     worst[model] = (ratio, f"{layer} mb {mb}: " + ", ".join(f"{r * 1e3:.2f}" for r in runs) + " ms")
     if not worst:
         return None
-    return {"check": "calibration_drift", "value": {m: r for m, (r, _) in worst.items()},
-            "text": "the same layer at the same microbatch, timed in each round's calibration, slowest over "
-                    "fastest round: " + "; ".join(f"{m} x{r:.2f} ({where})" for m, (r, where) in worst.items())
-                    + " — the host's speed moved between calibrations, and each round's predictions with it."}
+    return {
+        "check": "calibration_drift",
+        "value": {m: r for m, (r, _) in worst.items()},
+        "text": "the same layer at the same microbatch, timed in each round's calibration, slowest over "
+        "fastest round: "
+        + "; ".join(f"{m} x{r:.2f} ({where})" for m, (r, where) in worst.items())
+        + " — the host's speed moved between calibrations, and each round's predictions with it.",
+    }
 
 
 def launch_drift(rows_by_model: dict[str, list[dict]]) -> dict | None:
@@ -145,17 +170,26 @@ def launch_drift(rows_by_model: dict[str, list[dict]]) -> dict | None:
         return None
     mape = statistics.fmean(abs(x - 1) for x in ratios)
     shown = "; ".join(f"{m} " + ", ".join("-" if f is None else f"{f:.2f}" for f in fs) for m, fs in factors.items())
-    return {"check": "launch_drift", "value": {"factors": factors, "mape_between_plans": mape},
-            "text": f"median predicted / measured over each launch's plans, per round: {shown} — the host's "
-                    f"speed during a launch moves all its plans alike; with each launch's factor divided out "
-                    f"the step-time MAPE is {mape * 100:.1f}% (the error between plans; the headline keeps "
-                    "the factors)."}
+    return {
+        "check": "launch_drift",
+        "value": {"factors": factors, "mape_between_plans": mape},
+        "text": f"median predicted / measured over each launch's plans, per round: {shown} — the host's "
+        f"speed during a launch moves all its plans alike; with each launch's factor divided out "
+        f"the step-time MAPE is {mape * 100:.1f}% (the error between plans; the headline keeps "
+        "the factors).",
+    }
 
 
 def diagnose(local: dict, memory: dict) -> list[dict]:
     by_model = {name: m.get("rows", []) for name, m in local.get("models", {}).items()}
     rows = [r for model_rows in by_model.values() for r in model_rows]
-    checks = [host_load(local), error_by_family(rows), memory_without_buffers(rows),
-              recompute_blind_spot(by_model), profile_outliers(local.get("calibration", {}).get("layer_timings_s", {})),
-              calibration_drift(local.get("calibrations", [])), launch_drift(by_model)]
+    checks = [
+        host_load(local),
+        error_by_family(rows),
+        memory_without_buffers(rows),
+        recompute_blind_spot(by_model),
+        profile_outliers(local.get("calibration", {}).get("layer_timings_s", {})),
+        calibration_drift(local.get("calibrations", [])),
+        launch_drift(by_model),
+    ]
     return [c for c in checks if c is not None]

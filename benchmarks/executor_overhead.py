@@ -11,6 +11,7 @@ granularity cancels slow drift of the host load. "cpu_ratio" is the same for pro
 (`meshplan run` vs benchmarks/native_train.py, DDP, alternating order) as "launch_ratio";
 those are much noisier (whole launches seconds apart on a shared host). Target: ratio <= 1.03 (issue 5).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,18 +37,30 @@ def plan_for(mode: str):
 
     layers = build_named_model(MODEL, CONFIG, "meta").layer_names()
     shard = mode == "fsdp"
-    return Plan(model_name=MODEL, model_config=dict(CONFIG), cluster_name="local-cpu", world_size=WORLD,
-                data_parallel_replicate_degree=1 if shard else WORLD, data_parallel_shard_degree=WORLD if shard else 1,
-                zero_stage=3 if shard else 0, precision="fp32", global_batch_size=GLOBAL_BATCH,
-                microbatch_size=GLOBAL_BATCH // WORLD, num_microbatches=1, seq_len=CONFIG["seq"],
-                layers=layers, stages=[layers])
+    return Plan(
+        model_name=MODEL,
+        model_config=dict(CONFIG),
+        cluster_name="local-cpu",
+        world_size=WORLD,
+        data_parallel_replicate_degree=1 if shard else WORLD,
+        data_parallel_shard_degree=WORLD if shard else 1,
+        zero_stage=3 if shard else 0,
+        precision="fp32",
+        global_batch_size=GLOBAL_BATCH,
+        microbatch_size=GLOBAL_BATCH // WORLD,
+        num_microbatches=1,
+        seq_len=CONFIG["seq"],
+        layers=layers,
+        stages=[layers],
+    )
 
 
 def executor_step_s(mode: str, steps: int, work: Path) -> float:
     from meshplan.executor import run_plan
 
-    return run_plan(plan_for(mode), steps=steps, out_dir=str(work / "executor"), quiet=True,
-                    timeout_s=LAUNCH_TIMEOUT_S).step_time_s
+    return run_plan(
+        plan_for(mode), steps=steps, out_dir=str(work / "executor"), quiet=True, timeout_s=LAUNCH_TIMEOUT_S
+    ).step_time_s
 
 
 def _run_group(cmd: list[str]) -> tuple[int, str]:
@@ -56,8 +69,9 @@ def _run_group(cmd: list[str]) -> tuple[int, str]:
     with tempfile.TemporaryDirectory() as pid_dir:
         env = dict(os.environ, OMP_NUM_THREADS="1", MESHPLAN_BENCH_PID_DIR=pid_dir)
         with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: stray workers cannot block us
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+            )
             try:
                 proc.wait(timeout=LAUNCH_TIMEOUT_S)
             except subprocess.TimeoutExpired:
@@ -78,10 +92,26 @@ def _run_group(cmd: list[str]) -> tuple[int, str]:
 
 def native_step_s(mode: str, steps: int, work: Path) -> float:
     out = work / "native.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
-           str(Path(__file__).with_name("native_train.py")), "--mode", mode, "--model", MODEL,
-           "--config", json.dumps(CONFIG), "--global-batch", str(GLOBAL_BATCH), "--steps", str(steps),
-           "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={WORLD}",
+        str(Path(__file__).with_name("native_train.py")),
+        "--mode",
+        mode,
+        "--model",
+        MODEL,
+        "--config",
+        json.dumps(CONFIG),
+        "--global-batch",
+        str(GLOBAL_BATCH),
+        "--steps",
+        str(steps),
+        "--out",
+        str(out),
+    ]
     _run_group(cmd)
     times = json.loads(out.read_text())["step_times_s"]  # a crash before the file exists raises here
     return statistics.median(times[1:])
@@ -91,7 +121,7 @@ def measure_launch_pair(mode: str, steps: int, executor_first: bool) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         result = {}
-        for side in (("executor", "native") if executor_first else ("native", "executor")):
+        for side in ("executor", "native") if executor_first else ("native", "executor"):
             fn = executor_step_s if side == "executor" else native_step_s
             result[f"{side}_step_s"] = fn(mode, steps, work)
     result["ratio"] = result["executor_step_s"] / result["native_step_s"]
@@ -105,9 +135,22 @@ def measure_paired_steps(mode: str, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         plan_path, out = Path(tmp) / "plan.json", Path(tmp) / "paired.json"
         save(plan_for(mode), plan_path)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
-               str(Path(__file__).with_name("native_paired.py")), "--mode", mode, "--plan", str(plan_path),
-               "--steps", str(steps), "--out", str(out)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={WORLD}",
+            str(Path(__file__).with_name("native_paired.py")),
+            "--mode",
+            mode,
+            "--plan",
+            str(plan_path),
+            "--steps",
+            str(steps),
+            "--out",
+            str(out),
+        ]
         rc, text = _run_group(cmd)
         if not out.exists():
             raise RuntimeError(f"native_paired.py failed (rc {rc}): {text[-2000:]}")
@@ -115,10 +158,15 @@ def measure_paired_steps(mode: str, steps: int) -> dict:
     times, cpu = data["step_times_s"], data["step_cpu_s"]
     ratios = [e / n for e, n in zip(times["executor"][1:], times["native"][1:])]
     cpu_ratios = [e / n for e, n in zip(cpu["executor"][1:], cpu["native"][1:])]
-    return {"mode": mode, "ratio": statistics.median(ratios), "step_ratios": ratios,
-            "cpu_ratio": statistics.median(cpu_ratios), "step_cpu_ratios": cpu_ratios,
-            "executor_step_s": statistics.median(times["executor"][1:]),
-            "native_step_s": statistics.median(times["native"][1:])}
+    return {
+        "mode": mode,
+        "ratio": statistics.median(ratios),
+        "step_ratios": ratios,
+        "cpu_ratio": statistics.median(cpu_ratios),
+        "step_cpu_ratios": cpu_ratios,
+        "executor_step_s": statistics.median(times["executor"][1:]),
+        "native_step_s": statistics.median(times["native"][1:]),
+    }
 
 
 def run(quick: bool) -> dict:
@@ -128,10 +176,17 @@ def run(quick: bool) -> dict:
     paired = [measure_paired_steps(mode, steps) for mode in modes]
     all_ratios = [r for p in paired for r in p["step_ratios"]]
     cpu_ratios = [r for p in paired for r in p["step_cpu_ratios"]]
-    result = {"ratio": statistics.median(all_ratios), "ratio_by_mode": {p["mode"]: p["ratio"] for p in paired},
-              "cpu_ratio": statistics.median(cpu_ratios),
-              "paired_steps": paired, "steps": steps, "world_size": WORLD, "model": MODEL, "config": CONFIG,
-              "target_ratio": 1.03}
+    result = {
+        "ratio": statistics.median(all_ratios),
+        "ratio_by_mode": {p["mode"]: p["ratio"] for p in paired},
+        "cpu_ratio": statistics.median(cpu_ratios),
+        "paired_steps": paired,
+        "steps": steps,
+        "world_size": WORLD,
+        "model": MODEL,
+        "config": CONFIG,
+        "target_ratio": 1.03,
+    }
     if not quick:
         launches = [_launch_pair_or_error("ddp", 16, executor_first=i % 2 == 0) for i in range(2)]
         result["launch_pairs"] = [p for p in launches if "ratio" in p]
@@ -160,10 +215,14 @@ def main() -> None:
         return
     for p in result["paired_steps"] + result.get("launch_pairs", []):
         kind = "steps " if "step_ratios" in p else "launch"
-        print(f"{kind} {p['mode']:5s} executor {p['executor_step_s'] * 1e3:8.1f} ms  "
-              f"native {p['native_step_s'] * 1e3:8.1f} ms  ratio {p['ratio']:.3f}")
-    print(f"median paired-step ratio {result['ratio']:.3f} (target <= {result['target_ratio']}); "
-          f"CPU-time ratio {result['cpu_ratio']:.3f}")
+        print(
+            f"{kind} {p['mode']:5s} executor {p['executor_step_s'] * 1e3:8.1f} ms  "
+            f"native {p['native_step_s'] * 1e3:8.1f} ms  ratio {p['ratio']:.3f}"
+        )
+    print(
+        f"median paired-step ratio {result['ratio']:.3f} (target <= {result['target_ratio']}); "
+        f"CPU-time ratio {result['cpu_ratio']:.3f}"
+    )
 
 
 if __name__ == "__main__":

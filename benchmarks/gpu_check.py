@@ -12,6 +12,7 @@
    over the preset's dense bf16 peak, beside the preset's `gemm_efficiency` curve.
 The preset is chosen from the GPU's name (H200 -> h200-141g, H100 -> h100-80g, ...).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,9 +26,13 @@ from pathlib import Path
 MODEL = "gpt"
 CONFIG = {"layers": 4, "hidden": 1024, "heads": 16, "vocab": 32000, "seq": 1024}
 """A GPT small enough to profile in seconds, large enough for real GEMMs."""
-MEMORY_CONFIGS = [dict(microbatch=1, recompute="none"), dict(microbatch=4, recompute="none"),
-                  dict(microbatch=4, recompute="full"), dict(microbatch=8, recompute="selective"),
-                  dict(microbatch=8, recompute="full")]
+MEMORY_CONFIGS = [
+    dict(microbatch=1, recompute="none"),
+    dict(microbatch=4, recompute="none"),
+    dict(microbatch=4, recompute="full"),
+    dict(microbatch=8, recompute="selective"),
+    dict(microbatch=8, recompute="full"),
+]
 GEMM_SIZES = [256, 512, 1024, 2048, 4096, 8192]
 
 
@@ -64,11 +69,17 @@ def gemm_curve(sizes: list[int], repeats: int = 20) -> list[dict]:
             end.record()
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end) / 1e3)
-        flops = 2.0 * n ** 3
+        flops = 2.0 * n**3
         achieved = flops / statistics.median(times)
-        rows.append({"n": n, "gemm_flops": flops, "time_s": statistics.median(times),
-                     "measured_efficiency": achieved / peak,
-                     "preset_efficiency": gemm_efficiency(device.gemm_efficiency, flops)})
+        rows.append(
+            {
+                "n": n,
+                "gemm_flops": flops,
+                "time_s": statistics.median(times),
+                "measured_efficiency": achieved / peak,
+                "preset_efficiency": gemm_efficiency(device.gemm_efficiency, flops),
+            }
+        )
     return rows
 
 
@@ -85,14 +96,25 @@ def layer_timings(microbatches: list[int]) -> tuple[list[dict], object]:
     rows = []
     for layer in profile.layers:
         for t in getattr(layer, "timings", []) or []:
-            rows.append({"layer": layer.name, "kind": layer.kind, "microbatch": t.microbatch_size,
-                         "forward_s": t.forward_s, "backward_s": t.backward_s,
-                         "forward_flops": layer.forward_flops * t.microbatch_size,
-                         "preset_forward_s": layer.forward_flops * t.microbatch_size / (
-                             device.peak_flops["bf16"] * gemm_efficiency(device.gemm_efficiency,
-                                                                         layer.forward_flops * t.microbatch_size)),
-                         "measured_peak_bytes": t.peak_bytes, "predicted_peak_bytes": t.predicted_peak_bytes,
-                         "reused_from": t.reused_from})
+            rows.append(
+                {
+                    "layer": layer.name,
+                    "kind": layer.kind,
+                    "microbatch": t.microbatch_size,
+                    "forward_s": t.forward_s,
+                    "backward_s": t.backward_s,
+                    "forward_flops": layer.forward_flops * t.microbatch_size,
+                    "preset_forward_s": layer.forward_flops
+                    * t.microbatch_size
+                    / (
+                        device.peak_flops["bf16"]
+                        * gemm_efficiency(device.gemm_efficiency, layer.forward_flops * t.microbatch_size)
+                    ),
+                    "measured_peak_bytes": t.peak_bytes,
+                    "predicted_peak_bytes": t.predicted_peak_bytes,
+                    "reused_from": t.reused_from,
+                }
+            )
     return rows, profile
 
 
@@ -106,16 +128,28 @@ def memory_check(profile, configs: list[dict], steps: int = 3) -> list[dict]:
     cluster = cluster_preset(preset_for_gpu(), 1)
     rows = []
     for cfg in configs:
-        req = PlanRequest(num_gpus=1, global_batch=cfg["microbatch"], precision="bf16", dp=1, tp=1, pp=1,
-                          microbatch=cfg["microbatch"], recompute=cfg["recompute"])
+        req = PlanRequest(
+            num_gpus=1,
+            global_batch=cfg["microbatch"],
+            precision="bf16",
+            dp=1,
+            tp=1,
+            pp=1,
+            microbatch=cfg["microbatch"],
+            recompute=cfg["recompute"],
+        )
         row = dict(cfg)
         try:
             plan = estimate(profile, cluster, req)
             with tempfile.TemporaryDirectory(prefix="meshplan-gpu-") as tmp:
                 result = run_plan(plan, steps=steps, out_dir=tmp, quiet=True)
-            row.update(predicted_bytes=plan.prediction.peak_memory_bytes, measured_bytes=result.peak_memory_bytes,
-                       error=plan.prediction.peak_memory_bytes / result.peak_memory_bytes - 1,
-                       predicted_step_s=plan.prediction.step_time_s, measured_step_s=result.step_time_s)
+            row.update(
+                predicted_bytes=plan.prediction.peak_memory_bytes,
+                measured_bytes=result.peak_memory_bytes,
+                error=plan.prediction.peak_memory_bytes / result.peak_memory_bytes - 1,
+                predicted_step_s=plan.prediction.step_time_s,
+                measured_step_s=result.step_time_s,
+            )
         except MeshplanError as exc:
             row["error_message"] = str(exc)
         rows.append(row)
@@ -128,8 +162,13 @@ def run(quick: bool = False) -> dict:
     if not torch.cuda.is_available():
         return {"available": False, "note": "no CUDA device"}
     start = time.perf_counter()
-    out = {"device": torch.cuda.get_device_name(), "preset": preset_for_gpu(), "torch_version": torch.__version__,
-           "model": MODEL, "config": CONFIG}
+    out = {
+        "device": torch.cuda.get_device_name(),
+        "preset": preset_for_gpu(),
+        "torch_version": torch.__version__,
+        "model": MODEL,
+        "config": CONFIG,
+    }
     out["gemm"] = gemm_curve(GEMM_SIZES[:4] if quick else GEMM_SIZES)
     layers, profile = layer_timings([1, 4] if quick else [1, 2, 4, 8])
     out["layers"] = layers

@@ -14,6 +14,7 @@ minutes later, and a collective that misses may be profiled and checked again, u
 times; a fit that is wrong (bandwidth or latency off beyond the noise) misses every time.
 Prints one JSON line per N and exits 1 if a collective missed in every attempt.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,13 @@ def check(nproc: int, attempts: int, tolerance: float) -> dict:
         passed |= {c for c in COLLECTIVES if all(abs(e) <= tolerance for (k, _), e in errors.items() if k == c)}
         if passed == set(COLLECTIVES):
             break
-    return {"nproc": nproc, "tolerance": tolerance, "passed": sorted(passed),
-            "missed": sorted(set(COLLECTIVES) - passed), "attempts": tries}
+    return {
+        "nproc": nproc,
+        "tolerance": tolerance,
+        "passed": sorted(passed),
+        "missed": sorted(set(COLLECTIVES) - passed),
+        "attempts": tries,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

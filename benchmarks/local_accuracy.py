@@ -14,6 +14,7 @@ launch keeps each prediction beside its measurement.
 Reported: medians over rounds of the predictions and of the measurements, and their spread.
 The planner's own search result (re-run each round) is measured beside the grid.
 """
+
 from __future__ import annotations
 
 import os
@@ -57,11 +58,22 @@ def calibrate_links(quick: bool, say) -> tuple[object, dict]:
     start = time.perf_counter()
     links = dict(max_bytes=4 * 2**20, repeats=3) if quick else {}
     cluster = profile_links(NUM_RANKS, **links)
-    info = {"profile_links_s": round(time.perf_counter() - start, 1),
-            "profile_links_args": links or "defaults (1 KiB..64 MiB, 5 collectives, groups 2..4)",
-            "links": [{"collective": f.collective, "group_size": f.group_size, "latency_s": f.latency_s,
-                       "bandwidth_gbps": f.bandwidth_gbps} for f in cluster.collectives],
-            "load_average": list(os.getloadavg()), "layer_timings_s": {}, "step_overhead_s": {}}
+    info = {
+        "profile_links_s": round(time.perf_counter() - start, 1),
+        "profile_links_args": links or "defaults (1 KiB..64 MiB, 5 collectives, groups 2..4)",
+        "links": [
+            {
+                "collective": f.collective,
+                "group_size": f.group_size,
+                "latency_s": f.latency_s,
+                "bandwidth_gbps": f.bandwidth_gbps,
+            }
+            for f in cluster.collectives
+        ],
+        "load_average": list(os.getloadavg()),
+        "layer_timings_s": {},
+        "step_overhead_s": {},
+    }
     say(f"  measured gloo links on {NUM_RANKS} ranks ({info['profile_links_s']} s)")
     return cluster, info
 
@@ -82,8 +94,11 @@ def calibrate_model(model: str, calibration: dict, say):
 
 def _timings(profile) -> dict:
     """{layer: {microbatch: [forward_s, backward_s]}} of the measured (not reused) layers."""
-    return {layer.name: {str(t.microbatch_size): [t.forward_s, t.backward_s] for t in layer.timings}
-            for layer in profile.layers if layer.timings and not any(t.reused_from for t in layer.timings)}
+    return {
+        layer.name: {str(t.microbatch_size): [t.forward_s, t.backward_s] for t in layer.timings}
+        for layer in profile.layers
+        if layer.timings and not any(t.reused_from for t in layer.timings)
+    }
 
 
 def request(pins: dict):
@@ -112,8 +127,10 @@ def predict_grid(profile, cluster, grid: list[tuple[str, dict]]) -> tuple[list[t
 def describe(plan) -> str:
     """One line: the configuration a plan runs."""
     modes = sorted(set(plan.recompute.values()) - {"none"})
-    text = (f"pp={plan.pipeline_parallel_degree} dp={plan.data_parallel_degree} tp={plan.tensor_parallel_degree} "
-            f"zero={plan.zero_stage} mb={plan.microbatch_size}x{plan.num_microbatches}")
+    text = (
+        f"pp={plan.pipeline_parallel_degree} dp={plan.data_parallel_degree} tp={plan.tensor_parallel_degree} "
+        f"zero={plan.zero_stage} mb={plan.microbatch_size}x{plan.num_microbatches}"
+    )
     if plan.pipeline_parallel_degree > 1:
         text += f" {plan.pipeline_schedule}"
     if plan.sequence_parallel:
@@ -133,16 +150,18 @@ def _run_batch(plans: list, steps: int, work: Path, say) -> list:
     results = []
     for i, plan in enumerate(plans):
         try:
-            results += run_plans([plan], LaunchOptions(steps=steps, out_dir=str(work / f"single{i}"), quiet=True,
-                                                       timeout_s=600))
+            results += run_plans(
+                [plan], LaunchOptions(steps=steps, out_dir=str(work / f"single{i}"), quiet=True, timeout_s=600)
+            )
         except MeshplanError as exc:
             say(f"  plan {describe(plan)} failed: {str(exc)[:160]}")
             results.append(None)
     return results
 
 
-def measure_round(model: str, plans: list[tuple[str, object]], rep: int, steps: int, work: Path,
-                  say) -> tuple[list, dict]:
+def measure_round(
+    model: str, plans: list[tuple[str, object]], rep: int, steps: int, work: Path, say
+) -> tuple[list, dict]:
     """One launch running every plan of `model` (order rotated by `rep`, so that slow drift of the
     host spreads over the plans); (RunResult or None per plan in the given order, launch info)."""
     k = rep * 5 % len(plans)
@@ -150,10 +169,16 @@ def measure_round(model: str, plans: list[tuple[str, object]], rep: int, steps: 
     start = time.perf_counter()
     results = _run_batch([plans[i][1] for i in order], steps, work / f"{model}-{rep}", say)
     by_index = dict(zip(order, results))
-    info = {"model": model, "repetition": rep, "wall_s": round(time.perf_counter() - start, 1),
-            "load_average": list(os.getloadavg())}
-    say(f"  repetition {rep + 1}: {model}, {len(plans)} plans ({info['wall_s']:.0f} s, "
-        f"load {info['load_average'][0]:.1f})")
+    info = {
+        "model": model,
+        "repetition": rep,
+        "wall_s": round(time.perf_counter() - start, 1),
+        "load_average": list(os.getloadavg()),
+    }
+    say(
+        f"  repetition {rep + 1}: {model}, {len(plans)} plans ({info['wall_s']:.0f} s, "
+        f"load {info['load_average'][0]:.1f})"
+    )
     return [by_index[i] for i in range(len(plans))], info
 
 
@@ -168,23 +193,40 @@ def plan_row(name: str, pairs: list[tuple[object, object]]) -> dict:
     medians = [r.step_time_s for r in runs]
     steps = [t for r in runs for t in r.step_times_s[1:]]
     peak = max(plan.prediction.stage_memory, key=lambda m: m.total_bytes, default=None)
-    row = {"name": name, "config": " | ".join(dict.fromkeys(describe(p) for p, _ in pairs)),
-           "predicted_s": statistics.median(predicted), "predicted_runs_s": predicted,
-           "rounds": [[p.prediction.step_time_s, r.step_time_s if r is not None else None] for p, r in pairs],
-           "breakdown_s": dict(plan.prediction.breakdown),
-           "predicted_memory_bytes": statistics.median(p.prediction.peak_memory_bytes for p, _ in pairs),
-           "runs": len(runs),
-           "predicted_memory_breakdown": {k: getattr(peak, k) for k in (
-               "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes")} if peak else {},
-           "degrees": {"pp": plan.pipeline_parallel_degree, "dp": plan.data_parallel_degree,
-                       "tp": plan.tensor_parallel_degree, "zero": plan.zero_stage},
-           "recompute": sorted(set(plan.recompute.values()) - {"none"})}
+    row = {
+        "name": name,
+        "config": " | ".join(dict.fromkeys(describe(p) for p, _ in pairs)),
+        "predicted_s": statistics.median(predicted),
+        "predicted_runs_s": predicted,
+        "rounds": [[p.prediction.step_time_s, r.step_time_s if r is not None else None] for p, r in pairs],
+        "breakdown_s": dict(plan.prediction.breakdown),
+        "predicted_memory_bytes": statistics.median(p.prediction.peak_memory_bytes for p, _ in pairs),
+        "runs": len(runs),
+        "predicted_memory_breakdown": {
+            k: getattr(peak, k)
+            for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes")
+        }
+        if peak
+        else {},
+        "degrees": {
+            "pp": plan.pipeline_parallel_degree,
+            "dp": plan.data_parallel_degree,
+            "tp": plan.tensor_parallel_degree,
+            "zero": plan.zero_stage,
+        },
+        "recompute": sorted(set(plan.recompute.values()) - {"none"}),
+    }
     if runs:
         measured = statistics.median(medians)
-        row.update(measured_s=measured, measured_runs_s=medians, spread_runs=spread(medians),
-                   step_min_s=min(steps), step_max_s=max(steps),
-                   measured_memory_bytes=statistics.median(r.peak_memory_bytes for r in runs),
-                   error=row["predicted_s"] / measured - 1)
+        row.update(
+            measured_s=measured,
+            measured_runs_s=medians,
+            spread_runs=spread(medians),
+            step_min_s=min(steps),
+            step_max_s=max(steps),
+            measured_memory_bytes=statistics.median(r.peak_memory_bytes for r in runs),
+            error=row["predicted_s"] / measured - 1,
+        )
     return row
 
 
@@ -211,8 +253,13 @@ def summarize(rows: list[dict]) -> dict:
     choice = next((r for r in done if r["name"] == PLANNER_ROW), None) or min(done, key=lambda r: r["predicted_s"])
     best = min(done, key=lambda r: r["measured_s"])
     pooled = pooled_measured_s(done)
-    return {"mape": mape(pred, meas), "kendall_tau": kendall_tau(pred, meas),
-            "top1_regret": pooled[choice["config"]] / min(pooled.values()),
-            "top1_regret_unpooled": top1_regret(pred, meas), "num_plans": len(done),
-            "choice": choice["name"], "best_measured": best["name"],
-            "failed": [r["name"] for r in rows if "measured_s" not in r]}
+    return {
+        "mape": mape(pred, meas),
+        "kendall_tau": kendall_tau(pred, meas),
+        "top1_regret": pooled[choice["config"]] / min(pooled.values()),
+        "top1_regret_unpooled": top1_regret(pred, meas),
+        "num_plans": len(done),
+        "choice": choice["name"],
+        "best_measured": best["name"],
+        "failed": [r["name"] for r in rows if "measured_s" not in r],
+    }

@@ -8,6 +8,7 @@ of native_train.py (whose logged loss is rank 0's local one: no extra all-reduce
 alternating too), so both see the same host load; rank 0 writes the per-step wall times and
 process CPU times (all threads, incl. gloo's; mean over ranks, as the executor reduces them) of both and their losses.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,8 +60,10 @@ def main() -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
     plan = load(Plan, args.plan)
-    sides = {"executor": ExecutorTrainer(plan, str(Path(args.out).parent)),
-             "native": NativeTrainer(args.mode, plan.model_name, plan.model_config, plan.global_batch_size)}
+    sides = {
+        "executor": ExecutorTrainer(plan, str(Path(args.out).parent)),
+        "native": NativeTrainer(args.mode, plan.model_name, plan.model_config, plan.global_batch_size),
+    }
     times = {name: [] for name in sides}
     cpu = {name: [] for name in sides}
     losses = {name: [] for name in sides}

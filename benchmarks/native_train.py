@@ -7,6 +7,7 @@ rank), optimizer (AdamW lr 3e-4, wd 0.1, betas 0.9/0.95) and clipping (1.0) as `
 written the way a user would write it by hand: DDP, or FSDP2 fully_shard on the embedding,
 each layer, the head and the root (ZeRO-3; torchtitan's units, which the executor uses too). Rank 0 writes the per-step wall time (mean over ranks, as the executor reduces it: launch.job_step_times) and its losses as JSON.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -19,6 +19,7 @@ a measurement), with `speedup_lower_bound` = probe time / search time (brute for
 that). Measured speedups come from the same model shapes with fewer layers (GPT-3 and Llama-3
 blocks, 8 to 64 GPUs) whose spaces brute force finishes within --brute-force-cap-s.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,13 @@ FAMILIES = {"gpt3-175b": ("a100-80g", 1536, gpt3), "llama3-405b": ("h100-80g", 2
 """model -> (cluster preset, global batch, profile(layers))."""
 FULL_COUNTS = (8, 64, 256, 1024, 4096, 16384)
 QUICK_COUNTS = {"gpt3-175b": (8, 1024), "llama3-405b": (16384,)}
-REDUCED = [("gpt3-175b", 2, (8,)), ("gpt3-175b", 4, (8, 64)), ("gpt3-175b", 6, (8, 64)),
-           ("llama3-405b", 4, (8, 64)), ("llama3-405b", 6, (8, 32))]
+REDUCED = [
+    ("gpt3-175b", 2, (8,)),
+    ("gpt3-175b", 4, (8, 64)),
+    ("gpt3-175b", 6, (8, 64)),
+    ("llama3-405b", 4, (8, 64)),
+    ("llama3-405b", 6, (8, 32)),
+]
 """(family, transformer blocks, GPU counts) whose brute force finishes: 0.3 s to 81 s of CPU each on
 this host (about 4 min in all), spaces of 2e4 to 4e7 plans."""
 QUICK_REDUCED = [("gpt3-175b", 2, (8,)), ("llama3-405b", 3, (8,))]
@@ -72,9 +78,11 @@ PROBE_S, QUICK_PROBE_S = 20.0, 0.5
 
 
 def _plan_text(plan) -> str:
-    return (f"pp={plan.pipeline_parallel_degree} dp={plan.data_parallel_replicate_degree}x"
-            f"{plan.data_parallel_shard_degree} tp={plan.tensor_parallel_degree} "
-            f"b={plan.microbatch_size} {plan.pipeline_schedule} v={plan.virtual_stages} zero={plan.zero_stage}")
+    return (
+        f"pp={plan.pipeline_parallel_degree} dp={plan.data_parallel_replicate_degree}x"
+        f"{plan.data_parallel_shard_degree} tp={plan.tensor_parallel_degree} "
+        f"b={plan.microbatch_size} {plan.pipeline_schedule} v={plan.virtual_stages} zero={plan.zero_stage}"
+    )
 
 
 ALLOW_ALL = {axis: tuple(dp_methods.approximate(axis)) for axis in ("compression", "sync")}
@@ -85,15 +93,30 @@ def measure(model: str, preset: str, global_batch: int, profile, num_gpus: int, 
     """search() once: its CPU time, candidates and choice."""
     start = time.process_time()
     wall = time.perf_counter()
-    row = {"model": model, "cluster": preset, "num_gpus": num_gpus, "global_batch": global_batch,
-           "allow": {k: list(v) for k, v in (allow or {}).items()}}
+    row = {
+        "model": model,
+        "cluster": preset,
+        "num_gpus": num_gpus,
+        "global_batch": global_batch,
+        "allow": {k: list(v) for k, v in (allow or {}).items()},
+    }
     try:
-        plan = search(profile, cluster_preset(preset, num_gpus),
-                      PlanRequest(num_gpus=num_gpus, global_batch=global_batch, allow=dict(allow or {})))
+        plan = search(
+            profile,
+            cluster_preset(preset, num_gpus),
+            PlanRequest(num_gpus=num_gpus, global_batch=global_batch, allow=dict(allow or {})),
+        )
         s = plan.search
-        row.update(candidates=s.num_candidates, evaluated=s.num_evaluated, rejected=s.num_rejected, feasible=True,
-                   mfu=round(plan.prediction.mfu, 4), step_time_s=plan.prediction.step_time_s, plan=_plan_text(plan),
-                   methods=" ".join(f"{a}={c.name}" for a, c in plan.dp_methods.non_default()) or "plain")
+        row.update(
+            candidates=s.num_candidates,
+            evaluated=s.num_evaluated,
+            rejected=s.num_rejected,
+            feasible=True,
+            mfu=round(plan.prediction.mfu, 4),
+            step_time_s=plan.prediction.step_time_s,
+            plan=_plan_text(plan),
+            methods=" ".join(f"{a}={c.name}" for a, c in plan.dp_methods.non_default()) or "plain",
+        )
     except InfeasibleError as exc:
         row.update(candidates=0, evaluated=0, rejected=0, feasible=False, step_time_s=None, plan=str(exc)[:120])
     row["search_time_s"] = round(time.process_time() - start, 4)
@@ -110,15 +133,20 @@ def compare_brute_force(row: dict, profile, cap_s: float) -> dict:
     request = PlanRequest(num_gpus=row["num_gpus"], global_batch=row["global_batch"])
     bf = brute_force(profile, cluster_preset(row["cluster"], row["num_gpus"]), request, cap_s=cap_s)
     search_s, estimate_s = row["search_time_s"], bf.estimate_s()
-    out = {"brute_force_plans": bf.num_plans, "brute_force_plans_log10": round(math.log10(bf.num_plans), 2)
-           if bf.num_plans else None, "brute_force_evaluated": bf.num_evaluated,
-           "brute_force_finished": bf.finished, "brute_force_cap_s": cap_s,
-           "brute_force_spent_s": round(bf.time_s, 4),
-           "brute_force_s": round(bf.time_s, 4) if bf.finished else None,
-           "brute_force_estimate_s": estimate_s, "brute_force_seconds_per_plan": bf.seconds_per_plan,
-           "speedup": _ratio(bf.time_s, search_s) if bf.finished else None,
-           "speedup_estimate": _ratio(estimate_s, search_s),
-           "speedup_lower_bound": None if bf.finished else _ratio(bf.time_s, search_s)}
+    out = {
+        "brute_force_plans": bf.num_plans,
+        "brute_force_plans_log10": round(math.log10(bf.num_plans), 2) if bf.num_plans else None,
+        "brute_force_evaluated": bf.num_evaluated,
+        "brute_force_finished": bf.finished,
+        "brute_force_cap_s": cap_s,
+        "brute_force_spent_s": round(bf.time_s, 4),
+        "brute_force_s": round(bf.time_s, 4) if bf.finished else None,
+        "brute_force_estimate_s": estimate_s,
+        "brute_force_seconds_per_plan": bf.seconds_per_plan,
+        "speedup": _ratio(bf.time_s, search_s) if bf.finished else None,
+        "speedup_estimate": _ratio(estimate_s, search_s),
+        "speedup_lower_bound": None if bf.finished else _ratio(bf.time_s, search_s),
+    }
     if bf.finished and row["feasible"]:  # the same optimum, or search() is wrong
         out["brute_force_agrees"] = math.isclose(bf.best_step_s, row["step_time_s"], rel_tol=1e-9)
     return out
@@ -138,8 +166,9 @@ def _rows(model: str, layers: int | None, counts, cap_s: float, say) -> list[dic
     return out
 
 
-def run(quick: bool, brute_force_cap_s: float = 600.0, probe_s: float | None = None,
-        say=lambda row: None) -> list[dict]:
+def run(
+    quick: bool, brute_force_cap_s: float = 600.0, probe_s: float | None = None, say=lambda row: None
+) -> list[dict]:
     """One row per (model, GPU count): model, cluster, num_gpus, search_time_s (CPU), candidates,
     and the brute-force columns (full-size models: probe only; `-Nlayer` models: to the end or the cap)."""
     probe_s = min(probe_s if probe_s is not None else QUICK_PROBE_S if quick else PROBE_S, brute_force_cap_s)
@@ -160,8 +189,11 @@ def methods_rows(say=lambda row: None, repeats: int = 5) -> list[dict]:
     rows = []
     for allow in ({}, ALLOW_ALL):
         runs = [measure("gpt3-175b", preset, batch, profile, 1024, allow) for _ in range(repeats)]
-        row = dict(runs[-1], search_time_s=sorted(r["search_time_s"] for r in runs)[repeats // 2],
-                   search_times_s=[r["search_time_s"] for r in runs])
+        row = dict(
+            runs[-1],
+            search_time_s=sorted(r["search_time_s"] for r in runs)[repeats // 2],
+            search_times_s=[r["search_time_s"] for r in runs],
+        )
         say(row)
         rows.append(row)
     return rows
@@ -173,29 +205,53 @@ def _seconds(x) -> str:
 
 def line(r: dict) -> str:
     same = {True: ", same optimum", False: ", DIFFERENT optimum"}.get(r.get("brute_force_agrees"), "")
-    bf = (f"brute force {r['brute_force_s']:.2f} s, speedup {r['speedup']:.0f}x{same}" if r["brute_force_finished"] else
-          f"brute force > {_seconds(r['brute_force_spent_s'])} s (est. {_seconds(r['brute_force_estimate_s'])} s, "
-          f"speedup > {_seconds(r['speedup_lower_bound'])}x, est. {_seconds(r['speedup_estimate'])}x)")
-    return (f"{r['model']:20s} {r['cluster']:9s} {r['num_gpus']:6d} GPUs  {r['search_time_s']:7.3f} s CPU  "
-            f"{r['candidates']:6d} candidates  {r['evaluated']:5d} evaluated  "
-            f"1e{r['brute_force_plans_log10']} plans, {bf}  {r['plan']}")
+    bf = (
+        f"brute force {r['brute_force_s']:.2f} s, speedup {r['speedup']:.0f}x{same}"
+        if r["brute_force_finished"]
+        else f"brute force > {_seconds(r['brute_force_spent_s'])} s (est. {_seconds(r['brute_force_estimate_s'])} s, "
+        f"speedup > {_seconds(r['speedup_lower_bound'])}x, est. {_seconds(r['speedup_estimate'])}x)"
+    )
+    return (
+        f"{r['model']:20s} {r['cluster']:9s} {r['num_gpus']:6d} GPUs  {r['search_time_s']:7.3f} s CPU  "
+        f"{r['candidates']:6d} candidates  {r['evaluated']:5d} evaluated  "
+        f"1e{r['brute_force_plans_log10']} plans, {bf}  {r['plan']}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="CI-sized: 3 full-size rows, 2 small brute forces")
-    parser.add_argument("--brute-force-cap-s", type=float, default=600.0,
-                        help="CPU seconds after which a brute force stops and reports itself unfinished")
-    parser.add_argument("--probe-s", type=float, default=None,
-                        help=f"brute-force CPU seconds on full-size models (default {PROBE_S}, quick {QUICK_PROBE_S})")
+    parser.add_argument(
+        "--brute-force-cap-s",
+        type=float,
+        default=600.0,
+        help="CPU seconds after which a brute force stops and reports itself unfinished",
+    )
+    parser.add_argument(
+        "--probe-s",
+        type=float,
+        default=None,
+        help=f"brute-force CPU seconds on full-size models (default {PROBE_S}, quick {QUICK_PROBE_S})",
+    )
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--methods", action="store_true",
-                        help="only GPT-3 175B on 1024 GPUs, plain vs every approximate method allowed (median of 5)")
+    parser.add_argument(
+        "--methods",
+        action="store_true",
+        help="only GPT-3 175B on 1024 GPUs, plain vs every approximate method allowed (median of 5)",
+    )
     args = parser.parse_args()
     if args.methods:
-        rows = methods_rows(lambda r: None if args.json else print(
-            f"{r['model']} {r['num_gpus']} GPUs allow={r['allow'] or 'none'}: median {r['search_time_s']:.3f} s CPU "
-            f"of {r['search_times_s']}, {r['candidates']} candidates, {r['plan']} {r['methods']}", flush=True))
+        rows = methods_rows(
+            lambda r: (
+                None
+                if args.json
+                else print(
+                    f"{r['model']} {r['num_gpus']} GPUs allow={r['allow'] or 'none'}: median {r['search_time_s']:.3f} s CPU "
+                    f"of {r['search_times_s']}, {r['candidates']} candidates, {r['plan']} {r['methods']}",
+                    flush=True,
+                )
+            )
+        )
         if args.json:
             print(json.dumps(rows, indent=2))
         return

@@ -7,6 +7,7 @@ Sections: 1 local accuracy and plan quality, 2 baselines, 3 planner speed, 4 mem
 with its error and the others still run. `--quick` is the CI-sized version (one repetition, a
 6-plan grid, a short link sweep, the planner-speed and overhead quick modes).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,31 +79,48 @@ def local_sections(quick: bool, say) -> tuple[dict, dict, dict]:
         rows = [la.plan_row(name, plan_results) for name, plan_results in by_name.items()]
         summary = la.summarize(rows)
         speedups[model] = baselines.speedups(rows, summary["choice"])
-        models[model] = {**summary, "baseline_speedups": speedups[model], "skipped": skipped.get(model, []),
-                         "rows": rows}
+        models[model] = {
+            **summary,
+            "baseline_speedups": speedups[model],
+            "skipped": skipped.get(model, []),
+            "rows": rows,
+        }
         rows_by_model[model] = rows
     local = _overall(models)
-    local.update(models=models, calibration=calibrations[0], calibrations=calibrations, targets=TARGETS,
-                 failed_rounds=failed_rounds,
-                 launches=launches, repeats=repeats, global_batch=la.GLOBAL_BATCH, num_ranks=la.NUM_RANKS)
+    local.update(
+        models=models,
+        calibration=calibrations[0],
+        calibrations=calibrations,
+        targets=TARGETS,
+        failed_rounds=failed_rounds,
+        launches=launches,
+        repeats=repeats,
+        global_batch=la.GLOBAL_BATCH,
+        num_ranks=la.NUM_RANKS,
+    )
     return local, {**baselines.combine(speedups), "by_model": speedups}, memory_accuracy.summarize(rows_by_model)
 
 
 def _overall(models: dict) -> dict:
     """Pooled MAPE; Kendall tau averaged over models; top-1 regret the worst model's."""
     rows = [r for m in models.values() for r in m["rows"] if "measured_s" in r]
-    return {"mape": mape([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]),
-            "kendall_tau": statistics.fmean(m["kendall_tau"] for m in models.values()),
-            "top1_regret": max(m["top1_regret"] for m in models.values()),
-            "num_plans": len(rows)}
+    return {
+        "mape": mape([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]),
+        "kendall_tau": statistics.fmean(m["kendall_tau"] for m in models.values()),
+        "top1_regret": max(m["top1_regret"] for m in models.values()),
+        "num_plans": len(rows),
+    }
 
 
 def gpu_section(say) -> dict:
     import torch
 
     if not torch.cuda.is_available():
-        return {"available": False, "note": "no GPU was available in this run; benchmarks/gpu_check.py is the "
-                                            "prepared script (python -m benchmarks.gpu_check --out DIR)"}
+        return {
+            "available": False,
+            "note": "no GPU was available in this run; benchmarks/gpu_check.py is the "
+            "prepared script (python -m benchmarks.gpu_check --out DIR)",
+        }
     from benchmarks import gpu_check
 
     say("  CUDA present: running benchmarks.gpu_check")
@@ -127,8 +145,13 @@ def run_all(quick: bool, say) -> dict:
     from benchmarks import executor_overhead, planner_speed
 
     timings: dict[str, float] = {}
-    results = {"quick": quick, "machine": machine_info(), "torch_version": torch.__version__, "git": git_state(),
-               "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+    results = {
+        "quick": quick,
+        "machine": machine_info(),
+        "torch_version": torch.__version__,
+        "git": git_state(),
+        "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+    }
     local = _section("local accuracy, baselines, memory", lambda: local_sections(quick, say), say, results, timings)
     if isinstance(local, tuple):
         results["local_accuracy"], results["baselines"], results["memory"] = local
@@ -136,8 +159,9 @@ def run_all(quick: bool, say) -> dict:
     else:
         results["local_accuracy"] = results["baselines"] = results["memory"] = local
     results["planner_speed"] = _section("planner speed", lambda: planner_speed.run(quick), say, results, timings)
-    results["executor_overhead"] = _section("executor overhead", lambda: executor_overhead.run(quick), say,
-                                            results, timings)
+    results["executor_overhead"] = _section(
+        "executor overhead", lambda: executor_overhead.run(quick), say, results, timings
+    )
     results["gpu"] = _section("gpu", lambda: gpu_section(say), say, results, timings)
     results["section_times_s"] = timings
     results["machine"]["load_average_end"] = machine_info()["load_average"]

@@ -15,6 +15,7 @@ Every byte between every pair of ranks passes the one loopback qdisc, so the nam
 (../shared/notes/slow-link.md). Exit codes: CMD's own, 124 on timeout, 77 where namespaces or
 tc are unavailable (one line on stderr says why).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -124,8 +125,10 @@ def create(rate_bits: float, delay_ms: float = 0.0) -> str:
         qdisc = qdisc_args(rate_bits, delay_ms)
         proc = _ip("tc", "qdisc", "add", "dev", "lo", "root", *qdisc, netns=name, check=False)
         if proc.returncode != 0 and qdisc[0] == "netem":
-            print(f"slow_link: netem refused ({proc.stderr.strip()}); delay {delay_ms} ms ignored, "
-                  f"rate set with tbf", file=sys.stderr)
+            print(
+                f"slow_link: netem refused ({proc.stderr.strip()}); delay {delay_ms} ms ignored, rate set with tbf",
+                file=sys.stderr,
+            )
             _ip("tc", "qdisc", "add", "dev", "lo", "root", *qdisc_args(rate_bits, 0.0), netns=name)
         elif proc.returncode != 0:
             raise Unavailable(f"slow link unavailable: tc refused ({proc.stderr.strip()})")
@@ -136,7 +139,7 @@ def create(rate_bits: float, delay_ms: float = 0.0) -> str:
 
 
 def available() -> str:
-    """"" when a throttled namespace can be made here, else a one-line reason why not."""
+    """ "" when a throttled namespace can be made here, else a one-line reason why not."""
     try:
         delete(create(1e9))
     except (Unavailable, OSError, subprocess.TimeoutExpired) as exc:
@@ -186,8 +189,13 @@ def _all_reduce_rank(rank: int, world: int, port: int, numel: int, iters: int, o
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=120),
+    )
     buf = torch.ones(numel)  # fp32
     dist.all_reduce(buf)  # warm-up: connections and first touch
     times = []
@@ -211,8 +219,9 @@ def all_reduce_seconds(num_bytes: int, nproc: int = 2, iters: int = 5, port: int
     port = port or _free_port()
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_all_reduce_rank, args=(r, nproc, port, num_bytes // 4, iters, out))
-             for r in range(nproc)]
+    procs = [
+        ctx.Process(target=_all_reduce_rank, args=(r, nproc, port, num_bytes // 4, iters, out)) for r in range(nproc)
+    ]
     for p in procs:
         p.start()
     for p in procs:
@@ -228,6 +237,7 @@ def all_reduce_seconds(num_bytes: int, nproc: int = 2, iters: int = 5, port: int
 
 def _free_port() -> int:
     import socket
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -239,8 +249,8 @@ def bus_gbit(num_bytes: int, nproc: int, seconds: float) -> float:
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    cmd = argv[argv.index("--") + 1:] if "--" in argv else []
-    own = argv[:argv.index("--")] if "--" in argv else argv
+    cmd = argv[argv.index("--") + 1 :] if "--" in argv else []
+    own = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(prog="python -m benchmarks.slow_link", description=__doc__.split("\n")[0])
     parser.add_argument("--rate", default="1gbit", help="link rate, as tc spells it (default 1gbit)")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay; uses netem (default 0: tbf)")
@@ -262,9 +272,11 @@ def _measure(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"bytes": num_bytes, "nproc": args.nproc, "seconds": times}))
         return 0
-    print(f"all_reduce {args.all_reduce_mib:g} MiB fp32, {args.nproc} ranks: median {median * 1e3:.0f} ms "
-          f"(min {times[0] * 1e3:.0f}, max {times[-1] * 1e3:.0f}), bus bandwidth "
-          f"{bus_gbit(num_bytes, args.nproc, median):.2f} Gbit/s")
+    print(
+        f"all_reduce {args.all_reduce_mib:g} MiB fp32, {args.nproc} ranks: median {median * 1e3:.0f} ms "
+        f"(min {times[0] * 1e3:.0f}, max {times[-1] * 1e3:.0f}), bus bandwidth "
+        f"{bus_gbit(num_bytes, args.nproc, median):.2f} Gbit/s"
+    )
     return 0
 
 

@@ -11,6 +11,7 @@
 The layer's `forward` is replaced in place (no wrapper module), so parameter FQNs — which the
 weight materialisation, TP rules and checkpoints key on — stay those of the single-process model.
 """
+
 from __future__ import annotations
 
 import functools
@@ -19,12 +20,17 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-_SAVE_OPS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
-             torch.ops.aten.linear.default, torch.ops.aten.convolution.default,
-             torch.ops._c10d_functional.all_reduce.default,
-             torch.ops._c10d_functional.all_gather_into_tensor.default,
-             torch.ops._c10d_functional.reduce_scatter_tensor.default,
-             torch.ops._c10d_functional.wait_tensor.default}
+_SAVE_OPS = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default,
+    torch.ops.aten.linear.default,
+    torch.ops.aten.convolution.default,
+    torch.ops._c10d_functional.all_reduce.default,
+    torch.ops._c10d_functional.all_gather_into_tensor.default,
+    torch.ops._c10d_functional.reduce_scatter_tensor.default,
+    torch.ops._c10d_functional.wait_tensor.default,
+}
 
 
 def _sac_policy(ctx, op, *args, **kwargs):

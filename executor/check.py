@@ -5,6 +5,7 @@ Which layouts run is decided in one torch-free place, meshplan/feasibility.py (t
 `Plan.validate` ask the same rules): check_plan refuses its first reason, invalid or not
 runnable here, with the model's tensor-parallel divisors. What only the model and the launch
 can tell (the layer list, the context length, GPUs per node) is checked here."""
+
 from __future__ import annotations
 
 import torch
@@ -31,46 +32,65 @@ def check_plan(plan: Plan, *, nnodes: int = 1) -> None:
     _check_launch(plan, nnodes)
     names = model.layer_names()
     if plan.layers != names:
-        bad = next((a for a, b in zip(plan.layers, names) if a != b), None) or \
-            (plan.layers[len(names)] if len(plan.layers) > len(names) else names[len(plan.layers)])
-        raise MeshplanError(f"plan.layers: {bad!r} does not match the layers of {plan.model_name} "
-                            f"({names[0]} .. {names[-1]}, {len(names)} layers); re-plan for this model")
+        bad = next((a for a, b in zip(plan.layers, names) if a != b), None) or (
+            plan.layers[len(names)] if len(plan.layers) > len(names) else names[len(plan.layers)]
+        )
+        raise MeshplanError(
+            f"plan.layers: {bad!r} does not match the layers of {plan.model_name} "
+            f"({names[0]} .. {names[-1]}, {len(names)} layers); re-plan for this model"
+        )
     seq = getattr(model, "seq_len", 1)
     if seq > 1 and plan.seq_len > seq:
-        raise MeshplanError(f"plan.seq_len = {plan.seq_len}: {plan.model_name} handles at most {seq} tokens; "
-                            "re-plan with a shorter sequence or a model with a longer context")
+        raise MeshplanError(
+            f"plan.seq_len = {plan.seq_len}: {plan.model_name} handles at most {seq} tokens; "
+            "re-plan with a shorter sequence or a model with a longer context"
+        )
 
 
 def _check_identity(plan: Plan, model) -> None:
     """The rebuilt model is the profiled one: same unique parameter count and structure hash."""
     count, digest = num_params(model), structure_hash(model)
     if plan.model_num_params and count != plan.model_num_params:
-        raise MeshplanError(f"plan.model_config rebuilds {plan.model_name} with {count:,} parameters, but the plan "
-                            f"was made for {plan.model_num_params:,}; re-plan, or give the factory the same --set keys")
+        raise MeshplanError(
+            f"plan.model_config rebuilds {plan.model_name} with {count:,} parameters, but the plan "
+            f"was made for {plan.model_num_params:,}; re-plan, or give the factory the same --set keys"
+        )
     if plan.model_structure_hash and digest != plan.model_structure_hash:
-        raise MeshplanError(f"plan.model_structure_hash = {plan.model_structure_hash}: {plan.model_name} rebuilt "
-                            f"from plan.model_config has structure {digest} (other modules, shapes or ties); "
-                            "re-plan for this model")
+        raise MeshplanError(
+            f"plan.model_structure_hash = {plan.model_structure_hash}: {plan.model_name} rebuilt "
+            f"from plan.model_config has structure {digest} (other modules, shapes or ties); "
+            "re-plan for this model"
+        )
 
 
 def _check_layout(plan: Plan, model) -> None:
     """The first feasibility reason (invalid or not runnable by this executor), as one line."""
     rules = tp_rules_for(model) if plan.tensor_parallel_degree > 1 else {}
     divisors = feasibility.merge_divisors(r.divisors for r in rules.values()) if rules else None
-    found = feasibility.reasons(plan.layout(), num_layers=len(plan.layers), tp_divisors=divisors,
-                                tp_kinds=[r.kind for r in rules.values()] if rules else None)
+    found = feasibility.reasons(
+        plan.layout(),
+        num_layers=len(plan.layers),
+        tp_divisors=divisors,
+        tp_kinds=[r.kind for r in rules.values()] if rules else None,
+    )
     if found:
         raise MeshplanError(f"plan: {found[0].text}")
     if plan.pipeline_schedule not in SCHEDULE_CLASSES:
-        raise MeshplanError(f"plan.pipeline_schedule = {plan.pipeline_schedule!r}: not runnable; use one of "
-                            + ", ".join(SCHEDULE_CLASSES))
+        raise MeshplanError(
+            f"plan.pipeline_schedule = {plan.pipeline_schedule!r}: not runnable; use one of "
+            + ", ".join(SCHEDULE_CLASSES)
+        )
 
 
 def _check_launch(plan: Plan, nnodes: int) -> None:
     if nnodes < 1 or plan.world_size % nnodes:
-        raise MeshplanError(f"--nnodes {nnodes}: does not divide plan.world_size = {plan.world_size}; "
-                            "launch on a divisor of the world size")
+        raise MeshplanError(
+            f"--nnodes {nnodes}: does not divide plan.world_size = {plan.world_size}; "
+            "launch on a divisor of the world size"
+        )
     per_node, gpus = plan.world_size // nnodes, local_device_count()
     if gpus and per_node > gpus:
-        raise MeshplanError(f"plan.world_size = {plan.world_size}: needs {per_node} GPUs per node on {nnodes} "
-                            f"node(s) but this node has {gpus}; use --nnodes {-(-plan.world_size // gpus)}")
+        raise MeshplanError(
+            f"plan.world_size = {plan.world_size}: needs {per_node} GPUs per node on {nnodes} "
+            f"node(s) but this node has {gpus}; use --nnodes {-(-plan.world_size // gpus)}"
+        )

@@ -10,6 +10,7 @@ only after every rank finished saving and rank 0 listed every file's size and sh
 manifest.json; a rank dying mid-save leaves the previous one as latest, and a damaged one is
 skipped for the newest complete one (executor/checkpoint_manifest.py).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,9 +18,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_model_state_dict,
-                                                     set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from meshplan.executor.checkpoint_manifest import checkpoint_root, resume_point, step_dir, write_manifest
@@ -69,6 +74,7 @@ def save(out_dir, step: int, parts, optimizers, stage_ids, plan=None) -> None:
     dist.barrier()
     if plan is not None and dist.get_rank() == 0:
         from meshplan.schema import save as save_json
+
         save_json(plan, path / "plan.json")
     dcp.save(_merged(_part_states(parts, optimizers)), checkpoint_id=str(path))
     for sid, opt in zip(stage_ids, optimizers):

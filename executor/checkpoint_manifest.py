@@ -6,6 +6,7 @@ listed size and sha256. Rank 0 writes the manifest after every rank saved (a bar
 `latest`, both atomically. `resume_point` trusts `latest` only if its step is complete, and
 otherwise falls back to the newest complete step with a warning naming what was damaged.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -35,8 +36,11 @@ def _sha256(path: Path) -> str:
 
 def write_manifest(path: Path, step: int) -> None:
     """List every file of the step directory with its size and hash (after all ranks saved)."""
-    files = {f.relative_to(path).as_posix(): {"bytes": f.stat().st_size, "sha256": _sha256(f)}
-             for f in sorted(path.rglob("*")) if f.is_file() and f.name != MANIFEST}
+    files = {
+        f.relative_to(path).as_posix(): {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+        for f in sorted(path.rglob("*"))
+        if f.is_file() and f.name != MANIFEST
+    }
     write_text_atomic(path / MANIFEST, json.dumps({"step": step, "files": files}, indent=1) + "\n")
 
 
@@ -82,6 +86,9 @@ def resume_point(out_dir: str | Path) -> tuple[int, str | None]:
     if problem is None:
         return named, None
     older = [s for s in complete_steps(out_dir) if named is None or s < named]
-    fallback = (f"falling back to step {older[-1]}, the newest complete checkpoint" if older
-                else "no complete checkpoint is left")
+    fallback = (
+        f"falling back to step {older[-1]}, the newest complete checkpoint"
+        if older
+        else "no complete checkpoint is left"
+    )
     return (older[-1] if older else 0), f"checkpoint in {checkpoint_root(out_dir)}: {problem}; {fallback}"

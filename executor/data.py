@@ -6,6 +6,7 @@ single-process model sees in the same positions. A user dataset (`--data module:
 returns a map-style dataset of (input, target) pairs) is read through a DistributedSampler per
 data-parallel replica; step k reads batch k mod (batches per epoch) of epoch k // that.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -42,26 +43,30 @@ def load_dataset(spec: str):
     return fn()
 
 
-def make_batches(model: LayeredModel, plan: Plan, dp_rank: int, dp_degree: int, seed: int,
-                 data: str | None) -> Batches:
+def make_batches(model: LayeredModel, plan: Plan, dp_rank: int, dp_degree: int, seed: int, data: str | None) -> Batches:
     """Function step -> this replica's (inputs, targets)."""
     per_replica = plan.global_batch_size // dp_degree
     if data is None:
+
         def synthetic(step: int):
             x, y = synthetic_global_batch(model, plan, seed, step)
             rows = slice(dp_rank * per_replica, (dp_rank + 1) * per_replica)
             return x[rows], None if y is None else y[rows]
+
         return synthetic
     dataset = load_dataset(data)
     sampler = DistributedSampler(dataset, num_replicas=dp_degree, rank=dp_rank, shuffle=True, seed=seed, drop_last=True)
     per_epoch = len(sampler) // per_replica
     if per_epoch == 0:
-        raise MeshplanError(f"--data {data!r}: {len(dataset)} samples give no full batch of "
-                            f"{per_replica} per replica x {dp_degree} replicas; use more data or a smaller batch")
+        raise MeshplanError(
+            f"--data {data!r}: {len(dataset)} samples give no full batch of "
+            f"{per_replica} per replica x {dp_degree} replicas; use more data or a smaller batch"
+        )
 
     def from_dataset(step: int):
         sampler.set_epoch(step // per_epoch)
-        indices = list(iter(sampler))[(step % per_epoch) * per_replica:][:per_replica]
+        indices = list(iter(sampler))[(step % per_epoch) * per_replica :][:per_replica]
         x, y = default_collate([dataset[i] for i in indices])
         return x, y
+
     return from_dataset

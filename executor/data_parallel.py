@@ -16,6 +16,7 @@ ZeroRedundancyOptimizer over the local shards (`_local_tensor`, sharing storage)
 Every count goes into the rank's ByteCounter (meshplan/comm_bytes.py) on the mesh axis of its
 group: "dp_replicate" for DDP, ZeRO-1 and HSDP's replicate all-reduce, "dp_shard" for FSDP2.
 """
+
 from __future__ import annotations
 
 import torch
@@ -37,15 +38,22 @@ BUCKET_BYTES = dp_methods.method("comm_schedule", "buckets").resolve({}, "")["bu
 """The default DDP gradient bucket (comm_schedule=buckets' default bucket_mb, 25 MiB)."""
 
 
-def apply_fsdp(part: nn.Module, dims: ParallelDims, plan: Plan, device: torch.device,
-               counter: ByteCounter) -> nn.Module:
+def apply_fsdp(
+    part: nn.Module, dims: ParallelDims, plan: Plan, device: torch.device, counter: ByteCounter
+) -> nn.Module:
     """ZeRO-2/3: shard each held layer, then the stage root (which takes embed/head leftovers);
     the offload method adds its policy, and every sharded module counts its collectives."""
     offload, params = methods.method(plan, "offload")
-    kwargs = {"mesh": dims.fsdp_mesh(), "reshard_after_forward": plan.zero_stage == 3,
-              **offload.fsdp_kwargs(params, device, plan.zero_stage)}
-    sharded = [getattr(part, name) for name in ("embed", "head")
-               if getattr(part, name, None) is not None and any(True for _ in getattr(part, name).parameters())]
+    kwargs = {
+        "mesh": dims.fsdp_mesh(),
+        "reshard_after_forward": plan.zero_stage == 3,
+        **offload.fsdp_kwargs(params, device, plan.zero_stage),
+    }
+    sharded = [
+        getattr(part, name)
+        for name in ("embed", "head")
+        if getattr(part, name, None) is not None and any(True for _ in getattr(part, name).parameters())
+    ]
     sharded += list(part.layers.values()) + [part]
     replicate = dims.mesh["dp_replicate"].get_group() if dims.size("dp_replicate") > 1 else None
     for module in sharded:
@@ -58,20 +66,23 @@ def has_dtensor_params(part: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in part.parameters())
 
 
-def apply_ddp(part: nn.Module, dims: ParallelDims, plan: Plan, device: torch.device,
-              counter: ByteCounter) -> nn.Module:
+def apply_ddp(part: nn.Module, dims: ParallelDims, plan: Plan, device: torch.device, counter: ByteCounter) -> nn.Module:
     """DDP over the data-parallel (dp_replicate) group: the comm_schedule method's buckets, then
     the compression method's comm hook (which counts what it sends)."""
     group = dims.dp_mesh().get_group()
     schedule, schedule_params = methods.method(plan, "comm_schedule")
     if hasattr(schedule, "wrap"):  # comm_schedule=bytescheduler replaces DDP's reducer
         return schedule.wrap(part, group, schedule_params, counter)
-    ddp = DDP(part, process_group=group, device_ids=[device.index] if device.type == "cuda" else None,
-              bucket_cap_mb=schedule.bucket_cap_mb(schedule_params),
-              # under a pipeline schedule every microbatch's backward marks the params ready again
-              # and DDP's one-time bucket rebuild double-counts them (INTERNAL ASSERT); the rebuild
-              # is skipped when find_unused_parameters is set
-              find_unused_parameters=plan.pipeline_parallel_degree > 1)
+    ddp = DDP(
+        part,
+        process_group=group,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=schedule.bucket_cap_mb(schedule_params),
+        # under a pipeline schedule every microbatch's backward marks the params ready again
+        # and DDP's one-time bucket rebuild double-counts them (INTERNAL ASSERT); the rebuild
+        # is skipped when find_unused_parameters is set
+        find_unused_parameters=plan.pipeline_parallel_degree > 1,
+    )
     compression, params = methods.method(plan, "compression")
     sync, sync_params = methods.method(plan, "sync")
     if hasattr(sync, "ddp_comm_hook"):  # sync=local-sgd: torch's post-local SGD hook (no compression)
@@ -87,12 +98,22 @@ def replica_reducer(part: nn.Module, dims: ParallelDims, plan: Plan, counter: By
     schedule, schedule_params = methods.method(plan, "comm_schedule")
     compression, compression_params = methods.method(plan, "compression")
     if hasattr(compression, "replica_reducer"):  # a codec (executor/methods/compressed.py)
-        return compression.replica_reducer(list(part.parameters()), dims.dp_mesh().get_group(), counter=counter,
-                                           axis="dp_replicate", bucket_bytes=schedule.bucket_bytes(schedule_params),
-                                           method_params=compression_params)
-    return ReplicaGradReducer(list(part.parameters()), dims.dp_mesh().get_group(), counter=counter,
-                              axis="dp_replicate", bucket_bytes=schedule.bucket_bytes(schedule_params),
-                              wire_dtype=getattr(compression, "WIRE_DTYPE", None))
+        return compression.replica_reducer(
+            list(part.parameters()),
+            dims.dp_mesh().get_group(),
+            counter=counter,
+            axis="dp_replicate",
+            bucket_bytes=schedule.bucket_bytes(schedule_params),
+            method_params=compression_params,
+        )
+    return ReplicaGradReducer(
+        list(part.parameters()),
+        dims.dp_mesh().get_group(),
+        counter=counter,
+        axis="dp_replicate",
+        bucket_bytes=schedule.bucket_bytes(schedule_params),
+        wire_dtype=getattr(compression, "WIRE_DTYPE", None),
+    )
 
 
 def make_optimizer(params: list[nn.Parameter], name: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
@@ -107,9 +128,16 @@ def optimizer_spec(name: str, lr: float, weight_decay: float) -> tuple[type, dic
     return torch.optim.AdamW, {"lr": lr, "weight_decay": weight_decay, "betas": (0.9, 0.95)}
 
 
-def build_optimizer(part: nn.Module, dims: ParallelDims, plan: Plan, name: str, lr: float,
-                    weight_decay: float, counter: ByteCounter | None = None,
-                    offload_dir: str = "offload") -> torch.optim.Optimizer:
+def build_optimizer(
+    part: nn.Module,
+    dims: ParallelDims,
+    plan: Plan,
+    name: str,
+    lr: float,
+    weight_decay: float,
+    counter: ByteCounter | None = None,
+    offload_dir: str = "offload",
+) -> torch.optim.Optimizer:
     """One optimizer per model part; ZeRO-1 shards its states over the data-parallel group and
     counts its parameter broadcasts into `counter`; the offload method may put the step on the
     host (offload=cpu/nvme: executor/methods/host_optimizer.py, NVMe files under offload_dir)."""
@@ -120,14 +148,16 @@ def build_optimizer(part: nn.Module, dims: ParallelDims, plan: Plan, name: str, 
     cls, kwargs = optimizer_spec(name, lr, weight_decay)
     offload, offload_params = methods.method(plan, "offload")
     if hasattr(offload, "optimizer_class"):
-        cls = offload.optimizer_class(cls, offload_params, zero=plan.zero_stage, counter=counter,
-                                      folder=offload_dir, optimizer=name)
+        cls = offload.optimizer_class(
+            cls, offload_params, zero=plan.zero_stage, counter=counter, folder=offload_dir, optimizer=name
+        )
     if plan.zero_stage != 1 or dims.dp_degree == 1:
         return cls(params, **kwargs)
     group = dims.dp_mesh().get_group()
     if not any(isinstance(p, DTensor) for p in params):
-        return CountedZero(params, optimizer_class=cls, process_group=group, parameters_as_bucket_view=True,
-                           counter=counter, **kwargs)
+        return CountedZero(
+            params, optimizer_class=cls, process_group=group, parameters_as_bucket_view=True, counter=counter, **kwargs
+        )
     return ZeroOverLocalShards(params, optimizer_class=cls, process_group=group, counter=counter, **kwargs)
 
 

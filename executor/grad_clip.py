@@ -6,6 +6,7 @@ mesh), plain tensors (DDP / ZeRO-1 replicas) are complete locally, and the squar
 pipeline stages are summed with one all-reduce over the pp group. Clipping then matches
 `torch.nn.utils.clip_grad_norm_` on the single-process model: coef = max_norm / (norm + 1e-6).
 """
+
 from __future__ import annotations
 
 import torch

@@ -9,6 +9,7 @@ checks the plan, starts torchrun in its own process group and watches the ranks'
   rank(s) that fell behind. Checkpoints are only declared complete after every rank saved.
 On several nodes each node's launcher watches its own ranks (executor/multinode.py).
 """
+
 from __future__ import annotations
 
 import collections
@@ -63,11 +64,26 @@ class LaunchOptions:
     env: dict | None = None
 
 
-def launch_command(plan: Plan, *, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
-                   steps: int = 5, plan_path: str = "plan.json", out_dir: str = "runs/latest",
-                   data: str | None = None, checkpoint_every: int = 0, resume: bool = False,
-                   optimizer: str = "adamw", lr: float = 3e-4, grad_clip: float = 1.0, seed: int = 0,
-                   timeout_s: float = 300, extra_plans: list[str] = (), run_id: str | None = None) -> list[str]:
+def launch_command(
+    plan: Plan,
+    *,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: str | None = None,
+    steps: int = 5,
+    plan_path: str = "plan.json",
+    out_dir: str = "runs/latest",
+    data: str | None = None,
+    checkpoint_every: int = 0,
+    resume: bool = False,
+    optimizer: str = "adamw",
+    lr: float = 3e-4,
+    grad_clip: float = 1.0,
+    seed: int = 0,
+    timeout_s: float = 300,
+    extra_plans: list[str] = (),
+    run_id: str | None = None,
+) -> list[str]:
     """The torchrun command that runs `plan` (world_size / nnodes processes on this node)."""
     if nnodes < 1 or plan.world_size % nnodes:
         raise MeshplanError(f"--nnodes {nnodes}: must divide the plan's world size {plan.world_size}")
@@ -79,16 +95,36 @@ def launch_command(plan: Plan, *, nnodes: int = 1, node_rank: int = 0, rdzv_endp
             raise MeshplanError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the node-rank-0 host)")
         # static rendezvous: torchrun's c10d backend ignores --node-rank and numbers nodes by
         # arrival, so a node could not know which global ranks are its own (their status files)
-        cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=static",
-                f"--rdzv-endpoint={rdzv_endpoint}", "--rdzv-id=meshplan",
-                f"--rdzv-conf=timeout={max(1, int(timeout_s))}", "--max-restarts=0"]
+        cmd += [
+            f"--nnodes={nnodes}",
+            f"--node-rank={node_rank}",
+            "--rdzv-backend=static",
+            f"--rdzv-endpoint={rdzv_endpoint}",
+            "--rdzv-id=meshplan",
+            f"--rdzv-conf=timeout={max(1, int(timeout_s))}",
+            "--max-restarts=0",
+        ]
     cmd += ["-m", "meshplan.executor.worker", "--plan", plan_path]
     for extra in extra_plans:
         cmd += ["--plan", extra]
     if run_id:
         cmd += ["--run-id", run_id]  # how cleanup finds this run's processes and files
-    cmd += ["--out-dir", out_dir, "--steps", str(steps), "--optimizer", optimizer, "--lr", repr(lr),
-            "--grad-clip", repr(grad_clip), "--seed", str(seed), "--timeout-s", repr(timeout_s)]
+    cmd += [
+        "--out-dir",
+        out_dir,
+        "--steps",
+        str(steps),
+        "--optimizer",
+        optimizer,
+        "--lr",
+        repr(lr),
+        "--grad-clip",
+        repr(grad_clip),
+        "--seed",
+        str(seed),
+        "--timeout-s",
+        repr(timeout_s),
+    ]
     if data:
         cmd += ["--data", data]
     if checkpoint_every:
@@ -98,16 +134,43 @@ def launch_command(plan: Plan, *, nnodes: int = 1, node_rank: int = 0, rdzv_endp
     return cmd
 
 
-def run_plan(plan: Plan, *, steps: int = 5, data: str | None = None, out_dir: str = "runs/latest",
-             checkpoint_every: int = 0, resume: bool = False, nnodes: int = 1, node_rank: int = 0,
-             rdzv_endpoint: str | None = None, timeout_s: float = 300, quiet: bool = False,
-             optimizer: str = "adamw", lr: float = 3e-4, grad_clip: float = 1.0, seed: int = 0,
-             overwrite: bool = False) -> RunResult:
+def run_plan(
+    plan: Plan,
+    *,
+    steps: int = 5,
+    data: str | None = None,
+    out_dir: str = "runs/latest",
+    checkpoint_every: int = 0,
+    resume: bool = False,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: str | None = None,
+    timeout_s: float = 300,
+    quiet: bool = False,
+    optimizer: str = "adamw",
+    lr: float = 3e-4,
+    grad_clip: float = 1.0,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> RunResult:
     """Run `plan` with torchrun; writes out_dir/run.json and returns the RunResult."""
-    opts = LaunchOptions(steps=steps, data=data, out_dir=out_dir, checkpoint_every=checkpoint_every,
-                         resume=resume, overwrite=overwrite, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
-                         timeout_s=timeout_s, quiet=quiet, optimizer=optimizer, lr=lr, grad_clip=grad_clip,
-                         seed=seed)
+    opts = LaunchOptions(
+        steps=steps,
+        data=data,
+        out_dir=out_dir,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        overwrite=overwrite,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        rdzv_endpoint=rdzv_endpoint,
+        timeout_s=timeout_s,
+        quiet=quiet,
+        optimizer=optimizer,
+        lr=lr,
+        grad_clip=grad_clip,
+        seed=seed,
+    )
     (result,) = run_plans([plan], opts, run_json=True)
     return result
 
@@ -134,8 +197,10 @@ def run_plans(plans: list[Plan], opts: LaunchOptions, *, run_json: bool = False)
             results = _launch(plans, opts, out, run_id)
             for result in results if opts.nnodes > 1 else []:
                 nproc = plans[0].world_size // opts.nnodes
-                result.notes.append(f"node {opts.node_rank} of {opts.nnodes}: peak memory and bytes per rank are of "
-                                    f"ranks {opts.node_rank * nproc}..{(opts.node_rank + 1) * nproc - 1}")
+                result.notes.append(
+                    f"node {opts.node_rank} of {opts.nnodes}: peak memory and bytes per rank are of "
+                    f"ranks {opts.node_rank * nproc}..{(opts.node_rank + 1) * nproc - 1}"
+                )
             if run_json:
                 save(results[0], out / multinode.node_file("run.json", opts.node_rank, opts.nnodes))
             return results
@@ -148,18 +213,34 @@ def _launch(plans: list[Plan], opts: LaunchOptions, out: Path, run_id: str) -> l
     nproc = plans[0].world_size // opts.nnodes
     ranks = list(range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc))
     _clear_reports(out, len(plans), ranks)
-    cmd = launch_command(plans[0], nnodes=opts.nnodes, node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint,
-                         steps=opts.steps, plan_path=paths[0], out_dir=str(out), data=opts.data,
-                         checkpoint_every=opts.checkpoint_every, resume=opts.resume, optimizer=opts.optimizer,
-                         lr=opts.lr, grad_clip=opts.grad_clip, seed=opts.seed, timeout_s=opts.timeout_s,
-                         extra_plans=paths[1:], run_id=run_id)
+    cmd = launch_command(
+        plans[0],
+        nnodes=opts.nnodes,
+        node_rank=opts.node_rank,
+        rdzv_endpoint=opts.rdzv_endpoint,
+        steps=opts.steps,
+        plan_path=paths[0],
+        out_dir=str(out),
+        data=opts.data,
+        checkpoint_every=opts.checkpoint_every,
+        resume=opts.resume,
+        optimizer=opts.optimizer,
+        lr=opts.lr,
+        grad_clip=opts.grad_clip,
+        seed=opts.seed,
+        timeout_s=opts.timeout_s,
+        extra_plans=paths[1:],
+        run_id=run_id,
+    )
     try:
         rc, output = _supervise(cmd, out, ranks, run_id, opts)
     except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM/SIGHUP through _interrupt_signals
         signum = getattr(exc, "signum", signal.SIGINT)
         raise RunInterrupted(signum, _interrupted_message(out, len(plans), len(ranks), signum)) from None
-    return [_collect(plan, variant_dir(str(out), i, len(plans)), ranks, rc, opts, output, len(plans), run_id)
-            for i, plan in enumerate(plans)]
+    return [
+        _collect(plan, variant_dir(str(out), i, len(plans)), ranks, rc, opts, output, len(plans), run_id)
+        for i, plan in enumerate(plans)
+    ]
 
 
 class _interrupt_signals:
@@ -190,19 +271,26 @@ def _interrupted_message(out: Path, count: int, nranks: int, signum: int) -> str
     """One line: which signal, that every rank is gone, and the newest complete checkpoint."""
     steps = [latest_step(variant_dir(str(out), i, count)) for i in range(count)]
     where = checkpoint_root(variant_dir(str(out), 0, count))
-    kept = (f"the last complete checkpoint is step {steps[0]} in {where} (continue with --resume)"
-            if steps[0] else "no checkpoint was completed")
+    kept = (
+        f"the last complete checkpoint is step {steps[0]} in {where} (continue with --resume)"
+        if steps[0]
+        else "no checkpoint was completed"
+    )
     return f"interrupted by {signal.Signals(signum).name}: all {nranks} ranks stopped; {kept}"
 
 
 def _check_reshard(saved: Plan, plan: Plan, vdir: Path) -> None:
     """A checkpoint loads into another plan of the same model, except ZeRO-1's per-rank state."""
     if saved.model_name != plan.model_name or saved.model_config != plan.model_config:
-        raise MeshplanError(f"--resume: the checkpoint in {checkpoint_root(vdir)} is of {saved.model_name} "
-                            f"{saved.model_config}, not {plan.model_name} {plan.model_config}; use another --out-dir")
+        raise MeshplanError(
+            f"--resume: the checkpoint in {checkpoint_root(vdir)} is of {saved.model_name} "
+            f"{saved.model_config}, not {plan.model_name} {plan.model_config}; use another --out-dir"
+        )
     if content_hash(saved) != content_hash(plan) and 1 in (saved.zero_stage, plan.zero_stage):
-        raise MeshplanError(f"--resume: ZeRO-1 optimizer state in {checkpoint_root(vdir)} resumes only into the "
-                            "plan that wrote it; resume with that plan or start a new run")
+        raise MeshplanError(
+            f"--resume: ZeRO-1 optimizer state in {checkpoint_root(vdir)} resumes only into the "
+            "plan that wrote it; resume with that plan or start a new run"
+        )
 
 
 def _check_checkpoints(out: Path, count: int, opts: LaunchOptions, plans: list[Plan]) -> None:
@@ -214,19 +302,25 @@ def _check_checkpoints(out: Path, count: int, opts: LaunchOptions, plans: list[P
         done, warning = resume_point(vdir)
         if not opts.resume:
             if done and not opts.overwrite:
-                raise MeshplanError(f"--out-dir {out}: holds a resumable checkpoint at step {done} "
-                                    f"({checkpoint_root(vdir)}); continue it with --resume, start afresh with "
-                                    "--overwrite (deletes it), or use another --out-dir")
+                raise MeshplanError(
+                    f"--out-dir {out}: holds a resumable checkpoint at step {done} "
+                    f"({checkpoint_root(vdir)}); continue it with --resume, start afresh with "
+                    "--overwrite (deletes it), or use another --out-dir"
+                )
             if checkpoint_root(vdir).exists():
                 shutil.rmtree(checkpoint_root(vdir))
             continue
         if done == 0:
-            raise MeshplanError(f"--resume: no complete checkpoint under {checkpoint_root(vdir)}"
-                                + (f" ({warning})" if warning else "")
-                                + "; run without --resume (and with --checkpoint-every K) first")
+            raise MeshplanError(
+                f"--resume: no complete checkpoint under {checkpoint_root(vdir)}"
+                + (f" ({warning})" if warning else "")
+                + "; run without --resume (and with --checkpoint-every K) first"
+            )
         if done >= opts.steps:
-            raise MeshplanError(f"--resume: the checkpoint in {checkpoint_root(vdir)} is at step {done}, "
-                                f"not before --steps {opts.steps}; raise --steps")
+            raise MeshplanError(
+                f"--resume: the checkpoint in {checkpoint_root(vdir)} is at step {done}, "
+                f"not before --steps {opts.steps}; raise --steps"
+            )
         if saved_plan_path(vdir).exists():
             _check_reshard(load(Plan, saved_plan_path(vdir)), plans[i], vdir)
         if warning:
@@ -282,19 +376,24 @@ class _Output:
     def root_cause(self) -> tuple[int, str] | None:
         """(rank, exit code) of torchrun's first observed failure, if it printed one."""
         text = "".join(self.tail)
-        block = text[text.rfind("Root Cause"):] if "Root Cause" in text else ""
+        block = text[text.rfind("Root Cause") :] if "Root Cause" in text else ""
         rank = re.search(r"rank\s*:\s*(\d+)", block)
         code = re.search(r"exitcode\s*:\s*(-?\d+)", block)
         return (int(rank.group(1)), code.group(1) if code else "?") if rank else None
 
 
-def _supervise(cmd: list[str], out: Path, ranks: list[int], run_id: str,
-               opts: LaunchOptions) -> tuple[int, _Output]:
+def _supervise(cmd: list[str], out: Path, ranks: list[int], run_id: str, opts: LaunchOptions) -> tuple[int, _Output]:
     """Run torchrun; kill it when no rank reported progress for timeout_s. Returns its exit code.
     However this ends (success, failure, hang, signal), no process of the run outlives it."""
-    proc = subprocess.Popen(cmd, env=_env(opts), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True,
-                            preexec_fn=lambda: run_dir.set_parent_death_signal(signal.SIGTERM))
+    proc = subprocess.Popen(
+        cmd,
+        env=_env(opts),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: run_dir.set_parent_death_signal(signal.SIGTERM),
+    )
     output = _Output(proc, out, opts.quiet, multinode.node_file("launch.log", opts.node_rank, opts.nnodes))
     last_change, last_seen = time.monotonic(), None
     try:
@@ -305,12 +404,22 @@ def _supervise(cmd: list[str], out: Path, ranks: list[int], run_id: str,
                 last_change, last_seen = time.monotonic(), seen
             # before the first report, allow for process start-up (imports, rendezvous) on a busy host
             # (on several nodes torchrun's rendezvous waits up to timeout_s for the others first)
-            limit_s = opts.timeout_s if seen else max(opts.timeout_s, STARTUP_GRACE_S) + (opts.nnodes > 1) * opts.timeout_s
+            limit_s = (
+                opts.timeout_s if seen else max(opts.timeout_s, STARTUP_GRACE_S) + (opts.nnodes > 1) * opts.timeout_s
+            )
             if time.monotonic() - last_change > limit_s:
                 message = _hang_message(out, ranks, opts.timeout_s, run_id)  # before the kill ends the stops
                 if opts.nnodes > 1:
-                    message = multinode.hang_message(read_statuses(out, ranks, run_id), opts.node_rank, opts.nnodes,
-                                                     opts.rdzv_endpoint, opts.timeout_s) or message
+                    message = (
+                        multinode.hang_message(
+                            read_statuses(out, ranks, run_id),
+                            opts.node_rank,
+                            opts.nnodes,
+                            opts.rdzv_endpoint,
+                            opts.timeout_s,
+                        )
+                        or message
+                    )
                 _stop(proc, run_id, output)
                 raise RunError(message)
         output.thread.join(timeout=10)
@@ -342,8 +451,7 @@ def _stop(proc: subprocess.Popen, run_id: str, output: _Output) -> None:
 def _status_mtimes(out: Path, ranks: list[int], run_id: str) -> tuple:
     """The heartbeat: this run's status files and their modification times."""
     files = [out / "ranks" / f"rank{r}.status.json" for r in ranks]
-    return tuple((f.name, f.stat().st_mtime_ns) for f in files
-                 if f.exists() and _read_json(f).get("run_id") == run_id)
+    return tuple((f.name, f.stat().st_mtime_ns) for f in files if f.exists() and _read_json(f).get("run_id") == run_id)
 
 
 def _read_json(path: Path) -> dict:
@@ -369,19 +477,24 @@ def _hang_message(out: Path, ranks: list[int], timeout_s: float, run_id: str | N
     stopped = [s for s in st.values() if s.get("pid") and run_dir.is_stopped(s["pid"])]
     if stopped:
         s = stopped[0]
-        return (f"rank {s['rank']} is stopped (SIGSTOP/SIGTSTP, pid {s['pid']}) at step {s.get('step', -1)}: "
-                f"no progress from any rank for {timeout_s:g} s; job killed")
+        return (
+            f"rank {s['rank']} is stopped (SIGSTOP/SIGTSTP, pid {s['pid']}) at step {s.get('step', -1)}: "
+            f"no progress from any rank for {timeout_s:g} s; job killed"
+        )
     behind = min(st.values(), key=lambda s: (s.get("variant", 0), s.get("step", -1), s.get("time", 0)))
     ahead = max(s.get("step", -1) for s in st.values())
-    return (f"rank {behind['rank']} hung: no progress from any rank for {timeout_s:g} s; rank {behind['rank']} "
-            f"last reported step {behind.get('step', -1)} while others reached step {ahead}; job killed")
+    return (
+        f"rank {behind['rank']} hung: no progress from any rank for {timeout_s:g} s; rank {behind['rank']} "
+        f"last reported step {behind.get('step', -1)} while others reached step {ahead}; job killed"
+    )
 
 
 _SECONDARY = re.compile(r"closed by peer|[Tt]imed out|Connection reset|Broken pipe|aborted|watchdog")
 
 
-def _failure_message(out: Path, ranks: list[int], rc: int, output: _Output, count: int = 1,
-                     run_id: str | None = None) -> str:
+def _failure_message(
+    out: Path, ranks: list[int], rc: int, output: _Output, count: int = 1, run_id: str | None = None
+) -> str:
     """Name the rank that failed first: its own exception, else the process torchrun saw die,
     else the rank that fell behind (peers only report broken or timed-out collectives)."""
     st = read_statuses(out, ranks, run_id)
@@ -394,17 +507,29 @@ def _failure_message(out: Path, ranks: list[int], rc: int, output: _Output, coun
     cause = output.root_cause()
     if cause is not None and cause[0] in st and st[cause[0]].get("state") != "error":
         s = st[cause[0]]
-        return (f"rank {s['rank']} died (exit code {cause[1]}) after reporting step {s.get('step', -1)}{where(s)}; "
-                f"torchrun stopped the other ranks; see {output.path}")
+        return (
+            f"rank {s['rank']} died (exit code {cause[1]}) after reporting step {s.get('step', -1)}{where(s)}; "
+            f"torchrun stopped the other ranks; see {output.path}"
+        )
     if errors:
         behind = min(st.values(), key=lambda s: (s.get("variant", 0), s.get("step", -1), s.get("time", 0)))
-        return (f"rank {behind['rank']} stopped responding at step {behind.get('step', -1)}{where(behind)}; "
-                f"its peers failed waiting for it ({errors[0].get('error', '')[:200]})")
+        return (
+            f"rank {behind['rank']} stopped responding at step {behind.get('step', -1)}{where(behind)}; "
+            f"its peers failed waiting for it ({errors[0].get('error', '')[:200]})"
+        )
     return f"torchrun exited with {rc} before every rank reported; see {output.path}"
 
 
-def _collect(plan: Plan, vdir: Path, ranks: list[int], rc: int, opts: LaunchOptions, output: _Output,
-             count: int = 1, run_id: str = "") -> RunResult:
+def _collect(
+    plan: Plan,
+    vdir: Path,
+    ranks: list[int],
+    rc: int,
+    opts: LaunchOptions,
+    output: _Output,
+    count: int = 1,
+    run_id: str = "",
+) -> RunResult:
     """This run's result file of every rank (one another run wrote does not count)."""
     results = {}
     for r in ranks:
@@ -414,8 +539,13 @@ def _collect(plan: Plan, vdir: Path, ranks: list[int], rc: int, opts: LaunchOpti
     if len(results) != len(ranks):
         missing = [r for r in ranks if r not in results]
         message = _node_failure_message(ranks, opts, output, run_id) if opts.nnodes > 1 else None
-        raise RunError(message or (_failure_message(Path(opts.out_dir), ranks, rc, output, count, run_id)
-                                   + f" (no result from ranks {missing})"))
+        raise RunError(
+            message
+            or (
+                _failure_message(Path(opts.out_dir), ranks, rc, output, count, run_id)
+                + f" (no result from ranks {missing})"
+            )
+        )
     return merge_results(plan, [results[r] for r in ranks], rc, opts, run_id)
 
 
@@ -423,8 +553,9 @@ def _node_failure_message(ranks: list[int], opts: LaunchOptions, output: _Output
     """Several nodes: the rendezvous failed, or this node's ranks only lost their peers elsewhere."""
     st = read_statuses(Path(opts.out_dir), ranks, run_id)
     if all(s.get("state") == "not started" for s in st.values()):
-        return multinode.rendezvous_message("".join(output.tail), opts.node_rank, opts.nnodes,
-                                            opts.rdzv_endpoint, opts.timeout_s)
+        return multinode.rendezvous_message(
+            "".join(output.tail), opts.node_rank, opts.nnodes, opts.rdzv_endpoint, opts.timeout_s
+        )
     return multinode.peer_failure_message(st, opts.node_rank, _SECONDARY.search)
 
 
@@ -444,8 +575,10 @@ def merge_results(plan: Plan, per_rank: list[dict], rc: int, opts: LaunchOptions
     first = per_rank[0]
     notes = list(first.get("method_notes", []))  # rank 0's (the compression codecs' decisions agree)
     if any(r["losses"] != first["losses"] for r in per_rank):
-        notes.append("losses differ between ranks (max abs diff "
-                     f"{max(abs(a - b) for r in per_rank for a, b in zip(r['losses'], first['losses'])):.3g})")
+        notes.append(
+            "losses differ between ranks (max abs diff "
+            f"{max(abs(a - b) for r in per_rank for a, b in zip(r['losses'], first['losses'])):.3g})"
+        )
     if rc != 0:
         notes.append(f"torchrun exited with {rc} after every rank reported its result (shutdown crash ignored)")
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -456,14 +589,24 @@ def merge_results(plan: Plan, per_rank: list[dict], rc: int, opts: LaunchOptions
     skip = 2 if device == "cpu" and len(step_times) > 2 else 1
     timed = step_times[skip:] if len(step_times) > skip else step_times
     median_s = statistics.median(timed)
-    return RunResult(run_id=run_id, plan_hash=content_hash(plan), world_size=plan.world_size, steps=opts.steps,
-                     losses=first["losses"], step_time_s=median_s, step_times_s=step_times,
-                     tokens_per_s=plan.global_batch_size * plan.seq_len / median_s if median_s > 0 else 0.0,
-                     peak_memory_bytes=max(r["peak_memory_bytes"] for r in per_rank),
-                     peak_memory_per_rank_bytes=[r["peak_memory_bytes"] for r in per_rank],
-                     device=device, backend="nccl" if device == "cuda" else "gloo",
-                     torch_version=torch.__version__, resumed_from_step=first["start_step"], notes=notes,
-                     **comm_bytes_fields(per_rank))
+    return RunResult(
+        run_id=run_id,
+        plan_hash=content_hash(plan),
+        world_size=plan.world_size,
+        steps=opts.steps,
+        losses=first["losses"],
+        step_time_s=median_s,
+        step_times_s=step_times,
+        tokens_per_s=plan.global_batch_size * plan.seq_len / median_s if median_s > 0 else 0.0,
+        peak_memory_bytes=max(r["peak_memory_bytes"] for r in per_rank),
+        peak_memory_per_rank_bytes=[r["peak_memory_bytes"] for r in per_rank],
+        device=device,
+        backend="nccl" if device == "cuda" else "gloo",
+        torch_version=torch.__version__,
+        resumed_from_step=first["start_step"],
+        notes=notes,
+        **comm_bytes_fields(per_rank),
+    )
 
 
 def comm_bytes_fields(per_rank: list[dict]) -> dict:
@@ -471,6 +614,8 @@ def comm_bytes_fields(per_rank: list[dict]) -> dict:
     the first (the critical rank, as the cost model predicts), every rank's mean, rank 0's steps."""
     by_rank = [r.get("comm_bytes_per_step", {}) for r in per_rank]
     axes = sorted({axis for r in by_rank for axis in r})
-    return {"comm_bytes_per_step": {a: max(r.get(a, 0) for r in by_rank) for a in axes},
-            "comm_bytes_per_step_by_rank": by_rank,
-            "comm_bytes_by_step": per_rank[0].get("comm_bytes_by_step", [])}
+    return {
+        "comm_bytes_per_step": {a: max(r.get(a, 0) for r in by_rank) for a in axes},
+        "comm_bytes_per_step_by_rank": by_rank,
+        "comm_bytes_by_step": per_rank[0].get("comm_bytes_by_step", []),
+    }

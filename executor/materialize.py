@@ -8,6 +8,7 @@ when `apply` was handed a real model (`models.identity.full_state`: every FQN, n
 buffers such as RoPE's inv_freq included, as the model's own code initialised them). Cutting uses `distribute_tensor(..., src_data_rank=None)`:
 every rank slices its shard locally, with no communication.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -28,8 +29,10 @@ def init_source(seed: int) -> FullValue:
 
 def state_source(state: dict[str, torch.Tensor]) -> FullValue:
     """Full initial values from a real model's state dict (apply() on a materialised model)."""
+
     def value(fqn: str, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         return state[fqn].to(dtype)
+
     value.state = state  # buffers are then copied as they are (running stats included)
     return value
 

@@ -6,6 +6,7 @@ It starts from the bytes already held by the parameters, gradients and optimizer
 told about. It does not see buffers allocated inside communication libraries (gloo, DDP's
 reducer buckets), so it is a lower bound of the process's true tensor memory.
 """
+
 from __future__ import annotations
 
 import weakref

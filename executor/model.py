@@ -5,6 +5,7 @@ Zoo names go through `meshplan.models.zoo.build_model`; user models ("file.py:fa
 executor learns how to split a layer; it defers to the profiler's `tp_rules` and falls back to the
 GPT naming (attn.wq/wk/wv, mlp.fc1 column; attn.wo, mlp.fc2 row) if that module is absent.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -33,13 +34,15 @@ def build_for_apply(plan: Plan, seed: int = 0) -> LayeredModel:
     return build_model_for_plan(plan, "meta" if is_zoo_name(plan.model_name) else "cpu", seed)
 
 
-def build_named_model(name: str, config: dict[str, Any], device: str | torch.device = "meta",
-                      seed: int = 0) -> LayeredModel:
+def build_named_model(
+    name: str, config: dict[str, Any], device: str | torch.device = "meta", seed: int = 0
+) -> LayeredModel:
     """Zoo, family, user-file or HF model as a LayeredModel, through the profiler's loader."""
     try:
         from meshplan.models.loader import load_model
     except ImportError:  # an older profiler: zoo names only
         from meshplan.models import zoo
+
         return zoo.build_model(name, config, device=device, seed=seed)
     try:
         model = load_model(name, config, str(device), seed)
@@ -47,7 +50,7 @@ def build_named_model(name: str, config: dict[str, Any], device: str | torch.dev
         text = str(exc)
         if not text.startswith("--set"):
             raise
-        raise MeshplanError("plan.model_config" + text[len("--set"):]) from None
+        raise MeshplanError("plan.model_config" + text[len("--set") :]) from None
     if not isinstance(model, LayeredModel):
         raise MeshplanError(f"plan.model_name = {name!r}: the loader did not return a LayeredModel")
     return model
@@ -71,8 +74,14 @@ def _gpt_rules(model: nn.Module) -> dict[str, TPRule]:
             rules[fqn] = TPRule(column=["proj"], replicated=["norm"], kind="head")
         else:
             layer = model.get_submodule(fqn)
-            rules[fqn] = TPRule(column=["attn.wq", "attn.wk", "attn.wv", "mlp.fc1"], row=["attn.wo", "mlp.fc2"],
-                                replicated=["ln1", "ln2"], kind="block",
-                                divisors={"heads": layer.attn.wq.out_features // layer.attn.head_dim,
-                                          "ffn": layer.mlp.fc1.out_features})
+            rules[fqn] = TPRule(
+                column=["attn.wq", "attn.wk", "attn.wv", "mlp.fc1"],
+                row=["attn.wo", "mlp.fc2"],
+                replicated=["ln1", "ln2"],
+                kind="block",
+                divisors={
+                    "heads": layer.attn.wq.out_features // layer.attn.head_dim,
+                    "ffn": layer.mlp.fc1.out_features,
+                },
+            )
     return rules

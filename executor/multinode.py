@@ -11,6 +11,7 @@ directory (one filesystem every node mounts) or one per node:
   refuse --checkpoint-every / --resume otherwise;
 - every node must run the same plan and flags: the ranks compare them before the first step.
 The launcher-side half (the lines that name a missing or dead node) is here too."""
+
 from __future__ import annotations
 
 import os
@@ -33,6 +34,7 @@ def node_file(name: str, node_rank: int, nnodes: int) -> str:
 
 # ---- rank side (torch.distributed initialised) -------------------------------------------------
 
+
 def is_multinode() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) != int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
@@ -48,8 +50,10 @@ def check_ranks_agree(args, plan_hashes: list[str]) -> None:
     for rank, theirs in enumerate(every):
         for key, value in theirs.items():
             if value != every[0][key]:
-                raise MeshplanError(f"node {rank // local} was started with {key} {value!r}, node 0 with "
-                                    f"{every[0][key]!r}: start every node with the same plan and flags")
+                raise MeshplanError(
+                    f"node {rank // local} was started with {key} {value!r}, node 0 with "
+                    f"{every[0][key]!r}: start every node with the same plan and flags"
+                )
 
 
 def check_shared_out_dir(args) -> None:
@@ -71,10 +75,12 @@ def check_shared_out_dir(args) -> None:
         probe.unlink()
     if not all(seen):
         blind = [r for r, s in enumerate(seen) if not s]
-        raise MeshplanError(f"--checkpoint-every/--resume on several nodes need one --out-dir on a filesystem "
-                            f"every node shares: ranks {blind} do not see node 0's {args.out_dir} (DCP resume "
-                            "reads other ranks' shards); give every node the same shared --out-dir, or run "
-                            "without checkpoints")
+        raise MeshplanError(
+            f"--checkpoint-every/--resume on several nodes need one --out-dir on a filesystem "
+            f"every node shares: ranks {blind} do not see node 0's {args.out_dir} (DCP resume "
+            "reads other ranks' shards); give every node the same shared --out-dir, or run "
+            "without checkpoints"
+        )
 
 
 # ---- launcher side: one line naming the node that is missing or gone --------------------------
@@ -87,17 +93,25 @@ _IN_USE = re.compile(r"EADDRINUSE|failed to listen")
 def rendezvous_message(log_text: str, node_rank: int, nnodes: int, endpoint: str, timeout_s: float) -> str | None:
     """What torchrun's rendezvous failure in `log_text` means, or None if it did not fail there."""
     waiting = _WAITING.search(log_text)
-    start = (f"start every node with `meshplan run PLAN --nnodes {nnodes} --node-rank R --rdzv-endpoint "
-             f"{endpoint}` within --timeout of each other")
+    start = (
+        f"start every node with `meshplan run PLAN --nnodes {nnodes} --node-rank R --rdzv-endpoint "
+        f"{endpoint}` within --timeout of each other"
+    )
     if waiting:
-        return (f"node {node_rank}: only {waiting.group(1)} of {nnodes} nodes joined the rendezvous at {endpoint} "
-                f"within --timeout {timeout_s:g} s; {start}; no rank started")
+        return (
+            f"node {node_rank}: only {waiting.group(1)} of {nnodes} nodes joined the rendezvous at {endpoint} "
+            f"within --timeout {timeout_s:g} s; {start}; no rank started"
+        )
     if _NO_SERVER.search(log_text):
-        return (f"node {node_rank}: node 0 did not open the rendezvous at {endpoint} within --timeout "
-                f"{timeout_s:g} s (not started, or another address/port); {start}; no rank started")
+        return (
+            f"node {node_rank}: node 0 did not open the rendezvous at {endpoint} within --timeout "
+            f"{timeout_s:g} s (not started, or another address/port); {start}; no rank started"
+        )
     if _IN_USE.search(log_text):
-        return (f"node {node_rank}: --rdzv-endpoint {endpoint}: the port is in use on this host; "
-                "give every node another port; no rank started")
+        return (
+            f"node {node_rank}: --rdzv-endpoint {endpoint}: the port is in use on this host; "
+            "give every node another port; no rank started"
+        )
     return None
 
 
@@ -107,20 +121,25 @@ def peer_failure_message(statuses: dict[int, dict], node_rank: int, is_secondary
     if not errors or not all(is_secondary(s.get("error", "")) for s in errors):
         return None
     first = min(errors, key=lambda s: s.get("time", 0))
-    return (f"node {node_rank}: another node's ranks went away at step {first.get('step', -1)} (rank "
-            f"{first['rank']}: {first.get('error', '')[:120]}); that node died or was stopped, see its own "
-            "output; this node's ranks ended")
+    return (
+        f"node {node_rank}: another node's ranks went away at step {first.get('step', -1)} (rank "
+        f"{first['rank']}: {first.get('error', '')[:120]}); that node died or was stopped, see its own "
+        "output; this node's ranks ended"
+    )
 
 
-def hang_message(statuses: dict[int, dict], node_rank: int, nnodes: int, endpoint: str,
-                 timeout_s: float) -> str | None:
+def hang_message(statuses: dict[int, dict], node_rank: int, nnodes: int, endpoint: str, timeout_s: float) -> str | None:
     """The watchdog fired on a node: before its ranks started, or with all of them waiting at one
     step (None when they are at different steps: then a rank of this node fell behind)."""
     steps = {s.get("step", -1) for s in statuses.values()}
     if all(s.get("state") == "not started" for s in statuses.values()):
-        return (f"node {node_rank}: no rank started within the rendezvous at {endpoint} and --timeout "
-                f"{timeout_s:g} s: not every one of the {nnodes} nodes arrived; job killed")
+        return (
+            f"node {node_rank}: no rank started within the rendezvous at {endpoint} and --timeout "
+            f"{timeout_s:g} s: not every one of the {nnodes} nodes arrived; job killed"
+        )
     if len(steps) > 1:
         return None
-    return (f"node {node_rank}: no progress from any rank for {timeout_s:g} s, this node's ranks all at step "
-            f"{max(steps)}: a rank on another node is stuck or its node is gone; job killed")
+    return (
+        f"node {node_rank}: no progress from any rank for {timeout_s:g} s, this node's ranks all at step "
+        f"{max(steps)}: a rank on another node is stuck or its node is gone; job killed"
+    )

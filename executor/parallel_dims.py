@@ -6,6 +6,7 @@ executor slices `mesh["tp"]`, `mesh["pp"]`, ... whatever the placement. `Paralle
 questions the apply_* steps ask: which data-parallel replica am I, which pipeline rank, which
 process group reduces my gradients.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -23,8 +24,9 @@ def placement_axes(plan: Plan) -> list[str]:
     """The mesh axes in rank-placement order (outermost first); MeshplanError if malformed."""
     axes = [a.strip() for a in plan.rank_placement.split(",")]
     if sorted(axes) != sorted(MESH_AXES):
-        raise MeshplanError(f"plan.rank_placement = {plan.rank_placement!r}: must order all of "
-                            f"{','.join(MESH_AXES)} exactly once")
+        raise MeshplanError(
+            f"plan.rank_placement = {plan.rank_placement!r}: must order all of {','.join(MESH_AXES)} exactly once"
+        )
     return axes
 
 
@@ -35,7 +37,7 @@ def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
         axes = placement_axes(plan)
         degree = dict(zip(MESH_AXES, plan.mesh_shape))
         ranks = torch.arange(plan.world_size).reshape([degree[a] for a in axes])  # placement order
-        ranks = ranks.permute([axes.index(a) for a in MESH_AXES])                 # canonical order
+        ranks = ranks.permute([axes.index(a) for a in MESH_AXES])  # canonical order
         _MESH_CACHE[key] = DeviceMesh(device_type, ranks.contiguous(), mesh_dim_names=MESH_AXES)
     return _MESH_CACHE[key]
 
@@ -46,6 +48,7 @@ class ParallelDims:
 
     Sizes, coordinates and the pp group are computed once: slicing a DeviceMesh costs about
     2 ms on CPU, far too much to repeat every training step."""
+
     plan: Plan
     mesh: DeviceMesh
     sizes: dict[str, int] = field(init=False)

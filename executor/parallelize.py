@@ -22,6 +22,7 @@ The data-parallel methods' executor modules live in executor/methods/ (one per r
 every collective they issue is counted into `Parallelized.comm_bytes` (meshplan/comm_bytes.py),
 closed once per optimizer step by `end_step()` (executor/train.py).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -55,6 +56,7 @@ from meshplan.executor.tied import TiedGrads
 @dataclass(kw_only=True)
 class Parallelized:
     """This rank's share of the model and how to run one training step on it."""
+
     plan: Plan
     dims: ParallelDims
     device: torch.device
@@ -83,16 +85,28 @@ class Parallelized:
 
     def make_optimizers(self, name: str = "adamw", lr: float = 3e-4, weight_decay: float = 0.1) -> list:
         """One optimizer per part ("adamw" or "sgd"); ZeRO-1 plans get sharded optimizer states."""
-        opts = [dp_.build_optimizer(part, self.dims, self.plan, name, lr, weight_decay, self.comm_bytes,
-                                    offload_dir=f"{self.offload_dir}/part{i}") for i, part in enumerate(self.parts)]
+        opts = [
+            dp_.build_optimizer(
+                part,
+                self.dims,
+                self.plan,
+                name,
+                lr,
+                weight_decay,
+                self.comm_bytes,
+                offload_dir=f"{self.offload_dir}/part{i}",
+            )
+            for i, part in enumerate(self.parts)
+        ]
         return self.sync.wrap_optimizers(opts, name, lr, weight_decay) if self.sync else opts
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip to a global L2 norm over every parallel dimension; returns the norm before clipping
         (a 0-dim tensor: no host synchronisation until you read it)."""
         skip = self.tied.duplicates if self.tied else set()  # a tied weight counts once ...
-        norm = clip_grad_norm([p for p in self.parameters() if id(p) not in skip], max_norm,
-                              self.dims.pp_group, self.device)
+        norm = clip_grad_norm(
+            [p for p in self.parameters() if id(p) not in skip], max_norm, self.dims.pp_group, self.device
+        )
         if skip and max_norm > 0:  # ... and all its copies are scaled alike
             self.tied.scale_duplicates((max_norm / (norm + 1e-6)).clamp(max=1.0))
         return norm
@@ -100,7 +114,7 @@ class Parallelized:
     def local_batch(self, tensor: torch.Tensor) -> torch.Tensor:
         """This data-parallel replica's slice of a global batch (dim 0)."""
         per = tensor.shape[0] // self.dims.dp_degree
-        return tensor[self.dims.dp_rank * per:(self.dims.dp_rank + 1) * per]
+        return tensor[self.dims.dp_rank * per : (self.dims.dp_rank + 1) * per]
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         """Forward + backward of one replica batch (all microbatches) and the gradient reduction;
@@ -158,8 +172,9 @@ def _grad_sync(model: nn.Module, last: bool):
     return contextlib.nullcontext()
 
 
-def apply(model: LayeredModel, plan: Plan, mesh: DeviceMesh, *, seed: int = 0,
-          device: torch.device | None = None) -> Parallelized:
+def apply(
+    model: LayeredModel, plan: Plan, mesh: DeviceMesh, *, seed: int = 0, device: torch.device | None = None
+) -> Parallelized:
     """Parallelise `model` per `plan` on `mesh` (build_mesh(plan, ...)); see the module docstring.
 
     A meta-device model is filled from `init_tensor(fqn, shape, seed)`; a real model keeps its
@@ -177,8 +192,10 @@ def apply(model: LayeredModel, plan: Plan, mesh: DeviceMesh, *, seed: int = 0,
                 opt.zero_grad()
     """
     if tuple(mesh.mesh_dim_names or ()) != MESH_AXES:
-        raise MeshplanError(f"apply(mesh=...): mesh axes {mesh.mesh_dim_names} are not {MESH_AXES}; "
-                            "build the mesh with meshplan.executor.build_mesh(plan, device_type)")
+        raise MeshplanError(
+            f"apply(mesh=...): mesh axes {mesh.mesh_dim_names} are not {MESH_AXES}; "
+            "build the mesh with meshplan.executor.build_mesh(plan, device_type)"
+        )
     dims = ParallelDims(plan=plan, mesh=mesh)
     device = device or _default_device(mesh)
     on_meta = any(p.is_meta for p in model.parameters())
@@ -188,28 +205,37 @@ def apply(model: LayeredModel, plan: Plan, mesh: DeviceMesh, *, seed: int = 0,
     full_value = _tied_source(full_value, tied)
     meta = model if on_meta else copy.deepcopy(model).to("meta")
     rules = tp_rules_for(meta) if plan.tensor_parallel_degree > 1 else {}
-    stage_ids, parts = split_stages(meta, plan, dims.pp_rank)                          # 1
+    stage_ids, parts = split_stages(meta, plan, dims.pp_rank)  # 1
     counter = ByteCounter()
     parts, reducers = [_parallelize_part(p, plan, dims, rules, device, full_value, counter, tied) for p in parts], []
     parts, reducers = [p for p, _ in parts], [r for _, r in parts if r is not None]
-    result = Parallelized(plan=plan, dims=dims, device=device, parts=parts, stage_ids=stage_ids,
-                          loss_fn=_loss_fn(model), reducers=reducers, autocast_dtype=_autocast_dtype(plan, device),
-                          comm_bytes=counter)
+    result = Parallelized(
+        plan=plan,
+        dims=dims,
+        device=device,
+        parts=parts,
+        stage_ids=stage_ids,
+        loss_fn=_loss_fn(model),
+        reducers=reducers,
+        autocast_dtype=_autocast_dtype(plan, device),
+        comm_bytes=counter,
+    )
     result.tied = TiedGrads(plan, tied, parts, mesh) if tied else None
-    sync, sync_params = methods.method(plan, "sync")                                   # 8
+    sync, sync_params = methods.method(plan, "sync")  # 8
     result.sync = sync.build(result, sync_params, counter) if hasattr(sync, "build") and dims.dp_degree > 1 else None
-    if plan.pipeline_parallel_degree > 1 or len(plan.stages) > 1:                      # 7
+    if plan.pipeline_parallel_degree > 1 or len(plan.stages) > 1:  # 7
         result.schedule, result.stages = build_schedule(plan, stage_ids, parts, mesh["pp"], device, result.loss_fn)
     return result
 
 
-def _parallelize_part(part, plan: Plan, dims: ParallelDims, rules, device, full_value, counter: ByteCounter,
-                      tied: list[list[str]] = ()):
-    if plan.tensor_parallel_degree > 1:                                                 # 2
+def _parallelize_part(
+    part, plan: Plan, dims: ParallelDims, rules, device, full_value, counter: ByteCounter, tied: list[list[str]] = ()
+):
+    if plan.tensor_parallel_degree > 1:  # 2
         apply_tp(part, rules, dims.mesh["tp"], plan.sequence_parallel)
-    apply_ac(part, plan.recompute)                                                      # 3
+    apply_ac(part, plan.recompute)  # 3
     data_parallel = dims.dp_degree > 1
-    if data_parallel and plan.zero_stage >= 2:                                          # 4
+    if data_parallel and plan.zero_stage >= 2:  # 4
         dp_.apply_fsdp(part, dims, plan, device, counter)
     # FSDP2 CPU offload keeps the sharded parameters in host memory (torchtitan does the same)
     offload, offload_params = methods.method(plan, "offload")
@@ -245,8 +271,10 @@ def _tied_source(full_value, groups: list[list[str]]):
 
 def _loss_fn(model: LayeredModel):
     """model.loss, with the empty placeholder target (no targets) passed on as None."""
+
     def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return model.loss(output, None if target.numel() == 0 and target.dim() == 2 else target)
+
     return loss
 
 

@@ -7,6 +7,7 @@ stages a rank holds stages r, r + pp, ..., r + (v-1)pp.
 Schedules are torch.distributed.pipelining's; gradients come out scaled by 1/num_microbatches
 (scale_grads=True), i.e. the gradient of the mean loss over the replica's batch.
 """
+
 from __future__ import annotations
 
 import copy
@@ -16,15 +17,25 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining.schedules import (PipelineScheduleMulti, ScheduleGPipe, Schedule1F1B,
-                                                    ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
-                                                    ScheduleLoopedBFS)
+from torch.distributed.pipelining.schedules import (
+    PipelineScheduleMulti,
+    ScheduleGPipe,
+    Schedule1F1B,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleLoopedBFS,
+)
 
 from meshplan.plan import Plan
 from meshplan.models.zoo.base import LayeredModel
 
-SCHEDULE_CLASSES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B, "Interleaved1F1B": ScheduleInterleaved1F1B,
-                    "LoopedBFS": ScheduleLoopedBFS, "InterleavedZeroBubble": ScheduleInterleavedZeroBubble}
+SCHEDULE_CLASSES = {
+    "GPipe": ScheduleGPipe,
+    "1F1B": Schedule1F1B,
+    "Interleaved1F1B": ScheduleInterleaved1F1B,
+    "LoopedBFS": ScheduleLoopedBFS,
+    "InterleavedZeroBubble": ScheduleInterleavedZeroBubble,
+}
 
 SPLIT_BACKWARD = ("InterleavedZeroBubble",)
 """Schedules that split backward into input- and weight-gradient passes."""
@@ -56,8 +67,14 @@ def split_stages(model: LayeredModel, plan: Plan, pp_rank: int) -> tuple[list[in
     return ids, [split_stage(model, plan.stages[s]) for s in ids]
 
 
-def build_schedule(plan: Plan, stage_ids: list[int], parts: list[nn.Module], pp_mesh: DeviceMesh,
-                   device: torch.device, loss_fn: Callable):
+def build_schedule(
+    plan: Plan,
+    stage_ids: list[int],
+    parts: list[nn.Module],
+    pp_mesh: DeviceMesh,
+    device: torch.device,
+    loss_fn: Callable,
+):
     """PipelineStage per local stage, then the plan's schedule over them."""
     num_stages = len(plan.stages)
     group = pp_mesh.get_group()

@@ -11,6 +11,7 @@
 - `run_processes(run_id)`: the pids whose command line carries `--run-id <id>` (torchrun and
   its workers); cleanup kills only these, never a process of another run.
 """
+
 from __future__ import annotations
 
 import json
@@ -76,7 +77,8 @@ class RunDirLock:
             raise MeshplanError(
                 f"--out-dir {self.out}: in use by run {holder.get('run_id', '?')} (pid {holder.get('pid', '?')}"
                 + (f", node {holder['node_rank']}" if "node_rank" in holder else "")
-                + "); wait for it to finish, stop it, or use another --out-dir") from None
+                + "); wait for it to finish, stop it, or use another --out-dir"
+            ) from None
         if exclusive:
             holder = {"pid": os.getpid(), "run_id": self.run_id, "started": time.time()}
             if self.node_rank is not None:
@@ -154,7 +156,7 @@ def _state(pid: int) -> str:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return "?"
-    return stat[stat.rfind(")") + 2:][:1]
+    return stat[stat.rfind(")") + 2 :][:1]
 
 
 def is_stopped(pid: int) -> bool:

@@ -14,14 +14,20 @@ Per layer kind:
   a block's replicated non-norm children (a MoE MLP); HF blocks call their attention with
   `hidden_states=` keywords, which the gather before each column group accepts too.
 """
+
 from __future__ import annotations
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOutput, RowwiseParallel,
-                                               SequenceParallel, parallelize_module)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from meshplan.model_profile import TPRule
@@ -49,8 +55,9 @@ def apply_tp(stage: nn.Module, rules: dict[str, TPRule], tp_mesh: DeviceMesh, se
 def _layer_plan(rule: TPRule, sp: bool) -> dict:
     seq = Shard(1)
     if rule.kind == "block":
-        plan = {c: ColwiseParallel(input_layouts=seq) if sp and "." not in c else ColwiseParallel()
-                for c in rule.column}
+        plan = {
+            c: ColwiseParallel(input_layouts=seq) if sp and "." not in c else ColwiseParallel() for c in rule.column
+        }
         plan.update({r: RowwiseParallel(output_layouts=seq if sp else Replicate()) for r in rule.row})
         if sp:
             plan.update({n: SequenceParallel() if _is_norm_name(n) else _GatherScatter() for n in rule.replicated})
@@ -62,8 +69,10 @@ def _layer_plan(rule: TPRule, sp: bool) -> dict:
         plan.update({c: ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()) for c in rule.column})
         return plan
     if rule.kind == "head":
-        plan = {c: ColwiseParallel(input_layouts=seq if sp else Replicate(), output_layouts=Replicate())
-                for c in rule.column}
+        plan = {
+            c: ColwiseParallel(input_layouts=seq if sp else Replicate(), output_layouts=Replicate())
+            for c in rule.column
+        }
         plan.update({r: RowwiseParallel(output_layouts=Replicate()) for r in rule.row})
         if sp:
             plan.update({n: SequenceParallel() for n in rule.replicated if _is_norm_name(n)})

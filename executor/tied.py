@@ -10,6 +10,7 @@ copies live on different pipeline ranks), then every copy takes the total — th
 single shared weight. Copies have equal shapes, so under TP/FSDP their local shards line up.
 The global-norm clip counts each weight once (`duplicates`: every copy but the group's first).
 """
+
 from __future__ import annotations
 
 import torch

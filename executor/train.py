@@ -8,6 +8,7 @@ memory (CUDA max allocated; on CPU the live-tensor tracker watches step 1 — st
 the only one — which the median step time then leaves out), and the data-parallel bytes this
 rank sent per step and mesh axis (the methods' counters, closed after each optimizer step).
 """
+
 from __future__ import annotations
 
 import os
@@ -49,6 +50,7 @@ class TrainOptions:
 @dataclass(kw_only=True)
 class RankResult:
     """What one rank measured; the launcher merges these into a RunResult."""
+
     rank: int
     losses: list[float]
     step_times_s: list[float]
@@ -66,8 +68,9 @@ class RankResult:
         return asdict(self)
 
 
-def train(plan: Plan, options: TrainOptions, device: torch.device,
-          on_step: Callable[[int], None] = lambda step: None) -> RankResult:
+def train(
+    plan: Plan, options: TrainOptions, device: torch.device, on_step: Callable[[int], None] = lambda step: None
+) -> RankResult:
     """Train `plan` for options.steps steps (from the latest checkpoint if resuming)."""
     mesh = build_mesh(plan, device.type)
     model = build_for_apply(plan, options.seed)
@@ -81,12 +84,19 @@ def train(plan: Plan, options: TrainOptions, device: torch.device,
         close_all(optimizers)  # offload=nvme: the state files are removed, also after an error
 
 
-def _train(par, plan: Plan, options: TrainOptions, device: torch.device, optimizers, model,
-           on_step: Callable[[int], None]) -> RankResult:
+def _train(
+    par, plan: Plan, options: TrainOptions, device: torch.device, optimizers, model, on_step: Callable[[int], None]
+) -> RankResult:
     batches = make_batches(model, plan, par.dims.dp_rank, par.dims.dp_degree, options.seed, options.data)
     start = checkpoint.load(options.out_dir, par.parts, optimizers, par.stage_ids) if options.resume else 0
-    result = RankResult(rank=torch.distributed.get_rank(), losses=[], step_times_s=[], peak_memory_bytes=0,
-                        start_step=start, grad_norms=[])
+    result = RankResult(
+        rank=torch.distributed.get_rank(),
+        losses=[],
+        step_times_s=[],
+        peak_memory_bytes=0,
+        start_step=start,
+        grad_norms=[],
+    )
     shares = []
     # CPU memory is tracked on the second step when there is one: by then the optimizer states
     # exist, so the measured peak holds what the cost model predicts (states + grads + activations).

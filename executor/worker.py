@@ -8,6 +8,7 @@ failure, and a real failure names its rank:
   <variant dir>/rank<R>.result.json   the RankResult, written before the final barrier
 MESHPLAN_FAULT="rank:step:exit|hang|raise" makes one rank fail on purpose (tests of the timeout).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,15 @@ class Status:
 
     def __init__(self, out_dir: str, rank: int, run_id: str = ""):
         self.path = Path(out_dir) / "ranks" / f"rank{rank}.status.json"
-        self.info = {"rank": rank, "state": "starting", "variant": 0, "step": -1, "error": "", "pid": os.getpid(),
-                     "run_id": run_id}
+        self.info = {
+            "rank": rank,
+            "state": "starting",
+            "variant": 0,
+            "step": -1,
+            "error": "",
+            "pid": os.getpid(),
+            "run_id": run_id,
+        }
 
     def update(self, **fields) -> None:
         self.info.update(fields, time=time.time())
@@ -99,9 +107,17 @@ def run_variants(args: argparse.Namespace, status: Status, device: torch.device)
     for i, plan_path in enumerate(args.plan):
         plan = load(Plan, plan_path)
         out = variant_dir(args.out_dir, i, len(args.plan))
-        options = TrainOptions(steps=args.steps, optimizer=args.optimizer, lr=args.lr, grad_clip=args.grad_clip,
-                               seed=args.seed, data=args.data, out_dir=str(out),
-                               checkpoint_every=args.checkpoint_every, resume=args.resume)
+        options = TrainOptions(
+            steps=args.steps,
+            optimizer=args.optimizer,
+            lr=args.lr,
+            grad_clip=args.grad_clip,
+            seed=args.seed,
+            data=args.data,
+            out_dir=str(out),
+            checkpoint_every=args.checkpoint_every,
+            resume=args.resume,
+        )
 
         def on_step(step: int, i=i) -> None:
             status.info["current"] = step  # reported if this step raises
@@ -109,8 +125,9 @@ def run_variants(args: argparse.Namespace, status: Status, device: torch.device)
             status.update(state="running", variant=i, step=step)
 
         result = train(plan, options, device, on_step)
-        write_text_atomic(out / f"rank{rank}.result.json",
-                          json.dumps({**result.to_json(), "run_id": args.run_id}) + "\n")
+        write_text_atomic(
+            out / f"rank{rank}.result.json", json.dumps({**result.to_json(), "run_id": args.run_id}) + "\n"
+        )
         if rank == 0:
             print(f"[meshplan] variant {i}: losses {[round(x, 5) for x in result.losses]}", flush=True)
 
@@ -132,7 +149,11 @@ def main(argv: list[str] | None = None) -> int:
             multinode.check_shared_out_dir(args)
         run_variants(args, status, device)
     except BaseException as exc:
-        status.update(state="error", step=status.info.get("current", -1), error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500])
+        status.update(
+            state="error",
+            step=status.info.get("current", -1),
+            error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500],
+        )
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()

@@ -8,6 +8,7 @@ module and imports nothing else of the executor (tests/test_layering.py holds it
 - clip_grad_norm(params, max_norm, pp_group, device): global-norm clipping over DTensor grads
 - BUCKET_BYTES: the DDP gradient bucket size
 """
+
 from __future__ import annotations
 
 from meshplan.executor.activation_checkpoint import apply_ac

@@ -3,4 +3,5 @@
 Contracts (this package): ClusterSpec, ModelProfile, Plan. Subpackages: meshplan.profiler,
 meshplan.planner, meshplan.executor (top-level folders profiler/, planner/, executor/).
 """
+
 __version__ = "0.1.0"

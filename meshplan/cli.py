@@ -4,6 +4,7 @@ Verbs: presets, profile, profile-links, plan, estimate, run, report, export, val
 Every verb takes --json (machine output on stdout) and --quiet (no progress); user mistakes are
 one line on stderr and a non-zero exit, never a traceback (meshplan.errors.MeshplanError).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,12 +35,23 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _model_args(p: argparse.ArgumentParser, required: bool = False) -> None:
-    p.add_argument("--model", default=None if required else "gpt-tiny", required=required,
-                   help="zoo name (see `meshplan presets`), gpt/llama with --set, file.py:factory, "
-                        "module:factory or hf:NAME (default: gpt-tiny)")
-    p.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE", dest="overrides",
-                   help="model shape overrides, e.g. --set layers=96 hidden=12288 heads=96 seq=2048 "
-                        "(repeatable: --set layers=96 --set hidden=12288)")
+    p.add_argument(
+        "--model",
+        default=None if required else "gpt-tiny",
+        required=required,
+        help="zoo name (see `meshplan presets`), gpt/llama with --set, file.py:factory, "
+        "module:factory or hf:NAME (default: gpt-tiny)",
+    )
+    p.add_argument(
+        "--set",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="overrides",
+        help="model shape overrides, e.g. --set layers=96 hidden=12288 heads=96 seq=2048 "
+        "(repeatable: --set layers=96 --set hidden=12288)",
+    )
 
 
 def _plan_knobs(p: argparse.ArgumentParser, required: bool) -> None:
@@ -51,11 +63,19 @@ def _plan_knobs(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--microbatch", type=int, required=required, help="microbatch size" + need)
     p.add_argument("--schedule", required=required, help="gpipe, 1f1b or interleaved" + need)
     p.add_argument("--virtual-stages", type=int, help="model chunks per pipeline rank (interleaved)")
-    p.add_argument("--recompute", choices=("none", "selective", "full"), required=required,
-                   help="activation recompute for every block" + need)
+    p.add_argument(
+        "--recompute",
+        choices=("none", "selective", "full"),
+        required=required,
+        help="activation recompute for every block" + need,
+    )
     p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage" + need)
-    p.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
-                   help="Megatron sequence parallelism with TP" + need)
+    p.add_argument(
+        "--sequence-parallel",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Megatron sequence parallelism with TP" + need,
+    )
     p.add_argument("--dp-shard", type=int, help="FSDP2 shard degree for ZeRO-2/3 (HSDP when < --dp)" + need)
     _method_args(p)
 
@@ -63,33 +83,57 @@ def _plan_knobs(p: argparse.ArgumentParser, required: bool) -> None:
 def _method_args(p: argparse.ArgumentParser) -> None:
     """Data-parallel methods (meshplan/dp_methods.py): a pin per axis, and what-ifs to price."""
     g = p.add_argument_group("data-parallel methods (`meshplan presets` lists them)")
-    g.add_argument("--compression", metavar="NAME[:k=v,...]",
-                   help="pin gradient compression: " + ", ".join(dp_methods.names("compression")))
-    g.add_argument("--sync", metavar="NAME[:k=v,...]",
-                   help="pin replica synchronisation: " + ", ".join(dp_methods.names("sync")))
-    g.add_argument("--comm-schedule", metavar="NAME[:k=v,...]",
-                   help="pin communication scheduling: " + ", ".join(dp_methods.names("comm_schedule")))
-    g.add_argument("--offload", metavar="NAME[:k=v,...]",
-                   help="pin state placement: " + ", ".join(dp_methods.names("offload"))
-                        + " (cpu:delayed_update=true is approximate)")
+    g.add_argument(
+        "--compression",
+        metavar="NAME[:k=v,...]",
+        help="pin gradient compression: " + ", ".join(dp_methods.names("compression")),
+    )
+    g.add_argument(
+        "--sync", metavar="NAME[:k=v,...]", help="pin replica synchronisation: " + ", ".join(dp_methods.names("sync"))
+    )
+    g.add_argument(
+        "--comm-schedule",
+        metavar="NAME[:k=v,...]",
+        help="pin communication scheduling: " + ", ".join(dp_methods.names("comm_schedule")),
+    )
+    g.add_argument(
+        "--offload",
+        metavar="NAME[:k=v,...]",
+        help="pin state placement: "
+        + ", ".join(dp_methods.names("offload"))
+        + " (cpu:delayed_update=true is approximate)",
+    )
     g.add_argument("--waves", choices=dp_methods.names("waves"), help="pin wave scheduling")
-    g.add_argument("--allow-compression", metavar="NAME,...|all",
-                   help="let the search price these approximate compressors as what-ifs")
-    g.add_argument("--allow-sync", metavar="NAME,...|all",
-                   help="let the search price these approximate synchronisation methods as what-ifs")
+    g.add_argument(
+        "--allow-compression",
+        metavar="NAME,...|all",
+        help="let the search price these approximate compressors as what-ifs",
+    )
+    g.add_argument(
+        "--allow-sync",
+        metavar="NAME,...|all",
+        help="let the search price these approximate synchronisation methods as what-ifs",
+    )
 
 
 def _cluster_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cluster", default="local-cpu",
-                   help="preset (a100-40g, a100-80g, h100-80g, h200-141g, b200-180g, local-cpu) or a "
-                        "cluster.json from `meshplan profile-links` (default: local-cpu)")
+    p.add_argument(
+        "--cluster",
+        default="local-cpu",
+        help="preset (a100-40g, a100-80g, h100-80g, h200-141g, b200-180g, local-cpu) or a "
+        "cluster.json from `meshplan profile-links` (default: local-cpu)",
+    )
     p.add_argument("--num-gpus", type=int, default=4, help="devices (local-cpu: ranks) (default: 4)")
     p.add_argument("--global-batch", type=int, default=16, help="samples per optimizer step (default: 16)")
     p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
     p.add_argument("--profile", help="a profile.json from `meshplan profile` instead of building one")
-    p.add_argument("--precision", choices=("bf16", "fp8", "fp32"), default=None,
-                   help="training precision (default: bf16 on GPUs, fp32 on local-cpu); fp8: GEMMs at the "
-                        "device's fp8 peak and curve (H100/H200/B200; bf16 elsewhere), the rest bf16")
+    p.add_argument(
+        "--precision",
+        choices=("bf16", "fp8", "fp32"),
+        default=None,
+        help="training precision (default: bf16 on GPUs, fp32 on local-cpu); fp8: GEMMs at the "
+        "device's fp8 peak and curve (H100/H200/B200; bf16 elsewhere), the rest bf16",
+    )
 
 
 def _runtime_args(p: argparse.ArgumentParser) -> None:
@@ -97,64 +141,121 @@ def _runtime_args(p: argparse.ArgumentParser) -> None:
     from meshplan import runtimes
 
     g = p.add_argument_group("runtime (each behaviour flag overrides the runtime's default; README table)")
-    g.add_argument("--runtime", choices=runtimes.NAMES, default=runtimes.DEFAULT,
-                   help="software that will execute the plan (default: meshplan)")
-    g.add_argument("--state-layout", choices=("torch", "megatron", "zero"), default=None,
-                   help="training state per parameter: torch 4+4+8 B, megatron 2+4+12 B, zero 2+2+12 B")
-    g.add_argument("--overlap-dp-comm", action=argparse.BooleanOptionalAction, default=None,
-                   help="overlap the gradient reduction with backward")
-    g.add_argument("--overlap-tp-comm", action=argparse.BooleanOptionalAction, default=None,
-                   help="overlap tensor-parallel collectives with GEMMs (Megatron-Core --tp-comm-overlap)")
-    g.add_argument("--attention", choices=("flash", "materialized"), default=None,
-                   help="attention kernel: flash keeps the log-sum-exp, materialized the s x s scores")
-    g.add_argument("--dropout", action=argparse.BooleanOptionalAction, default=None,
-                   help="dropout masks kept for backward (closed-form --model analytic:gpt only)")
-    g.add_argument("--uniform-stages", action=argparse.BooleanOptionalAction, default=None,
-                   help="split blocks evenly over pipeline stages (Megatron) instead of searching boundaries")
-    g.add_argument("--fsdp-gather-dtype", choices=("bf16", "fp32"), default=None,
-                   help="dtype of ZeRO-3/FSDP parameter all-gathers and gradient reduce-scatters")
+    g.add_argument(
+        "--runtime",
+        choices=runtimes.NAMES,
+        default=runtimes.DEFAULT,
+        help="software that will execute the plan (default: meshplan)",
+    )
+    g.add_argument(
+        "--state-layout",
+        choices=("torch", "megatron", "zero"),
+        default=None,
+        help="training state per parameter: torch 4+4+8 B, megatron 2+4+12 B, zero 2+2+12 B",
+    )
+    g.add_argument(
+        "--overlap-dp-comm",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="overlap the gradient reduction with backward",
+    )
+    g.add_argument(
+        "--overlap-tp-comm",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="overlap tensor-parallel collectives with GEMMs (Megatron-Core --tp-comm-overlap)",
+    )
+    g.add_argument(
+        "--attention",
+        choices=("flash", "materialized"),
+        default=None,
+        help="attention kernel: flash keeps the log-sum-exp, materialized the s x s scores",
+    )
+    g.add_argument(
+        "--dropout",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="dropout masks kept for backward (closed-form --model analytic:gpt only)",
+    )
+    g.add_argument(
+        "--uniform-stages",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="split blocks evenly over pipeline stages (Megatron) instead of searching boundaries",
+    )
+    g.add_argument(
+        "--fsdp-gather-dtype",
+        choices=("bf16", "fp32"),
+        default=None,
+        help="dtype of ZeRO-3/FSDP parameter all-gathers and gradient reduce-scatters",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="meshplan", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="meshplan", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"meshplan {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
 
-    p = sub.add_parser("presets", help="list built-in models and cluster presets",
-                       description="List the model zoo and the cluster presets (spec-sheet numbers).")
+    p = sub.add_parser(
+        "presets",
+        help="list built-in models and cluster presets",
+        description="List the model zoo and the cluster presets (spec-sheet numbers).",
+    )
     _common(p)
 
-    p = sub.add_parser("profile", help="profile a model layer by layer",
-                       description="Capture a model as a chain of layers with parameters, FLOPs, "
-                                   "activation bytes and TP rules; with --device cpu|cuda also measure "
-                                   "forward/backward time and peak memory per microbatch size.")
+    p = sub.add_parser(
+        "profile",
+        help="profile a model layer by layer",
+        description="Capture a model as a chain of layers with parameters, FLOPs, "
+        "activation bytes and TP rules; with --device cpu|cuda also measure "
+        "forward/backward time and peak memory per microbatch size.",
+    )
     _model_args(p)
-    p.add_argument("--device", choices=("meta", "cpu", "cuda"), default="meta",
-                   help="meta: analytic only, nothing allocated; cpu/cuda: also time each layer type")
+    p.add_argument(
+        "--device",
+        choices=("meta", "cpu", "cuda"),
+        default="meta",
+        help="meta: analytic only, nothing allocated; cpu/cuda: also time each layer type",
+    )
     p.add_argument("--microbatch", type=int, nargs="+", default=None, help="microbatch sizes to time")
-    p.add_argument("--concurrent", type=int, default=1,
-                   help="time with N processes busy at once, as N local ranks will run (default 1)")
-    p.add_argument("--no-in-place", dest="in_place", action="store_false",
-                   help="with --device cpu --concurrent N: skip timing the TP/ZeRO-3 wrappers on N real "
-                        "gloo ranks (faster; the cost model then uses link fits and one-rank overheads)")
+    p.add_argument(
+        "--concurrent",
+        type=int,
+        default=1,
+        help="time with N processes busy at once, as N local ranks will run (default 1)",
+    )
+    p.add_argument(
+        "--no-in-place",
+        dest="in_place",
+        action="store_false",
+        help="with --device cpu --concurrent N: skip timing the TP/ZeRO-3 wrappers on N real "
+        "gloo ranks (faster; the cost model then uses link fits and one-rank overheads)",
+    )
     p.add_argument("-o", "--output", help="write the ModelProfile JSON here")
     _common(p)
 
-    p = sub.add_parser("profile-links", help="measure collective bandwidth on local devices",
-                       description="Run all_reduce, all_gather, reduce_scatter, all_to_all and send/recv "
-                                   "over 1 KiB..64 MiB on 2..N local ranks, fit latency + bytes/bandwidth, "
-                                   "and write a ClusterSpec the planner uses.")
+    p = sub.add_parser(
+        "profile-links",
+        help="measure collective bandwidth on local devices",
+        description="Run all_reduce, all_gather, reduce_scatter, all_to_all and send/recv "
+        "over 1 KiB..64 MiB on 2..N local ranks, fit latency + bytes/bandwidth, "
+        "and write a ClusterSpec the planner uses.",
+    )
     p.add_argument("--nproc", type=int, default=4, help="local ranks (default 4)")
     p.add_argument("--max-bytes", type=int, default=64 * 2**20, help="largest message (default 64 MiB)")
     p.add_argument("-o", "--output", help="write the ClusterSpec JSON here")
     _common(p)
 
-    p = sub.add_parser("plan", help="search for the fastest plan that fits",
-                       description="Search every valid pp x dp x tp split, microbatch, schedule, ZeRO stage, "
-                                   "sequence parallel, stage boundaries and per-layer recompute; print the "
-                                   "best plan, the top-K alternatives and why the rest lost. Any knob flag "
-                                   "pins that choice.")
+    p = sub.add_parser(
+        "plan",
+        help="search for the fastest plan that fits",
+        description="Search every valid pp x dp x tp split, microbatch, schedule, ZeRO stage, "
+        "sequence parallel, stage boundaries and per-layer recompute; print the "
+        "best plan, the top-K alternatives and why the rest lost. Any knob flag "
+        "pins that choice.",
+    )
     _model_args(p)
     _cluster_args(p)
     _plan_knobs(p, required=False)
@@ -164,9 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="write the Plan JSON here (input of run/report/export)")
     _common(p)
 
-    p = sub.add_parser("estimate", help="predict one given configuration",
-                       description="Predict step time, memory, MFU/HFU of one fully given configuration "
-                                   "(no search over degrees).")
+    p = sub.add_parser(
+        "estimate",
+        help="predict one given configuration",
+        description="Predict step time, memory, MFU/HFU of one fully given configuration (no search over degrees).",
+    )
     _model_args(p)
     _cluster_args(p)
     _plan_knobs(p, required=True)
@@ -174,48 +277,66 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="write the Plan JSON here")
     _common(p)
 
-    p = sub.add_parser("run", help="execute a plan with torchrun",
-                       description="Launch torchrun with the plan's world size (gloo on CPU, nccl on CUDA), "
-                                   "train for --steps with synthetic seeded data (or --data module:fn), and "
-                                   "write run.json: per-step loss, step time, tokens/s, peak memory per rank.")
+    p = sub.add_parser(
+        "run",
+        help="execute a plan with torchrun",
+        description="Launch torchrun with the plan's world size (gloo on CPU, nccl on CUDA), "
+        "train for --steps with synthetic seeded data (or --data module:fn), and "
+        "write run.json: per-step loss, step time, tokens/s, peak memory per rank.",
+    )
     p.add_argument("plan", help="plan.json from `meshplan plan -o`")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--data", help="module:fn returning a torch Dataset of (input, target) pairs")
     p.add_argument("--out-dir", default="runs/latest", help="where run.json and checkpoints go")
     p.add_argument("--checkpoint-every", type=int, default=0, help="save a DCP checkpoint every K steps")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out-dir")
-    p.add_argument("--overwrite", action="store_true",
-                   help="start afresh in an --out-dir that holds an earlier run's checkpoint (deletes it)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh in an --out-dir that holds an earlier run's checkpoint (deletes it)",
+    )
     p.add_argument("--nnodes", type=int, default=1)
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--rdzv-endpoint", help="host:port for multi-node rendezvous")
     p.add_argument("--timeout", type=float, default=600, help="seconds before a hung job is ended")
     p.add_argument("--print-launch", action="store_true", help="print the torchrun command and exit")
-    p.add_argument("--offload-dir", help="offload=nvme: folder for the optimizer-state files on local NVMe "
-                                         "(default: <out-dir>/offload; removed at the end of the run)")
+    p.add_argument(
+        "--offload-dir",
+        help="offload=nvme: folder for the optimizer-state files on local NVMe "
+        "(default: <out-dir>/offload; removed at the end of the run)",
+    )
     _common(p)
 
-    p = sub.add_parser("report", help="write the plan report",
-                       description="Write report.md and a self-contained report.html: summary, pipeline "
-                                   "timeline, memory per stage, alternatives, rejected families, and the "
-                                   "measured run beside the prediction when --run is given.")
+    p = sub.add_parser(
+        "report",
+        help="write the plan report",
+        description="Write report.md and a self-contained report.html: summary, pipeline "
+        "timeline, memory per stage, alternatives, rejected families, and the "
+        "measured run beside the prediction when --run is given.",
+    )
     p.add_argument("plan")
     p.add_argument("--run", help="run.json from `meshplan run`")
     p.add_argument("-o", "--output", default="reports/latest", help="output folder")
     _common(p)
 
-    p = sub.add_parser("export", help="export a plan to another framework's settings",
-                       description="Translate a plan to torchtitan (TOML + Python), Megatron-LM flags, a "
-                                   "DeepSpeed config or an accelerate YAML; what the target cannot express "
-                                   "is stated in the output.")
+    p = sub.add_parser(
+        "export",
+        help="export a plan to another framework's settings",
+        description="Translate a plan to torchtitan (TOML + Python), Megatron-LM flags, a "
+        "DeepSpeed config or an accelerate YAML; what the target cannot express "
+        "is stated in the output.",
+    )
     p.add_argument("plan")
     p.add_argument("--to", required=True, choices=("torchtitan", "megatron", "deepspeed", "accelerate"))
     p.add_argument("-o", "--output", help="folder to write the files into (default: print)")
     _common(p)
 
-    p = sub.add_parser("validate", help="check predictions against published runs",
-                       description="Predict every row of the published-runs table pinned to what the row "
-                                   "states and report the per-row throughput error.")
+    p = sub.add_parser(
+        "validate",
+        help="check predictions against published runs",
+        description="Predict every row of the published-runs table pinned to what the row "
+        "states and report the per-row throughput error.",
+    )
     p.add_argument("--csv", help="published-runs CSV (default: the shipped table)")
     p.add_argument("-o", "--output", default="reports/validation.md")
     _common(p)

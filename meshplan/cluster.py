@@ -4,6 +4,7 @@ Bandwidths are GB/s (1e9 bytes per second) per device, unidirectional; latencies
 Presets come from spec sheets (see presets.py); `local` clusters are measured by
 `meshplan profile-links` and carry alpha-beta fits per collective and group size.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -44,10 +45,18 @@ class DeviceSpec:
         for dtype, flops in self.peak_flops.items():
             check(flops > 0, f"{p}peak_flops.{dtype}", flops, "must be > 0 FLOP/s")
         for i, point in enumerate(self.gemm_efficiency):
-            check(len(point) == 2 and point[0] > 0 and 0 < point[1] <= 1,
-                  f"{p}gemm_efficiency[{i}]", point, "use [flops > 0, efficiency in (0, 1]]")
-        check(0 <= self.memory_reserved_fraction < 1, f"{p}memory_reserved_fraction",
-              self.memory_reserved_fraction, "must be in [0, 1)")
+            check(
+                len(point) == 2 and point[0] > 0 and 0 < point[1] <= 1,
+                f"{p}gemm_efficiency[{i}]",
+                point,
+                "use [flops > 0, efficiency in (0, 1]]",
+            )
+        check(
+            0 <= self.memory_reserved_fraction < 1,
+            f"{p}memory_reserved_fraction",
+            self.memory_reserved_fraction,
+            "must be in [0, 1)",
+        )
 
 
 @dataclass(kw_only=True)
@@ -73,6 +82,7 @@ class LinkSpec:
 @dataclass(kw_only=True)
 class CollectiveFit:
     """A measured alpha-beta fit: time(bytes) = latency_s + bytes / (bandwidth_gbps * 1e9)."""
+
     collective: str
     """One of all_reduce, all_gather, reduce_scatter, all_to_all, send_recv."""
     group_size: int
@@ -87,8 +97,12 @@ class CollectiveFit:
     """Message sizes measured; min/median/max times align with these."""
 
     def validate(self, path: str = "") -> None:
-        check(self.collective in COLLECTIVES, f"{path}.collective", self.collective,
-              "use one of " + ", ".join(COLLECTIVES))
+        check(
+            self.collective in COLLECTIVES,
+            f"{path}.collective",
+            self.collective,
+            "use one of " + ", ".join(COLLECTIVES),
+        )
         check(self.group_size >= 2, f"{path}.group_size", self.group_size, "must be >= 2")
         check(self.bandwidth_gbps > 0, f"{path}.bandwidth_gbps", self.bandwidth_gbps, "must be > 0")
         check(self.latency_s >= 0, f"{path}.latency_s", self.latency_s, "must be >= 0")
@@ -100,6 +114,7 @@ class CollectiveFit:
 @dataclass(kw_only=True)
 class Calibration:
     """One calibration per device type (never per published row); documented in presets.py."""
+
     dp_overlap: float = 0.9
     """Fraction of bucketed data-parallel communication hidden behind backward compute."""
     tp_overlap: float = 0.0
@@ -153,8 +168,12 @@ class ClusterSpec:
 
     def validate(self, path: str = "") -> None:
         p = f"{path}." if path else ""
-        check(self.schema_version == CLUSTER_SCHEMA_VERSION, f"{p}schema_version", self.schema_version,
-              f"this meshplan reads ClusterSpec schema {CLUSTER_SCHEMA_VERSION}; regenerate the file")
+        check(
+            self.schema_version == CLUSTER_SCHEMA_VERSION,
+            f"{p}schema_version",
+            self.schema_version,
+            f"this meshplan reads ClusterSpec schema {CLUSTER_SCHEMA_VERSION}; regenerate the file",
+        )
         check(self.num_nodes >= 1, f"{p}num_nodes", self.num_nodes, "must be >= 1")
         check(self.devices_per_node >= 1, f"{p}devices_per_node", self.devices_per_node, "must be >= 1")
 

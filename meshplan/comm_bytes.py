@@ -12,6 +12,7 @@ Sums are kept as exact fractions and rounded once per step, so a prediction from
 count call by call give the same integer. Axes are the mesh's ("dp_replicate", "dp_shard").
 The gradient-clipping norm scalars are not counted (a few bytes, not a method's traffic).
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -60,6 +61,6 @@ class ByteCounter:
         """Mean per step over the steps after the warm-up (the first step, and PowerSGD's start
         iterations: `warmup_steps`), rounded: the steady state the cost model predicts. The last
         step alone when the run was no longer than the warm-up."""
-        steps = self.steps[self.warmup_steps:] or self.steps[-1:]
+        steps = self.steps[self.warmup_steps :] or self.steps[-1:]
         axes = sorted({a for s in steps for a in s})
         return {a: round(Fraction(sum(s.get(a, 0) for s in steps), len(steps))) for a in axes} if steps else {}

@@ -1,4 +1,5 @@
 """The CLI verbs: the only place that wires profiler, planner, executor and report together."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,14 +16,21 @@ from meshplan.plan import Plan, schedule_name
 
 def dispatch(args: argparse.Namespace) -> int:
     handler = {
-        "presets": cmd_presets, "profile": cmd_profile, "profile-links": cmd_profile_links,
-        "plan": cmd_plan, "estimate": cmd_estimate, "run": cmd_run, "report": cmd_report,
-        "export": cmd_export, "validate": cmd_validate,
+        "presets": cmd_presets,
+        "profile": cmd_profile,
+        "profile-links": cmd_profile_links,
+        "plan": cmd_plan,
+        "estimate": cmd_estimate,
+        "run": cmd_run,
+        "report": cmd_report,
+        "export": cmd_export,
+        "validate": cmd_validate,
     }[args.verb]
     return handler(args)
 
 
 # ---------------------------------------------------------------- helpers
+
 
 def _console():
     from rich.console import Console
@@ -79,6 +87,7 @@ def _check_positive(**values: int | None) -> None:
 
 # ---------------------------------------------------------------- verbs
 
+
 def cmd_presets(args: argparse.Namespace) -> int:
     from meshplan.presets import CLUSTER_PRESETS, cluster_preset
     from meshplan.models.zoo import ZOO, FAMILIES
@@ -87,11 +96,14 @@ def cmd_presets(args: argparse.Namespace) -> int:
     clusters = {}
     for name in CLUSTER_PRESETS:
         spec = cluster_preset(name, 8 if name != "local-cpu" else 4)
-        clusters[name] = {"device": spec.device.name, "peak_tflops": max(spec.device.peak_flops.values()) / 1e12,
-                          "memory_gib": spec.device.memory_bytes / 2**30,
-                          "devices_per_node": spec.devices_per_node,
-                          "intra_node_gbps": spec.intra_node.bandwidth_gbps,
-                          "inter_node_gbps": spec.inter_node.bandwidth_gbps}
+        clusters[name] = {
+            "device": spec.device.name,
+            "peak_tflops": max(spec.device.peak_flops.values()) / 1e12,
+            "memory_gib": spec.device.memory_bytes / 2**30,
+            "devices_per_node": spec.devices_per_node,
+            "intra_node_gbps": spec.intra_node.bandwidth_gbps,
+            "inter_node_gbps": spec.inter_node.bandwidth_gbps,
+        }
     if args.json:
         _print_json({"models": models, "families": sorted(FAMILIES), "clusters": clusters})
         return 0
@@ -107,8 +119,15 @@ def cmd_presets(args: argparse.Namespace) -> int:
     for col in ("name", "device", "peak TFLOP/s", "memory GiB", "per node", "NVLink GB/s", "inter-node GB/s"):
         ctable.add_column(col)
     for name, c in clusters.items():
-        ctable.add_row(name, c["device"], f"{c['peak_tflops']:.0f}", f"{c['memory_gib']:.0f}",
-                       str(c["devices_per_node"]), f"{c['intra_node_gbps']:g}", f"{c['inter_node_gbps']:g}")
+        ctable.add_row(
+            name,
+            c["device"],
+            f"{c['peak_tflops']:.0f}",
+            f"{c['memory_gib']:.0f}",
+            str(c["devices_per_node"]),
+            f"{c['intra_node_gbps']:g}",
+            f"{c['inter_node_gbps']:g}",
+        )
     from rich.console import Console
 
     Console().print(table)
@@ -116,14 +135,22 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build_profile(args: argparse.Namespace, device: str = "meta", microbatches=None, concurrent: int = 1,
-                   in_place: bool = True):
+def _build_profile(
+    args: argparse.Namespace, device: str = "meta", microbatches=None, concurrent: int = 1, in_place: bool = True
+):
     overrides = parse_overrides(args.overrides)
     from meshplan.profiler import profile_model
 
     with _progress(args, f"profiling {args.model} on {device}"):
-        return profile_model(args.model, overrides, device=device, microbatch_sizes=microbatches,
-                             concurrent=concurrent, in_place=in_place, progress=False)
+        return profile_model(
+            args.model,
+            overrides,
+            device=device,
+            microbatch_sizes=microbatches,
+            concurrent=concurrent,
+            in_place=in_place,
+            progress=False,
+        )
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -136,9 +163,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(profile)
         return 0
-    _say(args, f"[bold]{profile.model_name}[/]: {profile.num_params:,} parameters, "
-               f"{profile.forward_flops_per_sample:.3g} forward FLOPs/sample, {profile.num_layers} blocks, "
-               f"{len(profile.layers)} graph nodes, timed on {profile.device}")
+    _say(
+        args,
+        f"[bold]{profile.model_name}[/]: {profile.num_params:,} parameters, "
+        f"{profile.forward_flops_per_sample:.3g} forward FLOPs/sample, {profile.num_layers} blocks, "
+        f"{len(profile.layers)} graph nodes, timed on {profile.device}",
+    )
     for note in profile.notes:
         _say(args, f"  note: {note}")
     if args.output:
@@ -159,8 +189,11 @@ def cmd_profile_links(args: argparse.Namespace) -> int:
         _print_json(spec)
         return 0
     for fit in spec.collectives:
-        _say(args, f"{fit.collective:15s} n={fit.group_size}: latency {fit.latency_s * 1e6:8.1f} us, "
-                   f"bandwidth {fit.bandwidth_gbps:7.3f} GB/s")
+        _say(
+            args,
+            f"{fit.collective:15s} n={fit.group_size}: latency {fit.latency_s * 1e6:8.1f} us, "
+            f"bandwidth {fit.bandwidth_gbps:7.3f} GB/s",
+        )
     if args.output:
         _say(args, f"wrote {args.output}")
     return 0
@@ -169,28 +202,55 @@ def cmd_profile_links(args: argparse.Namespace) -> int:
 def _request(args: argparse.Namespace, cluster):
     from meshplan.planner.request import PlanRequest
 
-    _check_positive(num_gpus=args.num_gpus, global_batch=args.global_batch, seq=args.seq, tp=args.tp,
-                    pp=args.pp, dp=args.dp, cp=args.cp, dp_shard=args.dp_shard, microbatch=args.microbatch,
-                    virtual_stages=args.virtual_stages, top=getattr(args, "top", None))
+    _check_positive(
+        num_gpus=args.num_gpus,
+        global_batch=args.global_batch,
+        seq=args.seq,
+        tp=args.tp,
+        pp=args.pp,
+        dp=args.dp,
+        cp=args.cp,
+        dp_shard=args.dp_shard,
+        microbatch=args.microbatch,
+        virtual_stages=args.virtual_stages,
+        top=getattr(args, "top", None),
+    )
     precision = args.precision or ("fp32" if cluster.device.kind == "cpu" else "bf16")
     behaviours = runtime_behaviours(args, cluster, precision)
-    return PlanRequest(**behaviours, num_gpus=args.num_gpus, global_batch=args.global_batch, seq=args.seq,
-                       top_k=getattr(args, "top", 5), tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp,
-                       microbatch=args.microbatch,
-                       schedule=schedule_name(args.schedule) if args.schedule else None,
-                       virtual_stages=args.virtual_stages, recompute=args.recompute, zero=args.zero,
-                       sequence_parallel=args.sequence_parallel, dp_shard=args.dp_shard,
-                       methods=_pinned_methods(args), allow=_allowed_methods(args),
-                       allow_cross_node_tp=_cross_node_tp(args, cluster), precision=precision,
-                       runtime=args.runtime)
+    return PlanRequest(
+        **behaviours,
+        num_gpus=args.num_gpus,
+        global_batch=args.global_batch,
+        seq=args.seq,
+        top_k=getattr(args, "top", 5),
+        tp=args.tp,
+        pp=args.pp,
+        dp=args.dp,
+        cp=args.cp,
+        microbatch=args.microbatch,
+        schedule=schedule_name(args.schedule) if args.schedule else None,
+        virtual_stages=args.virtual_stages,
+        recompute=args.recompute,
+        zero=args.zero,
+        sequence_parallel=args.sequence_parallel,
+        dp_shard=args.dp_shard,
+        methods=_pinned_methods(args),
+        allow=_allowed_methods(args),
+        allow_cross_node_tp=_cross_node_tp(args, cluster),
+        precision=precision,
+        runtime=args.runtime,
+    )
 
 
 def _cross_node_tp(args: argparse.Namespace, cluster) -> bool:
     """A --tp pin wider than a node is a decision: planned across nodes, with a warning line."""
     allowed = getattr(args, "allow_cross_node_tp", False)
     if args.tp and args.tp > cluster.devices_per_node and not allowed:
-        _warn(args, f"--tp {args.tp} > {cluster.devices_per_node} devices per node: planned as cross-node "
-                    "tensor parallelism (its collectives run on the inter-node links)")
+        _warn(
+            args,
+            f"--tp {args.tp} > {cluster.devices_per_node} devices per node: planned as cross-node "
+            "tensor parallelism (its collectives run on the inter-node links)",
+        )
         return True
     return allowed
 
@@ -202,22 +262,33 @@ def runtime_behaviours(args: argparse.Namespace, cluster, precision: str) -> dic
     from meshplan import runtimes
 
     rt = runtimes.runtime(args.runtime)
-    flags = {"state_layout": args.state_layout, "overlap_dp_comm": args.overlap_dp_comm,
-             "overlap_tp_comm": args.overlap_tp_comm, "attention": args.attention,
-             "uniform_stages": args.uniform_stages,
-             "fsdp_gather_bytes": {"bf16": 2, "fp32": 4}.get(args.fsdp_gather_dtype)}
+    flags = {
+        "state_layout": args.state_layout,
+        "overlap_dp_comm": args.overlap_dp_comm,
+        "overlap_tp_comm": args.overlap_tp_comm,
+        "attention": args.attention,
+        "uniform_stages": args.uniform_stages,
+        "fsdp_gather_bytes": {"bf16": 2, "fp32": 4}.get(args.fsdp_gather_dtype),
+    }
     out = runtimes.request_behaviours(rt.name, flags)
     unknown = [k for k in rt.unknown() if k in (*runtimes.REQUEST_FIELDS, "dropout") and flags.get(k) is None]
     if unknown:
-        _warn(args, f"runtime {rt.name}: the model does not know its {', '.join(unknown)} "
-                    "(README runtime table); generic defaults used")
+        _warn(
+            args,
+            f"runtime {rt.name}: the model does not know its {', '.join(unknown)} "
+            "(README runtime table); generic defaults used",
+        )
     if args.zero is not None and args.zero not in rt.value("zero_stages"):
-        _warn(args, f"--zero {args.zero}: runtime {rt.name} implements ZeRO {rt.value('zero_stages')}; "
-                    "predicted as pinned")
+        _warn(
+            args,
+            f"--zero {args.zero}: runtime {rt.name} implements ZeRO {rt.value('zero_stages')}; predicted as pinned",
+        )
     if precision == "fp8":
         if not rt.value("fp8"):
-            raise MeshplanError(f"--precision fp8: runtime {rt.name} has no fp8 path the model knows "
-                                f"({rt.behaviours['fp8'].source}); use --runtime torchtitan or megatron-core")
+            raise MeshplanError(
+                f"--precision fp8: runtime {rt.name} has no fp8 path the model knows "
+                f"({rt.behaviours['fp8'].source}); use --runtime torchtitan or megatron-core"
+            )
         if "fp8" not in cluster.device.peak_flops:
             _warn(args, f"--precision fp8: {cluster.device.name} has no fp8 tensor cores; GEMMs stay bf16")
     if args.dropout is not None and not args.model.startswith("analytic:") and not args.profile:
@@ -232,8 +303,13 @@ def _warn(args: argparse.Namespace, text: str) -> None:
         print(f"meshplan {args.verb}: warning: {text}", file=sys.stderr)
 
 
-METHOD_FLAGS = {"compression": "--compression", "sync": "--sync", "comm_schedule": "--comm-schedule",
-                "offload": "--offload", "waves": "--waves"}
+METHOD_FLAGS = {
+    "compression": "--compression",
+    "sync": "--sync",
+    "comm_schedule": "--comm-schedule",
+    "offload": "--offload",
+    "waves": "--waves",
+}
 
 
 def _pinned_methods(args: argparse.Namespace) -> dict:
@@ -272,8 +348,12 @@ def _inputs(args: argparse.Namespace):
         from meshplan.models.analytic import from_spec
 
         dropout = args.dropout if args.dropout is not None else runtimes.runtime(args.runtime).value("dropout")
-        profile = from_spec(args.model, parse_overrides(args.overrides), flash=request.attention != "materialized",
-                            dropout=bool(dropout))
+        profile = from_spec(
+            args.model,
+            parse_overrides(args.overrides),
+            flash=request.attention != "materialized",
+            dropout=bool(dropout),
+        )
     else:
         profile = _build_profile(args)
     _check_seq(args, profile)
@@ -284,8 +364,10 @@ def _check_seq(args: argparse.Namespace, profile) -> None:
     """--seq beyond the model's context is priced, but such a plan cannot run: -o refuses it."""
     if not args.seq or args.seq <= profile.seq_len:
         return
-    text = (f"--seq {args.seq}: {profile.model_name} handles at most {profile.seq_len} tokens; "
-            f"build the model for it with --set seq={args.seq}")
+    text = (
+        f"--seq {args.seq}: {profile.model_name} handles at most {profile.seq_len} tokens; "
+        f"build the model for it with --set seq={args.seq}"
+    )
     if args.output:
         raise MeshplanError(text + " (a plan written with -o must be runnable)")
     import sys
@@ -309,12 +391,17 @@ def _emit_plan(args: argparse.Namespace, plan: Plan) -> None:
     pred = plan.prediction
     print(f"{'recommended' if plan.search is not None else 'configuration'}: {describe(plan)}")
     if pred is not None:
-        print(f"predicted: {pred.step_time_s:.4g} s/step, {pred.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
-              f"MFU {pred.mfu:.1%}, peak {pred.peak_memory_bytes / 2**30:.2f} GiB/GPU; {pred.binding_constraint}")
+        print(
+            f"predicted: {pred.step_time_s:.4g} s/step, {pred.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
+            f"MFU {pred.mfu:.1%}, peak {pred.peak_memory_bytes / 2**30:.2f} GiB/GPU; {pred.binding_constraint}"
+        )
     if plan.search is not None and not args.quiet:
         s = plan.search
-        _say(args, f"searched {s.num_candidates:,} candidates in {s.search_time_s:.3f} s "
-                   f"({s.num_evaluated:,} costed, {s.num_rejected:,} rejected)")
+        _say(
+            args,
+            f"searched {s.num_candidates:,} candidates in {s.search_time_s:.3f} s "
+            f"({s.num_evaluated:,} costed, {s.num_rejected:,} rejected)",
+        )
         for rej in s.rejected[:8]:
             _say(args, f"  rejected {rej.family}: {rej.reason}" + (f" (x{rej.count})" if rej.count > 1 else ""))
     if args.output:
@@ -327,8 +414,10 @@ def _warn_dropped_pins(args: argparse.Namespace, plan: Plan) -> None:
 
     dropped = []
     if args.virtual_stages and args.virtual_stages > 1 and plan.virtual_stages != args.virtual_stages:
-        dropped.append(f"--virtual-stages {args.virtual_stages} (the plan has pp={plan.pipeline_parallel_degree}, "
-                       f"{plan.virtual_stages} stage(s) per rank)")
+        dropped.append(
+            f"--virtual-stages {args.virtual_stages} (the plan has pp={plan.pipeline_parallel_degree}, "
+            f"{plan.virtual_stages} stage(s) per rank)"
+        )
     if args.sequence_parallel and not plan.sequence_parallel:
         dropped.append(f"--sequence-parallel (the plan has tp={plan.tensor_parallel_degree}; it needs tp >= 2)")
     for what in dropped:
@@ -368,26 +457,46 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.offload_dir:  # offload=nvme's state files; the ranks read it (executor/train.py)
         os.environ["MESHPLAN_OFFLOAD_DIR"] = os.path.abspath(args.offload_dir)
     if args.print_launch:
-        cmd = launch_command(plan, nnodes=args.nnodes, node_rank=args.node_rank,
-                             rdzv_endpoint=args.rdzv_endpoint, steps=args.steps, plan_path=args.plan,
-                             out_dir=args.out_dir, data=args.data, checkpoint_every=args.checkpoint_every,
-                             resume=args.resume, timeout_s=args.timeout)
+        cmd = launch_command(
+            plan,
+            nnodes=args.nnodes,
+            node_rank=args.node_rank,
+            rdzv_endpoint=args.rdzv_endpoint,
+            steps=args.steps,
+            plan_path=args.plan,
+            out_dir=args.out_dir,
+            data=args.data,
+            checkpoint_every=args.checkpoint_every,
+            resume=args.resume,
+            timeout_s=args.timeout,
+        )
         import shlex
 
         print(shlex.join(cmd))
         return 0
     with _progress(args, f"running {args.steps} steps on {plan.world_size} ranks"):
-        result = run_plan(plan, steps=args.steps, data=args.data, out_dir=args.out_dir,
-                          checkpoint_every=args.checkpoint_every, resume=args.resume, overwrite=args.overwrite,
-                          nnodes=args.nnodes,
-                          node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
-                          timeout_s=args.timeout, quiet=args.quiet or args.json)
+        result = run_plan(
+            plan,
+            steps=args.steps,
+            data=args.data,
+            out_dir=args.out_dir,
+            checkpoint_every=args.checkpoint_every,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            nnodes=args.nnodes,
+            node_rank=args.node_rank,
+            rdzv_endpoint=args.rdzv_endpoint,
+            timeout_s=args.timeout,
+            quiet=args.quiet or args.json,
+        )
     if args.json:
         _print_json(result)
         return 0
     print(f"losses: {' '.join(f'{x:.4f}' for x in result.losses)}")
-    print(f"step time {result.step_time_s:.4g} s (median after warm-up), {result.tokens_per_s:,.0f} tokens/s, "
-          f"peak memory {result.peak_memory_bytes / 2**20:.1f} MiB/rank")
+    print(
+        f"step time {result.step_time_s:.4g} s (median after warm-up), {result.tokens_per_s:,.0f} tokens/s, "
+        f"peak memory {result.peak_memory_bytes / 2**20:.1f} MiB/rank"
+    )
     if plan.prediction is not None and plan.prediction.step_time_s > 0:
         err = result.step_time_s / plan.prediction.step_time_s - 1
         print(f"predicted {plan.prediction.step_time_s:.4g} s/step: measured is {err:+.1%} off")
@@ -406,21 +515,28 @@ def _check_run_flags(args: argparse.Namespace) -> None:
         raise MeshplanError(f"--node-rank {args.node_rank}: must be in 0..{args.nnodes - 1} (--nnodes {args.nnodes})")
     host, _, port = (args.rdzv_endpoint or "").rpartition(":")
     if args.nnodes > 1 and not (host and port.isdigit() and 0 < int(port) < 65536):
-        raise MeshplanError(f"--rdzv-endpoint {args.rdzv_endpoint}: --nnodes {args.nnodes} needs HOST:PORT of "
-                            "node 0 (the same on every node), e.g. 10.0.0.1:29500")
+        raise MeshplanError(
+            f"--rdzv-endpoint {args.rdzv_endpoint}: --nnodes {args.nnodes} needs HOST:PORT of "
+            "node 0 (the same on every node), e.g. 10.0.0.1:29500"
+        )
 
 
 def _check_run_matches(plan: Plan, run, path: str) -> None:
     """report --run: the run must be of this plan's model and world size; another plan of them is
     compared with a warning (the report says so too)."""
     if run.world_size != plan.world_size:
-        raise MeshplanError(f"--run {path}: ran {run.world_size} ranks, the plan has world_size "
-                            f"{plan.world_size}; give the run.json of this plan")
+        raise MeshplanError(
+            f"--run {path}: ran {run.world_size} ranks, the plan has world_size "
+            f"{plan.world_size}; give the run.json of this plan"
+        )
     if run.plan_hash and run.plan_hash != schema.content_hash(plan):
         import sys
 
-        print(f"meshplan report: warning: --run {path} was measured on another plan (hash {run.plan_hash}, "
-              f"this plan {schema.content_hash(plan)}); its numbers are not this plan's", file=sys.stderr)
+        print(
+            f"meshplan report: warning: --run {path} was measured on another plan (hash {run.plan_hash}, "
+            f"this plan {schema.content_hash(plan)}); its numbers are not this plan's",
+            file=sys.stderr,
+        )
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -487,4 +603,3 @@ def _check_csv_header(path: str, shipped: str) -> None:
     if missing or len(lines) < 2:
         what = f"lacks the columns {', '.join(missing[:5])}" if missing else "has no rows"
         raise MeshplanError(f"--csv {path}: {what}; give a table with the columns of {shipped}")
-

@@ -15,6 +15,7 @@ tensor (n = numel), so what a step sends does not depend on how DDP packs its bu
   n = dim 0 by m = the rest is sent as P (n r) and Q (m r) with r = min(n, m, rank) when
   (n + m) r min_compression_rate < n m, else as itself; all-reduced.
 """
+
 from __future__ import annotations
 
 import math

@@ -5,6 +5,7 @@ plan (search) -> run (torchrun, 4 gloo ranks) -> report (predicted beside measur
 Everything lands in one folder (default reports/demo/): profile.json, cluster.json, plan.json,
 run.json, report.md, report.html.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,9 @@ def run_demo(out: Path, steps: int = 8, quiet: bool = False):
     cluster = profile_links(NUM_RANKS, max_bytes=4 * 2**20, repeats=3)
     schema.save(cluster, out / "cluster.json")
     say(f"[3/5] searching plans for {NUM_RANKS} ranks, global batch {GLOBAL_BATCH}")
-    plan = search(profile, cluster, PlanRequest(num_gpus=NUM_RANKS, global_batch=GLOBAL_BATCH,
-                                                precision="fp32", top_k=8))
+    plan = search(
+        profile, cluster, PlanRequest(num_gpus=NUM_RANKS, global_batch=GLOBAL_BATCH, precision="fp32", top_k=8)
+    )
     schema.save(plan, out / "plan.json")
     _print_plan(plan, say)
     say(f"[4/5] running the plan for {steps} steps with torchrun on {NUM_RANKS} gloo ranks")
@@ -48,8 +50,10 @@ def run_demo(out: Path, steps: int = 8, quiet: bool = False):
     schema.save(result, out / "run.json")
     say(f"      losses {' '.join(f'{x:.3f}' for x in result.losses)}")
     pred = plan.prediction.step_time_s
-    say(f"      step time: predicted {pred * 1e3:.1f} ms, measured {result.step_time_s * 1e3:.1f} ms "
-        f"({result.step_time_s / pred - 1:+.0%})")
+    say(
+        f"      step time: predicted {pred * 1e3:.1f} ms, measured {result.step_time_s * 1e3:.1f} ms "
+        f"({result.step_time_s / pred - 1:+.0%})"
+    )
     say(f"[5/5] writing the report to {out}/")
     write_report(plan, out, run=result, title=f"meshplan demo: {MODEL} on {NUM_RANKS} local CPU ranks")
     return plan, result
@@ -60,15 +64,18 @@ def _print_plan(plan, say) -> None:
 
     pred = plan.prediction
     say(f"      recommended: {describe(plan)}")
-    say(f"      predicted {pred.step_time_s * 1e3:.1f} ms/step, peak {pred.peak_memory_bytes / 2**20:.1f} MiB/rank; "
-        f"{pred.binding_constraint}")
+    say(
+        f"      predicted {pred.step_time_s * 1e3:.1f} ms/step, peak {pred.peak_memory_bytes / 2**20:.1f} MiB/rank; "
+        f"{pred.binding_constraint}"
+    )
     for alt in plan.search.alternatives[:4]:
         say(f"      alternative: {describe(alt)} -> {alt.prediction.step_time_s * 1e3:.1f} ms")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m meshplan.demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m meshplan.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", default="reports/demo")
     parser.add_argument("--steps", type=int, default=8)
     args = parser.parse_args(argv)

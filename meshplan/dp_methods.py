@@ -11,6 +11,7 @@ composes with. The CLI, the planner's enumeration, Plan validation, the executor
 Adding a method: its row here, a cost object in planner/dp_cost.py, an executor module in
 executor/methods/, and its tests (CONTRIBUTING in the README).
 """
+
 from __future__ import annotations
 
 import functools
@@ -34,6 +35,7 @@ EXPORT_TARGETS = ("torchtitan", "megatron", "deepspeed", "accelerate")
 @dataclass(frozen=True, kw_only=True)
 class Param:
     """One parameter of a method, as `--compression NAME:key=value` spells it."""
+
     name: str
     kind: type
     """int, float or bool."""
@@ -59,8 +61,9 @@ class Param:
             raise MeshplanError(f"{where} = {value!r}: expected a number")
         else:
             value = float(value)
-        if self.kind is not bool and ((self.low is not None and value < self.low)
-                                      or (self.high is not None and value > self.high)):
+        if self.kind is not bool and (
+            (self.low is not None and value < self.low) or (self.high is not None and value > self.high)
+        ):
             raise MeshplanError(f"{where} = {value!r}: out of range; use {self.range_text()}")
         return value
 
@@ -88,6 +91,7 @@ def _parse_scalar(text: str, kind: type, where: str) -> Any:
 @dataclass(frozen=True, kw_only=True)
 class Method:
     """One registry row."""
+
     name: str
     axis: str
     exact: bool
@@ -143,250 +147,650 @@ def _native(*targets: str) -> dict[str, str]:
 
 METHODS: tuple[Method, ...] = (
     # --- gradient compression -----------------------------------------------------------------
-    Method(name="none", axis="compression", exact=True, exports=_native(*_ALL),
-           summary="full-precision gradients (the training dtype's fp32 grads)",
-           source="PyTorch DDP / FSDP2"),
-    Method(name="fp16", axis="compression", exact=False, zero_stages=(0, 1),
-           summary="gradients cast to fp16 for the all-reduce (half the bytes; rounding error)",
-           source="torch default_hooks.fp16_compress_hook",
-           exports={"megatron": "--grad-reduce-in-bf16 (Megatron reduces in bf16, not fp16)",
-                    "deepspeed": "communication_data_type fp16", "accelerate": "DDP comm hook fp16"},
-           unsupported="fp16 gradient compression is not expressible; gradients are reduced in full precision"),
-    Method(name="powersgd", axis="compression", exact=False, zero_stages=(0, 1), tensor_parallel=False,
-           split_backward=False,
-           summary="rank-r low-rank gradient approximation with error feedback (two small all-reduces)",
-           source="Vogels et al., NeurIPS 2019; torch powerSGD_hook",
-           params=(
-               Param(name="rank", kind=int, default=2, low=1, high=1024,
-                     doc="matrix_approximation_rank r: P is n x r, Q is m x r"),
-               Param(name="start_iter", kind=int, default=2, low=2, high=10**9, unit="steps",
-                     doc="plain all-reduce before this step (torch needs >= 2 with error feedback)"),
-               Param(name="min_compression_rate", kind=float, default=2.0, low=1.0, unit="x",
-                     doc="a matrix is compressed only when (n m) / ((n + m) r) >= this; else sent dense"),
-               Param(name="error_feedback", kind=bool, default=True, doc="add the last step's residual"),
-               Param(name="warm_start", kind=bool, default=True, doc="reuse last step's Q"),
-           ),
-           exports={"accelerate": "DDP comm hook powersgd (DDPCommunicationHookType.POWER_SGD)"},
-           unsupported="PowerSGD is not expressible; gradients are reduced dense"),
+    Method(
+        name="none",
+        axis="compression",
+        exact=True,
+        exports=_native(*_ALL),
+        summary="full-precision gradients (the training dtype's fp32 grads)",
+        source="PyTorch DDP / FSDP2",
+    ),
+    Method(
+        name="fp16",
+        axis="compression",
+        exact=False,
+        zero_stages=(0, 1),
+        summary="gradients cast to fp16 for the all-reduce (half the bytes; rounding error)",
+        source="torch default_hooks.fp16_compress_hook",
+        exports={
+            "megatron": "--grad-reduce-in-bf16 (Megatron reduces in bf16, not fp16)",
+            "deepspeed": "communication_data_type fp16",
+            "accelerate": "DDP comm hook fp16",
+        },
+        unsupported="fp16 gradient compression is not expressible; gradients are reduced in full precision",
+    ),
+    Method(
+        name="powersgd",
+        axis="compression",
+        exact=False,
+        zero_stages=(0, 1),
+        tensor_parallel=False,
+        split_backward=False,
+        summary="rank-r low-rank gradient approximation with error feedback (two small all-reduces)",
+        source="Vogels et al., NeurIPS 2019; torch powerSGD_hook",
+        params=(
+            Param(
+                name="rank",
+                kind=int,
+                default=2,
+                low=1,
+                high=1024,
+                doc="matrix_approximation_rank r: P is n x r, Q is m x r",
+            ),
+            Param(
+                name="start_iter",
+                kind=int,
+                default=2,
+                low=2,
+                high=10**9,
+                unit="steps",
+                doc="plain all-reduce before this step (torch needs >= 2 with error feedback)",
+            ),
+            Param(
+                name="min_compression_rate",
+                kind=float,
+                default=2.0,
+                low=1.0,
+                unit="x",
+                doc="a matrix is compressed only when (n m) / ((n + m) r) >= this; else sent dense",
+            ),
+            Param(name="error_feedback", kind=bool, default=True, doc="add the last step's residual"),
+            Param(name="warm_start", kind=bool, default=True, doc="reuse last step's Q"),
+        ),
+        exports={"accelerate": "DDP comm hook powersgd (DDPCommunicationHookType.POWER_SGD)"},
+        unsupported="PowerSGD is not expressible; gradients are reduced dense",
+    ),
     # issue #15: all-gather compressors, Accordion; DDP comm hooks (ZeRO-0/1) and, for TP replicas,
     # the same codecs in a replica reducer (executor/methods/compressed.py); not FSDP2 ZeRO-2/3,
     # whose reduce-scatter sums what a non-linear payload cannot
-    Method(name="topk", axis="compression", exact=False, zero_stages=(0, 1), split_backward=False,
-           summary="top-k sparsification with error feedback: k fp32 values + int32 indices per tensor, "
-                   "all-gathered (pays below density ~1/N); DGC's extras as parameters",
-           source="Lin et al., Deep Gradient Compression, ICLR 2018; Stich et al., NeurIPS 2018",
-           params=(
-               Param(name="density", kind=float, default=0.01, low=1e-6, high=1.0,
-                     doc="fraction of each tensor's elements sent (k = ceil(density n)); 1 = everything"),
-               Param(name="error_feedback", kind=bool, default=True, doc="keep what was not sent, add it next step"),
-               Param(name="momentum_correction", kind=bool, default=False,
-                     doc="DGC: accumulate velocity u = m u + g locally and sparsify that (masking u at sent "
-                         "indices); use with a momentum-free optimizer"),
-               Param(name="momentum", kind=float, default=0.9, low=0.0, high=0.999, doc="DGC's m"),
-               Param(name="clip_norm", kind=float, default=0.0, low=0.0,
-                     doc="DGC local clipping: each tensor's gradient norm clipped to clip_norm / sqrt(N) "
-                         "before accumulation; 0 = off"),
-               Param(name="warmup_steps", kind=int, default=0, low=0, high=10**9, unit="steps",
-                     doc="DGC density warm-up: 0.25 falling exponentially to density over these steps"),
-           ),
-           unsupported="top-k sparsification is not expressible; gradients are reduced dense"),
-    Method(name="accordion", axis="compression", exact=False, zero_stages=(0, 1), split_backward=False,
-           summary="PowerSGD whose rank switches per tensor between critical_rank (critical regime: the "
-                   "accumulated gradient norm changed by >= eta over a window) and rank",
-           source="Agarwal et al., Accordion, MLSys 2021",
-           params=(
-               Param(name="rank", kind=int, default=1, low=1, high=1024, doc="rank outside critical regimes"),
-               Param(name="critical_rank", kind=int, default=2, low=1, high=1024,
-                     doc="rank in critical regimes (low compression)"),
-               Param(name="window", kind=int, default=100, low=1, high=10**9, unit="steps",
-                     doc="steps between switching decisions (the paper's switch_freq epochs)"),
-               Param(name="eta", kind=float, default=0.5, low=0.0, high=1e9,
-                     doc="critical when |norm_prev - norm_now| / norm_prev >= eta"),
-               Param(name="critical_fraction", kind=float, default=0.3, low=0.0, high=1.0,
-                     doc="share of steps the planner assumes at critical_rank (an assumption; the run "
-                         "reports the measured share)"),
-               Param(name="min_compression_rate", kind=float, default=2.0, low=1.0, unit="x",
-                     doc="a matrix is compressed only when (n m) / ((n + m) r) >= this"),
-           ),
-           unsupported="Accordion is not expressible; gradients are reduced dense"),
-    Method(name="accordion_topk", axis="compression", exact=False, zero_stages=(0, 1), split_backward=False,
-           summary="top-k whose density switches per tensor between critical_density (critical regime) "
-                   "and density, by Accordion's rule",
-           source="Agarwal et al., Accordion, MLSys 2021",
-           params=(
-               Param(name="density", kind=float, default=0.01, low=1e-6, high=1.0,
-                     doc="density outside critical regimes"),
-               Param(name="critical_density", kind=float, default=0.1, low=1e-6, high=1.0,
-                     doc="density in critical regimes (low compression)"),
-               Param(name="window", kind=int, default=100, low=1, high=10**9, unit="steps",
-                     doc="steps between switching decisions"),
-               Param(name="eta", kind=float, default=0.5, low=0.0, high=1e9,
-                     doc="critical when |norm_prev - norm_now| / norm_prev >= eta"),
-               Param(name="critical_fraction", kind=float, default=0.3, low=0.0, high=1.0,
-                     doc="share of steps the planner assumes at critical_density (an assumption)"),
-               Param(name="error_feedback", kind=bool, default=True, doc="keep what was not sent"),
-           ),
-           unsupported="Accordion is not expressible; gradients are reduced dense"),
-    *(Method(name=name, axis="compression", exact=False, zero_stages=(0, 1), split_backward=False,
-             summary=summary, source=source,
-             params=(Param(name="bits", kind=int, default=bits, low=2, high=8, unit="bits",
-                           doc="per coordinate: one sign bit + (bits - 1) bits of level index"),
-                     Param(name="bucket_size", kind=int, default=512, low=1, high=2**24, unit="elements",
-                           doc="coordinates sharing one fp32 norm"),
-                     Param(name="quantize", kind=bool, default=True,
-                           doc="false: send the fp32 values through the same all-gather (the identity)"),
-                     *((Param(name="refit_every", kind=int, default=100, low=1, high=10**9, unit="steps",
-                              doc="levels re-fitted from the gathered histograms every this many steps"),)
-                       if adaptive else ())),
-             unsupported=f"{name} quantization is not expressible; gradients are reduced dense")
-      for name, bits, adaptive, summary, source in (
-          ("qsgd", 4, False, "unbiased stochastic rounding onto s = 2^(bits-1) - 1 uniform levels of "
-           "|v|/||v|| per bucket, bit-packed, all-gathered", "Alistarh et al., QSGD, NeurIPS 2017"),
-          ("nuqsgd", 4, False, "as qsgd on exponentially spaced levels {0, 2^-(s-1), ..., 1/2, 1}",
-           "Ramezani-Kebrya et al., NUQSGD, JMLR 2021"),
-          ("alq", 3, True, "as qsgd on levels fitted to the gradients' distribution by coordinate descent "
-           "(minimum variance), re-fitted every refit_every steps", "Faghri et al., NeurIPS 2020 (ALQ)"),
-          ("amq", 3, True, "as qsgd on exponential levels {p^j} whose multiplier p is fitted to minimum "
-           "variance, re-fitted every refit_every steps", "Faghri et al., NeurIPS 2020 (AMQ)"))),
+    Method(
+        name="topk",
+        axis="compression",
+        exact=False,
+        zero_stages=(0, 1),
+        split_backward=False,
+        summary="top-k sparsification with error feedback: k fp32 values + int32 indices per tensor, "
+        "all-gathered (pays below density ~1/N); DGC's extras as parameters",
+        source="Lin et al., Deep Gradient Compression, ICLR 2018; Stich et al., NeurIPS 2018",
+        params=(
+            Param(
+                name="density",
+                kind=float,
+                default=0.01,
+                low=1e-6,
+                high=1.0,
+                doc="fraction of each tensor's elements sent (k = ceil(density n)); 1 = everything",
+            ),
+            Param(name="error_feedback", kind=bool, default=True, doc="keep what was not sent, add it next step"),
+            Param(
+                name="momentum_correction",
+                kind=bool,
+                default=False,
+                doc="DGC: accumulate velocity u = m u + g locally and sparsify that (masking u at sent "
+                "indices); use with a momentum-free optimizer",
+            ),
+            Param(name="momentum", kind=float, default=0.9, low=0.0, high=0.999, doc="DGC's m"),
+            Param(
+                name="clip_norm",
+                kind=float,
+                default=0.0,
+                low=0.0,
+                doc="DGC local clipping: each tensor's gradient norm clipped to clip_norm / sqrt(N) "
+                "before accumulation; 0 = off",
+            ),
+            Param(
+                name="warmup_steps",
+                kind=int,
+                default=0,
+                low=0,
+                high=10**9,
+                unit="steps",
+                doc="DGC density warm-up: 0.25 falling exponentially to density over these steps",
+            ),
+        ),
+        unsupported="top-k sparsification is not expressible; gradients are reduced dense",
+    ),
+    Method(
+        name="accordion",
+        axis="compression",
+        exact=False,
+        zero_stages=(0, 1),
+        split_backward=False,
+        summary="PowerSGD whose rank switches per tensor between critical_rank (critical regime: the "
+        "accumulated gradient norm changed by >= eta over a window) and rank",
+        source="Agarwal et al., Accordion, MLSys 2021",
+        params=(
+            Param(name="rank", kind=int, default=1, low=1, high=1024, doc="rank outside critical regimes"),
+            Param(
+                name="critical_rank",
+                kind=int,
+                default=2,
+                low=1,
+                high=1024,
+                doc="rank in critical regimes (low compression)",
+            ),
+            Param(
+                name="window",
+                kind=int,
+                default=100,
+                low=1,
+                high=10**9,
+                unit="steps",
+                doc="steps between switching decisions (the paper's switch_freq epochs)",
+            ),
+            Param(
+                name="eta",
+                kind=float,
+                default=0.5,
+                low=0.0,
+                high=1e9,
+                doc="critical when |norm_prev - norm_now| / norm_prev >= eta",
+            ),
+            Param(
+                name="critical_fraction",
+                kind=float,
+                default=0.3,
+                low=0.0,
+                high=1.0,
+                doc="share of steps the planner assumes at critical_rank (an assumption; the run "
+                "reports the measured share)",
+            ),
+            Param(
+                name="min_compression_rate",
+                kind=float,
+                default=2.0,
+                low=1.0,
+                unit="x",
+                doc="a matrix is compressed only when (n m) / ((n + m) r) >= this",
+            ),
+        ),
+        unsupported="Accordion is not expressible; gradients are reduced dense",
+    ),
+    Method(
+        name="accordion_topk",
+        axis="compression",
+        exact=False,
+        zero_stages=(0, 1),
+        split_backward=False,
+        summary="top-k whose density switches per tensor between critical_density (critical regime) "
+        "and density, by Accordion's rule",
+        source="Agarwal et al., Accordion, MLSys 2021",
+        params=(
+            Param(name="density", kind=float, default=0.01, low=1e-6, high=1.0, doc="density outside critical regimes"),
+            Param(
+                name="critical_density",
+                kind=float,
+                default=0.1,
+                low=1e-6,
+                high=1.0,
+                doc="density in critical regimes (low compression)",
+            ),
+            Param(
+                name="window",
+                kind=int,
+                default=100,
+                low=1,
+                high=10**9,
+                unit="steps",
+                doc="steps between switching decisions",
+            ),
+            Param(
+                name="eta",
+                kind=float,
+                default=0.5,
+                low=0.0,
+                high=1e9,
+                doc="critical when |norm_prev - norm_now| / norm_prev >= eta",
+            ),
+            Param(
+                name="critical_fraction",
+                kind=float,
+                default=0.3,
+                low=0.0,
+                high=1.0,
+                doc="share of steps the planner assumes at critical_density (an assumption)",
+            ),
+            Param(name="error_feedback", kind=bool, default=True, doc="keep what was not sent"),
+        ),
+        unsupported="Accordion is not expressible; gradients are reduced dense",
+    ),
+    *(
+        Method(
+            name=name,
+            axis="compression",
+            exact=False,
+            zero_stages=(0, 1),
+            split_backward=False,
+            summary=summary,
+            source=source,
+            params=(
+                Param(
+                    name="bits",
+                    kind=int,
+                    default=bits,
+                    low=2,
+                    high=8,
+                    unit="bits",
+                    doc="per coordinate: one sign bit + (bits - 1) bits of level index",
+                ),
+                Param(
+                    name="bucket_size",
+                    kind=int,
+                    default=512,
+                    low=1,
+                    high=2**24,
+                    unit="elements",
+                    doc="coordinates sharing one fp32 norm",
+                ),
+                Param(
+                    name="quantize",
+                    kind=bool,
+                    default=True,
+                    doc="false: send the fp32 values through the same all-gather (the identity)",
+                ),
+                *(
+                    (
+                        Param(
+                            name="refit_every",
+                            kind=int,
+                            default=100,
+                            low=1,
+                            high=10**9,
+                            unit="steps",
+                            doc="levels re-fitted from the gathered histograms every this many steps",
+                        ),
+                    )
+                    if adaptive
+                    else ()
+                ),
+            ),
+            unsupported=f"{name} quantization is not expressible; gradients are reduced dense",
+        )
+        for name, bits, adaptive, summary, source in (
+            (
+                "qsgd",
+                4,
+                False,
+                "unbiased stochastic rounding onto s = 2^(bits-1) - 1 uniform levels of "
+                "|v|/||v|| per bucket, bit-packed, all-gathered",
+                "Alistarh et al., QSGD, NeurIPS 2017",
+            ),
+            (
+                "nuqsgd",
+                4,
+                False,
+                "as qsgd on exponentially spaced levels {0, 2^-(s-1), ..., 1/2, 1}",
+                "Ramezani-Kebrya et al., NUQSGD, JMLR 2021",
+            ),
+            (
+                "alq",
+                3,
+                True,
+                "as qsgd on levels fitted to the gradients' distribution by coordinate descent "
+                "(minimum variance), re-fitted every refit_every steps",
+                "Faghri et al., NeurIPS 2020 (ALQ)",
+            ),
+            (
+                "amq",
+                3,
+                True,
+                "as qsgd on exponential levels {p^j} whose multiplier p is fitted to minimum "
+                "variance, re-fitted every refit_every steps",
+                "Faghri et al., NeurIPS 2020 (AMQ)",
+            ),
+        )
+    ),
     # --- replica synchronisation --------------------------------------------------------------
-    Method(name="allreduce", axis="sync", exact=True, exports=_native(*_ALL),
-           summary="synchronous data parallelism: gradients averaged every step",
-           source="PyTorch DDP (Li et al., VLDB 2020)"),
+    Method(
+        name="allreduce",
+        axis="sync",
+        exact=True,
+        exports=_native(*_ALL),
+        summary="synchronous data parallelism: gradients averaged every step",
+        source="PyTorch DDP (Li et al., VLDB 2020)",
+    ),
     # the sync methods below run without DDP on plain replicas (zero_stage 0, no TP, pp = 1:
     # feasibility.py); executor/methods/sync_*.py, planner/sync.py, notes/dp-methods.md
-    Method(name="master", axis="sync", exact=True, zero_stages=(0,), tensor_parallel=False, split_backward=False,
-           summary="master aggregation: every worker sends its gradients to rank 0, which averages them, "
-                   "steps the optimizer and sends the parameters back (exact: the same averaged gradient "
-                   "and update as all-reduce; the master's link carries (N-1)x the model each way)",
-           source="parameter-server data parallelism (Dean et al., NeurIPS 2012; Li et al., OSDI 2014)",
-           unsupported="master aggregation is not expressible; gradients are all-reduced"),
-    Method(name="local-sgd", axis="sync", exact=False, zero_stages=(0,), tensor_parallel=False,
-           split_backward=False,
-           summary="local SGD: H local optimizer steps, then the parameters averaged (post-local SGD: "
-                   "synchronous warm-up steps first; hierarchical: groups average every group_period)",
-           source="Stich, ICLR 2019; Lin et al., ICLR 2020; torch PostLocalSGDOptimizer / "
-                  "PeriodicModelAverager / HierarchicalModelAverager",
-           params=(
-               Param(name="period", kind=int, default=4, low=1, high=10**6, unit="steps",
-                     doc="H: parameters averaged over all replicas every H steps"),
-               Param(name="warmup_steps", kind=int, default=0, low=0, high=10**9, unit="steps",
-                     doc="post-local SGD: gradients all-reduced every step before this one"),
-               Param(name="group_size", kind=int, default=0, low=0, high=10**6, unit="ranks",
-                     doc="hierarchical averaging: groups of this many consecutive ranks (a node); 0 = flat"),
-               Param(name="group_period", kind=int, default=1, low=1, high=10**6, unit="steps",
-                     doc="hierarchical: a group averages every group_period steps (must divide period)"),
-           ),
-           unsupported="local SGD is not expressible; the target all-reduces gradients every step"),
-    Method(name="crossbow", axis="sync", exact=False, zero_stages=(0,), tensor_parallel=False,
-           split_backward=False,
-           summary="Crossbow: k small-batch learners per device, each its own replica, kept together by "
-                   "synchronous model averaging with a central model and momentum (memory x k)",
-           source="Koliousis et al., CROSSBOW, VLDB 2019 (lsds/Crossbow sma.c)",
-           params=(
-               Param(name="learners", kind=int, default=2, low=1, high=64,
-                     doc="k: learners (replicas) per device, each on 1/k of the local batch"),
-               Param(name="alpha", kind=float, default=0.0, low=0.0, high=1.0,
-                     doc="correction rate toward the central model; 0 = 1/K (K = k x replicas)"),
-               Param(name="momentum", kind=float, default=0.9, low=0.0, high=0.999,
-                     doc="mu: momentum of the central model's update"),
-               Param(name="reset", kind=bool, default=False,
-                     doc="learners restart from the central model after every sync"),
-           ),
-           unsupported="Crossbow's learners are not expressible; one replica per device runs"),
-    Method(name="dabmd", axis="sync", exact=False, zero_stages=(0,), tensor_parallel=False, split_backward=False,
-           summary="distributed any-batch mirror descent: each worker computes microbatches for a fixed "
-                   "time budget, so its batch varies; the update weights each worker by its batch size",
-           source="Eshraghi & Liang, ICML 2020; Ferdinand et al., Anytime Minibatch, ICLR 2019",
-           params=(
-               Param(name="budget_ms", kind=float, default=0.0, low=0.0, high=1e7, unit="ms",
-                     doc="compute time per step; 0 = the whole local batch (synchronous SGD)"),
-               Param(name="min_microbatches", kind=int, default=1, low=1, high=10**6,
-                     doc="microbatches a worker always computes, whatever the budget"),
-           ),
-           unsupported="any-batch training is not expressible; every worker computes its whole batch"),
-    Method(name="gossip", axis="sync", exact=False, zero_stages=(0,), tensor_parallel=False,
-           split_backward=False,
-           summary="decentralised SGD: after its local step each replica averages its parameters with its "
-                   "two ring neighbours (low_precision: 8-bit min-max differences, CHOCO-gossip)",
-           source="BAGUA decentralized / low_precision_decentralized (Gan et al., VLDB 2022); "
-                  "Lian et al., NeurIPS 2017; Koloskova et al., ICML 2019",
-           params=(
-               Param(name="period", kind=int, default=1, low=1, high=10**6, unit="steps",
-                     doc="a gossip round every this many steps"),
-               Param(name="low_precision", kind=bool, default=False,
-                     doc="send 8-bit min-max quantised parameter differences instead of fp32 parameters"),
-               Param(name="chunk", kind=int, default=4096, low=16, high=2**30, unit="elements",
-                     doc="low_precision: elements sharing one (min, max) pair"),
-               Param(name="gamma", kind=float, default=1.0, low=0.01, high=1.0,
-                     doc="consensus step size (1 = plain ring averaging)"),
-           ),
-           unsupported="gossip averaging is not expressible; gradients are all-reduced"),
-    Method(name="async", axis="sync", exact=False, zero_stages=(0,), tensor_parallel=False, split_backward=False,
-           summary="asynchronous model averaging: a background thread with its own process group averages "
-                   "a snapshot of the parameters while training goes on, applied when it lands",
-           source="BAGUA async_model_average (Gan et al., VLDB 2022)",
-           params=(
-               Param(name="period", kind=int, default=1, low=1, high=10**6, unit="steps",
-                     doc="a snapshot handed to the averaging thread every this many steps"),
-               Param(name="timeout_s", kind=float, default=60.0, low=1.0, high=3600.0, unit="s",
-                     doc="how long an averaging round waits for a peer (a dead rank) before giving up"),
-           ),
-           unsupported="asynchronous averaging is not expressible; gradients are all-reduced"),
+    Method(
+        name="master",
+        axis="sync",
+        exact=True,
+        zero_stages=(0,),
+        tensor_parallel=False,
+        split_backward=False,
+        summary="master aggregation: every worker sends its gradients to rank 0, which averages them, "
+        "steps the optimizer and sends the parameters back (exact: the same averaged gradient "
+        "and update as all-reduce; the master's link carries (N-1)x the model each way)",
+        source="parameter-server data parallelism (Dean et al., NeurIPS 2012; Li et al., OSDI 2014)",
+        unsupported="master aggregation is not expressible; gradients are all-reduced",
+    ),
+    Method(
+        name="local-sgd",
+        axis="sync",
+        exact=False,
+        zero_stages=(0,),
+        tensor_parallel=False,
+        split_backward=False,
+        summary="local SGD: H local optimizer steps, then the parameters averaged (post-local SGD: "
+        "synchronous warm-up steps first; hierarchical: groups average every group_period)",
+        source="Stich, ICLR 2019; Lin et al., ICLR 2020; torch PostLocalSGDOptimizer / "
+        "PeriodicModelAverager / HierarchicalModelAverager",
+        params=(
+            Param(
+                name="period",
+                kind=int,
+                default=4,
+                low=1,
+                high=10**6,
+                unit="steps",
+                doc="H: parameters averaged over all replicas every H steps",
+            ),
+            Param(
+                name="warmup_steps",
+                kind=int,
+                default=0,
+                low=0,
+                high=10**9,
+                unit="steps",
+                doc="post-local SGD: gradients all-reduced every step before this one",
+            ),
+            Param(
+                name="group_size",
+                kind=int,
+                default=0,
+                low=0,
+                high=10**6,
+                unit="ranks",
+                doc="hierarchical averaging: groups of this many consecutive ranks (a node); 0 = flat",
+            ),
+            Param(
+                name="group_period",
+                kind=int,
+                default=1,
+                low=1,
+                high=10**6,
+                unit="steps",
+                doc="hierarchical: a group averages every group_period steps (must divide period)",
+            ),
+        ),
+        unsupported="local SGD is not expressible; the target all-reduces gradients every step",
+    ),
+    Method(
+        name="crossbow",
+        axis="sync",
+        exact=False,
+        zero_stages=(0,),
+        tensor_parallel=False,
+        split_backward=False,
+        summary="Crossbow: k small-batch learners per device, each its own replica, kept together by "
+        "synchronous model averaging with a central model and momentum (memory x k)",
+        source="Koliousis et al., CROSSBOW, VLDB 2019 (lsds/Crossbow sma.c)",
+        params=(
+            Param(
+                name="learners",
+                kind=int,
+                default=2,
+                low=1,
+                high=64,
+                doc="k: learners (replicas) per device, each on 1/k of the local batch",
+            ),
+            Param(
+                name="alpha",
+                kind=float,
+                default=0.0,
+                low=0.0,
+                high=1.0,
+                doc="correction rate toward the central model; 0 = 1/K (K = k x replicas)",
+            ),
+            Param(
+                name="momentum",
+                kind=float,
+                default=0.9,
+                low=0.0,
+                high=0.999,
+                doc="mu: momentum of the central model's update",
+            ),
+            Param(
+                name="reset", kind=bool, default=False, doc="learners restart from the central model after every sync"
+            ),
+        ),
+        unsupported="Crossbow's learners are not expressible; one replica per device runs",
+    ),
+    Method(
+        name="dabmd",
+        axis="sync",
+        exact=False,
+        zero_stages=(0,),
+        tensor_parallel=False,
+        split_backward=False,
+        summary="distributed any-batch mirror descent: each worker computes microbatches for a fixed "
+        "time budget, so its batch varies; the update weights each worker by its batch size",
+        source="Eshraghi & Liang, ICML 2020; Ferdinand et al., Anytime Minibatch, ICLR 2019",
+        params=(
+            Param(
+                name="budget_ms",
+                kind=float,
+                default=0.0,
+                low=0.0,
+                high=1e7,
+                unit="ms",
+                doc="compute time per step; 0 = the whole local batch (synchronous SGD)",
+            ),
+            Param(
+                name="min_microbatches",
+                kind=int,
+                default=1,
+                low=1,
+                high=10**6,
+                doc="microbatches a worker always computes, whatever the budget",
+            ),
+        ),
+        unsupported="any-batch training is not expressible; every worker computes its whole batch",
+    ),
+    Method(
+        name="gossip",
+        axis="sync",
+        exact=False,
+        zero_stages=(0,),
+        tensor_parallel=False,
+        split_backward=False,
+        summary="decentralised SGD: after its local step each replica averages its parameters with its "
+        "two ring neighbours (low_precision: 8-bit min-max differences, CHOCO-gossip)",
+        source="BAGUA decentralized / low_precision_decentralized (Gan et al., VLDB 2022); "
+        "Lian et al., NeurIPS 2017; Koloskova et al., ICML 2019",
+        params=(
+            Param(
+                name="period",
+                kind=int,
+                default=1,
+                low=1,
+                high=10**6,
+                unit="steps",
+                doc="a gossip round every this many steps",
+            ),
+            Param(
+                name="low_precision",
+                kind=bool,
+                default=False,
+                doc="send 8-bit min-max quantised parameter differences instead of fp32 parameters",
+            ),
+            Param(
+                name="chunk",
+                kind=int,
+                default=4096,
+                low=16,
+                high=2**30,
+                unit="elements",
+                doc="low_precision: elements sharing one (min, max) pair",
+            ),
+            Param(
+                name="gamma",
+                kind=float,
+                default=1.0,
+                low=0.01,
+                high=1.0,
+                doc="consensus step size (1 = plain ring averaging)",
+            ),
+        ),
+        unsupported="gossip averaging is not expressible; gradients are all-reduced",
+    ),
+    Method(
+        name="async",
+        axis="sync",
+        exact=False,
+        zero_stages=(0,),
+        tensor_parallel=False,
+        split_backward=False,
+        summary="asynchronous model averaging: a background thread with its own process group averages "
+        "a snapshot of the parameters while training goes on, applied when it lands",
+        source="BAGUA async_model_average (Gan et al., VLDB 2022)",
+        params=(
+            Param(
+                name="period",
+                kind=int,
+                default=1,
+                low=1,
+                high=10**6,
+                unit="steps",
+                doc="a snapshot handed to the averaging thread every this many steps",
+            ),
+            Param(
+                name="timeout_s",
+                kind=float,
+                default=60.0,
+                low=1.0,
+                high=3600.0,
+                unit="s",
+                doc="how long an averaging round waits for a peer (a dead rank) before giving up",
+            ),
+        ),
+        unsupported="asynchronous averaging is not expressible; gradients are all-reduced",
+    ),
     # --- communication scheduling -------------------------------------------------------------
-    Method(name="buckets", axis="comm_schedule", exact=True,
-           summary="gradients all-reduced in fixed-size buckets as backward produces them",
-           source="PyTorch DDP bucket_cap_mb (Li et al., VLDB 2020)",
-           params=(Param(name="bucket_mb", kind=int, default=25, low=1, high=4096, unit="MiB",
-                         doc="DDP bucket_cap_mb"),),
-           exports={"torchtitan": "", "megatron": "--ddp-bucket-size", "deepspeed": "reduce_bucket_size",
-                    "accelerate": "bucket_cap_mb"}),
-    Method(name="bytescheduler", axis="comm_schedule", exact=True, zero_stages=(0,), tensor_parallel=False,
-           split_backward=False,
-           summary="gradients cut into chunks, all-reduced in layer-priority order (input side first) "
-                   "under a credit window of bytes in flight; the next forward waits per layer",
-           source="Peng et al., ByteScheduler, SOSP 2019 (bytedance/byteps bytescheduler/)",
-           params=(Param(name="chunk_mb", kind=float, default=4.0, low=0.0625, high=4096, unit="MiB",
-                         doc="partition unit: a gradient larger than this is sent as chunks of it"),
-                   Param(name="credit_mb", kind=float, default=16.0, low=0.0625, high=65536, unit="MiB",
-                         doc="credit: most chunk bytes in flight at once (>= one chunk)")),
-           exports={"torchtitan": "", "megatron": "--ddp-bucket-size (bucket order only)",
-                    "deepspeed": "reduce_bucket_size (bucket order only)", "accelerate": "bucket_cap_mb (order only)"},
-           unsupported="ByteScheduler's priority order is not expressible; gradients go in DDP bucket order"),
+    Method(
+        name="buckets",
+        axis="comm_schedule",
+        exact=True,
+        summary="gradients all-reduced in fixed-size buckets as backward produces them",
+        source="PyTorch DDP bucket_cap_mb (Li et al., VLDB 2020)",
+        params=(Param(name="bucket_mb", kind=int, default=25, low=1, high=4096, unit="MiB", doc="DDP bucket_cap_mb"),),
+        exports={
+            "torchtitan": "",
+            "megatron": "--ddp-bucket-size",
+            "deepspeed": "reduce_bucket_size",
+            "accelerate": "bucket_cap_mb",
+        },
+    ),
+    Method(
+        name="bytescheduler",
+        axis="comm_schedule",
+        exact=True,
+        zero_stages=(0,),
+        tensor_parallel=False,
+        split_backward=False,
+        summary="gradients cut into chunks, all-reduced in layer-priority order (input side first) "
+        "under a credit window of bytes in flight; the next forward waits per layer",
+        source="Peng et al., ByteScheduler, SOSP 2019 (bytedance/byteps bytescheduler/)",
+        params=(
+            Param(
+                name="chunk_mb",
+                kind=float,
+                default=4.0,
+                low=0.0625,
+                high=4096,
+                unit="MiB",
+                doc="partition unit: a gradient larger than this is sent as chunks of it",
+            ),
+            Param(
+                name="credit_mb",
+                kind=float,
+                default=16.0,
+                low=0.0625,
+                high=65536,
+                unit="MiB",
+                doc="credit: most chunk bytes in flight at once (>= one chunk)",
+            ),
+        ),
+        exports={
+            "torchtitan": "",
+            "megatron": "--ddp-bucket-size (bucket order only)",
+            "deepspeed": "reduce_bucket_size (bucket order only)",
+            "accelerate": "bucket_cap_mb (order only)",
+        },
+        unsupported="ByteScheduler's priority order is not expressible; gradients go in DDP bucket order",
+    ),
     # --- state placement ----------------------------------------------------------------------
-    Method(name="none", axis="offload", exact=True, exports=_native(*_ALL),
-           summary="parameters, gradients and optimizer states on the device",
-           source=""),
-    Method(name="cpu", axis="offload", exact=True, inexact_params=("delayed_update",),
-           summary="ZeRO-Offload: optimizer states and the optimizer step on the host, gradients down and "
-                   "parameters up over PCIe (ZeRO-3: FSDP2 CPUOffloadPolicy, the sharded parameters too)",
-           source="Ren et al., ZeRO-Offload, USENIX ATC 2021; torch FSDP2 CPUOffloadPolicy",
-           params=(Param(name="delayed_update", kind=bool, default=False,
-                         doc="one-step delayed parameter update (DPU, ZeRO-Offload Sec 5): the host step of "
-                             "step t overlaps step t+1 and applies one step late (changes the mathematics)"),),
-           exports={"torchtitan": "[training] enable_cpu_offload = true",
-                    "megatron": "--optimizer-cpu-offload (Megatron-Core >= 0.11)",
-                    "deepspeed": "offload_optimizer/offload_param device cpu",
-                    "accelerate": "fsdp_offload_params"}),
-    Method(name="nvme", axis="offload", exact=True,
-           summary="ZeRO-Infinity: optimizer states in memory-mapped files on local NVMe (meshplan run "
-                   "--offload-dir), prefetched one parameter ahead and streamed through the host step",
-           source="Rajbhandari et al., ZeRO-Infinity, SC 2021; DeepSpeed offload_optimizer device nvme",
-           exports={"deepspeed": "offload_optimizer device nvme (nvme_path = --offload-dir)"},
-           unsupported="NVMe offload is not expressible; optimizer states stay in memory"),
+    Method(
+        name="none",
+        axis="offload",
+        exact=True,
+        exports=_native(*_ALL),
+        summary="parameters, gradients and optimizer states on the device",
+        source="",
+    ),
+    Method(
+        name="cpu",
+        axis="offload",
+        exact=True,
+        inexact_params=("delayed_update",),
+        summary="ZeRO-Offload: optimizer states and the optimizer step on the host, gradients down and "
+        "parameters up over PCIe (ZeRO-3: FSDP2 CPUOffloadPolicy, the sharded parameters too)",
+        source="Ren et al., ZeRO-Offload, USENIX ATC 2021; torch FSDP2 CPUOffloadPolicy",
+        params=(
+            Param(
+                name="delayed_update",
+                kind=bool,
+                default=False,
+                doc="one-step delayed parameter update (DPU, ZeRO-Offload Sec 5): the host step of "
+                "step t overlaps step t+1 and applies one step late (changes the mathematics)",
+            ),
+        ),
+        exports={
+            "torchtitan": "[training] enable_cpu_offload = true",
+            "megatron": "--optimizer-cpu-offload (Megatron-Core >= 0.11)",
+            "deepspeed": "offload_optimizer/offload_param device cpu",
+            "accelerate": "fsdp_offload_params",
+        },
+    ),
+    Method(
+        name="nvme",
+        axis="offload",
+        exact=True,
+        summary="ZeRO-Infinity: optimizer states in memory-mapped files on local NVMe (meshplan run "
+        "--offload-dir), prefetched one parameter ahead and streamed through the host step",
+        source="Rajbhandari et al., ZeRO-Infinity, SC 2021; DeepSpeed offload_optimizer device nvme",
+        exports={"deepspeed": "offload_optimizer device nvme (nvme_path = --offload-dir)"},
+        unsupported="NVMe offload is not expressible; optimizer states stay in memory",
+    ),
     # --- wave scheduling ----------------------------------------------------------------------
-    Method(name="1", axis="waves", exact=True, exports=_native(*_ALL),
-           summary="one wave of training per device", source=""),
-    Method(name="2", axis="waves", exact=True, zero_stages=(0,),
-           summary="Wavelet tick-tock: each microbatch as two half waves on the same devices, the second "
-                   "started half a forward+backward later so their activation peaks interleave; gradients "
-                   "summed across waves (the synchronous variant: same updates)",
-           source="Wang et al., Wavelet, MLSys 2021",
-           unsupported="Wavelet's two waves are not expressible; one wave runs"),
+    Method(
+        name="1", axis="waves", exact=True, exports=_native(*_ALL), summary="one wave of training per device", source=""
+    ),
+    Method(
+        name="2",
+        axis="waves",
+        exact=True,
+        zero_stages=(0,),
+        summary="Wavelet tick-tock: each microbatch as two half waves on the same devices, the second "
+        "started half a forward+backward later so their activation peaks interleave; gradients "
+        "summed across waves (the synchronous variant: same updates)",
+        source="Wang et al., Wavelet, MLSys 2021",
+        unsupported="Wavelet's two waves are not expressible; one wave runs",
+    ),
 )
 
 _BY_KEY = {(m.axis, m.name): m for m in METHODS}
-DEFAULTS = {"compression": "none", "sync": "allreduce", "comm_schedule": "buckets", "offload": "none",
-            "waves": "1"}
+DEFAULTS = {"compression": "none", "sync": "allreduce", "comm_schedule": "buckets", "offload": "none", "waves": "1"}
 """The plain data parallelism every plan has unless a method is pinned or chosen."""
 
 
@@ -415,8 +819,9 @@ def method(axis: str, name: str, where: str = "") -> Method:
         raise MeshplanError(f"{where or 'dp_methods'}: unknown axis {axis!r}; use one of {', '.join(AXES)}")
     hit = _BY_KEY.get((axis, name))
     if hit is None:
-        raise MeshplanError(f"{where or axis} = {name!r}: unknown {AXES[axis]} method; "
-                            f"use one of {', '.join(names(axis))}")
+        raise MeshplanError(
+            f"{where or axis} = {name!r}: unknown {AXES[axis]} method; use one of {', '.join(names(axis))}"
+        )
     return hit
 
 
@@ -436,9 +841,12 @@ def parse_spec(axis: str, text: str, flag: str) -> tuple[str, dict[str, Any]]:
     for item in filter(None, (s.strip() for s in rest.split(","))):
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
-            raise MeshplanError(f"{flag} {text!r}: {item!r} is not key=value; write e.g. "
-                                f"{name}:{row.params[0].name}={row.params[0].default}" if row.params else
-                                f"{flag} {text!r}: {name} takes no parameters")
+            raise MeshplanError(
+                f"{flag} {text!r}: {item!r} is not key=value; write e.g. "
+                f"{name}:{row.params[0].name}={row.params[0].default}"
+                if row.params
+                else f"{flag} {text!r}: {name} takes no parameters"
+            )
         given[key.strip()] = value.strip()
     return row.name, row.resolve(given, f"{flag} {name}")
 
@@ -457,8 +865,10 @@ def parse_allow(axis: str, text: str, flag: str) -> tuple[str, ...]:
     for name in filter(None, (s.strip() for s in text.split(","))):
         row = method(axis, name, flag)
         if row.exact and row.name not in _unsearched_exact(axis):
-            raise MeshplanError(f"{flag} {name}: {name} is exact and always searched; list approximate "
-                                f"methods only ({', '.join(approximate(axis)) or 'none on this axis'})")
+            raise MeshplanError(
+                f"{flag} {name}: {name} is exact and always searched; list approximate "
+                f"methods only ({', '.join(approximate(axis)) or 'none on this axis'})"
+            )
         out.append(row.name)
     return tuple(sorted(set(out)))
 

@@ -11,6 +11,7 @@ them byte for byte (plan.json without its measured search_time_s). The demo's pl
 measured timings, so it cannot be byte-compared; instead its report is re-rendered from its
 checked-in plan.json and run.json and compared.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,12 +43,32 @@ class Example:
 
 
 EXAMPLES = (
-    Example(name="gpt3-175b-1024xa100", model="gpt3-175b", cluster="a100-80g", num_gpus=1024, global_batch=1536,
-            seq=2048, title="GPT-3 175B on 1024 x A100-80GB (global batch 1536 x 2048 tokens)"),
-    Example(name="llama3-70b-64xh100", model="llama3-70b", cluster="h100-80g", num_gpus=64, global_batch=128,
-            seq=8192, title="Llama-3 70B on 64 x H100-80GB (global batch 128 x 8192 tokens)"),
-    Example(name="resnet50-8xa100", model="resnet50", cluster="a100-80g", num_gpus=8, global_batch=1024,
-            title="ResNet-50 on 8 x A100-80GB (global batch 1024 images, a non-transformer)"),
+    Example(
+        name="gpt3-175b-1024xa100",
+        model="gpt3-175b",
+        cluster="a100-80g",
+        num_gpus=1024,
+        global_batch=1536,
+        seq=2048,
+        title="GPT-3 175B on 1024 x A100-80GB (global batch 1536 x 2048 tokens)",
+    ),
+    Example(
+        name="llama3-70b-64xh100",
+        model="llama3-70b",
+        cluster="h100-80g",
+        num_gpus=64,
+        global_batch=128,
+        seq=8192,
+        title="Llama-3 70B on 64 x H100-80GB (global batch 128 x 8192 tokens)",
+    ),
+    Example(
+        name="resnet50-8xa100",
+        model="resnet50",
+        cluster="a100-80g",
+        num_gpus=8,
+        global_batch=1024,
+        title="ResNet-50 on 8 x A100-80GB (global batch 1024 images, a non-transformer)",
+    ),
 )
 
 
@@ -71,7 +92,9 @@ def plan_example(ex: Example) -> Plan:
 
     profile = profile_model(ex.model, None, device="meta")
     cluster = cluster_preset(ex.cluster, ex.num_gpus)
-    return planner_search()(profile, cluster, PlanRequest(num_gpus=ex.num_gpus, global_batch=ex.global_batch, seq=ex.seq))
+    return planner_search()(
+        profile, cluster, PlanRequest(num_gpus=ex.num_gpus, global_batch=ex.global_batch, seq=ex.seq)
+    )
 
 
 def write_example(plan: Plan, folder: Path, title: str, run: RunResult | None = None) -> list[Path]:
@@ -134,8 +157,11 @@ def _compare(checked_in: Path, fresh: Path, name: str, extra_ok: bool = False) -
     theirs = {p.relative_to(checked_in) for p in checked_in.rglob("*") if p.is_file()}
     out = [f"{name}: {rel} is missing" for rel in sorted(ours - theirs)]
     out += [] if extra_ok else [f"{name}: {rel} is no longer generated" for rel in sorted(theirs - ours)]
-    out += [f"{name}: {rel} differs" for rel in sorted(ours & theirs)
-            if _normalised(checked_in / rel) != _normalised(fresh / rel)]
+    out += [
+        f"{name}: {rel} differs"
+        for rel in sorted(ours & theirs)
+        if _normalised(checked_in / rel) != _normalised(fresh / rel)
+    ]
     return out
 
 
@@ -164,8 +190,9 @@ def stale_reports(out_dir: str | Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m meshplan.examples", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m meshplan.examples", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", default="reports", help="folder holding one sub-folder per example")
     parser.add_argument("--only", nargs="*", help=f"example names: {DEMO}, " + ", ".join(e.name for e in EXAMPLES))
     parser.add_argument("--no-demo", action="store_true", help="skip the demo (it runs torchrun on 4 CPU ranks)")

@@ -7,6 +7,7 @@ search rejects is rejected by `check_plan` with the same words. A reason is eith
 description this executor does not run yet, e.g. context parallelism): `Plan.validate` refuses
 only the first kind, so such plans can still be exported; the search and `check_plan` refuse both.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,14 +22,17 @@ SPLIT_BACKWARD = ("InterleavedZeroBubble",)
 """Schedules that split backward into input- and weight-gradient passes (zero bubble)."""
 
 
-WAVES_NOT_RUN = ("waves=2: the executor does not run Wavelet's two waves: they need two CUDA streams sharing one "
-                 "caching allocator in one process so one wave's freed activations serve the other, and gloo/CPU "
-                 "ranks run a single stream; the planner prices it (estimate --waves 2); use waves=1")
+WAVES_NOT_RUN = (
+    "waves=2: the executor does not run Wavelet's two waves: they need two CUDA streams sharing one "
+    "caching allocator in one process so one wave's freed activations serve the other, and gloo/CPU "
+    "ranks run a single stream; the planner prices it (estimate --waves 2); use waves=1"
+)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Layout:
     """What the rules read: a search Candidate or a Plan, seen the same way."""
+
     pp: int
     dp_replicate: int
     dp_shard: int
@@ -56,21 +60,36 @@ class Reason:
     """True: a valid layout that meshplan's executor does not run."""
 
 
-def reasons(lay: Layout, *, num_layers: int | None = None,
-            tp_divisors: dict[str, int] | None = None, tp_kinds: Iterable[str] | None = None) -> list[Reason]:
+def reasons(
+    lay: Layout,
+    *,
+    num_layers: int | None = None,
+    tp_divisors: dict[str, int] | None = None,
+    tp_kinds: Iterable[str] | None = None,
+) -> list[Reason]:
     """Every rule `lay` breaks, in a fixed order (the first is the one to show). `tp_kinds`: the
     layers' TPRule kinds (None: not known, not checked)."""
-    out = [Reason(t) for t in _data_parallel(lay) + _schedule(lay, num_layers)
-           + _tensor_parallel(lay, tp_divisors, tp_kinds)]
+    out = [
+        Reason(t)
+        for t in _data_parallel(lay) + _schedule(lay, num_layers) + _tensor_parallel(lay, tp_divisors, tp_kinds)
+    ]
     out += [Reason(t) for t in _methods(lay)]
     if ("waves", "2") in lay.methods:
         out.append(Reason(WAVES_NOT_RUN, runnable_only=True))
         if lay.microbatch % 2:  # after the runnable-only reason: estimate and Plan.validate refuse this one
-            out.append(Reason(f"waves=2 with microbatch_size {lay.microbatch}: Wavelet runs each microbatch as two "
-                              "half waves; use an even microbatch size or waves=1"))
+            out.append(
+                Reason(
+                    f"waves=2 with microbatch_size {lay.microbatch}: Wavelet runs each microbatch as two "
+                    "half waves; use an even microbatch size or waves=1"
+                )
+            )
     if lay.cp > 1:
-        out.append(Reason(f"context_parallel_degree {lay.cp}: the executor does not run context parallelism; "
-                          "use 1", runnable_only=True))
+        out.append(
+            Reason(
+                f"context_parallel_degree {lay.cp}: the executor does not run context parallelism; use 1",
+                runnable_only=True,
+            )
+        )
     return out
 
 
@@ -93,8 +112,10 @@ def tp_reason(tp: int, divisors: dict[str, int], kinds: Iterable[str] | None = N
     splits, or the first size `tp` does not divide), or ""."""
     kinds = None if kinds is None else sorted(set(kinds))
     if tp > 1 and kinds is not None and not set(kinds) & set(TP_APPLIED_KINDS):
-        return (f"tensor_parallel_degree {tp}: no layer has tensor-parallel rules the executor applies "
-                f"(layer kinds: {', '.join(kinds) or 'none'}), so TP would only duplicate compute; use 1")
+        return (
+            f"tensor_parallel_degree {tp}: no layer has tensor-parallel rules the executor applies "
+            f"(layer kinds: {', '.join(kinds) or 'none'}), so TP would only duplicate compute; use 1"
+        )
     for name, size in sorted(divisors.items()):
         if tp > 1 and size % tp:
             return f"{name} {size} not divisible by tp={tp}"
@@ -112,11 +133,15 @@ def _data_parallel(lay: Layout) -> list[str]:
     if not 0 <= lay.zero <= 3:
         out.append(f"zero_stage {lay.zero}: use 0, 1, 2 or 3")
     elif lay.zero <= 1 and lay.dp_shard > 1:
-        out.append(f"zero_stage {lay.zero} with data_parallel_shard_degree {lay.dp_shard}: ZeRO-0/1 replicate; "
-                   "put the data-parallel degree in data_parallel_replicate_degree or use zero_stage 2/3")
+        out.append(
+            f"zero_stage {lay.zero} with data_parallel_shard_degree {lay.dp_shard}: ZeRO-0/1 replicate; "
+            "put the data-parallel degree in data_parallel_replicate_degree or use zero_stage 2/3"
+        )
     elif lay.zero >= 2 and lay.dp_replicate > 1 and lay.dp_shard == 1:
-        out.append(f"zero_stage {lay.zero} with data_parallel_shard_degree 1: ZeRO-2/3 shard over "
-                   "data_parallel_shard_degree; set it > 1")
+        out.append(
+            f"zero_stage {lay.zero} with data_parallel_shard_degree 1: ZeRO-2/3 shard over "
+            "data_parallel_shard_degree; set it > 1"
+        )
     return out
 
 
@@ -131,22 +156,28 @@ def _schedule(lay: Layout, num_layers: int | None) -> list[str]:
         out.append(f"pp x virtual_stages = {pp * v} stages for {num_layers} layers; use fewer")
     if pp > 1 and name != "GPipe" and m % pp:
         fix = f"use {m - m % pp} or {m + pp - m % pp}" if m > pp else f"use {pp}"
-        out.append(f"{name} needs the microbatch count ({m}) to be a multiple of pp = {pp}; "
-                   f"{fix} microbatches, or GPipe")
+        out.append(
+            f"{name} needs the microbatch count ({m}) to be a multiple of pp = {pp}; {fix} microbatches, or GPipe"
+        )
     if pp > 1 and name in SPLIT_BACKWARD and lay.dp > 1 and lay.zero >= 2:
-        out.append(f"{name} with zero_stage {lay.zero}: FSDP2 misses the split weight-gradient pass; "
-                   "use Interleaved1F1B or zero_stage 0/1")
+        out.append(
+            f"{name} with zero_stage {lay.zero}: FSDP2 misses the split weight-gradient pass; "
+            "use Interleaved1F1B or zero_stage 0/1"
+        )
     return out
 
 
 def _tensor_parallel(lay: Layout, divisors: dict[str, int] | None, kinds: Iterable[str] | None) -> list[str]:
     tp, out = lay.tp, []
     if lay.sequence_parallel and tp == 1:
-        out.append("sequence_parallel with tensor_parallel_degree 1: sequence parallelism splits over the "
-                   "TP group; set tensor_parallel_degree > 1 or turn it off")
+        out.append(
+            "sequence_parallel with tensor_parallel_degree 1: sequence parallelism splits over the "
+            "TP group; set tensor_parallel_degree > 1 or turn it off"
+        )
     if lay.sequence_parallel and tp > 1 and lay.seq_len <= 1:
-        out.append("sequence_parallel with seq_len 1: the model's activations have no sequence dim to split; "
-                   "turn it off")
+        out.append(
+            "sequence_parallel with seq_len 1: the model's activations have no sequence dim to split; turn it off"
+        )
     elif lay.sequence_parallel and tp > 1 and lay.seq_len % tp:
         out.append(f"sequence parallelism needs seq_len {lay.seq_len} divisible by tensor_parallel_degree {tp}")
     why = tp_reason(tp, divisors or {}, kinds)
@@ -160,29 +191,48 @@ def _methods(lay: Layout) -> list[str]:
             continue
         row = dp_methods.method(axis, name)
         if lay.dp == 1 and axis in ("compression", "sync", "comm_schedule"):
-            out.append(f"{row.label} with data-parallel degree 1: there are no replicas to exchange gradients; "
-                       f"use {axis}={dp_methods.DEFAULTS[axis]}")
+            out.append(
+                f"{row.label} with data-parallel degree 1: there are no replicas to exchange gradients; "
+                f"use {axis}={dp_methods.DEFAULTS[axis]}"
+            )
         if lay.zero not in row.zero_stages:
-            out.append(f"{row.label} with zero_stage {lay.zero}: runs with zero_stage "
-                       f"{'/'.join(map(str, row.zero_stages))} only")
+            out.append(
+                f"{row.label} with zero_stage {lay.zero}: runs with zero_stage "
+                f"{'/'.join(map(str, row.zero_stages))} only"
+            )
         if lay.tp > 1 and not row.tensor_parallel:
-            out.append(f"{row.label} with tensor_parallel_degree {lay.tp}: needs DDP, which cannot hold "
-                       "tensor-parallel parameters; use tensor_parallel_degree 1")
-        if axis == "comm_schedule" and name == "bytescheduler" and dict(lay.methods).get("compression", "none") != "none":
-            out.append(f"{row.label} with compression={dict(lay.methods)['compression']}: it sends the fp32 "
-                       "gradients itself, without DDP's comm hooks; use compression=none or comm_schedule=buckets")
+            out.append(
+                f"{row.label} with tensor_parallel_degree {lay.tp}: needs DDP, which cannot hold "
+                "tensor-parallel parameters; use tensor_parallel_degree 1"
+            )
+        if (
+            axis == "comm_schedule"
+            and name == "bytescheduler"
+            and dict(lay.methods).get("compression", "none") != "none"
+        ):
+            out.append(
+                f"{row.label} with compression={dict(lay.methods)['compression']}: it sends the fp32 "
+                "gradients itself, without DDP's comm hooks; use compression=none or comm_schedule=buckets"
+            )
         if lay.pp > 1 and axis == "comm_schedule" and name == "bytescheduler":
-            out.append(f"{row.label} with pipeline_parallel_degree {lay.pp}: its per-layer scheduler sends once "
-                       "per step after the last microbatch, which pipeline schedules do not expose; use "
-                       "comm_schedule=buckets or pipeline_parallel_degree 1")
+            out.append(
+                f"{row.label} with pipeline_parallel_degree {lay.pp}: its per-layer scheduler sends once "
+                "per step after the last microbatch, which pipeline schedules do not expose; use "
+                "comm_schedule=buckets or pipeline_parallel_degree 1"
+            )
         if lay.pp > 1 and axis == "sync":
-            out.append(f"{row.label} with pipeline_parallel_degree {lay.pp}: it runs its own step on whole "
-                       "replicas (executor/methods/sync_*.py); use pipeline_parallel_degree 1 or sync=allreduce")
+            out.append(
+                f"{row.label} with pipeline_parallel_degree {lay.pp}: it runs its own step on whole "
+                "replicas (executor/methods/sync_*.py); use pipeline_parallel_degree 1 or sync=allreduce"
+            )
         others = [f"{a}={n}" for a, n in lay.methods if a != "sync" and n != dp_methods.DEFAULTS[a]]
         if axis == "sync" and others:
-            out.append(f"{row.label} with {', '.join(others)}: those run inside DDP's gradient exchange, which "
-                       f"{row.name} replaces; use the defaults on the other axes or sync=allreduce")
+            out.append(
+                f"{row.label} with {', '.join(others)}: those run inside DDP's gradient exchange, which "
+                f"{row.name} replaces; use the defaults on the other axes or sync=allreduce"
+            )
         if lay.pp > 1 and lay.schedule in SPLIT_BACKWARD and lay.dp > 1 and not row.split_backward:
-            out.append(f"{row.label} with {lay.schedule}: its hooks miss the split weight-gradient pass; "
-                       "use Interleaved1F1B")
+            out.append(
+                f"{row.label} with {lay.schedule}: its hooks miss the split weight-gradient pass; use Interleaved1F1B"
+            )
     return out

@@ -5,6 +5,7 @@ All per-layer quantities are per *sample* (one sequence, or one image) at the pr
 length, so the cost model scales them by microbatch size. `graph()` returns the networkx DiGraph
 in execution order; the JSON keeps the layers as an ordered list and the edges as FQN pairs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ PROFILE_SCHEMA_VERSION = 1
 @dataclass(kw_only=True)
 class TPRule:
     """How tensor parallelism splits this layer (Megatron-style column/row pairs)."""
+
     column: list[str] = field(default_factory=list)
     """Child FQNs (relative to the layer) split along the output dim (ColwiseParallel)."""
     row: list[str] = field(default_factory=list)
@@ -36,6 +38,7 @@ class TPRule:
 @dataclass(kw_only=True)
 class LayerTiming:
     """Measured cost of one layer at one microbatch size on `ModelProfile.device`."""
+
     microbatch_size: int
     forward_s: float
     backward_s: float
@@ -152,8 +155,12 @@ class ModelProfile:
 
     def validate(self, path: str = "") -> None:
         p = f"{path}." if path else ""
-        check(self.schema_version == PROFILE_SCHEMA_VERSION, f"{p}schema_version", self.schema_version,
-              f"this meshplan reads ModelProfile schema {PROFILE_SCHEMA_VERSION}; re-run meshplan profile")
+        check(
+            self.schema_version == PROFILE_SCHEMA_VERSION,
+            f"{p}schema_version",
+            self.schema_version,
+            f"this meshplan reads ModelProfile schema {PROFILE_SCHEMA_VERSION}; re-run meshplan profile",
+        )
         check(self.seq_len >= 1, f"{p}seq_len", self.seq_len, "must be >= 1")
         check(len(self.layers) >= 1, f"{p}layers", len(self.layers), "a profile needs at least one layer")
         names = [layer.name for layer in self.layers]

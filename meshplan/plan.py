@@ -5,6 +5,7 @@ Mesh axes are ordered `pp, dp_replicate, dp_shard, cp, tp` and named as torchtit
 lists of layer FQNs (one list per pipeline stage, `pp * virtual_stages` lists, in model order;
 stage s runs on pipeline rank s % pp, the "loop" placement of torch.distributed.pipelining).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -16,9 +17,15 @@ from meshplan.schema import check
 PLAN_SCHEMA_VERSION = 2
 """2: the data-parallel methods moved into `dp_methods` (schema 1 had `gradient_comm`, `offload`)."""
 SCHEDULES, INTERLEAVED = feasibility.SCHEDULES, feasibility.INTERLEAVED
-SCHEDULE_ALIASES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B",
-                    "interleaved1f1b": "Interleaved1F1B", "loopedbfs": "LoopedBFS",
-                    "zerobubble": "InterleavedZeroBubble", "interleavedzerobubble": "InterleavedZeroBubble"}
+SCHEDULE_ALIASES = {
+    "gpipe": "GPipe",
+    "1f1b": "1F1B",
+    "interleaved": "Interleaved1F1B",
+    "interleaved1f1b": "Interleaved1F1B",
+    "loopedbfs": "LoopedBFS",
+    "zerobubble": "InterleavedZeroBubble",
+    "interleavedzerobubble": "InterleavedZeroBubble",
+}
 RECOMPUTE = ("none", "selective", "full")
 MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
@@ -26,9 +33,13 @@ MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 def check_schema_version(version: object, p: str = "") -> None:
     """Refuse a Plan of another schema with the way out (checked before the fields are read, so an
     old file gets this line rather than 'unknown field gradient_comm')."""
-    check(version == PLAN_SCHEMA_VERSION, f"{p}schema_version", version,
-          f"this meshplan reads Plan schema {PLAN_SCHEMA_VERSION} (data-parallel methods in dp_methods); "
-          "re-plan the file with meshplan plan (or estimate) using the same flags")
+    check(
+        version == PLAN_SCHEMA_VERSION,
+        f"{p}schema_version",
+        version,
+        f"this meshplan reads Plan schema {PLAN_SCHEMA_VERSION} (data-parallel methods in dp_methods); "
+        "re-plan the file with meshplan plan (or estimate) using the same flags",
+    )
 
 
 def schedule_name(text: str) -> str:
@@ -47,19 +58,20 @@ def schedule_name(text: str) -> str:
 class MethodChoice:
     """One data-parallel method on one axis: its registry name and its parameters (all of them,
     defaults filled in: the file says exactly what runs)."""
+
     name: str
     params: dict[str, Any] = field(default_factory=dict)
 
 
 def _default(axis: str):
-    return lambda: MethodChoice(name=dp_methods.DEFAULTS[axis],
-                                params=dp_methods.default_params(axis))
+    return lambda: MethodChoice(name=dp_methods.DEFAULTS[axis], params=dp_methods.default_params(axis))
 
 
 @dataclass(kw_only=True)
 class DataParallelMethods:
     """How replicas exchange gradients and parameters, one registry method per axis
     (meshplan/dp_methods.py)."""
+
     compression: MethodChoice = field(default_factory=_default("compression"))
     """Gradient compression: none, fp16, powersgd."""
     sync: MethodChoice = field(default_factory=_default("sync"))
@@ -85,8 +97,11 @@ class DataParallelMethods:
 
     def approximate(self) -> list[str]:
         """Labels ("compression=powersgd") of the chosen methods that change the mathematics."""
-        return [dp_methods.method(a, c.name).label for a, c in self.items()
-                if not dp_methods.method(a, c.name).exact_with(c.params)]
+        return [
+            dp_methods.method(a, c.name).label
+            for a, c in self.items()
+            if not dp_methods.method(a, c.name).exact_with(c.params)
+        ]
 
     def validate(self, path: str = "") -> None:
         p = f"{path}." if path else ""
@@ -94,14 +109,19 @@ class DataParallelMethods:
             row = dp_methods.method(axis, choice.name, f"{p}{axis}.name")
             resolved = row.resolve(choice.params, f"{p}{axis}.params")
             missing = sorted(set(resolved) - set(choice.params))
-            check(not missing, f"{p}{axis}.params", choice.params,
-                  f"missing {', '.join(missing)}; write every parameter of {row.name} (re-plan to fill them)")
+            check(
+                not missing,
+                f"{p}{axis}.params",
+                choice.params,
+                f"missing {', '.join(missing)}; write every parameter of {row.name} (re-plan to fill them)",
+            )
             choice.params = resolved
 
 
 @dataclass(kw_only=True)
 class StageMemory:
     """Predicted bytes per device of one pipeline rank (all its virtual stages together)."""
+
     stage: int
     params_bytes: float
     grads_bytes: float
@@ -116,6 +136,7 @@ class StageMemory:
 @dataclass(kw_only=True)
 class MethodOption:
     """The plan re-priced with one data-parallel method (same stages and recompute)."""
+
     axis: str
     name: str
     params: dict[str, Any] = field(default_factory=dict)
@@ -166,6 +187,7 @@ class Provenance:
 @dataclass(kw_only=True)
 class Rejection:
     """A family of candidates the search threw away, with the reason and its numbers."""
+
     family: str
     """E.g. "tp=16", "pp=2 tp=8 zero=0", "microbatch=8"."""
     reason: str
@@ -177,6 +199,7 @@ class Rejection:
 @dataclass(kw_only=True)
 class SearchSummary:
     """What the search looked at: attached to the best plan written by `meshplan plan -o`."""
+
     search_time_s: float
     num_candidates: int
     """Configurations enumerated (outer loop: degrees x microbatch x schedule x ZeRO x sp)."""
@@ -250,8 +273,13 @@ class Plan:
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
-        return (self.pipeline_parallel_degree, self.data_parallel_replicate_degree,
-                self.data_parallel_shard_degree, self.context_parallel_degree, self.tensor_parallel_degree)
+        return (
+            self.pipeline_parallel_degree,
+            self.data_parallel_replicate_degree,
+            self.data_parallel_shard_degree,
+            self.context_parallel_degree,
+            self.tensor_parallel_degree,
+        )
 
     @staticmethod
     def precheck(data: dict, path: str = "") -> None:
@@ -260,35 +288,52 @@ class Plan:
     def validate(self, path: str = "") -> None:
         p = f"{path}." if path else ""
         check_schema_version(self.schema_version, p)
-        degrees = dict(zip(("pipeline_parallel_degree", "data_parallel_replicate_degree",
-                            "data_parallel_shard_degree", "context_parallel_degree",
-                            "tensor_parallel_degree"), self.mesh_shape))
+        degrees = dict(
+            zip(
+                (
+                    "pipeline_parallel_degree",
+                    "data_parallel_replicate_degree",
+                    "data_parallel_shard_degree",
+                    "context_parallel_degree",
+                    "tensor_parallel_degree",
+                ),
+                self.mesh_shape,
+            )
+        )
         for name, value in degrees.items():
             check(value >= 1, f"{p}{name}", value, "degrees must be >= 1")
         check(self.world_size >= 1, f"{p}world_size", self.world_size, "must be >= 1")
         product = 1
         for value in self.mesh_shape:
             product *= value
-        check(product == self.world_size, f"{p}world_size", self.world_size,
-              f"the degrees multiply to {product} (pp x dp_replicate x dp_shard x cp x tp); "
-              "make them multiply to the world size")
+        check(
+            product == self.world_size,
+            f"{p}world_size",
+            self.world_size,
+            f"the degrees multiply to {product} (pp x dp_replicate x dp_shard x cp x tp); "
+            "make them multiply to the world size",
+        )
         self._validate_training(p)
         self._validate_stages(p)
 
     def _validate_training(self, p: str) -> None:
-        check(self.precision in ("bf16", "fp8", "fp32"), f"{p}precision", self.precision,
-              'use "bf16", "fp8" or "fp32"')
+        check(self.precision in ("bf16", "fp8", "fp32"), f"{p}precision", self.precision, 'use "bf16", "fp8" or "fp32"')
         from meshplan.runtimes import NAMES
 
         check(self.runtime in NAMES, f"{p}runtime", self.runtime, f"use one of {', '.join(NAMES)}")
         for name in ("global_batch_size", "microbatch_size", "num_microbatches", "seq_len", "virtual_stages"):
             check(getattr(self, name) >= 1, f"{p}{name}", getattr(self, name), "must be >= 1")
         expected = self.microbatch_size * self.num_microbatches * self.data_parallel_degree
-        check(expected == self.global_batch_size, f"{p}global_batch_size", self.global_batch_size,
-              f"must equal microbatch_size x num_microbatches x data-parallel degree = {expected}")
+        check(
+            expected == self.global_batch_size,
+            f"{p}global_batch_size",
+            self.global_batch_size,
+            f"must equal microbatch_size x num_microbatches x data-parallel degree = {expected}",
+        )
         self.dp_methods.validate(f"{p}dp_methods")
-        invalid = [r.text for r in feasibility.reasons(self.layout(), num_layers=len(self.layers))
-                   if not r.runnable_only]
+        invalid = [
+            r.text for r in feasibility.reasons(self.layout(), num_layers=len(self.layers)) if not r.runnable_only
+        ]
         check(not invalid, f"{p}layout", self.layout_label(), invalid[0] if invalid else "")
         for layer, mode in self.recompute.items():
             check(mode in RECOMPUTE, f"{p}recompute.{layer}", mode, "use none, selective or full")
@@ -296,24 +341,38 @@ class Plan:
     def layout(self) -> feasibility.Layout:
         """The plan as the feasibility rules read it (meshplan/feasibility.py)."""
         return feasibility.Layout(
-            pp=self.pipeline_parallel_degree, dp_replicate=self.data_parallel_replicate_degree,
-            dp_shard=self.data_parallel_shard_degree, cp=self.context_parallel_degree,
-            tp=self.tensor_parallel_degree, zero=self.zero_stage, microbatch=self.microbatch_size,
-            num_microbatches=self.num_microbatches, schedule=self.pipeline_schedule,
-            virtual_stages=self.virtual_stages, sequence_parallel=self.sequence_parallel, seq_len=self.seq_len,
-            methods=tuple((axis, c.name) for axis, c in self.dp_methods.items()))
+            pp=self.pipeline_parallel_degree,
+            dp_replicate=self.data_parallel_replicate_degree,
+            dp_shard=self.data_parallel_shard_degree,
+            cp=self.context_parallel_degree,
+            tp=self.tensor_parallel_degree,
+            zero=self.zero_stage,
+            microbatch=self.microbatch_size,
+            num_microbatches=self.num_microbatches,
+            schedule=self.pipeline_schedule,
+            virtual_stages=self.virtual_stages,
+            sequence_parallel=self.sequence_parallel,
+            seq_len=self.seq_len,
+            methods=tuple((axis, c.name) for axis, c in self.dp_methods.items()),
+        )
 
     def layout_label(self) -> str:
         methods = " ".join(f"{a}={c.name}" for a, c in self.dp_methods.non_default())
-        return (f"pp={self.pipeline_parallel_degree} dp_replicate={self.data_parallel_replicate_degree} "
-                f"dp_shard={self.data_parallel_shard_degree} cp={self.context_parallel_degree} "
-                f"tp={self.tensor_parallel_degree} zero={self.zero_stage} m={self.num_microbatches} "
-                f"{self.pipeline_schedule}" + (f" {methods}" if methods else ""))
+        return (
+            f"pp={self.pipeline_parallel_degree} dp_replicate={self.data_parallel_replicate_degree} "
+            f"dp_shard={self.data_parallel_shard_degree} cp={self.context_parallel_degree} "
+            f"tp={self.tensor_parallel_degree} zero={self.zero_stage} m={self.num_microbatches} "
+            f"{self.pipeline_schedule}" + (f" {methods}" if methods else "")
+        )
 
     def _validate_stages(self, p: str) -> None:
         want = self.pipeline_parallel_degree * self.virtual_stages
-        check(len(self.stages) == want, f"{p}stages", f"{len(self.stages)} stages",
-              f"need pipeline_parallel_degree x virtual_stages = {want} stage lists")
+        check(
+            len(self.stages) == want,
+            f"{p}stages",
+            f"{len(self.stages)} stages",
+            f"need pipeline_parallel_degree x virtual_stages = {want} stage lists",
+        )
         known = set(self.layers)
         flat = [fqn for stage in self.stages for fqn in stage]
         for i, stage in enumerate(self.stages):
@@ -326,8 +385,12 @@ class Plan:
             seen.add(fqn)
         missing = [fqn for fqn in self.layers if fqn not in seen]
         check(not missing, f"{p}stages", missing[:1], "this layer is in no stage; every layer needs one")
-        check(flat == self.layers, f"{p}stages", next((a for a, b in zip(flat, self.layers) if a != b), ""),
-              "stages must hold contiguous layers in model order")
+        check(
+            flat == self.layers,
+            f"{p}stages",
+            next((a for a, b in zip(flat, self.layers) if a != b), ""),
+            "stages must hold contiguous layers in model order",
+        )
         for layer in self.recompute:
             check(layer in known, f"{p}recompute", layer, "is not a layer of the model; see plan.layers")
 

@@ -25,6 +25,7 @@ source of truth. The calibration on top of them, one per device type, never per 
   context, NCCL buffers and allocator fragmentation, which the memory model does not count; no GPU
   measurement of predicted vs measured peak was available to narrow it (benchmarks/gpu_check.py).
 """
+
 from __future__ import annotations
 
 import csv
@@ -84,32 +85,54 @@ def _curve(plateau: float, tflops: float = 312.0) -> list[list[float]]:
     return [[flops * scale, round(frac * plateau, 4)] for flops, frac in points]
 
 
-def _gpu(name: str, tflops: float, mem_gb: float, hbm_tbs: float, nvlink_gbps: float,
-         internode_gbps: float, plateau: float, nvlink_eff: float, source: str,
-         internode_eff: dict[str, float] | None = None, fp8: tuple[float, float] | None = None) -> ClusterSpec:
+def _gpu(
+    name: str,
+    tflops: float,
+    mem_gb: float,
+    hbm_tbs: float,
+    nvlink_gbps: float,
+    internode_gbps: float,
+    plateau: float,
+    nvlink_eff: float,
+    source: str,
+    internode_eff: dict[str, float] | None = None,
+    fp8: tuple[float, float] | None = None,
+) -> ClusterSpec:
     """fp8: (dense fp8 TFLOP/s, fp8 MAMF fraction of it) where the part has fp8 tensor cores."""
     peaks = {"bf16": tflops * 1e12, "fp16": tflops * 1e12, "fp32": tflops * 1e12 / 16}
     if fp8:
         peaks["fp8"] = fp8[0] * 1e12
     return ClusterSpec(
         name=name,
-        device=DeviceSpec(name=name.upper(), kind="cuda",
-                          peak_flops=peaks,
-                          memory_bytes=int(mem_gb * GB), hbm_gbps=hbm_tbs * 1000,
-                          gemm_efficiency=_curve(plateau * FRAMEWORK_GEMM_FRACTION, tflops),
-                          fp8_gemm_efficiency=_curve(fp8[1] * FRAMEWORK_GEMM_FRACTION, fp8[0]) if fp8 else [],
-                          memory_reserved_fraction=0.05),
-        num_nodes=1, devices_per_node=8,
-        intra_node=LinkSpec(bandwidth_gbps=nvlink_gbps, latency_s=8e-6,
-                            efficiency={"default": nvlink_eff}),
-        inter_node=LinkSpec(bandwidth_gbps=internode_gbps, latency_s=2e-5,
-                            efficiency=dict(internode_eff or {"default": 0.9})),
-        host_device=LinkSpec(bandwidth_gbps=32 if "a100" in name else 64, latency_s=1e-5,
-                             efficiency={"default": 0.87}),
-        nvme=LinkSpec(bandwidth_gbps=NVME_READ_GBPS, latency_s=1e-4, efficiency={"read": 1.0, "write": NVME_WRITE_FRACTION}),
-        host_memory_gbps=HOST[name.split("-")[0]][0], host_memory_bytes=int(HOST[name.split("-")[0]][1] * GB),
-        calibration=Calibration(dp_overlap=0.9, tp_overlap=0.0, pp_overlap=0.0, kernel_overhead_s=0.0,
-                                source="spec sheet + MAMF and nccl-tests fractions; see meshplan/presets.py"),
+        device=DeviceSpec(
+            name=name.upper(),
+            kind="cuda",
+            peak_flops=peaks,
+            memory_bytes=int(mem_gb * GB),
+            hbm_gbps=hbm_tbs * 1000,
+            gemm_efficiency=_curve(plateau * FRAMEWORK_GEMM_FRACTION, tflops),
+            fp8_gemm_efficiency=_curve(fp8[1] * FRAMEWORK_GEMM_FRACTION, fp8[0]) if fp8 else [],
+            memory_reserved_fraction=0.05,
+        ),
+        num_nodes=1,
+        devices_per_node=8,
+        intra_node=LinkSpec(bandwidth_gbps=nvlink_gbps, latency_s=8e-6, efficiency={"default": nvlink_eff}),
+        inter_node=LinkSpec(
+            bandwidth_gbps=internode_gbps, latency_s=2e-5, efficiency=dict(internode_eff or {"default": 0.9})
+        ),
+        host_device=LinkSpec(bandwidth_gbps=32 if "a100" in name else 64, latency_s=1e-5, efficiency={"default": 0.87}),
+        nvme=LinkSpec(
+            bandwidth_gbps=NVME_READ_GBPS, latency_s=1e-4, efficiency={"read": 1.0, "write": NVME_WRITE_FRACTION}
+        ),
+        host_memory_gbps=HOST[name.split("-")[0]][0],
+        host_memory_bytes=int(HOST[name.split("-")[0]][1] * GB),
+        calibration=Calibration(
+            dp_overlap=0.9,
+            tp_overlap=0.0,
+            pp_overlap=0.0,
+            kernel_overhead_s=0.0,
+            source="spec sheet + MAMF and nccl-tests fractions; see meshplan/presets.py",
+        ),
         source=source,
     )
 
@@ -129,23 +152,35 @@ def _number(text: str) -> float:
 def _sheet(gpu: str) -> dict:
     """_gpu's spec-sheet arguments from hardware.csv's row `gpu`."""
     row = hardware_table()[gpu]
-    cols = {"tflops": "bf16_dense_tflops", "mem_gb": "hbm_gb", "hbm_tbs": "hbm_tb_s",
-            "nvlink_gbps": "nvlink_gb_s_per_gpu_unidir", "internode_gbps": "typical_internode_gb_s_per_gpu"}
+    cols = {
+        "tflops": "bf16_dense_tflops",
+        "mem_gb": "hbm_gb",
+        "hbm_tbs": "hbm_tb_s",
+        "nvlink_gbps": "nvlink_gb_s_per_gpu_unidir",
+        "internode_gbps": "typical_internode_gb_s_per_gpu",
+    }
     return {arg: _number(row[col]) for arg, col in cols.items()} | {"source": f"meshplan/data/hardware.csv {gpu}"}
 
 
 def _gpu_presets() -> dict[str, ClusterSpec]:
     return {
-        "a100-40g": _gpu("a100-40g", **_sheet("A100-SXM4-40GB"), plateau=0.869, nvlink_eff=0.78,
-                         internode_eff=A100_INTERNODE_EFFICIENCY),
-        "a100-80g": _gpu("a100-80g", **_sheet("A100-SXM4-80GB"), plateau=0.869, nvlink_eff=0.78,
-                         internode_eff=A100_INTERNODE_EFFICIENCY),
-        "h100-80g": _gpu("h100-80g", **_sheet("H100-SXM5-80GB"), plateau=0.803, nvlink_eff=0.81,
-                         fp8=FP8["h100"]),
-        "h200-141g": _gpu("h200-141g", **_sheet("H200-SXM-141GB"), plateau=0.803, nvlink_eff=0.81,
-                          fp8=FP8["h200"]),
-        "b200-180g": _gpu("b200-180g", **_sheet("B200-SXM-180GB"), plateau=0.80, nvlink_eff=0.76,
-                          fp8=FP8["b200"]),
+        "a100-40g": _gpu(
+            "a100-40g",
+            **_sheet("A100-SXM4-40GB"),
+            plateau=0.869,
+            nvlink_eff=0.78,
+            internode_eff=A100_INTERNODE_EFFICIENCY,
+        ),
+        "a100-80g": _gpu(
+            "a100-80g",
+            **_sheet("A100-SXM4-80GB"),
+            plateau=0.869,
+            nvlink_eff=0.78,
+            internode_eff=A100_INTERNODE_EFFICIENCY,
+        ),
+        "h100-80g": _gpu("h100-80g", **_sheet("H100-SXM5-80GB"), plateau=0.803, nvlink_eff=0.81, fp8=FP8["h100"]),
+        "h200-141g": _gpu("h200-141g", **_sheet("H200-SXM-141GB"), plateau=0.803, nvlink_eff=0.81, fp8=FP8["h200"]),
+        "b200-180g": _gpu("b200-180g", **_sheet("B200-SXM-180GB"), plateau=0.80, nvlink_eff=0.76, fp8=FP8["b200"]),
     }
 
 
@@ -162,18 +197,30 @@ def local_cpu(num_ranks: int = 4) -> ClusterSpec:
     per_rank = int(total * 0.8 / max(num_ranks, 1))
     return ClusterSpec(
         name="local-cpu",
-        device=DeviceSpec(name="cpu", kind="cpu", peak_flops={"fp32": 5e10, "bf16": 5e10},
-                          memory_bytes=per_rank, hbm_gbps=10.0,
-                          gemm_efficiency=[[1e4, 0.05], [1e6, 0.3], [1e8, 0.8], [1e10, 1.0]]),
-        num_nodes=1, devices_per_node=num_ranks,
+        device=DeviceSpec(
+            name="cpu",
+            kind="cpu",
+            peak_flops={"fp32": 5e10, "bf16": 5e10},
+            memory_bytes=per_rank,
+            hbm_gbps=10.0,
+            gemm_efficiency=[[1e4, 0.05], [1e6, 0.3], [1e8, 0.8], [1e10, 1.0]],
+        ),
+        num_nodes=1,
+        devices_per_node=num_ranks,
         intra_node=LinkSpec(bandwidth_gbps=1.0, latency_s=1e-4, efficiency={"default": 1.0}),
         inter_node=LinkSpec(bandwidth_gbps=1.0, latency_s=1e-4, efficiency={"default": 1.0}),
         # the host is the device: offload=cpu moves nothing; offload=nvme goes to the local disk
         # (nominal 0.5 GB/s; benchmarks/offload.py measures it)
         nvme=LinkSpec(bandwidth_gbps=0.5, latency_s=1e-4, efficiency={"read": 1.0, "write": 1.0}),
-        host_memory_gbps=10.0, host_memory_bytes=per_rank,
-        calibration=Calibration(dp_overlap=0.0, tp_overlap=0.0, pp_overlap=0.0, kernel_overhead_s=0.0,
-                                source="nominal; run `meshplan profile-links` for measured links"),
+        host_memory_gbps=10.0,
+        host_memory_bytes=per_rank,
+        calibration=Calibration(
+            dp_overlap=0.0,
+            tp_overlap=0.0,
+            pp_overlap=0.0,
+            kernel_overhead_s=0.0,
+            source="nominal; run `meshplan profile-links` for measured links",
+        ),
         source="local CPU ranks (gloo)",
     )
 
@@ -189,8 +236,10 @@ def cluster_preset(name: str, num_devices: int) -> ClusterSpec:
         return local_cpu(num_devices)
     presets = _gpu_presets()
     if name not in presets:
-        raise MeshplanError(f"cluster {name!r} is not a preset; use one of {', '.join(CLUSTER_PRESETS)} "
-                            "or a cluster.json from meshplan profile-links")
+        raise MeshplanError(
+            f"cluster {name!r} is not a preset; use one of {', '.join(CLUSTER_PRESETS)} "
+            "or a cluster.json from meshplan profile-links"
+        )
     return presets[name].with_num_devices(num_devices)
 
 

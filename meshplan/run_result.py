@@ -1,4 +1,5 @@
 """RunResult: what `meshplan run` measured (run.json), merged into the report beside the prediction."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -45,8 +46,16 @@ class RunResult:
 
     def validate(self, path: str = "") -> None:
         p = f"{path}." if path else ""
-        check(self.schema_version == RUN_SCHEMA_VERSION, f"{p}schema_version", self.schema_version,
-              f"this meshplan reads run.json schema {RUN_SCHEMA_VERSION}; re-run meshplan run")
-        check(len(self.losses) == self.steps - self.resumed_from_step, f"{p}losses", len(self.losses),
-              "need one loss per executed step")
+        check(
+            self.schema_version == RUN_SCHEMA_VERSION,
+            f"{p}schema_version",
+            self.schema_version,
+            f"this meshplan reads run.json schema {RUN_SCHEMA_VERSION}; re-run meshplan run",
+        )
+        check(
+            len(self.losses) == self.steps - self.resumed_from_step,
+            f"{p}losses",
+            len(self.losses),
+            "need one loss per executed step",
+        )
         check(self.step_time_s >= 0, f"{p}step_time_s", self.step_time_s, "must be >= 0")

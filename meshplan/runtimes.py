@@ -8,6 +8,7 @@ keeps its generic default and the CLI says so.
 
 Torch-free: the planner, the CLI, the report and the exports read it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -54,116 +55,211 @@ BEHAVIOURS = {
 }
 """Behaviour name -> what it means (the README table's rows)."""
 
-FLAGS = {"state_layout": "--state-layout", "overlap_dp_comm": "--overlap-dp-comm / --no-overlap-dp-comm",
-         "overlap_tp_comm": "--overlap-tp-comm / --no-overlap-tp-comm", "attention": "--attention",
-         "dropout": "--dropout / --no-dropout", "uniform_stages": "--uniform-stages / --no-uniform-stages",
-         "zero_stages": "--zero (pins one)", "fsdp_gather_bytes": "--fsdp-gather-dtype",
-         "fp8": "--precision fp8", "sp_regather": "(follows --state-layout megatron)",
-         "selective_recompute": "(--runtime; --recompute selective)"}
+FLAGS = {
+    "state_layout": "--state-layout",
+    "overlap_dp_comm": "--overlap-dp-comm / --no-overlap-dp-comm",
+    "overlap_tp_comm": "--overlap-tp-comm / --no-overlap-tp-comm",
+    "attention": "--attention",
+    "dropout": "--dropout / --no-dropout",
+    "uniform_stages": "--uniform-stages / --no-uniform-stages",
+    "zero_stages": "--zero (pins one)",
+    "fsdp_gather_bytes": "--fsdp-gather-dtype",
+    "fp8": "--precision fp8",
+    "sp_regather": "(follows --state-layout megatron)",
+    "selective_recompute": "(--runtime; --recompute selective)",
+}
 
 _KORTH = "Korthikanti et al. 2022"
 _SP = Behaviour(value=True, source=f"{_KORTH} Sec 4.2.2 (Megatron's LinearWithGradAccumulationAndAsyncCommunication)")
-_SP_DTENSOR = Behaviour(value=False, source=(
-    "DTensor SP keeps the gathered input for backward: no second gather (planner/layer_cost.py; the "
-    "model ties the re-gather to state_layout megatron, and does not count the kept input's memory)"))
+_SP_DTENSOR = Behaviour(
+    value=False,
+    source=(
+        "DTensor SP keeps the gathered input for backward: no second gather (planner/layer_cost.py; the "
+        "model ties the re-gather to state_layout megatron, and does not count the kept input's memory)"
+    ),
+)
 _SEL = Behaviour(value="attention core", source=f"{_KORTH} Sec 5 (selective activation recomputation)")
 
 RUNTIMES: dict[str, Runtime] = {
-    "meshplan": Runtime(name="meshplan", description=(
-        "this project's executor on stock torch: DDP/FSDP2 overlap, SDPA (flash) attention, DTensor "
-        "TP/SP, torch.distributed.pipelining stages from the plan's FQN lists"), behaviours={
-        "state_layout": Behaviour(value="torch", source="executor: bf16 autocast over fp32 parameters, fp32 grads, "
-                                  "AdamW m, v (4 + 4 + 8 B)"),
-        "overlap_dp_comm": Behaviour(value=True, source="torch DDP bucketed all-reduce during backward; FSDP2 prefetch"),
-        "overlap_tp_comm": Behaviour(value=False, source="executor: DTensor parallelize_module, no async TP"),
-        "attention": Behaviour(value="flash", source="models/zoo: F.scaled_dot_product_attention"),
-        "dropout": Behaviour(value=False, source="models/zoo/gpt.py: no dropout"),
-        "uniform_stages": Behaviour(value=False, source="executor: stage boundaries are the plan's FQN lists"),
-        "zero_stages": Behaviour(value=(0, 1, 2, 3), source="executor: DDP, ZeroRedundancyOptimizer, FSDP2 fully_shard"),
-        "fsdp_gather_bytes": Behaviour(value=4, source="executor: autocast without an FSDP2 MixedPrecisionPolicy "
-                                       "gathers the fp32 parameters"),
-        "fp8": Behaviour(value=False, source="executor: no fp8 path"),
-        "sp_regather": _SP_DTENSOR,
-        "selective_recompute": Behaviour(value="attention core", known=False, source=(
-            "executor: checkpoint of the attention core; with SDPA it frees only the log-sum-exp")),
-    }),
-    "torchtitan": Runtime(name="torchtitan", description=(
-        "pytorch/torchtitan: FSDP2 + DTensor TP (async TP opt-in), SDPA/flex attention, float8 via torchao"),
+    "meshplan": Runtime(
+        name="meshplan",
+        description=(
+            "this project's executor on stock torch: DDP/FSDP2 overlap, SDPA (flash) attention, DTensor "
+            "TP/SP, torch.distributed.pipelining stages from the plan's FQN lists"
+        ),
         behaviours={
-        "state_layout": Behaviour(value="torch", source="torchtitan parallelize_llama: fp32 sharded parameters, "
-                                  "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)"),
-        "overlap_dp_comm": Behaviour(value=True, source="FSDP2 prefetch and reduce-scatter during backward"),
-        "overlap_tp_comm": Behaviour(value=False, source="torchtitan JobConfig parallelism.enable_async_tensor_parallel "
-                                     "defaults to false (needs torch.compile)"),
-        "attention": Behaviour(value="flash", source="torchtitan models: SDPA or flex attention"),
-        "dropout": Behaviour(value=False, source="torchtitan Llama: no dropout"),
-        "uniform_stages": Behaviour(value=False, source="torchtitan parallelism.pipeline_parallel_split_points "
-                                    "(the export writes the plan's)"),
-        "zero_stages": Behaviour(value=(0, 2, 3), source="DDP (data_parallel_replicate) or FSDP2 "
-                                 "(reshard_after_forward false / true); no ZeRO-1"),
-        "fsdp_gather_bytes": Behaviour(value=2, source="MixedPrecisionPolicy param_dtype=bfloat16 "
-                                       "(training.mixed_precision_param)"),
-        "fp8": Behaviour(value=True, source="torchtitan docs/float8.md (model.converters = float8, torchao)"),
-        "sp_regather": _SP_DTENSOR,
-        "selective_recompute": Behaviour(value="op", source=(
-            "torchtitan activation_checkpoint mode=selective, selective_ac_option=op: _save_list (mm, SDPA) "
-            "saves every other matmul output and SDPA's, recomputes the rest (planner/sac.py); option k "
-            "(every k-th block fully) is per-layer full/none, planned by the recompute solver")),
-    }),
-    "megatron-lm": Runtime(name="megatron-lm", description=(
-        "Megatron-LM before Megatron-Core, as Narayanan et al. SC21 and Korthikanti et al. 2022 ran it"),
+            "state_layout": Behaviour(
+                value="torch",
+                source="executor: bf16 autocast over fp32 parameters, fp32 grads, AdamW m, v (4 + 4 + 8 B)",
+            ),
+            "overlap_dp_comm": Behaviour(
+                value=True, source="torch DDP bucketed all-reduce during backward; FSDP2 prefetch"
+            ),
+            "overlap_tp_comm": Behaviour(value=False, source="executor: DTensor parallelize_module, no async TP"),
+            "attention": Behaviour(value="flash", source="models/zoo: F.scaled_dot_product_attention"),
+            "dropout": Behaviour(value=False, source="models/zoo/gpt.py: no dropout"),
+            "uniform_stages": Behaviour(value=False, source="executor: stage boundaries are the plan's FQN lists"),
+            "zero_stages": Behaviour(
+                value=(0, 1, 2, 3), source="executor: DDP, ZeroRedundancyOptimizer, FSDP2 fully_shard"
+            ),
+            "fsdp_gather_bytes": Behaviour(
+                value=4, source="executor: autocast without an FSDP2 MixedPrecisionPolicy gathers the fp32 parameters"
+            ),
+            "fp8": Behaviour(value=False, source="executor: no fp8 path"),
+            "sp_regather": _SP_DTENSOR,
+            "selective_recompute": Behaviour(
+                value="attention core",
+                known=False,
+                source=("executor: checkpoint of the attention core; with SDPA it frees only the log-sum-exp"),
+            ),
+        },
+    ),
+    "torchtitan": Runtime(
+        name="torchtitan",
+        description=(
+            "pytorch/torchtitan: FSDP2 + DTensor TP (async TP opt-in), SDPA/flex attention, float8 via torchao"
+        ),
         behaviours={
-        "state_layout": Behaviour(value="megatron", source="bf16 weights, fp32 main grads, fp32 master + Adam "
-                                  f"(2 + 4 + 12 B; {_KORTH} Fig. 1 memory)"),
-        "overlap_dp_comm": Behaviour(value=False, source=f"{_KORTH} Sec 6.3: no overlap of the gradient all-reduce"),
-        "overlap_tp_comm": Behaviour(value=False, source="Narayanan et al. 2021 Sec 4: TP all-reduces on the critical path"),
-        "attention": Behaviour(value="materialized", source=f"{_KORTH} Eq. 1: softmax output and its dropout stored"),
-        "dropout": Behaviour(value=True, source="megatron/arguments.py --attention-dropout 0.1 --hidden-dropout 0.1"),
-        "uniform_stages": Behaviour(value=True, source="Megatron-LM: num_layers divisible by pp x v, equal chunks"),
-        "zero_stages": Behaviour(value=(0,), source="no distributed optimizer before 2022 (Narayanan 2021 Sec 5)"),
-        "fsdp_gather_bytes": Behaviour(value=None, source="not applicable: no ZeRO-2/3"),
-        "fp8": Behaviour(value=False, source="no Transformer Engine before Megatron-Core"),
-        "sp_regather": _SP,
-        "selective_recompute": _SEL,
-    }),
-    "megatron-core": Runtime(name="megatron-core", description=(
-        "Megatron-Core 2023+: distributed optimizer, --overlap-grad-reduce/--overlap-param-gather, "
-        "Transformer Engine flash attention, --tp-comm-overlap"), behaviours={
-        "state_layout": Behaviour(value="megatron", source="megatron/core/distributed: bf16 params, fp32 grad "
-                                  "buffer, fp32 main params + Adam in the (distributed) optimizer"),
-        "overlap_dp_comm": Behaviour(value=True, source="--overlap-grad-reduce --overlap-param-gather, as the "
-                                     "Megatron-LM README's 2024 table runs (off by default in arguments.py)"),
-        "overlap_tp_comm": Behaviour(value=True, source="--tp-comm-overlap (Transformer Engine userbuffers), as the "
-                                     "README's 2024 table runs; hides calibration.tp_overlap of TP time"),
-        "attention": Behaviour(value="flash", source="Transformer Engine fused/flash attention (--attention-backend)"),
-        "dropout": Behaviour(value=True, source="megatron/training/arguments.py --attention-dropout 0.1 --hidden-dropout 0.1"),
-        "uniform_stages": Behaviour(value=True, source="even split by default (uneven first/last stage is opt-in)"),
-        "zero_stages": Behaviour(value=(0, 1), source="DDP or --use-distributed-optimizer (ZeRO-1 style)"),
-        "fsdp_gather_bytes": Behaviour(value=None, source="not applicable: the search tries ZeRO-0/1 only"),
-        "fp8": Behaviour(value=True, source="--fp8-format hybrid (Transformer Engine)"),
-        "sp_regather": _SP,
-        "selective_recompute": Behaviour(value="attention core", source="--recompute-granularity selective "
-                                         "(core attention; Korthikanti Sec 5)"),
-    }),
-    "deepspeed": Runtime(name="deepspeed", description=(
-        "DeepSpeed: ZeRO-1/2/3 as DeepSpeed runs them, DeepSpeed pipeline engine"), behaviours={
-        "state_layout": Behaviour(value="zero", source="Rajbhandari et al. 2020 Sec 3.1: fp16/bf16 weights and "
-                                  "grads, fp32 master + Adam (2 + 2 + 12 B)"),
-        "overlap_dp_comm": Behaviour(value=True, source="zero_optimization.overlap_comm (the export writes true)"),
-        "overlap_tp_comm": Behaviour(value=False, source="DeepSpeed has no TP overlap of its own"),
-        "attention": Behaviour(value="flash", known=False, source=(
-            "not known: DeepSpeed runs the user's module; the model's attention (SDPA: flash) is kept")),
-        "dropout": Behaviour(value=False, known=False, source="not known: the user's module decides"),
-        "uniform_stages": Behaviour(value=False, known=False, source=(
-            "not known: PipelineModule partition_method 'parameters' balances parameter counts, "
-            "not time; the search's boundaries are used")),
-        "zero_stages": Behaviour(value=(0, 1, 2, 3), source="zero_optimization.stage 0-3"),
-        "fsdp_gather_bytes": Behaviour(value=2, source="ZeRO-3 gathers the bf16/fp16 parameters"),
-        "fp8": Behaviour(value=False, known=False, source="not known: fp8 only through Transformer Engine in user code"),
-        "sp_regather": _SP_DTENSOR,
-        "selective_recompute": Behaviour(value="attention core", known=False, source=(
-            "not known: activation_checkpointing checkpoints whole blocks; selective is the model's")),
-    }),
+            "state_layout": Behaviour(
+                value="torch",
+                source="torchtitan parallelize_llama: fp32 sharded parameters, "
+                "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)",
+            ),
+            "overlap_dp_comm": Behaviour(value=True, source="FSDP2 prefetch and reduce-scatter during backward"),
+            "overlap_tp_comm": Behaviour(
+                value=False,
+                source="torchtitan JobConfig parallelism.enable_async_tensor_parallel "
+                "defaults to false (needs torch.compile)",
+            ),
+            "attention": Behaviour(value="flash", source="torchtitan models: SDPA or flex attention"),
+            "dropout": Behaviour(value=False, source="torchtitan Llama: no dropout"),
+            "uniform_stages": Behaviour(
+                value=False,
+                source="torchtitan parallelism.pipeline_parallel_split_points (the export writes the plan's)",
+            ),
+            "zero_stages": Behaviour(
+                value=(0, 2, 3),
+                source="DDP (data_parallel_replicate) or FSDP2 (reshard_after_forward false / true); no ZeRO-1",
+            ),
+            "fsdp_gather_bytes": Behaviour(
+                value=2, source="MixedPrecisionPolicy param_dtype=bfloat16 (training.mixed_precision_param)"
+            ),
+            "fp8": Behaviour(value=True, source="torchtitan docs/float8.md (model.converters = float8, torchao)"),
+            "sp_regather": _SP_DTENSOR,
+            "selective_recompute": Behaviour(
+                value="op",
+                source=(
+                    "torchtitan activation_checkpoint mode=selective, selective_ac_option=op: _save_list (mm, SDPA) "
+                    "saves every other matmul output and SDPA's, recomputes the rest (planner/sac.py); option k "
+                    "(every k-th block fully) is per-layer full/none, planned by the recompute solver"
+                ),
+            ),
+        },
+    ),
+    "megatron-lm": Runtime(
+        name="megatron-lm",
+        description=("Megatron-LM before Megatron-Core, as Narayanan et al. SC21 and Korthikanti et al. 2022 ran it"),
+        behaviours={
+            "state_layout": Behaviour(
+                value="megatron",
+                source=f"bf16 weights, fp32 main grads, fp32 master + Adam (2 + 4 + 12 B; {_KORTH} Fig. 1 memory)",
+            ),
+            "overlap_dp_comm": Behaviour(
+                value=False, source=f"{_KORTH} Sec 6.3: no overlap of the gradient all-reduce"
+            ),
+            "overlap_tp_comm": Behaviour(
+                value=False, source="Narayanan et al. 2021 Sec 4: TP all-reduces on the critical path"
+            ),
+            "attention": Behaviour(
+                value="materialized", source=f"{_KORTH} Eq. 1: softmax output and its dropout stored"
+            ),
+            "dropout": Behaviour(
+                value=True, source="megatron/arguments.py --attention-dropout 0.1 --hidden-dropout 0.1"
+            ),
+            "uniform_stages": Behaviour(value=True, source="Megatron-LM: num_layers divisible by pp x v, equal chunks"),
+            "zero_stages": Behaviour(value=(0,), source="no distributed optimizer before 2022 (Narayanan 2021 Sec 5)"),
+            "fsdp_gather_bytes": Behaviour(value=None, source="not applicable: no ZeRO-2/3"),
+            "fp8": Behaviour(value=False, source="no Transformer Engine before Megatron-Core"),
+            "sp_regather": _SP,
+            "selective_recompute": _SEL,
+        },
+    ),
+    "megatron-core": Runtime(
+        name="megatron-core",
+        description=(
+            "Megatron-Core 2023+: distributed optimizer, --overlap-grad-reduce/--overlap-param-gather, "
+            "Transformer Engine flash attention, --tp-comm-overlap"
+        ),
+        behaviours={
+            "state_layout": Behaviour(
+                value="megatron",
+                source="megatron/core/distributed: bf16 params, fp32 grad "
+                "buffer, fp32 main params + Adam in the (distributed) optimizer",
+            ),
+            "overlap_dp_comm": Behaviour(
+                value=True,
+                source="--overlap-grad-reduce --overlap-param-gather, as the "
+                "Megatron-LM README's 2024 table runs (off by default in arguments.py)",
+            ),
+            "overlap_tp_comm": Behaviour(
+                value=True,
+                source="--tp-comm-overlap (Transformer Engine userbuffers), as the "
+                "README's 2024 table runs; hides calibration.tp_overlap of TP time",
+            ),
+            "attention": Behaviour(
+                value="flash", source="Transformer Engine fused/flash attention (--attention-backend)"
+            ),
+            "dropout": Behaviour(
+                value=True, source="megatron/training/arguments.py --attention-dropout 0.1 --hidden-dropout 0.1"
+            ),
+            "uniform_stages": Behaviour(value=True, source="even split by default (uneven first/last stage is opt-in)"),
+            "zero_stages": Behaviour(value=(0, 1), source="DDP or --use-distributed-optimizer (ZeRO-1 style)"),
+            "fsdp_gather_bytes": Behaviour(value=None, source="not applicable: the search tries ZeRO-0/1 only"),
+            "fp8": Behaviour(value=True, source="--fp8-format hybrid (Transformer Engine)"),
+            "sp_regather": _SP,
+            "selective_recompute": Behaviour(
+                value="attention core", source="--recompute-granularity selective (core attention; Korthikanti Sec 5)"
+            ),
+        },
+    ),
+    "deepspeed": Runtime(
+        name="deepspeed",
+        description=("DeepSpeed: ZeRO-1/2/3 as DeepSpeed runs them, DeepSpeed pipeline engine"),
+        behaviours={
+            "state_layout": Behaviour(
+                value="zero",
+                source="Rajbhandari et al. 2020 Sec 3.1: fp16/bf16 weights and "
+                "grads, fp32 master + Adam (2 + 2 + 12 B)",
+            ),
+            "overlap_dp_comm": Behaviour(value=True, source="zero_optimization.overlap_comm (the export writes true)"),
+            "overlap_tp_comm": Behaviour(value=False, source="DeepSpeed has no TP overlap of its own"),
+            "attention": Behaviour(
+                value="flash",
+                known=False,
+                source=("not known: DeepSpeed runs the user's module; the model's attention (SDPA: flash) is kept"),
+            ),
+            "dropout": Behaviour(value=False, known=False, source="not known: the user's module decides"),
+            "uniform_stages": Behaviour(
+                value=False,
+                known=False,
+                source=(
+                    "not known: PipelineModule partition_method 'parameters' balances parameter counts, "
+                    "not time; the search's boundaries are used"
+                ),
+            ),
+            "zero_stages": Behaviour(value=(0, 1, 2, 3), source="zero_optimization.stage 0-3"),
+            "fsdp_gather_bytes": Behaviour(value=2, source="ZeRO-3 gathers the bf16/fp16 parameters"),
+            "fp8": Behaviour(
+                value=False, known=False, source="not known: fp8 only through Transformer Engine in user code"
+            ),
+            "sp_regather": _SP_DTENSOR,
+            "selective_recompute": Behaviour(
+                value="attention core",
+                known=False,
+                source=("not known: activation_checkpointing checkpoints whole blocks; selective is the model's"),
+            ),
+        },
+    ),
 }
 
 
@@ -175,8 +271,16 @@ def runtime(name: str) -> Runtime:
     return RUNTIMES[name]
 
 
-REQUEST_FIELDS = ("state_layout", "overlap_dp_comm", "overlap_tp_comm", "attention", "uniform_stages",
-                  "zero_stages", "fsdp_gather_bytes", "selective_recompute")
+REQUEST_FIELDS = (
+    "state_layout",
+    "overlap_dp_comm",
+    "overlap_tp_comm",
+    "attention",
+    "uniform_stages",
+    "zero_stages",
+    "fsdp_gather_bytes",
+    "selective_recompute",
+)
 """Behaviours the PlanRequest carries (dropout is a profile-building input, fp8 a check)."""
 
 
@@ -200,7 +304,13 @@ def markdown_table() -> str:
         cells = []
         for name in NAMES:
             b = RUNTIMES[name].behaviours[key]
-            val = "n/a" if b.value is None else ", ".join(map(str, b.value)) if isinstance(b.value, tuple) else str(b.value)
+            val = (
+                "n/a"
+                if b.value is None
+                else ", ".join(map(str, b.value))
+                if isinstance(b.value, tuple)
+                else str(b.value)
+            )
             cells.append(("**not known** (" + val + ")" if not b.known else f"`{val}`") + f": {b.source}")
         lines.append(f"| {key} — {what} ({FLAGS[key]}) | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -4,6 +4,7 @@ Every contract is a `kw_only` dataclass. `from_dict` checks the input against th
 (unknown fields, missing fields, wrong types) and then calls the class's `validate()`, so that
 a malformed file fails with one line naming the field path, the value and the fix.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -100,8 +101,8 @@ def from_dict(cls: type[T], data: Any, path: str = "") -> T:
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise MeshplanError(
-            f"{where}.{unknown[0]}: unknown field for {cls.__name__}; "
-            f"known fields are {', '.join(sorted(fields))}")
+            f"{where}.{unknown[0]}: unknown field for {cls.__name__}; known fields are {', '.join(sorted(fields))}"
+        )
     kwargs = {}
     for name, field in fields.items():
         sub = f"{path}.{name}" if path else name
@@ -162,14 +163,16 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
         raise MeshplanError(f"cannot write {str(path)!r}: it is a directory; give a file path")
     blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
     if blocker is not None:
-        raise MeshplanError(f"cannot write {str(path)!r}: {str(blocker)!r} is a file, not a directory; "
-                            "give another path")
+        raise MeshplanError(
+            f"cannot write {str(path)!r}: {str(blocker)!r} is a file, not a directory; give another path"
+        )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:
-        raise MeshplanError(f"cannot write {str(path)!r}: {exc.strerror or exc}; give a path in a writable "
-                            "directory") from None
+        raise MeshplanError(
+            f"cannot write {str(path)!r}: {exc.strerror or exc}; give a path in a writable directory"
+        ) from None
     try:
         os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "w") as fh:
@@ -206,8 +209,10 @@ def read_text_file(path: str | os.PathLike, what: str) -> str:
     except OSError as exc:
         raise MeshplanError(f"{what} file {str(path)!r} cannot be read: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
-        raise MeshplanError(f"{what} file {str(path)!r} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
-                            f"offset {exc.start}); give the text file meshplan wrote") from None
+        raise MeshplanError(
+            f"{what} file {str(path)!r} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+            f"offset {exc.start}); give the text file meshplan wrote"
+        ) from None
 
 
 def _reject_constant(name: str) -> float:
@@ -227,7 +232,8 @@ def load(cls: type[T], path: str | os.PathLike, what: str | None = None) -> T:
     except json.JSONDecodeError as exc:
         raise MeshplanError(
             f"{what} file {str(path)!r} is not valid JSON (line {exc.lineno}, column {exc.colno}: "
-            f"{exc.msg}); regenerate it with meshplan") from None
+            f"{exc.msg}); regenerate it with meshplan"
+        ) from None
     except ValueError as exc:  # NaN, Infinity, -Infinity
         raise MeshplanError(f"{what} file {str(path)!r}: {exc}; regenerate it with meshplan") from None
     try:

@@ -12,13 +12,15 @@ Per-sample (one sequence of s tokens) quantities, h = hidden, a = heads, f = ffn
   `34sh` (Eq. 6 with t = 1); `10sh` of it is replicated across TP ranks without sequence
   parallelism (Eq. 2). Flash attention stores no s^2 term (selective then saves nothing).
 """
+
 from __future__ import annotations
 
 from meshplan.model_profile import LayerProfile, ModelProfile, TPRule
 
 
-def _block(name: str, s: int, h: int, a: int, f: int, kv: int, *, dropout: bool, flash: bool,
-           gated: bool, kind: str) -> LayerProfile:
+def _block(
+    name: str, s: int, h: int, a: int, f: int, kv: int, *, dropout: bool, flash: bool, gated: bool, kind: str
+) -> LayerProfile:
     """One transformer block; kv = key/value width (h for multi-head, h*kv_heads/a for GQA)."""
     n_mlp = 3 if gated else 2
     biases = 0 if gated else 2 * h + 2 * kv + f + h  # GPT linears carry biases, Llama's do not
@@ -38,16 +40,26 @@ def _block(name: str, s: int, h: int, a: int, f: int, kv: int, *, dropout: bool,
     core = 4 * a * s if flash else (2 + 3 * mask) * a * s * s
     selective = attn_lin + mlp + norms
     return LayerProfile(
-        name=name, kind=kind, num_params=params, param_bytes={"float32": 4 * params},
-        forward_flops=float(gemm_fwd + attn_fwd), backward_flops=float(2 * (gemm_fwd + attn_fwd)),
+        name=name,
+        kind=kind,
+        num_params=params,
+        param_bytes={"float32": 4 * params},
+        forward_flops=float(gemm_fwd + attn_fwd),
+        backward_flops=float(2 * (gemm_fwd + attn_fwd)),
         activation_bytes=float(selective + core),
         selective_activation_bytes=float(selective + (core if flash else 0)),
         recompute_flops_selective=0.0 if flash else float(attn_fwd),
         tp_replicated_activation_bytes=float((8 + 2 * mask) * s * h),
-        input_bytes=float(2 * s * h), output_bytes=float(2 * s * h),
-        tp=TPRule(column=["attn.wq", "attn.wk", "attn.wv", "mlp.fc1"], row=["attn.wo", "mlp.fc2"],
-                  replicated=["ln1", "ln2"], divisors={"heads": a, "ffn": f}, num_allreduce_fwd=2,
-                  kind="block"),
+        input_bytes=float(2 * s * h),
+        output_bytes=float(2 * s * h),
+        tp=TPRule(
+            column=["attn.wq", "attn.wk", "attn.wv", "mlp.fc1"],
+            row=["attn.wo", "mlp.fc2"],
+            replicated=["ln1", "ln2"],
+            divisors={"heads": a, "ffn": f},
+            num_allreduce_fwd=2,
+            kind="block",
+        ),
         gemm_shapes=[[s, h + 2 * kv, h], [s, h, h], [s, (n_mlp - 1) * f, h], [s, h, f]],
     )
 
@@ -55,59 +67,128 @@ def _block(name: str, s: int, h: int, a: int, f: int, kv: int, *, dropout: bool,
 def _embed(s: int, h: int, vocab: int, learned_pos: bool, dropout: bool) -> LayerProfile:
     params = vocab * h + (s * h if learned_pos else 0)
     return LayerProfile(
-        name="embed", kind="embedding", num_params=params, param_bytes={"float32": 4 * params},
-        forward_flops=0.0, backward_flops=0.0, activation_bytes=float(s * h if dropout else 0),
-        input_bytes=float(8 * s), output_bytes=float(2 * s * h),
-        tp=TPRule(column=["tok"], divisors={}, num_allreduce_fwd=1, kind="embedding"))
+        name="embed",
+        kind="embedding",
+        num_params=params,
+        param_bytes={"float32": 4 * params},
+        forward_flops=0.0,
+        backward_flops=0.0,
+        activation_bytes=float(s * h if dropout else 0),
+        input_bytes=float(8 * s),
+        output_bytes=float(2 * s * h),
+        tp=TPRule(column=["tok"], divisors={}, num_allreduce_fwd=1, kind="embedding"),
+    )
 
 
 def _head(s: int, h: int, vocab: int) -> LayerProfile:
     params = vocab * h + 2 * h
     fwd = 2 * s * h * vocab
     return LayerProfile(
-        name="head", kind="head", num_params=params, param_bytes={"float32": 4 * params},
-        forward_flops=float(fwd), backward_flops=float(2 * fwd),
+        name="head",
+        kind="head",
+        num_params=params,
+        param_bytes={"float32": 4 * params},
+        forward_flops=float(fwd),
+        backward_flops=float(2 * fwd),
         # final-norm input 2sh, projection input 2sh, fp32 logits 4sV (Korthikanti Sec 4.2.3)
-        activation_bytes=float(4 * s * h + 4 * s * vocab), tp_replicated_activation_bytes=float(4 * s * h),
-        input_bytes=float(2 * s * h), output_bytes=float(4 * s * vocab),
+        activation_bytes=float(4 * s * h + 4 * s * vocab),
+        tp_replicated_activation_bytes=float(4 * s * h),
+        input_bytes=float(2 * s * h),
+        output_bytes=float(4 * s * vocab),
         tp=TPRule(column=["proj"], replicated=["norm"], num_allreduce_fwd=1, kind="head"),
-        gemm_shapes=[[s, vocab, h]])
+        gemm_shapes=[[s, vocab, h]],
+    )
 
 
-def gpt_profile(*, layers: int, hidden: int, heads: int, vocab: int = 51200, seq: int = 2048,
-                ffn_hidden: int = 0, dropout: bool = True, flash: bool = False,
-                name: str = "gpt") -> ModelProfile:
+def gpt_profile(
+    *,
+    layers: int,
+    hidden: int,
+    heads: int,
+    vocab: int = 51200,
+    seq: int = 2048,
+    ffn_hidden: int = 0,
+    dropout: bool = True,
+    flash: bool = False,
+    name: str = "gpt",
+) -> ModelProfile:
     """GPT as trained by Megatron-LM (learned positions, GeLU MLP, dropout by default)."""
     f = ffn_hidden or 4 * hidden
-    blocks = [_block(f"layers.{i}", seq, hidden, heads, f, hidden, dropout=dropout, flash=flash,
-                     gated=False, kind="gpt_block") for i in range(layers)]
-    return _assemble(name, "gpt", seq, hidden, heads, vocab,
-                     [_embed(seq, hidden, vocab, True, dropout)] + blocks + [_head(seq, hidden, vocab)],
-                     {"layers": layers, "hidden": hidden, "heads": heads, "vocab": vocab, "seq": seq,
-                      "ffn_hidden": f})
+    blocks = [
+        _block(
+            f"layers.{i}", seq, hidden, heads, f, hidden, dropout=dropout, flash=flash, gated=False, kind="gpt_block"
+        )
+        for i in range(layers)
+    ]
+    return _assemble(
+        name,
+        "gpt",
+        seq,
+        hidden,
+        heads,
+        vocab,
+        [_embed(seq, hidden, vocab, True, dropout)] + blocks + [_head(seq, hidden, vocab)],
+        {"layers": layers, "hidden": hidden, "heads": heads, "vocab": vocab, "seq": seq, "ffn_hidden": f},
+    )
 
 
-def llama_profile(*, layers: int, hidden: int, heads: int, kv_heads: int, ffn_hidden: int,
-                  vocab: int = 128256, seq: int = 8192, name: str = "llama") -> ModelProfile:
+def llama_profile(
+    *,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    ffn_hidden: int,
+    vocab: int = 128256,
+    seq: int = 8192,
+    name: str = "llama",
+) -> ModelProfile:
     """Llama-3 style: RMSNorm, SwiGLU, grouped-query attention, rotary, flash attention, no dropout."""
     kv = hidden * kv_heads // heads
-    blocks = [_block(f"layers.{i}", seq, hidden, heads, ffn_hidden, kv, dropout=False, flash=True,
-                     gated=True, kind="llama_block") for i in range(layers)]
+    blocks = [
+        _block(
+            f"layers.{i}", seq, hidden, heads, ffn_hidden, kv, dropout=False, flash=True, gated=True, kind="llama_block"
+        )
+        for i in range(layers)
+    ]
     for b in blocks:
         b.tp.divisors["kv_heads"] = kv_heads
-    return _assemble(name, "llama", seq, hidden, heads, vocab,
-                     [_embed(seq, hidden, vocab, False, False)] + blocks + [_head(seq, hidden, vocab)],
-                     {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
-                      "vocab": vocab, "seq": seq, "ffn_hidden": ffn_hidden})
+    return _assemble(
+        name,
+        "llama",
+        seq,
+        hidden,
+        heads,
+        vocab,
+        [_embed(seq, hidden, vocab, False, False)] + blocks + [_head(seq, hidden, vocab)],
+        {
+            "layers": layers,
+            "hidden": hidden,
+            "heads": heads,
+            "kv_heads": kv_heads,
+            "vocab": vocab,
+            "seq": seq,
+            "ffn_hidden": ffn_hidden,
+        },
+    )
 
 
 def _assemble(name, family, seq, hidden, heads, vocab, layer_list, config) -> ModelProfile:
     return ModelProfile(
-        model_name=name, model_config=config, family=family, seq_len=seq, num_params=sum(
-            lp.num_params for lp in layer_list),
+        model_name=name,
+        model_config=config,
+        family=family,
+        seq_len=seq,
+        num_params=sum(lp.num_params for lp in layer_list),
         forward_flops_per_sample=sum(lp.forward_flops for lp in layer_list),
-        num_layers=len(layer_list) - 2, hidden=hidden, heads=heads, vocab=vocab, device="meta",
-        layers=layer_list, notes=["closed-form profile (meshplan.models.analytic)"])
+        num_layers=len(layer_list) - 2,
+        hidden=hidden,
+        heads=heads,
+        vocab=vocab,
+        device="meta",
+        layers=layer_list,
+        notes=["closed-form profile (meshplan.models.analytic)"],
+    )
 
 
 def from_spec(spec: str, overrides: dict, *, flash: bool, dropout: bool) -> ModelProfile:
@@ -124,8 +205,14 @@ def from_spec(spec: str, overrides: dict, *, flash: bool, dropout: bool) -> Mode
     allowed = set(need[family]) | {"vocab", "seq", "ffn_hidden"}
     unknown = sorted(set(overrides) - allowed)
     if missing or unknown:
-        raise MeshplanError(f"--model {spec}: " + (f"--set {' '.join(k + '=N' for k in missing)} is required"
-                            if missing else f"--set {', '.join(unknown)} is unknown; use {', '.join(sorted(allowed))}"))
+        raise MeshplanError(
+            f"--model {spec}: "
+            + (
+                f"--set {' '.join(k + '=N' for k in missing)} is required"
+                if missing
+                else f"--set {', '.join(unknown)} is unknown; use {', '.join(sorted(allowed))}"
+            )
+        )
     cfg = {k: int(v) for k, v in overrides.items()}
     if family == "gpt":
         return gpt_profile(**cfg, dropout=dropout, flash=flash, name=spec)

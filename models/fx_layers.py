@@ -10,6 +10,7 @@ layers, or the chained layers do not reproduce `module(inputs)`.
 Not yet: cuts where several tensors are live (a U-Net's long skips), which need stage
 boundaries that send tuples; such models stay one layer.
 """
+
 from __future__ import annotations
 
 import torch
@@ -96,7 +97,7 @@ def _partition(gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[str, int]:
     for i, node in enumerate(nodes):
         out[node.name] = current
         has_params |= node.op in ("call_module", "get_attr") and _has_params(gm, node)
-        live = [n for n in nodes[:i + 1] if last_use[n] > i]
+        live = [n for n in nodes[: i + 1] if last_use[n] > i]
         if has_params and i < len(nodes) - 1 and first_input_use <= i and live == [node]:
             current, has_params = current + 1, False
     last = out[nodes[-1].name]

@@ -12,6 +12,7 @@ Dropout is 0 unless --set turns it on. Building on meta costs nothing; the forwa
 tensors (HF mask code calls .item(), ../shared/notes/torch-gloo.md §4.13), which is how the
 profiler runs it.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,26 +28,59 @@ from meshplan.errors import MeshplanError
 from meshplan.models.hf_layers import HFBlock, HFEmbed, HFHead, HFWhole, split  # noqa: F401 (public here)
 from meshplan.models.zoo.base import CausalLM
 
-_LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                 "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
+_LLAMA31_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+    "rope_theta": 500000.0,
+}
 
 
-def _llama(layers: int, hidden: int, heads: int, ffn: int, seq: int = 8192, vocab: int = 128256,
-           kv_heads: int = 8) -> dict:
-    return dict(model_type="llama", seq=seq, num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                num_key_value_heads=kv_heads, intermediate_size=ffn, vocab_size=vocab,
-                max_position_embeddings=131072, rope_parameters=dict(_LLAMA31_ROPE), rms_norm_eps=1e-5)
+def _llama(
+    layers: int, hidden: int, heads: int, ffn: int, seq: int = 8192, vocab: int = 128256, kv_heads: int = 8
+) -> dict:
+    return dict(
+        model_type="llama",
+        seq=seq,
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=ffn,
+        vocab_size=vocab,
+        max_position_embeddings=131072,
+        rope_parameters=dict(_LLAMA31_ROPE),
+        rms_norm_eps=1e-5,
+    )
 
 
 def _gpt2(layers: int, hidden: int, heads: int, vocab: int = 50257) -> dict:
-    return dict(model_type="gpt2", seq=1024, n_layer=layers, n_embd=hidden, n_head=heads, vocab_size=vocab,
-                bos_token_id=vocab - 1, eos_token_id=vocab - 1)
+    return dict(
+        model_type="gpt2",
+        seq=1024,
+        n_layer=layers,
+        n_embd=hidden,
+        n_head=heads,
+        vocab_size=vocab,
+        bos_token_id=vocab - 1,
+        eos_token_id=vocab - 1,
+    )
 
 
 def _tiny(model_type: str, **fields) -> dict:
     """A shrunk config of `model_type` (2 layers, h = 64, 4 heads, V = 256, s = 32)."""
-    base = dict(model_type=model_type, seq=32, num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
-                intermediate_size=128, vocab_size=256, max_position_embeddings=64)
+    base = dict(
+        model_type=model_type,
+        seq=32,
+        num_hidden_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        intermediate_size=128,
+        vocab_size=256,
+        max_position_embeddings=64,
+    )
     return {**base, **fields}
 
 
@@ -56,26 +90,71 @@ TINY = {
     "tiny-qwen2": _tiny("qwen2", num_key_value_heads=2),
     "tiny-qwen3": _tiny("qwen3", num_key_value_heads=2, head_dim=16),
     "tiny-mixtral": _tiny("mixtral", **_TINY_MOE),
-    "tiny-qwen2-moe": _tiny("qwen2_moe", num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
-                            moe_intermediate_size=64, shared_expert_intermediate_size=64),
+    "tiny-qwen2-moe": _tiny(
+        "qwen2_moe",
+        num_key_value_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+    ),
     "tiny-gpt-neox": _tiny("gpt_neox", hidden_dropout=0.0, attention_dropout=0.0),
-    "tiny-opt": dict(model_type="opt", seq=32, num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
-                     ffn_dim=128, vocab_size=256, max_position_embeddings=64, word_embed_proj_dim=64,
-                     dropout=0.0, attention_dropout=0.0),
+    "tiny-opt": dict(
+        model_type="opt",
+        seq=32,
+        num_hidden_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        ffn_dim=128,
+        vocab_size=256,
+        max_position_embeddings=64,
+        word_embed_proj_dim=64,
+        dropout=0.0,
+        attention_dropout=0.0,
+    ),
     "tiny-bert": _tiny("bert", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
-    "tiny-t5": dict(model_type="t5", seq=32, num_layers=2, num_decoder_layers=2, d_model=64, d_ff=128,
-                    d_kv=16, num_heads=4, vocab_size=256, dropout_rate=0.0, decoder_start_token_id=0),
-    "tiny-bart": dict(model_type="bart", seq=32, encoder_layers=2, decoder_layers=2, d_model=64,
-                      encoder_ffn_dim=128, decoder_ffn_dim=128, encoder_attention_heads=4,
-                      decoder_attention_heads=4, vocab_size=256, max_position_embeddings=64, dropout=0.0,
-                      attention_dropout=0.0, activation_dropout=0.0, pad_token_id=1, bos_token_id=0,
-                      eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None),
+    "tiny-t5": dict(
+        model_type="t5",
+        seq=32,
+        num_layers=2,
+        num_decoder_layers=2,
+        d_model=64,
+        d_ff=128,
+        d_kv=16,
+        num_heads=4,
+        vocab_size=256,
+        dropout_rate=0.0,
+        decoder_start_token_id=0,
+    ),
+    "tiny-bart": dict(
+        model_type="bart",
+        seq=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        d_model=64,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        vocab_size=256,
+        max_position_embeddings=64,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        forced_eos_token_id=None,
+    ),
 }
 
 # Published config.json shapes (Radford et al. 2019; Meta Llama 3.1/3.2 model cards)
 CONFIGS: dict[str, dict[str, Any]] = {
-    "gpt2": _gpt2(12, 768, 12), "gpt2-medium": _gpt2(24, 1024, 16),
-    "gpt2-large": _gpt2(36, 1280, 20), "gpt2-xl": _gpt2(48, 1600, 25),
+    "gpt2": _gpt2(12, 768, 12),
+    "gpt2-medium": _gpt2(24, 1024, 16),
+    "gpt2-large": _gpt2(36, 1280, 20),
+    "gpt2-xl": _gpt2(48, 1600, 25),
     "meta-llama/Llama-3.2-1B": _llama(16, 2048, 32, 8192),
     "meta-llama/Llama-3.1-8B": _llama(32, 4096, 32, 14336),
     "meta-llama/Llama-3.1-70B": _llama(80, 8192, 64, 28672),
@@ -84,13 +163,20 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "tiny-llama": _llama(2, 64, 4, 160, seq=32, vocab=256, kv_heads=2),
     **TINY,
 }
-ALIASES = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
-           "vocab": "vocab_size", "kv_heads": "num_key_value_heads", "ffn_hidden": "intermediate_size"}
+ALIASES = {
+    "layers": "num_hidden_layers",
+    "hidden": "hidden_size",
+    "heads": "num_attention_heads",
+    "vocab": "vocab_size",
+    "kv_heads": "num_key_value_heads",
+    "ffn_hidden": "intermediate_size",
+}
 
 
 @dataclass(kw_only=True)
 class HFShape:
     """The shape an HF model was built with (ModelProfile.model_config; valid `--set` keys)."""
+
     layers: int
     hidden: int
     heads: int
@@ -115,10 +201,13 @@ def load_hf_model(name: str, overrides: dict[str, Any] | None, device: str, seed
 def wrap_hf_model(model: nn.Module, seq: int) -> "HFLayered":
     """A built transformers model (from hf:NAME or a user factory) as layers."""
     config = model.config
-    shape = HFShape(layers=_get(config, "num_hidden_layers", "num_layers", "n_layer"),
-                    hidden=_get(config, "hidden_size", "d_model", "n_embd"),
-                    heads=_get(config, "num_attention_heads", "num_heads", "n_head"),
-                    vocab=int(config.vocab_size), seq=seq)
+    shape = HFShape(
+        layers=_get(config, "num_hidden_layers", "num_layers", "n_layer"),
+        hidden=_get(config, "hidden_size", "d_model", "n_embd"),
+        heads=_get(config, "num_attention_heads", "num_heads", "n_head"),
+        vocab=int(config.vocab_size),
+        seq=seq,
+    )
     return HFLayered(model, shape)
 
 
@@ -141,8 +230,10 @@ def build_from_config(transformers, config) -> nn.Module:
             return auto.from_config(config, attn_implementation="sdpa")
         except ValueError:  # this Auto class has no model for the config type
             continue
-    raise MeshplanError(f"--model hf: transformers {transformers.__version__} has no model for "
-                        f"model_type {config.model_type!r}; upgrade transformers or use a file.py:factory")
+    raise MeshplanError(
+        f"--model hf: transformers {transformers.__version__} has no model for "
+        f"model_type {config.model_type!r}; upgrade transformers or use a file.py:factory"
+    )
 
 
 def _encoder_only(config) -> bool:
@@ -161,8 +252,10 @@ def _config(transformers, name: str, overrides: dict[str, Any]):
     try:
         defaults = transformers.AutoConfig.for_model(model_type, **values)
     except (ValueError, KeyError) as exc:
-        raise MeshplanError(f"--model hf:{name}: transformers {transformers.__version__} cannot build "
-                            f"model_type {model_type!r} ({exc}); upgrade transformers") from None
+        raise MeshplanError(
+            f"--model hf:{name}: transformers {transformers.__version__} cannot build "
+            f"model_type {model_type!r} ({exc}); upgrade transformers"
+        ) from None
     for key, value in overrides.items():
         if key == "seq":
             continue
@@ -202,13 +295,15 @@ def _config_values(name: str) -> dict[str, Any]:
         except (OSError, json.JSONDecodeError) as exc:
             raise MeshplanError(f"--model hf:{name}: cannot read {path} ({exc}); give a valid config.json") from None
         if "model_type" not in values:
-            raise MeshplanError(f"--model hf:{name}: {path} has no \"model_type\"; it is not a transformers config")
+            raise MeshplanError(f'--model hf:{name}: {path} has no "model_type"; it is not a transformers config')
         values.pop("transformers_version", None)
         values.pop("torch_dtype", None), values.pop("dtype", None)
         return values
-    raise MeshplanError(f"--model hf:{name}: no built-in config and no config.json at {name} (nothing is "
-                        f"downloaded); give a local config.json or a directory with one, or one of "
-                        f"{', '.join(sorted(CONFIGS))}")
+    raise MeshplanError(
+        f"--model hf:{name}: no built-in config and no config.json at {name} (nothing is "
+        f"downloaded); give a local config.json or a directory with one, or one of "
+        f"{', '.join(sorted(CONFIGS))}"
+    )
 
 
 class HFLayered(CausalLM):

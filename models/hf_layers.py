@@ -10,6 +10,7 @@ models, `position_ids` / `position_embeddings` computed per layer for the full s
 sequence parallelism the local shard is 1/`seq_shards` of it). Anything else — encoder-decoders
 (T5, BART), unknown layouts — is one layer (`HFWhole`) that returns the model's logits.
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,8 +25,13 @@ LAYER_LISTS = ("layers", "h", "layer", "block")
 class HFEmbed(nn.Module):
     """Token (+ learned position) embeddings; OPT's positions take an offset and project_in."""
 
-    def __init__(self, tok: nn.Module, pos: nn.Module | None = None, project_in: nn.Module | None = None,
-                 whole: nn.Module | None = None):
+    def __init__(
+        self,
+        tok: nn.Module,
+        pos: nn.Module | None = None,
+        project_in: nn.Module | None = None,
+        whole: nn.Module | None = None,
+    ):
         super().__init__()
         self.tok, self.pos, self.project_in, self.whole = tok, pos, project_in, whole
 
@@ -135,8 +141,10 @@ def hf_block_rule(block: HFBlock) -> TPRule:
     column = [f"block.{k}" for k, v in attn.items() if v == "colwise"]
     row = [f"block.{k}" for k, v in attn.items() if v == "rowwise"]
     replicated = [f"block.{n}" for n, m in block.block.named_children() if "norm" in type(m).__name__.lower()]
-    divisors = {"heads": config.num_attention_heads,
-                "kv_heads": getattr(config, "num_key_value_heads", config.num_attention_heads)}
+    divisors = {
+        "heads": config.num_attention_heads,
+        "kv_heads": getattr(config, "num_key_value_heads", config.num_attention_heads),
+    }
     dense = {k: v for k, v in mlp.items() if k.count(".") == 1}
     if dense and set(dense.values()) == {"colwise", "rowwise"} and len(dense) == len(mlp):
         column += [f"block.{k}" for k, v in dense.items() if v == "colwise"]
@@ -144,8 +152,7 @@ def hf_block_rule(block: HFBlock) -> TPRule:
         divisors["ffn"] = config.intermediate_size
     elif hasattr(block.block, "mlp"):
         replicated.append("block.mlp")  # MoE (or untranslated) MLP: whole on every TP rank
-    return TPRule(column=column, row=row, replicated=replicated, num_allreduce_fwd=2, kind="block",
-                  divisors=divisors)
+    return TPRule(column=column, row=row, replicated=replicated, num_allreduce_fwd=2, kind="block", divisors=divisors)
 
 
 def _pairs(attn: dict[str, str]) -> bool:
@@ -156,12 +163,22 @@ def _register_rules() -> None:
     from meshplan.models.tp_rules import register_tp_rule
 
     register_tp_rule(HFBlock, hf_block_rule)
-    register_tp_rule(HFEmbed, lambda m: TPRule(row=["tok"], replicated=["pos"] if m.pos is not None else [],
-                                               num_allreduce_fwd=1, kind="embedding")
-                     if m.whole is None and m.project_in is None else TPRule(kind="none"))
-    register_tp_rule(HFHead, lambda m: TPRule(column=["proj"], replicated=["norm"] if m.norm is not None else [],
-                                              kind="head")
-                     if isinstance(m.proj, nn.Linear) and m.project_out is None else TPRule(kind="none"))
+    register_tp_rule(
+        HFEmbed,
+        lambda m: (
+            TPRule(row=["tok"], replicated=["pos"] if m.pos is not None else [], num_allreduce_fwd=1, kind="embedding")
+            if m.whole is None and m.project_in is None
+            else TPRule(kind="none")
+        ),
+    )
+    register_tp_rule(
+        HFHead,
+        lambda m: (
+            TPRule(column=["proj"], replicated=["norm"] if m.norm is not None else [], kind="head")
+            if isinstance(m.proj, nn.Linear) and m.project_out is None
+            else TPRule(kind="none")
+        ),
+    )
 
 
 _register_rules()

@@ -12,6 +12,7 @@ full state and a hash of its structure.
   tied groups; the plan carries it, so `meshplan run` refuses to train a model other than the
   profiled one.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -35,8 +36,7 @@ def unique_parameters(model: nn.Module) -> list[nn.Parameter]:
 
 def num_params(model: nn.Module, trainable: bool | None = None) -> int:
     """Unique parameter count; trainable=True/False counts only those with/without requires_grad."""
-    return sum(p.numel() for p in unique_parameters(model)
-               if trainable is None or p.requires_grad == trainable)
+    return sum(p.numel() for p in unique_parameters(model) if trainable is None or p.requires_grad == trainable)
 
 
 @torch.no_grad()

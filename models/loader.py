@@ -5,6 +5,7 @@ Specs (`meshplan profile --model SPEC`):
 - "path/to/file.py:factory" or "package.module:factory": factory() -> (module, example_batch);
 - "hf:NAME": a HuggingFace transformers model built from a config constructed in code.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -28,8 +29,7 @@ def check_device(device: str) -> str:
     return device
 
 
-def load_model(spec: str, overrides: dict[str, Any] | None = None, device: str = "meta",
-               seed: int = 0) -> LayeredModel:
+def load_model(spec: str, overrides: dict[str, Any] | None = None, device: str = "meta", seed: int = 0) -> LayeredModel:
     """A LayeredModel for `spec` on `device` (weights from init_weights unless on meta)."""
     check_device(device)
     if spec.startswith("hf:"):

@@ -7,6 +7,7 @@ RowwiseParallel); the planner reads `divisors` (the TP degree must divide each) 
 `num_allreduce_fwd`. Rules are looked up by layer class: each zoo module exports `TP_RULES`
 ({class: rule function}); HF and user layers may register theirs; anything else is "none".
 """
+
 from __future__ import annotations
 
 import importlib

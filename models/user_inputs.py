@@ -8,6 +8,7 @@ below 2**53 and for float32 values), and `DictInputs` unpacks it before calling 
 Outputs: a tensor as is; a transformers ModelOutput gives its `loss` when the batch carried
 labels (the model's own loss, meaned by meshplan over microbatches), else its `logits`.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,7 +30,7 @@ def unpack(x: torch.Tensor, layout) -> dict[str, torch.Tensor]:
     out, start = {}, 0
     for key, shape, dtype in layout:
         n = math.prod(shape)
-        out[key] = x[:, start:start + n].reshape(x.shape[0], *shape).to(dtype)
+        out[key] = x[:, start : start + n].reshape(x.shape[0], *shape).to(dtype)
         start += n
     return out
 

@@ -12,6 +12,7 @@ tensor is live (models/fx_layers.py: torchvision-style ResNet/ViT blocks, skips 
 layer); failing that, the whole module is one layer. Every failure is one
 MeshplanError line naming the file, factory or layer and the fix.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,9 +40,11 @@ def load_user_model(spec: str, overrides: dict[str, Any] | None, device: str, se
     torch.manual_seed(seed)
     module, batch = _call_factory(factory, overrides, spec, device)
     if any(p.is_meta for p in module.parameters()) and device != "meta":
-        raise MeshplanError(f"--model {spec}: the factory built the model on the meta device; give it a "
-                            "`device` keyword parameter (meshplan passes 'meta' to profile and plan, the real "
-                            "device to run) and build with `with torch.device(device): ...`")
+        raise MeshplanError(
+            f"--model {spec}: the factory built the model on the meta device; give it a "
+            "`device` keyword parameter (meshplan passes 'meta' to profile and plan, the real "
+            "device to run) and build with `with torch.device(device): ...`"
+        )
     model = module if isinstance(module, LayeredModel) else wrap_module(module, batch, spec)
     tied = tied_groups(model)  # .to() unties shared weights: tie them again
     return retie(model.to(device), tied)
@@ -65,8 +68,10 @@ def _import_target(target: str, spec: str):
     if target.endswith(".py") or "/" in target:
         path = Path(target)
         if not path.is_file():
-            raise MeshplanError(f"--model {spec}: file {target!r} not found; give a path to a .py file "
-                                "(relative to the current directory) followed by :factory")
+            raise MeshplanError(
+                f"--model {spec}: file {target!r} not found; give a path to a .py file "
+                "(relative to the current directory) followed by :factory"
+            )
         digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
         module_name = f"meshplan_user_{path.stem}_{digest}"
         if module_name in sys.modules:
@@ -74,8 +79,12 @@ def _import_target(target: str, spec: str):
         loader_spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(loader_spec)
         sys.modules[module_name] = module
-        _run_import(lambda: loader_spec.loader.exec_module(module), target, spec,
-                    on_fail=lambda: sys.modules.pop(module_name, None))
+        _run_import(
+            lambda: loader_spec.loader.exec_module(module),
+            target,
+            spec,
+            on_fail=lambda: sys.modules.pop(module_name, None),
+        )
         return module
     return _run_import(lambda: importlib.import_module(target), target, spec)
 
@@ -86,14 +95,20 @@ def _run_import(load: Callable, target: str, spec: str, on_fail: Callable = lamb
     except ModuleNotFoundError as exc:
         on_fail()
         if exc.name == target or target.startswith(f"{exc.name}."):
-            raise MeshplanError(f"--model {spec}: module {target!r} not found; install it or add its "
-                                "directory to PYTHONPATH (or give path/to/file.py:factory)") from None
-        raise MeshplanError(f"--model {spec}: importing {target} failed: no module named {exc.name!r}; "
-                            f"install {exc.name} or fix the import") from None
+            raise MeshplanError(
+                f"--model {spec}: module {target!r} not found; install it or add its "
+                "directory to PYTHONPATH (or give path/to/file.py:factory)"
+            ) from None
+        raise MeshplanError(
+            f"--model {spec}: importing {target} failed: no module named {exc.name!r}; "
+            f"install {exc.name} or fix the import"
+        ) from None
     except SystemExit as exc:  # its exit code would read as one of meshplan's (3 = infeasible)
         on_fail()
-        raise MeshplanError(f"--model {spec}: importing {target} called sys.exit({exc.code!r}); a model file "
-                            "must not exit (guard script code with `if __name__ == \"__main__\":`)") from None
+        raise MeshplanError(
+            f"--model {spec}: importing {target} called sys.exit({exc.code!r}); a model file "
+            'must not exit (guard script code with `if __name__ == "__main__":`)'
+        ) from None
     except Exception as exc:  # the user's code: any error becomes one line
         on_fail()
         raise MeshplanError(f"--model {spec}: importing {target} failed: {_one_line(exc)}; fix the file") from None
@@ -103,9 +118,11 @@ def _find_factory(module, name: str, target: str, spec: str) -> Callable:
     factory = getattr(module, name, None) if name else None
     if not callable(factory):
         found = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_"))
-        raise MeshplanError(f"--model {spec}: no factory function {name!r} in {target}; define "
-                            f"`def {name or 'build'}(): return module, example_batch` (functions there: "
-                            f"{', '.join(found) or 'none'})")
+        raise MeshplanError(
+            f"--model {spec}: no factory function {name!r} in {target}; define "
+            f"`def {name or 'build'}(): return module, example_batch` (functions there: "
+            f"{', '.join(found) or 'none'})"
+        )
     return factory
 
 
@@ -117,15 +134,18 @@ def _call_factory(factory: Callable, overrides: dict | None, spec: str, device: 
         result = factory(**kwargs)
     except TypeError as exc:
         if overrides and "argument" in str(exc):
-            raise MeshplanError(f"--set {', '.join(overrides)}: {spec} does not accept it ({_one_line(exc)}); "
-                                "add keyword parameters to the factory or drop --set") from None
+            raise MeshplanError(
+                f"--set {', '.join(overrides)}: {spec} does not accept it ({_one_line(exc)}); "
+                "add keyword parameters to the factory or drop --set"
+            ) from None
         raise MeshplanError(f"--model {spec}: the factory raised {_one_line(exc)}; fix the factory") from None
     except (Exception, SystemExit) as exc:
         raise MeshplanError(f"--model {spec}: the factory raised {_one_line(exc)}; fix the factory") from None
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module)):
         got = type(result).__name__ + (f" of {len(result)}" if isinstance(result, tuple) else "")
-        raise MeshplanError(f"--model {spec}: the factory returned {got}; it must return "
-                            "(torch.nn.Module, example_batch)")
+        raise MeshplanError(
+            f"--model {spec}: the factory returned {got}; it must return (torch.nn.Module, example_batch)"
+        )
     return result
 
 
@@ -144,7 +164,9 @@ def wrap_module(module: nn.Module, batch: Any, spec: str) -> "UserModel":
     if not on_meta:
         _check_trainable(module, inputs, spec)
     children = list(module.children())
-    if len(children) > 1 and (isinstance(module, nn.Sequential) or (not on_meta and _is_chain(module, children, inputs))):
+    if len(children) > 1 and (
+        isinstance(module, nn.Sequential) or (not on_meta and _is_chain(module, children, inputs))
+    ):
         return UserModel(children, inputs, targets, chained=True)  # an nn.Sequential is a chain by definition
     layers = None if on_meta or _is_transformers_model(module) else fx_layers(module, inputs)
     if layers:  # cut from the torch.fx graph where one tensor is live (models/fx_layers.py)
@@ -175,25 +197,35 @@ def _split_batch(batch: Any, spec: str) -> tuple[torch.Tensor | dict, torch.Tens
     tensors = lambda d: isinstance(d, dict) and d and all(isinstance(t, torch.Tensor) for t in d.values())  # noqa: E731
     if isinstance(batch, torch.Tensor) or tensors(batch):
         return batch, None
-    if isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[1], torch.Tensor) and (
-            isinstance(batch[0], torch.Tensor) or tensors(batch[0])):
+    if (
+        isinstance(batch, (tuple, list))
+        and len(batch) == 2
+        and isinstance(batch[1], torch.Tensor)
+        and (isinstance(batch[0], torch.Tensor) or tensors(batch[0]))
+    ):
         return batch[0], batch[1]
-    raise MeshplanError(f"--model {spec}: example_batch is {type(batch).__name__}; return a tensor of inputs, "
-                        "a dict of input tensors, or an (inputs, targets) pair, batch in dim 0")
+    raise MeshplanError(
+        f"--model {spec}: example_batch is {type(batch).__name__}; return a tensor of inputs, "
+        "a dict of input tensors, or an (inputs, targets) pair, batch in dim 0"
+    )
 
 
 @torch.no_grad()
 def _check_trainable(module: nn.Module, inputs: torch.Tensor, spec: str) -> None:
     """A module with trainable parameters whose forward runs on its own example batch."""
     if not any(p.requires_grad for p in module.parameters()):
-        raise MeshplanError(f"--model {spec}: {type(module).__name__} has no trainable parameters "
-                            f"({len(list(module.children()))} child modules); there is nothing to train or split")
+        raise MeshplanError(
+            f"--model {spec}: {type(module).__name__} has no trainable parameters "
+            f"({len(list(module.children()))} child modules); there is nothing to train or split"
+        )
     try:
         module(inputs)
     except Exception as exc:
-        raise MeshplanError(f"--model {spec}: {type(module).__name__} fails on its example_batch of shape "
-                            f"{list(inputs.shape)}: {_one_line(exc)}; each layer's output must fit the next "
-                            "layer's input") from None
+        raise MeshplanError(
+            f"--model {spec}: {type(module).__name__} fails on its example_batch of shape "
+            f"{list(inputs.shape)}: {_one_line(exc)}; each layer's output must fit the next "
+            "layer's input"
+        ) from None
 
 
 @torch.no_grad()
@@ -213,8 +245,7 @@ class UserModel(LayeredModel):
 
     family = "user"
 
-    def __init__(self, layers: list[nn.Module], inputs: torch.Tensor, targets: torch.Tensor | None,
-                 chained: bool):
+    def __init__(self, layers: list[nn.Module], inputs: torch.Tensor, targets: torch.Tensor | None, chained: bool):
         super().__init__(None, layers, None)
         self._inputs, self._targets = inputs.detach().cpu(), None if targets is None else targets.detach().cpu()
         self.chained = chained
@@ -227,9 +258,11 @@ class UserModel(LayeredModel):
 
     def example_batch(self, batch_size, generator=None, device="cpu"):
         """The factory's example batch, cut or tiled to `batch_size` samples."""
+
         def resize(t):
             reps = -(-batch_size // t.shape[0])
             return t.repeat(reps, *([1] * (t.dim() - 1)))[:batch_size].to(device)
+
         targets = None if self._targets is None else resize(self._targets)
         return resize(self._inputs), targets
 

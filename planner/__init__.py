@@ -7,6 +7,7 @@ stages + partition + recompute (exact boundaries and recompute per candidate), e
 (branch and bound), predict (Plan and Prediction), estimate, explain (messages, JSON). Validation
 against published runs is meshplan.validation; closed-form profiles are meshplan.models.analytic.
 """
+
 from meshplan.planner.estimate import estimate
 from meshplan.planner.request import PlanRequest
 from meshplan.planner.search import search

@@ -9,6 +9,7 @@ is `activation_bytes - selective_activation_bytes` (the seqscale.py convention);
 flash block stores its log-sum-exp inside the rest (selective == activation bytes).
 Only blocks (TPRule kind "block") change; an already matching block is returned as it is.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,8 +29,13 @@ def _retarget(layer: LayerProfile, kind: str, a: int, s: int, h: int) -> LayerPr
     core = layer.activation_bytes - sel if sel > 0 else 0.0
     rest = sel if core > 0 else layer.activation_bytes - 4.0 * a * s  # everything but the core
     new_core = 2.0 * a * s * s if kind == "materialized" else 4.0 * a * s
-    return dataclasses.replace(layer, activation_bytes=rest + new_core, selective_activation_bytes=rest,
-                               recompute_flops_selective=4.0 * s * s * h, timings=[])
+    return dataclasses.replace(
+        layer,
+        activation_bytes=rest + new_core,
+        selective_activation_bytes=rest,
+        recompute_flops_selective=4.0 * s * s * h,
+        timings=[],
+    )
 
 
 def with_attention(profile: ModelProfile, kind: str | None) -> ModelProfile:
@@ -40,5 +46,6 @@ def with_attention(profile: ModelProfile, kind: str | None) -> ModelProfile:
     layers = [_retarget(lp, kind, a, s, h) for lp in profile.layers]
     if all(new is old for new, old in zip(layers, profile.layers)):
         return profile
-    return dataclasses.replace(profile, layers=layers,
-                               notes=profile.notes + [f"planner re-targeted the attention core to {kind}"])
+    return dataclasses.replace(
+        profile, layers=layers, notes=profile.notes + [f"planner re-targeted the attention core to {kind}"]
+    )

@@ -19,6 +19,7 @@ Size of the space (exact, in integers; it overflows any float for large models):
     sum over candidates of C(L - 1, pp*v - 1) x prod over layers of |recompute modes|,
 C(L - 1, k - 1) being the number of compositions of L layers into k non-empty contiguous stages.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -190,8 +191,9 @@ def brute_force_candidate(ctx: Context, cand: Candidate, table: CostTable, clock
     return best_s
 
 
-def brute_force(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest,
-                cap_s: float | None = None) -> BruteForceResult:
+def brute_force(
+    profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest, cap_s: float | None = None
+) -> BruteForceResult:
     """Visit every plan of the space (or stop after cap_s CPU seconds and say so)."""
     start = time.process_time()
     clock = _Clock(cap_s)
@@ -208,9 +210,14 @@ def brute_force(profile: ModelProfile, cluster: ClusterSpec, request: PlanReques
     except OutOfTime:
         finished = False
     elapsed_s = time.process_time() - start
-    return BruteForceResult(best_step_s=min(per.values(), default=math.inf), per_candidate=per,
-                            num_plans=count_plans(ctx, cands), num_evaluated=clock.plans, finished=finished,
-                            time_s=elapsed_s)
+    return BruteForceResult(
+        best_step_s=min(per.values(), default=math.inf),
+        per_candidate=per,
+        num_plans=count_plans(ctx, cands),
+        num_evaluated=clock.plans,
+        finished=finished,
+        time_s=elapsed_s,
+    )
 
 
 def brute_force_best(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) -> tuple[float, dict]:

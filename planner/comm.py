@@ -13,12 +13,12 @@ of EFA per node) nccl-tests all-reduce reaches 487 GB/s bus bandwidth at 16 GiB,
 50 GB/s NIC (../shared/reference/README.md Sec 6). With k = 1 (a group one rank per node, e.g.
 data parallel across t = 8 tensor-parallel ranks) every rank uses its own NIC.
 """
+
 from __future__ import annotations
 
 from meshplan.cluster import ClusterSpec, LinkSpec
 
-_RING = {"all_reduce": (2.0, 2), "all_gather": (1.0, 1), "reduce_scatter": (1.0, 1),
-         "all_to_all": (1.0, 1)}
+_RING = {"all_reduce": (2.0, 2), "all_gather": (1.0, 1), "reduce_scatter": (1.0, 1), "all_to_all": (1.0, 1)}
 
 
 class Tier(str):
@@ -34,7 +34,7 @@ class Tier(str):
 
 
 def group_tier(cluster: ClusterSpec, stride: int, size: int) -> Tier:
-    """"intra_node" when a group of `size` ranks, `stride` apart, lies inside one node; else
+    """ "intra_node" when a group of `size` ranks, `stride` apart, lies inside one node; else
     "inter_node" with the number of its ranks on each node."""
     per_node = cluster.devices_per_node
     if stride * size <= per_node:
@@ -57,8 +57,7 @@ def _link(cluster: ClusterSpec, tier: str) -> LinkSpec:
     return cluster.intra_node if tier == "intra_node" else cluster.inter_node
 
 
-def collective_s(cluster: ClusterSpec, collective: str, group: int, buffer_bytes: float,
-                 tier: str) -> float:
+def collective_s(cluster: ClusterSpec, collective: str, group: int, buffer_bytes: float, tier: str) -> float:
     """Seconds for one collective over `group` ranks on a buffer of `buffer_bytes`."""
     if group <= 1 or buffer_bytes <= 0:
         return 0.0
@@ -77,8 +76,9 @@ def all_reduce_s(cluster, group, buffer_bytes, tier, sequence_parallel: bool = F
     """All-reduce, or reduce-scatter + all-gather of the same buffer (sequence parallelism:
     Korthikanti et al. 2022 Sec 4.2.2 — same volume, split in two collectives)."""
     if sequence_parallel:
-        return (collective_s(cluster, "reduce_scatter", group, buffer_bytes, tier)
-                + collective_s(cluster, "all_gather", group, buffer_bytes, tier))
+        return collective_s(cluster, "reduce_scatter", group, buffer_bytes, tier) + collective_s(
+            cluster, "all_gather", group, buffer_bytes, tier
+        )
     return collective_s(cluster, "all_reduce", group, buffer_bytes, tier)
 
 

@@ -31,6 +31,7 @@ on the split solved with DDP (planner/methods.py), with the (chunk, credit) of C
 CREDIT_CHUNKS whose exposed sync is least; a candidate that does not fit with DDP's bucket copy
 is tried with ByteScheduler instead (search.py), so the search equals brute force over both.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -54,6 +55,7 @@ DEFAULT = {"chunk_mb": 4.0, "credit_mb": 16.0}
 
 class Buckets:
     """comm_schedule=buckets: DDP's bucketed all-reduce, priced by DataParallelCost itself."""
+
     name, replaces_ddp, ddp_buckets = "buckets", False, True
 
     def __init__(self, data, **params):
@@ -62,6 +64,7 @@ class Buckets:
 
 class ByteScheduler(Buckets):
     """comm_schedule=bytescheduler (module docstring)."""
+
     name, replaces_ddp, ddp_buckets = "bytescheduler", True, False
 
     def __init__(self, data, **params):
@@ -75,14 +78,15 @@ class ByteScheduler(Buckets):
         """beta: seconds per byte."""
         self.hidden = ctx.cluster.calibration.dp_overlap if ctx.request.overlap_dp_comm else 0.0
         layers = [(lp, ctx.tp_split(lp, data.cand.tp)) for lp in ctx.layers]
-        self.sizes = [[4 * math.prod(s) / split for s in lp.param_shapes] if lp.param_shapes
-                      else [4 * lp.num_params / split] for lp, split in layers]
+        self.sizes = [
+            [4 * math.prod(s) / split for s in lp.param_shapes] if lp.param_shapes else [4 * lp.num_params / split]
+            for lp, split in layers
+        ]
         """fp32 gradient bytes of each tensor, per layer (forward order = priority)."""
         back = [lp.backward_flops for lp, _ in layers]
         total = sum(back)
         self.back_share = [b / total for b in back] if total else [1 / len(layers)] * len(layers)
-        self.fwd_share = [lp.forward_flops / total for lp, _ in layers] if total else \
-            [0.5 * s for s in self.back_share]
+        self.fwd_share = [lp.forward_flops / total for lp, _ in layers] if total else [0.5 * s for s in self.back_share]
 
     def sync_s(self, local_params: float, backward_window_s: float) -> float:
         return self.exposed_s(self.params["chunk_mb"], self.params["credit_mb"], backward_window_s)
@@ -111,12 +115,18 @@ class ByteScheduler(Buckets):
         """The (chunk_mb, credit_mb) of CHUNK_MB x CREDIT_CHUNKS with the least exposed sync;
         on a tie the registry default, then the larger chunk (fewer messages), then less credit."""
         options = [{"chunk_mb": c, "credit_mb": c * k} for c in CHUNK_MB for k in CREDIT_CHUNKS]
-        return min(options, key=lambda o: (self.exposed_s(o["chunk_mb"], o["credit_mb"], backward_window_s),
-                                           o != DEFAULT, -o["chunk_mb"], o["credit_mb"]))
+        return min(
+            options,
+            key=lambda o: (
+                self.exposed_s(o["chunk_mb"], o["credit_mb"], backward_window_s),
+                o != DEFAULT,
+                -o["chunk_mb"],
+                o["credit_mb"],
+            ),
+        )
 
 
-def _simulate(layers: list[tuple[float, int]], ready: list[float], credit: float, a: float,
-              beta: float) -> list[float]:
+def _simulate(layers: list[tuple[float, int]], ready: list[float], credit: float, a: float, beta: float) -> list[float]:
     """When each layer's last chunk lands: a fluid model of the committed FIFO (<= credit bytes)
     fed from a priority heap of ready, uncommitted bytes (module docstring)."""
     num = len(layers)
@@ -185,8 +195,11 @@ def composes(ctx, cand) -> bool:
     """ByteScheduler may be searched on this candidate: the axis unpinned, meshplan's executor
     (other runtimes express only the bucket order), and feasibility's rules (ZeRO-0 replicas
     without tensor or pipeline parallelism, no compression; the cheap ones checked first)."""
-    if "comm_schedule" in ctx.request.methods or ctx.request.runtime != "meshplan" \
-            or cand.method("comm_schedule")[0] != "buckets":
+    if (
+        "comm_schedule" in ctx.request.methods
+        or ctx.request.runtime != "meshplan"
+        or cand.method("comm_schedule")[0] != "buckets"
+    ):
         return False
     if cand.zero != 0 or cand.pp != 1 or cand.tp != 1 or cand.dp_replicate * cand.cp <= 1:
         return False
@@ -205,6 +218,7 @@ def searched(ctx, table, cand) -> list:
     """The candidate with ByteScheduler at its tuned chunk and credit, where it composes ([] else):
     what the search (planner/methods.py) and brute force (bruteforce.py) price by default."""
     from meshplan.planner.dp_cost import DataParallelCost
+
     alt = variant(ctx, cand)
     if alt is None:
         return []
@@ -218,6 +232,7 @@ def solutions(ctx, table, alt, sols):
     freed memory may let it recompute less (pp = 1: one rank, solved exactly)."""
     from meshplan.planner.methods import reprice
     from meshplan.planner.partition import solve
+
     if all(mode == "none" for s in sols for mode in s.modes.values()):
         return reprice(ctx, table, alt, sols)
     got, _, _ = solve(ctx, alt, table.for_candidate(alt))

@@ -6,6 +6,7 @@ be summed (top-k's values and indices, quantized codes) is exchanged by all-gath
 (`collective = "all_gather"`, payload = this rank's contribution) and pays only below a density
 of about 1/N: planner/compression_quant.py (issue #15), registered in COMPRESSORS below.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,6 +35,7 @@ def matrices(layer: LayerProfile, split: int) -> list[tuple[int, int]]:
 
 class Compressor:
     """No compression: the fp32 gradients are the payload."""
+
     name = "none"
     collective = "all_reduce"
     """How the payload is exchanged: "all_reduce" (summable) or "all_gather" (per-rank payloads)."""
@@ -58,6 +60,7 @@ class Compressor:
 class Fp16(Compressor):
     """torch default_hooks.fp16_compress_hook: the bucket cast to fp16, all-reduced, cast back
     (half the bytes; the cast is memory-bound and hidden in the hook)."""
+
     name = "fp16"
 
     def payload_bytes(self, layer: LayerProfile, split: int) -> float:
@@ -68,6 +71,7 @@ class PowerSGD(Compressor):
     """Vogels et al. 2019 Alg. 1, as torch's powerSGD_hook runs it: each n x m gradient matrix
     with (n + m) r' x min_compression_rate < n m (r' = min(n, m, rank)) is sent as P (n x r')
     and Q (m x r'), two all-reduces; vectors and small matrices go uncompressed in a third."""
+
     name = "powersgd"
 
     def _split(self, layer: LayerProfile, split: int) -> tuple[int, list[tuple[int, int, int]]]:

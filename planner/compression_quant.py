@@ -12,6 +12,7 @@ Compute is modelled, not measured: every compressor is a chain of memory-bound e
 passes plus a fixed cost per op (kernel launch / framework dispatch, OP_S), encode once and
 decode once per rank of the group. `meshplan profile` does not time compressors yet.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,6 +38,7 @@ def _pass_s(ctx, ops: float, bytes_touched: float) -> float:
 
 class TopK(Compressor):
     """Top-k values + int32 indices per tensor, all-gathered (executor/methods/topk.py)."""
+
     name = "topk"
     collective = "all_gather"
 
@@ -67,13 +69,15 @@ class TopK(Compressor):
 class Quantizer(Compressor):
     """Sign + level index bit-packed per coordinate, one norm per bucket, all-gathered
     (executor/methods/quantize.py)."""
+
     collective = "all_gather"
     adaptive = False
 
     def _bytes(self, n: int) -> int:
         p = self.params
-        return wire.quant_bytes(n, bits=p["bits"], bucket_size=p["bucket_size"], quantize=p.get("quantize", True),
-                                adaptive=self.adaptive)
+        return wire.quant_bytes(
+            n, bits=p["bits"], bucket_size=p["bucket_size"], quantize=p.get("quantize", True), adaptive=self.adaptive
+        )
 
     def payload_bytes(self, layer: LayerProfile, split: int) -> float:
         return sum(self._bytes(n) for n in _numels(layer, split))
@@ -88,8 +92,9 @@ class Quantizer(Compressor):
         level lookup, scale, sign, add (~8 ops, ~6 fp32 passes + bits bytes)."""
         bits, total = self.params["bits"], 0.0
         for n in _numels(layer, split):
-            total += _pass_s(ctx, 25 + 8 * self.group, n * (16 * GRAD_BYTES + bits)
-                             + self.group * n * (6 * GRAD_BYTES + bits))
+            total += _pass_s(
+                ctx, 25 + 8 * self.group, n * (16 * GRAD_BYTES + bits) + self.group * n * (6 * GRAD_BYTES + bits)
+            )
         return total
 
 
@@ -103,6 +108,7 @@ class NUQSGD(Quantizer):
 
 class ALQ(Quantizer):
     """Adds the HIST_BINS-bin histogram per tensor; the refit (every refit_every steps) is small."""
+
     name = "alq"
     adaptive = True
 
@@ -114,6 +120,7 @@ class AMQ(ALQ):
 class Accordion(Compressor):
     """PowerSGD (per-tensor ranks, executor/methods/lowrank.py) at critical_rank for a share
     critical_fraction of the steps, at rank otherwise; all-reduced."""
+
     name = "accordion"
 
     def _at(self, rank: int) -> PowerSGD:
@@ -125,8 +132,11 @@ class Accordion(Compressor):
         return f * getattr(low, what)(*args) + (1 - f) * getattr(high, what)(*args)
 
     def payload_bytes(self, layer: LayerProfile, split: int) -> float:
-        return sum(GRAD_BYTES * wire.lowrank_elems(n, m, r, self.params["min_compression_rate"])
-                   * w for n, m in matrices(layer, split) for r, w in self._weights())
+        return sum(
+            GRAD_BYTES * wire.lowrank_elems(n, m, r, self.params["min_compression_rate"]) * w
+            for n, m in matrices(layer, split)
+            for r, w in self._weights()
+        )
 
     def _weights(self) -> list[tuple[int, float]]:
         f = self.params["critical_fraction"]
@@ -143,12 +153,15 @@ class Accordion(Compressor):
 
 class AccordionTopK(TopK):
     """Top-k at critical_density for a share critical_fraction of the steps, density otherwise."""
+
     name = "accordion_topk"
 
     def payload_bytes(self, layer: LayerProfile, split: int) -> float:
         f, p = self.params["critical_fraction"], self.params
-        return sum(f * wire.topk_bytes(n, p["critical_density"]) + (1 - f) * wire.topk_bytes(n, p["density"])
-                   for n in _numels(layer, split))
+        return sum(
+            f * wire.topk_bytes(n, p["critical_density"]) + (1 - f) * wire.topk_bytes(n, p["density"])
+            for n in _numels(layer, split)
+        )
 
     def density(self) -> float:
         f, p = self.params["critical_fraction"], self.params

@@ -7,6 +7,7 @@ at the size of the layer's local GEMMs: tensor parallelism divides each GEMM by 
 its efficiency (DESIGN.md, "Cost model"). The layer's efficiency is the FLOP-weighted harmonic
 mean over its GEMMs: time = sum_g flops_g / (peak x eff(flops_g)).
 """
+
 from __future__ import annotations
 
 import math
@@ -83,8 +84,11 @@ def layer_compute_s(ctx: Context, layer: LayerProfile, b: int, split: int, cp: i
         return fwd + overhead, bwd + overhead, sel
     attn_rate = ctx.peak_flops * attention_efficiency(ctx, b, cp)
     sel = layer.recompute_flops_selective * b / (split * cp) / attn_rate  # the attention core again
-    return (_flops_time_s(ctx, layer, layer.forward_flops, b, split, cp) + overhead,
-            _flops_time_s(ctx, layer, layer.backward_flops, b, split, cp) + overhead, sel)
+    return (
+        _flops_time_s(ctx, layer, layer.forward_flops, b, split, cp) + overhead,
+        _flops_time_s(ctx, layer, layer.backward_flops, b, split, cp) + overhead,
+        sel,
+    )
 
 
 def recompute_overheads_s(ctx: Context, layer: LayerProfile, b: int) -> tuple[float, float]:
@@ -98,8 +102,11 @@ def recompute_overheads_s(ctx: Context, layer: LayerProfile, b: int) -> tuple[fl
     fw = layer.framework_overhead_s if ctx.measured and layer.timings else {}
     out = []
     for mode in ("full", "selective"):
-        share = 1.0 if mode == "full" else (
-            layer.recompute_flops_selective / layer.forward_flops if layer.forward_flops else 0.0)
+        share = (
+            1.0
+            if mode == "full"
+            else (layer.recompute_flops_selective / layer.forward_flops if layer.forward_flops else 0.0)
+        )
         pts = measured_points(fw, f"recompute_{mode}@1") or measured_points(fw, f"recompute_{mode}")
         machinery = [(mb, max(0.0, measured - share * _interp_timing(layer, mb)[0])) for mb, measured in pts]
         out.append(linear_in_b(machinery, b) or 0.0)

@@ -1,5 +1,6 @@
 """The planning context: the (sequence-rescaled) profile, the cluster, the request, and the
 derived constants every cost function needs; and `Candidate`, one outer-loop configuration."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,6 +25,7 @@ SPLIT_KINDS = ("block", "embedding", "head")
 class Candidate:
     """One outer configuration; stage boundaries and recompute are solved per candidate.
     Degrees in the mesh order pp, dp_replicate, dp_shard, cp, tp (HSDP: both dp degrees > 1)."""
+
     pp: int
     dp_replicate: int
     dp_shard: int
@@ -73,39 +75,66 @@ class Candidate:
         return (self.microbatch, self.tp, self.sequence_parallel, self.cp) + data + (self.methods,)
 
     def layout(self, seq_len: int) -> feasibility.Layout:
-        return feasibility.Layout(pp=self.pp, dp_replicate=self.dp_replicate, dp_shard=self.dp_shard, cp=self.cp,
-                                  tp=self.tp, zero=self.zero, microbatch=self.microbatch,
-                                  num_microbatches=self.num_microbatches, schedule=self.schedule,
-                                  virtual_stages=self.virtual_stages, sequence_parallel=self.sequence_parallel,
-                                  seq_len=seq_len, methods=tuple((a, n) for a, n, _ in self.methods))
+        return feasibility.Layout(
+            pp=self.pp,
+            dp_replicate=self.dp_replicate,
+            dp_shard=self.dp_shard,
+            cp=self.cp,
+            tp=self.tp,
+            zero=self.zero,
+            microbatch=self.microbatch,
+            num_microbatches=self.num_microbatches,
+            schedule=self.schedule,
+            virtual_stages=self.virtual_stages,
+            sequence_parallel=self.sequence_parallel,
+            seq_len=seq_len,
+            methods=tuple((a, n) for a, n, _ in self.methods),
+        )
 
     @functools.cached_property
     def family(self) -> str:
-        dp = f"dp={self.dp}" if self.dp_replicate == 1 or self.dp_shard == 1 else \
-            f"dp={self.dp_replicate}x{self.dp_shard}"
+        dp = (
+            f"dp={self.dp}"
+            if self.dp_replicate == 1 or self.dp_shard == 1
+            else f"dp={self.dp_replicate}x{self.dp_shard}"
+        )
         return f"pp={self.pp} {dp} cp={self.cp} tp={self.tp}"
 
     def label(self) -> str:
         sched = self.schedule + (f"(v={self.virtual_stages})" if self.virtual_stages > 1 else "")
         methods = "".join(f" {a}={n}" for a, n, _ in self.methods)
-        return (f"{self.family} b={self.microbatch} m={self.num_microbatches} {sched} "
-                f"zero={self.zero}{' sp' if self.sequence_parallel else ''}{methods}")
+        return (
+            f"{self.family} b={self.microbatch} m={self.num_microbatches} {sched} "
+            f"zero={self.zero}{' sp' if self.sequence_parallel else ''}{methods}"
+        )
 
 
 def _gpu_model(name: str) -> str:
-    """"A100", "H100", "H200", "B200", ... from a device name ("cuda:NVIDIA H200", "H200-141G")."""
+    """ "A100", "H100", "H200", "B200", ... from a device name ("cuda:NVIDIA H200", "H200-141G")."""
     hit = re.search(r"\b([ABHLV]\d{2,3})", name.upper().replace("-", " ").replace("_", " "))
     return hit.group(1) if hit else ""
 
 
 def _signature(layer: LayerProfile) -> tuple:
     """Everything the cost model reads from a layer; equal signatures cost the same."""
-    return (layer.kind, layer.num_params, layer.forward_flops, layer.backward_flops,
-            layer.activation_bytes, layer.selective_activation_bytes, layer.recompute_flops_selective,
-            layer.tp_replicated_activation_bytes, layer.input_bytes, layer.output_bytes, layer.tp.kind,
-            layer.tp.num_allreduce_fwd, tuple(map(tuple, layer.gemm_shapes)),
-            tuple((t.microbatch_size, t.forward_s, t.backward_s) for t in layer.timings), layer.optimizer_step_s,
-            tuple(sorted(layer.framework_overhead_s.items())))
+    return (
+        layer.kind,
+        layer.num_params,
+        layer.forward_flops,
+        layer.backward_flops,
+        layer.activation_bytes,
+        layer.selective_activation_bytes,
+        layer.recompute_flops_selective,
+        layer.tp_replicated_activation_bytes,
+        layer.input_bytes,
+        layer.output_bytes,
+        layer.tp.kind,
+        layer.tp.num_allreduce_fwd,
+        tuple(map(tuple, layer.gemm_shapes)),
+        tuple((t.microbatch_size, t.forward_s, t.backward_s) for t in layer.timings),
+        layer.optimizer_step_s,
+        tuple(sorted(layer.framework_overhead_s.items())),
+    )
 
 
 def optimizer_call_measured_s(layers: list[LayerProfile]) -> float:
@@ -206,7 +235,9 @@ class Context:
         if dev == "cpu" or kind == "cpu":
             return dev == "cpu" and kind == "cpu"
         model = _gpu_model(dev)
-        return dev.startswith("cuda") and kind == "cuda" and bool(model) and model == _gpu_model(self.cluster.device.name)
+        return (
+            dev.startswith("cuda") and kind == "cuda" and bool(model) and model == _gpu_model(self.cluster.device.name)
+        )
 
     def tp_split(self, layer: LayerProfile, tp: int) -> int:
         return tp if layer.tp.kind in SPLIT_KINDS else 1

@@ -16,6 +16,7 @@ memory, and the bytes it puts on the wire.
   for ZeRO-2/3; the compressor's state (PowerSGD's error feedback and factors) is added.
 - Bytes: meshplan/comm_bytes.py's ring volumes, the same convention the executor counts.
 """
+
 from __future__ import annotations
 
 import math
@@ -68,6 +69,7 @@ def padded_shard_elems(layer: LayerProfile, split: int, shard: int) -> int:
 @dataclass(frozen=True)
 class LayerDP:
     """One layer's data-parallel terms on one rank."""
+
     weights_bytes: float
     grads_bytes: float
     optim_bytes: float
@@ -98,8 +100,7 @@ class DataParallelCost:
         name, params = cand.method("compression")
         self.compressor = compressor(name, params)
         self.compressor.group = self.replicas
-        self.replica_tier = group_tier(ctx.cluster, cand.tp * (self.shard if cand.zero >= 2 else 1),
-                                       self.replicas)
+        self.replica_tier = group_tier(ctx.cluster, cand.tp * (self.shard if cand.zero >= 2 else 1), self.replicas)
         self.shard_tier = group_tier(ctx.cluster, cand.tp * cand.cp, self.shard)
         self.bucket_bytes = cand.method("comm_schedule")[1].get("bucket_mb", 25) * 1024**2
         self.offload = cand.method("offload")[0] != "none"
@@ -126,21 +127,34 @@ class DataParallelCost:
         zero01 = self.zero <= 1 and self.replicas > 1
         if zero01 and self.sync.replaces_ddp:  # planner/sync.py: copies, buffers, Crossbow's learners
             weights += self.sync.state_bytes(local)
-        return LayerDP(weights_bytes=weights, grads_bytes=grads + (self.compressor.state_bytes(layer, split)
-                                                                   if zero01 else 0.0),
-                       optim_bytes=optim, comm_s=comm, measured=measured,
-                       payload_bytes=self.compressor.payload_bytes(layer, split) if zero01 else 0.0,
-                       compress_s=(self.compressor.compute_s(self.ctx, layer, split)
-                                   + self.sync.extra_compute_s(layer, split, b, m)) if zero01 else 0.0,
-                       optimizer_shard=self.dp if self.zero == 1 else self.shard,
-                       host_step=self.offload_cost.host_step)
+        return LayerDP(
+            weights_bytes=weights,
+            grads_bytes=grads + (self.compressor.state_bytes(layer, split) if zero01 else 0.0),
+            optim_bytes=optim,
+            comm_s=comm,
+            measured=measured,
+            payload_bytes=self.compressor.payload_bytes(layer, split) if zero01 else 0.0,
+            compress_s=(
+                self.compressor.compute_s(self.ctx, layer, split) + self.sync.extra_compute_s(layer, split, b, m)
+            )
+            if zero01
+            else 0.0,
+            optimizer_shard=self.dp if self.zero == 1 else self.shard,
+            host_step=self.offload_cost.host_step,
+        )
 
     def _ddp_bucket_bytes_per_param(self) -> float:
         """PyTorch DDP (ZeRO-0/1 without tensor parallelism) allocates its buckets for every
         gradient when built (Reducer::initialize_buckets), a second copy of the fp32 gradients
         (gradient_as_bucket_view=False). Megatron's contiguous grad buffer is the main grads."""
-        if self.zero >= 2 or self.replicas <= 1 or self.cand.tp > 1 or self.ctx.request.state_layout != "torch" \
-                or not self.sync.ddp_buckets or not self.schedule.ddp_buckets:
+        if (
+            self.zero >= 2
+            or self.replicas <= 1
+            or self.cand.tp > 1
+            or self.ctx.request.state_layout != "torch"
+            or not self.sync.ddp_buckets
+            or not self.schedule.ddp_buckets
+        ):
             return 0.0
         return 4.0
 
@@ -153,8 +167,7 @@ class DataParallelCost:
             return 0.0, False
         ctx, width = self.ctx, fsdp_width(self.ctx)
         scatter = collective_s(ctx.cluster, "reduce_scatter", self.shard, local * width, self.shard_tier)
-        scatter += collective_s(ctx.cluster, "all_reduce", self.replicas, local * width / self.shard,
-                                self.replica_tier)
+        scatter += collective_s(ctx.cluster, "all_reduce", self.replicas, local * width / self.shard, self.replica_tier)
         offload = self._offload_s(local) if self.offload else 0.0
         fw = layer.framework_overhead_s if ctx.measured else {}
         measured = in_place_overhead_s(fw, f"zero3@{self.shard}", b) if self.zero == 3 and fw else None
@@ -169,15 +182,18 @@ class DataParallelCost:
         return self.offload_cost.per_microbatch_s(local)
 
     # --- per rank, once per step ----------------------------------------------------------
-    def sync_s(self, local_params: float, payload_bytes: float, compress_s: float, backward_window_s: float,
-               last_bucket: float) -> float:
+    def sync_s(
+        self, local_params: float, payload_bytes: float, compress_s: float, backward_window_s: float, last_bucket: float
+    ) -> float:
         """Once per step: the exposed gradient sync and the offload method's exposed step
         (planner/offload.py)."""
-        return (self._grad_sync_s(local_params, payload_bytes, compress_s, backward_window_s, last_bucket)
-                + self.offload_cost.step_s(local_params, backward_window_s))
+        return self._grad_sync_s(
+            local_params, payload_bytes, compress_s, backward_window_s, last_bucket
+        ) + self.offload_cost.step_s(local_params, backward_window_s)
 
-    def _grad_sync_s(self, local_params: float, payload_bytes: float, compress_s: float,
-                     backward_window_s: float, last_bucket: float) -> float:
+    def _grad_sync_s(
+        self, local_params: float, payload_bytes: float, compress_s: float, backward_window_s: float, last_bucket: float
+    ) -> float:
         """Exposed gradient sync of one rank (ZeRO-0/1): bucketed all-reduce of the payload behind
         the last microbatch's backward except the last bucket, plus ZeRO-1's parameter broadcast
         and what a busy CPU's DDP adds (measured in place)."""
@@ -234,19 +250,24 @@ class DataParallelCost:
             payload = sum(self.compressor.payload_bytes(lp, s) for lp, s in layers)
             out["dp_replicate"] = wire_bytes(self.compressor.collective, self.replicas, payload)
             if self.zero == 1:
-                out["dp_replicate"] += wire_bytes("broadcast", self.replicas,
-                                                  sum(4 * lp.num_params // s for lp, s in layers))
+                out["dp_replicate"] += wire_bytes(
+                    "broadcast", self.replicas, sum(4 * lp.num_params // s for lp, s in layers)
+                )
         elif self.zero >= 2 and self.shard > 1:
             width, gathers = fsdp_width(self.ctx), (2 if self.zero == 3 else 1) * m
             shard_bytes = sum(width * padded_shard_elems(lp, s, self.shard) for lp, s in layers)
-            out["dp_shard"] = (gathers * wire_bytes("all_gather", self.shard, shard_bytes)
-                               + wire_bytes("reduce_scatter", self.shard, self.shard * shard_bytes))
+            out["dp_shard"] = gathers * wire_bytes("all_gather", self.shard, shard_bytes) + wire_bytes(
+                "reduce_scatter", self.shard, self.shard * shard_bytes
+            )
             if self.replicas > 1:
                 out["dp_replicate"] = wire_bytes("all_reduce", self.replicas, shard_bytes)
         if self.sync.replaces_ddp and self.zero <= 1 and self.replicas > 1:  # its own exchange (sync.py)
             out["dp_replicate"] = self.sync.bytes(sum(lp.num_params // s for lp, s in layers))
-        host_elems = (sum(padded_shard_elems(lp, s, self.shard) for lp, s in layers) if self.zero >= 2
-                      else sum(lp.num_params // s for lp, s in layers) / (self.dp if self.zero == 1 else 1))
+        host_elems = (
+            sum(padded_shard_elems(lp, s, self.shard) for lp, s in layers)
+            if self.zero >= 2
+            else sum(lp.num_params // s for lp, s in layers) / (self.dp if self.zero == 1 else 1)
+        )
         out.update(self.offload_cost.bytes_per_step(host_elems))  # host_device / nvme (planner/offload.py)
         return {axis: round(v) for axis, v in sorted(out.items()) if v}
 

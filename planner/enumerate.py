@@ -3,6 +3,7 @@ microbatch sizes dividing the per-replica batch, schedules and virtual stages, Z
 sequence parallelism. Pinned request fields fix their axis. Invalid families are kept as
 Rejections with their reason (calculon's "good and bad candidates").
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -95,8 +96,9 @@ def _schedules(ctx: Context, pp: int, m: int, rej: Rejects, fam: str) -> list[tu
     return out
 
 
-def _interleaved(ctx: Context, pp: int, m: int, rej: Rejects, fam: str,
-                 name: str = "Interleaved1F1B") -> list[tuple[str, int]]:
+def _interleaved(
+    ctx: Context, pp: int, m: int, rej: Rejects, fam: str, name: str = "Interleaved1F1B"
+) -> list[tuple[str, int]]:
     if ctx.body is None:
         rej.add(fam, f"{name} needs identical blocks (this model's layers differ)")
         return []
@@ -105,11 +107,13 @@ def _interleaved(ctx: Context, pp: int, m: int, rej: Rejects, fam: str,
     if ctx.request.uniform_stages and blocks % pp == 0:  # even splits: every v dividing blocks/pp
         options |= {v for v in divisors(blocks // pp) if v > 1}
     vs = _pick(ctx.request.virtual_stages, sorted(options))
-    ok = [v for v in vs if v > 1 and pp * v <= blocks + 2
-          and not (ctx.request.uniform_stages and blocks % (pp * v))]
+    ok = [v for v in vs if v > 1 and pp * v <= blocks + 2 and not (ctx.request.uniform_stages and blocks % (pp * v))]
     if len(ok) < len(vs):
-        why = (f"blocks ({blocks}) not a multiple of pp x v (uniform_stages) or pp x v > {blocks + 2} layers"
-               if ctx.request.uniform_stages else f"virtual stages x pp > {blocks + 2} layers")
+        why = (
+            f"blocks ({blocks}) not a multiple of pp x v (uniform_stages) or pp x v > {blocks + 2} layers"
+            if ctx.request.uniform_stages
+            else f"virtual stages x pp > {blocks + 2} layers"
+        )
         rej.add(fam, why, len(vs) - len(ok))
     return [("Interleaved1F1B", v) for v in ok]
 
@@ -135,9 +139,13 @@ def shard_degrees(ctx: Context, dp: int, cp: int, tp: int) -> list[int]:
 def base_methods(ctx: Context) -> tuple:
     """The pinned methods (--compression, --sync, ...) as Candidate.methods; unpinned axes keep
     the registry default here (the search prices the allowed alternatives per candidate)."""
-    return tuple(sorted((axis, name, tuple(sorted(params.items())))
-                        for axis, (name, params) in ctx.request.methods.items()
-                        if not (name == dp_methods.DEFAULTS[axis] and params == dp_methods.defaults_of(axis, name))))
+    return tuple(
+        sorted(
+            (axis, name, tuple(sorted(params.items())))
+            for axis, (name, params) in ctx.request.methods.items()
+            if not (name == dp_methods.DEFAULTS[axis] and params == dp_methods.defaults_of(axis, name))
+        )
+    )
 
 
 def tp_divisors(ctx: Context) -> dict[str, int]:
@@ -161,20 +169,35 @@ def candidates(ctx: Context, rej: Rejects) -> list[Candidate]:
                 continue
             m = per_replica // b
             zeros = _pick(req.zero, list(req.zero_stages or (0, 1, 2, 3)) if dp > 1 else [0])
-            sps = [bool(req.sequence_parallel) and tp > 1] if req.sequence_parallel is not None else (
-                [False, True] if tp > 1 else [False])
+            sps = (
+                [bool(req.sequence_parallel) and tp > 1]
+                if req.sequence_parallel is not None
+                else ([False, True] if tp > 1 else [False])
+            )
             for sched, v in _schedules(ctx, pp, m, rej, f"pp={pp} dp={dp} cp={cp} tp={tp}"):
                 for zero in zeros:
-                    for shard in (shard_degrees(ctx, dp, cp, tp) if zero >= 2 and dp > 1 else [1]):
+                    for shard in shard_degrees(ctx, dp, cp, tp) if zero >= 2 and dp > 1 else [1]:
                         if dp % shard:
                             rej.add(f"pp={pp} dp={dp} cp={cp} tp={tp}", f"dp_shard={shard} does not divide dp={dp}")
                             continue
                         for sp in sps:
-                            cand = Candidate(pp=pp, dp_replicate=dp // shard, dp_shard=shard, cp=cp, tp=tp,
-                                             microbatch=b, num_microbatches=m, schedule=sched, virtual_stages=v,
-                                             zero=zero, sequence_parallel=sp, methods=methods)
-                            why = feasibility.first(cand.layout(ctx.seq), num_layers=len(ctx.layers),
-                                                    tp_divisors=divs, tp_kinds=kinds)
+                            cand = Candidate(
+                                pp=pp,
+                                dp_replicate=dp // shard,
+                                dp_shard=shard,
+                                cp=cp,
+                                tp=tp,
+                                microbatch=b,
+                                num_microbatches=m,
+                                schedule=sched,
+                                virtual_stages=v,
+                                zero=zero,
+                                sequence_parallel=sp,
+                                methods=methods,
+                            )
+                            why = feasibility.first(
+                                cand.layout(ctx.seq), num_layers=len(ctx.layers), tp_divisors=divs, tp_kinds=kinds
+                            )
                             if why:
                                 rej.add(cand.family, why)
                                 rej.infeasible.append((cand, why))

@@ -4,6 +4,7 @@ Stage boundaries are a balanced split of the blocks over the pp x v stages (the 
 carries the embedding, the last the head); every block uses the requested recompute mode. A
 configuration that does not fit still gets its prediction, its binding constraint says the OOM.
 """
+
 from __future__ import annotations
 
 from meshplan import feasibility
@@ -27,23 +28,37 @@ def _candidate(ctx: Context) -> Candidate:
     tp, pp, cp = req.tp or 1, req.pp or 1, req.cp or 1
     dp = req.dp or max(req.num_gpus // (tp * pp * cp), 1)  # the data-parallel degree fills the rest
     if tp * pp * dp * cp != req.num_gpus:
-        raise MeshplanError(f"--tp {tp} x --pp {pp} x --dp {dp} x --cp {cp} = {tp * pp * dp * cp} "
-                            f"but --num-gpus is {req.num_gpus}; make the degrees multiply to it")
+        raise MeshplanError(
+            f"--tp {tp} x --pp {pp} x --dp {dp} x --cp {cp} = {tp * pp * dp * cp} "
+            f"but --num-gpus is {req.num_gpus}; make the degrees multiply to it"
+        )
     zero = req.zero or 0
     shard = req.dp_shard or (dp if zero >= 2 else 1)
     if dp % shard:
         raise MeshplanError(f"--dp-shard {shard} does not divide the data-parallel degree {dp}; use a divisor of it")
     b = req.microbatch or 1
     if req.global_batch % (dp * b):
-        raise MeshplanError(f"--global-batch {req.global_batch} is not divisible by dp x microbatch = "
-                            f"{dp * b}; pick a batch that is")
+        raise MeshplanError(
+            f"--global-batch {req.global_batch} is not divisible by dp x microbatch = {dp * b}; pick a batch that is"
+        )
     sched = schedule_name(req.schedule) if req.schedule else "1F1B"
     v = (req.virtual_stages or 2) if sched in INTERLEAVED else 1
     if pp == 1:
         sched, v = ("1F1B" if sched in INTERLEAVED else sched), 1
-    return Candidate(pp=pp, dp_replicate=dp // shard, dp_shard=shard, cp=cp, tp=tp, microbatch=b,
-                     num_microbatches=req.global_batch // (dp * b), schedule=sched, virtual_stages=v, zero=zero,
-                     sequence_parallel=bool(req.sequence_parallel) and tp > 1, methods=base_methods(ctx))
+    return Candidate(
+        pp=pp,
+        dp_replicate=dp // shard,
+        dp_shard=shard,
+        cp=cp,
+        tp=tp,
+        microbatch=b,
+        num_microbatches=req.global_batch // (dp * b),
+        schedule=sched,
+        virtual_stages=v,
+        zero=zero,
+        sequence_parallel=bool(req.sequence_parallel) and tp > 1,
+        methods=base_methods(ctx),
+    )
 
 
 def balanced_stages(ctx: Context, num_stages: int) -> list[list[int]]:
@@ -61,7 +76,9 @@ def balanced_stages(ctx: Context, num_stages: int) -> list[list[int]]:
     for s, size in enumerate(sizes):
         stage = list(range(nxt, nxt + size))
         nxt += size
-        stages.append(([0] if s == 0 and start == 1 else []) + stage + ([n - 1] if s == num_stages - 1 and end == n - 1 else []))
+        stages.append(
+            ([0] if s == 0 and start == 1 else []) + stage + ([n - 1] if s == num_stages - 1 and end == n - 1 else [])
+        )
     if any(not st for st in stages):
         raise MeshplanError(f"{num_stages} stages leave one empty; use fewer (--pp x --virtual-stages)")
     return stages
@@ -72,9 +89,13 @@ def estimate(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) 
     cluster = cluster if cluster.num_devices == request.num_gpus else cluster.with_num_devices(request.num_gpus)
     ctx = Context.build(profile, cluster, request)
     cand = _candidate(ctx)
-    invalid = [r.text for r in feasibility.reasons(cand.layout(ctx.seq), num_layers=len(ctx.layers),
-                                                   tp_divisors=tp_divisors(ctx), tp_kinds=tp_kinds(ctx))
-               if not r.runnable_only]
+    invalid = [
+        r.text
+        for r in feasibility.reasons(
+            cand.layout(ctx.seq), num_layers=len(ctx.layers), tp_divisors=tp_divisors(ctx), tp_kinds=tp_kinds(ctx)
+        )
+        if not r.runnable_only
+    ]
     if invalid:  # the same rules as the search, Plan.validate and the executor's check_plan
         raise MeshplanError(f"{cand.label()}: {invalid[0]}")
     table = CostTable(ctx)

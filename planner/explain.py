@@ -1,12 +1,23 @@
 """Explanations: the one-line InfeasibleError message (what would fit) and rejection summaries."""
+
 from __future__ import annotations
 
 import dataclasses
 
 from meshplan.planner.memory import GIB
 
-PIN_FIELDS = ("tp", "pp", "dp", "cp", "microbatch", "schedule", "virtual_stages", "recompute", "zero",
-              "sequence_parallel")
+PIN_FIELDS = (
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "microbatch",
+    "schedule",
+    "virtual_stages",
+    "recompute",
+    "zero",
+    "sequence_parallel",
+)
 MAX_GPUS = 65536
 
 
@@ -37,8 +48,10 @@ def _fewest_gpus(profile, cluster, request) -> int | None:
 
 def infeasible_message(searcher, profile, cluster, request) -> str:
     """One line: nothing fits, why (the closest family), and what would (unpinning, or GPUs)."""
-    head = f"no plan fits {profile.model_name} (batch {request.global_batch}, seq {searcher.ctx.seq}) " \
-           f"on {request.num_gpus} x {cluster.device.name}: {_closest(searcher)}"
+    head = (
+        f"no plan fits {profile.model_name} (batch {request.global_batch}, seq {searcher.ctx.seq}) "
+        f"on {request.num_gpus} x {cluster.device.name}: {_closest(searcher)}"
+    )
     pins = [f for f in PIN_FIELDS if getattr(request, f) is not None]
     if pins and _fits(profile, cluster, dataclasses.replace(request, **{f: None for f in pins})):
         return f"{head}; unpinning {', '.join('--' + p.replace('_', '-') for p in pins)} fits on these GPUs"

@@ -7,6 +7,7 @@ and each full one walks every live object of the process — a torch-built profi
 (0.95 s with it paused vs 1.4 s, same process, alternating). The previous state is restored on
 exit, also on an exception, so callers see no change.
 """
+
 from __future__ import annotations
 
 import functools
@@ -19,6 +20,7 @@ F = TypeVar("F", bound=Callable)
 
 def gc_paused(fn: F) -> F:
     """Run `fn` with the cyclic collector disabled (re-enabled afterwards if it was on)."""
+
     @functools.wraps(fn)
     def run(*args, **kwargs):
         was_on = gc.isenabled()
@@ -28,4 +30,5 @@ def gc_paused(fn: F) -> F:
         finally:
             if was_on:
                 gc.enable()
+
     return run  # type: ignore[return-value]

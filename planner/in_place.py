@@ -5,6 +5,7 @@ only), in LayerProfile.framework_overhead_s (per layer: "tp@2", "tp_sp@2", "zero
 ModelProfile.step_overhead_s (per step: "ddp@4"). Values are linear in the microbatch through the
 two measured sizes (the fixed part is dispatch and waiting, the slope the bytes moved).
 """
+
 from __future__ import annotations
 
 
@@ -16,7 +17,7 @@ def measured_points(overheads: dict[str, float], key: str, forward_only: bool = 
     for k, v in overheads.items():
         if not k.startswith(key + ":b") or k.endswith(":fwd") != forward_only:
             continue
-        pts.append((int(k[len(key) + 2:len(k) - len(suffix)]), v))
+        pts.append((int(k[len(key) + 2 : len(k) - len(suffix)]), v))
     return sorted(pts)
 
 

@@ -11,6 +11,7 @@ Data parallelism's per-layer terms (ZeRO-2/3 gathers, state bytes, compression p
 from the candidate's cost object (dp_cost.py); prefetched behind the layer's compute, only the
 excess is exposed.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -69,8 +70,11 @@ def _tp_comm_s(ctx: Context, layer: LayerProfile, b: int, tp: int, cp: int, sp: 
     one = all_reduce_s(ctx.cluster, tp, buf, tier, sp)
     fwd = 0 if layer.tp.kind == "head" else n
     bwd = 0 if layer.tp.kind == "embedding" else n
-    regather = n * collective_s(ctx.cluster, "all_gather", tp, buf, tier) \
-        if sp and layer.tp.kind == "block" and ctx.request.state_layout == "megatron" else 0.0
+    regather = (
+        n * collective_s(ctx.cluster, "all_gather", tp, buf, tier)
+        if sp and layer.tp.kind == "block" and ctx.request.state_layout == "megatron"
+        else 0.0
+    )
     return fwd * one, bwd * one + regather
 
 
@@ -110,22 +114,32 @@ cast (1.5), log_softmax's max, sum and write passes (4), nll (1); backward a den
 are a tenth of a small model's step."""
 
 
-def _memory_bound_s(ctx: Context, layer: LayerProfile, b: int, split: int, cp: int, sp: bool) -> tuple[float, float, float]:
+def _memory_bound_s(
+    ctx: Context, layer: LayerProfile, b: int, split: int, cp: int, sp: bool
+) -> tuple[float, float, float]:
     """(forward, backward, selective-recompute) seconds of a layer's memory-bound kernels; the
     head's fp32 logits at the loss's own pass counts (LOSS_PASSES)."""
     if ctx.measured and layer.timings:
         return 0.0, 0.0, 0.0
     hbm = ctx.cluster.device.hbm_gbps * 1e9
     saved = activation_bytes(ctx, layer, "none", b, split, cp, sp)
-    core = saved - activation_bytes(ctx, layer, "selective", b, split, cp, sp) \
-        if layer.selective_activation_bytes > 0 else 0.0
+    core = (
+        saved - activation_bytes(ctx, layer, "selective", b, split, cp, sp)
+        if layer.selective_activation_bytes > 0
+        else 0.0
+    )
     logits = min(layer.output_bytes * b / cp / split, saved) if layer.tp.kind == "head" else 0.0
     loss_fwd, loss_bwd = LOSS_PASSES[ctx.request.state_layout]
-    return ((FWD_PASSES * (saved - logits) + loss_fwd * logits) / hbm,
-            (BWD_PASSES * (saved - logits) + loss_bwd * logits) / hbm, FWD_PASSES * max(core, 0.0) / hbm)
+    return (
+        (FWD_PASSES * (saved - logits) + loss_fwd * logits) / hbm,
+        (BWD_PASSES * (saved - logits) + loss_bwd * logits) / hbm,
+        FWD_PASSES * max(core, 0.0) / hbm,
+    )
 
 
-def wrapper_overheads_s(ctx: Context, layer: LayerProfile, split: int, zero: int, dp: int) -> tuple[float, float, float]:
+def wrapper_overheads_s(
+    ctx: Context, layer: LayerProfile, split: int, zero: int, dp: int
+) -> tuple[float, float, float]:
     """(TP, FSDP2, optimizer) seconds the executor's parallel wrappers add to this layer, from the
     profile's measurements (LayerProfile.framework_overhead_s, on a one-rank mesh; the optimizer's
     in place where measured; measured profiles only): DTensor dispatch per microbatch when tensor
@@ -136,8 +150,10 @@ def wrapper_overheads_s(ctx: Context, layer: LayerProfile, split: int, zero: int
     if not fw:
         return 0.0, 0.0, 0.0
     tp_on, fsdp_on = split > 1, zero >= 2 and dp > 1
-    opt = max(_step_overhead_s(fw, "tp_optimizer", split) if tp_on else 0.0,
-              _step_overhead_s(fw, "fsdp_optimizer", dp) if fsdp_on else 0.0)
+    opt = max(
+        _step_overhead_s(fw, "tp_optimizer", split) if tp_on else 0.0,
+        _step_overhead_s(fw, "fsdp_optimizer", dp) if fsdp_on else 0.0,
+    )
     return fw.get("tp", 0.0) if tp_on else 0.0, fw.get("fsdp", 0.0) if fsdp_on else 0.0, opt
 
 
@@ -147,8 +163,9 @@ def _step_overhead_s(fw: dict[str, float], name: str, degree: int) -> float:
     return fw.get(f"{name}@{degree}", fw.get(name, 0.0))
 
 
-def _in_place_tp(ctx: Context, layer: LayerProfile, b: int, split: int, sp: bool, cp: int,
-                 tp_fwd_s: float) -> dict[str, float] | None:
+def _in_place_tp(
+    ctx: Context, layer: LayerProfile, b: int, split: int, sp: bool, cp: int, tp_fwd_s: float
+) -> dict[str, float] | None:
     """Tensor-parallel seconds per recompute mode from the in-place measurement: the measured
     overhead (dispatch + collectives + waiting on the partner ranks); full recompute runs the
     forward again, selective the forward's non-collective part (collective outputs are saved)."""
@@ -176,6 +193,7 @@ def allowed_modes(ctx: Context, layer: LayerProfile) -> tuple[str, ...]:
 class BaseCost:
     """The part of a layer's cost that data parallelism does not change, per recompute mode:
     (forward+backward compute, recompute, tensor-parallel seconds, saved bytes)."""
+
     modes: dict[str, tuple[float, float, float, float]]
     cp_s: float
     backward_s: float
@@ -195,36 +213,58 @@ def base_cost(ctx: Context, layer: LayerProfile, b: int, tp: int, sp: bool, cp: 
     tp_in_place = _in_place_tp(ctx, layer, b, split, sp, cp, tp_fwd)
     modes = {}
     for mode in allowed_modes(ctx, layer):
-        extra = (fwd + full_machinery if mode == "full" else sel + sel_machinery if mode == "selective"
-                 else 0.0)
-        tp_s = tp_in_place[mode] if tp_in_place is not None else (
-            (1 - tp_hidden) * (tp_fwd * (2 if mode == "full" else 1) + tp_bwd) + tp_wrap)
+        extra = fwd + full_machinery if mode == "full" else sel + sel_machinery if mode == "selective" else 0.0
+        tp_s = (
+            tp_in_place[mode]
+            if tp_in_place is not None
+            else ((1 - tp_hidden) * (tp_fwd * (2 if mode == "full" else 1) + tp_bwd) + tp_wrap)
+        )
         modes[mode] = (fwd + bwd, extra, tp_s, activation_bytes(ctx, layer, mode, b, split, cp, sp))
     return BaseCost(modes=modes, cp_s=cp_s, backward_s=bwd, split=split)
 
 
-def layer_cost(ctx: Context, layer: LayerProfile, cand: Candidate, dp_cost: DataParallelCost | None = None,
-               base: BaseCost | None = None) -> LayerCost:
+def layer_cost(
+    ctx: Context,
+    layer: LayerProfile,
+    cand: Candidate,
+    dp_cost: DataParallelCost | None = None,
+    base: BaseCost | None = None,
+) -> LayerCost:
     """Time and saved bytes of one microbatch of `layer` per recompute mode, and its state bytes."""
     b = cand.microbatch
     base = base or base_cost(ctx, layer, b, cand.tp, cand.sequence_parallel, cand.cp)
     split, local = base.split, layer.num_params / base.split
     dp_hidden = ctx.cluster.calibration.dp_overlap if ctx.request.overlap_dp_comm else 0.0
     data = (dp_cost or DataParallelCost(ctx, cand)).layer(layer, split, b, num_microbatches(ctx, b, cand.dp))
-    _, fsdp_wrap, opt_wrap = wrapper_overheads_s(ctx, layer, split, cand.zero,
-                                                 data.optimizer_shard if cand.zero >= 2 else cand.dp)
+    _, fsdp_wrap, opt_wrap = wrapper_overheads_s(
+        ctx, layer, split, cand.zero, data.optimizer_shard if cand.zero >= 2 else cand.dp
+    )
     if data.measured:
         fsdp_wrap = 0.0
     modes = {}
     for mode, (compute, extra, tp_s, act) in base.modes.items():
         dp_s = max(0.0, data.comm_s - dp_hidden * (compute + extra)) + fsdp_wrap
-        modes[mode] = ModeCost(time_s=compute + extra + tp_s + dp_s + base.cp_s, act_bytes=act,
-                               compute_s=compute, recompute_s=extra, tp_s=tp_s, dp_s=dp_s, cp_s=base.cp_s)
-    return LayerCost(modes=modes, weights_bytes=data.weights_bytes, grads_bytes=data.grads_bytes,
-                     optim_bytes=data.optim_bytes, local_params=local, backward_s=base.backward_s,
-                     optimizer_s=(0.0 if data.host_step else layer_optimizer_s(ctx, layer, local, data.optimizer_shard,
-                                                                              split)) + opt_wrap,
-                     payload_bytes=data.payload_bytes, compress_s=data.compress_s)
+        modes[mode] = ModeCost(
+            time_s=compute + extra + tp_s + dp_s + base.cp_s,
+            act_bytes=act,
+            compute_s=compute,
+            recompute_s=extra,
+            tp_s=tp_s,
+            dp_s=dp_s,
+            cp_s=base.cp_s,
+        )
+    return LayerCost(
+        modes=modes,
+        weights_bytes=data.weights_bytes,
+        grads_bytes=data.grads_bytes,
+        optim_bytes=data.optim_bytes,
+        local_params=local,
+        backward_s=base.backward_s,
+        optimizer_s=(0.0 if data.host_step else layer_optimizer_s(ctx, layer, local, data.optimizer_shard, split))
+        + opt_wrap,
+        payload_bytes=data.payload_bytes,
+        compress_s=data.compress_s,
+    )
 
 
 class CostTable:

@@ -12,19 +12,21 @@ TP-replicated part (`10sbh`, Eq. 2) stays whole on every TP rank unless sequence
 splits it; selective recompute keeps `selective_activation_bytes` (Eq. 6); full recompute keeps
 only the layer input (`2sbh`, /t with sequence parallelism).
 """
+
 from __future__ import annotations
 
 from meshplan.model_profile import LayerProfile
 from meshplan.planner.context import Context
 
 GIB = 1024**3
+
+
 def replicated_activation_bytes(ctx: Context, layer: LayerProfile) -> float:
     """TP-replicated part of a layer's saved bytes per sample (Korthikanti Eq. 2's 10sbh)."""
     if layer.tp_replicated_activation_bytes > 0:
         return layer.tp_replicated_activation_bytes
     if layer.tp.kind == "block" and ctx.profile.hidden:
-        return min(10.0 * ctx.seq * ctx.profile.hidden * ctx.profile.activation_dtype_bytes / 2,
-                   layer.activation_bytes)
+        return min(10.0 * ctx.seq * ctx.profile.hidden * ctx.profile.activation_dtype_bytes / 2, layer.activation_bytes)
     return 0.0
 
 

@@ -8,6 +8,7 @@ Only methods the user allowed (--allow-compression / --allow-sync) or pinned are
 methods the planner prices completely are searched by default: ByteScheduler with its tuned chunk
 and credit (planner/comm_schedule.py), offload as the fallback (offload_search.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -40,16 +41,18 @@ def alternatives(ctx: Context, cand: Candidate) -> list[Candidate]:
     return out
 
 
-def reprice(ctx: Context, table: CostTable, cand: Candidate,
-            sols: list[RankSolution]) -> tuple[list[RankSolution], bool]:
+def reprice(
+    ctx: Context, table: CostTable, cand: Candidate, sols: list[RankSolution]
+) -> tuple[list[RankSolution], bool]:
     """The same stages and recompute under `cand`'s methods: (rank solutions, fits in memory)."""
     model = RankModel(ctx, cand, table.for_candidate(cand))
     out = waves.solutions(ctx, table, cand, [model.finish(s.rank, s.layers, s.modes, s.p2p_s) for s in sols])
     return out, all(fits(model.memory_bytes(s), model.capacity) for s in out)
 
 
-def best_method(ctx: Context, table: CostTable, cand: Candidate, sols: list[RankSolution],
-                worth_below_s: float = math.inf) -> tuple[float, Candidate, list[RankSolution]]:
+def best_method(
+    ctx: Context, table: CostTable, cand: Candidate, sols: list[RankSolution], worth_below_s: float = math.inf
+) -> tuple[float, Candidate, list[RankSolution]]:
     """(step, candidate, solutions) of the fastest allowed method on this candidate's split.
     A compressor changes only the once-per-step sync (and memory), so none beats max over ranks
     of (cost - sync): when that is already >= `worth_below_s` (the search's K-th best step) the
@@ -75,8 +78,7 @@ def best_method(ctx: Context, table: CostTable, cand: Candidate, sols: list[Rank
     return best
 
 
-def method_options(ctx: Context, table: CostTable, chosen: Candidate,
-                   sols: list[RankSolution]) -> list[MethodOption]:
+def method_options(ctx: Context, table: CostTable, chosen: Candidate, sols: list[RankSolution]) -> list[MethodOption]:
     """The chosen plan re-priced with its default, pinned and allowed methods on every axis that
     has a choice: what the report's "Data-parallel methods" section shows."""
     out = []
@@ -85,23 +87,45 @@ def method_options(ctx: Context, table: CostTable, chosen: Candidate,
         if len(names) == 1 and names[0] == dp_methods.DEFAULTS[axis] and axis not in ctx.request.methods:
             continue
         for name in names:
-            params = chosen.method(axis)[1] if name == chosen.method(axis)[0] else \
-                dp_methods.defaults_of(axis, name)
+            params = chosen.method(axis)[1] if name == chosen.method(axis)[0] else dp_methods.defaults_of(axis, name)
             alt = chosen.with_method(axis, name, params)
             found = feasibility.reasons(alt.layout(ctx.seq))
             why = next((r.text for r in found if not r.runnable_only), "")
             not_run = next((NOT_RUN + r.text for r in found if r.runnable_only), "")  # priced all the same
             row = dp_methods.method(axis, name)
             if why:
-                out.append(MethodOption(axis=axis, name=name, params=params, exact=row.exact_with(params), feasible=False,
-                                        note=why, chosen=False))
+                out.append(
+                    MethodOption(
+                        axis=axis,
+                        name=name,
+                        params=params,
+                        exact=row.exact_with(params),
+                        feasible=False,
+                        note=why,
+                        chosen=False,
+                    )
+                )
                 continue
             alt_sols, ok = reprice(ctx, table, alt, sols)
-            out.append(MethodOption(
-                axis=axis, name=name, params=params, exact=row.exact_with(params), feasible=ok,
-                step_time_s=max(s.cost_s for s in alt_sols),
-                peak_memory_bytes=max(sum(s.static) + s.buffers_bytes + s.in_flight * s.act_bytes for s in alt_sols),
-                comm_bytes_per_step=comm_bytes_per_step(ctx, alt, [s.layers for s in alt_sols]), chosen=alt == chosen,
-                note=not_run or ("" if row.exact_with(params) else
-                                 "changes the training mathematics: check convergence before relying on it")))
+            out.append(
+                MethodOption(
+                    axis=axis,
+                    name=name,
+                    params=params,
+                    exact=row.exact_with(params),
+                    feasible=ok,
+                    step_time_s=max(s.cost_s for s in alt_sols),
+                    peak_memory_bytes=max(
+                        sum(s.static) + s.buffers_bytes + s.in_flight * s.act_bytes for s in alt_sols
+                    ),
+                    comm_bytes_per_step=comm_bytes_per_step(ctx, alt, [s.layers for s in alt_sols]),
+                    chosen=alt == chosen,
+                    note=not_run
+                    or (
+                        ""
+                        if row.exact_with(params)
+                        else "changes the training mathematics: check convergence before relying on it"
+                    ),
+                )
+            )
     return out

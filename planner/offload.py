@@ -20,6 +20,7 @@ forward+backward window (backward x 1.5) shows. On a CPU cluster the host is the
 and the host step cost nothing beyond the device's own optimizer step (which stays in the layer
 costs), and offload=cpu saves no memory; offload=nvme still moves the states to disk.
 """
+
 from __future__ import annotations
 
 from meshplan.comm_bytes import wire_bytes
@@ -33,6 +34,7 @@ FORWARD_OVER_BACKWARD = 0.5
 
 class Offload:
     """offload=none: everything on the device."""
+
     host_step = False
     """The optimizer step runs on the host (the device's layer optimizer step is not paid)."""
 
@@ -128,6 +130,7 @@ class NvmeOffload(CpuOffload):
 
     def _state_bytes_per_param(self) -> float:
         from meshplan.planner.dp_cost import state_bytes
+
         return state_bytes(self.ctx)[2]
 
     def state_bytes(self, local, weights, grads, optim):
@@ -138,8 +141,11 @@ class NvmeOffload(CpuOffload):
         if link is None:
             return float("inf")
         nbytes = params * self._state_bytes_per_param()
-        return (2 * link.latency_s + nbytes / (link.effective_gbps("read") * 1e9)
-                + nbytes / (link.effective_gbps("write") * 1e9))
+        return (
+            2 * link.latency_s
+            + nbytes / (link.effective_gbps("read") * 1e9)
+            + nbytes / (link.effective_gbps("write") * 1e9)
+        )
 
     def step_s(self, local_params: float, backward_window_s: float) -> float:
         base = super().step_s(local_params, backward_window_s)
@@ -150,8 +156,10 @@ class NvmeOffload(CpuOffload):
     def bytes_per_step(self, local_elems: float) -> dict[str, float]:
         """Gradients down, parameters up, and the states read + written (steady state)."""
         states = 2 * self._state_bytes_per_param() * local_elems
-        return {"host_device": 2 * wire_bytes("send_recv", 2, 4 * local_elems),
-                "nvme": wire_bytes("send_recv", 2, states)}
+        return {
+            "host_device": 2 * wire_bytes("send_recv", 2, 4 * local_elems),
+            "nvme": wire_bytes("send_recv", 2, states),
+        }
 
 
 _COSTS = {"none": Offload, "cpu": CpuOffload, "nvme": NvmeOffload}

@@ -5,6 +5,7 @@ then offload=nvme, and keeps the first that fits on the device and, for cpu, in 
 (cluster.host_memory_bytes). With offload pinned (e.g. --offload none) it only says whether
 offload would make the model fit, in the infeasibility message.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,6 +19,7 @@ def host_bytes_per_rank(ctx, cand) -> float:
     """Optimizer states the host keeps for one rank under offload=cpu (its TP/PP share, its
     ZeRO-1 partition or FSDP shard): ~ the busiest rank's, layers spread evenly over pp."""
     from meshplan.planner.dp_cost import state_bytes
+
     local = ctx.profile.num_params / (cand.pp * cand.tp)
     share = cand.dp if cand.zero == 1 else (cand.dp_shard if cand.zero >= 2 else 1)
     return local / share * state_bytes(ctx)[2]
@@ -36,9 +38,11 @@ def fallback(searcher_cls, profile, cluster, request, top_k: int):
         ranked, count = s.run(top_k)
         host = cluster.host_memory_bytes
         if ranked and name == "cpu" and host and host_bytes_per_rank(s.ctx, ranked[0][1]) > host:
-            notes.append(f"offload=cpu fits on the device but its states need "
-                         f"{host_bytes_per_rank(s.ctx, ranked[0][1]) / 2**30:.1f} GiB of host memory per rank "
-                         f"(> {host / 2**30:.1f} GiB)")
+            notes.append(
+                f"offload=cpu fits on the device but its states need "
+                f"{host_bytes_per_rank(s.ctx, ranked[0][1]) / 2**30:.1f} GiB of host memory per rank "
+                f"(> {host / 2**30:.1f} GiB)"
+            )
             continue
         if ranked:
             return s, ranked, count, notes
@@ -54,6 +58,8 @@ def pinned_hint(searcher_cls, profile, cluster, request) -> str:
             continue
         ranked, _ = searcher_cls(profile, cluster, _with_offload(request, name)).run(1)
         if ranked:
-            return (f" offload={name} would make it fit ({ranked[0][0]:.3g} s per step): pass --offload {name} "
-                    "or leave --offload unpinned.")
+            return (
+                f" offload={name} would make it fit ({ranked[0][0]:.3g} s per step): pass --offload {name} "
+                "or leave --offload unpinned."
+            )
     return " Offload (cpu, nvme) would not make it fit either."

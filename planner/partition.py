@@ -4,6 +4,7 @@
 memory excess (bytes over capacity on the tightest rank of a balanced split with the leanest
 recompute) when nothing fits.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -57,17 +58,35 @@ class UniformSplit:
             static, buf0, flight = self.model.base(rank, fixed)
             buf1 = self.model.base(rank, fixed + [self.start])[1]
             none = [self.costs[i].modes["none"] for i in fixed]
-            self._terms[rank] = (sum(static), buf0, buf1, flight, sum(mc.act_bytes for mc in none),
-                                 sum(mc.time_s for mc in none), sum(self.costs[i].local_params for i in fixed),
-                                 sum(self.costs[i].backward_s for i in fixed),
-                                 sum(self.costs[i].optimizer_s for i in fixed),
-                                 sum(self.costs[i].payload_bytes for i in fixed),
-                                 sum(self.costs[i].compress_s for i in fixed))
+            self._terms[rank] = (
+                sum(static),
+                buf0,
+                buf1,
+                flight,
+                sum(mc.act_bytes for mc in none),
+                sum(mc.time_s for mc in none),
+                sum(self.costs[i].local_params for i in fixed),
+                sum(self.costs[i].backward_s for i in fixed),
+                sum(self.costs[i].optimizer_s for i in fixed),
+                sum(self.costs[i].payload_bytes for i in fixed),
+                sum(self.costs[i].compress_s for i in fixed),
+            )
         return self._terms[rank]
 
     def _solve_rank(self, rank: int, n: int):
-        (static, buf0, buf1, flight, fixed_act, fixed_time, fixed_local, fixed_bwd, fixed_opt, fixed_payload,
-         fixed_compress) = self._rank_terms(rank)
+        (
+            static,
+            buf0,
+            buf1,
+            flight,
+            fixed_act,
+            fixed_time,
+            fixed_local,
+            fixed_bwd,
+            fixed_opt,
+            fixed_payload,
+            fixed_compress,
+        ) = self._rank_terms(rank)
         blk = self.block
         base = static + n * self.static_block + (buf1 if n else buf0) + flight * fixed_act
         got = solve_identical(n, self.options, base, flight, self.model.capacity)
@@ -77,9 +96,16 @@ class UniformSplit:
         fixed = self.fixed(rank)
         first = 0 if fixed and fixed[0] == 0 and self.start == 1 else self.start
         last = last_bucket_params(self.ctx.layers[first].tp.kind, self.costs[first].local_params)
-        sync, opt = tail_s(self.model.data, self.model.fixed_s, fixed_local + n * blk.local_params,
-                           fixed_payload + n * blk.payload_bytes, fixed_compress + n * blk.compress_s,
-                           fixed_bwd + n * blk.backward_s, last, fixed_opt + n * blk.optimizer_s)
+        sync, opt = tail_s(
+            self.model.data,
+            self.model.fixed_s,
+            fixed_local + n * blk.local_params,
+            fixed_payload + n * blk.payload_bytes,
+            fixed_compress + n * blk.compress_s,
+            fixed_bwd + n * blk.backward_s,
+            last,
+            fixed_opt + n * blk.optimizer_s,
+        )
         return self.model.factor * time + sync + opt, got[1]
 
     def solve(self) -> list[int] | None:
@@ -104,8 +130,7 @@ class UniformSplit:
 
         p, v = self.cand.pp, self.cand.virtual_stages
         stages = balanced_stages(self.ctx, p * v)
-        counts = [sum(1 for s in range(r, p * v, p) for i in stages[s] if self.start <= i < self.end)
-                  for r in range(p)]
+        counts = [sum(1 for s in range(r, p * v, p) for i in stages[s] if self.start <= i < self.end) for r in range(p)]
         return counts if all(self.cost(r, n) < math.inf for r, n in enumerate(counts)) else None
 
     def layout(self, counts: list[int]) -> tuple[list[list[int]], list[list[int]]]:
@@ -115,8 +140,10 @@ class UniformSplit:
         p, v, n = self.cand.pp, self.cand.virtual_stages, len(self.costs)
         per_chunk = []
         for r, total in enumerate(counts):
-            need = [0 if (r == 0 and k == 0 and self.start == 1) or
-                    (r == p - 1 and k == v - 1 and self.end == n - 1) else 1 for k in range(v)]
+            need = [
+                0 if (r == 0 and k == 0 and self.start == 1) or (r == p - 1 and k == v - 1 and self.end == n - 1) else 1
+                for k in range(v)
+            ]
             extra = total - sum(need)
             per_chunk.append([need[k] + extra // v + (1 if k < extra % v else 0) for k in range(v)])
         stages, ranks, nxt = [], [[] for _ in range(p)], self.start
@@ -151,8 +178,12 @@ class UniformSplit:
             fixed = self.fixed(r)
             static, buf, flight = self.model.base(r, fixed + ([self.start] if n else []))
             blk = self.block
-            mem = (sum(static) + n * (blk.weights_bytes + blk.grads_bytes + blk.optim_bytes) + buf
-                   + flight * (n * lean[2] + sum(self.costs[i].modes["none"].act_bytes for i in fixed)))
+            mem = (
+                sum(static)
+                + n * (blk.weights_bytes + blk.grads_bytes + blk.optim_bytes)
+                + buf
+                + flight * (n * lean[2] + sum(self.costs[i].modes["none"].act_bytes for i in fixed))
+            )
             if mem - self.model.capacity > worst:
                 worst, self.tightest_rank = mem - self.model.capacity, r
         return worst

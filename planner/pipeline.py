@@ -13,6 +13,7 @@ Data parallel: the candidate's cost object (dp_cost.py) prices the once-per-step
 clipping's global-norm all-reduces (grad_norm_sync_s). Optimizer: Adam is memory-bound — OPTIMIZER_BYTES_PER_PARAM over the HBM
 bandwidth.
 """
+
 from __future__ import annotations
 
 from meshplan.planner.comm import collective_s, group_tier, p2p_s
@@ -65,8 +66,11 @@ def p2p_per_microbatch_s(ctx: Context, cand: Candidate, boundary_bytes: float) -
     tier = group_tier(ctx.cluster, cand.dp * cand.cp * cand.tp, cand.pp)
     scatter_gather = cand.tp > 1 and not cand.sequence_parallel and ctx.request.state_layout == "megatron"
     split = cand.tp if cand.tp > 1 and (cand.sequence_parallel or scatter_gather) else 1
-    gather = collective_s(ctx.cluster, "all_gather", cand.tp, full, group_tier(ctx.cluster, 1, cand.tp)) \
-        if scatter_gather else 0.0
+    gather = (
+        collective_s(ctx.cluster, "all_gather", cand.tp, full, group_tier(ctx.cluster, 1, cand.tp))
+        if scatter_gather
+        else 0.0
+    )
     hidden = ctx.cluster.calibration.pp_overlap
     return 2 * cand.virtual_stages * (p2p_s(ctx.cluster, full / split, tier) + gather) * (1 - hidden)
 
@@ -97,9 +101,16 @@ def step_fixed_s(ctx: Context, cand: Candidate) -> float:
     return optimizer_call_s(ctx) + grad_norm_sync_s(ctx, cand)
 
 
-def tail_s(data: DataParallelCost, fixed_s: float, local_params: float, payload_bytes: float,
-           compress_s: float, backward_window_s: float, last_bucket: float = 0.0,
-           optimizer_s: float = 0.0) -> tuple[float, float]:
+def tail_s(
+    data: DataParallelCost,
+    fixed_s: float,
+    local_params: float,
+    payload_bytes: float,
+    compress_s: float,
+    backward_window_s: float,
+    last_bucket: float = 0.0,
+    optimizer_s: float = 0.0,
+) -> tuple[float, float]:
     """(exposed gradient sync, optimizer step) seconds of one rank, once per step: the
     candidate's data-parallel cost object prices the sync (dp_cost.py); `optimizer_s` is the sum
     of the rank's layer_optimizer_s, `fixed_s` the candidate's step_fixed_s."""

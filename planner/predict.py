@@ -3,6 +3,7 @@
 MFU counts model FLOPs only (forward + backward per sample, Korthikanti et al. 2022 Eq. 7 for a
 GPT); HFU adds the recompute FLOPs (Narayanan et al. 2021 Eq. 3 counts the full-recompute pass).
 """
+
 from __future__ import annotations
 
 import meshplan
@@ -30,31 +31,52 @@ def _flops(ctx: Context, modes: dict[int, str]) -> tuple[float, float]:
 def _breakdown(cand: Candidate, sol: RankSolution) -> dict[str, float]:
     m = cand.num_microbatches
     p = sol.parts
-    return {"compute": m * p["compute_s"], "recompute": m * p["recompute_s"],
-            "bubble": bubble_factor(cand) * sol.time_s, "tp_comm": m * p["tp_s"],
-            "pp_comm": m * sol.p2p_s, "cp_comm": m * p["cp_s"], "dp_comm": m * p["dp_s"] + sol.sync_s,
-            "optimizer": sol.optimizer_s}
+    return {
+        "compute": m * p["compute_s"],
+        "recompute": m * p["recompute_s"],
+        "bubble": bubble_factor(cand) * sol.time_s,
+        "tp_comm": m * p["tp_s"],
+        "pp_comm": m * sol.p2p_s,
+        "cp_comm": m * p["cp_s"],
+        "dp_comm": m * p["dp_s"] + sol.sync_s,
+        "optimizer": sol.optimizer_s,
+    }
 
 
 def _memory(sol: RankSolution, capacity: float) -> StageMemory:
     act = sol.in_flight * sol.act_bytes
     total = sum(sol.static) + sol.buffers_bytes + act
-    return StageMemory(stage=sol.rank, params_bytes=sol.static[0], grads_bytes=sol.static[1],
-                       optimizer_bytes=sol.static[2], activations_bytes=act, buffers_bytes=sol.buffers_bytes,
-                       total_bytes=total, capacity_bytes=capacity)
+    return StageMemory(
+        stage=sol.rank,
+        params_bytes=sol.static[0],
+        grads_bytes=sol.static[1],
+        optimizer_bytes=sol.static[2],
+        activations_bytes=act,
+        buffers_bytes=sol.buffers_bytes,
+        total_bytes=total,
+        capacity_bytes=capacity,
+    )
 
 
 def _binding(breakdown: dict[str, float], memory: list[StageMemory], step: float) -> str:
     worst = max(memory, key=lambda s: s.total_bytes - s.capacity_bytes)
     over = worst.total_bytes - worst.capacity_bytes
     if over > 0:
-        return (f"OOM by {over / GIB:.2f} GiB on stage {worst.stage} "
-                f"({worst.total_bytes / GIB:.1f} of {worst.capacity_bytes / GIB:.1f} GiB)")
+        return (
+            f"OOM by {over / GIB:.2f} GiB on stage {worst.stage} "
+            f"({worst.total_bytes / GIB:.1f} of {worst.capacity_bytes / GIB:.1f} GiB)"
+        )
     if worst.total_bytes > 0.95 * worst.capacity_bytes:
         return f"memory on stage {worst.stage} ({worst.total_bytes / GIB:.1f} of {worst.capacity_bytes / GIB:.1f} GiB)"
-    names = {"bubble": "pipeline bubble", "tp_comm": "tensor-parallel communication", "pp_comm":
-             "pipeline point-to-point", "dp_comm": "data-parallel gradient sync", "recompute":
-             "activation recompute", "optimizer": "optimizer step", "cp_comm": "context-parallel exchange"}
+    names = {
+        "bubble": "pipeline bubble",
+        "tp_comm": "tensor-parallel communication",
+        "pp_comm": "pipeline point-to-point",
+        "dp_comm": "data-parallel gradient sync",
+        "recompute": "activation recompute",
+        "optimizer": "optimizer step",
+        "cp_comm": "context-parallel exchange",
+    }
     term = max(names, key=lambda k: breakdown[k])
     share = f"{100 * breakdown[term] / step:.1f}% of the step"
     if breakdown[term] >= breakdown["compute"]:
@@ -73,11 +95,19 @@ def prediction(ctx: Context, cand: Candidate, sols: list[RankSolution]) -> Predi
     model_tf = model_f * batch / step / n
     hw_tf = hw_f * batch / step / n
     return Prediction(
-        step_time_s=step, breakdown=breakdown, stage_memory=memory,
-        peak_memory_bytes=max(s.total_bytes for s in memory), mfu=model_tf / ctx.peak_flops,
-        hfu=hw_tf / ctx.peak_flops, model_tflops_per_gpu=model_tf / 1e12, hardware_tflops_per_gpu=hw_tf / 1e12,
-        tokens_per_s_per_gpu=batch * ctx.seq / step / n, binding_constraint=_binding(breakdown, memory, step),
-        stage_times_s=[s.time_s for s in sols], comm_bytes_per_step=comm_bytes_per_step(ctx, cand, [s.layers for s in sols]))
+        step_time_s=step,
+        breakdown=breakdown,
+        stage_memory=memory,
+        peak_memory_bytes=max(s.total_bytes for s in memory),
+        mfu=model_tf / ctx.peak_flops,
+        hfu=hw_tf / ctx.peak_flops,
+        model_tflops_per_gpu=model_tf / 1e12,
+        hardware_tflops_per_gpu=hw_tf / 1e12,
+        tokens_per_s_per_gpu=batch * ctx.seq / step / n,
+        binding_constraint=_binding(breakdown, memory, step),
+        stage_times_s=[s.time_s for s in sols],
+        comm_bytes_per_step=comm_bytes_per_step(ctx, cand, [s.layers for s in sols]),
+    )
 
 
 def runtime_behaviours(request) -> dict:
@@ -90,31 +120,48 @@ def runtime_behaviours(request) -> dict:
 
 
 def provenance(profile: ModelProfile, cluster) -> Provenance:
-    return Provenance(profile_hash=content_hash(profile), cluster_hash=content_hash(cluster),
-                      meshplan_version=meshplan.__version__)
+    return Provenance(
+        profile_hash=content_hash(profile), cluster_hash=content_hash(cluster), meshplan_version=meshplan.__version__
+    )
 
 
-def build_plan(ctx: Context, cand: Candidate, sols: list[RankSolution], stages: list[list[int]],
-               prov: Provenance) -> Plan:
+def build_plan(
+    ctx: Context, cand: Candidate, sols: list[RankSolution], stages: list[list[int]], prov: Provenance
+) -> Plan:
     names = [lp.name for lp in ctx.layers]
     modes = {i: mode for s in sols for i, mode in s.modes.items()}
     plan = Plan(
-        model_name=ctx.profile.model_name, model_config=dict(ctx.profile.model_config),
-        model_num_params=ctx.profile.num_params, model_structure_hash=ctx.profile.structure_hash,
-        cluster_name=ctx.cluster.name, world_size=ctx.request.num_gpus,
+        model_name=ctx.profile.model_name,
+        model_config=dict(ctx.profile.model_config),
+        model_num_params=ctx.profile.num_params,
+        model_structure_hash=ctx.profile.structure_hash,
+        cluster_name=ctx.cluster.name,
+        world_size=ctx.request.num_gpus,
         pipeline_parallel_degree=cand.pp,
-        data_parallel_replicate_degree=cand.dp_replicate, data_parallel_shard_degree=cand.dp_shard,
-        context_parallel_degree=cand.cp, tensor_parallel_degree=cand.tp, zero_stage=cand.zero,
-        sequence_parallel=cand.sequence_parallel, precision=ctx.request.precision, runtime=ctx.request.runtime,
+        data_parallel_replicate_degree=cand.dp_replicate,
+        data_parallel_shard_degree=cand.dp_shard,
+        context_parallel_degree=cand.cp,
+        tensor_parallel_degree=cand.tp,
+        zero_stage=cand.zero,
+        sequence_parallel=cand.sequence_parallel,
+        precision=ctx.request.precision,
+        runtime=ctx.request.runtime,
         runtime_behaviours=runtime_behaviours(ctx.request),
-        dp_methods=DataParallelMethods(**{axis: MethodChoice(name=cand.method(axis)[0], params=cand.method(axis)[1])
-                                          for axis in dp_methods.AXES}),
-        global_batch_size=ctx.request.global_batch, microbatch_size=cand.microbatch,
-        num_microbatches=cand.num_microbatches, seq_len=ctx.seq, pipeline_schedule=cand.schedule,
-        virtual_stages=cand.virtual_stages, layers=names,
+        dp_methods=DataParallelMethods(
+            **{axis: MethodChoice(name=cand.method(axis)[0], params=cand.method(axis)[1]) for axis in dp_methods.AXES}
+        ),
+        global_batch_size=ctx.request.global_batch,
+        microbatch_size=cand.microbatch,
+        num_microbatches=cand.num_microbatches,
+        seq_len=ctx.seq,
+        pipeline_schedule=cand.schedule,
+        virtual_stages=cand.virtual_stages,
+        layers=names,
         stages=[[names[i] for i in stage] for stage in stages],
         recompute={names[i]: modes.get(i, "none") for i in range(len(names))},
-        prediction=prediction(ctx, cand, sols), provenance=prov)
+        prediction=prediction(ctx, cand, sols),
+        provenance=prov,
+    )
     if ctx.seq != ctx.profile.model_config.get("seq", ctx.seq):
         plan.model_config["seq"] = ctx.seq
     return plan

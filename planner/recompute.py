@@ -9,6 +9,7 @@ choice knapsack. Two exact solvers:
   (the exact DP of the knapsack on real-valued weights; sac_ilp-style ILP gives the same optimum,
   see tests/test_recompute.py which checks it against pulp/CBC).
 """
+
 from __future__ import annotations
 
 import math
@@ -42,8 +43,9 @@ def _undominated(options: list[Option]) -> list[Option]:
     return keep
 
 
-def solve_identical(n: int, options: list[Option], base_bytes: float, in_flight: float,
-                    capacity: float) -> tuple[float, dict[str, int]] | None:
+def solve_identical(
+    n: int, options: list[Option], base_bytes: float, in_flight: float, capacity: float
+) -> tuple[float, dict[str, int]] | None:
     """Least time of n identical blocks; memory = base_bytes + in_flight x sum(act) <= capacity.
     Returns (time_s of the n blocks, {mode: count}) or None when even the leanest mix OOMs.
     Options are ordered by saved bytes, most first: o0 (e.g. none), o1 (selective), o2 (full)."""
@@ -85,8 +87,10 @@ def pareto_frontier(layer_options: list[list[Option]], start=None, max_act: floa
     (more bytes than any rank can hold) are dropped."""
     frontier = start if start is not None else [(0.0, 0.0, None, None)]
     for options in layer_options:
-        merged = sorted(((point[0] + oa, point[1] + ot, point, m) for point in frontier for m, ot, oa in options),
-                        key=lambda q: (q[0], q[1]))
+        merged = sorted(
+            ((point[0] + oa, point[1] + ot, point, m) for point in frontier for m, ot, oa in options),
+            key=lambda q: (q[0], q[1]),
+        )
         frontier = []
         best_time = math.inf
         for point in merged:

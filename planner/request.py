@@ -2,6 +2,7 @@
 
 A field left as None is searched; a set field pins that choice (users often fix one axis).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -21,6 +21,7 @@ behaviour `selective_recompute`), by re-targeting each block's selective fields.
 Per-layer "every k-th block" (`selective_ac_option = k`) is a full / none choice per block, which
 the per-layer recompute solver already plans; the torchtitan export writes such a plan as k.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,8 +54,9 @@ def _op_policy(layer: LayerProfile, profile: ModelProfile) -> LayerProfile:
     kept = layer.input_bytes + saved + dtype * s * h + 4.0 * a * s  # + SDPA output and log-sum-exp
     if kept >= layer.activation_bytes:
         return dataclasses.replace(layer, selective_activation_bytes=0.0, recompute_flops_selective=0.0)
-    return dataclasses.replace(layer, selective_activation_bytes=float(kept),
-                               recompute_flops_selective=float(recompute))
+    return dataclasses.replace(
+        layer, selective_activation_bytes=float(kept), recompute_flops_selective=float(recompute)
+    )
 
 
 def with_selective(profile: ModelProfile, policy: str | None) -> ModelProfile:
@@ -64,5 +66,8 @@ def with_selective(profile: ModelProfile, policy: str | None) -> ModelProfile:
     if policy != "op":
         raise ValueError(f"selective recompute policy {policy!r} is unknown; use {' or '.join(POLICIES)}")
     layers = [_op_policy(lp, profile) for lp in profile.layers]
-    return dataclasses.replace(profile, layers=layers, notes=profile.notes + [
-        "planner re-targeted selective recompute to torchtitan's op policy (planner/sac.py)"])
+    return dataclasses.replace(
+        profile,
+        layers=layers,
+        notes=profile.notes + ["planner re-targeted selective recompute to torchtitan's op policy (planner/sac.py)"],
+    )

@@ -7,6 +7,7 @@ activations, averaged over the pp ranks). Candidates are solved exactly (partiti
 of their bound; the loop stops when the bound reaches the K-th best step time found, so the
 result equals solving every candidate. Layer costs are memoised per layer signature.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -82,8 +83,13 @@ class Bounds:
         get = lambda i: self.table.get(i, cand)  # noqa: E731
         fixed = [get(i).modes["none"] for i in range(len(self.ctx.layers)) if not start <= i < end]
         opts = [(m, mc.time_s, mc.act_bytes) for m, mc in get(start).modes.items()]
-        got = solve_identical(end - start, opts, static + flight * sum(mc.act_bytes for mc in fixed), flight,
-                              cand.pp * self.ctx.capacity_bytes)
+        got = solve_identical(
+            end - start,
+            opts,
+            static + flight * sum(mc.act_bytes for mc in fixed),
+            flight,
+            cand.pp * self.ctx.capacity_bytes,
+        )
         return math.inf if got is None else got[0] + sum(mc.time_s for mc in fixed)
 
 
@@ -148,8 +154,9 @@ class Searcher:
                 for alt in comm_schedule.searched(self.ctx, self.table, cand):  # as in _queue
                     heapq.heappush(queue, (lb_time, False, alt))
                 continue
-            step, cand, sols = best_method(self.ctx, self.table, cand, sols,
-                                           best[-1][0] if len(best) >= top_k else math.inf)
+            step, cand, sols = best_method(
+                self.ctx, self.table, cand, sols, best[-1][0] if len(best) >= top_k else math.inf
+            )
             if step < self.family_best.get(cand.family, (math.inf,))[0]:
                 self.family_best[cand.family] = (step, cand, sols)
             best.append((step, cand, (sols, stages)))
@@ -173,12 +180,16 @@ class Searcher:
                 crit = max(sols, key=lambda r: (r.cost_s, -r.rank))
                 terms = {k: v for k, v in _breakdown(cand, crit).items() if k != "compute"}
                 term = max(terms, key=terms.get)
-                reason = (f"slower: {step:.3g} s per step vs {best_step:.3g} s (+{100 * (step / best_step - 1):.1f}%); "
-                          f"largest overhead {term} {100 * terms[term] / step:.1f}% ({cand.label()})")
+                reason = (
+                    f"slower: {step:.3g} s per step vs {best_step:.3g} s (+{100 * (step / best_step - 1):.1f}%); "
+                    f"largest overhead {term} {100 * terms[term] / step:.1f}% ({cand.label()})"
+                )
             else:
                 step = self.family_bound[fam]
-                reason = f"slower: at least {step:.3g} s per step (bound) vs {best_step:.3g} s " \
-                         f"(+{100 * (step / best_step - 1):.1f}%)"
+                reason = (
+                    f"slower: at least {step:.3g} s per step (bound) vs {best_step:.3g} s "
+                    f"(+{100 * (step / best_step - 1):.1f}%)"
+                )
             out.append(Rejection(family=fam, reason=reason, count=self.family_size[fam]))
         return out
 
@@ -201,14 +212,19 @@ def search(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) ->
     if not ranked:  # offload only when nothing fits on the device (planner/offload_search.py)
         from meshplan.planner import offload_search
         from meshplan.planner.explain import infeasible_message
+
         if "offload" in request.methods:
-            raise InfeasibleError(infeasible_message(searcher, profile, cluster, request)
-                                  + offload_search.pinned_hint(Searcher, profile, cluster, request))
+            raise InfeasibleError(
+                infeasible_message(searcher, profile, cluster, request)
+                + offload_search.pinned_hint(Searcher, profile, cluster, request)
+            )
         found, ranked, num_candidates, offload_notes = offload_search.fallback(
-            Searcher, profile, cluster, request, max(request.top_k, 1))
+            Searcher, profile, cluster, request, max(request.top_k, 1)
+        )
         if found is None:
-            raise InfeasibleError(infeasible_message(searcher, profile, cluster, request)
-                                  + " " + "; ".join(offload_notes) + ".")
+            raise InfeasibleError(
+                infeasible_message(searcher, profile, cluster, request) + " " + "; ".join(offload_notes) + "."
+            )
         searcher = found
     prov = provenance(profile, cluster)
     plans = [build_plan(searcher.ctx, cand, sols, stages, prov) for _, cand, (sols, stages) in ranked]
@@ -216,7 +232,11 @@ def search(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) ->
     best.prediction.dp_method_options = method_options(searcher.ctx, searcher.table, ranked[0][1], ranked[0][2][0])
     rejected = searcher.rejections()
     best.search = SearchSummary(
-        search_time_s=time.perf_counter() - start, num_candidates=num_candidates,
-        num_evaluated=searcher.num_evaluated, num_rejected=sum(r.count for r in rejected),
-        alternatives=plans[1:], rejected=rejected + searcher.lost(ranked))
+        search_time_s=time.perf_counter() - start,
+        num_candidates=num_candidates,
+        num_evaluated=searcher.num_evaluated,
+        num_rejected=sum(r.count for r in rejected),
+        alternatives=plans[1:],
+        rejected=rejected + searcher.lost(ranked),
+    )
     return best

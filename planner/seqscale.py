@@ -6,6 +6,7 @@ and a part quadratic in s (attention scores): forward FLOPs `24sh^2 + 4s^2h` (Ko
 for blocks; the quadratic bytes are what selective recompute drops (the attention core). Measured
 timings are dropped: they were taken at the profiled length (the FLOPs model takes over).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,8 +19,11 @@ def _scale_layer(layer: LayerProfile, s0: int, s1: int, hidden: int) -> LayerPro
     quad_fwd = min(layer.forward_flops, 4.0 * s0 * s0 * hidden) if layer.tp.kind == "block" else 0.0
     lin_fwd = layer.forward_flops - quad_fwd
     quad_bwd = min(layer.backward_flops, 2 * quad_fwd)
-    quad_act = max(layer.activation_bytes - layer.selective_activation_bytes, 0.0) \
-        if layer.selective_activation_bytes > 0 else 0.0
+    quad_act = (
+        max(layer.activation_bytes - layer.selective_activation_bytes, 0.0)
+        if layer.selective_activation_bytes > 0
+        else 0.0
+    )
     return dataclasses.replace(
         layer,
         forward_flops=lin_fwd * r + quad_fwd * r * r,
@@ -28,9 +32,11 @@ def _scale_layer(layer: LayerProfile, s0: int, s1: int, hidden: int) -> LayerPro
         selective_activation_bytes=layer.selective_activation_bytes * r,
         recompute_flops_selective=layer.recompute_flops_selective * r * r,
         tp_replicated_activation_bytes=layer.tp_replicated_activation_bytes * r,
-        input_bytes=layer.input_bytes * r, output_bytes=layer.output_bytes * r,
+        input_bytes=layer.input_bytes * r,
+        output_bytes=layer.output_bytes * r,
         gemm_shapes=[[round(g[0] * r), *g[1:]] for g in layer.gemm_shapes],
-        timings=[])
+        timings=[],
+    )
 
 
 def with_seq_len(profile: ModelProfile, seq: int | None) -> ModelProfile:
@@ -39,6 +45,9 @@ def with_seq_len(profile: ModelProfile, seq: int | None) -> ModelProfile:
         return profile
     layers = [_scale_layer(lp, profile.seq_len, seq, profile.hidden) for lp in profile.layers]
     return dataclasses.replace(
-        profile, seq_len=seq, layers=layers,
+        profile,
+        seq_len=seq,
+        layers=layers,
         forward_flops_per_sample=sum(lp.forward_flops for lp in layers),
-        notes=profile.notes + [f"planner rescaled seq_len {profile.seq_len} -> {seq} analytically"])
+        notes=profile.notes + [f"planner rescaled seq_len {profile.seq_len} -> {seq} analytically"],
+    )

@@ -9,6 +9,7 @@ A rank's cost is `(m + bubble) x t_r + tail_r` (pipeline.py), monotone in the la
   a rank's cost depends on its block count, not on how its v chunks share them.
 - Any other chain: dynamic programming over (rank, last layer) of contiguous ranges, O(p L^2).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -17,8 +18,14 @@ from meshplan.planner.context import Candidate, Context
 from meshplan.planner.dp_cost import DataParallelCost
 from meshplan.planner.layer_cost import LayerCost
 from meshplan.planner.memory import stage_buffer_bytes
-from meshplan.planner.pipeline import (bubble_factor, in_flight, last_bucket_params, p2p_per_microbatch_s,
-                                      step_fixed_s, tail_s)
+from meshplan.planner.pipeline import (
+    bubble_factor,
+    in_flight,
+    last_bucket_params,
+    p2p_per_microbatch_s,
+    step_fixed_s,
+    tail_s,
+)
 
 
 @dataclass
@@ -53,11 +60,20 @@ class RankModel:
     def base(self, rank: int, layers: list[int]) -> tuple[tuple[float, float, float], float, float]:
         """(static weights/grads/optimizer, buffers, in-flight microbatches) of a rank."""
         c = self.costs
-        static = (sum(c[i].weights_bytes for i in layers), sum(c[i].grads_bytes for i in layers),
-                  sum(c[i].optim_bytes for i in layers))
+        static = (
+            sum(c[i].weights_bytes for i in layers),
+            sum(c[i].grads_bytes for i in layers),
+            sum(c[i].optim_bytes for i in layers),
+        )
         lps = [self.ctx.layers[i] for i in layers]
-        buf = stage_buffer_bytes(self.ctx, lps, self.cand.microbatch, lambda lp: self.ctx.tp_split(lp, self.cand.tp),
-                                 self.cand.zero, self.cand.cp)
+        buf = stage_buffer_bytes(
+            self.ctx,
+            lps,
+            self.cand.microbatch,
+            lambda lp: self.ctx.tp_split(lp, self.cand.tp),
+            self.cand.zero,
+            self.cand.cp,
+        )
         return static, buf, in_flight(self.cand, rank)
 
     def finish(self, rank: int, layers: list[int], modes: dict[int, str], p2p: float) -> RankSolution:
@@ -67,15 +83,32 @@ class RankModel:
         local = sum(self.costs[i].local_params for i in layers)
         first = layers[0]
         last = last_bucket_params(self.ctx.layers[first].tp.kind, self.costs[first].local_params)
-        sync, opt = tail_s(self.data, self.fixed_s, local, sum(self.costs[i].payload_bytes for i in layers),
-                           sum(self.costs[i].compress_s for i in layers),
-                           sum(self.costs[i].backward_s for i in layers), last,
-                           sum(self.costs[i].optimizer_s for i in layers))
+        sync, opt = tail_s(
+            self.data,
+            self.fixed_s,
+            local,
+            sum(self.costs[i].payload_bytes for i in layers),
+            sum(self.costs[i].compress_s for i in layers),
+            sum(self.costs[i].backward_s for i in layers),
+            last,
+            sum(self.costs[i].optimizer_s for i in layers),
+        )
         parts = {k: sum(getattr(mc, k) for mc in chosen) for k in ("compute_s", "recompute_s", "tp_s", "dp_s", "cp_s")}
-        return RankSolution(rank=rank, layers=layers, modes=modes, time_s=time,
-                            act_bytes=sum(mc.act_bytes for mc in chosen), static=static, buffers_bytes=buf,
-                            in_flight=flight, sync_s=sync, optimizer_s=opt, p2p_s=p2p,
-                            cost_s=self.factor * time + sync + opt, parts=parts)
+        return RankSolution(
+            rank=rank,
+            layers=layers,
+            modes=modes,
+            time_s=time,
+            act_bytes=sum(mc.act_bytes for mc in chosen),
+            static=static,
+            buffers_bytes=buf,
+            in_flight=flight,
+            sync_s=sync,
+            optimizer_s=opt,
+            p2p_s=p2p,
+            cost_s=self.factor * time + sync + opt,
+            parts=parts,
+        )
 
     def memory_bytes(self, sol: RankSolution) -> float:
         return sum(sol.static) + sol.buffers_bytes + sol.in_flight * sol.act_bytes

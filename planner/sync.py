@@ -19,6 +19,7 @@ bytes are meshplan/comm_bytes.py's ring volumes, the executor's counting convent
 - async:     all-reduce of S every period steps on a background thread: exposed only where the
              round outlasts the period's compute; a snapshot and its mean (+2 S)
 """
+
 from __future__ import annotations
 
 import math
@@ -33,6 +34,7 @@ FP32 = 4
 
 class AllReduce:
     """sync=allreduce: DDP's bucketed all-reduce, priced by DataParallelCost itself."""
+
     name = "allreduce"
     replaces_ddp = False
     ddp_buckets = True
@@ -75,8 +77,10 @@ class LocalSGD(AllReduce):
         if not g or g >= n:
             return [(n, Fraction(1, p["period"]), self.tier)]
         inner = group_tier(self.ctx.cluster, self.data.cand.tp, g)
-        return [(n, Fraction(1, p["period"]), self.tier),
-                (g, Fraction(1, p["group_period"]) - Fraction(1, p["period"]), inner)]
+        return [
+            (n, Fraction(1, p["period"]), self.tier),
+            (g, Fraction(1, p["group_period"]) - Fraction(1, p["period"]), inner),
+        ]
 
     def state_bytes(self, local: float) -> float:
         return FP32 * local  # average_parameters' flat copy
@@ -99,6 +103,7 @@ class Crossbow(AllReduce):
         """k - 1 more learners (weights, grads, optimizer states) + z, Delta_prev and the flat
         vectors of the round (~3 S)."""
         from meshplan.planner.dp_cost import state_bytes
+
         w, g, o = state_bytes(self.ctx)
         return (self.k - 1) * local * (w + g + o) + 3 * FP32 * local
 
@@ -106,6 +111,7 @@ class Crossbow(AllReduce):
         """k learners at batch b / k instead of one at b, m microbatches each: the throughput a
         small batch loses (the profile's efficiency at that batch)."""
         from meshplan.planner.compute import layer_compute_s
+
         if self.k == 1:
             return 0.0
         small = max(1, b // self.k)

@@ -21,6 +21,7 @@ estimate and the report's data-parallel methods section price it.
   and the tock ends alone (min(C, X) exposed, counted with the sync), and the summed gradients
   are all-reduced behind the tock's last backward (DDP's rule over one half wave's backward).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -73,12 +74,24 @@ def _two_waves(model: RankModel, costs, sol: RankSolution) -> RankSolution:
     comm = max(0.0, one.time_s - compute)
     time = max(2 * compute, 2 * comm)
     exposed = (time - 2 * compute) / (2 * comm) if comm > 0 else 0.0
-    parts = {"compute_s": 2 * one.parts["compute_s"], "recompute_s": 2 * one.parts["recompute_s"],
-             **{k: 2 * exposed * one.parts[k] for k in ("tp_s", "dp_s", "cp_s")}}
+    parts = {
+        "compute_s": 2 * one.parts["compute_s"],
+        "recompute_s": 2 * one.parts["recompute_s"],
+        **{k: 2 * exposed * one.parts[k] for k in ("tp_s", "dp_s", "cp_s")},
+    }
     modes = [costs[i].modes[sol.modes[i]] for i in sol.layers]
-    peak = two_wave_peak([mc.act_bytes for mc in modes],
-                         [max(0.0, mc.compute_s - costs[i].backward_s) for mc, i in zip(modes, sol.layers)],
-                         [costs[i].backward_s + mc.recompute_s for mc, i in zip(modes, sol.layers)])
+    peak = two_wave_peak(
+        [mc.act_bytes for mc in modes],
+        [max(0.0, mc.compute_s - costs[i].backward_s) for mc, i in zip(modes, sol.layers)],
+        [costs[i].backward_s + mc.recompute_s for mc, i in zip(modes, sol.layers)],
+    )
     sync = one.sync_s + min(compute, comm)
-    return dataclasses.replace(sol, time_s=time, act_bytes=peak, sync_s=sync, optimizer_s=one.optimizer_s,
-                               cost_s=model.factor * time + sync + one.optimizer_s, parts=parts)
+    return dataclasses.replace(
+        sol,
+        time_s=time,
+        act_bytes=peak,
+        sync_s=sync,
+        optimizer_s=one.optimizer_s,
+        cost_s=model.factor * time + sync + one.optimizer_s,
+        parts=parts,
+    )

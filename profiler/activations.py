@@ -18,6 +18,7 @@ Total = 32sbh + 4asb + 4sb*e bytes at e = 2 bytes per activation element (the 32
 scale with e/2). Selective recompute (Korthikanti §4.2: recompute the attention core) then
 frees only what the core alone keeps: the log-sum-exp, 4asb bytes, for 4bs^2h extra FLOPs.
 """
+
 from __future__ import annotations
 
 

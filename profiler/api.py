@@ -5,6 +5,7 @@ on fake tensors, so a 175B model costs seconds and no memory. One representative
 distinct signature (layer class, parameter shapes, input shape) is captured; identical layers
 reuse it. With device="cpu"/"cuda" the representatives are also timed (see timing.py).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,9 +28,16 @@ ACTIVATION_DTYPE = torch.bfloat16
 """Activations are captured in bf16, the training precision the planner assumes."""
 
 
-def profile_model(model: str, overrides: dict | None = None, *, device: str = "meta",
-                  microbatch_sizes: list[int] | None = None, concurrent: int = 1,
-                  in_place: bool = True, progress: bool = False) -> ModelProfile:
+def profile_model(
+    model: str,
+    overrides: dict | None = None,
+    *,
+    device: str = "meta",
+    microbatch_sizes: list[int] | None = None,
+    concurrent: int = 1,
+    in_place: bool = True,
+    progress: bool = False,
+) -> ModelProfile:
     """Profile `model` (zoo name, family, file.py:factory, module:factory or hf:NAME).
 
     `overrides` are config keys (`--set`), e.g. {"layers": 4, "seq": 2048}. On "meta" nothing is
@@ -49,15 +57,25 @@ def profile_model(model: str, overrides: dict | None = None, *, device: str = "m
     if device != "meta":
         from meshplan.profiler.timing import time_layers
 
-        time_layers(analysis.profile, layered, analysis.rep_of, analysis.inputs, analysis.captures,
-                    spec=model, overrides=overrides, device=device,
-                    microbatch_sizes=microbatch_sizes or [1], concurrent=concurrent,
-                    progress=lambda items, label: _progress(items, progress, label))
+        time_layers(
+            analysis.profile,
+            layered,
+            analysis.rep_of,
+            analysis.inputs,
+            analysis.captures,
+            spec=model,
+            overrides=overrides,
+            device=device,
+            microbatch_sizes=microbatch_sizes or [1],
+            concurrent=concurrent,
+            progress=lambda items, label: _progress(items, progress, label),
+        )
     if device == "cpu" and concurrent > 1 and in_place:  # wrappers on real ranks: see profiler/insitu.py
         from meshplan.profiler.insitu import measure_in_place
 
-        measure_in_place(analysis.profile, model, overrides, analysis.rep_of, analysis.inputs, concurrent,
-                         microbatch_sizes or [1])
+        measure_in_place(
+            analysis.profile, model, overrides, analysis.rep_of, analysis.inputs, concurrent, microbatch_sizes or [1]
+        )
     analysis.profile.validate()
     return analysis.profile
 
@@ -102,12 +120,16 @@ def _capture(fqn: str, module: torch.nn.Module, x: torch.Tensor, fake_mode: Fake
     except Exception as exc:  # unsupported op in the user's forward: name the layer and the op
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         if "DataDependent" not in type(exc).__name__:  # a shape or type error, as on real tensors
-            raise MeshplanError(f"layer {fqn} ({type(module).__name__}) fails on its input of shape "
-                                f"{list(x.shape)}: {type(exc).__name__}: {first}; check the model's "
-                                "shapes (--set) or the layer's forward") from None
-        raise MeshplanError(f"layer {fqn} ({type(module).__name__}) cannot run on fake tensors: "
-                            f"{type(exc).__name__}: {first}; avoid data-dependent ops (.item(), nonzero, "
-                            "boolean-mask indexing, branching on values) in its forward") from None
+            raise MeshplanError(
+                f"layer {fqn} ({type(module).__name__}) fails on its input of shape "
+                f"{list(x.shape)}: {type(exc).__name__}: {first}; check the model's "
+                "shapes (--set) or the layer's forward"
+            ) from None
+        raise MeshplanError(
+            f"layer {fqn} ({type(module).__name__}) cannot run on fake tensors: "
+            f"{type(exc).__name__}: {first}; avoid data-dependent ops (.item(), nonzero, "
+            "boolean-mask indexing, branching on values) in its forward"
+        ) from None
     extra, shapes = expert_flops(module, int(x.shape[1]) if x.dim() >= 3 else 1)  # routed experts
     cap.forward_flops += extra
     cap.backward_flops += 2 * extra
@@ -161,29 +183,39 @@ def _layer_profile(fqn: str, module: torch.nn.Module, cap: LayerCapture, rule, c
         dtype = str(p.dtype).removeprefix("torch.")
         param_bytes[dtype] = param_bytes.get(dtype, 0) + p.numel() * p.element_size()
     return LayerProfile(
-        name=fqn, kind=type(module).__name__.lower(),
-        num_params=sum(p.numel() for p in own), param_bytes=param_bytes,
+        name=fqn,
+        kind=type(module).__name__.lower(),
+        num_params=sum(p.numel() for p in own),
+        param_bytes=param_bytes,
         num_tied_params=sum(p.numel() for p in tied),
         num_frozen_params=sum(p.numel() for p in own if not p.requires_grad),
         param_shapes=[list(p.shape) for p in own if p.requires_grad],
-        forward_flops=cap.forward_flops, backward_flops=cap.backward_flops,
+        forward_flops=cap.forward_flops,
+        backward_flops=cap.backward_flops,
         activation_bytes=float(cap.activation_bytes),
         selective_activation_bytes=float(cap.selective_activation_bytes),
         recompute_flops_selective=cap.recompute_flops_selective,
         tp_replicated_activation_bytes=float(cap.tp_replicated_bytes),
-        input_bytes=float(cap.input_bytes), output_bytes=float(cap.output_bytes),
-        tp=rule, gemm_shapes=[list(s) for s in cap.gemm_shapes])
+        input_bytes=float(cap.input_bytes),
+        output_bytes=float(cap.output_bytes),
+        tp=rule,
+        gemm_shapes=[list(s) for s in cap.gemm_shapes],
+    )
 
 
 def _reuse_notes(model: LayeredModel, representatives) -> list[str]:
     names = model.layer_names()
     reps = set(representatives)
-    notes = [f"analysed {len(reps)} representative layer(s) on fake tensors ({', '.join(sorted(reps, key=names.index))}); "
-             f"the other {len(names) - len(reps)} layer(s) have identical class, structure, parameter "
-             "shapes and input shape and reuse their numbers"]
-    notes.append("activation_bytes = storages saved for backward (bf16 activations, fused SDPA: no s^2 "
-                 "attention matrix), measured with saved_tensors_hooks; FLOPs count backward as 2x the "
-                 "attention forward (model FLOPs)")
+    notes = [
+        f"analysed {len(reps)} representative layer(s) on fake tensors ({', '.join(sorted(reps, key=names.index))}); "
+        f"the other {len(names) - len(reps)} layer(s) have identical class, structure, parameter "
+        "shapes and input shape and reuse their numbers"
+    ]
+    notes.append(
+        "activation_bytes = storages saved for backward (bf16 activations, fused SDPA: no s^2 "
+        "attention matrix), measured with saved_tensors_hooks; FLOPs count backward as 2x the "
+        "attention forward (model FLOPs)"
+    )
     return notes
 
 
@@ -193,15 +225,23 @@ def _model_profile(model: LayeredModel, name: str, layers: list[LayerProfile], n
     config_dict: dict[str, Any] = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}
     dtypes = {d for layer in layers for d in layer.param_bytes}
     return ModelProfile(
-        model_name=name, model_config=config_dict, family=getattr(model, "family", "user"),
+        model_name=name,
+        model_config=config_dict,
+        family=getattr(model, "family", "user"),
         structure_hash=structure_hash(model),
-        seq_len=model.seq_len, param_dtype=sorted(dtypes)[0] if len(dtypes) == 1 else "mixed",
+        seq_len=model.seq_len,
+        param_dtype=sorted(dtypes)[0] if len(dtypes) == 1 else "mixed",
         activation_dtype_bytes=torch.finfo(ACTIVATION_DTYPE).bits // 8,
         num_params=sum(layer.num_params for layer in layers),
         forward_flops_per_sample=sum(layer.forward_flops for layer in layers),
-        num_layers=len(model.layers), hidden=int(config_dict.get("hidden", 0)),
-        heads=int(config_dict.get("heads", 0)), vocab=int(config_dict.get("vocab", 0)),
-        device="meta", layers=layers, notes=notes)
+        num_layers=len(model.layers),
+        hidden=int(config_dict.get("hidden", 0)),
+        heads=int(config_dict.get("heads", 0)),
+        vocab=int(config_dict.get("vocab", 0)),
+        device="meta",
+        layers=layers,
+        notes=notes,
+    )
 
 
 def _progress(items: list[str], enabled: bool, label: str):

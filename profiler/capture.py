@@ -11,6 +11,7 @@ dtype (bf16), under three observers at once:
 CPU fake tensors run SDPA as the fused flash kernel, the path every real device takes, so the
 s^2 attention matrix is never stored (see `activations.py` for the closed form this matches).
 """
+
 from __future__ import annotations
 
 import copy
@@ -97,8 +98,9 @@ def fake_copy(layer: nn.Module, fake_mode, dtype: torch.dtype) -> nn.Module:
     """A copy of `layer` whose parameters and buffers are fake CPU tensors (floats in `dtype`)."""
     clone = copy.deepcopy(layer)
     with fake_mode:
-        return clone._apply(lambda t: torch.empty(
-            t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device="cpu"))
+        return clone._apply(
+            lambda t: torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device="cpu")
+        )
 
 
 class _SavedTensors:
@@ -152,8 +154,9 @@ class _SavedTensors:
     def attention_core_only_bytes(self) -> int:
         """Bytes produced and saved only by the attention core: what selective recompute frees."""
         core = ATTENTION_CORE_OPS
-        return sum(n for key, (n, savers, _) in self.saved.items()
-                   if savers <= core and self.tracker.producer.get(key) in core)
+        return sum(
+            n for key, (n, savers, _) in self.saved.items() if savers <= core and self.tracker.producer.get(key) in core
+        )
 
     def by_dtype(self) -> dict[str, int]:
         totals: dict[str, int] = {}
@@ -183,14 +186,20 @@ def capture_layer(layer: nn.Module, x: torch.Tensor, fake_mode, rule=None) -> La
             y.backward(torch.ones_like(y))
         out = y.detach().requires_grad_(y.is_floating_point())
     dropped = saved.attention_core_only_bytes()
-    return LayerCapture(forward_flops=float(forward_flops),
-                        backward_flops=float(flops.get_total_flops() - forward_flops),
-                        activation_bytes=saved.total_bytes(),
-                        selective_activation_bytes=saved.total_bytes() - dropped,
-                        recompute_flops_selective=float(core_flops if dropped else 0),
-                        tp_replicated_bytes=saved.replicated_bytes(rule),
-                        input_bytes=_nbytes(x), output_bytes=_nbytes(y), gemm_shapes=tracker.gemm_shapes,
-                        saved_bytes_by_dtype=saved.by_dtype(), largest_saved=saved.largest(), output=out)
+    return LayerCapture(
+        forward_flops=float(forward_flops),
+        backward_flops=float(flops.get_total_flops() - forward_flops),
+        activation_bytes=saved.total_bytes(),
+        selective_activation_bytes=saved.total_bytes() - dropped,
+        recompute_flops_selective=float(core_flops if dropped else 0),
+        tp_replicated_bytes=saved.replicated_bytes(rule),
+        input_bytes=_nbytes(x),
+        output_bytes=_nbytes(y),
+        gemm_shapes=tracker.gemm_shapes,
+        saved_bytes_by_dtype=saved.by_dtype(),
+        largest_saved=saved.largest(),
+        output=out,
+    )
 
 
 def _key(t: torch.Tensor) -> int:

@@ -16,6 +16,7 @@ and the worker's modules, and forks each worker from that clean state (spawn on 
 fork server exists). Like spawn, it re-imports the caller's `__main__` in each worker, hence the
 guard.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -35,8 +36,7 @@ SYNC_PAUSE_S = 1e-3
 and a Linux scheduler runs a task waking from such a wait ahead of CPU-bound load; the busy
 neighbours and the timed process (timing.measure_times) pause this long after each pass, so
 the host share they measure is that of ranks, not of CPU hogs."""
-FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "torch._refs", "meshplan.profiler.concurrency",
-                      "meshplan.models.zoo"]
+FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "torch._refs", "meshplan.profiler.concurrency", "meshplan.models.zoo"]
 """Imported once by the fork server, so that a worker starts in milliseconds, not seconds
 (torch._dynamo and torch._refs: what the first nn.init on the meta device imports, ~1 s)."""
 LOG_TAIL_LINES = 6
@@ -120,8 +120,12 @@ class BusyNeighbours:
     def _start(self, ctx, i: int) -> None:
         cmd = ctx.Queue()
         log = Path(self._log_dir.name) / f"busy-{i}.log"
-        proc = ctx.Process(target=_worker, args=(self.spec, self.overrides, self._device_for(i), cmd, self.acks,
-                                                 str(log)), daemon=True, name=f"meshplan-busy-{i}")
+        proc = ctx.Process(
+            target=_worker,
+            args=(self.spec, self.overrides, self._device_for(i), cmd, self.acks, str(log)),
+            daemon=True,
+            name=f"meshplan-busy-{i}",
+        )
         self.commands.append(cmd)
         self.logs.append(log)
         proc.start()
@@ -144,9 +148,11 @@ class BusyNeighbours:
             except queue.Empty:
                 self._check_alive(fqn)
                 if time.monotonic() > deadline:
-                    raise RunError(f"--concurrent {self.count + 1}: {pending} busy worker(s) did not start {fqn} "
-                                   f"within {START_TIMEOUT_S:.0f} s (load average {os.getloadavg()[0]:.1f}); "
-                                   f"{self._tails()}; retry on a quieter host or use --concurrent 1")
+                    raise RunError(
+                        f"--concurrent {self.count + 1}: {pending} busy worker(s) did not start {fqn} "
+                        f"within {START_TIMEOUT_S:.0f} s (load average {os.getloadavg()[0]:.1f}); "
+                        f"{self._tails()}; retry on a quieter host or use --concurrent 1"
+                    )
 
     def _check_alive(self, fqn: str) -> None:
         """Raise with the exit code and output of the first worker that died."""
@@ -158,9 +164,12 @@ class BusyNeighbours:
                     f"--concurrent {self.count + 1}: busy worker {proc.name} exited ({_exit_text(proc.exitcode)}) "
                     "before it started (its traceback is on stderr above); a script calling "
                     "profile_model(concurrent>1) needs an `if __name__ == '__main__':` guard "
-                    f"(multiprocessing {start_method(self.device)}), or use --concurrent 1")
-            raise RunError(f"--concurrent {self.count + 1}: busy worker {proc.name} died "
-                           f"({_exit_text(proc.exitcode)}) while starting {fqn}; its output: {_tail(log)}")
+                    f"(multiprocessing {start_method(self.device)}), or use --concurrent 1"
+                )
+            raise RunError(
+                f"--concurrent {self.count + 1}: busy worker {proc.name} died "
+                f"({_exit_text(proc.exitcode)}) while starting {fqn}; its output: {_tail(log)}"
+            )
 
     def _tails(self) -> str:
         return "worker output: " + " | ".join(f"{p.name}: {_tail(log)}" for p, log in zip(self.procs, self.logs))
@@ -183,9 +192,11 @@ def _refuse_while_bootstrapping(concurrent: int) -> None:
     """In a worker importing an unguarded `__main__`, fail with the fix instead of multiprocessing's
     bootstrapping RuntimeError (the parent then reports the worker's early exit)."""
     if getattr(mp.current_process(), "_inheriting", False):
-        raise MeshplanError(f"--concurrent {concurrent}: this script runs profile_model(concurrent>1) when "
-                            "imported; put that call under an `if __name__ == '__main__':` guard "
-                            "(multiprocessing re-imports the main module in each busy worker)")
+        raise MeshplanError(
+            f"--concurrent {concurrent}: this script runs profile_model(concurrent>1) when "
+            "imported; put that call under an `if __name__ == '__main__':` guard "
+            "(multiprocessing re-imports the main module in each busy worker)"
+        )
 
 
 def _exit_text(code: int | None) -> str:

@@ -7,6 +7,7 @@ Forward: QK^T and PV, 2 * 2bs^2h = 4bs^2h (Korthikanti et al. 2022 App. A, full,
 halved). Backward: model FLOPs, 2x forward (the four GEMMs dQ, dK, dV, dP); the fused kernel
 also recomputes QK^T (hardware FLOPs), which MFU by convention does not count.
 """
+
 from __future__ import annotations
 
 import torch

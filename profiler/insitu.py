@@ -32,6 +32,7 @@ at the smallest and largest profiled microbatch size B. The cost model (planner/
 interpolates in B and uses these instead of the modelled collectives and one-rank overheads.
 CPU only: on GPUs the collectives run on their own engines and link fits describe them.
 """
+
 from __future__ import annotations
 
 import copy
@@ -72,8 +73,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def measure_in_place(profile: ModelProfile, spec: str, overrides: dict | None, rep_of: dict[str, str],
-                     inputs: dict, ranks: int, microbatch_sizes: list[int]) -> dict[str, dict[str, float]]:
+def measure_in_place(
+    profile: ModelProfile,
+    spec: str,
+    overrides: dict | None,
+    rep_of: dict[str, str],
+    inputs: dict,
+    ranks: int,
+    microbatch_sizes: list[int],
+) -> dict[str, dict[str, float]]:
     """Fill framework_overhead_s[...] of every layer from its representative's in-place timings,
     and step_overhead_s, clamped at zero; return the unclamped table they were made from
     ({representative or STEP: {key: wrapped - plain, slowest rank}})."""
@@ -106,9 +114,11 @@ def measure_in_place(profile: ModelProfile, spec: str, overrides: dict | None, r
     for lp in profile.layers:
         lp.framework_overhead_s.update(stored.get(rep_of[lp.name], {}))
     profile.step_overhead_s.update(stored.get(STEP, {}))
-    profile.notes.append(f"parallel wrappers measured in place on {ranks} gloo ranks at microbatch "
-                         f"{', '.join(map(str, batches))}: {', '.join(f'{k}@{d}' for k, d in configs(ranks))} "
-                         f"(mean wall of {ITERS} passes in {PASSES} round-robin rounds after {WARMUP}, slowest rank)")
+    profile.notes.append(
+        f"parallel wrappers measured in place on {ranks} gloo ranks at microbatch "
+        f"{', '.join(map(str, batches))}: {', '.join(f'{k}@{d}' for k, d in configs(ranks))} "
+        f"(mean wall of {ITERS} passes in {PASSES} round-robin rounds after {WARMUP}, slowest rank)"
+    )
     return raw
 
 
@@ -120,8 +130,10 @@ def _get(results, procs) -> dict:
         except Exception:  # queue.Empty: check the ranks are alive
             dead = [p for p in procs if p.exitcode not in (None, 0)]
             if dead:
-                raise MeshplanError(f"in-place wrapper timing: rank process exited with code {dead[0].exitcode}; "
-                                    "rerun `meshplan profile` (or use --concurrent 1)") from None
+                raise MeshplanError(
+                    f"in-place wrapper timing: rank process exited with code {dead[0].exitcode}; "
+                    "rerun `meshplan profile` (or use --concurrent 1)"
+                ) from None
             continue
         if error:
             raise MeshplanError(f"in-place wrapper timing failed on rank {rank}: {error}")
@@ -154,14 +166,17 @@ def _measure_all(world: int, spec: str, overrides, reps, rules, inputs, batches)
     from meshplan.models.loader import load_model
 
     model = load_model(spec, overrides, "meta")
-    meshes = {d: init_device_mesh("cpu", (world // d, d), mesh_dim_names=("rest", "inner"))["inner"]
-              for d in sorted({d for _, d in configs(world)})}
+    meshes = {
+        d: init_device_mesh("cpu", (world // d, d), mesh_dim_names=("rest", "inner"))["inner"]
+        for d in sorted({d for _, d in configs(world)})
+    }
     cases: list[Case] = []
     for rep in reps:
         rule = rules[rep]
         for kind, degree in configs(world):
-            if kind.startswith("tp") and (rule.kind not in ("block", "embedding", "head")
-                                          or not tp_degree_valid(rules.values(), degree)):
+            if kind.startswith("tp") and (
+                rule.kind not in ("block", "embedding", "head") or not tp_degree_valid(rules.values(), degree)
+            ):
                 continue
             for b in batches:
                 case = _layer_case(model, rep, rule, inputs[rep], b, kind, degree, meshes[degree])
@@ -193,7 +208,14 @@ class Case:
 
     def __init__(self, owner: str, key: str, wrapped, plain, x, loss=None, split: int = 1):
         self.owner, self.key, self.wrapped, self.plain, self.x, self.loss, self.split = (
-            owner, key, wrapped, plain, x, loss, split)
+            owner,
+            key,
+            wrapped,
+            plain,
+            x,
+            loss,
+            split,
+        )
         self.times: dict[str, list[tuple[float, float]]] = {"wrapped": [], "plain": []}
 
     def run(self, iters: int, keep: bool = True) -> None:
@@ -210,8 +232,9 @@ class Case:
 
     def raw_overheads(self) -> dict[str, float]:
         """Wrapped minus plain / split, unclamped: below zero where the host's noise won."""
-        (w_f, w_b), (p_f, p_b) = (tuple(statistics.fmean(t[i] for t in self.times[n]) for i in (0, 1))
-                                  for n in ("wrapped", "plain"))
+        (w_f, w_b), (p_f, p_b) = (
+            tuple(statistics.fmean(t[i] for t in self.times[n]) for i in (0, 1)) for n in ("wrapped", "plain")
+        )
         out = {self.key: w_f + w_b - (p_f + p_b) / self.split}
         if self.loss is None:
             out[self.key + ":fwd"] = w_f - p_f / self.split
@@ -264,8 +287,7 @@ def _ddp_cases(model, batches: list[int], degree: int, mesh) -> list[Case]:
     cases = []
     for b in batches:
         x, y = model.example_batch(b, torch.Generator().manual_seed(1))
-        cases.append(Case(STEP, f"ddp@{degree}:b{b}", wrapped, plain, x,
-                          loss=lambda out, y=y: plain.loss(out, y)))
+        cases.append(Case(STEP, f"ddp@{degree}:b{b}", wrapped, plain, x, loss=lambda out, y=y: plain.loss(out, y)))
     return cases
 
 
@@ -305,10 +327,16 @@ def _zero1_case(model, b: int, degree: int, mesh) -> OptimizerCase:
     for module in (model, plain):
         module.loss(module(x), y).backward()
     cls, kwargs = optimizer_spec("adamw", 1e-4, 0.1)
-    sharded = ZeroRedundancyOptimizer(list(model.parameters()), optimizer_class=cls, process_group=mesh.get_group(),
-                                      parameters_as_bucket_view=True, **kwargs)
-    return OptimizerCase(STEP, f"zero1@{degree}", sharded, cls(list(plain.parameters()), **kwargs),
-                         split=sharded.world_size)
+    sharded = ZeroRedundancyOptimizer(
+        list(model.parameters()),
+        optimizer_class=cls,
+        process_group=mesh.get_group(),
+        parameters_as_bucket_view=True,
+        **kwargs,
+    )
+    return OptimizerCase(
+        STEP, f"zero1@{degree}", sharded, cls(list(plain.parameters()), **kwargs), split=sharded.world_size
+    )
 
 
 class StepCase(OptimizerCase):

@@ -12,6 +12,7 @@ run to run (../shared/notes/torch-gloo.md Sec. 3), so a few wild medians must mo
 than they would move least squares; log residuals let the 1 KiB points and the 64 MiB points
 count alike.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,16 +50,14 @@ def message_sizes(min_bytes: int, max_bytes: int) -> list[int]:
     return sizes + [max_bytes]
 
 
-def _check_args(nproc: int, min_bytes: int, max_bytes: int, collectives, repeats: int,
-                group_sizes: list[int]) -> None:
+def _check_args(nproc: int, min_bytes: int, max_bytes: int, collectives, repeats: int, group_sizes: list[int]) -> None:
     if nproc < 2:
         raise MeshplanError(f"--nproc {nproc}: profile-links needs at least 2 ranks")
     if not 4 <= min_bytes <= max_bytes:
         raise MeshplanError(f"message sizes {min_bytes}..{max_bytes} bytes: need 4 <= min_bytes <= max_bytes")
     unknown = [c for c in collectives if c not in COLLECTIVES]
     if unknown or not collectives:
-        raise MeshplanError(f"collective {unknown[0] if unknown else None!r} is unknown; use "
-                            + ", ".join(COLLECTIVES))
+        raise MeshplanError(f"collective {unknown[0] if unknown else None!r} is unknown; use " + ", ".join(COLLECTIVES))
     if repeats < 1:
         raise MeshplanError(f"repeats {repeats}: must be >= 1 (3 or more for a median)")
     bad = [g for g in group_sizes if not 2 <= g <= nproc]
@@ -77,17 +76,39 @@ def sweep_cases(collectives, group_sizes: list[int], sizes: list[int]) -> list[l
     return cases
 
 
-def measure(nproc: int, cases: list[list], *, repeats: int = 5, timeout_s: float = 600,
-            progress: bool = False, device: str = "auto") -> dict:
+def measure(
+    nproc: int,
+    cases: list[list],
+    *,
+    repeats: int = 5,
+    timeout_s: float = 600,
+    progress: bool = False,
+    device: str = "auto",
+) -> dict:
     """Run the worker on `nproc` local ranks; return its JSON (see links_worker's docstring)."""
-    config = {"cases": cases, "repeats_small": repeats, "repeats_large": min(repeats, max(3, repeats // 2)),
-              "large_bytes": LARGE_BYTES, "progress": progress, "device": device,
-              "pg_timeout_s": max(60, int(timeout_s))}
+    config = {
+        "cases": cases,
+        "repeats_small": repeats,
+        "repeats_large": min(repeats, max(3, repeats // 2)),
+        "large_bytes": LARGE_BYTES,
+        "progress": progress,
+        "device": device,
+        "pg_timeout_s": max(60, int(timeout_s)),
+    }
     with tempfile.TemporaryDirectory(prefix="meshplan-links-") as tmp:
         cfg_path, out_path = Path(tmp, "config.json"), Path(tmp, "result.json")
         cfg_path.write_text(json.dumps(config))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "meshplan.profiler.links_worker", str(cfg_path), str(out_path)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "-m",
+            "meshplan.profiler.links_worker",
+            str(cfg_path),
+            str(out_path),
+        ]
         rc, tail = _launch(cmd, timeout_s, progress)
         # A rank may abort at exit after the results are written (torch-gloo.md gotcha 16):
         # a complete result file is trusted whatever the exit status.
@@ -99,8 +120,14 @@ def measure(nproc: int, cases: list[list], *, repeats: int = 5, timeout_s: float
 def _launch(cmd: list[str], timeout_s: float, progress: bool) -> tuple[int, str]:
     """Run torchrun in its own session (so a timeout kills every rank); return (rc, error tail)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=None if progress else subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=None if progress else subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -176,8 +203,7 @@ def _huber_line(s: list[float], t: list[float], iterations: int) -> tuple[float,
     a, b = _weighted_line(s, t, [1.0 / (ti * ti) for ti in t])
     for _ in range(iterations):
         pred = [max(a + b * si, 1e-3 * ti) for si, ti in zip(s, t)]
-        weights = [min(1.0, HUBER_DELTA / max(abs(math.log(pi / ti)), 1e-9)) / (pi * ti)
-                   for pi, ti in zip(pred, t)]
+        weights = [min(1.0, HUBER_DELTA / max(abs(math.log(pi / ti)), 1e-9)) / (pi * ti) for pi, ti in zip(pred, t)]
         a, b = _weighted_line(s, t, weights)
     return a, b
 
@@ -217,10 +243,19 @@ def fit_samples(samples: list[list]) -> list[CollectiveFit]:
         sizes = [size for size, _ in rows]
         medians = [_median(secs) for _, secs in rows]
         latency_s, bandwidth_gbps = fit_alpha_beta(sizes, medians)
-        fits.append(CollectiveFit(collective=collective, group_size=group_size, tier="intra_node",
-                                  latency_s=latency_s, bandwidth_gbps=bandwidth_gbps,
-                                  min_s=[min(secs) for _, secs in rows], median_s=medians,
-                                  max_s=[max(secs) for _, secs in rows], sizes_bytes=sizes))
+        fits.append(
+            CollectiveFit(
+                collective=collective,
+                group_size=group_size,
+                tier="intra_node",
+                latency_s=latency_s,
+                bandwidth_gbps=bandwidth_gbps,
+                min_s=[min(secs) for _, secs in rows],
+                median_s=medians,
+                max_s=[max(secs) for _, secs in rows],
+                sizes_bytes=sizes,
+            )
+        )
     return fits
 
 
@@ -247,8 +282,12 @@ def _gpu_cluster(raw: dict, nproc: int) -> ClusterSpec:
     from meshplan.presets import cluster_preset
 
     name, memory = raw["device"], raw.get("device_memory_bytes", 0)
-    keys = [("H200", "h200-141g"), ("H100", "h100-80g"), ("B200", "b200-180g"),
-            ("A100", "a100-80g" if memory > 45e9 else "a100-40g")]
+    keys = [
+        ("H200", "h200-141g"),
+        ("H100", "h100-80g"),
+        ("B200", "b200-180g"),
+        ("A100", "a100-80g" if memory > 45e9 else "a100-40g"),
+    ]
     preset = next((p for k, p in keys if k in name.upper()), "h100-80g")
     spec = cluster_preset(preset, nproc)
     device = DeviceSpec(**{**spec.device.__dict__, "name": name, "memory_bytes": memory or spec.device.memory_bytes})
@@ -277,10 +316,17 @@ def cluster_from_measurement(raw: dict, nproc: int) -> ClusterSpec:
     return spec
 
 
-def profile_links(nproc: int, *, min_bytes: int = 1024, max_bytes: int = 64 * 2**20,
-                  collectives: tuple[str, ...] = COLLECTIVES, repeats: int = 5,
-                  group_sizes: list[int] | None = None, timeout_s: float = 600,
-                  progress: bool = False) -> ClusterSpec:
+def profile_links(
+    nproc: int,
+    *,
+    min_bytes: int = 1024,
+    max_bytes: int = 64 * 2**20,
+    collectives: tuple[str, ...] = COLLECTIVES,
+    repeats: int = 5,
+    group_sizes: list[int] | None = None,
+    timeout_s: float = 600,
+    progress: bool = False,
+) -> ClusterSpec:
     """Measure collectives on `nproc` local ranks and return the measured ClusterSpec."""
     group_sizes = list(group_sizes) if group_sizes else list(range(2, nproc + 1))
     _check_args(nproc, min_bytes, max_bytes, collectives, repeats, group_sizes)

@@ -13,6 +13,7 @@ One sample = the mean over a few back-to-back calls, the max over ranks (the slo
 decides when a collective is done); samples are taken in round-robin passes over all cases. Rank 0 writes {"device", "backend", "world_size",
 "samples": [[collective, group_size, bytes, [seconds, ...]], ...]}.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -79,6 +80,7 @@ def _make_op(collective: str, numel: int, group, ranks: list[int], device: torch
             else:
                 dist.recv(buf, peer)
                 dist.send(buf, peer)
+
         return ping_pong
     raise ValueError(f"unknown collective {collective!r}")  # the parent validated the names
 
@@ -135,15 +137,14 @@ def sweep(cfg: dict, world: int, device: torch.device) -> list[list]:
             meta[i] = (group_size, message_bytes)
             if op is not None and not local[i]:
                 op()  # warm-up: connection set-up and first touch of the buffers
-            local[i].append(_time_sample(op, _iters(case[2], device.type == "cuda"),
-                                         case[0] == "send_recv", device))
+            local[i].append(_time_sample(op, _iters(case[2], device.type == "cuda"), case[0] == "send_recv", device))
         if dist.get_rank() == 0 and cfg.get("progress"):
             print(f"profile-links: pass {pass_index + 1}/{cfg['repeats_small']} done", file=sys.stderr, flush=True)
     flat = torch.tensor([x for xs in local for x in xs], dtype=torch.float64)
     dist.all_reduce(flat, op=dist.ReduceOp.MAX)  # the slowest rank decides when a collective is done
     out, pos = [], 0
     for case, (group_size, message_bytes), xs in zip(cases, meta, local):
-        out.append([case[0], group_size, message_bytes, flat[pos:pos + len(xs)].tolist()])
+        out.append([case[0], group_size, message_bytes, flat[pos : pos + len(xs)].tolist()])
         pos += len(xs)
     return out
 
@@ -163,8 +164,14 @@ def main(config_path: str, out_path: str) -> None:
     if rank == 0:
         name = torch.cuda.get_device_name(device) if on_cuda else "cpu"
         memory = torch.cuda.get_device_properties(device).total_memory if on_cuda else 0
-        result = {"device": name, "device_memory_bytes": memory, "backend": backend,
-                  "world_size": world, "torch_version": torch.__version__, "samples": samples}
+        result = {
+            "device": name,
+            "device_memory_bytes": memory,
+            "backend": backend,
+            "world_size": world,
+            "torch_version": torch.__version__,
+            "samples": samples,
+        }
         tmp = out_path + ".tmp"
         with open(tmp, "w") as fh:
             json.dump(result, fh)

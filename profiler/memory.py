@@ -5,6 +5,7 @@ storage an op creates and subtracts them when the storage is freed (a weakref fi
 the maximum: a live-tensor tracker in the spirit of torch.distributed._tools.MemTracker. On CUDA
 the allocator's `max_memory_allocated` is used instead.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,8 +48,9 @@ class LiveBytes(TorchDispatchMode):
         self.live_bytes -= size
 
 
-def predict_peak_bytes(param_bytes: list[int], capture, batch: int, dtype: torch.dtype,
-                       input_bytes: int, input_has_grad: bool = True) -> int:
+def predict_peak_bytes(
+    param_bytes: list[int], capture, batch: int, dtype: torch.dtype, input_bytes: int, input_has_grad: bool = True
+) -> int:
     """Analytic peak of one forward+backward of a layer for `batch` samples in `dtype`.
 
     Two candidate moments, the larger wins:

@@ -9,6 +9,7 @@ expert) (Fedus et al. 2021 §2.1; the same count as a dense MLP of top_k experts
 A module counts as routed experts when it has `num_experts` and 3-D weights (E, out, in); one
 that multiplies them densely (batched GEMMs the fake run sees) would be counted twice.
 """
+
 from __future__ import annotations
 
 from torch import nn

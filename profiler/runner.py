@@ -3,6 +3,7 @@
 Shared by the timing loop (timing.py) and the busy worker processes (concurrency.py), so the
 extra ranks run exactly the code being timed.
 """
+
 from __future__ import annotations
 
 import copy
@@ -17,6 +18,7 @@ from meshplan.models.zoo.base import LayeredModel, init_tensor
 @dataclass(frozen=True)
 class InputSpec:
     """A layer's input for one sample: shape with batch dim 1, dtype name, first layer or not."""
+
     shape: tuple[int, ...]
     dtype: str
     first: bool

@@ -14,6 +14,7 @@ which is what the ranks pay on average when they share the cores the same way. R
 between passes (concurrency.SYNC_PAUSE_S) are favoured by the scheduler over CPU-bound load, so
 the measured share can fall below ranks / cores, which N busy ranks cannot beat: that is its floor.
 """
+
 from __future__ import annotations
 
 import copy
@@ -82,8 +83,9 @@ def _adamw(params):
     return cls(params, **kwargs)
 
 
-def optimizer_step_cpu_s(layer: torch.nn.Module, x: torch.Tensor, warmup: int = 3,
-                         repeats: int = 15) -> tuple[float, float]:
+def optimizer_step_cpu_s(
+    layer: torch.nn.Module, x: torch.Tensor, warmup: int = 3, repeats: int = 15
+) -> tuple[float, float]:
     """(per-layer, per-call) CPU seconds of clip + AdamW step + zero_grad: steps over the layer's
     parameters (one) and over them plus a twin's (two) alternate, so that each pair sees the same
     host state; the layer's share is the median of two - one, the fixed cost of a call (Python,

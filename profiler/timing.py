@@ -10,6 +10,7 @@ the same way (LayerProfile.optimizer_step_s). Then one more pass
 measures the peak memory (live-tensor tracker on CPU, allocator peak on CUDA) beside the
 analytic prediction. Identical layers copy the representative's timings (`reused_from`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,10 +43,20 @@ RANK_THREADS = 1
 """Intra-op threads of one CPU rank (executor/launch.py runs every rank with OMP_NUM_THREADS=1)."""
 
 
-def time_layers(profile: ModelProfile, model: LayeredModel, rep_of: dict[str, str],
-                inputs: dict[str, InputSpec], captures: dict[str, LayerCapture], *, spec: str,
-                overrides: dict | None, device: str, microbatch_sizes: list[int], concurrent: int,
-                progress: Callable = lambda items, label: items) -> None:
+def time_layers(
+    profile: ModelProfile,
+    model: LayeredModel,
+    rep_of: dict[str, str],
+    inputs: dict[str, InputSpec],
+    captures: dict[str, LayerCapture],
+    *,
+    spec: str,
+    overrides: dict | None,
+    device: str,
+    microbatch_sizes: list[int],
+    concurrent: int,
+    progress: Callable = lambda items, label: items,
+) -> None:
     """Fill `profile.layers[*].timings` (and device, concurrent, notes) by measuring representatives."""
     reps = list(dict.fromkeys(rep_of.values()))
     check_fits(model, reps, inputs, captures, device, max(microbatch_sizes))
@@ -58,33 +69,48 @@ def time_layers(profile: ModelProfile, model: LayeredModel, rep_of: dict[str, st
     with busy or contextlib.nullcontext(), rank_threads(device):
         for rep in progress(reps, f"timing on {device}"):
             layer = materialise_layer(model, rep, device)
-            measured[rep] = _measure_sizes(layer, model, rep, inputs[rep], captures[rep], microbatch_sizes,
-                                           device, busy, share)
+            measured[rep] = _measure_sizes(
+                layer, model, rep, inputs[rep], captures[rep], microbatch_sizes, device, busy, share
+            )
             if not device.startswith("cuda"):
                 optimizer_s[rep], call_s[rep] = optimizer_step_cpu_s(layer, make_input(model, inputs[rep], 1, device))
             del layer
-        overheads = {} if device.startswith("cuda") else _wrapper_overheads(profile, model, reps, inputs,
-                                                                             microbatch_sizes)
+        overheads = (
+            {} if device.startswith("cuda") else _wrapper_overheads(profile, model, reps, inputs, microbatch_sizes)
+        )
     factor = 1.0 if device.startswith("cuda") else share.factor
     for lp in profile.layers:
         rep = rep_of[lp.name]
-        lp.timings = [LayerTiming(**{**t.__dict__, "forward_s": t.forward_s * factor, "backward_s": t.backward_s * factor,
-                                     "reused_from": "" if rep == lp.name else rep}) for t in measured[rep]]
+        lp.timings = [
+            LayerTiming(
+                **{
+                    **t.__dict__,
+                    "forward_s": t.forward_s * factor,
+                    "backward_s": t.backward_s * factor,
+                    "reused_from": "" if rep == lp.name else rep,
+                }
+            )
+            for t in measured[rep]
+        ]
         lp.optimizer_step_s = optimizer_s.get(rep, 0.0) * factor
         lp.framework_overhead_s = {k: v * factor for k, v in overheads.get(rep, {}).items()}
         if rep in call_s:
             lp.framework_overhead_s["optimizer_call"] = call_s[rep] * factor
     if factor != 1.0 or not device.startswith("cuda"):
-        profile.notes.append(f"host share {factor:.2f}: CPU timings are median process CPU time x wall/CPU "
-                             f"over all timed passes (ranks and other load sharing the cores; measured "
-                             f"{share.wall_s / max(share.cpu_s, 1e-12):.2f}, floor {share.floor:.2f} = "
-                             f"{neighbours + 1} ranks / {cores_available()} cores)")
+        profile.notes.append(
+            f"host share {factor:.2f}: CPU timings are median process CPU time x wall/CPU "
+            f"over all timed passes (ranks and other load sharing the cores; measured "
+            f"{share.wall_s / max(share.cpu_s, 1e-12):.2f}, floor {share.floor:.2f} = "
+            f"{neighbours + 1} ranks / {cores_available()} cores)"
+        )
     profile.device = device_name(device)
     profile.concurrent = neighbours + 1
-    profile.notes.append(f"timed {len(reps)} representative layer(s) on {profile.device} in "
-                         f"{str(run_dtype(device)).removeprefix('torch.')}: {WARMUP} warm-up passes, median of "
-                         f"{REPEATS}, with {neighbours} busy neighbour process(es); identical layers reuse "
-                         "the timings (timings[].reused_from)")
+    profile.notes.append(
+        f"timed {len(reps)} representative layer(s) on {profile.device} in "
+        f"{str(run_dtype(device)).removeprefix('torch.')}: {WARMUP} warm-up passes, median of "
+        f"{REPEATS}, with {neighbours} busy neighbour process(es); identical layers reuse "
+        "the timings (timings[].reused_from)"
+    )
 
 
 @contextlib.contextmanager
@@ -103,16 +129,18 @@ def rank_threads(device: str):
         torch.set_num_threads(before)
 
 
-def _wrapper_overheads(profile: ModelProfile, model: LayeredModel, reps: list[str], inputs,
-                       batches: list[int]) -> dict[str, dict[str, float]]:
+def _wrapper_overheads(
+    profile: ModelProfile, model: LayeredModel, reps: list[str], inputs, batches: list[int]
+) -> dict[str, dict[str, float]]:
     """TP (DTensor), FSDP2 and recompute overheads of each representative on a one-rank mesh
     (wrapper_timing), recompute at the smallest and largest microbatch; clamped at zero."""
     rules = {lp.name: lp.tp for lp in profile.layers}
     layers = {rep: materialise_layer(model, rep, "cpu") for rep in reps}
     sizes = sorted({min(batches), max(batches)})
     xs = {rep: {b: make_input(model, inputs[rep], b, "cpu") for b in sizes} for rep in reps}
-    return clamped(wrapper_overheads(layers, rules, xs, functools.partial(measure_times, min_window_s=0.0),
-                                     window_s=MIN_WINDOW_S))
+    return clamped(
+        wrapper_overheads(layers, rules, xs, functools.partial(measure_times, min_window_s=0.0), window_s=MIN_WINDOW_S)
+    )
 
 
 def _neighbours(device: str, concurrent: int, notes: list[str]) -> int:
@@ -122,8 +150,10 @@ def _neighbours(device: str, concurrent: int, notes: list[str]) -> int:
         return wanted
     others = torch.cuda.device_count() - 1
     if others < wanted:
-        notes.append(f"--concurrent {concurrent}: only {others} other GPU(s) here, so {others} busy "
-                     "neighbour(s); ranks sharing one GPU would not be how a job runs")
+        notes.append(
+            f"--concurrent {concurrent}: only {others} other GPU(s) here, so {others} busy "
+            "neighbour(s); ranks sharing one GPU would not be how a job runs"
+        )
     return min(wanted, others)
 
 
@@ -133,8 +163,9 @@ def device_name(device: str) -> str:
     return device
 
 
-def _measure_sizes(layer, model, fqn, spec, capture, sizes: list[int], device, busy,
-                   share: HostShare | None = None) -> list[LayerTiming]:
+def _measure_sizes(
+    layer, model, fqn, spec, capture, sizes: list[int], device, busy, share: HostShare | None = None
+) -> list[LayerTiming]:
     """One LayerTiming per microbatch size. On CPU the sizes are timed round-robin in CPU_ROUNDS
     rounds of MIN_WINDOW_S / CPU_ROUNDS each, and each time is the median of the rounds'
     medians: a burst of other load on a shared host then spoils one round of one size, not the
@@ -150,16 +181,34 @@ def _measure_sizes(layer, model, fqn, spec, capture, sizes: list[int], device, b
     out = []
     for b in sizes:
         x = xs[b]
-        predicted = predict_peak_bytes(layer_param_bytes(layer, run_dtype(device)), capture, b,
-                                       run_dtype(device), x.numel() * x.element_size(), x.requires_grad)
-        out.append(LayerTiming(microbatch_size=b, forward_s=statistics.median(t[0] for t in times[b]),
-                               backward_s=statistics.median(t[1] for t in times[b]),
-                               peak_bytes=measure_peak_bytes(layer, x, device), predicted_peak_bytes=predicted))
+        predicted = predict_peak_bytes(
+            layer_param_bytes(layer, run_dtype(device)),
+            capture,
+            b,
+            run_dtype(device),
+            x.numel() * x.element_size(),
+            x.requires_grad,
+        )
+        out.append(
+            LayerTiming(
+                microbatch_size=b,
+                forward_s=statistics.median(t[0] for t in times[b]),
+                backward_s=statistics.median(t[1] for t in times[b]),
+                peak_bytes=measure_peak_bytes(layer, x, device),
+                predicted_peak_bytes=predicted,
+            )
+        )
     return out
 
 
-def check_fits(model: LayeredModel, reps: list[str], inputs: dict[str, InputSpec],
-               captures: dict[str, LayerCapture], device: str, batch: int) -> None:
+def check_fits(
+    model: LayeredModel,
+    reps: list[str],
+    inputs: dict[str, InputSpec],
+    captures: dict[str, LayerCapture],
+    device: str,
+    batch: int,
+) -> None:
     """Refuse to time a layer whose predicted forward+backward exceeds the device's memory."""
     dtype = run_dtype(device)
     if device.startswith("cuda"):
@@ -169,17 +218,30 @@ def check_fits(model: LayeredModel, reps: list[str], inputs: dict[str, InputSpec
     for rep in reps:
         spec = inputs[rep]
         elem = torch.finfo(dtype).bits // 8 if "float" in spec.dtype else 8
-        need = predict_peak_bytes(layer_param_bytes(model.get_submodule(rep), dtype), captures[rep], batch,
-                                  dtype, batch * math.prod(spec.shape) * elem)
+        need = predict_peak_bytes(
+            layer_param_bytes(model.get_submodule(rep), dtype),
+            captures[rep],
+            batch,
+            dtype,
+            batch * math.prod(spec.shape) * elem,
+        )
         if capacity and need > 0.9 * capacity:
-            raise MeshplanError(f"--device {device}: timing {rep} at microbatch {batch} needs about "
-                                f"{need / 2**30:.1f} GiB, {capacity / 2**30:.1f} GiB is free; use "
-                                "--device meta, smaller --microbatch, or smaller shapes with --set")
+            raise MeshplanError(
+                f"--device {device}: timing {rep} at microbatch {batch} needs about "
+                f"{need / 2**30:.1f} GiB, {capacity / 2**30:.1f} GiB is free; use "
+                "--device meta, smaller --microbatch, or smaller shapes with --set"
+            )
 
 
-def measure_times(layer: torch.nn.Module, x: torch.Tensor, device: str, warmup: int = WARMUP,
-                  repeats: int = REPEATS, share: HostShare | None = None,
-                  min_window_s: float = MIN_WINDOW_S) -> tuple[float, float]:
+def measure_times(
+    layer: torch.nn.Module,
+    x: torch.Tensor,
+    device: str,
+    warmup: int = WARMUP,
+    repeats: int = REPEATS,
+    share: HostShare | None = None,
+    min_window_s: float = MIN_WINDOW_S,
+) -> tuple[float, float]:
     """Median forward and backward seconds of `layer` on `x` after `warmup` passes: CUDA event
     time on GPU; on CPU process CPU time (wall and CPU totals go to `share`)."""
     cuda = device.startswith("cuda")

@@ -12,6 +12,7 @@ minus the plain one's — the recomputed forward plus the checkpoint machinery (
 the selective policy's dispatch), which on small layers costs more than the arithmetic.
 Skipped (empty) where a process group already exists (inside a launched job) or on CUDA.
 """
+
 from __future__ import annotations
 
 import copy
@@ -53,19 +54,28 @@ def _wrap_recompute(mode: str):
 
         apply_ac(layer, {"": mode})
         return layer
+
     return wrap
 
 
-WRAPPERS = {"tp": _wrap_tp, "fsdp": _wrap_fsdp, "recompute_full": _wrap_recompute("full"),
-            "recompute_selective": _wrap_recompute("selective")}
+WRAPPERS = {
+    "tp": _wrap_tp,
+    "fsdp": _wrap_fsdp,
+    "recompute_full": _wrap_recompute("full"),
+    "recompute_selective": _wrap_recompute("selective"),
+}
 PER_STEP = ("tp", "fsdp")
 """Wrappers whose parameters the optimizer then steps differently (DTensor / sharded): their
 optimizer-step overhead is measured too."""
 
 
-def wrapper_overheads(layers: dict[str, torch.nn.Module], rules: dict[str, TPRule],
-                      inputs: dict[str, dict[int, torch.Tensor]], measure_times,
-                      window_s: float = 0.0) -> dict[str, dict[str, float]]:
+def wrapper_overheads(
+    layers: dict[str, torch.nn.Module],
+    rules: dict[str, TPRule],
+    inputs: dict[str, dict[int, torch.Tensor]],
+    measure_times,
+    window_s: float = 0.0,
+) -> dict[str, dict[str, float]]:
     """{fqn: {"tp": s, "fsdp": s, "tp_optimizer": s, "fsdp_optimizer": s, "recompute_full:bB": s,
     ...}} in CPU seconds, unclamped: wrapped minus plain, below zero where the host's noise
     outweighed the overhead (`clamped` makes what the profile stores). Callers scale by the host
@@ -78,18 +88,28 @@ def wrapper_overheads(layers: dict[str, torch.nn.Module], rules: dict[str, TPRul
         return {}
     mesh = _one_rank_mesh()
     try:
-        return {fqn: _layer_overheads(layer, rules[fqn], inputs[fqn], mesh, measure_times, window_s)
-                for fqn, layer in layers.items()}
+        return {
+            fqn: _layer_overheads(layer, rules[fqn], inputs[fqn], mesh, measure_times, window_s)
+            for fqn, layer in layers.items()
+        }
     finally:
         dist.destroy_process_group()
 
 
-def paired_extra_s(plain: torch.nn.Module, wrapped: torch.nn.Module, x: torch.Tensor, window_s: float,
-                   warmup: int = 2, min_pairs: int = 5, max_pairs: int = 400) -> float:
+def paired_extra_s(
+    plain: torch.nn.Module,
+    wrapped: torch.nn.Module,
+    x: torch.Tensor,
+    window_s: float,
+    warmup: int = 2,
+    min_pairs: int = 5,
+    max_pairs: int = 400,
+) -> float:
     """Median over alternating passes of (wrapped - plain) forward+backward CPU seconds, until
     the pairs cover `window_s` of wall time: each difference is taken on the same host state,
     so drift between two separate timing runs (tens of percent on a shared host, against a
     difference of a fraction of a pass) cancels. Unclamped: negative when noise wins."""
+
     def pass_cpu_s(layer) -> float:
         x.grad = None
         start = time.process_time()
@@ -105,8 +125,9 @@ def paired_extra_s(plain: torch.nn.Module, wrapped: torch.nn.Module, x: torch.Te
     return statistics.median(diffs)
 
 
-def _layer_overheads(layer, rule: TPRule, xs: dict[int, torch.Tensor], mesh, measure_times,
-                     window_s: float) -> dict[str, float]:
+def _layer_overheads(
+    layer, rule: TPRule, xs: dict[int, torch.Tensor], mesh, measure_times, window_s: float
+) -> dict[str, float]:
     x = xs[min(xs)]
     plain_f, plain_b = measure_times(layer, x, "cpu")
     plain_opt = optimizer_step_cpu_s(layer, x)[0]

@@ -2,6 +2,7 @@
 each rank is a thread with its own codec; `ThreadComm` is the group (all_gather / all_reduce
 through a barrier, sums in rank order like every rank of a real group). Used by the unit and
 convergence tests; the gloo tests run the same codecs inside DDP."""
+
 from __future__ import annotations
 
 import threading
@@ -52,6 +53,7 @@ def run_ranks(world: int, fn) -> list:
         except BaseException as e:  # noqa: BLE001 - re-raised below
             errors.append(e)
             group.barrier.abort()
+
     threads = [threading.Thread(target=body, args=(r,)) for r in range(world)]
     for t in threads:
         t.start()
@@ -65,8 +67,10 @@ def run_ranks(world: int, fn) -> list:
 def exchange(codecs: list, grads: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
     """One step: rank r's tensors `grads[r]` (keys 0..k-1) exchanged by `codecs[r]`; returns the
     averaged tensors each rank ends with (copies)."""
+
     def fn(rank, comm):
         items = [(i, g.reshape(-1).clone(), tuple(g.shape)) for i, g in enumerate(grads[rank])]
         codecs[rank].exchange(comm, items)
         return [f.view(g.shape) for (_, f, _), g in zip(items, grads[rank])]
+
     return run_ranks(len(codecs), fn)

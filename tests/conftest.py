@@ -3,6 +3,7 @@
 A CPU profile of a tiny zoo model takes several seconds on 2 cores (every representative layer
 timed, then its wrappers); the tests that read the same model share one. Profiles that a test
 must make itself (because it measures the profiling, or spies on it) stay in the test."""
+
 from __future__ import annotations
 
 import functools
@@ -22,5 +23,5 @@ def zoo_cpu_profile():
     @functools.cache
     def make(name: str):
         return profile_model(name, device="cpu", microbatch_sizes=list(CPU_MICROBATCHES))
-    return make
 
+    return make

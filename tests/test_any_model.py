@@ -8,6 +8,7 @@ losses of *plain PyTorch* on one process: the transformers model or the factory'
 trained with torch.optim.SGD and clip_grad_norm_ on the same global batches — not meshplan's
 own 1-rank run.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -64,8 +65,9 @@ CASES = {
     "bart": Case("hf:tiny-bart", 192_512, {"zero3": dict(dp_shard=2, zero=3)}, tp_rules=False),
     "resnet": Case(f"{ANY}:resnet", 11_122, {"dp": dict(dp=2), "pp": PP}, tp_rules=False, num_layers=7),
     "vit": Case(f"{ANY}:vit", 19_626, {"dp": dict(dp=2), "pp": PP}, tp_rules=False, num_layers=6),
-    "unet_long_skips": Case(f"{ANY}:unet", 7_473, {"zero3": dict(dp_shard=2, zero=3), "pp": PP}, tp_rules=False,
-                            num_layers=3),
+    "unet_long_skips": Case(
+        f"{ANY}:unet", 7_473, {"zero3": dict(dp_shard=2, zero=3), "pp": PP}, tp_rules=False, num_layers=3
+    ),
     "dict_inputs": Case(f"{ANY}:dict_inputs", 643, {"dp": dict(dp=2)}, tp_rules=False),
     "hf_dict_labels": Case(f"{ANY}:hf_dict_labels", 26_784, {"dp": dict(dp=2)}, tp_rules=False),
     "hf_raw_on_meta": Case(f"{ANY}:hf_raw", 26_784, {"pp": PP, "tp_sp": TP_SP}),
@@ -156,8 +158,22 @@ def test_profile_counts_exact_unique_parameters(name):
 
 
 def _plan(spec: str, out: Path, *extra: str) -> int:
-    return main(["plan", "--model", spec, "--cluster", "local-cpu", "--num-gpus", "2", "--global-batch", "4",
-                 "-o", str(out), *extra])
+    return main(
+        [
+            "plan",
+            "--model",
+            spec,
+            "--cluster",
+            "local-cpu",
+            "--num-gpus",
+            "2",
+            "--global-batch",
+            "4",
+            "-o",
+            str(out),
+            *extra,
+        ]
+    )
 
 
 @pytest.mark.parametrize("name", [n for n, c in CASES.items() if not c.tp_rules][:3])
@@ -183,14 +199,21 @@ def runs(tmp_path_factory):
         assert _plan(case.spec, out / f"{name}.json") == 0  # profile -> plan
         keys.append((name, "planned"))
         plans.append(load(Plan, out / f"{name}.json"))
-    results = run_plans(plans, LaunchOptions(steps=STEPS, out_dir=str(out / "run"), quiet=True, timeout_s=300,
-                                             optimizer="sgd", lr=LR, grad_clip=CLIP))
+    results = run_plans(
+        plans,
+        LaunchOptions(
+            steps=STEPS, out_dir=str(out / "run"), quiet=True, timeout_s=300, optimizer="sgd", lr=LR, grad_clip=CLIP
+        ),
+    )
     return {key: (plan, result) for key, plan, result in zip(keys, plans, results)}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("key", [(n, layout) for n, c in CASES.items() for layout in [*c.layouts, "planned"]],
-                         ids=lambda key: f"{key[0]}-{key[1]}")
+@pytest.mark.parametrize(
+    "key",
+    [(n, layout) for n, c in CASES.items() for layout in [*c.layouts, "planned"]],
+    ids=lambda key: f"{key[0]}-{key[1]}",
+)
 def test_layout_equals_plain_pytorch(runs, key):
     plan, result = runs[key]
     ref = plain_losses(CASES[key[0]].spec, plan.global_batch_size)

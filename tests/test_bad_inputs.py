@@ -1,6 +1,7 @@
 """Bad input at the CLI, as a demanding user gives it (issue #19 items 3, 5, 6): every case runs
 in this process through meshplan.cli.main and must exit 2 with exactly one stderr line, no
 "Traceback", and leave the working directory exactly as it was (no file written or removed)."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,7 @@ def make_inputs(root: Path) -> None:
     (root / "d").mkdir()
     (root / "afile").write_text("x")
     (root / "bin.json").write_bytes(b"\xff\xfe\x00\x01garbage\x80")
-    plan = make_plan(pipeline_parallel_degree=1, data_parallel_replicate_degree=2, world_size=2,
-                     stages=[list(LAYERS)])
+    plan = make_plan(pipeline_parallel_degree=1, data_parallel_replicate_degree=2, world_size=2, stages=[list(LAYERS)])
     schema.save(plan, root / "good.json")
     text = (root / "good.json").read_text()
     (root / "nan.json").write_text(text.replace('"seq_len": 32', '"seq_len": NaN'))
@@ -31,12 +31,21 @@ def make_inputs(root: Path) -> None:
         data = json.loads(text)
         data["model_config"] = config
         (root / name).write_text(json.dumps(data))
-    run = {"world_size": 4, "steps": 1, "losses": [1.0], "step_time_s": 0.1, "tokens_per_s": 1.0,
-           "peak_memory_bytes": 1}
+    run = {
+        "world_size": 4,
+        "steps": 1,
+        "losses": [1.0],
+        "step_time_s": 0.1,
+        "tokens_per_s": 1.0,
+        "peak_memory_bytes": 1,
+    }
     (root / "run4.json").write_text(json.dumps(run))
     schema.save(make_profile(), root / "prof.json")
-    factories = {"empty": "torch.nn.Sequential()", "noparams": "torch.nn.Sequential(torch.nn.ReLU())",
-                 "nochain": "torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(4, 2))"}
+    factories = {
+        "empty": "torch.nn.Sequential()",
+        "noparams": "torch.nn.Sequential(torch.nn.ReLU())",
+        "nochain": "torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(4, 2))",
+    }
     for name, module in factories.items():
         (root / f"{name}.py").write_text(f"import torch\ndef f():\n    return {module}, torch.randn(2, 8)\n")
     (root / "exit3.py").write_text("import sys\nsys.exit(3)\n")
@@ -88,8 +97,10 @@ CASES = [
     (["run", "good.json", "--timeout", "-5", "--print-launch"], "--timeout -5"),
     (["run", "good.json", "--timeout", "0", "--print-launch"], "--timeout 0"),
     (["run", "good.json", "--steps", "0"], "--steps 0"),
-    (["run", "good.json", "--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1", "--print-launch"],
-     "--node-rank 2"),
+    (
+        ["run", "good.json", "--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1", "--print-launch"],
+        "--node-rank 2",
+    ),
     (["run", "good.json", "--nnodes", "2", "--print-launch"], "--rdzv-endpoint"),
     (["run", "good.json", "--resume", "--out-dir", "rd"], "checkpoints/latest is damaged"),
     (["run", "good.json", "--resume", "--out-dir", "empty_run"], "no complete checkpoint"),
@@ -103,9 +114,10 @@ CASES = [
 def snapshot(root: Path) -> dict[str, tuple]:
     """Every path with, for files, size and modification time (a directory's own mtime changes
     when a refused run takes and drops its lock file, which is not a file left behind)."""
-    return {str(p.relative_to(root)): (p.is_dir(), 0, 0) if p.is_dir() else (False, p.stat().st_size,
-                                                                              p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*"))}
+    return {
+        str(p.relative_to(root)): (p.is_dir(), 0, 0) if p.is_dir() else (False, p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+    }
 
 
 @pytest.mark.parametrize("args, needle", CASES, ids=[" ".join(a)[:60] for a, _ in CASES])
@@ -131,12 +143,17 @@ def test_at_least_forty_cases():
     assert len(CASES) >= 40
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["plan", "--num-gpus", "2", "--pp", "1", "--schedule", "interleaved", "--virtual-stages", "3"],
-     "warning: ignored --virtual-stages 3"),
-    (["plan", "--num-gpus", "2", "--tp", "1", "--sequence-parallel"], "warning: ignored --sequence-parallel"),
-    (["plan", "--seq", "64"], "warning: --seq 64: gpt-tiny handles at most 32"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (
+            ["plan", "--num-gpus", "2", "--pp", "1", "--schedule", "interleaved", "--virtual-stages", "3"],
+            "warning: ignored --virtual-stages 3",
+        ),
+        (["plan", "--num-gpus", "2", "--tp", "1", "--sequence-parallel"], "warning: ignored --sequence-parallel"),
+        (["plan", "--seq", "64"], "warning: --seq 64: gpt-tiny handles at most 32"),
+    ],
+)
 def test_dropped_pins_are_a_warning_line(capsys, args, needle):
     assert main(args + ["--quiet"]) == 0
     err = capsys.readouterr().err

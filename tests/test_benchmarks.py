@@ -1,6 +1,7 @@
 """The benchmark harness's cheap parts: metrics on known inputs, the report's keys and text,
 the baseline and grid logic on a real (meta-device) profile. No ranks are launched here;
 `python -m benchmarks.run --quick` is the end-to-end run."""
+
 from __future__ import annotations
 
 import json
@@ -42,14 +43,30 @@ def test_spread_and_geomean():
 
 
 def _row(name, pred, meas, mem_pred=2e6, mem_meas=1e6):
-    return {"name": name, "config": name, "predicted_s": pred, "measured_s": meas, "breakdown_s": {},
-            "measured_runs_s": [meas], "spread_runs": 0.0, "step_min_s": meas, "step_max_s": meas, "runs": 1,
-            "predicted_memory_bytes": mem_pred, "measured_memory_bytes": mem_meas, "error": pred / meas - 1}
+    return {
+        "name": name,
+        "config": name,
+        "predicted_s": pred,
+        "measured_s": meas,
+        "breakdown_s": {},
+        "measured_runs_s": [meas],
+        "spread_runs": 0.0,
+        "step_min_s": meas,
+        "step_max_s": meas,
+        "runs": 1,
+        "predicted_memory_bytes": mem_pred,
+        "measured_memory_bytes": mem_meas,
+        "error": pred / meas - 1,
+    }
 
 
 def test_summaries_and_baseline_speedups_from_rows():
-    rows = [_row("ddp", 1.0, 2.0), _row("zero3", 2.0, 4.0), _row("megatron", 3.0, 1.0),
-            {"name": "broken", "config": "x", "predicted_s": 0.5, "predicted_memory_bytes": 1.0, "runs": 0}]
+    rows = [
+        _row("ddp", 1.0, 2.0),
+        _row("zero3", 2.0, 4.0),
+        _row("megatron", 3.0, 1.0),
+        {"name": "broken", "config": "x", "predicted_s": 0.5, "predicted_memory_bytes": 1.0, "runs": 0},
+    ]
     s = la.summarize(rows)
     assert s["choice"] == "ddp" and s["best_measured"] == "megatron" and s["failed"] == ["broken"]
     assert s["num_plans"] == 3 and s["top1_regret"] == pytest.approx(2.0)
@@ -72,20 +89,34 @@ def _results() -> dict:
     rows = [_row("ddp", 1.0, 2.0), _row("zero3", 2.0, 4.0), _row("megatron", 3.0, 1.0)]
     model = {**la.summarize(rows), "rows": rows, "skipped": [], "baseline_speedups": {"ddp": 1.0}}
     local = {**_overall({"gpt-tiny": model}), "models": {"gpt-tiny": model}, "targets": {}}
-    return {"quick": True, "machine": {"cpu": "test"}, "torch_version": "2.x",
-            "local_accuracy": local, "baselines": {"ddp": 1.0, "zero3": 2.0, "by_model": {"gpt-tiny": {"ddp": 1.0}}},
-            "planner_speed": [{"model": "gpt3-175b", "cluster": "a100-80g", "num_gpus": 8, "search_time_s": 0.1,
-                               "candidates": 10}],
-            "memory": memory_accuracy.summarize({"gpt-tiny": rows}),
-            "executor_overhead": {"ratio": 1.01}, "gpu": {"available": False, "note": "none"},
-            "broken": float("nan")}
+    return {
+        "quick": True,
+        "machine": {"cpu": "test"},
+        "torch_version": "2.x",
+        "local_accuracy": local,
+        "baselines": {"ddp": 1.0, "zero3": 2.0, "by_model": {"gpt-tiny": {"ddp": 1.0}}},
+        "planner_speed": [
+            {"model": "gpt3-175b", "cluster": "a100-80g", "num_gpus": 8, "search_time_s": 0.1, "candidates": 10}
+        ],
+        "memory": memory_accuracy.summarize({"gpt-tiny": rows}),
+        "executor_overhead": {"ratio": 1.01},
+        "gpu": {"available": False, "note": "none"},
+        "broken": float("nan"),
+    }
 
 
 def test_report_has_the_issue_keys_and_says_no_gpu(tmp_path):
     write(_results(), tmp_path)
     data = json.loads((tmp_path / "benchmarks.json").read_text())
-    assert {"local_accuracy", "baselines", "planner_speed", "memory", "executor_overhead", "machine",
-            "torch_version"} <= set(data)
+    assert {
+        "local_accuracy",
+        "baselines",
+        "planner_speed",
+        "memory",
+        "executor_overhead",
+        "machine",
+        "torch_version",
+    } <= set(data)
     assert {"mape", "kendall_tau", "top1_regret", "num_plans", "models"} <= set(data["local_accuracy"])
     assert {"model", "cluster", "num_gpus", "search_time_s", "candidates"} <= set(data["planner_speed"][0])
     assert {"mape", "num_plans"} <= set(data["memory"]) and "ratio" in data["executor_overhead"]
@@ -132,17 +163,27 @@ def test_diagnostics_name_the_causes_found_in_the_data():
 
     def row(name, pred, meas, tp, recompute, buffers, mem_meas):
         r = _row(name, pred, meas, mem_pred=buffers + 1e6, mem_meas=mem_meas)
-        r.update(degrees={"pp": 1, "dp": 4 // tp, "tp": tp, "zero": 0}, recompute=recompute,
-                 config=f"tp={tp}" + (" recompute=full" if recompute else ""),
-                 predicted_memory_breakdown={"buffers_bytes": buffers})
+        r.update(
+            degrees={"pp": 1, "dp": 4 // tp, "tp": tp, "zero": 0},
+            recompute=recompute,
+            config=f"tp={tp}" + (" recompute=full" if recompute else ""),
+            predicted_memory_breakdown={"buffers_bytes": buffers},
+        )
         return r
 
-    rows = [row("ddp", 1.0, 2.0, 1, [], 50e6, 1e6), row("ddp-rc", 1.0, 2.0, 1, ["full"], 50e6, 1e6),
-            row("tp", 1.0, 5.0, 2, [], 0.0, 2e6)]
-    local = {"models": {"m": {"rows": rows}},
-             "calibration": {"load_average": [1.0], "layer_timings_s": {"m": {"layers.0": {
-                 "4": [1.0, 1.0], "8": [2.0, 7.0]}}}},
-             "launches": [{"repetition": 0, "load_average": [12.0]}, {"repetition": 0, "load_average": [10.0]}]}
+    rows = [
+        row("ddp", 1.0, 2.0, 1, [], 50e6, 1e6),
+        row("ddp-rc", 1.0, 2.0, 1, ["full"], 50e6, 1e6),
+        row("tp", 1.0, 5.0, 2, [], 0.0, 2e6),
+    ]
+    local = {
+        "models": {"m": {"rows": rows}},
+        "calibration": {
+            "load_average": [1.0],
+            "layer_timings_s": {"m": {"layers.0": {"4": [1.0, 1.0], "8": [2.0, 7.0]}}},
+        },
+        "launches": [{"repetition": 0, "load_average": [12.0]}, {"repetition": 0, "load_average": [10.0]}],
+    }
     found = {d["check"]: d for d in diagnose(local, {})}
     assert found["host_load"]["value"] == [{"calibration": 1.0, "grid_median": 11.0}]
     assert found["error_by_family"]["value"] == {"tp": 5.0, "no_tp": 2.0}
@@ -170,9 +211,18 @@ def test_a_failed_calibration_round_is_skipped_and_recorded(monkeypatch):
     from meshplan.errors import MeshplanError
 
     def plan(t):
-        return NS(pipeline_parallel_degree=1, data_parallel_degree=4, tensor_parallel_degree=1, zero_stage=0,
-                  microbatch_size=4, num_microbatches=1, pipeline_schedule="1F1B", sequence_parallel=False,
-                  recompute={}, prediction=NS(step_time_s=t, breakdown={}, peak_memory_bytes=1e6, stage_memory=[]))
+        return NS(
+            pipeline_parallel_degree=1,
+            data_parallel_degree=4,
+            tensor_parallel_degree=1,
+            zero_stage=0,
+            microbatch_size=4,
+            num_microbatches=1,
+            pipeline_schedule="1F1B",
+            sequence_parallel=False,
+            recompute={},
+            prediction=NS(step_time_s=t, breakdown={}, peak_memory_bytes=1e6, stage_memory=[]),
+        )
 
     calls = iter([None, MeshplanError("busy workers timed out")] + [None] * 10)
 
@@ -185,11 +235,20 @@ def test_a_failed_calibration_round_is_skipped_and_recorded(monkeypatch):
     monkeypatch.setattr(run.la, "MODELS", ("m",))
     monkeypatch.setattr(run.la, "calibrate_links", calibrate_links)
     monkeypatch.setattr(run.la, "calibrate_model", lambda model, calibration, say: None)
-    monkeypatch.setattr(run, "_predict_model", lambda *a: ([(b, plan(t)) for b, t in
-                                                            (("ddp", 1.0), ("zero3", 2.0), ("megatron", 3.0))], []))
+    monkeypatch.setattr(
+        run,
+        "_predict_model",
+        lambda *a: ([(b, plan(t)) for b, t in (("ddp", 1.0), ("zero3", 2.0), ("megatron", 3.0))], []),
+    )
     result = NS(step_time_s=2.0, step_times_s=[9.0, 2.0], peak_memory_bytes=1e6)
-    monkeypatch.setattr(run.la, "measure_round", lambda model, plans, rep, steps, work, say: (
-        [result] * len(plans), {"model": model, "repetition": rep, "wall_s": 1.0, "load_average": [2.0]}))
+    monkeypatch.setattr(
+        run.la,
+        "measure_round",
+        lambda model, plans, rep, steps, work, say: (
+            [result] * len(plans),
+            {"model": model, "repetition": rep, "wall_s": 1.0, "load_average": [2.0]},
+        ),
+    )
     local, _, _ = run.local_sections(quick=False, say=lambda *_: None)
     assert local["failed_rounds"] == [{"round": 1, "error": "busy workers timed out"}]
     rounds = local["repeats"]
@@ -215,7 +274,9 @@ def test_planner_speed_brute_force_columns_and_report(tmp_path):
     results = {**_results(), "planner_speed": [done, capped]}
     write(results, tmp_path)
     md = (tmp_path / "benchmarks.md").read_text()
-    assert f"**{done['speedup']:.0f}x**" in md and "(est.)" in md and "Brute force (`meshplan.planner.bruteforce`)" in md
+    assert (
+        f"**{done['speedup']:.0f}x**" in md and "(est.)" in md and "Brute force (`meshplan.planner.bruteforce`)" in md
+    )
     assert json.loads((tmp_path / "benchmarks.json").read_text())["planner_speed"][1]["brute_force_finished"] is False
 
 
@@ -224,8 +285,13 @@ def test_launch_drift_divides_each_launchs_common_factor_out():
 
     # round 0 ran on a host 2x faster than its calibration said, round 1 as calibrated; plan b is
     # 10% over-predicted relative to plan a in both rounds; round 1 of plan c failed
-    rows = {"m": [{"rounds": [[2.0, 1.0], [1.0, 1.0]]}, {"rounds": [[2.2, 1.0], [1.1, 1.0]]},
-                  {"rounds": [[2.0, 1.0], [1.0, None]]}]}
+    rows = {
+        "m": [
+            {"rounds": [[2.0, 1.0], [1.0, 1.0]]},
+            {"rounds": [[2.2, 1.0], [1.1, 1.0]]},
+            {"rounds": [[2.0, 1.0], [1.0, None]]},
+        ]
+    }
     found = launch_drift(rows)
     assert found["value"]["factors"] == {"m": [2.0, pytest.approx(1.05)]}
     # ratios / factor: a 1.0 and 1/1.05; b 1.1 and 1.1/1.05; c 1.0
@@ -242,5 +308,6 @@ def test_diagnostics_heading_says_whether_a_target_was_missed():
     local = {**results["local_accuracy"], "mape": 0.05, "kendall_tau": 0.9, "top1_regret": 1.0}
     met = markdown({**results, "local_accuracy": local})
     assert "## Where the error comes from" in met and "Why targets were missed" not in met
-    assert "## Why targets were missed" in markdown({**results, "local_accuracy": local,
-                                                      "executor_overhead": {"ratio": 1.2}})
+    assert "## Why targets were missed" in markdown(
+        {**results, "local_accuracy": local, "executor_overhead": {"ratio": 1.2}}
+    )

@@ -1,5 +1,6 @@
 """meshplan.planner.bruteforce: its exact space size is the number of plans it visits, and its
 CPU-time cap stops it and says so. (Its optimum equals search()'s: test_planner_search.py.)"""
+
 from __future__ import annotations
 
 import math
@@ -23,9 +24,11 @@ def test_count_by_hand_on_one_candidate():
 def test_count_equals_plans_visited():
     """Over whole spaces (every candidate: interleaved, GPipe, pp up to the layer count; a chain
     with 1- and 2-mode layers) the closed-form count equals what the enumeration visits."""
-    cases = [(small_gpt(3), 4, dict(global_batch=8, zero=1, tp=1)),
-             (small_llama(2), 8, dict(global_batch=8, zero=0, microbatch=1)),
-             (cnn_chain(), 4, dict(global_batch=8, zero=0))]
+    cases = [
+        (small_gpt(3), 4, dict(global_batch=8, zero=1, tp=1)),
+        (small_llama(2), 8, dict(global_batch=8, zero=0, microbatch=1)),
+        (cnn_chain(), 4, dict(global_batch=8, zero=0)),
+    ]
     for profile, n, pins in cases:
         request = PlanRequest(num_gpus=n, **pins)
         result = brute_force(profile, cluster(n, 80.0), request)
@@ -53,7 +56,8 @@ def test_space_size_is_exact_beyond_floats():
     from meshplan.models.analytic import LLAMA3_405B, llama_profile
     from meshplan.presets import cluster_preset
 
-    size = space_size(llama_profile(**LLAMA3_405B), cluster_preset("h100-80g", 16384),
-                      PlanRequest(num_gpus=16384, global_batch=2048))
+    size = space_size(
+        llama_profile(**LLAMA3_405B), cluster_preset("h100-80g", 16384), PlanRequest(num_gpus=16384, global_batch=2048)
+    )
     # 126 blocks with 2 recompute modes each (at seq 8192 selective saves what none saves: dropped)
     assert isinstance(size, int) and size > 2**126 * 1000 and size % 2**126 == 0

@@ -1,6 +1,7 @@
 """User mistakes at the CLI: one line on stderr naming the value, non-zero exit, no traceback,
 and no half-written output file. Every case runs in this process through meshplan.cli.main
 (what the `meshplan` script calls), with stdout and stderr captured."""
+
 from __future__ import annotations
 
 import json
@@ -23,6 +24,7 @@ class Result:
 @pytest.fixture
 def meshplan(capsys):
     """Call the CLI in-process: argparse's exits (--help, usage errors) become return codes."""
+
     def call(*args) -> Result:
         capsys.readouterr()  # drop anything printed before this call
         try:
@@ -31,6 +33,7 @@ def meshplan(capsys):
             code = exc.code if isinstance(exc.code, int) else 1
         out, err = capsys.readouterr()
         return Result(code, out, err)
+
     return call
 
 
@@ -52,21 +55,24 @@ def test_run_rejects_plan_with_wrong_world_size(meshplan, tmp_path):
 
 def test_report_rejects_malformed_json(meshplan, tmp_path):
     path = tmp_path / "plan.json"
-    path.write_text("{\"model_name\": ")
+    path.write_text('{"model_name": ')
     out = tmp_path / "out"
     assert_one_line_error(meshplan("report", str(path), "-o", str(out)), "not valid JSON")
     assert not out.exists()
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["plan", "--num-gpus", "0"], "--num-gpus"),
-    (["plan", "--cluster", "tpu-v9"], "tpu-v9"),
-    (["plan", "--set", "layers"], "KEY=VALUE"),
-    (["plan", "--set", "depth=3"], "depth"),
-    (["plan", "--model", "gpt-huge"], "gpt-huge"),
-    (["plan", "--schedule", "zigzag"], "zigzag"),
-    (["plan", "--cluster", "missing-cluster.json"], "missing-cluster.json"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["plan", "--num-gpus", "0"], "--num-gpus"),
+        (["plan", "--cluster", "tpu-v9"], "tpu-v9"),
+        (["plan", "--set", "layers"], "KEY=VALUE"),
+        (["plan", "--set", "depth=3"], "depth"),
+        (["plan", "--model", "gpt-huge"], "gpt-huge"),
+        (["plan", "--schedule", "zigzag"], "zigzag"),
+        (["plan", "--cluster", "missing-cluster.json"], "missing-cluster.json"),
+    ],
+)
 def test_plan_bad_flags(meshplan, tmp_path, args, needle):
     out = tmp_path / "plan.json"
     proc = meshplan(*args, "-o", str(out))
@@ -75,8 +81,27 @@ def test_plan_bad_flags(meshplan, tmp_path, args, needle):
 
 
 def test_estimate_rejects_tp_that_does_not_divide_kv_heads(meshplan):
-    proc = meshplan("estimate", "--model", "llama-tiny", "--num-gpus", "4", "--tp", "4", "--pp", "1", "--dp", "1",
-                    "--microbatch", "4", "--global-batch", "16", "--schedule", "1f1b", "--recompute", "none")
+    proc = meshplan(
+        "estimate",
+        "--model",
+        "llama-tiny",
+        "--num-gpus",
+        "4",
+        "--tp",
+        "4",
+        "--pp",
+        "1",
+        "--dp",
+        "1",
+        "--microbatch",
+        "4",
+        "--global-batch",
+        "16",
+        "--schedule",
+        "1f1b",
+        "--recompute",
+        "none",
+    )
     assert_one_line_error(proc, "kv_heads 2 not divisible by tp=4")
 
 
@@ -92,12 +117,30 @@ def test_help_describes_every_verb(meshplan):
 def test_print_launch_names_the_plan_and_the_rendezvous(meshplan, tmp_path):
     path = tmp_path / "my plan.json"
     schema.save(make_plan(), path)
-    proc = meshplan("run", str(path), "--print-launch", "--nnodes", "2", "--node-rank", "1",
-                    "--rdzv-endpoint", "head:29500", "--steps", "7")
+    proc = meshplan(
+        "run",
+        str(path),
+        "--print-launch",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--rdzv-endpoint",
+        "head:29500",
+        "--steps",
+        "7",
+    )
     assert proc.returncode == 0, proc.stderr
     line = proc.stdout.strip()
-    for piece in ("torch.distributed.run", "--nproc-per-node=2", "--nnodes=2", "--node-rank=1",
-                  "--rdzv-endpoint=head:29500", "--steps 7", f"'{path}'"):
+    for piece in (
+        "torch.distributed.run",
+        "--nproc-per-node=2",
+        "--nnodes=2",
+        "--node-rank=1",
+        "--rdzv-endpoint=head:29500",
+        "--steps 7",
+        f"'{path}'",
+    ):
         assert piece in line, (piece, line)
     assert_one_line_error(meshplan("run", str(path), "--print-launch", "--nnodes", "3"), "--nnodes 3")
 
@@ -105,8 +148,29 @@ def test_print_launch_names_the_plan_and_the_rendezvous(meshplan, tmp_path):
 def test_repeated_set_flags_accumulate(meshplan):
     """`--set layers=4 --set hidden=128` keeps both overrides (the last --set used to replace the
     earlier ones and plan a different model without a word)."""
-    knobs = ("--cluster", "a100-80g", "--num-gpus", "1", "--tp", "1", "--pp", "1", "--dp", "1", "--microbatch", "1",
-             "--global-batch", "1", "--seq", "64", "--schedule", "1f1b", "--recompute", "none", "--json")
+    knobs = (
+        "--cluster",
+        "a100-80g",
+        "--num-gpus",
+        "1",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--dp",
+        "1",
+        "--microbatch",
+        "1",
+        "--global-batch",
+        "1",
+        "--seq",
+        "64",
+        "--schedule",
+        "1f1b",
+        "--recompute",
+        "none",
+        "--json",
+    )
     split = meshplan("estimate", "--model", "gpt", "--set", "layers=4", "--set", "hidden=128", "heads=4", *knobs)
     joined = meshplan("estimate", "--model", "gpt", "--set", "layers=4", "hidden=128", "heads=4", *knobs)
     assert split.returncode == joined.returncode == 0, split.stderr + joined.stderr

@@ -3,6 +3,7 @@ hand-built problems whose answer is known: the fluid schedule's landing times wo
 the closed forms of stop-and-wait and a full window, DDP's rule where ByteScheduler must equal or
 beat it, the two-wave memory peak of a two-layer wave, and the search choosing ByteScheduler
 exactly where it is predicted faster (with chunk and credit the least-exposure pair of the set)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,25 +26,58 @@ from meshplan.presets import cluster_preset
 
 def chain(params: list[int], flops: float = 1e12, act: float = 1e8) -> ModelProfile:
     """Layers of one fp32 tensor each (`params` elements), equal FLOPs and saved bytes."""
-    layers = [LayerProfile(name=f"layers.{i}", kind=f"k{i}", num_params=n, param_bytes={"float32": 4 * n},
-                           param_shapes=[[n]], forward_flops=flops, backward_flops=2 * flops, activation_bytes=act,
-                           input_bytes=1e3, output_bytes=1e3, tp=TPRule(kind="none"))
-              for i, n in enumerate(params)]
-    return ModelProfile(model_name="chain", family="mlp", seq_len=1, num_params=sum(params),
-                        forward_flops_per_sample=len(params) * flops, num_layers=len(layers), layers=layers)
+    layers = [
+        LayerProfile(
+            name=f"layers.{i}",
+            kind=f"k{i}",
+            num_params=n,
+            param_bytes={"float32": 4 * n},
+            param_shapes=[[n]],
+            forward_flops=flops,
+            backward_flops=2 * flops,
+            activation_bytes=act,
+            input_bytes=1e3,
+            output_bytes=1e3,
+            tp=TPRule(kind="none"),
+        )
+        for i, n in enumerate(params)
+    ]
+    return ModelProfile(
+        model_name="chain",
+        family="mlp",
+        seq_len=1,
+        num_params=sum(params),
+        forward_flops_per_sample=len(params) * flops,
+        num_layers=len(layers),
+        layers=layers,
+    )
 
 
 def ddp_candidate(dp: int = 4, **methods) -> Candidate:
-    cand = Candidate(pp=1, dp_replicate=dp, dp_shard=1, cp=1, tp=1, microbatch=1, num_microbatches=1,
-                     schedule="1F1B", virtual_stages=1, zero=0, sequence_parallel=False)
+    cand = Candidate(
+        pp=1,
+        dp_replicate=dp,
+        dp_shard=1,
+        cp=1,
+        tp=1,
+        microbatch=1,
+        num_microbatches=1,
+        schedule="1F1B",
+        virtual_stages=1,
+        zero=0,
+        sequence_parallel=False,
+    )
     for axis, (name, params) in methods.items():
         cand = cand.with_method(axis, name, params)
     return cand
 
 
 def context(profile: ModelProfile, overlap: bool = True, num_gpus: int = 4) -> Context:
-    return Context.build(profile, cluster_preset("a100-80g", num_gpus),
-                         PlanRequest(num_gpus=num_gpus, global_batch=num_gpus, overlap_dp_comm=overlap))
+    return Context.build(
+        profile,
+        cluster_preset("a100-80g", num_gpus),
+        PlanRequest(num_gpus=num_gpus, global_batch=num_gpus, overlap_dp_comm=overlap),
+    )
 
 
 def syncs(ctx: Context, window_s: float, chunk_mb: float, credit_mb: float) -> tuple[float, float]:
@@ -51,8 +85,9 @@ def syncs(ctx: Context, window_s: float, chunk_mb: float, credit_mb: float) -> t
     local = float(ctx.profile.num_params)
     last = last_bucket_params(ctx.layers[0].tp.kind, local)
     ddp = DataParallelCost(ctx, ddp_candidate()).sync_s(local, 4 * local, 0.0, window_s, last)
-    bs = DataParallelCost(ctx, ddp_candidate(comm_schedule=("bytescheduler", {"chunk_mb": chunk_mb,
-                                                                              "credit_mb": credit_mb})))
+    bs = DataParallelCost(
+        ctx, ddp_candidate(comm_schedule=("bytescheduler", {"chunk_mb": chunk_mb, "credit_mb": credit_mb}))
+    )
     return ddp, bs.sync_s(local, 4 * local, 0.0, window_s, last)
 
 
@@ -139,6 +174,7 @@ def test_search_picks_bytescheduler_where_faster_with_the_tuned_chunk_and_credit
     cand = ddp_candidate(plan.data_parallel_replicate_degree, comm_schedule=("bytescheduler", params))
     cand = dataclasses.replace(cand, microbatch=plan.microbatch_size, num_microbatches=plan.num_microbatches)
     from meshplan.planner.layer_cost import CostTable
+
     window = sum(lc.backward_s for lc in CostTable(ctx).for_candidate(cand))
     sched = DataParallelCost(ctx, cand).schedule
     least = min(sched.exposed_s(c, c * k, window) for c in CHUNK_MB for k in CREDIT_CHUNKS)
@@ -153,8 +189,10 @@ def test_search_keeps_ddp_where_bytescheduler_is_not_faster():
 
 
 def test_pinned_schedule_or_other_runtime_is_not_searched():
-    assert small_gpt_plan(methods={"comm_schedule": ("buckets", {"bucket_mb": 25})}).dp_methods.comm_schedule.name \
+    assert (
+        small_gpt_plan(methods={"comm_schedule": ("buckets", {"bucket_mb": 25})}).dp_methods.comm_schedule.name
         == "buckets"
+    )
     assert small_gpt_plan(runtime="torchtitan").dp_methods.comm_schedule.name == "buckets"
     assert small_gpt_plan(zero=1).dp_methods.comm_schedule.name == "buckets"  # ZeRO-0 only
 
@@ -172,15 +210,23 @@ def test_two_wave_peak_known_answers():
 
 
 def no_activations(profile: ModelProfile) -> ModelProfile:
-    layers = [dataclasses.replace(lp, activation_bytes=0.0, selective_activation_bytes=0.0,
-                                  tp_replicated_activation_bytes=0.0) for lp in profile.layers]
+    layers = [
+        dataclasses.replace(
+            lp, activation_bytes=0.0, selective_activation_bytes=0.0, tp_replicated_activation_bytes=0.0
+        )
+        for lp in profile.layers
+    ]
     return dataclasses.replace(profile, layers=layers)
 
 
 def estimated(profile: ModelProfile, waves: str, microbatch: int = 4):
-    return estimate(profile, cluster_preset("a100-80g", 4),
-                    PlanRequest(num_gpus=4, global_batch=16, dp=4, tp=1, pp=1, zero=0, microbatch=microbatch,
-                                methods={"waves": (waves, {})}))
+    return estimate(
+        profile,
+        cluster_preset("a100-80g", 4),
+        PlanRequest(
+            num_gpus=4, global_batch=16, dp=4, tp=1, pp=1, zero=0, microbatch=microbatch, methods={"waves": (waves, {})}
+        ),
+    )
 
 
 def test_wavelet_peak_with_zero_activations_equals_one_wave():
@@ -199,9 +245,22 @@ def test_wavelet_interleaves_activations_and_is_priced_not_run():
     assert rows["2"].chosen and rows["2"].feasible and "not run by this executor" in rows["2"].note
     assert rows["2"].step_time_s == pytest.approx(two.prediction.step_time_s, rel=1e-12)
     assert rows["1"].step_time_s == pytest.approx(one.prediction.step_time_s, rel=1e-12)
-    layout = dataclasses.replace(Candidate(pp=1, dp_replicate=4, dp_shard=1, cp=1, tp=1, microbatch=4,
-                                           num_microbatches=1, schedule="1F1B", virtual_stages=1, zero=0,
-                                           sequence_parallel=False), methods=(("waves", "2", ()),)).layout(128)
+    layout = dataclasses.replace(
+        Candidate(
+            pp=1,
+            dp_replicate=4,
+            dp_shard=1,
+            cp=1,
+            tp=1,
+            microbatch=4,
+            num_microbatches=1,
+            schedule="1F1B",
+            virtual_stages=1,
+            zero=0,
+            sequence_parallel=False,
+        ),
+        methods=(("waves", "2", ()),),
+    ).layout(128)
     assert [r.runnable_only for r in feasibility.reasons(layout)] == [True]
     with pytest.raises(InfeasibleError):  # the search refuses what the executor does not run
         small_gpt_plan(methods={"waves": ("2", {})}, microbatch=2)
@@ -218,6 +277,7 @@ def test_search_equals_brute_force_with_bytescheduler(layers, mem_gib):
     and with recompute), the search equals brute force over every split, recompute choice and
     schedule (planner/bruteforce.py prices the tuned ByteScheduler of each candidate too)."""
     from planner_profiles import brute_force_best, cluster, small_gpt
+
     request = PlanRequest(num_gpus=4, global_batch=8, top_k=3, zero=0, tp=1)
     brute, per_candidate = brute_force_best(small_gpt(layers), cluster(4, mem_gib), request)
     plan = search(small_gpt(layers), cluster(4, mem_gib), request)

@@ -10,6 +10,7 @@ Closed forms (per parameter tensor, n = numel; all-gather counts (N-1) x this ra
   every step of a run shorter than `window` is at critical_rank, so critical_fraction = 1 is
   the exact prediction (the mix of a longer run is the planner's assumption, not a count)
 """
+
 from __future__ import annotations
 
 import math
@@ -58,19 +59,29 @@ CASES = {
     "ddp": (dict(dp=4), None),
     "topk_dense": (dict(dp=4, compression="topk", compression_params={"density": 1.0}), lambda: topk(4, 1.0)),
     "topk": (dict(dp=4, compression="topk", compression_params={"density": 0.01}), lambda: topk(4, 0.01)),
-    "dgc": (dict(dp=4, compression="topk", compression_params={
-        "density": 0.05, "momentum_correction": True, "clip_norm": 1.0}), lambda: topk(4, 0.05)),
+    "dgc": (
+        dict(
+            dp=4,
+            compression="topk",
+            compression_params={"density": 0.05, "momentum_correction": True, "clip_norm": 1.0},
+        ),
+        lambda: topk(4, 0.05),
+    ),
     "qsgd_off": (dict(dp=4, compression="qsgd", compression_params={"quantize": False}), None),
     "qsgd": (dict(dp=4, compression="qsgd"), lambda: quant(4, 4)),
-    "nuqsgd": (dict(dp=4, compression="nuqsgd", compression_params={"bits": 3, "bucket_size": 128}),
-               lambda: quant(4, 3, 128)),
+    "nuqsgd": (
+        dict(dp=4, compression="nuqsgd", compression_params={"bits": 3, "bucket_size": 128}),
+        lambda: quant(4, 3, 128),
+    ),
     "alq": (dict(dp=4, compression="alq", compression_params={"refit_every": 2}), lambda: quant(4, 3, hist=True)),
     "amq": (dict(dp=4, compression="amq"), lambda: quant(4, 3, hist=True)),
     "alq_off": (dict(dp=4, compression="alq", compression_params={"quantize": False}), None),
     "accordion_dense": (dict(dp=4, compression="accordion", compression_params={"min_compression_rate": 1e9}), None),
     "accordion": (dict(dp=4, compression="accordion", compression_params=ACC), lambda: lowrank(4, 2)),
-    "accordion_topk_dense": (dict(dp=4, compression="accordion_topk",
-                                  compression_params={"density": 1.0, "critical_density": 1.0}), None),
+    "accordion_topk_dense": (
+        dict(dp=4, compression="accordion_topk", compression_params={"density": 1.0, "critical_density": 1.0}),
+        None,
+    ),
     "accordion_topk": (dict(dp=4, compression="accordion_topk", compression_params=ACC), lambda: topk(4, 0.1)),
     # tensor-parallel replicas: the same codecs in the replica reducer (compressed.py)
     "tp_ddp": (dict(dp=2, tp=2), None),
@@ -104,7 +115,10 @@ def test_no_compression_setting_is_ddp(runs, name):
 @pytest.mark.slow
 def test_tensor_parallel_replicas_run_the_codecs(runs):
     assert _max_rel(runs["tp_topk_dense"].losses, runs["tp_ddp"].losses) <= 1e-6
-    qsgd, dense = runs["tp_qsgd"].comm_bytes_per_step["dp_replicate"], runs["tp_ddp"].comm_bytes_per_step["dp_replicate"]
+    qsgd, dense = (
+        runs["tp_qsgd"].comm_bytes_per_step["dp_replicate"],
+        runs["tp_ddp"].comm_bytes_per_step["dp_replicate"],
+    )
     assert 0 < qsgd < dense / 4 and all(math.isfinite(x) for x in runs["tp_qsgd"].losses)
 
 

@@ -8,6 +8,7 @@ test_compression_executor.py):
 - convergence on a learnable low-rank least-squares problem against DDP, and the broken variant
   (top-k at 0.1% without error feedback) outside the same tolerance.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,19 +48,20 @@ def analytic_variance(v: torch.Tensor, lv: torch.Tensor, d: int) -> float:
 
 # --- quantizers -----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", list(QUANTIZERS))
 def test_quantizers_are_unbiased_and_their_variance_is_the_analytic_one(name):
     d, draws = 256, 3000
     v = torch.randn(d, generator=torch.Generator().manual_seed(1))
     codec = QUANTIZERS[name](params(name, bucket_size=d), 1, 0)
     # one tensor of `draws` copies of v, one bucket each: `draws` independent quantizations of v
-    samples = roundtrip(codec, v.repeat(draws)).view(draws, d)                       # (draws, d)
+    samples = roundtrip(codec, v.repeat(draws)).view(draws, d)  # (draws, d)
     lv = codec.levels_for(0)
     r, norm = normalise(v, d)
     j = (torch.searchsorted(lv, r[0], right=True) - 1).clamp(0, lv.numel() - 2)
-    var_i = ((lv[j + 1] - r[0]) * (r[0] - lv[j])).clamp(min=0) * norm[0] ** 2        # (d,)
+    var_i = ((lv[j + 1] - r[0]) * (r[0] - lv[j])).clamp(min=0) * norm[0] ** 2  # (d,)
     stderr = (var_i / draws).sqrt() + 1e-7
-    assert float(((samples.mean(0) - v).abs() / stderr).max()) < 5.0   # 5 sigma per coordinate
+    assert float(((samples.mean(0) - v).abs() / stderr).max()) < 5.0  # 5 sigma per coordinate
     empirical = float(((samples - v) ** 2).sum(1).mean())
     assert empirical == pytest.approx(analytic_variance(v, lv, d), rel=0.05)
 
@@ -84,7 +86,7 @@ def test_nuqsgd_variance_is_within_the_exponential_grid_bound():
     for bits in (3, 4, 6):
         lv = levels.exponential(compression_wire.magnitude_levels(bits))
         l1 = float(lv[1])
-        bound = (1 / 8 + min(l1 * math.sqrt(d), d * l1**2 / 4)) * float((v ** 2).sum())
+        bound = (1 / 8 + min(l1 * math.sqrt(d), d * l1**2 / 4)) * float((v**2).sum())
         assert analytic_variance(v, lv, d) <= bound
 
 
@@ -123,21 +125,22 @@ def test_every_rank_decodes_the_same_average():
 
 # --- error feedback, DGC --------------------------------------------------------------------
 
+
 def test_error_feedback_conserves_mass_exactly():
     codec = TopK(params("topk", density=0.05), 1, 0)
     gen = torch.Generator().manual_seed(5)
     sent_total, grad_total, residual = torch.zeros(300), torch.zeros(300), torch.zeros(300)
     for _ in range(20):
-        g = torch.randint(-8, 9, (300,), generator=gen).float()   # integers: every sum below is exact
+        g = torch.randint(-8, 9, (300,), generator=gen).float()  # integers: every sum below is exact
         acc = g + residual
         item = [(0, g.clone(), (300,))]
         run_ranks(1, lambda rank, comm: codec.exchange(comm, item))
         sent, residual = item[0][1], codec.feedback.residual[0]
-        assert torch.equal(sent + residual, acc)                    # this step: sent + kept = g + e
+        assert torch.equal(sent + residual, acc)  # this step: sent + kept = g + e
         assert int((sent != 0).sum()) <= compression_wire.topk_k(300, 0.05)
         sent_total += sent
         grad_total += g
-    assert torch.equal(sent_total + residual, grad_total)           # the run: nothing lost, nothing made
+    assert torch.equal(sent_total + residual, grad_total)  # the run: nothing lost, nothing made
 
 
 def test_dgc_warmup_density_and_masking():
@@ -148,19 +151,20 @@ def test_dgc_warmup_density_and_masking():
     item = [(0, torch.arange(1.0, 21.0), (20,))]
     run_ranks(1, lambda rank, comm: codec.exchange(comm, item))
     sent = item[0][1] != 0
-    assert torch.equal(codec.velocity[0][sent], torch.zeros(int(sent.sum())))   # momentum factor masking
+    assert torch.equal(codec.velocity[0][sent], torch.zeros(int(sent.sum())))  # momentum factor masking
     assert torch.equal(codec.velocity[0][~sent], torch.arange(1.0, 21.0)[~sent])
 
 
 # --- Accordion ------------------------------------------------------------------------------
 
+
 def test_accordion_rule_on_norm_sequences():
-    assert critical(None, 3.0, 0.5)                      # no previous window: start at low compression
-    assert not critical(2.0, 2.0, 0.5)                   # constant norm: high compression
-    assert not critical(2.0, 1.2, 0.5)                   # 40% change < eta
-    assert critical(2.0, 3.2, 0.5)                       # 60% jump >= eta
-    assert critical(2.0, 1.0, 0.5)                       # 50% drop == eta
-    assert critical(2.0, 2.0, 0.5, lr_decayed=True)      # a learning-rate decay forces low compression
+    assert critical(None, 3.0, 0.5)  # no previous window: start at low compression
+    assert not critical(2.0, 2.0, 0.5)  # constant norm: high compression
+    assert not critical(2.0, 1.2, 0.5)  # 40% change < eta
+    assert critical(2.0, 3.2, 0.5)  # 60% jump >= eta
+    assert critical(2.0, 1.0, 0.5)  # 50% drop == eta
+    assert critical(2.0, 2.0, 0.5, lr_decayed=True)  # a learning-rate decay forces low compression
 
 
 def test_accordion_regimes_switch_at_window_ends():
@@ -219,7 +223,7 @@ def least_squares(name: str | None, **given) -> tuple[float, float]:
         codec = CODECS[name](params(name, **given), WORLD, rank) if name else None
         for t in range(STEPS):
             x = xs[rank, t]
-            err = x @ w.T + b - (x @ teacher.T + noise[rank, t])                      # (B, DIM)
+            err = x @ w.T + b - (x @ teacher.T + noise[rank, t])  # (B, DIM)
             items = [(0, (2 * err.T @ x / BATCH).reshape(-1), (DIM, DIM)), (1, 2 * err.mean(0), (DIM,))]
             if codec is None:
                 for item in items:
@@ -229,14 +233,19 @@ def least_squares(name: str | None, **given) -> tuple[float, float]:
             w -= LR * items[0][1].view(DIM, DIM)
             b -= LR * items[1][1]
         return test_loss(w, b)
+
     return test_loss(torch.zeros(DIM, DIM), torch.zeros(DIM)), run_ranks(WORLD, rank_fn)[0]
 
 
 SETTINGS = {
     "topk": dict(density=0.1),
     "dgc": dict(density=0.1, momentum_correction=True, momentum=0.5, clip_norm=10.0, warmup_steps=20),
-    "qsgd": {}, "nuqsgd": {}, "alq": dict(refit_every=50), "amq": dict(refit_every=50),
-    "accordion": dict(window=20), "accordion_topk": dict(window=20),
+    "qsgd": {},
+    "nuqsgd": {},
+    "alq": dict(refit_every=50),
+    "amq": dict(refit_every=50),
+    "accordion": dict(window=20),
+    "accordion_topk": dict(window=20),
 }
 
 

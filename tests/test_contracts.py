@@ -1,4 +1,5 @@
 """Round trips of every contract, and bad inputs that must fail with one line naming the field."""
+
 from __future__ import annotations
 
 import json
@@ -14,12 +15,26 @@ from meshplan.plan import Plan
 from meshplan.run_result import RunResult
 
 
-@pytest.mark.parametrize("cls,obj", [
-    (Plan, make_plan()), (Plan, make_searched_plan()), (ModelProfile, make_profile()),
-    (ClusterSpec, make_cluster()),
-    (RunResult, RunResult(world_size=4, steps=3, losses=[3.0, 2.5, 2.0], step_time_s=0.1,
-                          tokens_per_s=100.0, peak_memory_bytes=1 << 20)),
-])
+@pytest.mark.parametrize(
+    "cls,obj",
+    [
+        (Plan, make_plan()),
+        (Plan, make_searched_plan()),
+        (ModelProfile, make_profile()),
+        (ClusterSpec, make_cluster()),
+        (
+            RunResult,
+            RunResult(
+                world_size=4,
+                steps=3,
+                losses=[3.0, 2.5, 2.0],
+                step_time_s=0.1,
+                tokens_per_s=100.0,
+                peak_memory_bytes=1 << 20,
+            ),
+        ),
+    ],
+)
 def test_round_trip(tmp_path, cls, obj):
     path = tmp_path / "x.json"
     schema.save(obj, path)
@@ -47,16 +62,22 @@ BAD_PLANS = [
     ("negative degree", {"tensor_parallel_degree": -2, "world_size": -8}, "tensor_parallel_degree"),
     ("product not world size", {"world_size": 8}, "world_size"),
     ("stage skips a layer", {"stages": [["embed", "layers.0"], ["layers.2", "layers.3", "head"]]}, "layers.1"),
-    ("stage repeats a layer", {"stages": [["embed", "layers.0", "layers.1"],
-                                          ["layers.1", "layers.2", "layers.3", "head"]]}, "layers.1"),
+    (
+        "stage repeats a layer",
+        {"stages": [["embed", "layers.0", "layers.1"], ["layers.1", "layers.2", "layers.3", "head"]]},
+        "layers.1",
+    ),
     ("unknown schedule", {"pipeline_schedule": "zigzag"}, "pipeline_schedule"),
     ("bad recompute mode", {"recompute": {"layers.0": "sometimes"}}, "recompute.layers.0"),
     ("batch arithmetic", {"global_batch_size": 15}, "global_batch_size"),
     ("zero stage", {"zero_stage": 5}, "zero_stage"),
     ("missing field", {"__drop__": "stages"}, "stages"),
     ("schema version", {"schema_version": 99}, "schema_version"),
-    ("stage of an unknown layer", {"stages": [["embed", "layers.0", "layers.1"],
-                                              ["layers.2", "layers.3", "lm_head"]]}, "lm_head"),
+    (
+        "stage of an unknown layer",
+        {"stages": [["embed", "layers.0", "layers.1"], ["layers.2", "layers.3", "lm_head"]]},
+        "lm_head",
+    ),
     ("wrong stage count", {"stages": [["embed", "layers.0", "layers.1", "layers.2", "layers.3", "head"]]}, "stages"),
     ("nested wrong type", {"prediction": {"step_time_s": "fast"}}, "prediction.step_time_s"),
 ]
@@ -78,13 +99,18 @@ def test_bad_plan_names_the_field(tmp_path, desc, change, needle):
     assert "\n" not in message
 
 
-@pytest.mark.parametrize("change,needle", [
-    ({"num_nodes": 0}, "num_nodes"),
-    ({"device": {"name": "x", "peak_flops": {"bf16": 1e12}, "memory_bytes": -1, "hbm_gbps": 1.0}},
-     "device.memory_bytes"),
-    ({"intra_node": {"bandwidth_gbps": 0, "latency_s": 0}}, "intra_node.bandwidth_gbps"),
-    ({"calibration": {"dp_overlap": 1.5}}, "calibration.dp_overlap"),
-])
+@pytest.mark.parametrize(
+    "change,needle",
+    [
+        ({"num_nodes": 0}, "num_nodes"),
+        (
+            {"device": {"name": "x", "peak_flops": {"bf16": 1e12}, "memory_bytes": -1, "hbm_gbps": 1.0}},
+            "device.memory_bytes",
+        ),
+        ({"intra_node": {"bandwidth_gbps": 0, "latency_s": 0}}, "intra_node.bandwidth_gbps"),
+        ({"calibration": {"dp_overlap": 1.5}}, "calibration.dp_overlap"),
+    ],
+)
 def test_bad_cluster_names_the_field(tmp_path, change, needle):
     data = schema.to_dict(make_cluster())
     data.update(change)

@@ -1,4 +1,5 @@
 """The cost model against the formulas it cites and the layer measurements it is calibrated by."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,10 +21,21 @@ from meshplan.presets import cluster_preset, local_cpu
 
 def layer_cost(ctx, layer, b, tp, sp, cp, zero, dp):
     """One layer's cost on a candidate with these degrees (dp replicated, or sharded for ZeRO-2/3)."""
-    cand = Candidate(pp=1, dp_replicate=1 if zero >= 2 else dp, dp_shard=dp if zero >= 2 else 1, cp=cp, tp=tp,
-                     microbatch=b, num_microbatches=max(ctx.request.global_batch // (dp * b), 1), schedule="1F1B",
-                     virtual_stages=1, zero=zero, sequence_parallel=sp)
+    cand = Candidate(
+        pp=1,
+        dp_replicate=1 if zero >= 2 else dp,
+        dp_shard=dp if zero >= 2 else 1,
+        cp=cp,
+        tp=tp,
+        microbatch=b,
+        num_microbatches=max(ctx.request.global_batch // (dp * b), 1),
+        schedule="1F1B",
+        virtual_stages=1,
+        zero=zero,
+        sequence_parallel=sp,
+    )
     return _layer_cost(ctx, layer, cand)
+
 
 P22 = gpt_profile(layers=48, hidden=6144, heads=64)
 S, H, A, T, B = 2048, 6144, 64, 8, 4
@@ -33,9 +45,16 @@ def _ctx(profile=P22, n=8, preset="a100-80g", **req):
     return Context.build(profile, cluster_preset(preset, n), PlanRequest(num_gpus=n, global_batch=4, **req))
 
 
-@pytest.mark.parametrize("sp,mode,measured_ms", [
-    (False, "none", 19.6), (True, "none", 19.0), (False, "full", 27.2), (False, "selective", 20.9),
-    (True, "selective", 20.3)])
+@pytest.mark.parametrize(
+    "sp,mode,measured_ms",
+    [
+        (False, "none", 19.6),
+        (True, "none", 19.0),
+        (False, "full", 27.2),
+        (False, "selective", 20.9),
+        (True, "selective", 20.3),
+    ],
+)
 def test_korthikanti_table4_layer_times(sp, mode, measured_ms):
     """22B layer, b=4, t=8 (Korthikanti et al. 2022 Table 4). The first row calibrates the A100
     GEMM plateau (presets.py); the other four are predictions."""
@@ -58,12 +77,16 @@ def test_megatron_sequence_parallel_gathers_the_linear_inputs_again_in_backward(
     assert _tp_comm_s(_ctx(state_layout="megatron"), block, B, T, 1, False) == _tp_comm_s(_ctx(), block, B, T, 1, False)
 
 
-@pytest.mark.parametrize("sp,mode,per_sbh", [
-    (False, "none", 10 + 24 / T + 5 * A * S / (H * T)),  # Eq. 2
-    (True, "none", 34 / T + 5 * A * S / (H * T)),  # Eq. 4
-    (False, "selective", 10 + 24 / T),  # Table 2
-    (True, "selective", 34 / T),  # Eq. 6
-    (False, "full", 2.0)])  # Table 2, full recompute
+@pytest.mark.parametrize(
+    "sp,mode,per_sbh",
+    [
+        (False, "none", 10 + 24 / T + 5 * A * S / (H * T)),  # Eq. 2
+        (True, "none", 34 / T + 5 * A * S / (H * T)),  # Eq. 4
+        (False, "selective", 10 + 24 / T),  # Table 2
+        (True, "selective", 34 / T),  # Eq. 6
+        (False, "full", 2.0),
+    ],
+)  # Table 2, full recompute
 def test_activation_bytes_follow_korthikanti(sp, mode, per_sbh):
     got = activation_bytes(_ctx(), P22.layers[1], mode, B, T, 1, sp)
     assert got == pytest.approx(S * B * H * per_sbh, rel=1e-9)
@@ -71,8 +94,19 @@ def test_activation_bytes_follow_korthikanti(sp, mode, per_sbh):
 
 def test_interleaved_in_flight_is_korthikanti_factor():
     p, v = 8, 3
-    cand = Candidate(pp=p, dp_replicate=1, dp_shard=1, cp=1, tp=8, microbatch=1, num_microbatches=64, schedule="Interleaved1F1B",
-                     virtual_stages=v, zero=0, sequence_parallel=False)
+    cand = Candidate(
+        pp=p,
+        dp_replicate=1,
+        dp_shard=1,
+        cp=1,
+        tp=8,
+        microbatch=1,
+        num_microbatches=64,
+        schedule="Interleaved1F1B",
+        virtual_stages=v,
+        zero=0,
+        sequence_parallel=False,
+    )
     assert in_flight(cand, 0) == pytest.approx(p * (1 + (p - 1) / (p * v)))
     plain = dataclasses.replace(cand, schedule="1F1B", virtual_stages=1)
     assert [in_flight(plain, r) for r in range(p)] == list(range(p, 0, -1))
@@ -80,8 +114,17 @@ def test_interleaved_in_flight_is_korthikanti_factor():
 
 def test_mfu_uses_eq7_model_flops():
     prof = gpt_profile(layers=96, hidden=12288, heads=96)
-    req = PlanRequest(num_gpus=64, global_batch=64, tp=8, pp=8, dp=1, microbatch=1, schedule="interleaved",
-                      virtual_stages=3, recompute="full")
+    req = PlanRequest(
+        num_gpus=64,
+        global_batch=64,
+        tp=8,
+        pp=8,
+        dp=1,
+        microbatch=1,
+        schedule="interleaved",
+        virtual_stages=3,
+        recompute="full",
+    )
     plan = estimate(prof, cluster_preset("a100-80g", 64), req)
     s, h, L, V, Bg = 2048, 12288, 96, 51200, 64
     eq7 = 72 * Bg * L * s * h**2 * (1 + s / (6 * h) + V / (12 * h * L))
@@ -132,8 +175,10 @@ def test_measured_timings_are_used_on_cpu():
     prof = gpt_profile(layers=2, hidden=64, heads=4, vocab=128, seq=32)
     prof.device = "cpu"
     blk = prof.layers[1]
-    blk.timings = [LayerTiming(microbatch_size=1, forward_s=0.01, backward_s=0.02),
-                   LayerTiming(microbatch_size=4, forward_s=0.03, backward_s=0.05)]
+    blk.timings = [
+        LayerTiming(microbatch_size=1, forward_s=0.01, backward_s=0.02),
+        LayerTiming(microbatch_size=4, forward_s=0.03, backward_s=0.05),
+    ]
     ctx = Context.build(prof, local_cpu(2), PlanRequest(num_gpus=2, global_batch=4))
     lc = layer_cost(ctx, blk, 2, 1, False, 1, 0, 2)
     assert lc.modes["none"].compute_s == pytest.approx(0.01 + 0.02 / 3 + 0.02 + 0.01, rel=1e-9)
@@ -150,12 +195,18 @@ def test_collective_fits_replace_link_tiers():
 def test_tp_within_a_node_uses_nvlink():
     spec = cluster_preset("a100-80g", 32)
     assert group_tier(spec, 1, 8) == "intra_node" and group_tier(spec, 1, 16) == "inter_node"
-    assert collective_s(spec, "all_reduce", 16, 1e8, "inter_node") > 5 * collective_s(spec, "all_reduce", 8, 1e8, "intra_node")
+    assert collective_s(spec, "all_reduce", 16, 1e8, "inter_node") > 5 * collective_s(
+        spec, "all_reduce", 8, 1e8, "intra_node"
+    )
 
 
-@pytest.mark.parametrize("preset,nic_gbps,measured_busbw_gbps", [
-    ("h100-80g", 50.0, 487.09),  # 2 x p5: EFA 3,200 Gb/s per node, all-reduce 16 GiB
-    ("a100-80g", 6.25, 78.33)])  # 2 x p4de: EFA 4 x 100 Gb/s per node, all-reduce 2 GiB
+@pytest.mark.parametrize(
+    "preset,nic_gbps,measured_busbw_gbps",
+    [
+        ("h100-80g", 50.0, 487.09),  # 2 x p5: EFA 3,200 Gb/s per node, all-reduce 16 GiB
+        ("a100-80g", 6.25, 78.33),
+    ],
+)  # 2 x p4de: EFA 4 x 100 Gb/s per node, all-reduce 2 GiB
 def test_a_group_spanning_nodes_uses_every_nic_of_its_node(preset, nic_gbps, measured_busbw_gbps):
     """nccl-tests on two 8-GPU nodes (../shared/reference/README.md Sec 6): the all-reduce's bus
     bandwidth is the node's NICs together, ~10x one GPU's share. The ring model (no tree or
@@ -216,8 +267,13 @@ def _measured_cpu_ctx(n=4, **req):
     for lp in prof.layers:
         lp.timings = [LayerTiming(microbatch_size=1, forward_s=0.01, backward_s=0.02)]
         lp.optimizer_step_s = 0.008
-        lp.framework_overhead_s = {"tp": 0.005, "fsdp": 0.002, "tp_optimizer": 0.001,
-                                   "fsdp_optimizer": 0.003, "optimizer_call": 0.004}
+        lp.framework_overhead_s = {
+            "tp": 0.005,
+            "fsdp": 0.002,
+            "tp_optimizer": 0.001,
+            "fsdp_optimizer": 0.003,
+            "optimizer_call": 0.004,
+        }
     return Context.build(prof, local_cpu(n), PlanRequest(num_gpus=n, global_batch=4, precision="fp32", **req))
 
 
@@ -255,7 +311,8 @@ def test_fp32_runs_save_twice_the_bf16_activation_bytes():
     blk = fp32.layers[1]
     bf16 = Context.build(fp32.profile, local_cpu(4), PlanRequest(num_gpus=4, global_batch=4, precision="bf16"))
     assert activation_bytes(fp32, blk, "none", 2, 1, 1, False) == pytest.approx(
-        2 * activation_bytes(bf16, blk, "none", 2, 1, 1, False))
+        2 * activation_bytes(bf16, blk, "none", 2, 1, 1, False)
+    )
 
 
 def test_zero3_accumulation_holds_unsharded_grads_and_reduces_once():
@@ -273,9 +330,18 @@ def test_zero3_accumulation_holds_unsharded_grads_and_reduces_once():
 def _in_place_ctx(n=4):
     ctx = _measured_cpu_ctx(n)
     for lp in ctx.profile.layers:
-        lp.framework_overhead_s.update({"tp@2:b1": 0.010, "tp@2:b1:fwd": 0.004, "tp@2:b3": 0.014,
-                                        "tp@2:b3:fwd": 0.006, "zero3@4:b1": 0.020, "zero3@4:b3": 0.020,
-                                        "zero3@4:b1:fwd": 0.01, "zero3@4:b3:fwd": 0.01})
+        lp.framework_overhead_s.update(
+            {
+                "tp@2:b1": 0.010,
+                "tp@2:b1:fwd": 0.004,
+                "tp@2:b3": 0.014,
+                "tp@2:b3:fwd": 0.006,
+                "zero3@4:b1": 0.020,
+                "zero3@4:b3": 0.020,
+                "zero3@4:b1:fwd": 0.01,
+                "zero3@4:b3:fwd": 0.01,
+            }
+        )
     return Context.build(ctx.profile, local_cpu(n), PlanRequest(num_gpus=n, global_batch=12, precision="fp32"))
 
 
@@ -311,8 +377,19 @@ def test_grad_clipping_pays_a_norm_all_reduce_per_sharded_group():
 
     ctx = _ctx(P22, n=64)
     ar = lambda g, tier: collective_s(ctx.cluster, "all_reduce", g, 8.0, tier)  # noqa: E731
-    plain = Candidate(pp=1, dp_replicate=64, dp_shard=1, cp=1, tp=1, microbatch=1, num_microbatches=1, schedule="1F1B",
-                      virtual_stages=1, zero=0, sequence_parallel=False)
+    plain = Candidate(
+        pp=1,
+        dp_replicate=64,
+        dp_shard=1,
+        cp=1,
+        tp=1,
+        microbatch=1,
+        num_microbatches=1,
+        schedule="1F1B",
+        virtual_stages=1,
+        zero=0,
+        sequence_parallel=False,
+    )
     assert grad_norm_sync_s(ctx, plain) == 0.0  # DDP replicas hold whole gradients
     hybrid = dataclasses.replace(plain, pp=4, dp_replicate=1, dp_shard=2, tp=8, zero=3)
     expected = ar(4, "inter_node") + 2 * ar(8, "intra_node") + ar(2, "inter_node")

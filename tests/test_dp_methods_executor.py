@@ -14,6 +14,7 @@ Expectations are written from first principles here, not from the executor's cod
   r = min(n, m, rank)) P (n r) and Q (m r) when n m > min_compression_rate (n + m) r, the
   tensor itself otherwise.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,16 +42,27 @@ def test_every_registry_row_has_an_executor_module():
     assert set(MODULES) == {(m.axis, m.name) for m in dp_methods.METHODS}
 
 
-@pytest.mark.parametrize("make, reason", [
-    (lambda: make_plan(dp=2, tp=2, compression="powersgd", validate=False),
-     "compression=powersgd with tensor_parallel_degree 2: needs DDP"),
-    (lambda: make_plan(dp_shard=2, zero=2, compression="powersgd", validate=False),
-     "compression=powersgd with zero_stage 2: runs with zero_stage 0/1 only"),
-    (lambda: make_plan(dp_shard=2, tp=2, compression="powersgd", zero=2, validate=False),
-     "compression=powersgd with zero_stage 2: runs with zero_stage 0/1 only"),
-    (lambda: make_plan(pp=2, microbatches=3, validate=False),
-     "1F1B needs the microbatch count (3) to be a multiple of pp = 2"),
-])
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (
+            lambda: make_plan(dp=2, tp=2, compression="powersgd", validate=False),
+            "compression=powersgd with tensor_parallel_degree 2: needs DDP",
+        ),
+        (
+            lambda: make_plan(dp_shard=2, zero=2, compression="powersgd", validate=False),
+            "compression=powersgd with zero_stage 2: runs with zero_stage 0/1 only",
+        ),
+        (
+            lambda: make_plan(dp_shard=2, tp=2, compression="powersgd", zero=2, validate=False),
+            "compression=powersgd with zero_stage 2: runs with zero_stage 0/1 only",
+        ),
+        (
+            lambda: make_plan(pp=2, microbatches=3, validate=False),
+            "1F1B needs the microbatch count (3) to be a multiple of pp = 2",
+        ),
+    ],
+)
 def test_check_plan_refuses_with_the_feasibility_reason(make, reason):
     plan = make()
     with pytest.raises(MeshplanError) as info:
@@ -60,6 +72,7 @@ def test_check_plan_refuses_with_the_feasibility_reason(make, reason):
 
 
 # --- closed forms -----------------------------------------------------------------------------
+
 
 def _shapes(config: dict | None = None) -> dict[str, list[tuple[int, ...]]]:
     """Parameter shapes per FSDP unit (embed, layers.i, head) of gpt-tiny."""
@@ -129,12 +142,15 @@ CASES = {
         "zero2": (dict(dp_shard=2, zero=2), lambda: [fsdp(2, 2)] * STEPS),
         "zero3": (dict(dp_shard=2, zero=3), lambda: [fsdp(2, 3)] * STEPS),
         "zero2_accum": (dict(dp_shard=2, zero=2, microbatches=2), lambda: [fsdp(2, 2, 2)] * STEPS),
-        "zero3_accum_padded": (dict(dp_shard=2, zero=3, microbatches=2, config=PADDED),
-                               lambda: [fsdp(2, 3, 2, config=PADDED)] * STEPS),
-        "powersgd": (dict(dp=2, compression="powersgd", compression_params=PSGD),
-                     lambda: [ddp(2)] * 2 + [powersgd_compressed(2, 2, 2.0)] * (STEPS - 2)),
-        "powersgd_dense": (dict(dp=2, compression="powersgd", compression_params=DENSE),
-                           lambda: [ddp(2)] * STEPS),
+        "zero3_accum_padded": (
+            dict(dp_shard=2, zero=3, microbatches=2, config=PADDED),
+            lambda: [fsdp(2, 3, 2, config=PADDED)] * STEPS,
+        ),
+        "powersgd": (
+            dict(dp=2, compression="powersgd", compression_params=PSGD),
+            lambda: [ddp(2)] * 2 + [powersgd_compressed(2, 2, 2.0)] * (STEPS - 2),
+        ),
+        "powersgd_dense": (dict(dp=2, compression="powersgd", compression_params=DENSE), lambda: [ddp(2)] * STEPS),
     },
     4: {
         "ddp": (dict(dp=4), lambda: [ddp(4)] * STEPS),
@@ -143,8 +159,10 @@ CASES = {
         "zero2": (dict(dp_shard=4, zero=2), lambda: [fsdp(4, 2)] * STEPS),
         "zero3_padded": (dict(dp_shard=4, zero=3, config=PADDED), lambda: [fsdp(4, 3, config=PADDED)] * STEPS),
         "hsdp": (dict(dp=2, dp_shard=2, zero=3), lambda: [fsdp(2, 3, replicate=2)] * STEPS),
-        "powersgd": (dict(dp=4, compression="powersgd", compression_params={**PSGD, "rank": 1}),
-                     lambda: [ddp(4)] * 2 + [powersgd_compressed(4, 1, 2.0)] * (STEPS - 2)),
+        "powersgd": (
+            dict(dp=4, compression="powersgd", compression_params={**PSGD, "rank": 1}),
+            lambda: [ddp(4)] * 2 + [powersgd_compressed(4, 1, 2.0)] * (STEPS - 2),
+        ),
     },
 }
 
@@ -172,10 +190,19 @@ def predicted_bytes(plan) -> dict[str, int]:
 
     profile = profile_model(plan.model_name, dict(plan.model_config), device="meta")
     methods = {axis: (c.name, dict(c.params)) for axis, c in plan.dp_methods.items()}
-    req = PlanRequest(num_gpus=plan.world_size, global_batch=plan.global_batch_size, precision=plan.precision,
-                      tp=plan.tensor_parallel_degree, pp=plan.pipeline_parallel_degree, dp=plan.data_parallel_degree,
-                      dp_shard=plan.data_parallel_shard_degree, microbatch=plan.microbatch_size,
-                      zero=plan.zero_stage, schedule=plan.pipeline_schedule, methods=methods)
+    req = PlanRequest(
+        num_gpus=plan.world_size,
+        global_batch=plan.global_batch_size,
+        precision=plan.precision,
+        tp=plan.tensor_parallel_degree,
+        pp=plan.pipeline_parallel_degree,
+        dp=plan.data_parallel_degree,
+        dp_shard=plan.data_parallel_shard_degree,
+        microbatch=plan.microbatch_size,
+        zero=plan.zero_stage,
+        schedule=plan.pipeline_schedule,
+        methods=methods,
+    )
     return estimate(profile, local_cpu(plan.world_size), req).prediction.comm_bytes_per_step
 
 
@@ -237,5 +264,10 @@ def test_powersgd_compressing_sends_fewer_bytes_and_changes_the_updates(ws2):
 
 def test_methods_build_resolved_parameters():
     m = methods("powersgd", {"rank": 4})
-    assert m.compression.params == {"rank": 4, "start_iter": 2, "min_compression_rate": 2.0,
-                                    "error_feedback": True, "warm_start": True}
+    assert m.compression.params == {
+        "rank": 4,
+        "start_iter": 2,
+        "min_compression_rate": 2.0,
+        "error_feedback": True,
+        "warm_start": True,
+    }

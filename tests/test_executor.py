@@ -4,6 +4,7 @@ Plans are batched into one torchrun launch per world size (launch cost 3-8 s eac
 trains 5 steps of SGD (momentum 0.9, fp32, global-norm clipping at 1.0, which the first steps
 hit) and must match `reference_losses` (the unsharded model on the whole batch) to 1e-4.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -59,8 +60,17 @@ CASES = {
     },
     8: {
         "dp_tp_pp_1f1b": dict(dp=2, tp=2, pp=2, microbatches=2),
-        "fsdp_tp_sp_pp_interleaved": dict(dp_shard=2, tp=2, pp=2, zero=3, sp=True, microbatches=4,
-                                          schedule="Interleaved1F1B", virtual=2, recompute="selective"),
+        "fsdp_tp_sp_pp_interleaved": dict(
+            dp_shard=2,
+            tp=2,
+            pp=2,
+            zero=3,
+            sp=True,
+            microbatches=4,
+            schedule="Interleaved1F1B",
+            virtual=2,
+            recompute="selective",
+        ),
     },
 }
 

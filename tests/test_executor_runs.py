@@ -1,5 +1,6 @@
 """Executor runs end to end: run.json, the gloo shutdown crash, resume, dead and hung ranks,
 and the plan/launch mismatches that must fail before any process starts."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,13 +33,14 @@ def _dataset_reference(plan, steps: int) -> list[float]:
 
     data, dp = token_dataset(), plan.data_parallel_degree
     per = plan.global_batch_size // dp
-    samplers = [DistributedSampler(data, num_replicas=dp, rank=r, shuffle=True, seed=0, drop_last=True)
-                for r in range(dp)]
+    samplers = [
+        DistributedSampler(data, num_replicas=dp, rank=r, shuffle=True, seed=0, drop_last=True) for r in range(dp)
+    ]
     model = build_model_for_plan(plan, "cpu")
     opt = make_optimizer(list(model.parameters()), "sgd", SGD["lr"], 0.0)
     losses = []
     for step in range(steps):
-        rows = [i for s in samplers for i in list(iter(s))[step * per:(step + 1) * per]]
+        rows = [i for s in samplers for i in list(iter(s))[step * per : (step + 1) * per]]
         x, y = default_collate([data[i] for i in rows])
         opt.zero_grad()
         loss = model.loss(model(x), y)
@@ -101,29 +103,52 @@ def _with(plan, **changes):
     return dataclasses.replace(plan, **changes)
 
 
-@pytest.mark.parametrize("make, match", [
-    (lambda: _with(make_plan(pp=2, microbatches=2), stages=[["embed", "layers.0", "layers.1"],
-                                                           ["layers.2", "layers.3", "layers.9"]],
-                   layers=["embed", "layers.0", "layers.1", "layers.2", "layers.3", "layers.9"]),
-     r"plan.layers: 'layers.9' does not match the layers of gpt-tiny"),
-    (lambda: make_plan(tp=3), r"^plan: \w+ \d+ not divisible by tp=3$"),
-    (lambda: make_plan(model="llama-tiny", tp=4), r"kv_heads 2 not divisible by tp=4"),
-    (lambda: _with(make_plan(dp=2), context_parallel_degree=2, world_size=4),
-     r"context_parallel_degree 2: the executor does not run context parallelism"),
-    (lambda: _with(make_plan(dp_shard=2, zero=2), dp_methods=methods(offload="cpu")),
-     r"offload=cpu with zero_stage 2: runs with zero_stage 3 only"),
-    (lambda: make_plan(tp=2, dp=2, compression="powersgd", validate=False),
-     r"compression=powersgd with tensor_parallel_degree 2: needs DDP"),
-    (lambda: make_plan(dp_shard=2, zero=3, compression="fp16", validate=False),
-     r"compression=fp16 with zero_stage 3: runs with zero_stage 0/1 only"),
-    (lambda: _with(make_plan(), seq_len=64), r"plan.seq_len = 64: gpt-tiny handles at most 32"),
-    (lambda: _with(make_plan(pp=2, microbatches=2), stages=[["embed", "layers.0"], ["layers.2", "layers.1",
-                                                             "layers.3", "head"]]), r"contiguous layers"),
-    (lambda: _with(make_plan(), model_name="no-such-model"), r"not in the zoo"),
-    (lambda: make_plan(pp=2, dp_shard=2, zero=3, virtual=2, schedule="InterleavedZeroBubble", microbatches=4,
-                       validate=False),
-     r"FSDP2 misses the split weight-gradient pass"),
-])
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (
+            lambda: _with(
+                make_plan(pp=2, microbatches=2),
+                stages=[["embed", "layers.0", "layers.1"], ["layers.2", "layers.3", "layers.9"]],
+                layers=["embed", "layers.0", "layers.1", "layers.2", "layers.3", "layers.9"],
+            ),
+            r"plan.layers: 'layers.9' does not match the layers of gpt-tiny",
+        ),
+        (lambda: make_plan(tp=3), r"^plan: \w+ \d+ not divisible by tp=3$"),
+        (lambda: make_plan(model="llama-tiny", tp=4), r"kv_heads 2 not divisible by tp=4"),
+        (
+            lambda: _with(make_plan(dp=2), context_parallel_degree=2, world_size=4),
+            r"context_parallel_degree 2: the executor does not run context parallelism",
+        ),
+        (
+            lambda: _with(make_plan(dp_shard=2, zero=2), dp_methods=methods(offload="cpu")),
+            r"offload=cpu with zero_stage 2: runs with zero_stage 3 only",
+        ),
+        (
+            lambda: make_plan(tp=2, dp=2, compression="powersgd", validate=False),
+            r"compression=powersgd with tensor_parallel_degree 2: needs DDP",
+        ),
+        (
+            lambda: make_plan(dp_shard=2, zero=3, compression="fp16", validate=False),
+            r"compression=fp16 with zero_stage 3: runs with zero_stage 0/1 only",
+        ),
+        (lambda: _with(make_plan(), seq_len=64), r"plan.seq_len = 64: gpt-tiny handles at most 32"),
+        (
+            lambda: _with(
+                make_plan(pp=2, microbatches=2),
+                stages=[["embed", "layers.0"], ["layers.2", "layers.1", "layers.3", "head"]],
+            ),
+            r"contiguous layers",
+        ),
+        (lambda: _with(make_plan(), model_name="no-such-model"), r"not in the zoo"),
+        (
+            lambda: make_plan(
+                pp=2, dp_shard=2, zero=3, virtual=2, schedule="InterleavedZeroBubble", microbatches=4, validate=False
+            ),
+            r"FSDP2 misses the split weight-gradient pass",
+        ),
+    ],
+)
 def test_mismatched_plans_fail_before_launch(make, match):
     with pytest.raises(MeshplanError, match=match) as info:
         check_plan(make())
@@ -156,6 +181,7 @@ def test_plan_file_round_trip_runs_check(tmp_path):
     """A plan saved as JSON (what `meshplan run plan.json` reads) passes check_plan."""
     from meshplan.plan import Plan
     from meshplan.schema import save
+
     save(make_plan(pp=2, virtual=2, schedule="Interleaved1F1B", microbatches=4), tmp_path / "plan.json")
     check_plan(load(Plan, tmp_path / "plan.json"))
     assert json.loads((tmp_path / "plan.json").read_text())["virtual_stages"] == 2
@@ -176,6 +202,7 @@ def test_resume_needs_a_checkpoint_before_the_last_step(tmp_path):
 
 def test_zero1_checkpoint_resumes_only_into_its_own_plan(tmp_path):
     from meshplan.schema import save
+
     step_dir = tmp_path / "checkpoints" / "step_000002"
     save(make_plan(dp=2, zero=1), step_dir / "plan.json")
     write_manifest(step_dir, 2)

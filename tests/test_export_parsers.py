@@ -14,6 +14,7 @@ flag, key or value is unknown to the target; without the extra each skips with t
   config dataclass field arguments.py fills from it (core_transformer_config_from_args matches
   field names) and the dataclasses are constructed; flags of the training loop alone are listed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,8 +41,13 @@ ALL = sorted(PLANS)
 def _megatron_core_plan():
     """A plan predicted for megatron-core: its export adds the overlap, TP-overlap and fp8 flags."""
     plan = gpt_plan(pp=1, dp_replicate=8, tp=2, zero=1, num_microbatches=4)
-    return dataclasses.replace(plan, runtime="megatron-core", precision="fp8", sequence_parallel=True,
-                               runtime_behaviours=runtimes.request_behaviours("megatron-core", {}))
+    return dataclasses.replace(
+        plan,
+        runtime="megatron-core",
+        precision="fp8",
+        sequence_parallel=True,
+        runtime_behaviours=runtimes.request_behaviours("megatron-core", {}),
+    )
 
 
 def _need(module: str, why: str = ""):
@@ -50,15 +56,25 @@ def _need(module: str, why: str = ""):
             warnings.simplefilter("ignore")
             return importlib.import_module(module)
     except Exception as exc:  # noqa: BLE001 - ImportError, or a CUDA-only import failing on CPU
-        pytest.skip(f"{module} not importable ({type(exc).__name__}: {exc}){why}; "
-                    "install the extra: pip install -c constraints.txt -e '.[exports]'")
+        pytest.skip(
+            f"{module} not importable ({type(exc).__name__}: {exc}){why}; "
+            "install the extra: pip install -c constraints.txt -e '.[exports]'"
+        )
 
 
 # --- DeepSpeed ---------------------------------------------------------------------------------
 
-DS_TOP_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-               "zero_optimization", "bf16", "fp16", "tensor_parallel", "activation_checkpointing",
-               "communication_data_type"}
+DS_TOP_KEYS = {
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "zero_optimization",
+    "bf16",
+    "fp16",
+    "tensor_parallel",
+    "activation_checkpointing",
+    "communication_data_type",
+}
 
 
 class _MPU:
@@ -108,6 +124,7 @@ def test_deepspeed_rejects_an_unknown_nested_key(monkeypatch):
 
 # --- accelerate --------------------------------------------------------------------------------
 
+
 def _launch_dests() -> dict[str, object]:
     launch = _need("accelerate.commands.launch")
     parser = launch.launch_command_parser()
@@ -123,9 +140,14 @@ def test_accelerate_config_loader_accepts_the_export(name, tmp_path):
     cfg = config_args.load_config_from_file(str(path))  # unknown top-level keys: ValueError
     assert cfg.num_processes == plan.world_size
     dests = _launch_dests()
-    nested = {**(cfg.fsdp_config or {}), **(cfg.parallelism_config or {}),
-              **{("deepspeed_config_file" if k == "deepspeed_config_file" else k): v
-                 for k, v in (cfg.deepspeed_config or {}).items()}}
+    nested = {
+        **(cfg.fsdp_config or {}),
+        **(cfg.parallelism_config or {}),
+        **{
+            ("deepspeed_config_file" if k == "deepspeed_config_file" else k): v
+            for k, v in (cfg.deepspeed_config or {}).items()
+        },
+    }
     for key, value in nested.items():
         assert key in dests, f"`accelerate launch` has no --{key}"
         choices = dests[key].choices  # the YAML's values reach argparse-typed args: compare as text
@@ -142,6 +164,7 @@ def test_accelerate_rejects_an_unknown_key(tmp_path):
 
 # --- torchtitan --------------------------------------------------------------------------------
 
+
 def _titan_manager():
     """torchtitan 0.2's ConfigManager without the package __init__, which imports model code
     (MoE kernels need triton, absent on CPU); the config modules themselves import no model."""
@@ -150,8 +173,10 @@ def _titan_manager():
         _need("torchtitan")
     root = list(spec.submodule_search_locations)
     if not any((Path(p) / "config" / "job_config.py").exists() for p in root):
-        pytest.skip("torchtitan >= 0.3 has no TOML JobConfig (Python config registries); the export "
-                    "writes torchtitan 0.2's --job.config_file TOML: pip install 'torchtitan>=0.2,<0.3'")
+        pytest.skip(
+            "torchtitan >= 0.3 has no TOML JobConfig (Python config registries); the export "
+            "writes torchtitan 0.2's --job.config_file TOML: pip install 'torchtitan>=0.2,<0.3'"
+        )
     if "torchtitan" not in sys.modules:
         pkg = types.ModuleType("torchtitan")
         pkg.__path__ = root
@@ -220,14 +245,24 @@ MEGATRON_RENAMED = {
     "--num-virtual-stages-per-pipeline-rank": "virtual_pipeline_model_parallel_size",
     "--decoder-first-pipeline-num-layers": "num_layers_in_first_pipeline_stage",
     "--decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage",
-    "--fp8-format": "fp8", "--hidden-size": "hidden_size", "--num-attention-heads": "num_attention_heads",
-    "--ffn-hidden-size": "ffn_hidden_size", "--num-query-groups": "num_query_groups",
+    "--fp8-format": "fp8",
+    "--hidden-size": "hidden_size",
+    "--num-attention-heads": "num_attention_heads",
+    "--ffn-hidden-size": "ffn_hidden_size",
+    "--num-query-groups": "num_query_groups",
     "--grad-reduce-in-bf16": "grad_reduce_in_fp32",  # store_false into grad_reduce_in_fp32
     "--no-gradient-accumulation-fusion": "gradient_accumulation_fusion",
 }
 """megatron/training/arguments.py flags whose dest is not the flag's own name in snake case."""
-MEGATRON_TRAINING_ONLY = {"--micro-batch-size", "--global-batch-size", "--seq-length", "--max-position-embeddings",
-                          "--use-torch-fsdp2", "--group-query-attention", "--num-layers-per-virtual-pipeline-stage"}
+MEGATRON_TRAINING_ONLY = {
+    "--micro-batch-size",
+    "--global-batch-size",
+    "--seq-length",
+    "--max-position-embeddings",
+    "--use-torch-fsdp2",
+    "--group-query-attention",
+    "--num-layers-per-virtual-pipeline-stage",
+}
 """Flags of pretrain_gpt.py's training loop with no Megatron-Core config field: not checkable here."""
 
 
@@ -297,5 +332,11 @@ def test_megatron_rejects_an_unknown_flag():
     assert _dest("--recompute-granularity") in names
     assert _dest("--recompute-granularities") not in names
     with pytest.raises(Exception):
-        transformer(num_layers=4, hidden_size=64, num_attention_heads=8, recompute_granularity="full",
-                    recompute_method="everything", recompute_num_layers=1)
+        transformer(
+            num_layers=4,
+            hidden_size=64,
+            num_attention_heads=8,
+            recompute_granularity="full",
+            recompute_method="everything",
+            recompute_num_layers=1,
+        )

@@ -1,4 +1,5 @@
 """export_plan: each target carries the plan's degrees and batch arithmetic, and says what it cannot express."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,11 +16,24 @@ from meshplan.plan import Plan
 from meshplan.report import EXPORT_TARGETS, export_plan
 from report_fixtures import flat_plan, gpt_plan, searched_plan, split, uneven_plan
 
-PLANS = {"pipeline": searched_plan, "flat": flat_plan, "uneven": uneven_plan,
-         "hsdp": lambda: gpt_plan(pp=1, dp_replicate=2, dp_shard=4, tp=2, zero=3, num_microbatches=4),
-         "even_interleaved": lambda: even_blocks(gpt_plan(pp=2, dp_replicate=2, tp=2, num_microbatches=4,
-                                                          schedule="Interleaved1F1B", virtual=2, blocks=8,
-                                                          recompute="full"))}
+PLANS = {
+    "pipeline": searched_plan,
+    "flat": flat_plan,
+    "uneven": uneven_plan,
+    "hsdp": lambda: gpt_plan(pp=1, dp_replicate=2, dp_shard=4, tp=2, zero=3, num_microbatches=4),
+    "even_interleaved": lambda: even_blocks(
+        gpt_plan(
+            pp=2,
+            dp_replicate=2,
+            tp=2,
+            num_microbatches=4,
+            schedule="Interleaved1F1B",
+            virtual=2,
+            blocks=8,
+            recompute="full",
+        )
+    ),
+}
 
 
 def even_blocks(plan: Plan) -> Plan:
@@ -73,8 +87,13 @@ def test_torchtitan(name):
     files = export_plan(plan, "torchtitan")
     cfg = tomllib.loads(files["meshplan.toml"])
     par, tr = cfg["parallelism"], cfg["training"]
-    assert (par["pipeline_parallel_degree"], par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"],
-            par["context_parallel_degree"], par["tensor_parallel_degree"]) == plan.mesh_shape
+    assert (
+        par["pipeline_parallel_degree"],
+        par["data_parallel_replicate_degree"],
+        par["data_parallel_shard_degree"],
+        par["context_parallel_degree"],
+        par["tensor_parallel_degree"],
+    ) == plan.mesh_shape
     dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
     accumulation = tr["global_batch_size"] // (tr["local_batch_size"] * dp)
     micro = par.get("pipeline_parallel_microbatch_size", tr["local_batch_size"])
@@ -149,12 +168,19 @@ def test_accelerate(name):
     cfg = parse_yaml(files["accelerate_config.yaml"])
     assert cfg["num_processes"] == plan.world_size
     par = cfg["parallelism_config"]
-    assert (par["parallelism_config_dp_replicate_size"], par["parallelism_config_dp_shard_size"],
-            par["parallelism_config_cp_size"], par["parallelism_config_tp_size"]) == plan.mesh_shape[1:]
+    assert (
+        par["parallelism_config_dp_replicate_size"],
+        par["parallelism_config_dp_shard_size"],
+        par["parallelism_config_cp_size"],
+        par["parallelism_config_tp_size"],
+    ) == plan.mesh_shape[1:]
     consts: dict = {}
     exec(files["accelerate_batch.py"], consts)  # noqa: S102 - our own generated code
-    assert consts["GLOBAL_BATCH_SIZE"] == plan.global_batch_size == (
-        consts["PER_DEVICE_TRAIN_BATCH_SIZE"] * consts["GRADIENT_ACCUMULATION_STEPS"] * plan.data_parallel_degree)
+    assert (
+        consts["GLOBAL_BATCH_SIZE"]
+        == plan.global_batch_size
+        == (consts["PER_DEVICE_TRAIN_BATCH_SIZE"] * consts["GRADIENT_ACCUMULATION_STEPS"] * plan.data_parallel_degree)
+    )
     expected = {0: "MULTI_GPU", 1: "DEEPSPEED", 2: "FSDP", 3: "FSDP"}[plan.zero_stage]
     assert cfg["distributed_type"] == expected
     if expected == "FSDP":
@@ -180,20 +206,34 @@ def test_what_cannot_be_expressed_is_said_in_every_output():
 
 def test_megatron_counts_embedding_and_loss_when_that_makes_stages_even():
     plan = gpt_plan(pp=4, dp_replicate=1, blocks=6, recompute="none")
-    plan = dataclasses.replace(plan, stages=split(plan.layers, [2, 2, 2, 2]),  # blocks per stage [1, 2, 2, 1]
-                               runtime="megatron-core")
+    plan = dataclasses.replace(
+        plan,
+        stages=split(plan.layers, [2, 2, 2, 2]),  # blocks per stage [1, 2, 2, 1]
+        runtime="megatron-core",
+    )
     text = export_plan(plan, "megatron")["megatron_args.sh"]
     args = megatron_args(text)
     assert args["--account-for-embedding-in-pipeline-split"] is True and warnings_in(text) == []
 
 
 def test_megatron_warns_when_interleaving_needs_divisible_microbatches():
-    plan = even_blocks(gpt_plan(pp=2, dp_replicate=2, tp=2, num_microbatches=5, schedule="Interleaved1F1B",
-                                virtual=2, blocks=8, recompute="full"))
+    plan = even_blocks(
+        gpt_plan(
+            pp=2,
+            dp_replicate=2,
+            tp=2,
+            num_microbatches=5,
+            schedule="Interleaved1F1B",
+            virtual=2,
+            blocks=8,
+            recompute="full",
+        )
+    )
     text = export_plan(plan, "megatron")["megatron_args.sh"]
     assert any("divisible by pp=2" in w for w in warnings_in(text))
-    assert not any("divisible" in w for w in warnings_in(export_plan(PLANS["even_interleaved"](), "megatron")
-                                                         ["megatron_args.sh"]))
+    assert not any(
+        "divisible" in w for w in warnings_in(export_plan(PLANS["even_interleaved"](), "megatron")["megatron_args.sh"])
+    )
 
 
 def test_every_k_th_block_recompute_maps_to_torchtitan_selective_k():

@@ -1,6 +1,7 @@
 """One set of validity rules (meshplan/feasibility.py) for the search, estimate, Plan.validate and
 the executor's check_plan: a plan `meshplan plan` writes is always one `meshplan run` accepts, and
 a layout the search refuses is refused by check_plan with the same words."""
+
 from __future__ import annotations
 
 import random
@@ -38,10 +39,21 @@ def _request(rng: random.Random) -> PlanRequest:
     if rng.random() < 0.1:
         name = rng.choice(["cpu", "nvme"])
         methods["offload"] = (name, dp_methods.method("offload", name).resolve({}, "offload"))
-    return PlanRequest(num_gpus=n, global_batch=rng.randint(1, 24), top_k=3, precision="fp32",
-                       tp=pick([1, 2, 4]), pp=pick([1, 2, 3, 4]), microbatch=pick([1, 2, 3, 4]),
-                       schedule=pick(["gpipe", "1f1b", "interleaved", "zerobubble"]), zero=pick([0, 1, 2, 3]),
-                       dp_shard=pick([1, 2]), sequence_parallel=pick([True, False]), methods=methods, allow=allow)
+    return PlanRequest(
+        num_gpus=n,
+        global_batch=rng.randint(1, 24),
+        top_k=3,
+        precision="fp32",
+        tp=pick([1, 2, 4]),
+        pp=pick([1, 2, 3, 4]),
+        microbatch=pick([1, 2, 3, 4]),
+        schedule=pick(["gpipe", "1f1b", "interleaved", "zerobubble"]),
+        zero=pick([0, 1, 2, 3]),
+        dp_shard=pick([1, 2]),
+        sequence_parallel=pick([True, False]),
+        methods=methods,
+        allow=allow,
+    )
 
 
 def _plan_of(ctx: Context, cand) -> Plan:
@@ -51,15 +63,31 @@ def _plan_of(ctx: Context, cand) -> Plan:
         stages = [[names[i] for i in st] for st in balanced_stages(ctx, cand.pp * cand.virtual_stages)]
     except MeshplanError:
         stages = [names]  # too many stages for the layers: the layout rule fires before the stage check
-    methods = DataParallelMethods(**{a: MethodChoice(name=cand.method(a)[0], params=cand.method(a)[1])
-                                     for a in dp_methods.AXES})
-    return Plan(model_name=ctx.profile.model_name, cluster_name="local-cpu", world_size=ctx.request.num_gpus,
-                pipeline_parallel_degree=cand.pp, data_parallel_replicate_degree=cand.dp_replicate,
-                data_parallel_shard_degree=cand.dp_shard, context_parallel_degree=cand.cp,
-                tensor_parallel_degree=cand.tp, zero_stage=cand.zero, sequence_parallel=cand.sequence_parallel,
-                dp_methods=methods, precision="fp32", global_batch_size=ctx.request.global_batch,
-                microbatch_size=cand.microbatch, num_microbatches=cand.num_microbatches, seq_len=ctx.seq,
-                pipeline_schedule=cand.schedule, virtual_stages=cand.virtual_stages, layers=names, stages=stages)
+    methods = DataParallelMethods(
+        **{a: MethodChoice(name=cand.method(a)[0], params=cand.method(a)[1]) for a in dp_methods.AXES}
+    )
+    return Plan(
+        model_name=ctx.profile.model_name,
+        cluster_name="local-cpu",
+        world_size=ctx.request.num_gpus,
+        pipeline_parallel_degree=cand.pp,
+        data_parallel_replicate_degree=cand.dp_replicate,
+        data_parallel_shard_degree=cand.dp_shard,
+        context_parallel_degree=cand.cp,
+        tensor_parallel_degree=cand.tp,
+        zero_stage=cand.zero,
+        sequence_parallel=cand.sequence_parallel,
+        dp_methods=methods,
+        precision="fp32",
+        global_batch_size=ctx.request.global_batch,
+        microbatch_size=cand.microbatch,
+        num_microbatches=cand.num_microbatches,
+        seq_len=ctx.seq,
+        pipeline_schedule=cand.schedule,
+        virtual_stages=cand.virtual_stages,
+        layers=names,
+        stages=stages,
+    )
 
 
 def test_search_plans_run_and_search_rejections_match_check_plan(profiles):
@@ -103,8 +131,9 @@ def test_an_approximate_method_that_was_not_allowed_is_never_chosen(profiles):
     import dataclasses
 
     cluster = local_cpu(4)
-    slow = dataclasses.replace(cluster, collectives=[], intra_node=dataclasses.replace(
-        cluster.intra_node, bandwidth_gbps=0.01))
+    slow = dataclasses.replace(
+        cluster, collectives=[], intra_node=dataclasses.replace(cluster.intra_node, bandwidth_gbps=0.01)
+    )
     req = PlanRequest(num_gpus=4, global_batch=16, dp=4, precision="fp32", top_k=5)
     plain = search(profiles["gpt-tiny"], slow, req)
     assert all(p.dp_methods.compression.name == "none" for p in [plain] + plain.search.alternatives)

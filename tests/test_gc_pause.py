@@ -1,4 +1,5 @@
 """The planner pauses the cyclic garbage collector only while it searches (planner/gc_pause.py)."""
+
 from __future__ import annotations
 
 import gc

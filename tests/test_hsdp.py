@@ -2,6 +2,7 @@
 says it is cheapest — two nodes of two ranks joined by a slow link, where sharding inside a node
 and all-reducing the shards across keeps the per-microbatch gathers off the slow link — and the
 plan it writes runs and reproduces the single-process losses."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,8 +20,13 @@ TRAIN = dict(optimizer="sgd", lr=0.5, grad_clip=1.0)
 
 def _two_slow_nodes():
     c = local_cpu(4)
-    return dataclasses.replace(c, num_nodes=2, devices_per_node=2, collectives=[],
-                               inter_node=dataclasses.replace(c.inter_node, bandwidth_gbps=0.05))
+    return dataclasses.replace(
+        c,
+        num_nodes=2,
+        devices_per_node=2,
+        collectives=[],
+        inter_node=dataclasses.replace(c.inter_node, bandwidth_gbps=0.05),
+    )
 
 
 def _hsdp_plan():
@@ -31,7 +37,9 @@ def _hsdp_plan():
 def test_the_search_picks_hsdp_where_it_is_cheapest():
     plan = _hsdp_plan()
     assert (plan.data_parallel_replicate_degree, plan.data_parallel_shard_degree) == (2, 2)
-    fsdp = [p for p in plan.search.alternatives if p.data_parallel_shard_degree == 4 and p.zero_stage == plan.zero_stage]
+    fsdp = [
+        p for p in plan.search.alternatives if p.data_parallel_shard_degree == 4 and p.zero_stage == plan.zero_stage
+    ]
     assert fsdp and all(p.prediction.step_time_s > plan.prediction.step_time_s for p in fsdp)
     # the gradient shards cross the slow link (dp_replicate) once per step; the gathers stay in the node
     assert plan.prediction.comm_bytes_per_step["dp_replicate"] > 0 and "dp_shard" in plan.prediction.comm_bytes_per_step

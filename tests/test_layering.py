@@ -1,6 +1,7 @@
 """The dependency direction of DESIGN.md, read from the source with `ast` (nothing is imported):
 contracts (meshplan) <- models <- profiler, executor; the planner reads only contracts; the profiler
 reaches the executor only through its public wrappers module; reports are pure functions of contracts."""
+
 from __future__ import annotations
 
 import ast
@@ -9,8 +10,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = {"meshplan": "meshplan", "models": "meshplan.models", "profiler": "meshplan.profiler",
-            "planner": "meshplan.planner", "executor": "meshplan.executor"}
+PACKAGES = {
+    "meshplan": "meshplan",
+    "models": "meshplan.models",
+    "profiler": "meshplan.profiler",
+    "planner": "meshplan.planner",
+    "executor": "meshplan.executor",
+}
 """Top-level folder -> import name (setup.py's ROOTS)."""
 EXECUTOR_API = "meshplan.executor.wrappers"
 DRIVERS = ("meshplan.demo", "meshplan.examples", "meshplan.validation", "meshplan.cli", "meshplan.commands")
@@ -53,14 +59,20 @@ def under(name: str, prefixes) -> bool:
 
 
 def offences(folder: str, allowed, forbidden) -> list[str]:
-    return sorted(f"{mod} imports {imp}" for mod, path in modules(folder).items() for imp in imports(path)
-                  if under(imp, forbidden) and not allowed(imp))
+    return sorted(
+        f"{mod} imports {imp}"
+        for mod, path in modules(folder).items()
+        for imp in imports(path)
+        if under(imp, forbidden) and not allowed(imp)
+    )
 
 
 def test_the_parser_sees_lazy_and_from_imports(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text("import torch\nfrom meshplan.executor import wrappers\nfrom . import timing\n"
-                     "def f():\n    from meshplan.models.zoo import base\n    from meshplan.profiler import nothing\n")
+    probe.write_text(
+        "import torch\nfrom meshplan.executor import wrappers\nfrom . import timing\n"
+        "def f():\n    from meshplan.models.zoo import base\n    from meshplan.profiler import nothing\n"
+    )
     found = imports(probe, "meshplan.profiler.probe")
     assert found == {"torch", EXECUTOR_API, "meshplan.profiler.timing", "meshplan.models.zoo.base", "meshplan.profiler"}
 
@@ -75,8 +87,10 @@ def test_profiler_uses_only_the_executors_public_api():
 
 
 def test_models_import_neither_profiler_nor_executor_nor_planner():
-    assert offences("models", lambda imp: False,
-                    ["meshplan.profiler", "meshplan.executor", "meshplan.planner", *DRIVERS]) == []
+    assert (
+        offences("models", lambda imp: False, ["meshplan.profiler", "meshplan.executor", "meshplan.planner", *DRIVERS])
+        == []
+    )
 
 
 def test_planner_reads_only_contracts():
@@ -94,6 +108,7 @@ def test_report_is_a_function_of_contracts():
 @pytest.mark.parametrize("start", ["meshplan.demo", "meshplan.examples"])
 def test_demo_examples_and_report_form_no_cycle(start):
     """Depth-first from the driver over repository modules: no path leads back to where it began."""
+
     def reachable(name: str, seen: set[str]) -> set[str]:
         for imp in imports(ALL_MODULES[name]):
             if imp in ALL_MODULES and imp not in seen:

@@ -1,6 +1,7 @@
 """profile-links: the alpha-beta fit, the ClusterSpec it writes, and (slow) a real sweep on 2 gloo
 ranks. Whether the fit predicts a fresh measurement within 25% is a timing claim on a shared host,
 measured by `python -m benchmarks.link_fit` (issue 3, last test bullet), not asserted here."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,8 +9,15 @@ import pytest
 from meshplan import schema
 from meshplan.cluster import ClusterSpec
 from meshplan.errors import MeshplanError
-from meshplan.profiler.links import (cluster_from_measurement, fit_alpha_beta, link_tier, measure,
-                                     message_sizes, profile_links, sweep_cases)
+from meshplan.profiler.links import (
+    cluster_from_measurement,
+    fit_alpha_beta,
+    link_tier,
+    measure,
+    message_sizes,
+    profile_links,
+    sweep_cases,
+)
 
 MIB = 2**20
 
@@ -54,14 +62,22 @@ def test_fit_never_returns_negative_latency():
 def test_sweep_runs_send_recv_only_in_pairs():
     cases = sweep_cases(("all_reduce", "send_recv"), [2, 3, 4], [1024, 4096])
     assert sorted({(c, g) for c, g, _ in cases}) == [
-        ("all_reduce", 2), ("all_reduce", 3), ("all_reduce", 4), ("send_recv", 2)]
+        ("all_reduce", 2),
+        ("all_reduce", 3),
+        ("all_reduce", 4),
+        ("send_recv", 2),
+    ]
     assert len(cases) == 8
 
 
 def _raw(backend: str = "gloo") -> dict:
     sizes = message_sizes(1024, 16 * MIB)
-    truth = {("all_reduce", 2): (1e-3, 1.0), ("all_reduce", 4): (5e-3, 0.8),
-             ("all_gather", 4): (2e-3, 1.2), ("send_recv", 2): (1e-4, 2.0)}
+    truth = {
+        ("all_reduce", 2): (1e-3, 1.0),
+        ("all_reduce", 4): (5e-3, 0.8),
+        ("all_gather", 4): (2e-3, 1.2),
+        ("send_recv", 2): (1e-4, 2.0),
+    }
     samples = []
     for (coll, g), (a, b) in truth.items():
         for s, t in zip(sizes, _synthetic(a, b, sizes)):
@@ -92,9 +108,15 @@ def test_link_tier_without_send_recv_uses_ring_steps():
     assert tier.latency_s == pytest.approx(5e-3 / 6, rel=1e-3)  # 2(n-1) steps at n = 4
 
 
-@pytest.mark.parametrize("kwargs, word", [({"nproc": 1}, "nproc"), ({"nproc": 2, "collectives": ("bcast",)}, "bcast"),
-                                          ({"nproc": 2, "group_sizes": [3]}, "group size"),
-                                          ({"nproc": 2, "min_bytes": 10, "max_bytes": 5}, "message sizes")])
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [
+        ({"nproc": 1}, "nproc"),
+        ({"nproc": 2, "collectives": ("bcast",)}, "bcast"),
+        ({"nproc": 2, "group_sizes": [3]}, "group size"),
+        ({"nproc": 2, "min_bytes": 10, "max_bytes": 5}, "message sizes"),
+    ],
+)
 def test_bad_arguments_are_one_line_errors(kwargs, word):
     with pytest.raises(MeshplanError, match=word):
         profile_links(**kwargs)
@@ -102,11 +124,14 @@ def test_bad_arguments_are_one_line_errors(kwargs, word):
 
 @pytest.mark.slow
 def test_profile_links_end_to_end_on_two_ranks(tmp_path):
-    spec = profile_links(2, min_bytes=4096, max_bytes=2**20, collectives=("all_reduce", "send_recv"),
-                         repeats=3, timeout_s=300)
+    spec = profile_links(
+        2, min_bytes=4096, max_bytes=2**20, collectives=("all_reduce", "send_recv"), repeats=3, timeout_s=300
+    )
     assert spec.measured and spec.name == "local-cpu" and spec.num_devices == 2
     assert [(f.collective, f.group_size, len(f.sizes_bytes)) for f in spec.collectives] == [
-        ("all_reduce", 2, 5), ("send_recv", 2, 5)]
+        ("all_reduce", 2, 5),
+        ("send_recv", 2, 5),
+    ]
     assert all(f.min_s[i] <= f.median_s[i] <= f.max_s[i] for f in spec.collectives for i in range(5))
     schema.save(spec, tmp_path / "cluster.json")
     assert schema.load(ClusterSpec, tmp_path / "cluster.json").intra_node == spec.intra_node

@@ -1,5 +1,6 @@
 """What a model is (models/identity.py): full state with non-persistent buffers, tied weights,
 unique parameter counts and the structure hash; each checked against plain PyTorch."""
+
 import copy
 
 import pytest
@@ -97,8 +98,24 @@ def test_run_refuses_a_plan_whose_model_config_rebuilds_another_model(tmp_path):
 
     out = tmp_path / "p.json"
     sets = ["layers=2", "hidden=64", "heads=4", "kv_heads=2", "ffn_hidden=128", "vocab=256", "seq=32"]
-    assert main(["plan", "--model", "hf:meta-llama/Llama-3.1-8B", "--set", *sets, "--num-gpus", "1",
-                 "--global-batch", "4", "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "hf:meta-llama/Llama-3.1-8B",
+                "--set",
+                *sets,
+                "--num-gpus",
+                "1",
+                "--global-batch",
+                "4",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     plan = load(Plan, out)
     assert plan.model_config["kv_heads"] == 2 and plan.model_config["ffn_hidden"] == 128
     assert plan.model_num_params == num_params(build_model_for_plan(plan, "meta")) == 106_816

@@ -5,6 +5,7 @@ The two nodes reproduce the single-process losses with one shared --out-dir (che
 and with one --out-dir per node; checkpoints without a shared --out-dir are refused; a node
 that never arrives or dies mid-run ends the other within its --timeout with one line, rc 4, and
 no process of either node is left."""
+
 from __future__ import annotations
 
 import json
@@ -34,11 +35,31 @@ def free_port() -> int:
 
 
 def start_node(plan_path: Path, node_rank: int, port: int, out: Path, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "meshplan", "run", str(plan_path), "--nnodes", "2", "--node-rank", str(node_rank),
-           "--rdzv-endpoint", f"127.0.0.1:{port}", "--out-dir", str(out), "--quiet",
-           *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env=dict(os.environ, PYTHONPATH=str(Path(__file__).parent)))
+    cmd = [
+        sys.executable,
+        "-m",
+        "meshplan",
+        "run",
+        str(plan_path),
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(node_rank),
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--out-dir",
+        str(out),
+        "--quiet",
+        *extra,
+    ]
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=dict(os.environ, PYTHONPATH=str(Path(__file__).parent)),
+    )
 
 
 def run_two_nodes(tmp_path: Path, plan, outs: tuple[Path, Path], *extra: str) -> list[tuple[int, str, str]]:
@@ -58,8 +79,9 @@ def test_two_nodes_sharing_an_out_dir_match_the_single_process(tmp_path):
     """2 nodes x 1 rank (dp=2) into one --out-dir, checkpointing: each node's run file has the
     single-process losses, node 0's manifest lists both ranks' shards."""
     out = tmp_path / "run"
-    (rc0, _, err0), (rc1, _, err1) = run_two_nodes(tmp_path, make_plan(dp=2), (out, out), "--steps", "3",
-                                                   "--checkpoint-every", "2", "--timeout", "120")
+    (rc0, _, err0), (rc1, _, err1) = run_two_nodes(
+        tmp_path, make_plan(dp=2), (out, out), "--steps", "3", "--checkpoint-every", "2", "--timeout", "120"
+    )
     assert rc0 == 0 and rc1 == 0, err0[-2000:] + err1[-2000:]
     ref = reference_losses(make_plan(dp=2), steps=3)
     for name in ("run.json", "run.node1.json"):
@@ -88,8 +110,9 @@ def test_two_nodes_of_two_ranks_with_their_own_out_dirs_match_the_single_process
 
 def test_checkpoints_without_a_shared_out_dir_are_refused(tmp_path):
     outs = (tmp_path / "node0", tmp_path / "node1")
-    results = run_two_nodes(tmp_path, make_plan(dp=2), outs, "--steps", "3", "--checkpoint-every", "2",
-                            "--timeout", "120")
+    results = run_two_nodes(
+        tmp_path, make_plan(dp=2), outs, "--steps", "3", "--checkpoint-every", "2", "--timeout", "120"
+    )
     for rc, _, err in results:
         assert rc == 4
         assert "on a filesystem every node shares: ranks [1] do not see node 0's" in one_line(err)
@@ -103,8 +126,10 @@ def test_a_node_that_never_arrives_ends_the_other_within_its_timeout(tmp_path):
     rc, _, err = finish(start_node(plan_path, 0, port, out, "--steps", "3", "--timeout", "10"), 120)
     elapsed = time.monotonic() - start
     assert rc == 4, err[-2000:]
-    assert one_line(err).startswith(f"meshplan run: error: node 0: only 1 of 2 nodes joined the rendezvous at "
-                                    f"127.0.0.1:{port} within --timeout 10 s"), err
+    assert one_line(err).startswith(
+        f"meshplan run: error: node 0: only 1 of 2 nodes joined the rendezvous at "
+        f"127.0.0.1:{port} within --timeout 10 s"
+    ), err
     assert elapsed < 10 + 45  # the rendezvous timeout plus start-up (imports, plan check) on a busy host
     assert processes_of(out) == []
 

@@ -6,6 +6,7 @@ parameter, so on CPU it equals in-memory training bit for bit; chunking an all-r
 change an element-wise sum, so bytescheduler equals DDP bit for bit; the delayed update follows
 x_{t+1} = x_t - lr g(x_{t-1}), x_1 = x_0 (ZeRO-Offload Sec 5).
 """
+
 from __future__ import annotations
 
 import copy
@@ -55,8 +56,11 @@ def test_host_and_nvme_optimizers_equal_in_memory_adamw_bit_for_bit(tmp_path):
     counter = ByteCounter()
     host = _train(lambda m: host_optimizer_class(torch.optim.AdamW, counter=counter)(m.parameters(), **ADAMW))
     folder = tmp_path / "offload" / "rank0"
-    nvme = _train(lambda m: host_optimizer_class(torch.optim.AdamW, counter=counter,
-                                                 store_factory=store_factory(folder, "adamw"))(m.parameters(), **ADAMW))
+    nvme = _train(
+        lambda m: host_optimizer_class(
+            torch.optim.AdamW, counter=counter, store_factory=store_factory(folder, "adamw")
+        )(m.parameters(), **ADAMW)
+    )
     assert _equal(host, ref) and _equal(nvme, ref)
     assert not folder.exists()  # the state files are removed at close()
 
@@ -64,8 +68,9 @@ def test_host_and_nvme_optimizers_equal_in_memory_adamw_bit_for_bit(tmp_path):
 def test_nvme_states_are_on_disk_between_steps(tmp_path):
     folder = tmp_path / "states"
     net = _net()
-    opt = host_optimizer_class(torch.optim.AdamW, counter=ByteCounter(),
-                               store_factory=store_factory(folder, "adamw"))(net.parameters(), **ADAMW)
+    opt = host_optimizer_class(torch.optim.AdamW, counter=ByteCounter(), store_factory=store_factory(folder, "adamw"))(
+        net.parameters(), **ADAMW
+    )
     net(torch.randn(4, 8)).sum().backward()
     opt.step()
     files = sorted(folder.glob("*.bin"))
@@ -79,6 +84,7 @@ def test_nvme_states_are_on_disk_between_steps(tmp_path):
 def test_a_full_disk_is_one_clear_error_and_leaves_no_files(tmp_path, monkeypatch):
     def full(fd, offset, length):
         raise OSError(errno.ENOSPC, "No space left on device")
+
     monkeypatch.setattr(os, "posix_fallocate", full)
     folder = tmp_path / "offload" / "rank0"
     with pytest.raises(MeshplanError, match="not enough disk space for offload=nvme"):
@@ -88,8 +94,10 @@ def test_a_full_disk_is_one_clear_error_and_leaves_no_files(tmp_path, monkeypatc
 
 def test_delayed_update_follows_the_one_step_stale_recurrence():
     lr, steps = 0.1, 5
-    got = _train(lambda m: host_optimizer_class(torch.optim.SGD, delayed=True, counter=ByteCounter())(
-        m.parameters(), lr=lr), steps=steps)
+    got = _train(
+        lambda m: host_optimizer_class(torch.optim.SGD, delayed=True, counter=ByteCounter())(m.parameters(), lr=lr),
+        steps=steps,
+    )
     net = copy.deepcopy(_net())
     x = torch.randn(32, 8, generator=torch.Generator().manual_seed(1))
 
@@ -99,6 +107,7 @@ def test_delayed_update_follows_the_one_step_stale_recurrence():
             p.grad = None
         net(x).pow(2).mean().backward()
         return [p.grad.clone() for p in net.parameters()]
+
     xs = [[p.detach().clone() for p in net.parameters()]]
     xs.append([v.clone() for v in xs[0]])  # x_1 = x_0: the first update lands one step late
     for t in range(1, steps):
@@ -115,7 +124,9 @@ def test_registry_marks_the_delayed_update_approximate():
 
 
 def _with(plan, axis, name, params=None, validate=True):
-    setattr(plan.dp_methods, axis, MethodChoice(name=name, params=dp_methods.method(axis, name).resolve(params or {}, axis)))
+    setattr(
+        plan.dp_methods, axis, MethodChoice(name=name, params=dp_methods.method(axis, name).resolve(params or {}, axis))
+    )
     if validate:
         plan.validate()
     return plan
@@ -137,21 +148,28 @@ CHUNKS = {"chunk_mb": 0.0625, "credit_mb": 0.125}
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     from meshplan.executor.launch import LaunchOptions, run_plans
-    plans = {"ddp": make_plan(dp=2), "cpu": _with(make_plan(dp=2), "offload", "cpu"),
-             "nvme": _with(make_plan(dp=2), "offload", "nvme"),
-             "zero1_nvme": _with(make_plan(dp=2, zero=1), "offload", "nvme"),
-             "zero3_nvme": _with(make_plan(dp_shard=2, zero=3), "offload", "nvme"),
-             "zero3": make_plan(dp_shard=2, zero=3),
-             "bytescheduler": _with(make_plan(dp=2), "comm_schedule", "bytescheduler", CHUNKS)}
+
+    plans = {
+        "ddp": make_plan(dp=2),
+        "cpu": _with(make_plan(dp=2), "offload", "cpu"),
+        "nvme": _with(make_plan(dp=2), "offload", "nvme"),
+        "zero1_nvme": _with(make_plan(dp=2, zero=1), "offload", "nvme"),
+        "zero3_nvme": _with(make_plan(dp_shard=2, zero=3), "offload", "nvme"),
+        "zero3": make_plan(dp_shard=2, zero=3),
+        "bytescheduler": _with(make_plan(dp=2), "comm_schedule", "bytescheduler", CHUNKS),
+    }
     out = tmp_path_factory.mktemp("offload_methods")
-    results = run_plans(list(plans.values()), LaunchOptions(steps=3, out_dir=str(out), quiet=True, timeout_s=240,
-                                                            optimizer="adamw"))
+    results = run_plans(
+        list(plans.values()), LaunchOptions(steps=3, out_dir=str(out), quiet=True, timeout_s=240, optimizer="adamw")
+    )
     return out, {name: (plan, r) for (name, plan), r in zip(plans.items(), results)}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, base", [("cpu", "ddp"), ("nvme", "ddp"), ("zero1_nvme", "ddp"),
-                                        ("bytescheduler", "ddp"), ("zero3_nvme", "zero3")])
+@pytest.mark.parametrize(
+    "name, base",
+    [("cpu", "ddp"), ("nvme", "ddp"), ("zero1_nvme", "ddp"), ("bytescheduler", "ddp"), ("zero3_nvme", "zero3")],
+)
 def test_offload_and_bytescheduler_train_exactly_as_the_baseline(runs, name, base):
     _, r = runs
     assert r[name][1].losses == r[base][1].losses
@@ -161,6 +179,7 @@ def test_offload_and_bytescheduler_train_exactly_as_the_baseline(runs, name, bas
 @pytest.mark.parametrize("name", ["cpu", "nvme", "zero3_nvme", "bytescheduler"])
 def test_counted_bytes_equal_the_planners_prediction(runs, name):
     from test_dp_methods_executor import predicted_bytes
+
     _, r = runs
     plan, result = r[name]
     assert predicted_bytes(plan) == result.comm_bytes_per_step
@@ -176,10 +195,12 @@ def test_nvme_files_are_removed_after_the_run(runs):
 
 # --- planner: offload exactly when nothing else fits ---------------------------------------------
 
+
 def _plan(model: str, num_gpus: int, batch: int, **methods):
     from meshplan.planner import PlanRequest, search
     from meshplan.presets import cluster_preset
     from meshplan.profiler import profile_model
+
     profile = profile_model(model, {}, device="meta")
     req = PlanRequest(num_gpus=num_gpus, global_batch=batch, precision="bf16", top_k=1, methods=methods)
     return search(profile, cluster_preset("a100-80g", num_gpus), req)

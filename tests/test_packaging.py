@@ -5,6 +5,7 @@ No download: the wheel is built without build isolation (this venv's setuptools)
 --no-deps, and the fresh venv sees this venv's site-packages (torch pinned by constraints.txt,
 rich) through a path file placed after its own, so the `meshplan` it imports is the wheel's.
 `pip check` then fails if a declared dependency is missing or at a conflicting version."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,9 @@ import pytest
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
-SKIP = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "reports",
-                              "runs", "tmp", ".pytest_cache")
+SKIP = shutil.ignore_patterns(
+    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "reports", "runs", "tmp", ".pytest_cache"
+)
 
 
 def _run(cmd: list, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -38,8 +40,9 @@ def wheel(tmp_path_factory) -> tuple[Path, str]:
     src = tmp_path_factory.mktemp("src") / "meshplan"
     shutil.copytree(REPO, src, ignore=SKIP)
     out = tmp_path_factory.mktemp("dist")
-    done = _run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "-w", out, "."],
-                cwd=src)
+    done = _run(
+        [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "-w", out, "."], cwd=src
+    )
     (whl,) = out.glob("meshplan-*.whl")
     return whl, done.stdout + done.stderr
 
@@ -52,9 +55,15 @@ def test_the_build_prints_no_setuptools_warning(wheel):
 
 def test_the_wheel_ships_every_package_and_the_data_tables(wheel):
     names = set(zipfile.ZipFile(wheel[0]).namelist())
-    for path in ("meshplan/cli.py", "meshplan/planner/search.py", "meshplan/models/zoo/__init__.py",
-                 "meshplan/profiler/api.py", "meshplan/executor/launch.py", "meshplan/data/hardware.csv",
-                 "meshplan/data/published-runs.csv"):
+    for path in (
+        "meshplan/cli.py",
+        "meshplan/planner/search.py",
+        "meshplan/models/zoo/__init__.py",
+        "meshplan/profiler/api.py",
+        "meshplan/executor/launch.py",
+        "meshplan/data/hardware.csv",
+        "meshplan/data/published-runs.csv",
+    ):
         assert path in names, path
     assert not any(n.startswith(("tests/", "benchmarks/", "reports/")) for n in names)
 
@@ -68,13 +77,40 @@ def test_the_wheel_installs_in_a_fresh_venv_and_plans(wheel, tmp_path):
     (own / "zz_meshplan_test_deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["OMP_NUM_THREADS"] = "1"
-    _run([sys.executable, "-m", "pip", "--python", py, "install", "-q", "--no-deps", "--no-index", "--ignore-installed",
-          wheel[0]],
-         tmp_path, env)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            py,
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            "--ignore-installed",
+            wheel[0],
+        ],
+        tmp_path,
+        env,
+    )
     _run([sys.executable, "-m", "pip", "--python", py, "check"], tmp_path, env)
     where = _run([py, "-c", "import meshplan; print(meshplan.__file__)"], tmp_path, env).stdout.strip()
     assert Path(where).is_relative_to(own), f"imported {where}, not the wheel in {own}"
-    out = _run([env_dir / "bin" / "meshplan", "plan", "--model", "gpt-tiny", "--num-gpus", "2", "--global-batch",
-                "4", "--json"], tmp_path, env).stdout
+    out = _run(
+        [
+            env_dir / "bin" / "meshplan",
+            "plan",
+            "--model",
+            "gpt-tiny",
+            "--num-gpus",
+            "2",
+            "--global-batch",
+            "4",
+            "--json",
+        ],
+        tmp_path,
+        env,
+    ).stdout
     plan = json.loads(out)
     assert plan["step_time_s"] > 0 and plan["peak_memory_bytes"] > 0

@@ -1,5 +1,6 @@
 """search() is exact under the cost model: it agrees with brute force over every plan (every
 stage boundary and every per-layer recompute choice) on small spaces, for several models."""
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,13 @@ CASES = [
     ("gpt 8 GPUs, tight memory", small_gpt(6), 8, 10.0, dict(global_batch=8, zero=0)),
     ("gpt 4 GPUs, interleaved + GPipe", small_gpt(6), 4, 10.0, dict(global_batch=8, tp=1, zero=1)),
     ("llama 16 GPUs", small_llama(4), 16, 10.0, dict(global_batch=32, sequence_parallel=True, zero=2)),
-    ("gpt 12 layers 8 GPUs, pinned selective", small_gpt(10), 8, 14.0,
-     dict(global_batch=16, recompute="selective", zero=1, sequence_parallel=False)),
+    (
+        "gpt 12 layers 8 GPUs, pinned selective",
+        small_gpt(10),
+        8,
+        14.0,
+        dict(global_batch=16, recompute="selective", zero=1, sequence_parallel=False),
+    ),
     ("cnn chain 4 GPUs", cnn_chain(), 4, 6.0, dict(global_batch=32, zero=3)),
     ("cnn chain 8 GPUs, any zero", cnn_chain(), 8, 4.0, dict(global_batch=16)),
 ]
@@ -45,8 +51,11 @@ def test_search_equals_brute_force(name, profile, n, mem_gib, pins):
 
 def test_recompute_choice_matters_in_gpt_case():
     """In the tight GPT case the optimum mixes recompute modes (so the solver was exercised)."""
-    plan = search(small_gpt(6), cluster(8, 30.0), PlanRequest(num_gpus=8, global_batch=32, zero=0, microbatch=4, tp=1,
-                                                               pp=2, schedule="1F1B"))
+    plan = search(
+        small_gpt(6),
+        cluster(8, 30.0),
+        PlanRequest(num_gpus=8, global_batch=32, zero=0, microbatch=4, tp=1, pp=2, schedule="1F1B"),
+    )
     assert set(plan.recompute.values()) - {"none"}, plan.recompute
 
 
@@ -104,15 +113,21 @@ def test_breakdown_sums_to_step_time_and_round_trips():
 
 
 def test_interleaved_stages_follow_loop_placement():
-    plan = search(small_gpt(6), cluster(4, 40.0), PlanRequest(num_gpus=4, global_batch=8, tp=1, pp=2, dp=2,
-                                                              schedule="Interleaved1F1B", virtual_stages=2))
+    plan = search(
+        small_gpt(6),
+        cluster(4, 40.0),
+        PlanRequest(num_gpus=4, global_batch=8, tp=1, pp=2, dp=2, schedule="Interleaved1F1B", virtual_stages=2),
+    )
     assert len(plan.stages) == 4 and plan.stages[0][0] == "embed" and plan.stages[-1][-1] == "head"
     assert plan.stage_ranks() == [0, 1, 0, 1]
 
 
 def test_uniform_stages_split_evenly():
-    plan = search(gpt_profile_24(), cluster(8, 40.0), PlanRequest(num_gpus=8, global_batch=32, pp=4, tp=2,
-                                                                  uniform_stages=True, schedule="1F1B"))
+    plan = search(
+        gpt_profile_24(),
+        cluster(8, 40.0),
+        PlanRequest(num_gpus=8, global_batch=32, pp=4, tp=2, uniform_stages=True, schedule="1F1B"),
+    )
     assert [sum(f.startswith("layers.") for f in s) for s in plan.stages] == [6, 6, 6, 6]
 
 
@@ -139,9 +154,25 @@ def test_plan_json_has_the_cli_keys():
     from meshplan.views import plan_view
 
     out = plan_view(search(small_gpt(6), cluster(8, 40.0), PlanRequest(num_gpus=8, global_batch=16, top_k=3)))
-    for key in ("step_time_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu",
-                "tokens_per_s_per_gpu", "peak_memory_bytes", "breakdown", "degrees", "microbatch", "schedule",
-                "stages", "recompute", "alternatives", "search_time_s", "num_evaluated", "num_rejected"):
+    for key in (
+        "step_time_s",
+        "model_tflops_per_gpu",
+        "hardware_tflops_per_gpu",
+        "mfu",
+        "hfu",
+        "tokens_per_s_per_gpu",
+        "peak_memory_bytes",
+        "breakdown",
+        "degrees",
+        "microbatch",
+        "schedule",
+        "stages",
+        "recompute",
+        "alternatives",
+        "search_time_s",
+        "num_evaluated",
+        "num_rejected",
+    ):
         assert key in out, key
     assert len(out["alternatives"]) == 2 and "alternatives" not in out["alternatives"][0]
     json.dumps(out)
@@ -151,8 +182,10 @@ def test_planner_never_imports_torch():
     import subprocess
     import sys
 
-    code = ("import sys, meshplan.planner, meshplan.validation.published, meshplan.validation.orderings; "
-            "assert 'torch' not in sys.modules, 'torch imported'")
+    code = (
+        "import sys, meshplan.planner, meshplan.validation.published, meshplan.validation.orderings; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -167,10 +200,12 @@ def test_chosen_plans_fit_memory(schedule):
 def test_lost_families_say_by_how_much():
     plan = search(small_gpt(6), cluster(8, 40.0), PlanRequest(num_gpus=8, global_batch=16, top_k=2))
     lost = [r for r in plan.search.rejected if r.reason.startswith("slower")]
+
     def family(p):
         r, s = p.data_parallel_replicate_degree, p.data_parallel_shard_degree
         dp = f"dp={r}x{s}" if r > 1 and s > 1 else f"dp={r * s}"
         return f"pp={p.pipeline_parallel_degree} {dp} cp=1 tp={p.tensor_parallel_degree}"
+
     chosen = {family(p) for p in [plan] + plan.search.alternatives}
     assert lost and all(r.family not in chosen and "%" in r.reason for r in lost)
     assert plan.search.num_rejected == sum(r.count for r in plan.search.rejected if not r.reason.startswith("slower"))

@@ -1,5 +1,6 @@
 """The GPU presets take their spec-sheet numbers from the shipped meshplan/data/hardware.csv (one
 source of truth): each preset equals its row, read here independently of meshplan.presets."""
+
 from __future__ import annotations
 
 import csv
@@ -11,8 +12,13 @@ import meshplan
 from meshplan.presets import cluster_preset
 
 CSV = Path(meshplan.__file__).parent / "data" / "hardware.csv"
-ROWS = {"a100-40g": "A100-SXM4-40GB", "a100-80g": "A100-SXM4-80GB", "h100-80g": "H100-SXM5-80GB",
-        "h200-141g": "H200-SXM-141GB", "b200-180g": "B200-SXM-180GB"}
+ROWS = {
+    "a100-40g": "A100-SXM4-40GB",
+    "a100-80g": "A100-SXM4-80GB",
+    "h100-80g": "H100-SXM5-80GB",
+    "h200-141g": "H200-SXM-141GB",
+    "b200-180g": "B200-SXM-180GB",
+}
 
 
 @pytest.mark.parametrize("preset, gpu", sorted(ROWS.items()))
@@ -26,4 +32,3 @@ def test_preset_is_its_hardware_csv_row(preset, gpu):
     assert spec.intra_node.bandwidth_gbps == float(row["nvlink_gb_s_per_gpu_unidir"])
     assert spec.inter_node.bandwidth_gbps == float(row["typical_internode_gb_s_per_gpu"])
     assert spec.source == f"meshplan/data/hardware.csv {gpu}"
-

@@ -1,5 +1,6 @@
 """Busy neighbours (profiler/concurrency.py): repeated profiles in one long-lived process, and
 failures that explain themselves (exit code and output of the worker, or the missing guard)."""
+
 from __future__ import annotations
 
 import os
@@ -57,28 +58,32 @@ BENCHMARK_LIKE = textwrap.dedent('''
             print("profiled", i, "concurrent", profile.concurrent, flush=True)
 ''')
 
-UNGUARDED = textwrap.dedent('''
+UNGUARDED = textwrap.dedent("""
     import os
 
     os.environ["OMP_NUM_THREADS"] = "1"
     from meshplan.profiler import profile_model
 
     profile_model("gpt-tiny", {"layers": 1}, device="cpu", concurrent=2, in_place=False)
-''')
+""")
 
 
 def _run_script(tmp_path, text: str, timeout_s: float) -> subprocess.CompletedProcess:
     script = tmp_path / "script.py"
     script.write_text(text)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
-                          timeout=timeout_s, cwd=tmp_path)
+    return subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=timeout_s, cwd=tmp_path
+    )
 
 
 def test_a_worker_that_fails_reports_its_exit_code_and_output():
     with BusyNeighbours(1, "gpt-tiny", {"bogus": 1}, "cpu") as busy:
-        with pytest.raises(RunError, match=r"meshplan-busy-0 died \(exit code 1\) while starting embed.*"
-                                           r"gpt has no 'bogus'"):
+        with pytest.raises(
+            RunError,
+            match=r"meshplan-busy-0 died \(exit code 1\) while starting embed.*"
+            r"gpt has no 'bogus'",
+        ):
             busy.run("embed", 1, EMBED_INPUT)
 
 
@@ -101,7 +106,9 @@ def test_repeated_profiles_survive_native_threads_and_gloo_garbage_in_the_parent
     threads = [int(line.split()[-1]) for line in lines if line.startswith("native threads")]
     assert len(threads) == 2 and min(threads) > 1, lines  # the parent really had native threads
     assert [line for line in lines if line.startswith("profiled")] == [
-        "profiled 0 concurrent 2", "profiled 1 concurrent 2"]
+        "profiled 0 concurrent 2",
+        "profiled 1 concurrent 2",
+    ]
 
 
 @pytest.mark.slow

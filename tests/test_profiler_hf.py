@@ -1,4 +1,5 @@
 """HF transformers models from configs built in code (skipped without the [hf] extra)."""
+
 import json
 
 import pytest
@@ -15,12 +16,18 @@ from meshplan.profiler import profile_model  # noqa: E402
 
 
 ARCHITECTURES = {  # built-in tiny config -> the transformers class it builds, layers found
-    "tiny-gpt2": ("GPT2LMHeadModel", 4), "tiny-llama": ("LlamaForCausalLM", 4),
-    "tiny-mistral": ("MistralForCausalLM", 4), "tiny-qwen2": ("Qwen2ForCausalLM", 4),
-    "tiny-qwen3": ("Qwen3ForCausalLM", 4), "tiny-mixtral": ("MixtralForCausalLM", 4),
-    "tiny-qwen2-moe": ("Qwen2MoeForCausalLM", 4), "tiny-gpt-neox": ("GPTNeoXForCausalLM", 4),
-    "tiny-opt": ("OPTForCausalLM", 4), "tiny-bert": ("BertForMaskedLM", 4),
-    "tiny-t5": ("T5ForConditionalGeneration", 1), "tiny-bart": ("BartForConditionalGeneration", 1),
+    "tiny-gpt2": ("GPT2LMHeadModel", 4),
+    "tiny-llama": ("LlamaForCausalLM", 4),
+    "tiny-mistral": ("MistralForCausalLM", 4),
+    "tiny-qwen2": ("Qwen2ForCausalLM", 4),
+    "tiny-qwen3": ("Qwen3ForCausalLM", 4),
+    "tiny-mixtral": ("MixtralForCausalLM", 4),
+    "tiny-qwen2-moe": ("Qwen2MoeForCausalLM", 4),
+    "tiny-gpt-neox": ("GPTNeoXForCausalLM", 4),
+    "tiny-opt": ("OPTForCausalLM", 4),
+    "tiny-bert": ("BertForMaskedLM", 4),
+    "tiny-t5": ("T5ForConditionalGeneration", 1),
+    "tiny-bart": ("BartForConditionalGeneration", 1),
 }
 
 
@@ -42,13 +49,24 @@ def test_layered_wrapper_computes_the_hf_forward(name):
 
 
 def test_local_config_json_and_directory_and_config_keys_pass_through(tmp_path):
-    values = {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "num_hidden_layers": 2,
-              "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64,
-              "vocab_size": 128, "max_position_embeddings": 64, "transformers_version": "5.0.0"}
+    values = {
+        "model_type": "mistral",
+        "architectures": ["MistralForCausalLM"],
+        "num_hidden_layers": 2,
+        "hidden_size": 32,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 64,
+        "vocab_size": 128,
+        "max_position_embeddings": 64,
+        "transformers_version": "5.0.0",
+    }
     (tmp_path / "config.json").write_text(json.dumps(values))
     by_dir = profile_model(f"hf:{tmp_path}", {"seq": 16, "rope_theta": 1234.0})
     by_file = profile_model(f"hf:{tmp_path / 'config.json'}", {"seq": 16})
-    assert by_dir.num_params == by_file.num_params == 2 * (3 * 32 * 32 + 3 * 32 * 64 + 64) + 2 * 128 * 32 + 32  # GQA: k, v are half of q
+    assert (
+        by_dir.num_params == by_file.num_params == 2 * (3 * 32 * 32 + 3 * 32 * 64 + 64) + 2 * 128 * 32 + 32
+    )  # GQA: k, v are half of q
     assert by_dir.model_config["rope_theta"] == 1234.0
     model = load_model(f"hf:{tmp_path}", by_dir.model_config)
     assert model.hf_config.rope_parameters["rope_theta"] == 1234.0 and model.seq_len == 16

@@ -1,5 +1,6 @@
 """TP and ZeRO-3 wrappers timed in place on real gloo ranks (profiler/insitu.py), and the cost
 model charging exactly those measurements for a plan that runs them."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -65,8 +66,9 @@ def test_every_layer_gets_in_place_overheads(measured):
 
 
 def test_tp_plan_is_charged_the_in_place_measurement(profile):
-    plan = estimate(profile, local_cpu(2), PlanRequest(num_gpus=2, global_batch=2, tp=2, dp=1, microbatch=1,
-                                                       precision="fp32"))
+    plan = estimate(
+        profile, local_cpu(2), PlanRequest(num_gpus=2, global_batch=2, tp=2, dp=1, microbatch=1, precision="fp32")
+    )
     expected = sum(lp.framework_overhead_s["tp@2:b1"] for lp in profile.layers) * 2  # 2 microbatches
     assert plan.prediction.breakdown["tp_comm"] == pytest.approx(expected, rel=1e-6)
 
@@ -97,8 +99,9 @@ def test_the_in_place_optimizer_step_sets_the_scale_of_the_one_rank_timings(prof
     scale = optimizer_scale(profile)
     call = max(lp.framework_overhead_s["optimizer_call"] for lp in profile.layers)
     assert scale == pytest.approx(whole / (sum(lp.optimizer_step_s for lp in profile.layers) + call))
-    bare = dataclasses.replace(profile, step_overhead_s={k: v for k, v in profile.step_overhead_s.items()
-                                                         if k != "optimizer@1"})
+    bare = dataclasses.replace(
+        profile, step_overhead_s={k: v for k, v in profile.step_overhead_s.items() if k != "optimizer@1"}
+    )
     assert Context.build(bare, local_cpu(2), PlanRequest(num_gpus=2, global_batch=4)).optimizer_scale == 1.0
     unscaled = estimate(bare, local_cpu(2), PlanRequest(dp=2, pp=1, **req)).prediction.breakdown["optimizer"]
     assert unscaled == pytest.approx(whole / scale, rel=1e-6)

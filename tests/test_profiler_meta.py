@@ -1,4 +1,5 @@
 """Profiles on fake tensors: FLOPs, activations, TP rules and the JSON shape of a ModelProfile."""
+
 import pytest
 
 from meshplan.model_profile import ModelProfile
@@ -105,12 +106,14 @@ def test_gpt3_175b_profiles_on_meta_in_bounded_time_and_memory():
     import subprocess
     import sys
 
-    code = ("import json, resource, time\n"
-            "t = time.perf_counter()\n"
-            "from meshplan.profiler import profile_model\n"
-            "p = profile_model('gpt3-175b')\n"
-            "print(json.dumps({'s': time.perf_counter() - t, 'params': p.num_params,\n"
-            "  'rss_kib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))\n")
+    code = (
+        "import json, resource, time\n"
+        "t = time.perf_counter()\n"
+        "from meshplan.profiler import profile_model\n"
+        "p = profile_model('gpt3-175b')\n"
+        "print(json.dumps({'s': time.perf_counter() - t, 'params': p.num_params,\n"
+        "  'rss_kib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     stats = json.loads(out.stdout.strip().splitlines()[-1])
     assert stats["params"] > 175e9

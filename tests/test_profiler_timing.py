@@ -1,4 +1,5 @@
 """Measured timing and memory on CPU: structure, reuse, the live-tensor tracker, peak vs predicted."""
+
 import pytest
 import torch
 
@@ -41,7 +42,8 @@ def test_every_layer_has_a_timing_per_microbatch(cpu_profile):
     assert all(t.reused_from == "" for t in cpu_profile.layer("layers.0").timings)
     assert all(t.reused_from == "layers.0" for t in cpu_profile.layer("layers.1").timings)
     assert cpu_profile.layer("layers.1").timings == [
-        type(t)(**{**t.__dict__, "reused_from": "layers.0"}) for t in cpu_profile.layer("layers.0").timings]
+        type(t)(**{**t.__dict__, "reused_from": "layers.0"}) for t in cpu_profile.layer("layers.0").timings
+    ]
     assert any("median of" in note for note in cpu_profile.notes)
 
 
@@ -83,11 +85,14 @@ def test_live_bytes_tracker_counts_allocations_and_frees():
     del b, view, c
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(device="tpu"), "--device"),
-    (dict(device="cpu", microbatch_sizes=[0]), "--microbatch"),
-    (dict(device="cpu", concurrent=0), "--concurrent"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(device="tpu"), "--device"),
+        (dict(device="cpu", microbatch_sizes=[0]), "--microbatch"),
+        (dict(device="cpu", concurrent=0), "--concurrent"),
+    ],
+)
 def test_bad_timing_arguments_are_one_line_errors(kwargs, match):
     with pytest.raises(MeshplanError, match=match) as err:
         profile_model("gpt-tiny", **kwargs)

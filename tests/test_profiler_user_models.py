@@ -1,4 +1,5 @@
 """User models (file.py:factory, module:factory) and HF configs, end to end, with their errors."""
+
 import json
 from pathlib import Path
 
@@ -72,15 +73,18 @@ def test_user_model_timing_on_cpu():
     assert all(l.timings[0].forward_s > 0 for l in p.layers)
 
 
-@pytest.mark.parametrize("model,words", [
-    ("nope.py:build", ["nope.py", "not found"]),
-    ("mlp.py:missing", ["'missing'", "mlp.py", "functions there: build"]),
-    ("broken.py:not_a_function", ["'not_a_function'"]),
-    ("broken.py:wrong_type", ["returned Linear", "(torch.nn.Module, example_batch)"]),
-    ("broken.py:raises", ["RuntimeError: weights file missing"]),
-    ("broken.py:data_dependent", ["layers.0", "DataDependent", "nonzero"]),
-    ("import_error.py:build", ["package_that_is_not_installed", "install"]),
-])
+@pytest.mark.parametrize(
+    "model,words",
+    [
+        ("nope.py:build", ["nope.py", "not found"]),
+        ("mlp.py:missing", ["'missing'", "mlp.py", "functions there: build"]),
+        ("broken.py:not_a_function", ["'not_a_function'"]),
+        ("broken.py:wrong_type", ["returned Linear", "(torch.nn.Module, example_batch)"]),
+        ("broken.py:raises", ["RuntimeError: weights file missing"]),
+        ("broken.py:data_dependent", ["layers.0", "DataDependent", "nonzero"]),
+        ("import_error.py:build", ["package_that_is_not_installed", "install"]),
+    ],
+)
 def test_bad_user_models_give_one_clear_line(model, words):
     with pytest.raises(MeshplanError) as err:
         profile_model(spec(model))
@@ -118,9 +122,16 @@ def test_unknown_hf_name_lists_the_built_in_configs():
         load_model("hf:some-org/some-model")
 
 
-@pytest.mark.parametrize("model,overrides", [("vit-tiny", None), ("moe-tiny", {"experts": 2}),
-                                             ("resnet-tiny", None), (spec("tokens.py:build"), {"layers": 3}),
-                                             (spec("mlp.py:build"), {"depth": 2})])
+@pytest.mark.parametrize(
+    "model,overrides",
+    [
+        ("vit-tiny", None),
+        ("moe-tiny", {"experts": 2}),
+        ("resnet-tiny", None),
+        (spec("tokens.py:build"), {"layers": 3}),
+        (spec("mlp.py:build"), {"depth": 2}),
+    ],
+)
 def test_model_config_rebuilds_the_same_model(model, overrides):
     """The executor rebuilds a plan's model with load_model(model_name, model_config)."""
     p = profile_model(model, overrides)

@@ -1,4 +1,5 @@
 """The recompute solvers against exhaustive enumeration and against an ILP (pulp/CBC)."""
+
 from __future__ import annotations
 
 import itertools
@@ -25,8 +26,11 @@ def _ilp(layer_options, base, flight, cap):
     """sac_ilp-style: x[i][m] = 1 when layer i uses mode m."""
     prob = pulp.LpProblem("recompute", pulp.LpMinimize)
     # [Decision] one binary per layer and mode
-    x = {(i, j): pulp.LpVariable(f"x_{i}_{j}", cat="Binary")
-         for i, opts in enumerate(layer_options) for j in range(len(opts))}
+    x = {
+        (i, j): pulp.LpVariable(f"x_{i}_{j}", cat="Binary")
+        for i, opts in enumerate(layer_options)
+        for j in range(len(opts))
+    }
     # [Objective] per-microbatch time of the stage
     prob += pulp.lpSum(layer_options[i][j][1] * v for (i, j), v in x.items())
     # [Constraint] one mode per layer

@@ -1,5 +1,6 @@
 """Selective recompute never repeats a tensor-parallel collective (the cost model charges it none):
 the gloo collectives of one forward+backward of a TP block are counted on 2 real ranks."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """write_report: the Markdown and the self-contained HTML say the same thing, deterministically."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -144,7 +145,9 @@ def test_long_rejected_lists_are_capped_with_a_total(tmp_path):
     write_report(plan, tmp_path)
     md = (tmp_path / "report.md").read_text()
     assert "| tp=29 |" in md and "| tp=30 |" not in md
-    assert f"| 10 more families | smaller families, same kinds of reasons (see plan.json) | {sum(range(61, 71))} |" in md
+    assert (
+        f"| 10 more families | smaller families, same kinds of reasons (see plan.json) | {sum(range(61, 71))} |" in md
+    )
 
 
 def test_images_report_samples_not_tokens(tmp_path):
@@ -161,6 +164,9 @@ def test_rejected_sorted_and_escaped_in_html(tmp_path):
     md, page = (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
     assert "<td>tp=3 &lt;odd&gt;</td>" in page
     assert "heads 16 \\| not divisible" in md
-    rows = [line for line in md.splitlines() if line.startswith("| tp=") or line.startswith("| pp=")
-            or line.startswith("| microbatch=")]
+    rows = [
+        line
+        for line in md.splitlines()
+        if line.startswith("| tp=") or line.startswith("| pp=") or line.startswith("| microbatch=")
+    ]
     assert rows[0].startswith("| tp=3 <odd>")  # most candidates first

@@ -4,6 +4,7 @@ Chromium (Debian package `chromium`) is installed by the bootstrap (`make instal
 make target and by CI) when missing and it runs as root with apt-get; never from inside a test.
 Without it the tests skip with one line, except in CI (CI=true), where they fail.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,9 +20,19 @@ import pytest
 from meshplan.report import write_report
 from report_fixtures import gpt_plan, run_for, searched_plan
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--enable-logging=stderr", "--v=0", "--hide-scrollbars"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--enable-logging=stderr",
+    "--v=0",
+    "--hide-scrollbars",
+]
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +41,10 @@ def chromium() -> str:
     and fails in CI (CI=true), where the bootstrap must have installed it."""
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if not found:
-        why = ("headless Chromium not installed (`make install` adds it as root with apt-get; "
-               "or `apt-get install chromium`)")
+        why = (
+            "headless Chromium not installed (`make install` adds it as root with apt-get; "
+            "or `apt-get install chromium`)"
+        )
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(why + "; CI must run the browser test")
         pytest.skip(why)
@@ -40,8 +53,14 @@ def chromium() -> str:
 
 def render(chromium: str, page: Path, out_png: Path, profile: Path, size: str = "1280,2000") -> list[str]:
     """Screenshot `page`; return the console lines Chromium logged while loading it."""
-    cmd = [chromium, *FLAGS, f"--user-data-dir={profile}", f"--screenshot={out_png}", f"--window-size={size}",
-           page.resolve().as_uri()]
+    cmd = [
+        chromium,
+        *FLAGS,
+        f"--user-data-dir={profile}",
+        f"--screenshot={out_png}",
+        f"--window-size={size}",
+        page.resolve().as_uri(),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert out_png.exists(), f"chromium wrote no screenshot (rc {done.returncode}): {done.stderr[-500:]}"
     return [line for line in done.stderr.splitlines() if "CONSOLE" in line]
@@ -53,8 +72,8 @@ def read_png_rgb(path: Path) -> np.ndarray:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     pos, idat, header = 8, b"", None
     while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos:pos + 4])
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
         if kind == b"IHDR":
             header = struct.unpack(">IIBBBBB", body)
         elif kind == b"IDAT":
@@ -77,8 +96,11 @@ def _unfilter(raw: np.ndarray, width: int, bpp: int) -> np.ndarray:
             for x in range(bpp, stride):
                 cur[x] = (cur[x] + cur[x - bpp]) & 255
         elif kind == 2:
-            cur = bytearray(((np.frombuffer(cur, np.uint8).astype(np.int32) + np.frombuffer(prev, np.uint8))
-                             & 255).astype(np.uint8).tobytes())
+            cur = bytearray(
+                ((np.frombuffer(cur, np.uint8).astype(np.int32) + np.frombuffer(prev, np.uint8)) & 255)
+                .astype(np.uint8)
+                .tobytes()
+            )
         elif kind == 3:
             for x in range(stride):
                 cur[x] = (cur[x] + ((cur[x - bpp] if x >= bpp else 0) + prev[x]) // 2) & 255
@@ -119,8 +141,9 @@ def test_console_error_detection_works(chromium, tmp_path):
 
 def test_svg_plot_files_render(chromium, tmp_path):
     # a large interleaved schedule: the timeline is drawn at screen resolution
-    plan = gpt_plan(pp=16, dp_replicate=1, tp=1, num_microbatches=192, micro=1, blocks=96,
-                    schedule="Interleaved1F1B", virtual=2)
+    plan = gpt_plan(
+        pp=16, dp_replicate=1, tp=1, num_microbatches=192, micro=1, blocks=96, schedule="Interleaved1F1B", virtual=2
+    )
     paths = write_report(plan, tmp_path / "r")
     timeline = next(p for p in paths if p.name == "timeline.svg")
     shot = tmp_path / "timeline.png"

@@ -1,6 +1,7 @@
 """The report's "Data-parallel methods" section, on plans the planner built with approximate
 compression allowed: every priced option with its numbers, the chosen one marked, the convergence
 caveat on approximate methods only, and measured vs predicted bytes per step."""
+
 from __future__ import annotations
 
 import html
@@ -40,8 +41,9 @@ def visible(body: str) -> str:
 
 def md_rows(md: str) -> list[list[str]]:
     """Cells of the options table's body rows (bold markers stripped)."""
-    rows = [[c.strip().strip("*") for c in line.strip("|").split("|")] for line in md.splitlines()
-            if line.startswith("| ")]
+    rows = [
+        [c.strip().strip("*") for c in line.strip("|").split("|")] for line in md.splitlines() if line.startswith("| ")
+    ]
     return [row for row in rows if len(row) > 3 and row[3] in ("exact", "approximate")]
 
 
@@ -61,8 +63,16 @@ def test_every_option_is_listed_with_its_numbers(allowed, tmp_path):
     for option, row in zip(allowed.prediction.dp_method_options, rows):
         method = method_text(option.name, option.params)
         by_axis = ", ".join(f"{a} {fmt.nbytes(b)}" for a, b in option.comm_bytes_per_step.items())
-        expected = [option.axis, method, "exact" if option.exact else "approximate", fmt.seconds(option.step_time_s),
-                    f"{option.step_time_s / chosen_s:.2f}x", by_axis, fmt.gib(option.peak_memory_bytes), "fits"]
+        expected = [
+            option.axis,
+            method,
+            "exact" if option.exact else "approximate",
+            fmt.seconds(option.step_time_s),
+            f"{option.step_time_s / chosen_s:.2f}x",
+            by_axis,
+            fmt.gib(option.peak_memory_bytes),
+            "fits",
+        ]
         assert row[1:] == expected
         for cell in expected:
             assert cell in page
@@ -153,5 +163,10 @@ def test_hand_built_plan_lists_its_non_default_methods(tmp_path):
 
 
 def test_nbytes_units():
-    assert [fmt.nbytes(v) for v in (0, 512, 3584, 13214208, 1.5 * 1024**3)] == \
-        ["0 B", "512 B", "3.50 KiB", "12.6 MiB", "1.50 GiB"]
+    assert [fmt.nbytes(v) for v in (0, 512, 3584, 13214208, 1.5 * 1024**3)] == [
+        "0 B",
+        "512 B",
+        "3.50 KiB",
+        "12.6 MiB",
+        "1.50 GiB",
+    ]

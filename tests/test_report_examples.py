@@ -1,4 +1,5 @@
 """reports/ stays fresh: the checked-in example reports equal what the current code generates."""
+
 from __future__ import annotations
 
 import json
@@ -50,9 +51,16 @@ def test_fresh_reports_are_not_stale(fake_planner, tmp_path):
     _write_all(tmp_path)
     folder = tmp_path / examples.EXAMPLES[0].name
     names = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
-    assert {"plan.json", "report.md", "report.html", "plots/timeline.svg",
-            "exports/torchtitan/meshplan.toml", "exports/megatron/megatron_args.sh",
-            "exports/deepspeed/ds_config.json", "exports/accelerate/accelerate_config.yaml"} <= names
+    assert {
+        "plan.json",
+        "report.md",
+        "report.html",
+        "plots/timeline.svg",
+        "exports/torchtitan/meshplan.toml",
+        "exports/megatron/megatron_args.sh",
+        "exports/deepspeed/ds_config.json",
+        "exports/accelerate/accelerate_config.yaml",
+    } <= names
     assert examples.stale_reports(tmp_path) == []
 
 

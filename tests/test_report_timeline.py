@@ -1,4 +1,5 @@
 """The pipeline timeline replay: schedule orders, dependencies, bubbles (Narayanan et al. 2021)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,15 +12,29 @@ from report_fixtures import gpt_plan
 
 
 def replay(schedule: str, pp: int, m: int, v: int = 1, hop_s: float = 0.0) -> Timeline:
-    tl = Timeline(num_ranks=pp, num_microbatches=m, virtual_stages=v, schedule=schedule,
-                  forward_s=[1.0 / v] * pp, backward_s=[2.0 / v] * pp, hop_s=hop_s)
+    tl = Timeline(
+        num_ranks=pp,
+        num_microbatches=m,
+        virtual_stages=v,
+        schedule=schedule,
+        forward_s=[1.0 / v] * pp,
+        backward_s=[2.0 / v] * pp,
+        hop_s=hop_s,
+    )
     _replay(tl, [rank_order(schedule, r, pp, m, v) for r in range(pp)])
     return tl
 
 
-CASES = [("GPipe", 4, 8, 1), ("1F1B", 4, 8, 1), ("1F1B", 8, 16, 1), ("Interleaved1F1B", 4, 8, 2),
-         ("Interleaved1F1B", 4, 12, 3), ("Interleaved1F1B", 4, 6, 2), ("LoopedBFS", 4, 8, 2),
-         ("Interleaved1F1B", 2, 5, 2)]
+CASES = [
+    ("GPipe", 4, 8, 1),
+    ("1F1B", 4, 8, 1),
+    ("1F1B", 8, 16, 1),
+    ("Interleaved1F1B", 4, 8, 2),
+    ("Interleaved1F1B", 4, 12, 3),
+    ("Interleaved1F1B", 4, 6, 2),
+    ("LoopedBFS", 4, 8, 2),
+    ("Interleaved1F1B", 2, 5, 2),
+]
 
 
 @pytest.mark.parametrize("schedule,pp,m,v", CASES)
@@ -52,8 +67,11 @@ def test_every_action_once_no_overlap_dependencies_hold(schedule, pp, m, v):
 
 def in_flight_max(tl: Timeline, rank: int) -> int:
     """Most microbatches whose forward finished but backward has not started, on one rank."""
-    events = sorted(((b.end_s if b.kind == "F" else b.start_s), b.kind != "F")  # F ends first on ties
-                    for b in tl.blocks if b.rank == rank and b.kind in ("F", "B"))
+    events = sorted(
+        ((b.end_s if b.kind == "F" else b.start_s), b.kind != "F")  # F ends first on ties
+        for b in tl.blocks
+        if b.rank == rank and b.kind in ("F", "B")
+    )
     live = peak = 0
     for _, is_bwd in events:
         is_fwd = not is_bwd
@@ -99,8 +117,9 @@ def test_no_pipeline_is_a_sequence_of_microbatches():
 
 
 def test_large_schedules_are_drawn_at_screen_resolution_and_stay_small():
-    plan = gpt_plan(pp=16, dp_replicate=1, tp=1, num_microbatches=192, micro=1, blocks=96,
-                    schedule="Interleaved1F1B", virtual=2)
+    plan = gpt_plan(
+        pp=16, dp_replicate=1, tp=1, num_microbatches=192, micro=1, blocks=96, schedule="Interleaved1F1B", virtual=2
+    )
     tl = simulate(plan)
     assert len(tl.blocks) > MAX_EXACT_BLOCKS
     svg = timeline_svg(tl)

@@ -3,6 +3,7 @@ every rank, ranks that die or stop named correctly, and no process of a run left
 
 Every test here launches gpt-tiny on 2 gloo ranks for a few seconds; the launcher runs as
 `python -m meshplan run` in its own session so the test can signal it like a shell would."""
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,14 @@ def start_cli_run(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
     plan_path, out = tmp_path / "plan.json", tmp_path / "run"
     save(make_plan(dp=2), plan_path)
     cmd = [sys.executable, "-m", "meshplan", "run", str(plan_path), "--out-dir", str(out), "--quiet", *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env=dict(os.environ, PYTHONPATH=str(Path(__file__).parent)))
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=dict(os.environ, PYTHONPATH=str(Path(__file__).parent)),
+    )
     return proc, out
 
 
@@ -82,8 +89,18 @@ def test_second_run_into_the_same_dir_is_refused_and_cleanup_spares_other_runs(t
     """Run B into run A's --out-dir refuses at once naming A's pid; A completes with its own
     results (run id in run.json and every rank's result file); A's cleanup leaves a process
     that looks like another run's rank alone."""
-    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "meshplan.executor.worker",
-                              "--run-id", "someone-else", "--out-dir", str(tmp_path / "run")])
+    decoy = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; time.sleep(300)",
+            "meshplan.executor.worker",
+            "--run-id",
+            "someone-else",
+            "--out-dir",
+            str(tmp_path / "run"),
+        ]
+    )
     try:
         proc, out = start_cli_run(tmp_path, "--steps", "40", "--checkpoint-every", "20", "--timeout", "120")
         holder = wait_for(lambda: lock_holder(out).get("pid"), 60, "run A's lock")
@@ -121,8 +138,10 @@ def test_signal_stops_every_rank_and_keeps_the_last_checkpoint(tmp_path, sig):
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in stdout + stderr, stdout + stderr
     kept = latest_step(out)
-    assert lines[0].startswith(f"meshplan run: interrupted by {signal.Signals(sig).name}: all 2 ranks stopped; "
-                               f"the last complete checkpoint is step {kept}"), lines[0]
+    assert lines[0].startswith(
+        f"meshplan run: interrupted by {signal.Signals(sig).name}: all 2 ranks stopped; "
+        f"the last complete checkpoint is step {kept}"
+    ), lines[0]
     assert kept >= 5 and kept % 5 == 0
     assert processes_of(out) == []
     if sig == signal.SIGTERM:
@@ -136,8 +155,11 @@ def test_signal_stops_every_rank_and_keeps_the_last_checkpoint(tmp_path, sig):
 def test_killed_launcher_takes_every_rank_with_it(tmp_path):
     """SIGKILL cannot be handled: torchrun and the ranks go with their parent anyway."""
     proc, out = start_cli_run(tmp_path, "--steps", "100000", "--timeout", "120")
-    wait_for(lambda: len(list((out / "ranks").glob("*.status.json"))) == 2 if (out / "ranks").exists() else False,
-             120, "both ranks running")
+    wait_for(
+        lambda: len(list((out / "ranks").glob("*.status.json"))) == 2 if (out / "ranks").exists() else False,
+        120,
+        "both ranks running",
+    )
     proc.kill()
     proc.wait()
     wait_for(lambda: processes_of(out) == [], 30, "no process of the run")
@@ -156,15 +178,19 @@ def _signal_rank_when_running(out: Path, rank: int, sig: int, min_step: int) -> 
                 os.kill(status["pid"], sig)
                 return
             time.sleep(0.1)
+
     thread = threading.Thread(target=act, daemon=True)
     thread.start()
     return thread
 
 
-@pytest.mark.parametrize("sig, match", [
-    (signal.SIGSTOP, r"^rank 1 is stopped \(SIGSTOP/SIGTSTP, pid \d+\) at step \d+"),
-    (signal.SIGKILL, r"^rank 1 died \(exit code -9\) after reporting step \d+"),
-])
+@pytest.mark.parametrize(
+    "sig, match",
+    [
+        (signal.SIGSTOP, r"^rank 1 is stopped \(SIGSTOP/SIGTSTP, pid \d+\) at step \d+"),
+        (signal.SIGKILL, r"^rank 1 died \(exit code -9\) after reporting step \d+"),
+    ],
+)
 def test_stopped_or_killed_rank_is_named(tmp_path, sig, match):
     out = tmp_path / "run"
     watcher = _signal_rank_when_running(out, 1, sig, min_step=3)
@@ -197,8 +223,9 @@ def test_damaged_checkpoint_falls_back_and_a_fresh_run_keeps_it(tmp_path, capfd)
     assert step == 2 and "checkpoints/latest is damaged" in warning and "falling back to step 2" in warning
     (out / "checkpoints" / "latest").write_text("4\n")
     capfd.readouterr()
-    resumed = run_plan(plan, steps=5, out_dir=str(out), checkpoint_every=2, resume=True, quiet=True,
-                       timeout_s=120, **SGD)
+    resumed = run_plan(
+        plan, steps=5, out_dir=str(out), checkpoint_every=2, resume=True, quiet=True, timeout_s=120, **SGD
+    )
     err = [line for line in capfd.readouterr().err.splitlines() if "meshplan run: warning" in line]
     assert len(err) == 1 and f"{shard.name} is" in err[0] and "falling back to step 2" in err[0], err
     assert resumed.resumed_from_step == 2 and len(resumed.losses) == 3

@@ -1,5 +1,6 @@
 """Runtimes (meshplan/runtimes.py): `--runtime` and each behaviour's own flag, through the CLI's
 own parser and request builder; `meshplan validate` predicts every published row the same way."""
+
 from __future__ import annotations
 
 import csv
@@ -17,10 +18,35 @@ from meshplan.planner import estimate, search
 from meshplan.validation.published import row_argv, validate_row, with_source_degrees, with_source_software
 
 CSV = Path(meshplan.__file__).parent / "data" / "published-runs.csv"
-GPT22 = ["--model", "analytic:gpt", "--set", "layers=48", "hidden=6144", "heads=64", "--cluster", "a100-80g",
-         "--num-gpus", "8", "--global-batch", "4"]
-PINS = ["--tp", "8", "--pp", "1", "--dp", "1", "--microbatch", "4", "--schedule", "1f1b", "--recompute", "none",
-        "--no-sequence-parallel"]
+GPT22 = [
+    "--model",
+    "analytic:gpt",
+    "--set",
+    "layers=48",
+    "hidden=6144",
+    "heads=64",
+    "--cluster",
+    "a100-80g",
+    "--num-gpus",
+    "8",
+    "--global-batch",
+    "4",
+]
+PINS = [
+    "--tp",
+    "8",
+    "--pp",
+    "1",
+    "--dp",
+    "1",
+    "--microbatch",
+    "4",
+    "--schedule",
+    "1f1b",
+    "--recompute",
+    "none",
+    "--no-sequence-parallel",
+]
 
 
 def _inputs(argv: list[str]):
@@ -54,14 +80,37 @@ def test_every_runtime_plans_and_the_plan_carries_it(tmp_path, capsys):
 
 
 def test_a_behaviour_flag_overrides_the_runtime():
-    _, _, req = _inputs(["plan", *GPT22, "--runtime", "megatron-core", "--no-overlap-dp-comm",
-                         "--state-layout", "torch", "--attention", "materialized"])
+    _, _, req = _inputs(
+        [
+            "plan",
+            *GPT22,
+            "--runtime",
+            "megatron-core",
+            "--no-overlap-dp-comm",
+            "--state-layout",
+            "torch",
+            "--attention",
+            "materialized",
+        ]
+    )
     assert (req.overlap_dp_comm, req.state_layout, req.attention) == (False, "torch", "materialized")
     assert req.overlap_tp_comm is True and req.uniform_stages is True  # the rest stays megatron-core's
 
 
-DP = ["--model", "analytic:gpt", "--set", "layers=8", "hidden=2048", "heads=16", "--cluster", "a100-80g",
-      "--num-gpus", "16", "--global-batch", "64"]
+DP = [
+    "--model",
+    "analytic:gpt",
+    "--set",
+    "layers=8",
+    "hidden=2048",
+    "heads=16",
+    "--cluster",
+    "a100-80g",
+    "--num-gpus",
+    "16",
+    "--global-batch",
+    "64",
+]
 DP_PINS = ["--tp", "1", "--pp", "1", "--dp", "16", "--microbatch", "4", "--schedule", "1f1b", "--recompute", "none"]
 
 
@@ -99,8 +148,21 @@ def test_attention_retargets_a_captured_profile():
 
 
 def test_uniform_stages_never_beat_searched_boundaries():
-    base = ["--model", "analytic:gpt", "--set", "layers=10", "hidden=2048", "heads=16", "vocab=131072",
-            "--cluster", "a100-80g", "--num-gpus", "4", "--global-batch", "16"]
+    base = [
+        "--model",
+        "analytic:gpt",
+        "--set",
+        "layers=10",
+        "hidden=2048",
+        "heads=16",
+        "vocab=131072",
+        "--cluster",
+        "a100-80g",
+        "--num-gpus",
+        "4",
+        "--global-batch",
+        "16",
+    ]
     pins = ["--tp", "1", "--pp", "2", "--dp", "2", "--microbatch", "1", "--schedule", "1f1b", "--recompute", "full"]
     even = _estimate("--uniform-stages", base=base, pins=pins).prediction
     searched = _estimate("--no-uniform-stages", base=base, pins=pins).prediction
@@ -114,8 +176,22 @@ def test_runtime_zero_stages_bound_the_search():
 
 
 def test_meshplan_gathers_fp32_torchtitan_bf16():
-    pins = ["--tp", "1", "--pp", "1", "--dp", "16", "--microbatch", "4", "--schedule", "1f1b", "--recompute", "none",
-            "--zero", "3"]
+    pins = [
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--dp",
+        "16",
+        "--microbatch",
+        "4",
+        "--schedule",
+        "1f1b",
+        "--recompute",
+        "none",
+        "--zero",
+        "3",
+    ]
     ours = _estimate("--runtime", "meshplan", base=DP, pins=pins).prediction.comm_bytes_per_step["dp_shard"]
     titan = _estimate("--runtime", "torchtitan", base=DP, pins=pins).prediction.comm_bytes_per_step["dp_shard"]
     assert ours == 2 * titan
@@ -142,12 +218,29 @@ def test_table4_layer_times_through_the_cli():
 
     profile, cluster, req = _inputs(["plan", *GPT22, "--runtime", "megatron-lm"])
     assert [lp.activation_bytes for lp in profile.layers] == [
-        lp.activation_bytes for lp in gpt_profile(layers=48, hidden=6144, heads=64).layers]
+        lp.activation_bytes for lp in gpt_profile(layers=48, hidden=6144, heads=64).layers
+    ]
     ctx = Context.build(profile, cluster, req)
-    for sp, mode, ms in ((False, "none", 19.6), (True, "none", 19.0), (False, "full", 27.2),
-                         (False, "selective", 20.9), (True, "selective", 20.3)):
-        cand = Candidate(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=8, microbatch=4, num_microbatches=1,
-                         schedule="1F1B", virtual_stages=1, zero=0, sequence_parallel=sp)
+    for sp, mode, ms in (
+        (False, "none", 19.6),
+        (True, "none", 19.0),
+        (False, "full", 27.2),
+        (False, "selective", 20.9),
+        (True, "selective", 20.3),
+    ):
+        cand = Candidate(
+            pp=1,
+            dp_replicate=1,
+            dp_shard=1,
+            cp=1,
+            tp=8,
+            microbatch=4,
+            num_microbatches=1,
+            schedule="1F1B",
+            virtual_stages=1,
+            zero=0,
+            sequence_parallel=sp,
+        )
         got = layer_cost(ctx, profile.layers[1], cand).modes[mode].time_s * 1e3
         assert got == pytest.approx(ms, rel=0.05)
 
@@ -155,10 +248,37 @@ def test_table4_layer_times_through_the_cli():
 def test_export_megatron_carries_megatron_core_flags_and_warns_for_other_runtimes(tmp_path):
     from meshplan.report import export_plan
 
-    big = ["--model", "analytic:gpt", "--set", "layers=8", "hidden=4096", "heads=32", "--cluster", "h100-80g",
-           "--num-gpus", "32", "--global-batch", "64"]
-    pins = ["--tp", "4", "--pp", "1", "--dp", "8", "--microbatch", "2", "--schedule", "1f1b", "--recompute", "none",
-            "--zero", "1", "--sequence-parallel"]
+    big = [
+        "--model",
+        "analytic:gpt",
+        "--set",
+        "layers=8",
+        "hidden=4096",
+        "heads=32",
+        "--cluster",
+        "h100-80g",
+        "--num-gpus",
+        "32",
+        "--global-batch",
+        "64",
+    ]
+    pins = [
+        "--tp",
+        "4",
+        "--pp",
+        "1",
+        "--dp",
+        "8",
+        "--microbatch",
+        "2",
+        "--schedule",
+        "1f1b",
+        "--recompute",
+        "none",
+        "--zero",
+        "1",
+        "--sequence-parallel",
+    ]
     core = export_plan(_estimate("--runtime", "megatron-core", base=big, pins=pins), "megatron")["megatron_args.sh"]
     for flag in ("--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--use-distributed-optimizer"):
         assert flag in core
@@ -190,8 +310,7 @@ def test_validate_rows_reproduce_through_the_command_line(model, capsys):
     assert main([*shlex.split(line)[1:], "--json", "--quiet"]) == 0
     view = json.loads(capsys.readouterr().out)
     assert view["runtime"] == expected["runtime"]
-    assert view["tokens_per_s_per_gpu"] == pytest.approx(expected["predicted_tokens_per_s_per_gpu"],
-                                                         rel=1e-12)
+    assert view["tokens_per_s_per_gpu"] == pytest.approx(expected["predicted_tokens_per_s_per_gpu"], rel=1e-12)
 
 
 def test_row_runtime_comes_from_the_source():
@@ -207,16 +326,41 @@ def test_runtime_table_is_in_the_readme():
 
 
 def test_a_tp_pin_wider_than_a_node_is_planned_with_a_warning(capsys):
-    argv = ["plan", "--model", "analytic:gpt", "--set", "layers=4", "hidden=4096", "heads=32", "--cluster",
-            "a100-80g", "--num-gpus", "16", "--global-batch", "4", "--tp", "16"]
+    argv = [
+        "plan",
+        "--model",
+        "analytic:gpt",
+        "--set",
+        "layers=4",
+        "hidden=4096",
+        "heads=32",
+        "--cluster",
+        "a100-80g",
+        "--num-gpus",
+        "16",
+        "--global-batch",
+        "4",
+        "--tp",
+        "16",
+    ]
     assert main([*argv, "--json"]) == 0
     out = capsys.readouterr()
     assert json.loads(out.out)["tensor_parallel_degree"] == 16
     assert "planned as cross-node tensor parallelism" in out.err
 
 
-LLAMA31_8B = ["--model", "analytic:llama", "--set", "layers=32", "hidden=4096", "heads=32", "kv_heads=8",
-              "ffn_hidden=14336", "vocab=128256", "seq=8192"]
+LLAMA31_8B = [
+    "--model",
+    "analytic:llama",
+    "--set",
+    "layers=32",
+    "hidden=4096",
+    "heads=32",
+    "kv_heads=8",
+    "ffn_hidden=14336",
+    "vocab=128256",
+    "seq=8192",
+]
 MEASURED_PEAK_GIB = 82.4
 """torchtitan's Llama 3.1 8B on 8 H100 (96 GB HBM2e, Grand Teton): FSDP, local batch 2, seq 8192,
 selective (op) AC, peak memory 82.4 GiB as torchtitan logs it (the caching allocator's max reserved)."""
@@ -244,9 +388,32 @@ def test_torchtitan_selective_ac_llama31_8b_fits_at_its_measured_peak(tmp_path, 
     allocated tensors only; what it leaves out (allocator fragmentation, CUDA context, NCCL
     buffers) is the ~11% of the card meshplan/presets.py keeps free, so the prediction must lie
     within 0.11 x 96 GB (9.8 GiB) of the measured reserved peak."""
-    argv = ["estimate", "--runtime", "torchtitan", *LLAMA31_8B, "--cluster", _h100_96g(tmp_path), "--num-gpus", "8",
-            "--global-batch", "16", "--tp", "1", "--pp", "1", "--dp", "8", "--microbatch", "2", "--zero", "3",
-            "--schedule", "1f1b", "--recompute", "selective"]
+    argv = [
+        "estimate",
+        "--runtime",
+        "torchtitan",
+        *LLAMA31_8B,
+        "--cluster",
+        _h100_96g(tmp_path),
+        "--num-gpus",
+        "8",
+        "--global-batch",
+        "16",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--dp",
+        "8",
+        "--microbatch",
+        "2",
+        "--zero",
+        "3",
+        "--schedule",
+        "1f1b",
+        "--recompute",
+        "selective",
+    ]
     assert main([*argv, "--json", "--quiet"]) == 0
     view = json.loads(capsys.readouterr().out)
     assert view["recompute"] == "selective" and view["runtime"] == "torchtitan"

@@ -2,6 +2,7 @@
 failing command, timeout, SIGTERM, the Python API), a gloo all_reduce inside it is bounded by
 the wire time bytes/rate, profile-links measures the slow link, and where namespaces or tc are
 unavailable one line says why and the tests skip (issue 14 item 9)."""
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,14 @@ def test_rates_and_qdiscs():
 
 
 def test_normal_run_sets_the_link_up_and_removes_the_namespace(netns):
-    proc = _cli("--rate", "200mbit", "--", "sh", "-c",
-                "ip netns identify; ip link show lo; tc qdisc show dev lo; echo IF=$GLOO_SOCKET_IFNAME")
+    proc = _cli(
+        "--rate",
+        "200mbit",
+        "--",
+        "sh",
+        "-c",
+        "ip netns identify; ip link show lo; tc qdisc show dev lo; echo IF=$GLOO_SOCKET_IFNAME",
+    )
     assert proc.returncode == 0, proc.stderr
     name = _name_of(proc)
     assert "mtu 1500" in proc.stdout and "UP" in proc.stdout
@@ -73,8 +80,7 @@ def test_failing_command_keeps_its_exit_code_and_removes_the_namespace(netns):
 
 def test_timeout_kills_the_whole_tree_and_removes_the_namespace(netns):
     start = time.monotonic()
-    proc = _cli("--timeout-s", "1", "--", "sh", "-c",
-                "ip netns identify; setsid sleep 60 & echo $!; sleep 60")
+    proc = _cli("--timeout-s", "1", "--", "sh", "-c", "ip netns identify; setsid sleep 60 & echo $!; sleep 60")
     assert proc.returncode == sl.EXIT_TIMEOUT
     assert time.monotonic() - start < 20
     name, orphan = proc.stdout.split()[:2]
@@ -85,8 +91,9 @@ def test_timeout_kills_the_whole_tree_and_removes_the_namespace(netns):
 
 
 def test_sigterm_removes_the_namespace(netns):
-    proc = subprocess.Popen([*CLI, "--", "sh", "-c", "ip netns identify; sleep 60"], cwd=ROOT,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*CLI, "--", "sh", "-c", "ip netns identify; sleep 60"], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
     try:
         name = proc.stdout.readline().strip()
         assert name.startswith(f"{sl.PREFIX}{proc.pid}-") and name in sl.list_namespaces()
@@ -102,8 +109,9 @@ def test_context_manager_removes_the_namespace_also_on_error(netns):
     with pytest.raises(RuntimeError, match="boom"):
         with sl.slow_link(rate_gbit=0.5) as prefix:
             assert prefix[-1] == "GLOO_SOCKET_IFNAME=lo"
-            name = subprocess.run(prefix + ["ip", "netns", "identify"], capture_output=True, text=True,
-                                  timeout=30).stdout.strip()
+            name = subprocess.run(
+                prefix + ["ip", "netns", "identify"], capture_output=True, text=True, timeout=30
+            ).stdout.strip()
             assert name == prefix[3] and name in sl.list_namespaces()
             raise RuntimeError("boom")
     assert name not in sl.list_namespaces()
@@ -117,8 +125,13 @@ def test_all_reduce_in_a_throttled_namespace_takes_at_least_the_wire_time(netns)
     0.34 s here; plain loopback takes ~5 ms."""
     num_bytes, nproc, rate_bits = 4 * MIB, 2, 200e6
     with sl.slow_link(rate_gbit=rate_bits / 1e9) as prefix:
-        proc = subprocess.run(prefix + [*CLI, "--all-reduce-mib", "4", "--iters", "3", "--json"], cwd=ROOT,
-                              capture_output=True, text=True, timeout=45)
+        proc = subprocess.run(
+            prefix + [*CLI, "--all-reduce-mib", "4", "--iters", "3", "--json"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=45,
+        )
     assert proc.returncode == 0, proc.stderr[-2000:]
     seconds = json.loads(proc.stdout.strip().splitlines()[-1])["seconds"]
     wire_s = 2 * (nproc - 1) * num_bytes * 8 / rate_bits
@@ -136,9 +149,26 @@ def test_profile_links_inside_the_namespace_measures_the_slow_link(netns, tmp_pa
 
     out = tmp_path / "links.json"
     with sl.slow_link(rate_gbit=1.0) as prefix:
-        proc = subprocess.run(prefix + [sys.executable, "-m", "meshplan", "profile-links", "--nproc", "2",
-                                        "--max-bytes", str(4 * MIB), "-o", str(out), "-q"],
-                              cwd=ROOT, capture_output=True, text=True, timeout=80)
+        proc = subprocess.run(
+            prefix
+            + [
+                sys.executable,
+                "-m",
+                "meshplan",
+                "profile-links",
+                "--nproc",
+                "2",
+                "--max-bytes",
+                str(4 * MIB),
+                "-o",
+                str(out),
+                "-q",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=80,
+        )
     assert proc.returncode == 0, proc.stderr[-2000:]
     spec = schema.load(ClusterSpec, out)
     fit = next(f for f in spec.collectives if f.collective == "all_reduce" and f.group_size == 2)

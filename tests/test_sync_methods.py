@@ -13,6 +13,7 @@ check, against DDP run in the same launch:
   (a fixed 64-sample token dataset, memorised);
 - DABMD with one rank slowed 3x stays within its budget and weights each rank by its samples.
 """
+
 from __future__ import annotations
 
 import glob
@@ -52,10 +53,12 @@ def sync_plan(name: str, params: dict | None = None, **kw):
 
 # --- fast: algebra --------------------------------------------------------------------------
 
+
 def test_crossbow_sma_on_hand_computed_values():
     # two learners at 1 and 3 (one parameter), z = 0, alpha = 0.25, mu = 0.5, Delta_prev = 2
-    learners, z, delta = sma_update([torch.tensor([1.0]), torch.tensor([3.0])], torch.tensor([0.0]),
-                                    torch.tensor([2.0]), alpha=0.25, mu=0.5)
+    learners, z, delta = sma_update(
+        [torch.tensor([1.0]), torch.tensor([3.0])], torch.tensor([0.0]), torch.tensor([2.0]), alpha=0.25, mu=0.5
+    )
     # d = (1, 3); w <- w - 0.25 d = (0.75, 2.25); Delta = 0.25 (1 + 3) + 0.5 x 2 = 2; z = 2
     assert [w.item() for w in learners] == [0.75, 2.25]
     assert delta.item() == 2.0 and z.item() == 2.0
@@ -74,7 +77,7 @@ def test_8bit_quantizer_error_is_within_half_a_level():
     back = dequantize(codes, ranges, 256)
     assert codes.dtype == torch.uint8 and ranges.shape == (math.ceil(10_000 / 256), 2)
     chunks = torch.nn.functional.pad(v, (0, (-v.numel()) % 256)).view(-1, 256)
-    bound = ((chunks.max(1).values - chunks.min(1).values) / 255 / 2).repeat_interleave(256)[:v.numel()]
+    bound = ((chunks.max(1).values - chunks.min(1).values) / 255 / 2).repeat_interleave(256)[: v.numel()]
     assert bool(((back - v).abs() <= bound + 1e-6).all())
 
 
@@ -86,7 +89,13 @@ def test_ring_neighbours_and_spectral_gap():
 
 def test_allow_sync_all_and_master_as_a_what_if():
     assert dp_methods.parse_allow("sync", "all", "--allow-sync") == (
-        "async", "crossbow", "dabmd", "gossip", "local-sgd", "master")
+        "async",
+        "crossbow",
+        "dabmd",
+        "gossip",
+        "local-sgd",
+        "master",
+    )
     assert dp_methods.parse_allow("sync", "master,gossip", "--allow-sync") == ("gossip", "master")
     with pytest.raises(MeshplanError, match="allreduce is exact and always searched"):
         dp_methods.parse_allow("sync", "allreduce", "--allow-sync")
@@ -94,12 +103,15 @@ def test_allow_sync_all_and_master_as_a_what_if():
     assert not any(dp_methods.method("sync", n).exact for n in ("local-sgd", "crossbow", "dabmd", "gossip", "async"))
 
 
-@pytest.mark.parametrize("kw, reason", [
-    (dict(dp=2, pp=2, microbatches=2), "sync=gossip with pipeline_parallel_degree 2"),
-    (dict(dp=2, zero=1), "sync=gossip with zero_stage 1: runs with zero_stage 0 only"),
-    (dict(dp=2, compression="fp16"), "sync=gossip with compression=fp16"),
-    (dict(dp=1), "sync=gossip with data-parallel degree 1"),
-])
+@pytest.mark.parametrize(
+    "kw, reason",
+    [
+        (dict(dp=2, pp=2, microbatches=2), "sync=gossip with pipeline_parallel_degree 2"),
+        (dict(dp=2, zero=1), "sync=gossip with zero_stage 1: runs with zero_stage 0 only"),
+        (dict(dp=2, compression="fp16"), "sync=gossip with compression=fp16"),
+        (dict(dp=1), "sync=gossip with data-parallel degree 1"),
+    ],
+)
 def test_feasibility_refuses_what_the_sync_executor_does_not_run(kw, reason):
     plan = make_plan(validate=False, **kw)
     plan.dp_methods.sync = MethodChoice(name="gossip", params=dp_methods.defaults_of("sync", "gossip"))
@@ -108,8 +120,10 @@ def test_feasibility_refuses_what_the_sync_executor_does_not_run(kw, reason):
 
 # --- fast: the planner's closed forms ----------------------------------------------------------
 
+
 def _params_bytes() -> int:
     from meshplan.executor.model import build_named_model
+
     return 4 * sum(p.numel() for p in build_named_model("gpt-tiny", {}, "meta").parameters())
 
 
@@ -140,12 +154,20 @@ def expected_bytes(name: str, params: dict, n: int) -> int:
 
 def predicted_bytes(plan) -> dict[str, int]:
     from test_dp_methods_executor import predicted_bytes as predict
+
     return predict(plan)
 
 
-SPECS = [("master", {}), ("local-sgd", {"period": 4}), ("local-sgd", {"period": 4, "group_size": 2, "group_period": 2}),
-         ("crossbow", {"learners": 2}), ("dabmd", {}), ("gossip", {}), ("gossip", {"low_precision": True}),
-         ("async", {"period": 2})]
+SPECS = [
+    ("master", {}),
+    ("local-sgd", {"period": 4}),
+    ("local-sgd", {"period": 4, "group_size": 2, "group_period": 2}),
+    ("crossbow", {"learners": 2}),
+    ("dabmd", {}),
+    ("gossip", {}),
+    ("gossip", {"low_precision": True}),
+    ("async", {"period": 2}),
+]
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -160,13 +182,16 @@ def test_planner_prices_master_against_all_reduce_as_n_grows():
     from meshplan.planner import PlanRequest, estimate
     from meshplan.presets import local_cpu
     from meshplan.profiler import profile_model
+
     profile = profile_model("gpt-tiny", {}, device="meta")
 
     def step(n, sync):
         methods = {"sync": (sync, dp_methods.defaults_of("sync", sync))}
-        req = PlanRequest(num_gpus=n, global_batch=2 * n, precision="fp32", dp=n, tp=1, pp=1, microbatch=2, zero=0,
-                          methods=methods)
+        req = PlanRequest(
+            num_gpus=n, global_batch=2 * n, precision="fp32", dp=n, tp=1, pp=1, microbatch=2, zero=0, methods=methods
+        )
         return estimate(profile, local_cpu(n), req).prediction.step_time_s
+
     assert step(2, "master") / step(2, "allreduce") < step(4, "master") / step(4, "allreduce")
 
 
@@ -174,17 +199,26 @@ def test_planner_prices_master_against_all_reduce_as_n_grows():
 
 RUNS = {
     2: {
-        "ddp": ("allreduce", {}), "master": ("master", {}), "local1": ("local-sgd", {"period": 1}),
-        "local4": ("local-sgd", {"period": 4}), "postlocal": ("local-sgd", {"period": 4, "warmup_steps": 1}),
+        "ddp": ("allreduce", {}),
+        "master": ("master", {}),
+        "local1": ("local-sgd", {"period": 1}),
+        "local4": ("local-sgd", {"period": 4}),
+        "postlocal": ("local-sgd", {"period": 4, "warmup_steps": 1}),
         "crossbow1": ("crossbow", {"learners": 1, "reset": True, "momentum": 0.0}),
-        "crossbow2": ("crossbow", {"learners": 2}), "dabmd": ("dabmd", {}),
-        "gossip": ("gossip", {}), "gossip8": ("gossip", {"low_precision": True}), "async": ("async", {}),
+        "crossbow2": ("crossbow", {"learners": 2}),
+        "dabmd": ("dabmd", {}),
+        "gossip": ("gossip", {}),
+        "gossip8": ("gossip", {"low_precision": True}),
+        "async": ("async", {}),
         "dabmd_slow": ("dabmd", {"budget_ms": 40.0}),
     },
     4: {
-        "ddp": ("allreduce", {}), "master": ("master", {}),
+        "ddp": ("allreduce", {}),
+        "master": ("master", {}),
         "hier": ("local-sgd", {"period": 4, "group_size": 2, "group_period": 2}),
-        "gossip": ("gossip", {}), "gossip8": ("gossip", {"low_precision": True}), "dabmd": ("dabmd", {}),
+        "gossip": ("gossip", {}),
+        "gossip8": ("gossip", {"low_precision": True}),
+        "dabmd": ("dabmd", {}),
         "async": ("async", {"period": 2}),
     },
 }
@@ -195,14 +229,28 @@ MICROBATCHES = 4
 
 def _launch(n: int, tmp_path_factory):
     from meshplan.executor.launch import LaunchOptions, run_plans
+
     names = list(RUNS[n])
     plans = [sync_plan(RUNS[n][k][0], RUNS[n][k][1], dp=n, microbatch=1, microbatches=MICROBATCHES) for k in names]
     out = tmp_path_factory.mktemp(f"sync_ws{n}")
     tests = os.path.dirname(os.path.abspath(__file__))
-    env = {"PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]),
-           "MESHPLAN_SYNC_STATS_DIR": str(out / "stats"), "MESHPLAN_SLOW_RANK": "1:3"}
-    results = run_plans(plans, LaunchOptions(steps=STEPS, out_dir=str(out), quiet=True, timeout_s=300,
-                                             data="executor_plans:token_dataset", env=env, **TRAIN))
+    env = {
+        "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]),
+        "MESHPLAN_SYNC_STATS_DIR": str(out / "stats"),
+        "MESHPLAN_SLOW_RANK": "1:3",
+    }
+    results = run_plans(
+        plans,
+        LaunchOptions(
+            steps=STEPS,
+            out_dir=str(out),
+            quiet=True,
+            timeout_s=300,
+            data="executor_plans:token_dataset",
+            env=env,
+            **TRAIN,
+        ),
+    )
     for plan, result in zip(plans, results):
         result.plan = plan
     return dict(zip(names, results)), out / "stats"
@@ -285,6 +333,7 @@ def test_dabmd_absorbs_a_rank_slowed_3x(ws2):
     _, stats = ws2
     choice = ws2[0]["dabmd_slow"].plan.dp_methods.sync
     from meshplan.executor.methods.sync import stats_name
+
     fast, slow = (json.load(open(stats / stats_name(choice, r))) for r in (0, 1))
     budget_s = choice.params["budget_ms"] / 1e3
     for f, s in zip(fast[1:], slow[1:]):

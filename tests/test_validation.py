@@ -1,5 +1,6 @@
 """Golden validation against published runs (meshplan/data/published-runs.csv, a copy of
 ../shared/reference/published-runs.csv shipped with the package)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -40,15 +41,25 @@ def test_memory_within_10_percent(rows):
     assert len(mem) == 12 and all(abs(r["rel_error"]) <= 0.10 for r in mem)
 
 
-@pytest.mark.parametrize("figure", ["Fig. 13: 162B GPT on 64 A100, batch 32", "Fig. 13: 162B GPT on 64 A100, batch 128",
-                                    "Fig. 12", "Table 2: GPT-3 175B on 1536 "])
+@pytest.mark.parametrize(
+    "figure",
+    [
+        "Fig. 13: 162B GPT on 64 A100, batch 32",
+        "Fig. 13: 162B GPT on 64 A100, batch 128",
+        "Fig. 12",
+        "Table 2: GPT-3 175B on 1536 ",
+    ],
+)
 def test_published_orderings(rows, figure):
     (hit,) = [r for r in rows if r["kind"] == "ordering" and r["name"].startswith(figure)]
     assert hit["holds"], hit["detail"]
 
 
-@pytest.mark.xfail(strict=True, reason="DeepSpeed's 2021 ZeRO-3 ran its gathers at about one NIC per GPU; "
-                   "the model's NCCL rings use every NIC of a node (reports/validation.md)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="DeepSpeed's 2021 ZeRO-3 ran its gathers at about one NIC per GPU; "
+    "the model's NCCL rings use every NIC of a node (reports/validation.md)",
+)
 @pytest.mark.parametrize("gpus", [384, 768])
 def test_table2_ptdp_beats_zero3(rows, gpus):
     (hit,) = [r for r in rows if r["kind"] == "ordering" and r["name"].startswith(f"Table 2: GPT-3 175B on {gpus} ")]
@@ -72,8 +83,14 @@ def test_data_parallel_cost_at_scale_matches_korthikanti_section_6_3(rows):
     """Held out from the A100 inter-node calibration (presets.A100_INTERNODE_EFFICIENCY, from
     Narayanan's network figures): 8-way data parallelism of the 530B model adds 1.32 s per step
     (37.83 -> 39.15 s, no overlap). The nominal 0.9 of the wire would predict 0.6 s."""
-    runs = [r for r in rows if r["kind"] == "throughput" and r["model"] == "GPT 530B (MT-NLG)"
-            and "Korthikanti" in r["source"] and "sp" in r["plan"]]
+    runs = [
+        r
+        for r in rows
+        if r["kind"] == "throughput"
+        and r["model"] == "GPT 530B (MT-NLG)"
+        and "Korthikanti" in r["source"]
+        and "sp" in r["plan"]
+    ]
     one, eight = sorted(runs, key=lambda r: r["num_gpus"])
     assert (one["num_gpus"], eight["num_gpus"]) == (280, 2240)
     assert eight["step_time_s"] - one["step_time_s"] == pytest.approx(39.15 - 37.83, rel=0.30)

@@ -1,4 +1,5 @@
 """The model zoo: published parameter counts, TP-friendly attention, determinism, MoE routing."""
+
 import copy
 
 import pytest
@@ -39,8 +40,7 @@ def test_gpt_params_with_overrides():
     assert p.num_params != narayanan_eq2(3, 96, 1000, 77)  # the difference is real, not rounding
 
 
-@pytest.mark.parametrize("name,published", [("llama3-8b", 8.03e9), ("llama3-70b", 70.6e9),
-                                            ("llama3-405b", 405.9e9)])
+@pytest.mark.parametrize("name,published", [("llama3-8b", 8.03e9), ("llama3-70b", 70.6e9), ("llama3-405b", 405.9e9)])
 def test_llama3_params_within_half_percent_of_published(name, published):
     model = build_model(name, device="meta")
     assert sum(p.numel() for p in model.parameters()) == pytest.approx(published, rel=0.005)
@@ -84,8 +84,11 @@ def test_tp_rule_splits_compute_exactly(name):
     model = load_model(name, device="cpu")
     block = model.layers["0"]
     rule = tp_rules(model)["layers.0"]
-    x = torch.randn(2, model.seq_len, block.ln1.normalized_shape[0] if hasattr(block, "ln1")
-                    else block.attn_norm.normalized_shape[0])
+    x = torch.randn(
+        2,
+        model.seq_len,
+        block.ln1.normalized_shape[0] if hasattr(block, "ln1") else block.attn_norm.normalized_shape[0],
+    )
     for parent in sorted({fqn.split(".")[0] for fqn in rule.column + rule.row}):
         full = block.get_submodule(parent)
         partial = torch.zeros_like(full(x))
@@ -94,8 +97,10 @@ def test_tp_rule_splits_compute_exactly(name):
             for fqn in rule.column + rule.row:
                 if fqn.startswith(parent + "."):
                     child = fqn.split(".", 1)[1]
-                    shard.set_submodule(child, _split(full.get_submodule(child), 0 if fqn in rule.column else 1,
-                                                      rank, 2, keep_bias=rank == 0))
+                    shard.set_submodule(
+                        child,
+                        _split(full.get_submodule(child), 0 if fqn in rule.column else 1, rank, 2, keep_bias=rank == 0),
+                    )
             partial += shard(x)
         torch.testing.assert_close(partial, full(x), rtol=1e-5, atol=1e-6)
 
@@ -130,7 +135,7 @@ def test_moe_matches_a_per_token_reference_and_is_batch_split_invariant():
                         fill[e] += int(experts[t, j] == e)
             overflowed |= max(fill) > C
         torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(torch.cat([moe(x[i:i + 1]) for i in range(3)]), y)
+        torch.testing.assert_close(torch.cat([moe(x[i : i + 1]) for i in range(3)]), y)
     assert overflowed  # some tokens were over capacity, so dropping is covered too
 
 

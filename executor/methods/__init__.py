@@ -19,13 +19,22 @@ compression when DDP or the replica reducer is built). What each module provides
 - waves=1: `device` (nothing to apply); waves=2 is refused by feasibility.py (WAVES_NOT_RUN)
 Bytes are counted as executor/methods/counting.py says (executor/README.md, "Bytes on the wire").
 """
+
 from __future__ import annotations
 
 from types import ModuleType
 
 from meshplan import dp_methods
-from meshplan.executor.methods import (allreduce, buckets, bytescheduler, device, fp16, offload_cpu, offload_nvme,
-                                       powersgd)
+from meshplan.executor.methods import (
+    allreduce,
+    buckets,
+    bytescheduler,
+    device,
+    fp16,
+    offload_cpu,
+    offload_nvme,
+    powersgd,
+)
 from meshplan.executor.methods import sync_async, sync_crossbow, sync_dabmd, sync_gossip, sync_localsgd, sync_master
 from meshplan.executor.methods import accordion_powersgd, accordion_topk, alq, amq, nuqsgd, qsgd, topk
 from meshplan.plan import MethodChoice, Plan

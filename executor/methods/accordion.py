@@ -12,6 +12,7 @@ decompression), identical on every rank, so every rank takes the same decisions 
 broadcast; the paper accumulates rank 0's local gradient and broadcasts its choices.
 The run's notes report the share of tensor-steps at each setting (`notes()`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -93,8 +94,7 @@ class AccordionTopK(TopK):
             self.regimes.observe(key, self._steps[key] - 1, grad)
 
     def notes(self) -> list[str]:
-        return self.regimes.notes(f"density {self.params['critical_density']:g}",
-                                  f"density {self.params['density']:g}")
+        return self.regimes.notes(f"density {self.params['critical_density']:g}", f"density {self.params['density']:g}")
 
 
 def powersgd_hook(group, params: dict, counter: ByteCounter, axis: str):

@@ -1,4 +1,5 @@
 """compression=accordion: Accordion over per-tensor PowerSGD ranks (accordion.py, lowrank.py)."""
+
 from __future__ import annotations
 
 from meshplan.executor.methods import compressed

@@ -1,4 +1,5 @@
 """compression=accordion_topk: Accordion over top-k densities (accordion.py, topk.py)."""
+
 from __future__ import annotations
 
 from meshplan.executor.methods import compressed

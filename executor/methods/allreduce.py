@@ -7,6 +7,7 @@
   all-reduce of the local gradient shards after backward (DDP's arithmetic; fp16 on the wire
   for compression=fp16).
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,9 +22,11 @@ from meshplan.executor.methods.counting import tensor_bytes
 
 def comm_hook(group, params: dict, counter: ByteCounter, axis: str):
     """(state, hook) for DDP.register_comm_hook: the plain all-reduce, counted."""
+
     def allreduce_counted(state, bucket):  # no annotations: DDP checks them against the class
         counter.add(axis, "all_reduce", state.size(), tensor_bytes(bucket.buffer()))
         return default_hooks.allreduce_hook(state, bucket)
+
     return group, allreduce_counted
 
 
@@ -31,8 +34,16 @@ class ReplicaGradReducer:
     """After backward, average each local gradient shard over the data-parallel group in flat
     buckets of `bucket_bytes` (cast to `wire_dtype` for the all-reduce), counting each bucket."""
 
-    def __init__(self, params: list[nn.Parameter], group, *, counter: ByteCounter, axis: str,
-                 bucket_bytes: int, wire_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        params: list[nn.Parameter],
+        group,
+        *,
+        counter: ByteCounter,
+        axis: str,
+        bucket_bytes: int,
+        wire_dtype: torch.dtype | None = None,
+    ):
         self.params = [p for p in params if p.requires_grad]
         self.group, self.counter, self.axis = group, counter, axis
         self.bucket_bytes, self.wire_dtype = bucket_bytes, wire_dtype
@@ -53,7 +64,7 @@ class ReplicaGradReducer:
             flat.copy_(wire).div_(self.world)
             offset = 0
             for g in bucket:
-                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
 
 

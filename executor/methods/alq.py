@@ -2,6 +2,7 @@
 are re-fitted every refit_every steps by coordinate descent to minimise the expected variance on
 the histogram of normalised magnitudes all ranks gathered (levels.fit_alq); they start at
 NUQSGD's exponential levels. Bit-packed and all-gathered (quantize.py)."""
+
 from __future__ import annotations
 
 from meshplan.executor.methods import levels, quantize

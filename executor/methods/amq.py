@@ -2,6 +2,7 @@
 ..., p, 1} whose p is re-fitted per tensor every refit_every steps to minimise the expected
 variance on the gathered histogram of normalised magnitudes (levels.fit_amq); p starts at 1/2
 (NUQSGD). Bit-packed and all-gathered (quantize.py)."""
+
 from __future__ import annotations
 
 from meshplan.executor.methods import levels, quantize
@@ -18,8 +19,7 @@ class AMQ(quantize.Quantizer):
         return levels.exponential(count, 0.5)
 
     def refit(self, key: int, hist):
-        self.multiplier[key], self.fitted[key] = levels.fit_amq(self.fixed.numel(), hist,
-                                                                self.multiplier.get(key, 0.5))
+        self.multiplier[key], self.fitted[key] = levels.fit_amq(self.fixed.numel(), hist, self.multiplier.get(key, 0.5))
 
 
 comm_hook, replica_reducer = quantize.module_hook(AMQ)

@@ -4,6 +4,7 @@
 dist._DEFAULT_FIRST_BUCKET_BYTES) and the ReplicaGradReducer's bucket size for TP replicas.
 Bucketing changes when bytes are sent, not how many.
 """
+
 from __future__ import annotations
 
 

@@ -15,6 +15,7 @@ chunks is the same sum). `sent` records (priority, chunk, bytes, bytes in flight
 per message for the tests. Not done: starting the next forward per layer before the last chunk
 lands (ByteScheduler's dependency proxy) — global-norm clipping needs every gradient first.
 """
+
 from __future__ import annotations
 
 import heapq

@@ -14,6 +14,7 @@ tensor-parallel (DTensor) replicas and zero-bubble schedules, into the replica r
   parameters' gradients, exchanges them and returns a completed future (the hook waits for its
   collectives; DDP overlaps the next buckets' backward only until this one is called).
 """
+
 from __future__ import annotations
 
 import torch
@@ -75,7 +76,7 @@ def split_bucket(bucket) -> list[tuple[int, torch.Tensor, tuple]]:
     """(key, flat view into the bucket buffer, shape) per parameter, in the buffer's order."""
     buffer, out, offset = bucket.buffer(), [], 0
     for p in bucket.parameters():
-        out.append((id(p), buffer[offset:offset + p.numel()], tuple(p.shape)))
+        out.append((id(p), buffer[offset : offset + p.numel()], tuple(p.shape)))
         offset += p.numel()
     return out
 
@@ -92,6 +93,7 @@ def comm_hook(make_codec, group, params: dict, counter: ByteCounter, axis: str):
         fut = torch.futures.Future()
         fut.set_result(bucket.buffer())
         return fut
+
     return codec, compressed_hook
 
 
@@ -99,8 +101,17 @@ class CompressedReplicaReducer(ReplicaGradReducer):
     """The replica reducer (TP replicas, zero-bubble) with a codec instead of the dense
     all-reduce: after backward, each bucket of local gradient shards is exchanged by the codec."""
 
-    def __init__(self, params: list[nn.Parameter], group, *, counter: ByteCounter, axis: str,
-                 bucket_bytes: int, make_codec, method_params: dict):
+    def __init__(
+        self,
+        params: list[nn.Parameter],
+        group,
+        *,
+        counter: ByteCounter,
+        axis: str,
+        bucket_bytes: int,
+        make_codec,
+        method_params: dict,
+    ):
         super().__init__(params, group, counter=counter, axis=axis, bucket_bytes=bucket_bytes)
         self.codec = make_codec(method_params, self.world, dist.get_rank(group))
         self.comm = DistComm(group, counter, axis)
@@ -123,7 +134,16 @@ class CompressedReplicaReducer(ReplicaGradReducer):
 
 def replica_reducer(make_codec):
     """A `replica_reducer(params, group, counter, axis, bucket_bytes, method_params)` for the module."""
+
     def build(params, group, *, counter, axis, bucket_bytes, method_params):
-        return CompressedReplicaReducer(params, group, counter=counter, axis=axis, bucket_bytes=bucket_bytes,
-                                        make_codec=make_codec, method_params=method_params)
+        return CompressedReplicaReducer(
+            params,
+            group,
+            counter=counter,
+            axis=axis,
+            bucket_bytes=bucket_bytes,
+            make_codec=make_codec,
+            method_params=method_params,
+        )
+
     return build

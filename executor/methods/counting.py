@@ -14,6 +14,7 @@ convention the planner predicts. Where a collective is issued:
 Not counted: the gradient-clipping norm scalars and the loss all-reduce (a few bytes each, no
 method's traffic), DDP's one-time parameter broadcast at construction, and any TP/PP traffic.
 """
+
 from __future__ import annotations
 
 import torch
@@ -86,5 +87,6 @@ def count_fsdp(module: FSDPModule, counter: ByteCounter, replicate_group=None) -
     module.set_custom_reduce_scatter(CountingReduceScatter(counter, "dp_shard"))
     if replicate_group is not None:
         size = dist.get_world_size(replicate_group)
-        module.set_all_reduce_hook(lambda reduced: counter.add("dp_replicate", "all_reduce", size,
-                                                               tensor_bytes(reduced)))
+        module.set_all_reduce_hook(
+            lambda reduced: counter.add("dp_replicate", "all_reduce", size, tensor_bytes(reduced))
+        )

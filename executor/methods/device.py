@@ -1,5 +1,6 @@
 """offload=none and waves=1: nothing to apply (states stay on the training device; one wave of
 training per device). Kept as a module so every registry row has its executor module."""
+
 from __future__ import annotations
 
 import torch

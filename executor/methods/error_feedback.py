@@ -6,6 +6,7 @@ decided what it sends, `keep(key, acc, sent_mask)` stores acc with the sent entr
 sent + residual == acc exactly (disjoint supports, no arithmetic), and over a run
 sum(sent) + residual_T == sum(grad) (tests/test_compression_methods.py checks both).
 """
+
 from __future__ import annotations
 
 import torch

@@ -3,6 +3,7 @@
 DDP: torch's `fp16_compress_hook` (cast, divide by the group size, all-reduce, cast back),
 counted as the fp16 buffer it sends. TP replicas: the ReplicaGradReducer with fp16 on the wire.
 """
+
 from __future__ import annotations
 
 import torch
@@ -15,8 +16,10 @@ WIRE_DTYPE = torch.float16
 
 def comm_hook(group, params: dict, counter: ByteCounter, axis: str):
     """(state, hook) for DDP.register_comm_hook: fp16 all-reduce of each bucket, counted."""
+
     def fp16_counted(state, bucket):  # no annotations: DDP checks them against the class
         buffer = bucket.buffer()
         counter.add(axis, "all_reduce", state.size(), buffer.numel() * torch.finfo(WIRE_DTYPE).bits // 8)
         return default_hooks.fp16_compress_hook(state, bucket)
+
     return group, fp16_counted

@@ -18,6 +18,7 @@ parameters up), which is what the cost model predicts (planner/offload.py).
   step t+1 and its result is copied to the device at the end of step t+1, so
   x_{t+1} = x_t - lr u(g(x_{t-1})) (x_1 = x_0): one step of staleness, approximate.
 """
+
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -38,8 +39,16 @@ class HostOptimizer(torch.optim.Optimizer):
     """torch.optim.Optimizer whose step runs on the host (module docstring). Keyword-only extras:
     `inner_class` (the torch optimizer), `counter`, `store` (an NvmeStore or None), `delayed`."""
 
-    def __init__(self, params, *, inner_class: type, counter: ByteCounter | None = None,
-                 store: NvmeStore | None = None, delayed: bool = False, **defaults):
+    def __init__(
+        self,
+        params,
+        *,
+        inner_class: type,
+        counter: ByteCounter | None = None,
+        store: NvmeStore | None = None,
+        delayed: bool = False,
+        **defaults,
+    ):
         super().__init__(params, defaults)
         self.counter = counter if counter is not None else ByteCounter()
         self.store, self.delayed = store, delayed
@@ -139,17 +148,17 @@ class HostOptimizer(torch.optim.Optimizer):
             self.store.remove()
 
 
-def host_optimizer_class(inner_class: type, *, counter: ByteCounter, store_factory=None,
-                         delayed: bool = False) -> type:
+def host_optimizer_class(inner_class: type, *, counter: ByteCounter, store_factory=None, delayed: bool = False) -> type:
     """A HostOptimizer subclass taking (params, **optimizer kwargs) only, as
     ZeroRedundancyOptimizer's `optimizer_class` must; `store_factory(params)` makes the NVMe store."""
+
     class Host(HostOptimizer):
         def __init__(self, params, **defaults):
             params = list(params)
             flat = [p for g in params for p in g["params"]] if params and isinstance(params[0], dict) else params
             store = store_factory(flat) if store_factory is not None else None
-            super().__init__(params, inner_class=inner_class, counter=counter, store=store, delayed=delayed,
-                             **defaults)
+            super().__init__(params, inner_class=inner_class, counter=counter, store=store, delayed=delayed, **defaults)
+
     Host.__name__ = f"Host{inner_class.__name__}"
     return Host
 

@@ -12,6 +12,7 @@ ranks gathered, not on its truncated-normal fit (the paper's parametric model): 
 is assumed, and the statistics are 32 counts per tensor. ALQ starts from the best of uniform,
 exponential, quantile and its previous levels, and each coordinate step only lowers V.
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,7 +26,7 @@ def uniform(count: int) -> torch.Tensor:
 
 def exponential(count: int, p: float = 0.5) -> torch.Tensor:
     """{0, p^(count-2), ..., p, 1}."""
-    powers = torch.tensor([p ** j for j in range(count - 2, -1, -1)], dtype=torch.float32)
+    powers = torch.tensor([p**j for j in range(count - 2, -1, -1)], dtype=torch.float32)
     return torch.cat([torch.zeros(1), powers])
 
 
@@ -68,8 +69,9 @@ def quantile(count: int, hist: torch.Tensor) -> torch.Tensor:
     return out.clamp(max=1.0).float() if bool((out[1:] > out[:-1]).all()) else uniform(count)
 
 
-def fit_alq(count: int, hist: torch.Tensor, previous: torch.Tensor | None = None,
-            sweeps: int = 8, grid: int = 32) -> torch.Tensor:
+def fit_alq(
+    count: int, hist: torch.Tensor, previous: torch.Tensor | None = None, sweeps: int = 8, grid: int = 32
+) -> torch.Tensor:
     """Coordinate descent on the interior levels (Faghri et al. 2020 Alg. 2): each l_j moved to
     the grid point of (l_{j-1}, l_{j+1}) with the lowest V; never worse than where it started."""
     c = hist_centres()
@@ -79,9 +81,9 @@ def fit_alq(count: int, hist: torch.Tensor, previous: torch.Tensor | None = None
     for _ in range(sweeps):
         for j in range(1, count - 1):
             trial = torch.linspace(float(lv[j - 1]), float(lv[j + 1]), grid + 2, dtype=torch.float64)[1:-1]
-            options = lv.repeat(grid, 1)                                                # (grid, L)
+            options = lv.repeat(grid, 1)  # (grid, L)
             options[:, j] = trial
-            scores = batched_variance(options, c, hist)                                 # (grid,)
+            scores = batched_variance(options, c, hist)  # (grid,)
             i = int(scores.argmin())
             if float(scores[i]) < best:
                 best, lv = float(scores[i]), options[i].clone()
@@ -90,7 +92,7 @@ def fit_alq(count: int, hist: torch.Tensor, previous: torch.Tensor | None = None
 
 def batched_variance(options: torch.Tensor, c: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """variance() of each row of `options` (K, L)."""
-    cc = c.double().expand(options.shape[0], -1).contiguous()                          # (K, C)
+    cc = c.double().expand(options.shape[0], -1).contiguous()  # (K, C)
     j = (torch.searchsorted(options, cc, right=True) - 1).clamp(0, options.shape[1] - 2)
     lo, hi = options.gather(1, j), options.gather(1, j + 1)
     return (w.double() * (hi - cc) * (cc - lo)).clamp(min=0).sum(1)

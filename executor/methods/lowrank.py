@@ -10,6 +10,7 @@ Q starts as a seeded normal matrix (the tensor's ordinal: the same on every rank
 between steps (warm start); a rank change restarts it. Bytes: the two all-reduces carry
 compression_wire.lowrank_elems fp32 elements per tensor.
 """
+
 from __future__ import annotations
 
 import torch
@@ -43,19 +44,18 @@ class LowRank(compressed.Codec):
             r = lowrank_split(n, m, self.rank_for(key), self.params["min_compression_rate"])
             if r:
                 acc = self.feedback.accumulate(key, grad).view(n, m)
-                packed.append((key, grad, acc, acc @ self._q(key, m, r)))                # P: (n, r)
+                packed.append((key, grad, acc, acc @ self._q(key, m, r)))  # P: (n, r)
             else:
                 dense.append(grad)
-        first = torch.cat([p.reshape(-1) for *_, p in packed] + [g.reshape(-1) for g in dense]
-                          or [torch.zeros(0)])
+        first = torch.cat([p.reshape(-1) for *_, p in packed] + [g.reshape(-1) for g in dense] or [torch.zeros(0)])
         comm.all_reduce(first).div_(comm.world)
         offset = 0
         ps = []
         for key, grad, acc, p in packed:
-            ps.append(torch.linalg.qr(first[offset:offset + p.numel()].view_as(p)).Q)   # (n, r)
+            ps.append(torch.linalg.qr(first[offset : offset + p.numel()].view_as(p)).Q)  # (n, r)
             offset += p.numel()
         for g in dense:
-            g.copy_(first[offset:offset + g.numel()].view_as(g))
+            g.copy_(first[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
         if not packed:
             return
@@ -63,9 +63,9 @@ class LowRank(compressed.Codec):
         second.div_(comm.world)
         offset = 0
         for (key, grad, acc, _), p in zip(packed, ps):
-            q = second[offset:offset + acc.shape[1] * p.shape[1]].view(acc.shape[1], p.shape[1]).clone()
+            q = second[offset : offset + acc.shape[1] * p.shape[1]].view(acc.shape[1], p.shape[1]).clone()
             offset += q.numel()
-            approx = p @ q.T                                                            # (n, m)
+            approx = p @ q.T  # (n, m)
             self.feedback.residual[key] = (acc - approx).reshape(-1)
             self.q[key] = q
             grad.copy_(approx.reshape(-1))

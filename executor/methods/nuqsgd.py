@@ -1,6 +1,7 @@
 """compression=nuqsgd: QSGD's unbiased stochastic rounding on exponentially spaced levels
 {0, 2^-(L-2), ..., 1/2, 1} (Ramezani-Kebrya et al., NUQSGD, JMLR 2021), finer where most
 normalised coordinates lie (near 0). Bit-packed and all-gathered (quantize.py)."""
+
 from __future__ import annotations
 
 from meshplan.executor.methods import levels, quantize

@@ -8,6 +8,7 @@ posix_fallocate, so a full disk fails at start-up as one `MeshplanError` naming 
 the bytes needed and the bytes free, never as a SIGBUS on a half-written mapping. `remove()`
 deletes the rank's folder (train() calls it at the end of a run, also after an error).
 """
+
 from __future__ import annotations
 
 import errno
@@ -55,9 +56,11 @@ class NvmeStore:
 
     def _full(self, need: int, free: int):
         self.remove()
-        raise MeshplanError(f"--offload-dir {self.folder.parent}: not enough disk space for offload=nvme: the "
-                            f"optimizer states need {need / 2**20:.1f} MiB on this rank, {free / 2**20:.1f} MiB "
-                            "are free; free space there or pass --offload-dir on a larger disk")
+        raise MeshplanError(
+            f"--offload-dir {self.folder.parent}: not enough disk space for offload=nvme: the "
+            f"optimizer states need {need / 2**20:.1f} MiB on this rank, {free / 2**20:.1f} MiB "
+            "are free; free space there or pass --offload-dir on a larger disk"
+        )
 
     def _path(self, i: int) -> Path:
         return self.folder / f"param{i:05d}.bin"
@@ -96,9 +99,13 @@ class NvmeStore:
 
 def store_factory(folder: str | Path, optimizer: str):
     """params -> NvmeStore in `folder` for `optimizer` ("adamw" or "sgd")."""
+
     def make(params) -> NvmeStore:
         from meshplan.executor.methods.host_optimizer import _local
+
         locals_ = [_local(p) for p in params]
-        return NvmeStore(folder, [t.numel() for t in locals_], STATES_PER_PARAM[optimizer],
-                         [tuple(t.shape) for t in locals_])
+        return NvmeStore(
+            folder, [t.numel() for t in locals_], STATES_PER_PARAM[optimizer], [tuple(t.shape) for t in locals_]
+        )
+
     return make

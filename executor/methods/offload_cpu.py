@@ -10,6 +10,7 @@
   ZeRO-1 hands it to ZeroRedundancyOptimizer as its optimizer_class, so each rank offloads
   only its partition.
 """
+
 from __future__ import annotations
 
 import torch

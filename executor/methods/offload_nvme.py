@@ -6,6 +6,7 @@ offload_optimizer device nvme; every ZeRO stage (FSDP2 shards are stepped shard 
 The files are removed at the end of the run, also after an error; DCP checkpoints do not
 include the offloaded states (see README, "Offload").
 """
+
 from __future__ import annotations
 
 import torch

@@ -11,6 +11,7 @@ n m / ((n + m) r) is below min_compression_rate) and one each of the P (n x r) a
 factors, Q from a future callback: all three are counted by the CountingDist that replaces the
 hook module's `dist`.
 """
+
 from __future__ import annotations
 
 import torch.distributed as dist
@@ -25,9 +26,13 @@ def comm_hook(group, params: dict, counter: ByteCounter, axis: str):
     # torch requires start_powerSGD_iter >= 2 with error feedback / warm start (torch-gloo.md 1e);
     # the registry's start_iter range already says so
     state = powerSGD_hook.PowerSGDState(
-        process_group=group, matrix_approximation_rank=params["rank"],
-        start_powerSGD_iter=params["start_iter"], min_compression_rate=params["min_compression_rate"],
-        use_error_feedback=params["error_feedback"], warm_start=params["warm_start"])
+        process_group=group,
+        matrix_approximation_rank=params["rank"],
+        start_powerSGD_iter=params["start_iter"],
+        min_compression_rate=params["min_compression_rate"],
+        use_error_feedback=params["error_feedback"],
+        warm_start=params["warm_start"],
+    )
     counting_dist(powerSGD_hook).register(group, counter, axis)
     counter.warmup_steps = max(counter.warmup_steps, params["start_iter"])  # dense until then
 
@@ -35,4 +40,5 @@ def comm_hook(group, params: dict, counter: ByteCounter, axis: str):
         if state.iter < state.start_powerSGD_iter:  # the hook then all-reduces the bucket as it is
             counter.add(axis, "all_reduce", dist.get_world_size(group), tensor_bytes(bucket.buffer()))
         return powerSGD_hook.powerSGD_hook(state, bucket)
+
     return state, powersgd_counted

@@ -3,6 +3,7 @@
 (quantize.py). torch's quantization hooks are deterministic 8-bit min-max and fail on gloo
 (notes/dp-methods.md): this is meshplan's own. Variance per bucket <= min(d / s^2, sqrt(d) / s)
 ||v||^2 (QSGD Lemma 3.1)."""
+
 from __future__ import annotations
 
 from meshplan.executor.methods import levels, quantize

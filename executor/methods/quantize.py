@@ -14,6 +14,7 @@ refit_every steps, fit the next levels from the sum of the gathered histograms: 
 on every rank, so the same levels, with no extra collective. quantize=false sends fp32 values.
 Random numbers: one generator per rank (seed 1000003 rank + 17), so ranks draw independently.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,8 @@ def normalise(v: torch.Tensor, bucket_size: int) -> tuple[torch.Tensor, torch.Te
     """(r, norms): r = |v| / its bucket's norm, shaped (num_buckets, bucket_size) with zero
     padding; norms (num_buckets,) fp32."""
     pad = (-v.numel()) % bucket_size
-    rows = torch.nn.functional.pad(v.float(), (0, pad)).view(-1, bucket_size)       # (nb, d)
-    norms = rows.norm(dim=1)                                                        # (nb,)
+    rows = torch.nn.functional.pad(v.float(), (0, pad)).view(-1, bucket_size)  # (nb, d)
+    norms = rows.norm(dim=1)  # (nb,)
     r = rows.abs() / torch.where(norms > 0, norms, torch.ones_like(norms)).unsqueeze(1)
     return r.clamp_(max=1.0), norms
 
@@ -52,19 +53,20 @@ def histogram(r: torch.Tensor) -> torch.Tensor:
 def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """`bits` low bits of each code, concatenated little-endian into ceil(n bits / 8) bytes."""
     shifts = torch.arange(bits, device=codes.device)
-    flat = ((codes.unsqueeze(1) >> shifts) & 1).to(torch.uint8).reshape(-1)        # (n bits,)
+    flat = ((codes.unsqueeze(1) >> shifts) & 1).to(torch.uint8).reshape(-1)  # (n bits,)
     flat = torch.nn.functional.pad(flat, (0, (-flat.numel()) % 8)).view(-1, 8)
     return (flat << torch.arange(8, device=codes.device, dtype=torch.uint8)).sum(1, dtype=torch.uint8)
 
 
 def unpack(data: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     flat = ((data.unsqueeze(1) >> torch.arange(8, device=data.device, dtype=torch.uint8)) & 1).reshape(-1)
-    flat = flat[:n * bits].view(n, bits).long()
+    flat = flat[: n * bits].view(n, bits).long()
     return (flat << torch.arange(bits, device=data.device)).sum(1)
 
 
 class Quantizer(compressed.Codec):
     """The common codec; `levels_for(key)` is the level set (subclasses: levels.py policies)."""
+
     adaptive = False
 
     def __init__(self, params: dict, world: int, rank: int):
@@ -89,10 +91,10 @@ class Quantizer(compressed.Codec):
         r, norms = normalise(v, self.d)
         lv = self.levels_for(key)
         sign = (v.float() < 0).long()
-        codes = stochastic_round(r.reshape(-1)[:v.numel()], lv, self.gen) * 2 + sign
+        codes = stochastic_round(r.reshape(-1)[: v.numel()], lv, self.gen) * 2 + sign
         parts = [pack(codes, self.bits), norms.view(torch.uint8)]
         if self.adaptive:
-            parts.append(histogram(r.reshape(-1)[:v.numel()]).view(torch.uint8))
+            parts.append(histogram(r.reshape(-1)[: v.numel()]).view(torch.uint8))
         return torch.cat(parts)
 
     def decode(self, key: int, chunk: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -102,10 +104,10 @@ class Quantizer(compressed.Codec):
         packed = math.ceil(n * self.bits / 8)
         nb = math.ceil(n / self.d)
         codes = unpack(chunk[:packed], self.bits, n)
-        norms = chunk[packed:packed + NORM_BYTES * nb].clone().view(torch.float32)
+        norms = chunk[packed : packed + NORM_BYTES * nb].clone().view(torch.float32)
         mags = self.levels_for(key)[codes >> 1] * norms.repeat_interleave(self.d)[:n]
         values = torch.where((codes & 1).bool(), -mags, mags)
-        hist = chunk[packed + NORM_BYTES * nb:].clone().view(torch.float32) if self.adaptive else None
+        hist = chunk[packed + NORM_BYTES * nb :].clone().view(torch.float32) if self.adaptive else None
         return values, hist
 
     def exchange(self, comm, items: list[tuple[int, torch.Tensor, tuple]]) -> None:
@@ -115,7 +117,7 @@ class Quantizer(compressed.Codec):
         for (key, grad, _), size in zip(items, sizes):
             total, hist = torch.zeros(grad.numel()), torch.zeros(HIST_BINS)
             for part in gathered:  # rank order: the same sums (and levels) on every rank
-                values, h = self.decode(key, part[offset:offset + size], grad.numel())
+                values, h = self.decode(key, part[offset : offset + size], grad.numel())
                 total += values
                 if h is not None:
                     hist += h
@@ -126,13 +128,15 @@ class Quantizer(compressed.Codec):
             offset += size
 
     def payload_bytes(self, n: int) -> int:
-        return quant_bytes(n, bits=self.bits, bucket_size=self.d, quantize=self.params.get("quantize", True),
-                           adaptive=self.adaptive)
+        return quant_bytes(
+            n, bits=self.bits, bucket_size=self.d, quantize=self.params.get("quantize", True), adaptive=self.adaptive
+        )
 
 
 def module_hook(codec: type):
     """`comm_hook` and `replica_reducer` for one quantizer's executor module."""
+
     def comm_hook(group, params: dict, counter: ByteCounter, axis: str):
         return compressed.comm_hook(codec, group, params, counter, axis)
-    return comm_hook, compressed.replica_reducer(codec)
 
+    return comm_hook, compressed.replica_reducer(codec)

@@ -13,6 +13,7 @@ train.py's step loop calls one (executor/train.py, parallelize.py):
 Every collective a method issues is counted into the rank's ByteCounter on "dp_replicate"
 (meshplan/comm_bytes.py), the axis the cost model (planner/sync.py) predicts.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -93,7 +94,7 @@ def unflat(vector: torch.Tensor, tensors: list[torch.Tensor]) -> None:
     """Copy `vector` back into `tensors` (flat's inverse)."""
     offset = 0
     for t in tensors:
-        t.copy_(vector[offset:offset + t.numel()].view_as(t))
+        t.copy_(vector[offset : offset + t.numel()].view_as(t))
         offset += t.numel()
 
 

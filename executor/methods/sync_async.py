@@ -18,6 +18,7 @@ thread never holds a lock the thread needs (they share only a one-slot queue). S
 Bytes: one fp32 all-reduce of the parameters per round ("dp_replicate"), counted when the round
 is handed over, so the steady state is exactly bytes / period, as planner/sync.py predicts.
 """
+
 from __future__ import annotations
 
 import datetime

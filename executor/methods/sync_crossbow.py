@@ -15,6 +15,7 @@ others deep copies trained one after another; memory is k replicas + z + Delta_p
 flat buffers), what planner/sync.py prices. Bytes: one all-reduce of Delta (fp32, every
 trainable parameter) per step on "dp_replicate".
 """
+
 from __future__ import annotations
 
 import copy
@@ -30,8 +31,14 @@ from meshplan.executor.methods.sync import SyncMethod, flat, tensor_bytes, train
 USES_DDP = False
 
 
-def sma_update(learners: list[torch.Tensor], z: torch.Tensor, delta_prev: torch.Tensor, alpha: float,
-               mu: float, all_reduce=lambda t: t) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+def sma_update(
+    learners: list[torch.Tensor],
+    z: torch.Tensor,
+    delta_prev: torch.Tensor,
+    alpha: float,
+    mu: float,
+    all_reduce=lambda t: t,
+) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
     """One SMA round on flat vectors: (learners after the correction, new z, Delta). `all_reduce`
     sums this rank's Delta over the ranks (identity in one process)."""
     diffs = [w - z for w in learners]
@@ -54,23 +61,29 @@ class Crossbow(SyncMethod):
         self.optimizers: list = []
 
     def wrap_optimizers(self, optimizers, name, lr, weight_decay):
-        self.optimizers = [optimizers] + [[dp_.make_optimizer(trainable(m), name, lr, weight_decay)]
-                                          for m in self.learners[1:]]
+        self.optimizers = [optimizers] + [
+            [dp_.make_optimizer(trainable(m), name, lr, weight_decay)] for m in self.learners[1:]
+        ]
         return optimizers
 
     def train_step(self, par, optimizers, batch, grad_clip):
         inputs, targets = batch
         if inputs.shape[0] % self.k:
-            raise MeshplanError(f"sync=crossbow learners={self.k}: the local batch of {inputs.shape[0]} "
-                                "samples does not split evenly; use a batch divisible by learners")
+            raise MeshplanError(
+                f"sync=crossbow learners={self.k}: the local batch of {inputs.shape[0]} "
+                "samples does not split evenly; use a batch divisible by learners"
+            )
         shares, norms = [], []
-        for model, opts, x, y in zip(self.learners, self.optimizers, inputs.chunk(self.k),
-                                     (targets.chunk(self.k) if targets is not None else [None] * self.k)):
+        for model, opts, x, y in zip(
+            self.learners,
+            self.optimizers,
+            inputs.chunk(self.k),
+            (targets.chunk(self.k) if targets is not None else [None] * self.k),
+        ):
             for opt in opts:
                 opt.zero_grad(set_to_none=True)
             shares.append(self._forward_backward(par, model, x, y))
-            norms.append(clip_grad_norm_(trainable(model), grad_clip) if grad_clip > 0 else
-                         torch.zeros(()))
+            norms.append(clip_grad_norm_(trainable(model), grad_clip) if grad_clip > 0 else torch.zeros(()))
             for opt in opts:
                 opt.step()
         self._average()
@@ -97,8 +110,10 @@ class Crossbow(SyncMethod):
             self.counter.add("dp_replicate", "all_reduce", self.world, tensor_bytes(t))
             dist.all_reduce(t, group=self.group)
             return t
-        corrected, self.z, self.delta_prev = sma_update([flat(p) for p in params], self.z, self.delta_prev,
-                                                        self.alpha, self.mu, all_reduce)
+
+        corrected, self.z, self.delta_prev = sma_update(
+            [flat(p) for p in params], self.z, self.delta_prev, self.alpha, self.mu, all_reduce
+        )
         for p, w in zip(params, corrected):
             unflat(self.z if self.reset else w, p)
 

@@ -14,6 +14,7 @@ Bytes: one fp32 all-reduce of every trainable gradient plus the sample count per
 "dp_replicate". Stats (sync.STATS_DIR_ENV): per step this rank's samples, the union's, its
 weight b_i / sum b, and the compute seconds.
 """
+
 from __future__ import annotations
 
 import os

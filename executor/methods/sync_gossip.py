@@ -14,6 +14,7 @@ error shrinks at the ring's spectral gap per round (|lambda_2| = (1 + 2 cos(2 pi
 Bytes ("send_recv" per neighbour): fp32 vector of the parameters, or P uint8 + 8 bytes of
 (min, max) per chunk.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,7 +35,7 @@ def quantize(v: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
     lo, hi = rows.min(1).values, rows.max(1).values
     scale = torch.where(hi > lo, (hi - lo) / LEVELS, torch.ones_like(hi))
     codes = torch.round((rows - lo[:, None]) / scale[:, None]).clamp(0, LEVELS).to(torch.uint8)
-    return codes.view(-1)[:v.numel()].contiguous(), torch.stack([lo, hi], 1).contiguous()
+    return codes.view(-1)[: v.numel()].contiguous(), torch.stack([lo, hi], 1).contiguous()
 
 
 def dequantize(codes: torch.Tensor, ranges: torch.Tensor, chunk: int) -> torch.Tensor:

@@ -17,6 +17,7 @@ Bytes: the hook's warm-up all-reduces (the bucket) and every averaging all-reduc
 vector of the parameters; torch's model_averaging.utils `dist` is a CountingDist for the
 averaging groups), on "dp_replicate". The ByteCounter's warm-up covers the synchronous steps.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -37,14 +38,18 @@ USES_DDP = True
 
 def ddp_comm_hook(group, params: dict, counter: ByteCounter, axis: str):
     """(PostLocalSGDState, hook): gradients all-reduced (counted) until warmup_steps, then local."""
-    state = post_localSGD_hook.PostLocalSGDState(process_group=group, subgroup=group,
-                                                 start_localSGD_iter=params["warmup_steps"],
-                                                 post_local_gradient_allreduce=False)
+    state = post_localSGD_hook.PostLocalSGDState(
+        process_group=group,
+        subgroup=group,
+        start_localSGD_iter=params["warmup_steps"],
+        post_local_gradient_allreduce=False,
+    )
 
     def local_sgd_counted(state, bucket):  # no annotations: DDP checks them against the class
         if state.iter < state.start_localSGD_iter:
             counter.add(axis, "all_reduce", dist.get_world_size(group), tensor_bytes(bucket.buffer()))
         return post_localSGD_hook.post_localSGD_hook(state, bucket)
+
     return state, local_sgd_counted
 
 
@@ -58,17 +63,22 @@ class LocalSGD(SyncMethod):
         p, counting = self.params, counting_dist(averaging_utils)
         g, gp = p["group_size"], p["group_period"]
         if not g or g >= self.world:
-            averager = averagers.PeriodicModelAverager(period=p["period"], warmup_steps=p["warmup_steps"],
-                                                       process_group=self.group)
+            averager = averagers.PeriodicModelAverager(
+                period=p["period"], warmup_steps=p["warmup_steps"], process_group=self.group
+            )
             counting.register(self.group, self.counter, "dp_replicate")
             return averager
         if self.world % g or p["period"] % gp or gp >= p["period"]:
-            raise MeshplanError(f"sync=local-sgd group_size={g}, group_period={gp}, period={p['period']}: "
-                                f"group_size must divide the {self.world} replicas and group_period must "
-                                "divide period and be smaller")
+            raise MeshplanError(
+                f"sync=local-sgd group_size={g}, group_period={gp}, period={p['period']}: "
+                f"group_size must divide the {self.world} replicas and group_period must "
+                "divide period and be smaller"
+            )
         averager = hierarchical_model_averager.HierarchicalModelAverager(
             period_group_size_dict=OrderedDict([(gp, g), (p["period"], self.world)]),
-            warmup_steps=p["warmup_steps"], process_group=self.group)
+            warmup_steps=p["warmup_steps"],
+            process_group=self.group,
+        )
         for group in averager.period_process_group_dict.values():
             counting.register(group, self.counter, "dp_replicate")
         return averager

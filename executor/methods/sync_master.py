@@ -11,6 +11,7 @@ Counted (meshplan/comm_bytes.py, bytes each rank sends): a worker "send_recv" of
 the master one "send_recv" of the parameters per worker; `received_bytes` keeps what the master
 took in (checked against the model's size in tests).
 """
+
 from __future__ import annotations
 
 import torch
@@ -53,8 +54,10 @@ class MasterAggregation(SyncMethod):
             dist.send(grads, dst=self.master, group=self.group)
             return
         inbox = [torch.empty_like(grads) for _ in range(self.world - 1)]
-        works = [dist.irecv(buf, src=dist.get_global_rank(self.group, r), group=self.group)
-                 for r, buf in enumerate(inbox, start=1)]
+        works = [
+            dist.irecv(buf, src=dist.get_global_rank(self.group, r), group=self.group)
+            for r, buf in enumerate(inbox, start=1)
+        ]
         for w in works:
             w.wait()
         self.received_bytes += sum(tensor_bytes(b) for b in inbox)

@@ -11,6 +11,7 @@ Per tensor and step (meshplan/compression_wire.py for k and the bytes):
 One all-gather per bucket carries all its tensors' payloads. density = 1 with error feedback
 sends everything: the average of the dense gradients, i.e. DDP.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,8 +50,11 @@ class TopK(compressed.Codec):
         """This rank's payload for one tensor: k fp32 values then k int32 indices, as bytes."""
         acc = self._accumulate(key, grad)
         k = topk_k(acc.numel(), density)
-        index = torch.topk(acc.abs(), k, sorted=False).indices if k < acc.numel() else \
-            torch.arange(acc.numel(), device=acc.device)
+        index = (
+            torch.topk(acc.abs(), k, sorted=False).indices
+            if k < acc.numel()
+            else torch.arange(acc.numel(), device=acc.device)
+        )
         values = acc[index]
         self.feedback.keep(key, acc, index)
         if key in self.velocity:
@@ -60,12 +64,14 @@ class TopK(compressed.Codec):
     def exchange(self, comm, items: list[tuple[int, torch.Tensor, tuple]]) -> None:
         densities = [self.density(key, self.step_of(key)) for key, *_ in items]
         ks = [topk_k(grad.numel(), d) for (_, grad, _), d in zip(items, densities)]
-        gathered = comm.all_gather(torch.cat([self.encode(key, grad, d) for (key, grad, _), d in zip(items, densities)]))
+        gathered = comm.all_gather(
+            torch.cat([self.encode(key, grad, d) for (key, grad, _), d in zip(items, densities)])
+        )
         for (key, grad, _), k, offset in zip(items, ks, _offsets(ks)):
             total = torch.zeros_like(grad)
             for part in gathered:  # rank order: the same sum on every rank
-                chunk = part[offset:offset + 8 * k]
-                total.index_add_(0, chunk[4 * k:].view(torch.int32).long(), chunk[:4 * k].view(torch.float32))
+                chunk = part[offset : offset + 8 * k]
+                total.index_add_(0, chunk[4 * k :].view(torch.int32).long(), chunk[: 4 * k].view(torch.float32))
             grad.copy_(total.div_(comm.world))
 
 

@@ -1,5 +1,6 @@
 """Build the report Document from a Plan (and optionally a RunResult): the sections a user reads
 before spending a cluster-day — will it fit, how fast, why this one, what else."""
+
 from __future__ import annotations
 
 from meshplan.plan import Plan
@@ -9,8 +10,14 @@ from meshplan.report.document import Document, Figure, Section, Table
 from meshplan.report.dp_methods_section import dp_methods_section
 from meshplan.report.measured import measured_section
 from meshplan.report.search_tables import alternatives_section, rejected_section, why_paragraphs
-from meshplan.report.summary import (TERM_LABELS, binding_constraint, breakdown_rows, key_figures,
-                                     plan_settings, short_label)
+from meshplan.report.summary import (
+    TERM_LABELS,
+    binding_constraint,
+    breakdown_rows,
+    key_figures,
+    plan_settings,
+    short_label,
+)
 from meshplan.report.timeline import simulate
 from meshplan.report.timeline_svg import timeline_svg
 from meshplan.run_result import RunResult
@@ -20,12 +27,23 @@ GIB = 1024**3
 
 def build_document(plan: Plan, run: RunResult | None = None, title: str | None = None) -> Document:
     title = title or f"meshplan: {plan.model_name} on {plan.world_size} x {plan.cluster_name}"
-    subtitle = (f"{short_label(plan)}, {plan.pipeline_schedule if plan.pipeline_parallel_degree > 1 else 'no pipeline'}, "
-                f"global batch {plan.global_batch_size}" + (f" x seq {plan.seq_len}" if plan.seq_len > 1 else ""))
-    doc = Document(title=title, subtitle=subtitle, key_figures=key_figures(plan),
-                   headline=f"Binding constraint: {binding_constraint(plan)}.")
-    doc.sections.append(Section(title="Recommended plan", anchor="plan", items=[
-        Table(headers=["torchtitan setting", "value", "meaning"], rows=plan_settings(plan))]))
+    subtitle = (
+        f"{short_label(plan)}, {plan.pipeline_schedule if plan.pipeline_parallel_degree > 1 else 'no pipeline'}, "
+        f"global batch {plan.global_batch_size}" + (f" x seq {plan.seq_len}" if plan.seq_len > 1 else "")
+    )
+    doc = Document(
+        title=title,
+        subtitle=subtitle,
+        key_figures=key_figures(plan),
+        headline=f"Binding constraint: {binding_constraint(plan)}.",
+    )
+    doc.sections.append(
+        Section(
+            title="Recommended plan",
+            anchor="plan",
+            items=[Table(headers=["torchtitan setting", "value", "meaning"], rows=plan_settings(plan))],
+        )
+    )
     doc.sections.append(Section(title="Why this plan", anchor="why", items=why_paragraphs(plan)))
     if plan.prediction is not None:
         doc.sections += [timeline_section(plan), memory_section(plan), breakdown_section(plan)]
@@ -45,41 +63,80 @@ def timeline_section(plan: Plan) -> Section:
     rows = []
     for r in range(pp):
         busy_s = tl.busy_s(r)
-        rows.append([str(r), fmt.seconds(tl.forward_s[r]), fmt.seconds(tl.backward_s[r]), fmt.seconds(busy_s),
-                     fmt.seconds(tl.compute_end_s() - busy_s)])
+        rows.append(
+            [
+                str(r),
+                fmt.seconds(tl.forward_s[r]),
+                fmt.seconds(tl.backward_s[r]),
+                fmt.seconds(busy_s),
+                fmt.seconds(tl.compute_end_s() - busy_s),
+            ]
+        )
     analytic = (pp - 1) / (v * m + pp - 1)  # bubble (p-1)/(v m) of the ideal time, Narayanan et al. 2021 Sec. 2.2
     diff = (tl.makespan_s - pred.step_time_s) / pred.step_time_s if pred.step_time_s > 0 else 0.0
     if pp == 1:
-        text = (f"No pipeline: every rank runs its {m} microbatch{'es' if m > 1 else ''} back to back, then the "
-                f"exposed gradient communication and the optimizer step. Replayed step "
-                f"{fmt.seconds(tl.makespan_s)} vs cost model {fmt.seconds(pred.step_time_s)} ({fmt.signed_pct(diff)}).")
+        text = (
+            f"No pipeline: every rank runs its {m} microbatch{'es' if m > 1 else ''} back to back, then the "
+            f"exposed gradient communication and the optimizer step. Replayed step "
+            f"{fmt.seconds(tl.makespan_s)} vs cost model {fmt.seconds(pred.step_time_s)} ({fmt.signed_pct(diff)})."
+        )
     else:
-        text = (f"One optimizer step replayed with the predicted stage times ({tl.schedule}, {pp} pipeline ranks, "
-                f"{m} microbatches{f', {v} chunks per rank' if v > 1 else ''}); p2p hop {fmt.seconds(tl.hop_s)}. "
-                f"Idle share of the compute phase (bubble): {fmt.pct(tl.bubble_fraction())}; "
-                f"with equal stages and free p2p it would be (p-1)/(v*m+p-1) = {fmt.pct(analytic)}. "
-                f"Replayed step {fmt.seconds(tl.makespan_s)} vs cost model {fmt.seconds(pred.step_time_s)} "
-                f"({fmt.signed_pct(diff)}): the replay serialises communication the cost model may overlap.")
-    table = Table(headers=["rank", "forward per chunk", "backward per chunk", "busy", "idle (bubble)"],
-                  rows=rows, caption="Per pipeline rank, one optimizer step")
-    return Section(title="Pipeline schedule", anchor="timeline", items=[
-        text, Figure(name="timeline", svg=timeline_svg(tl), caption="Pipeline schedule timeline"), table])
+        text = (
+            f"One optimizer step replayed with the predicted stage times ({tl.schedule}, {pp} pipeline ranks, "
+            f"{m} microbatches{f', {v} chunks per rank' if v > 1 else ''}); p2p hop {fmt.seconds(tl.hop_s)}. "
+            f"Idle share of the compute phase (bubble): {fmt.pct(tl.bubble_fraction())}; "
+            f"with equal stages and free p2p it would be (p-1)/(v*m+p-1) = {fmt.pct(analytic)}. "
+            f"Replayed step {fmt.seconds(tl.makespan_s)} vs cost model {fmt.seconds(pred.step_time_s)} "
+            f"({fmt.signed_pct(diff)}): the replay serialises communication the cost model may overlap."
+        )
+    table = Table(
+        headers=["rank", "forward per chunk", "backward per chunk", "busy", "idle (bubble)"],
+        rows=rows,
+        caption="Per pipeline rank, one optimizer step",
+    )
+    return Section(
+        title="Pipeline schedule",
+        anchor="timeline",
+        items=[text, Figure(name="timeline", svg=timeline_svg(tl), caption="Pipeline schedule timeline"), table],
+    )
 
 
 def memory_section(plan: Plan) -> Section:
     mem = plan.prediction.stage_memory
     parts = ("params", "grads", "optimizer", "activations", "buffers")
     series = {p: [getattr(m, f"{p}_bytes") / GIB for m in mem] for p in parts}
-    figure = Figure(name="memory", caption="Memory per pipeline rank vs capacity", svg=svg.stacked_bars(
-        [f"stage {m.stage}" for m in mem], series, unit="GiB", capacity=[m.capacity_bytes / GIB for m in mem],
-        title="memory per stage"))
-    rows = [[str(m.stage)] + [fmt.gib(getattr(m, f"{p}_bytes")) for p in parts]
-            + [fmt.gib(m.total_bytes), fmt.gib(m.capacity_bytes), fmt.gib(m.capacity_bytes - m.total_bytes),
-               "fits" if m.total_bytes <= m.capacity_bytes else "OOM"] for m in mem]
-    table = Table(headers=["stage", *parts, "total", "capacity", "headroom", ""], rows=rows,
-                  caption="Predicted bytes per GPU of each pipeline rank")
-    return Section(title="Memory per stage", anchor="memory", items=[figure, table] if mem else
-                   ["The prediction has no per-stage memory."])
+    figure = Figure(
+        name="memory",
+        caption="Memory per pipeline rank vs capacity",
+        svg=svg.stacked_bars(
+            [f"stage {m.stage}" for m in mem],
+            series,
+            unit="GiB",
+            capacity=[m.capacity_bytes / GIB for m in mem],
+            title="memory per stage",
+        ),
+    )
+    rows = [
+        [str(m.stage)]
+        + [fmt.gib(getattr(m, f"{p}_bytes")) for p in parts]
+        + [
+            fmt.gib(m.total_bytes),
+            fmt.gib(m.capacity_bytes),
+            fmt.gib(m.capacity_bytes - m.total_bytes),
+            "fits" if m.total_bytes <= m.capacity_bytes else "OOM",
+        ]
+        for m in mem
+    ]
+    table = Table(
+        headers=["stage", *parts, "total", "capacity", "headroom", ""],
+        rows=rows,
+        caption="Predicted bytes per GPU of each pipeline rank",
+    )
+    return Section(
+        title="Memory per stage",
+        anchor="memory",
+        items=[figure, table] if mem else ["The prediction has no per-stage memory."],
+    )
 
 
 def breakdown_section(plan: Plan) -> Section:
@@ -87,8 +144,13 @@ def breakdown_section(plan: Plan) -> Section:
     terms = breakdown_rows(pred)
     total_s = sum(v for _, v in terms)
     step_s = max(pred.step_time_s, 1e-12)
-    figure = Figure(name="breakdown", caption="Step-time breakdown (seconds per term)", svg=svg.hbars(
-        [TERM_LABELS.get(k, k) for k, _ in terms], [v for _, v in terms], unit="s", title="step-time breakdown"))
+    figure = Figure(
+        name="breakdown",
+        caption="Step-time breakdown (seconds per term)",
+        svg=svg.hbars(
+            [TERM_LABELS.get(k, k) for k, _ in terms], [v for _, v in terms], unit="s", title="step-time breakdown"
+        ),
+    )
     rows = [[TERM_LABELS.get(k, k), fmt.seconds(v), fmt.pct(v / step_s)] for k, v in terms]
     rows.append(["sum of terms", fmt.seconds(total_s), fmt.pct(total_s / step_s)])
     rows.append(["predicted step time", fmt.seconds(pred.step_time_s), fmt.pct(1.0)])
@@ -98,7 +160,10 @@ def breakdown_section(plan: Plan) -> Section:
 
 def provenance_section(plan: Plan) -> Section:
     prov = plan.provenance
-    rows = [["plan decisions hash (no prediction, no search)", plan_hash(plan)], ["profile hash", prov.profile_hash or "-"],
-            ["cluster hash", prov.cluster_hash or "-"], ["meshplan version", prov.meshplan_version or "-"]]
+    rows = [
+        ["plan decisions hash (no prediction, no search)", plan_hash(plan)],
+        ["profile hash", prov.profile_hash or "-"],
+        ["cluster hash", prov.cluster_hash or "-"],
+        ["meshplan version", prov.meshplan_version or "-"],
+    ]
     return Section(title="Provenance", anchor="provenance", items=[Table(headers=["item", "value"], rows=rows)])
-

@@ -3,6 +3,7 @@
 Every number is formatted once here (meshplan.report.fmt), so the Markdown and the HTML show the
 same strings by construction.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,6 +1,7 @@
 """The "Data-parallel methods" section: the chosen plan re-priced with its default, pinned and
 allowed methods (Prediction.dp_method_options), which of them change the training mathematics,
 and the data-parallel bytes on the wire per step and rank, predicted and (with a run) measured."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -15,8 +16,10 @@ from meshplan.run_result import RunResult
 MESH_AXES = ("dp_replicate", "dp_shard")
 """The data-parallel mesh axes in mesh order; any other key a contract carries follows, sorted."""
 PLAIN_DP = "plain synchronous data parallelism (DDP all-reduce)"
-BYTES_NOTE = ("Bytes are data-parallel bytes on the wire per step and rank (ring volumes, "
-              "meshplan/comm_bytes.py), by mesh axis, max over the ranks.")
+BYTES_NOTE = (
+    "Bytes are data-parallel bytes on the wire per step and rank (ring volumes, "
+    "meshplan/comm_bytes.py), by mesh axis, max over the ranks."
+)
 
 
 def _value(value: Any) -> str:
@@ -26,7 +29,7 @@ def _value(value: Any) -> str:
 
 
 def method_text(name: str, params: dict[str, Any]) -> str:
-    """"powersgd(rank=2, start_iter=2, ...)"; the bare name when the method has no parameters."""
+    """ "powersgd(rank=2, start_iter=2, ...)"; the bare name when the method has no parameters."""
     if not params:
         return name
     return f"{name}({', '.join(f'{k}={_value(v)}' for k, v in params.items())})"
@@ -38,7 +41,7 @@ def _axes(*by_axis: dict[str, int]) -> list[str]:
 
 
 def bytes_text(by_axis: dict[str, int]) -> str:
-    """"dp_replicate 12.6 MiB, dp_shard 3.50 MiB"; "0 B" when no data-parallel axis moves bytes."""
+    """ "dp_replicate 12.6 MiB, dp_shard 3.50 MiB"; "0 B" when no data-parallel axis moves bytes."""
     return ", ".join(f"{a} {fmt.nbytes(by_axis[a])}" for a in _axes(by_axis)) or "0 B"
 
 
@@ -58,38 +61,60 @@ def option_rows(plan: Plan) -> list[list[str]]:
     rows = []
     for o in pred.dp_method_options:
         priced = o.step_time_s > 0
-        rows.append(["chosen" if o.chosen else "", o.axis, method_text(o.name, o.params),
-                     "exact" if o.exact else "approximate",
-                     fmt.seconds(o.step_time_s) if priced else "-",
-                     fmt.ratio(o.step_time_s / step_s) if priced and step_s > 0 else "-",
-                     bytes_text(o.comm_bytes_per_step) if priced else "-",
-                     fmt.gib(o.peak_memory_bytes) if priced else "-", status_text(o, capacity_bytes(pred))])
+        rows.append(
+            [
+                "chosen" if o.chosen else "",
+                o.axis,
+                method_text(o.name, o.params),
+                "exact" if o.exact else "approximate",
+                fmt.seconds(o.step_time_s) if priced else "-",
+                fmt.ratio(o.step_time_s / step_s) if priced and step_s > 0 else "-",
+                bytes_text(o.comm_bytes_per_step) if priced else "-",
+                fmt.gib(o.peak_memory_bytes) if priced else "-",
+                status_text(o, capacity_bytes(pred)),
+            ]
+        )
     return rows
 
 
 def options_table(plan: Plan) -> Table:
     rows = option_rows(plan)
     chosen = [i for i, o in enumerate(plan.prediction.dp_method_options) if o.chosen]
-    return Table(headers=["", "axis", "method", "mathematics", "predicted step time", "vs chosen",
-                          "bytes per step per rank", "peak memory", "status"], rows=rows,
-                 highlight_row=chosen[0] if len(chosen) == 1 else -1,
-                 caption="The chosen plan (same stages and recompute) re-priced with each method")
+    return Table(
+        headers=[
+            "",
+            "axis",
+            "method",
+            "mathematics",
+            "predicted step time",
+            "vs chosen",
+            "bytes per step per rank",
+            "peak memory",
+            "status",
+        ],
+        rows=rows,
+        highlight_row=chosen[0] if len(chosen) == 1 else -1,
+        caption="The chosen plan (same stages and recompute) re-priced with each method",
+    )
 
 
 def caveats(plan: Plan) -> list[str]:
     """One plain sentence per approximate method, chosen or priced, in table order."""
     seen: dict[tuple[str, str], bool] = {}
     options = plan.prediction.dp_method_options if plan.prediction is not None else []
-    for axis, name, chosen in [(o.axis, o.name, o.chosen) for o in options] + \
-            [(a, c.name, True) for a, c in plan.dp_methods.items()]:
+    for axis, name, chosen in [(o.axis, o.name, o.chosen) for o in options] + [
+        (a, c.name, True) for a, c in plan.dp_methods.items()
+    ]:
         if not dp_methods.method(axis, name).exact:
             seen[(axis, name)] = seen.get((axis, name), False) or chosen
     out = []
     for (axis, name), chosen in seen.items():
         row = dp_methods.method(axis, name)
-        out.append(f"{row.label} ({'chosen' if chosen else 'allowed'}) is approximate: it changes the training "
-                   "mathematics, so check convergence (the loss curve against the exact method) before relying "
-                   f"on it. What it does: {row.summary}.")
+        out.append(
+            f"{row.label} ({'chosen' if chosen else 'allowed'}) is approximate: it changes the training "
+            "mathematics, so check convergence (the loss curve against the exact method) before relying "
+            f"on it. What it does: {row.summary}."
+        )
     return out
 
 
@@ -105,24 +130,40 @@ def measured_items(plan: Plan, run: RunResult) -> list:
     predicted = plan.prediction.comm_bytes_per_step if plan.prediction is not None else {}
     measured = getattr(run, "comm_bytes_per_step", None) or {}
     if not measured:
-        return ["The run recorded no data-parallel bytes per step (comm_bytes_per_step) to compare with."
-                if predicted else "Neither the prediction nor the run has data-parallel traffic."]
+        return [
+            "The run recorded no data-parallel bytes per step (comm_bytes_per_step) to compare with."
+            if predicted
+            else "Neither the prediction nor the run has data-parallel traffic."
+        ]
     rows = []
     for axis in _axes(predicted, measured):
         p, m = predicted.get(axis), measured.get(axis)
-        rows.append([axis, fmt.nbytes(p) if p is not None else "-", fmt.nbytes(m) if m is not None else "-",
-                     fmt.ratio(m / p) if p and m is not None else "-"])
-    return [Table(headers=["mesh axis", "predicted", "measured", "measured / predicted"], rows=rows,
-                  caption="Data-parallel bytes per step and rank, predicted vs measured")]
+        rows.append(
+            [
+                axis,
+                fmt.nbytes(p) if p is not None else "-",
+                fmt.nbytes(m) if m is not None else "-",
+                fmt.ratio(m / p) if p and m is not None else "-",
+            ]
+        )
+    return [
+        Table(
+            headers=["mesh axis", "predicted", "measured", "measured / predicted"],
+            rows=rows,
+            caption="Data-parallel bytes per step and rank, predicted vs measured",
+        )
+    ]
 
 
 def dp_methods_section(plan: Plan, run: RunResult | None = None) -> Section:
     items: list = [methods_paragraph(plan)]
     if plan.prediction is not None and plan.prediction.dp_method_options:
-        items += [options_table(plan), BYTES_NOTE + " \"vs chosen\" is the step time over the chosen plan's."]
+        items += [options_table(plan), BYTES_NOTE + ' "vs chosen" is the step time over the chosen plan\'s.']
     elif plan.prediction is not None:
-        items.append("No other method was priced: pin one (--compression, --sync, --comm-schedule, --offload, "
-                     "--waves) or allow approximate ones (--allow-compression, --allow-sync). " + BYTES_NOTE)
+        items.append(
+            "No other method was priced: pin one (--compression, --sync, --comm-schedule, --offload, "
+            "--waves) or allow approximate ones (--allow-compression, --allow-sync). " + BYTES_NOTE
+        )
     items += caveats(plan)
     if run is not None:
         items += measured_items(plan, run)

@@ -1,4 +1,5 @@
 """Plan facts every export needs: transformer blocks per stage, recompute patterns, node layout."""
+
 from __future__ import annotations
 
 import re
@@ -39,7 +40,7 @@ def non_block_recompute(plan: Plan) -> list[str]:
 
 
 def uniform_recompute(plan: Plan) -> str | None:
-    """"none" / "selective" / "full" when every block has the same mode, else None."""
+    """ "none" / "selective" / "full" when every block has the same mode, else None."""
     modes = set(recompute_modes(plan))
     return modes.pop() if len(modes) == 1 else ("none" if not modes else None)
 
@@ -75,12 +76,14 @@ def num_nodes(plan: Plan) -> int:
 def header_lines(plan: Plan, target: str) -> list[str]:
     """Comment lines (without the comment marker) opening every exported file."""
     dp = plan.data_parallel_degree
-    return [f"meshplan plan -> {target}: {plan.model_name} on {plan.world_size} x {plan.cluster_name}",
-            f"plan decisions hash {plan_hash(plan)}; mesh pp={plan.pipeline_parallel_degree} "
-            f"dp_replicate={plan.data_parallel_replicate_degree} dp_shard={plan.data_parallel_shard_degree} "
-            f"cp={plan.context_parallel_degree} tp={plan.tensor_parallel_degree}",
-            f"global batch {plan.global_batch_size} = micro {plan.microbatch_size} x accumulation "
-            f"{plan.num_microbatches} x data-parallel {dp}; seq_len {plan.seq_len}"]
+    return [
+        f"meshplan plan -> {target}: {plan.model_name} on {plan.world_size} x {plan.cluster_name}",
+        f"plan decisions hash {plan_hash(plan)}; mesh pp={plan.pipeline_parallel_degree} "
+        f"dp_replicate={plan.data_parallel_replicate_degree} dp_shard={plan.data_parallel_shard_degree} "
+        f"cp={plan.context_parallel_degree} tp={plan.tensor_parallel_degree}",
+        f"global batch {plan.global_batch_size} = micro {plan.microbatch_size} x accumulation "
+        f"{plan.num_microbatches} x data-parallel {dp}; seq_len {plan.seq_len}",
+    ]
 
 
 def plan_hash(plan: Plan) -> str:
@@ -99,8 +102,10 @@ def common_warnings(plan: Plan) -> list[str]:
     extra = non_block_recompute(plan)
     if not extra:
         return []
-    return [f"recompute on non-block layers {', '.join(extra)} is not expressible (trainers checkpoint "
-            "transformer blocks only); those layers run without recompute and use more memory than planned"]
+    return [
+        f"recompute on non-block layers {', '.join(extra)} is not expressible (trainers checkpoint "
+        "transformer blocks only); those layers run without recompute and use more memory than planned"
+    ]
 
 
 def comment(lines: list[str], marker: str = "#") -> str:
@@ -127,8 +132,12 @@ def method_warnings(plan: Plan, target: str) -> list[str]:
     return out + runtime_warnings(plan, target)
 
 
-TARGET_RUNTIMES = {"torchtitan": ("torchtitan",), "megatron": ("megatron-lm", "megatron-core"),
-                   "deepspeed": ("deepspeed",), "accelerate": ("meshplan", "torchtitan", "deepspeed")}
+TARGET_RUNTIMES = {
+    "torchtitan": ("torchtitan",),
+    "megatron": ("megatron-lm", "megatron-core"),
+    "deepspeed": ("deepspeed",),
+    "accelerate": ("meshplan", "torchtitan", "deepspeed"),
+}
 """Runtimes (meshplan/runtimes.py) whose prediction an export target runs as predicted."""
 
 
@@ -137,5 +146,7 @@ def runtime_warnings(plan: Plan, target: str) -> list[str]:
     if plan.runtime in TARGET_RUNTIMES.get(target, ()):
         return []
     hint = " or ".join(TARGET_RUNTIMES.get(target, ()))
-    return [f"the prediction was made for runtime {plan.runtime}; {target} runs this plan with its own behaviours "
-            f"(README, Runtimes), so its step time and memory will differ: re-plan with --runtime {hint}"]
+    return [
+        f"the prediction was made for runtime {plan.runtime}; {target} runs this plan with its own behaviours "
+        f"(README, Runtimes), so its step time and memory will differ: re-plan with --runtime {hint}"
+    ]

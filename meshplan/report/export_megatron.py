@@ -3,6 +3,7 @@
 Megatron derives data-parallel size = world / (tp x pp x cp) and gradient accumulation =
 global-batch-size / (micro-batch-size x dp); the flags below are chosen so both match the plan.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -10,8 +11,13 @@ import shlex
 from meshplan.plan import Plan
 from meshplan.report import export_common as ec
 
-MODEL_FLAGS = {"hidden": "--hidden-size", "heads": "--num-attention-heads", "ffn_hidden": "--ffn-hidden-size",
-               "vocab": "--vocab-size", "kv_heads": "--num-query-groups"}
+MODEL_FLAGS = {
+    "hidden": "--hidden-size",
+    "heads": "--num-attention-heads",
+    "ffn_hidden": "--ffn-hidden-size",
+    "vocab": "--vocab-size",
+    "kv_heads": "--num-query-groups",
+}
 
 
 def _pipeline_flags(plan: Plan, warnings: list[str]) -> list[str]:
@@ -28,21 +34,31 @@ def _pipeline_flags(plan: Plan, warnings: list[str]) -> list[str]:
         flags += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
         flags += ["--num-virtual-stages-per-pipeline-rank", str(v)] if v > 1 else []
     elif v == 1 and len(set(per_stage)) > 1 and len(set(per_stage[1:-1])) <= 1 and pp > 2:
-        flags += ["--decoder-first-pipeline-num-layers", str(per_stage[0]),
-                  "--decoder-last-pipeline-num-layers", str(per_stage[-1])]
+        flags += [
+            "--decoder-first-pipeline-num-layers",
+            str(per_stage[0]),
+            "--decoder-last-pipeline-num-layers",
+            str(per_stage[-1]),
+        ]
     elif v == 1 and len(set(per_stage)) > 1 and pp == 2:
         flags += ["--decoder-first-pipeline-num-layers", str(per_stage[0])]
     elif len(set(per_stage)) > 1:
-        warnings.append(f"uneven stage boundaries (blocks per stage {per_stage}) are not expressible: "
-                        "Megatron-LM splits blocks evenly over (virtual) stages; the split below is even")
+        warnings.append(
+            f"uneven stage boundaries (blocks per stage {per_stage}) are not expressible: "
+            "Megatron-LM splits blocks evenly over (virtual) stages; the split below is even"
+        )
         if v > 1:
             flags += ["--num-layers-per-virtual-pipeline-stage", str(max(1, sum(per_stage) // (pp * v)))]
     if v > 1 and plan.num_microbatches % pp:
-        warnings.append(f"interleaved 1F1B in Megatron-LM needs microbatches ({plan.num_microbatches}) divisible by "
-                        f"pp={pp}; Megatron will refuse this batch unless you change --global-batch-size")
+        warnings.append(
+            f"interleaved 1F1B in Megatron-LM needs microbatches ({plan.num_microbatches}) divisible by "
+            f"pp={pp}; Megatron will refuse this batch unless you change --global-batch-size"
+        )
     if plan.pipeline_schedule in ("GPipe", "LoopedBFS", "InterleavedZeroBubble"):
-        warnings.append(f"schedule {plan.pipeline_schedule} is not available in Megatron-LM; it runs "
-                        f"{'interleaved ' if v > 1 else ''}1F1B (same bubble as the plan's for GPipe/LoopedBFS)")
+        warnings.append(
+            f"schedule {plan.pipeline_schedule} is not available in Megatron-LM; it runs "
+            f"{'interleaved ' if v > 1 else ''}1F1B (same bubble as the plan's for GPipe/LoopedBFS)"
+        )
     return flags
 
 
@@ -58,8 +74,10 @@ def _recompute_flags(plan: Plan, warnings: list[str]) -> list[str]:
     if block is not None:
         return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", str(block)]
     strongest = ec.strongest_recompute(plan)
-    warnings.append(f"per-layer recompute ({ec.recompute_text(plan)}) is not expressible in Megatron-LM; "
-                    f"exported {strongest} recompute on every block (slower than predicted, never more memory)")
+    warnings.append(
+        f"per-layer recompute ({ec.recompute_text(plan)}) is not expressible in Megatron-LM; "
+        f"exported {strongest} recompute on every block (slower than predicted, never more memory)"
+    )
     return _recompute_flags_for(strongest)
 
 
@@ -86,21 +104,28 @@ def _data_parallel_flags(plan: Plan, warnings: list[str]) -> list[str]:
     if plan.zero_stage in (1, 2):
         flags.append("--use-distributed-optimizer")
         if plan.zero_stage == 2:
-            warnings.append("ZeRO-2 maps to --use-distributed-optimizer, which shards optimizer states and "
-                            "reduce-scatters gradients but keeps a full gradient buffer (ZeRO-1 gradient memory)")
+            warnings.append(
+                "ZeRO-2 maps to --use-distributed-optimizer, which shards optimizer states and "
+                "reduce-scatters gradients but keeps a full gradient buffer (ZeRO-1 gradient memory)"
+            )
         if plan.data_parallel_replicate_degree > 1 and plan.data_parallel_shard_degree > 1:
             flags += ["--num-distributed-optimizer-instances", str(plan.data_parallel_replicate_degree)]
     if plan.zero_stage == 3:
         flags += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion"]
-        warnings.append("ZeRO-3 maps to --use-torch-fsdp2 (Megatron-Core >= 0.9); older versions cannot shard "
-                        "parameters")
+        warnings.append(
+            "ZeRO-3 maps to --use-torch-fsdp2 (Megatron-Core >= 0.9); older versions cannot shard parameters"
+        )
         if plan.data_parallel_replicate_degree > 1:
-            warnings.append("hybrid sharding (replicate x shard) is not expressible with --use-torch-fsdp2; "
-                            "it shards over the whole data-parallel group")
+            warnings.append(
+                "hybrid sharding (replicate x shard) is not expressible with --use-torch-fsdp2; "
+                "it shards over the whole data-parallel group"
+            )
     if ec.offloads(plan) and plan.zero_stage == 3:
-        warnings.append("optimizer offload with ZeRO-3 is not expressible: Megatron's --optimizer-cpu-offload "
-                        "runs inside the distributed optimizer, not --use-torch-fsdp2 (more device memory than "
-                        "predicted)")
+        warnings.append(
+            "optimizer offload with ZeRO-3 is not expressible: Megatron's --optimizer-cpu-offload "
+            "runs inside the distributed optimizer, not --use-torch-fsdp2 (more device memory than "
+            "predicted)"
+        )
     elif ec.offloads(plan):
         # Megatron-Core's OptimizerConfig: cpu offload and the precision-aware optimizer live in the
         # distributed optimizer (its __post_init__ refuses them without it)
@@ -115,22 +140,40 @@ def _data_parallel_flags(plan: Plan, warnings: list[str]) -> list[str]:
 
 def megatron_flags(plan: Plan, warnings: list[str]) -> list[str]:
     if not ec.is_transformer(plan):
-        warnings.append(f"Megatron-LM trains transformer models only; {plan.model_name} is not one, so only "
-                        "the parallel and batch flags below carry over")
-    flags = ["--tensor-model-parallel-size", str(plan.tensor_parallel_degree),
-             "--pipeline-model-parallel-size", str(plan.pipeline_parallel_degree),
-             "--context-parallel-size", str(plan.context_parallel_degree)]
+        warnings.append(
+            f"Megatron-LM trains transformer models only; {plan.model_name} is not one, so only "
+            "the parallel and batch flags below carry over"
+        )
+    flags = [
+        "--tensor-model-parallel-size",
+        str(plan.tensor_parallel_degree),
+        "--pipeline-model-parallel-size",
+        str(plan.pipeline_parallel_degree),
+        "--context-parallel-size",
+        str(plan.context_parallel_degree),
+    ]
     flags += _pipeline_flags(plan, warnings)
     if plan.sequence_parallel and plan.tensor_parallel_degree > 1:
         flags.append("--sequence-parallel")
-    flags += ["--micro-batch-size", str(plan.microbatch_size), "--global-batch-size", str(plan.global_batch_size),
-              "--seq-length", str(plan.seq_len), "--max-position-embeddings", str(plan.seq_len)]
+    flags += [
+        "--micro-batch-size",
+        str(plan.microbatch_size),
+        "--global-batch-size",
+        str(plan.global_batch_size),
+        "--seq-length",
+        str(plan.seq_len),
+        "--max-position-embeddings",
+        str(plan.seq_len),
+    ]
     if ec.is_transformer(plan):
         flags += ["--num-layers", str(len(ec.blocks(plan)))]
     for key, flag in MODEL_FLAGS.items():
         if key in plan.model_config:
-            flags += ([flag, str(plan.model_config[key])] if key != "kv_heads"
-                      else ["--group-query-attention", flag, str(plan.model_config[key])])
+            flags += (
+                [flag, str(plan.model_config[key])]
+                if key != "kv_heads"
+                else ["--group-query-attention", flag, str(plan.model_config[key])]
+            )
     flags += _recompute_flags(plan, warnings) + _data_parallel_flags(plan, warnings)
     if plan.precision in ("bf16", "fp8"):
         flags.append("--bf16")
@@ -165,13 +208,17 @@ def export_megatron(plan: Plan) -> dict[str, str]:
     pairs, i = [], 0
     while i < len(flags):  # one flag (with its value) per line
         has_value = i + 1 < len(flags) and not flags[i + 1].startswith("--")
-        pairs.append(" ".join(shlex.quote(f) for f in flags[i:i + 1 + has_value]))
+        pairs.append(" ".join(shlex.quote(f) for f in flags[i : i + 1 + has_value]))
         i += 1 + has_value
     text = "#!/usr/bin/env bash\n" + ec.comment(ec.header_lines(plan, "Megatron-LM") + ec.warning_lines(warnings))
-    text += (f"# Megatron derives data-parallel size = {plan.world_size} / (tp x pp x cp) = {dp} and gradient "
-             f"accumulation = {plan.global_batch_size} / ({plan.microbatch_size} x {dp}) = "
-             f"{plan.global_batch_size // (plan.microbatch_size * dp)}\n")
+    text += (
+        f"# Megatron derives data-parallel size = {plan.world_size} / (tp x pp x cp) = {dp} and gradient "
+        f"accumulation = {plan.global_batch_size} / ({plan.microbatch_size} x {dp}) = "
+        f"{plan.global_batch_size // (plan.microbatch_size * dp)}\n"
+    )
     text += "MESHPLAN_ARGS=(\n" + "".join(f"    {p}\n" for p in pairs) + ")\n"
-    text += (f"torchrun --nproc_per_node {ec.devices_per_node(plan)} --nnodes {ec.num_nodes(plan)} "
-             '"${NODE_ARGS[@]}" pretrain_gpt.py "${MESHPLAN_ARGS[@]}" "$@"\n')
+    text += (
+        f"torchrun --nproc_per_node {ec.devices_per_node(plan)} --nnodes {ec.num_nodes(plan)} "
+        '"${NODE_ARGS[@]}" pretrain_gpt.py "${MESHPLAN_ARGS[@]}" "$@"\n'
+    )
     return {"megatron_args.sh": text}

@@ -4,6 +4,7 @@ Every target states, inside its output, what of the plan it cannot express (a WA
 line) instead of dropping it silently; degrees and the batch arithmetic (global = micro x
 accumulation x data-parallel degree) are always carried over.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -17,8 +18,12 @@ def _targets() -> dict[str, Callable[[Plan], dict[str, str]]]:
     from meshplan.report.export_megatron import export_megatron
     from meshplan.report.export_torchtitan import export_torchtitan
 
-    return {"torchtitan": export_torchtitan, "megatron": export_megatron, "deepspeed": export_deepspeed,
-            "accelerate": export_accelerate}
+    return {
+        "torchtitan": export_torchtitan,
+        "megatron": export_megatron,
+        "deepspeed": export_deepspeed,
+        "accelerate": export_accelerate,
+    }
 
 
 EXPORT_TARGETS = ("torchtitan", "megatron", "deepspeed", "accelerate")

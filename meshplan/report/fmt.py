@@ -1,4 +1,5 @@
 """Number formatting shared by the Markdown and HTML reports, so both show the same strings."""
+
 from __future__ import annotations
 
 GIB = 1024**3

@@ -1,5 +1,6 @@
 """Render a report Document as one self-contained HTML file: inline CSS and SVG, no scripts,
 no fonts, no links outside the page."""
+
 from __future__ import annotations
 
 from html import escape
@@ -53,8 +54,10 @@ def figure_html(figure: Figure) -> str:
 
 
 def render_html(doc: Document) -> str:
-    cards = "".join(f'<div class="card"><div class="label">{escape(label)}</div>'
-                    f'<div class="value">{escape(value)}</div></div>' for label, value in doc.key_figures)
+    cards = "".join(
+        f'<div class="card"><div class="label">{escape(label)}</div><div class="value">{escape(value)}</div></div>'
+        for label, value in doc.key_figures
+    )
     nav = "".join(f'<a href="#{s.anchor}">{escape(s.title)}</a>' for s in doc.sections)
     body = []
     for section in doc.sections:
@@ -68,11 +71,11 @@ def render_html(doc: Document) -> str:
                 body.append(f"<p>{escape(item)}</p>")
         body.append("</section>")
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-        "<link rel=\"icon\" href=\"data:,\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<link rel="icon" href="data:,">'
         f"<title>{escape(doc.title)}</title><style>{CSS}</style></head><body>"
         f"<header><h1>{escape(doc.title)}</h1><p>{escape(doc.subtitle)}</p></header>"
-        f"<nav>{nav}</nav><main><div class=\"cards\">{cards}</div>"
-        f"<p class=\"headline\">{escape(doc.headline)}</p>"
-        + "\n".join(body) + "</main></body></html>\n")
+        f'<nav>{nav}</nav><main><div class="cards">{cards}</div>'
+        f'<p class="headline">{escape(doc.headline)}</p>' + "\n".join(body) + "</main></body></html>\n"
+    )

@@ -1,4 +1,5 @@
 """Render a report Document as Markdown; figures are linked SVG files in plots/ beside it."""
+
 from __future__ import annotations
 
 from meshplan.report.document import Document, Figure, Table
@@ -31,9 +32,12 @@ def figure_md(figure: Figure) -> str:
 def render_markdown(doc: Document) -> str:
     out = [f"# {doc.title}", "", doc.subtitle, ""]
     if doc.key_figures:
-        out += ["| " + " | ".join(label for label, _ in doc.key_figures) + " |",
-                "|" + "|".join("---" for _ in doc.key_figures) + "|",
-                "| " + " | ".join(_cell(value) for _, value in doc.key_figures) + " |", ""]
+        out += [
+            "| " + " | ".join(label for label, _ in doc.key_figures) + " |",
+            "|" + "|".join("---" for _ in doc.key_figures) + "|",
+            "| " + " | ".join(_cell(value) for _, value in doc.key_figures) + " |",
+            "",
+        ]
     out += [f"**{doc.headline}**", ""]
     for section in doc.sections:
         out += [f"## {section.title}", ""]

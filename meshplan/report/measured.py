@@ -1,4 +1,5 @@
 """Predicted vs measured: the RunResult of `meshplan run` beside the plan's prediction."""
+
 from __future__ import annotations
 
 from meshplan.plan import Plan
@@ -23,12 +24,26 @@ def comparison_rows(plan: Plan, run: RunResult) -> list[list[str]]:
     rows = []
     if pred is not None:
         tokens_pred = pred.tokens_per_s_per_gpu * plan.world_size
-        rows = [["step time (median)", fmt.seconds(pred.step_time_s), fmt.seconds(run.step_time_s),
-                 _error(pred.step_time_s, run.step_time_s)],
-                [f"{throughput_unit(plan)}/s (all ranks)", fmt.rate(tokens_pred), fmt.rate(run.tokens_per_s),
-                 _error(tokens_pred, run.tokens_per_s)],
-                ["peak memory (max over ranks)", fmt.gib(pred.peak_memory_bytes), fmt.gib(run.peak_memory_bytes),
-                 _error(pred.peak_memory_bytes, run.peak_memory_bytes)]]
+        rows = [
+            [
+                "step time (median)",
+                fmt.seconds(pred.step_time_s),
+                fmt.seconds(run.step_time_s),
+                _error(pred.step_time_s, run.step_time_s),
+            ],
+            [
+                f"{throughput_unit(plan)}/s (all ranks)",
+                fmt.rate(tokens_pred),
+                fmt.rate(run.tokens_per_s),
+                _error(tokens_pred, run.tokens_per_s),
+            ],
+            [
+                "peak memory (max over ranks)",
+                fmt.gib(pred.peak_memory_bytes),
+                fmt.gib(run.peak_memory_bytes),
+                _error(pred.peak_memory_bytes, run.peak_memory_bytes),
+            ],
+        ]
     return rows
 
 
@@ -43,12 +58,16 @@ def _loss_rows(run: RunResult) -> list[list[str]]:
 
 
 def measured_section(plan: Plan, run: RunResult) -> Section:
-    items: list = [f"Measured on {run.world_size} {run.device} ranks ({run.backend}, torch "
-                   f"{run.torch_version or 'unknown'}), {run.steps} steps; error = (predicted - measured) / "
-                   "measured. Step time is the median after warm-up."]
+    items: list = [
+        f"Measured on {run.world_size} {run.device} ranks ({run.backend}, torch "
+        f"{run.torch_version or 'unknown'}), {run.steps} steps; error = (predicted - measured) / "
+        "measured. Step time is the median after warm-up."
+    ]
     if run.plan_hash and run.plan_hash != content_hash(plan):
-        items.append(f"Warning: this run was measured on plan {run.plan_hash}, not on this plan "
-                     f"({content_hash(plan)}); the comparison below is between different plans.")
+        items.append(
+            f"Warning: this run was measured on plan {run.plan_hash}, not on this plan "
+            f"({content_hash(plan)}); the comparison below is between different plans."
+        )
     rows = comparison_rows(plan, run)
     if rows:
         items.append(Table(headers=["metric", "predicted", "measured", "error"], rows=rows))
@@ -56,8 +75,13 @@ def measured_section(plan: Plan, run: RunResult) -> Section:
         items.append("The plan has no prediction to compare with.")
     if run.losses:
         pts = [(run.resumed_from_step + i + 1, value) for i, value in enumerate(run.losses)]
-        items.append(Figure(name="loss", caption="Training loss per step (measured)", svg=svg.lines(
-            {"loss": pts}, x_unit="step", y_unit="loss", title="loss curve")))
+        items.append(
+            Figure(
+                name="loss",
+                caption="Training loss per step (measured)",
+                svg=svg.lines({"loss": pts}, x_unit="step", y_unit="loss", title="loss curve"),
+            )
+        )
         first, last = run.losses[0], run.losses[-1]
         items.append(f"Loss went from {fmt.loss(first)} to {fmt.loss(last)} over {len(run.losses)} steps.")
         items.append(Table(headers=["step", "loss", "step time"], rows=_loss_rows(run)))

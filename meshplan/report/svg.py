@@ -2,6 +2,7 @@
 
 Every chart is a pure function of its numbers: same input, same bytes (coordinates are rounded).
 """
+
 from __future__ import annotations
 
 import math
@@ -18,9 +19,11 @@ def n(value: float) -> str:
 
 
 def svg_open(width: int, height: int, label: str) -> str:
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
-            f'width="{width}" height="{height}" role="img" aria-label="{escape(label)}" {FONT}>'
-            f'<rect width="{width}" height="{height}" fill="#ffffff"/>')
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}" role="img" aria-label="{escape(label)}" {FONT}>'
+        f'<rect width="{width}" height="{height}" fill="#ffffff"/>'
+    )
 
 
 def rect(x: float, y: float, w: float, h: float, fill: str, title: str = "", extra: str = "") -> str:
@@ -86,8 +89,14 @@ def axis_y(ticks: list[float], x0: float, y_of, width: float, unit: str) -> str:
     return "".join(parts)
 
 
-def stacked_bars(categories: list[str], series: dict[str, list[float]], *, unit: str,
-                 capacity: list[float] | None = None, title: str = "") -> str:
+def stacked_bars(
+    categories: list[str],
+    series: dict[str, list[float]],
+    *,
+    unit: str,
+    capacity: list[float] | None = None,
+    title: str = "",
+) -> str:
     """Vertical stacked bars (one per category), optional capacity marker per bar."""
     width, height, left, top, bottom = 640, 340, 70, 30, 80
     plot_h = height - top - bottom
@@ -105,8 +114,16 @@ def stacked_bars(categories: list[str], series: dict[str, list[float]], *, unit:
         x, base = left + slot * i + (slot - bar_w) / 2, 0.0
         for k, (name, vals) in enumerate(series.items()):
             v = vals[i]
-            parts.append(rect(x, y_of(base + v), bar_w, y_of(base) - y_of(base + v),
-                              PALETTE[k % len(PALETTE)], f"{cat} {name}: {v:.3g} {unit}"))
+            parts.append(
+                rect(
+                    x,
+                    y_of(base + v),
+                    bar_w,
+                    y_of(base) - y_of(base + v),
+                    PALETTE[k % len(PALETTE)],
+                    f"{cat} {name}: {v:.3g} {unit}",
+                )
+            )
             base += v
         if capacity:
             cy = y_of(capacity[i])
@@ -153,8 +170,10 @@ def scatter(points: list[tuple[float, float, str, bool, str]], *, x_unit: str, y
     parts.append(text(left + plot_w / 2, height - 8, x_unit, "middle"))
     for x, y, label, chosen, tip in sorted(points, key=lambda p: p[3]):  # chosen drawn last, on top
         fill, r = ("#d62728", 8) if chosen else ("#4c78a8", 5)
-        parts.append(f'<circle cx="{n(x_of(x))}" cy="{n(y_of(y))}" r="{r}" fill="{fill}" '
-                     f'stroke="#222" stroke-width="{1.5 if chosen else 0.5}"><title>{escape(tip)}</title></circle>')
+        parts.append(
+            f'<circle cx="{n(x_of(x))}" cy="{n(y_of(y))}" r="{r}" fill="{fill}" '
+            f'stroke="#222" stroke-width="{1.5 if chosen else 0.5}"><title>{escape(tip)}</title></circle>'
+        )
         parts.append(text(x_of(x) + r + 3, y_of(y) - r, label, extra=' font-size="10"'))
     parts.append(legend([("chosen plan", "#d62728"), ("alternative", "#4c78a8")], left + 120, top - 12, plot_w))
     return "".join(parts) + "</svg>"
@@ -184,6 +203,7 @@ def lines(series: dict[str, list[tuple[float, float]]], *, x_unit: str, y_unit: 
         path = " ".join(f"{n(x_of(x))},{n(y_of(y))}" for x, y in pts)
         parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
         parts += [f'<circle cx="{n(x_of(x))}" cy="{n(y_of(y))}" r="3" fill="{colour}"/>' for x, y in pts]
-    parts.append(legend([(name, PALETTE[k % len(PALETTE)]) for k, name in enumerate(series)], left + 120, top - 12,
-                        plot_w - 120))
+    parts.append(
+        legend([(name, PALETTE[k % len(PALETTE)]) for k, name in enumerate(series)], left + 120, top - 12, plot_w - 120)
+    )
     return "".join(parts) + "</svg>"

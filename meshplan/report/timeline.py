@@ -11,6 +11,7 @@ Times come from the prediction: `stage_times_s[r]` is forward+backward of one mi
 pipeline rank r (all its virtual stages); backward = 2 x forward (Narayanan et al. 2021,
 Sec. 3.5: "backward pass ... twice the forward"), plus the recompute share of the breakdown.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from meshplan.plan import INTERLEAVED, Plan
 @dataclass(kw_only=True)
 class Block:
     """One bar on the timeline."""
+
     rank: int
     kind: str
     """"F" forward, "B" backward (with recompute), "DP" exposed gradient communication, "OPT" optimizer."""
@@ -144,8 +146,15 @@ def simulate(plan: Plan) -> Timeline:
     br = plan.prediction.breakdown if plan.prediction else {}
     # pp_comm is the exposed p2p total of one rank: 2 transfers (activation, gradient) per microbatch per chunk
     hop_s = br.get("pp_comm", 0.0) / (2 * m * v) if pp > 1 else 0.0
-    tl = Timeline(num_ranks=pp, num_microbatches=m, virtual_stages=v, schedule=schedule,
-                  forward_s=fwd, backward_s=bwd, hop_s=hop_s)
+    tl = Timeline(
+        num_ranks=pp,
+        num_microbatches=m,
+        virtual_stages=v,
+        schedule=schedule,
+        forward_s=fwd,
+        backward_s=bwd,
+        hop_s=hop_s,
+    )
     _replay(tl, [rank_order(schedule, r, pp, m, v) for r in range(pp)])
     for r in range(pp):
         t = max(b.end_s for b in tl.blocks if b.rank == r)
@@ -178,8 +187,7 @@ def _replay(tl: Timeline, orders: list[list[tuple[str, int, int]]]) -> None:
                 if producer is not None:
                     ready_s = producer.end_s + (tl.hop_s if producer.rank != r else 0.0)
                 dur_s = tl.forward_s[r] if kind == "F" else tl.backward_s[r]
-                block = Block(rank=r, kind=kind, start_s=max(free_s[r], ready_s), end_s=0.0,
-                              microbatch=mb, chunk=chunk)
+                block = Block(rank=r, kind=kind, start_s=max(free_s[r], ready_s), end_s=0.0, microbatch=mb, chunk=chunk)
                 block.end_s = block.start_s + dur_s
                 tl.blocks.append(block)
                 if producer is not None and producer.rank != r:

@@ -6,15 +6,21 @@ rank is coloured by what fills it (forward, backward, both interleaved, communic
 and runs of equal columns become one rectangle, so the file stays small and the bubbles stay
 exactly where the replay put them.
 """
+
 from __future__ import annotations
 
 from meshplan.report.svg import legend, line, n, nice_ticks, rect, svg_open, text, tick_label
 from meshplan.report.timeline import Block, Timeline
 
-COLOURS = {"F": "#4c78a8", "B": "#54a24b", "FB": "#5f8f7a", "DP": "#e45756", "OPT": "#b279a2",
-           "idle": "#eeeeee"}
-LABELS = {"F": "forward", "B": "backward (+recompute)", "FB": "forward/backward interleaved",
-          "DP": "exposed DP comm", "OPT": "optimizer", "idle": "bubble (idle)"}
+COLOURS = {"F": "#4c78a8", "B": "#54a24b", "FB": "#5f8f7a", "DP": "#e45756", "OPT": "#b279a2", "idle": "#eeeeee"}
+LABELS = {
+    "F": "forward",
+    "B": "backward (+recompute)",
+    "FB": "forward/backward interleaved",
+    "DP": "exposed DP comm",
+    "OPT": "optimizer",
+    "idle": "bubble (idle)",
+}
 MAX_EXACT_BLOCKS = 600
 WINDOW_PX = 3
 """Columns this close that hold both F and B are drawn as one interleaved run."""
@@ -55,9 +61,16 @@ def timeline_svg(tl: Timeline, title: str = "pipeline schedule") -> str:
     if exact and tl.sends:
         items.append(("p2p send", "#222222"))
     parts.append(legend(items, LEFT, axis_y + 34 + 12, plot_w))
-    parts.append(text(LEFT, 20, f"{tl.schedule}: {tl.num_ranks} ranks x {tl.num_microbatches} microbatches"
-                      + (f" x {tl.virtual_stages} chunks" if tl.virtual_stages > 1 else "")
-                      + ("" if exact else " (drawn at screen resolution)"), extra=' font-weight="bold"'))
+    parts.append(
+        text(
+            LEFT,
+            20,
+            f"{tl.schedule}: {tl.num_ranks} ranks x {tl.num_microbatches} microbatches"
+            + (f" x {tl.virtual_stages} chunks" if tl.virtual_stages > 1 else "")
+            + ("" if exact else " (drawn at screen resolution)"),
+            extra=' font-weight="bold"',
+        )
+    )
     return "".join(parts) + "</svg>"
 
 
@@ -68,8 +81,15 @@ def _block(b: Block, scale: float, v: int) -> str:
     name = LABELS[b.kind] + (f" mb {b.microbatch}" if b.microbatch >= 0 else "")
     name += f" chunk {b.chunk}" if v > 1 and b.kind in ("F", "B") else ""
     opacity = f' fill-opacity="{n(1 - 0.35 * b.chunk / max(v - 1, 1))}"' if v > 1 else ""
-    out = rect(x, y, w, ROW_H - 4, colour, f"{name}: {b.start_s:.4g}-{b.end_s:.4g} s",
-               opacity + ' stroke="#ffffff" stroke-width="0.5"')
+    out = rect(
+        x,
+        y,
+        w,
+        ROW_H - 4,
+        colour,
+        f"{name}: {b.start_s:.4g}-{b.end_s:.4g} s",
+        opacity + ' stroke="#ffffff" stroke-width="0.5"',
+    )
     if b.microbatch >= 0 and w >= 14:
         out += text(x + w / 2, y + 15, str(b.microbatch), "middle", ' fill="#ffffff" font-size="10"')
     return out
@@ -78,8 +98,14 @@ def _block(b: Block, scale: float, v: int) -> str:
 def _arrow(src: Block, dst: Block, scale: float) -> str:
     y1 = TOP + src.rank * ROW_H + ROW_H / 2
     y2 = TOP + dst.rank * ROW_H + ROW_H / 2
-    return line(LEFT + src.end_s * scale, y1, LEFT + dst.start_s * scale, y2, "#222222",
-                ' stroke-width="0.6" stroke-opacity="0.6"')
+    return line(
+        LEFT + src.end_s * scale,
+        y1,
+        LEFT + dst.start_s * scale,
+        y2,
+        "#222222",
+        ' stroke-width="0.6" stroke-opacity="0.6"',
+    )
 
 
 def _binned_runs(blocks: list[Block], scale: float, num_px: int) -> list[tuple[str, int, int]]:
@@ -93,7 +119,7 @@ def _binned_runs(blocks: list[Block], scale: float, num_px: int) -> list[tuple[s
                 cover[px][b.kind] = cover[px].get(b.kind, 0.0) + overlap
     runs: list[tuple[str, int, int]] = []
     for px in range(num_px):
-        kind = _column_kind(cover[px], cover[max(0, px - WINDOW_PX):px + WINDOW_PX + 1])
+        kind = _column_kind(cover[px], cover[max(0, px - WINDOW_PX) : px + WINDOW_PX + 1])
         if runs and runs[-1][0] == kind and runs[-1][2] == px:
             runs[-1] = (kind, runs[-1][1], px + 1)
         else:

@@ -6,6 +6,7 @@ meshplan.models.analytic and predicts them with the planner's public search()/es
 - orderings: published orderings the model must reproduce (Narayanan et al. 2021)
 - report: reports/validation.md
 """
+
 from __future__ import annotations
 
 __all__ = ["validate_published", "write_validation_report"]

@@ -15,6 +15,7 @@
   without recompute.
 Runs are the Megatron-LM of 2021 (see published.py): interleaved schedule, no ZeRO.
 """
+
 from __future__ import annotations
 
 from meshplan.errors import MeshplanError
@@ -23,8 +24,9 @@ from meshplan.planner import PlanRequest, search
 from meshplan.presets import cluster_preset
 from meshplan.runtimes import request_behaviours
 
-MEGATRON_2021 = dict(**request_behaviours("megatron-lm", {}), runtime="megatron-lm", zero=0,
-                     sequence_parallel=False, top_k=1)
+MEGATRON_2021 = dict(
+    **request_behaviours("megatron-lm", {}), runtime="megatron-lm", zero=0, sequence_parallel=False, top_k=1
+)
 """The runtime table's megatron-lm row (meshplan/runtimes.py), as `--runtime megatron-lm` sets it."""
 
 
@@ -41,14 +43,22 @@ def fig13_tensor_vs_pipeline() -> list[dict]:
     prof = gpt_profile(layers=32, hidden=20480, heads=128, vocab=51200, seq=2048)
     out = []
     for batch in (32, 128):
-        tput = {(p, t): _best(prof, 64, global_batch=batch, pp=p, tp=t, dp=1, allow_cross_node_tp=True)
-                for p, t in ((2, 32), (4, 16), (8, 8), (16, 4), (32, 2))}
+        tput = {
+            (p, t): _best(prof, 64, global_batch=batch, pp=p, tp=t, dp=1, allow_cross_node_tp=True)
+            for p, t in ((2, 32), (4, 16), (8, 8), (16, 4), (32, 2))
+        }
         feasible = {k: v for k, v in tput.items() if v}
         winner = max(feasible, key=feasible.get) if feasible else None
-        out.append({"name": f"Fig. 13: 162B GPT on 64 A100, batch {batch}: t = 8 beats every other (p, t)",
-                    "holds": bool(winner) and winner[1] == 8,
-                    "detail": ", ".join(f"(p={p},t={t}) {v:.1f}" if v else f"(p={p},t={t}) OOM"
-                                        for (p, t), v in tput.items()) + " tokens/s/GPU"})
+        out.append(
+            {
+                "name": f"Fig. 13: 162B GPT on 64 A100, batch {batch}: t = 8 beats every other (p, t)",
+                "holds": bool(winner) and winner[1] == 8,
+                "detail": ", ".join(
+                    f"(p={p},t={t}) {v:.1f}" if v else f"(p={p},t={t}) OOM" for (p, t), v in tput.items()
+                )
+                + " tokens/s/GPU",
+            }
+        )
     return out
 
 
@@ -61,25 +71,40 @@ def fig12_interleaved() -> list[dict]:
         plain = _best(prof, 96, schedule="1F1B", **pins)
         gains[batch] = (inter / plain - 1) if inter and plain else None
     small, large = gains[24], gains[192]
-    return [{"name": "Fig. 12: GPT-3 175B on 96 A100: interleaved beats 1F1B at small batch, gap closes at large",
-             "holds": small is not None and large is not None and small > 0 and large < small,
-             "detail": f"interleaved over 1F1B: batch 24 {_pct(small)}, batch 192 {_pct(large)}"}]
+    return [
+        {
+            "name": "Fig. 12: GPT-3 175B on 96 A100: interleaved beats 1F1B at small batch, gap closes at large",
+            "holds": small is not None and large is not None and small > 0 and large < small,
+            "detail": f"interleaved over 1F1B: batch 24 {_pct(small)}, batch 192 {_pct(large)}",
+        }
+    ]
 
 
 def fig17_recompute() -> list[dict]:
     prof = gpt_profile(layers=80, hidden=12288, heads=96, vocab=51200, seq=2048)
     best = {}
     for mode in ("none", "full"):
-        runs = {b: _best(prof, 128, global_batch=b, pp=16, tp=8, dp=1, microbatch=1, recompute=mode,
-                         schedule="Interleaved1F1B") for b in (16, 32, 64, 128, 256, 512)}
+        runs = {
+            b: _best(
+                prof, 128, global_batch=b, pp=16, tp=8, dp=1, microbatch=1, recompute=mode, schedule="Interleaved1F1B"
+            )
+            for b in (16, 32, 64, 128, 256, 512)
+        }
         best[mode] = runs
     top = {m: max(((v, b) for b, v in r.items() if v), default=(None, None)) for m, r in best.items()}
-    holds = top["full"][0] is not None and (top["none"][0] is None or (
-        top["full"][0] > top["none"][0] and top["full"][1] > top["none"][1]))
-    detail = "; ".join(f"{m}: " + ", ".join(f"B={b} {v:.1f}" if v else f"B={b} OOM" for b, v in r.items())
-                       for m, r in best.items())
-    return [{"name": "Fig. 17: 145B GPT on 128 A100: with recompute a larger batch wins over the best without",
-             "holds": holds, "detail": detail + " tokens/s/GPU"}]
+    holds = top["full"][0] is not None and (
+        top["none"][0] is None or (top["full"][0] > top["none"][0] and top["full"][1] > top["none"][1])
+    )
+    detail = "; ".join(
+        f"{m}: " + ", ".join(f"B={b} {v:.1f}" if v else f"B={b} OOM" for b, v in r.items()) for m, r in best.items()
+    )
+    return [
+        {
+            "name": "Fig. 17: 145B GPT on 128 A100: with recompute a larger batch wins over the best without",
+            "holds": holds,
+            "detail": detail + " tokens/s/GPU",
+        }
+    ]
 
 
 def table2_ptdp_vs_zero3() -> list[dict]:
@@ -89,13 +114,30 @@ def table2_ptdp_vs_zero3() -> list[dict]:
     out = []
     for n, b, published in ((384, 4, "153 vs 144"), (768, 2, "149 vs 88"), (1536, 1, "141 vs 44")):
         common = dict(num_gpus=n, global_batch=1536, recompute="full", state_layout="megatron")
-        zero3 = estimate(prof, cluster_preset("a100-80g", n), PlanRequest(
-            tp=1, pp=1, dp=n, microbatch=b, zero=3, **common)).prediction.hardware_tflops_per_gpu
-        ptdp = estimate(prof, cluster_preset("a100-80g", n), PlanRequest(
-            tp=8, pp=12, dp=n // 96, microbatch=1, schedule="Interleaved1F1B", virtual_stages=2,
-            overlap_dp_comm=False, **common)).prediction.hardware_tflops_per_gpu
-        out.append({"name": f"Table 2: GPT-3 175B on {n} A100: PTD-P beats ZeRO-3 (published {published} TFLOP/s)",
-                    "holds": ptdp > zero3, "detail": f"model: PTD-P {ptdp:.0f} vs ZeRO-3 {zero3:.0f} TFLOP/s per GPU"})
+        zero3 = estimate(
+            prof, cluster_preset("a100-80g", n), PlanRequest(tp=1, pp=1, dp=n, microbatch=b, zero=3, **common)
+        ).prediction.hardware_tflops_per_gpu
+        ptdp = estimate(
+            prof,
+            cluster_preset("a100-80g", n),
+            PlanRequest(
+                tp=8,
+                pp=12,
+                dp=n // 96,
+                microbatch=1,
+                schedule="Interleaved1F1B",
+                virtual_stages=2,
+                overlap_dp_comm=False,
+                **common,
+            ),
+        ).prediction.hardware_tflops_per_gpu
+        out.append(
+            {
+                "name": f"Table 2: GPT-3 175B on {n} A100: PTD-P beats ZeRO-3 (published {published} TFLOP/s)",
+                "holds": ptdp > zero3,
+                "detail": f"model: PTD-P {ptdp:.0f} vs ZeRO-3 {zero3:.0f} TFLOP/s per GPU",
+            }
+        )
     return out
 
 

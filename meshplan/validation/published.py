@@ -8,6 +8,7 @@ ran (row_runtime: Megatron-LM for Narayanan 2021 and Korthikanti 2022, Megatron-
 README table); the runtime's documented behaviours (meshplan/runtimes.py) do the rest. Everything
 else is searched. The error is on per-GPU throughput (tokens/s/GPU). No number here is fitted to a row.
 """
+
 from __future__ import annotations
 
 import csv
@@ -18,8 +19,13 @@ from meshplan.planner import estimate, search
 
 GIB = 2**30
 
-GPU_PRESETS = {"A100-SXM4-80GB": "a100-80g", "A100-SXM4-40GB": "a100-40g", "H100": "h100-80g",
-               "H200": "h200-141g", "B200": "b200-180g"}
+GPU_PRESETS = {
+    "A100-SXM4-80GB": "a100-80g",
+    "A100-SXM4-40GB": "a100-40g",
+    "H100": "h100-80g",
+    "H200": "h200-141g",
+    "B200": "b200-180g",
+}
 
 
 def _int(text: str) -> int | None:
@@ -76,15 +82,21 @@ def with_source_degrees(rows: list[dict]) -> list[dict]:
     out = []
     for row in rows:
         degrees = stated.get(_source_and_model(row))
-        if degrees and not row["tp"].strip() and not row["pp"].strip() \
-                and int(row["num_gpus"]) % (int(degrees[0]) * int(degrees[1])) == 0:
+        if (
+            degrees
+            and not row["tp"].strip()
+            and not row["pp"].strip()
+            and int(row["num_gpus"]) % (int(degrees[0]) * int(degrees[1])) == 0
+        ):
             row = {**row, "tp": degrees[0], "pp": degrees[1], "degrees_from": "same source, same model"}
         out.append(row)
     return out
 
 
 RUNTIME_OF_SOURCE = (
-    ("Megatron-Core", "megatron-core"), ("DeepSpeed", "deepspeed"), ("torchtitan", "torchtitan"),
+    ("Megatron-Core", "megatron-core"),
+    ("DeepSpeed", "deepspeed"),
+    ("torchtitan", "torchtitan"),
     ("Megatron-LM", "megatron-lm"),
     ("Korthikanti", "megatron-lm"),  # arXiv 2205.05198 Sec 5: implemented in Megatron-LM (2022, before Core)
 )
@@ -109,9 +121,12 @@ def with_source_software(rows: list[dict]) -> list[dict]:
     for row in rows:
         if any(key in row["notes"] for key, _ in RUNTIME_OF_SOURCE):
             stated.setdefault(row["source"].split("(")[0], row["notes"])
-    return [row if any(key in row["notes"] for key, _ in RUNTIME_OF_SOURCE)
-            or row["source"].split("(")[0] not in stated
-            else {**row, "software_from": stated[row["source"].split("(")[0]]} for row in rows]
+    return [
+        row
+        if any(key in row["notes"] for key, _ in RUNTIME_OF_SOURCE) or row["source"].split("(")[0] not in stated
+        else {**row, "software_from": stated[row["source"].split("(")[0]]}
+        for row in rows
+    ]
 
 
 def row_argv(row: dict, verb: str = "plan") -> list[str]:
@@ -121,15 +136,40 @@ def row_argv(row: dict, verb: str = "plan") -> list[str]:
     recompute, sp = _recompute(row["recompute"])
     if _int(row["pp"]) == 1:
         schedule, v = None, None
-    model = {"layers": row["layers"], "hidden": row["hidden"], "heads": row["heads"], "vocab": row["vocab"],
-             "seq": row["seq_len"]}
-    argv = [verb, "--model", "analytic:gpt", "--set", *(f"{k}={int(x)}" for k, x in model.items()),
-            "--cluster", preset_for(row["gpu"]), "--num-gpus", str(int(row["num_gpus"])),
-            "--global-batch", str(int(row["global_batch"])), "--runtime", row_runtime(row),
-            "--cp", str(_int(row["cp"]) or 1)]
-    pins = {"--tp": _int(row["tp"]), "--pp": _int(row["pp"]), "--dp": _int(row["dp"]),
-            "--microbatch": _int(row["microbatch"]), "--schedule": schedule, "--virtual-stages": v,
-            "--recompute": recompute, "--zero": _zero_stated(row)}
+    model = {
+        "layers": row["layers"],
+        "hidden": row["hidden"],
+        "heads": row["heads"],
+        "vocab": row["vocab"],
+        "seq": row["seq_len"],
+    }
+    argv = [
+        verb,
+        "--model",
+        "analytic:gpt",
+        "--set",
+        *(f"{k}={int(x)}" for k, x in model.items()),
+        "--cluster",
+        preset_for(row["gpu"]),
+        "--num-gpus",
+        str(int(row["num_gpus"])),
+        "--global-batch",
+        str(int(row["global_batch"])),
+        "--runtime",
+        row_runtime(row),
+        "--cp",
+        str(_int(row["cp"]) or 1),
+    ]
+    pins = {
+        "--tp": _int(row["tp"]),
+        "--pp": _int(row["pp"]),
+        "--dp": _int(row["dp"]),
+        "--microbatch": _int(row["microbatch"]),
+        "--schedule": schedule,
+        "--virtual-stages": v,
+        "--recompute": recompute,
+        "--zero": _zero_stated(row),
+    }
     for flag, value in pins.items():
         if value is not None:
             argv += [flag, {"Interleaved1F1B": "interleaved", "1F1B": "1f1b"}.get(value, str(value))]
@@ -188,30 +228,51 @@ def validate_row(row: dict) -> dict:
     profile, cluster, req = cli_inputs(row_argv(row))
     note = row_note(row)
     measured, how = measured_tokens_per_s(row, profile, cluster.device.peak_flops["bf16"])
-    out = {"model": row["model"], "source": row["source"].split("'")[0].strip(), "gpu": row["gpu"],
-           "num_gpus": req.num_gpus, "global_batch": req.global_batch, "measured_tokens_per_s_per_gpu": measured,
-           "measured_how": how, "assumed": note, "runtime": req.runtime, "command": command_line(row)}
+    out = {
+        "model": row["model"],
+        "source": row["source"].split("'")[0].strip(),
+        "gpu": row["gpu"],
+        "num_gpus": req.num_gpus,
+        "global_batch": req.global_batch,
+        "measured_tokens_per_s_per_gpu": measured,
+        "measured_how": how,
+        "assumed": note,
+        "runtime": req.runtime,
+        "command": command_line(row),
+    }
     try:
         plan = search(profile, cluster, req)
     except MeshplanError as exc:
         return {**out, "error": str(exc), "predicted_tokens_per_s_per_gpu": None, "rel_error": None}
     pr = plan.prediction
-    return {**out, "predicted_tokens_per_s_per_gpu": pr.tokens_per_s_per_gpu,
-            "rel_error": pr.tokens_per_s_per_gpu / measured - 1, "predicted_mfu": pr.mfu, "predicted_hfu": pr.hfu,
-            "predicted_model_tflops_per_gpu": pr.model_tflops_per_gpu, "step_time_s": pr.step_time_s,
-            "plan": _describe(plan), "peak_memory_gib": pr.peak_memory_bytes / GIB}
+    return {
+        **out,
+        "predicted_tokens_per_s_per_gpu": pr.tokens_per_s_per_gpu,
+        "rel_error": pr.tokens_per_s_per_gpu / measured - 1,
+        "predicted_mfu": pr.mfu,
+        "predicted_hfu": pr.hfu,
+        "predicted_model_tflops_per_gpu": pr.model_tflops_per_gpu,
+        "step_time_s": pr.step_time_s,
+        "plan": _describe(plan),
+        "peak_memory_gib": pr.peak_memory_bytes / GIB,
+    }
 
 
 def _describe(plan) -> str:
     modes = sorted(set(plan.recompute.values()) - {"none"}) or ["none"]
     sched = plan.pipeline_schedule + (f" v={plan.virtual_stages}" if plan.virtual_stages > 1 else "")
-    return (f"tp={plan.tensor_parallel_degree} pp={plan.pipeline_parallel_degree} dp={plan.data_parallel_degree} "
-            f"b={plan.microbatch_size} {sched if plan.pipeline_parallel_degree > 1 else 'no pipeline'} "
-            f"zero={plan.zero_stage}{' sp' if plan.sequence_parallel else ''} recompute={'+'.join(modes)}")
+    return (
+        f"tp={plan.tensor_parallel_degree} pp={plan.pipeline_parallel_degree} dp={plan.data_parallel_degree} "
+        f"b={plan.microbatch_size} {sched if plan.pipeline_parallel_degree > 1 else 'no pipeline'} "
+        f"zero={plan.zero_stage}{' sp' if plan.sequence_parallel else ''} recompute={'+'.join(modes)}"
+    )
 
 
-_MEM = {"params_opt": r"params\+opt(?:imizer)? ([\d.]+) GiB", "act_none": r"activations without recompute ([\d.]+) GiB",
-        "act_selective": r"activations with seq\+sel ([\d.]+) GiB"}
+_MEM = {
+    "params_opt": r"params\+opt(?:imizer)? ([\d.]+) GiB",
+    "act_none": r"activations without recompute ([\d.]+) GiB",
+    "act_selective": r"activations with seq\+sel ([\d.]+) GiB",
+}
 
 
 def memory_checks(rows: list[dict]) -> list[dict]:
@@ -229,8 +290,11 @@ def memory_checks(rows: list[dict]) -> list[dict]:
     for model, figs in published.items():
         row = figs["row"]
         for key, mode, sp in (("act_none", "none", False), ("act_selective", "selective", True)):
-            pinned = {**row, "recompute": f"{mode}{' + sequence parallel' if sp else ' (no sequence parallel)'}",
-                      "microbatch": row["microbatch"] or "1"}
+            pinned = {
+                **row,
+                "recompute": f"{mode}{' + sequence parallel' if sp else ' (no sequence parallel)'}",
+                "microbatch": row["microbatch"] or "1",
+            }
             profile, cluster, req = cli_inputs(row_argv(pinned))
             plan = estimate(profile, cluster, req)
             st = plan.prediction.stage_memory[0]
@@ -239,8 +303,15 @@ def memory_checks(rows: list[dict]) -> list[dict]:
                 pairs.append(("params_opt", (st.params_bytes + st.grads_bytes + st.optimizer_bytes) / GIB))
             for what, predicted in pairs:
                 if what in figs:
-                    out.append({"model": model, "what": what, "published_gib": figs[what], "predicted_gib": predicted,
-                                "rel_error": predicted / figs[what] - 1})
+                    out.append(
+                        {
+                            "model": model,
+                            "what": what,
+                            "published_gib": figs[what],
+                            "predicted_gib": predicted,
+                            "rel_error": predicted / figs[what] - 1,
+                        }
+                    )
     return out
 
 

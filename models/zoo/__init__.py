@@ -4,6 +4,7 @@
 family name ("gpt", "llama", ...) plus `--set` overrides. Large models are built on the meta
 device by the profiler; nothing is allocated until the executor materialises a stage.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,8 +23,12 @@ from meshplan.models.zoo.vit import ViT, ViTConfig
 
 # family -> (config class, model class)
 FAMILIES: dict[str, tuple[type, type]] = {
-    "gpt": (GPTConfig, GPT), "llama": (LlamaConfig, Llama), "bert": (BertConfig, Bert),
-    "vit": (ViTConfig, ViT), "moe": (MoEConfig, MoE), "resnet": (ResNetConfig, ResNet),
+    "gpt": (GPTConfig, GPT),
+    "llama": (LlamaConfig, Llama),
+    "bert": (BertConfig, Bert),
+    "vit": (ViTConfig, ViT),
+    "moe": (MoEConfig, MoE),
+    "resnet": (ResNetConfig, ResNet),
 }
 
 # zoo name -> (family, config overrides). GPT shapes: Brown et al. 2020 Table 2.1 and
@@ -40,20 +45,36 @@ ZOO: dict[str, tuple[str, dict[str, Any]]] = {
     "gpt3-13b": ("gpt", dict(layers=40, hidden=5120, heads=40, vocab=51200, seq=2048)),
     "gpt3-175b": ("gpt", dict(layers=96, hidden=12288, heads=96, vocab=51200, seq=2048)),
     # Narayanan et al. SC21 Table 1 and Korthikanti et al. 2022 Table 3 (V = 51200, s = 2048)
-    **{f"megatron-{name}": ("gpt", dict(layers=l, hidden=h, heads=a, vocab=51200, seq=2048))
-       for name, l, h, a in [("1.7b", 24, 2304, 24), ("3.6b", 30, 3072, 32), ("7.5b", 36, 4096, 32),
-                             ("18.4b", 40, 6144, 48), ("22b", 48, 6144, 64), ("39.1b", 48, 8192, 64),
-                             ("76.1b", 60, 10240, 80), ("145.6b", 80, 12288, 96),
-                             ("310.1b", 96, 16384, 128), ("530b", 105, 20480, 128),
-                             ("1t", 128, 25600, 160)]},
+    **{
+        f"megatron-{name}": ("gpt", dict(layers=l, hidden=h, heads=a, vocab=51200, seq=2048))
+        for name, l, h, a in [
+            ("1.7b", 24, 2304, 24),
+            ("3.6b", 30, 3072, 32),
+            ("7.5b", 36, 4096, 32),
+            ("18.4b", 40, 6144, 48),
+            ("22b", 48, 6144, 64),
+            ("39.1b", 48, 8192, 64),
+            ("76.1b", 60, 10240, 80),
+            ("145.6b", 80, 12288, 96),
+            ("310.1b", 96, 16384, 128),
+            ("530b", 105, 20480, 128),
+            ("1t", 128, 25600, 160),
+        ]
+    },
     # Llama 3 / 3.1 (Dubey et al. 2024, Table 3)
     "llama-tiny": ("llama", dict(layers=4, hidden=64, heads=4, kv_heads=2, vocab=256, seq=32, ffn_hidden=160)),
-    "llama3-8b": ("llama", dict(layers=32, hidden=4096, heads=32, kv_heads=8, vocab=128256, seq=8192,
-                                ffn_hidden=14336)),
-    "llama3-70b": ("llama", dict(layers=80, hidden=8192, heads=64, kv_heads=8, vocab=128256, seq=8192,
-                                 ffn_hidden=28672)),
-    "llama3-405b": ("llama", dict(layers=126, hidden=16384, heads=128, kv_heads=8, vocab=128256,
-                                  seq=8192, ffn_hidden=53248)),
+    "llama3-8b": (
+        "llama",
+        dict(layers=32, hidden=4096, heads=32, kv_heads=8, vocab=128256, seq=8192, ffn_hidden=14336),
+    ),
+    "llama3-70b": (
+        "llama",
+        dict(layers=80, hidden=8192, heads=64, kv_heads=8, vocab=128256, seq=8192, ffn_hidden=28672),
+    ),
+    "llama3-405b": (
+        "llama",
+        dict(layers=126, hidden=16384, heads=128, kv_heads=8, vocab=128256, seq=8192, ffn_hidden=53248),
+    ),
     # BERT (Devlin et al. 2019)
     "bert-tiny": ("bert", dict(layers=4, hidden=64, heads=4, vocab=256, seq=32)),
     "bert-base": ("bert", dict(layers=12, hidden=768, heads=12, vocab=30522, seq=512)),
@@ -89,14 +110,14 @@ def resolve(name: str, overrides: dict[str, Any] | None = None) -> tuple[str, An
         family, values = name, overrides
     else:
         known = ", ".join(sorted(set(ZOO) | set(FAMILIES)))
-        raise MeshplanError(f"--model {name!r} is not in the zoo; use one of {known}, "
-                            "file.py:factory, module:factory or hf:NAME")
+        raise MeshplanError(
+            f"--model {name!r} is not in the zoo; use one of {known}, file.py:factory, module:factory or hf:NAME"
+        )
     config_cls, _ = FAMILIES[family]
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
     for key, value in values.items():
         if key not in fields:
-            raise MeshplanError(f"--set {key}={value}: {family} has no {key!r}; "
-                                f"known keys are {', '.join(fields)}")
+            raise MeshplanError(f"--set {key}={value}: {family} has no {key!r}; known keys are {', '.join(fields)}")
     try:
         config = config_cls(**{k: _coerce(fields[k], k, v) for k, v in values.items()})
     except MeshplanError:
@@ -118,8 +139,10 @@ def _check_shape(family: str, config: Any, fields: dict[str, dataclasses.Field])
             raise MeshplanError(f"--set {key}={value}: {family} needs {key} >= 1")
     hidden, heads = getattr(config, "hidden", None), getattr(config, "heads", None)
     if isinstance(hidden, int) and isinstance(heads, int) and hidden % heads:
-        raise MeshplanError(f"--set heads={heads}: {family}'s hidden size {hidden} is not divisible by "
-                            f"heads {heads}; pick heads that divide hidden (e.g. {_divisor_near(hidden, heads)})")
+        raise MeshplanError(
+            f"--set heads={heads}: {family}'s hidden size {hidden} is not divisible by "
+            f"heads {heads}; pick heads that divide hidden (e.g. {_divisor_near(hidden, heads)})"
+        )
 
 
 def _divisor_near(n: int, k: int) -> int:
@@ -127,8 +150,11 @@ def _divisor_near(n: int, k: int) -> int:
 
 
 def _coerce(field: dataclasses.Field, key: str, value: Any) -> Any:
-    kind = field.type if isinstance(field.type, type) else {"int": int, "float": float, "str": str,
-                                                             "bool": bool}.get(str(field.type), None)
+    kind = (
+        field.type
+        if isinstance(field.type, type)
+        else {"int": int, "float": float, "str": str, "bool": bool}.get(str(field.type), None)
+    )
     if kind is int and isinstance(value, float) and not value.is_integer():
         raise MeshplanError(f"--set {key}={value}: expected an integer")
     if kind is None or isinstance(value, kind):
@@ -141,8 +167,9 @@ def _coerce(field: dataclasses.Field, key: str, value: Any) -> Any:
         raise MeshplanError(f"--set {key}={value}: expected {kind.__name__}") from None
 
 
-def build_model(name: str, overrides: dict[str, Any] | None = None,
-                device: str | torch.device = "cpu", seed: int = 0) -> LayeredModel:
+def build_model(
+    name: str, overrides: dict[str, Any] | None = None, device: str | torch.device = "cpu", seed: int = 0
+) -> LayeredModel:
     """Build a zoo model; on "meta" nothing is allocated, elsewhere weights come from init_weights."""
     family, config = resolve(name, overrides)
     _, model_cls = FAMILIES[family]

@@ -8,6 +8,7 @@ pattern), so module FQNs never change between the whole model and its stages.
 Weights are a pure function of (seed, parameter FQN, shape): `init_weights` gives every plan,
 however it shards or splits the model, the same starting weights as the single-process model.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,8 +50,9 @@ class LayeredModel(nn.Module):
         """Mean cross-entropy; output (B, T, V) or (B, C), target (B, T) or (B,)."""
         return nn.functional.cross_entropy(output.flatten(0, -2), target.flatten())
 
-    def example_batch(self, batch_size: int, generator: torch.Generator | None = None,
-                      device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    def example_batch(
+        self, batch_size: int, generator: torch.Generator | None = None, device: str | torch.device = "cpu"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Synthetic seeded (inputs, targets) for `batch_size` samples."""
         raise NotImplementedError
 
@@ -77,8 +79,9 @@ def _seed_for(seed: int, fqn: str) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def init_tensor(fqn: str, shape: torch.Size | tuple[int, ...], seed: int = 0,
-                dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def init_tensor(
+    fqn: str, shape: torch.Size | tuple[int, ...], seed: int = 0, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """The initial value of parameter `fqn`: a function of (seed, fqn, shape) only.
 
     Norm weights are 1, biases 0, everything else N(0, 0.02) (GPT-2's init).

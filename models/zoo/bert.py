@@ -5,6 +5,7 @@ pooler/NSP head, and an untied MLM decoder (tying would join the first and last 
 so bert-base counts 133M parameters rather than the published 110M. Training objective: masked-
 token prediction on a fixed 15% of positions per sample (seeded), others ignored (-100).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ IGNORE_INDEX = -100
 @dataclass(kw_only=True)
 class BertConfig(GPTConfig):
     """GPT's shape keys (BERT-base defaults) plus the segment vocabulary and the masking rate."""
+
     vocab: int = 30522
     seq: int = 512
     type_vocab: int = 2
@@ -95,8 +97,9 @@ class Bert(LayeredModel):
 
 TP_RULES = {
     BertBlock: block_rule,  # same children as GPT's Block
-    BertEmbedding: lambda m: TPRule(row=["tok"], replicated=["pos", "typ", "norm"],
-                                    num_allreduce_fwd=1, kind="embedding"),
+    BertEmbedding: lambda m: TPRule(
+        row=["tok"], replicated=["pos", "typ", "norm"], num_allreduce_fwd=1, kind="embedding"
+    ),
     MLMHead: lambda m: TPRule(column=["proj"], replicated=["dense", "norm"], kind="head"),
 }
 """TP rules by layer class, read by meshplan.models.tp_rules."""

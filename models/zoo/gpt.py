@@ -3,6 +3,7 @@
 Dropout is left out (p = 0 in every published large run's reproduction we compare against, and
 it keeps loss-equality tests exact), so activation memory has no dropout-mask terms.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -107,11 +108,14 @@ class GPT(CausalLM):
 def block_rule(block: nn.Module) -> TPRule:
     """Shoeybi et al. 2019 §3: QKV and fc1 column-parallel, out-proj and fc2 row-parallel.
     Any block built from this file's Attention and MLP with norms ln1/ln2 (GPT, BERT)."""
-    return TPRule(column=["attn.wq", "attn.wk", "attn.wv", "mlp.fc1"], row=["attn.wo", "mlp.fc2"],
-                  replicated=["ln1", "ln2"],
-                  divisors={"heads": block.attn.wq.out_features // block.attn.head_dim,
-                            "ffn": block.mlp.fc1.out_features},
-                  num_allreduce_fwd=2, kind="block")
+    return TPRule(
+        column=["attn.wq", "attn.wk", "attn.wv", "mlp.fc1"],
+        row=["attn.wo", "mlp.fc2"],
+        replicated=["ln1", "ln2"],
+        divisors={"heads": block.attn.wq.out_features // block.attn.head_dim, "ffn": block.mlp.fc1.out_features},
+        num_allreduce_fwd=2,
+        kind="block",
+    )
 
 
 TP_RULES = {

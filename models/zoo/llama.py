@@ -7,6 +7,7 @@ vocabulary 128256, untied output projection, no biases. Parameters:
 which gives 8.03B / 70.55B / 405.85B. RoPE angles are computed in forward from the positions
 (no buffers), so a meta-built model needs nothing beyond its parameters to materialise.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,8 +35,9 @@ class LlamaConfig:
 
     def __post_init__(self):
         if self.heads % self.kv_heads or self.hidden % self.heads:
-            raise ValueError(f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads} "
-                             f"and divide hidden={self.hidden}")
+            raise ValueError(
+                f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads} and divide hidden={self.hidden}"
+            )
 
 
 def rotary(x: torch.Tensor, theta: float) -> torch.Tensor:
@@ -45,7 +47,7 @@ def rotary(x: torch.Tensor, theta: float) -> torch.Tensor:
     angles = torch.outer(torch.arange(T, device=x.device, dtype=torch.float32), inv_freq)  # (T, d/2)
     cos = torch.cat([angles.cos(), angles.cos()], -1)[None, :, None, :].to(x.dtype)  # (1, T, 1, d)
     sin = torch.cat([angles.sin(), angles.sin()], -1)[None, :, None, :].to(x.dtype)
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
@@ -67,8 +69,9 @@ class GQAttention(nn.Module):
         v = self.wv(x).view(B, T, -1, self.head_dim)  # (B, T, nkv, hd)
         n_rep = q.shape[2] // k.shape[2]
         k, v = k.repeat_interleave(n_rep, dim=2), v.repeat_interleave(n_rep, dim=2)  # (B, T, nh, hd)
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                           is_causal=True)  # (B, nh, T, hd)
+        y = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )  # (B, nh, T, hd)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, h)
 
 
@@ -127,12 +130,18 @@ class Llama(CausalLM):
 
 def _block_rule(block: LlamaBlock) -> TPRule:
     hd = block.attn.head_dim
-    return TPRule(column=["attn.wq", "attn.wk", "attn.wv", "mlp.w1", "mlp.w3"],
-                  row=["attn.wo", "mlp.w2"], replicated=["attn_norm", "ffn_norm"],
-                  divisors={"heads": block.attn.wq.out_features // hd,
-                            "kv_heads": block.attn.wk.out_features // hd,
-                            "ffn": block.mlp.w1.out_features},
-                  num_allreduce_fwd=2, kind="block")
+    return TPRule(
+        column=["attn.wq", "attn.wk", "attn.wv", "mlp.w1", "mlp.w3"],
+        row=["attn.wo", "mlp.w2"],
+        replicated=["attn_norm", "ffn_norm"],
+        divisors={
+            "heads": block.attn.wq.out_features // hd,
+            "kv_heads": block.attn.wk.out_features // hd,
+            "ffn": block.mlp.w1.out_features,
+        },
+        num_allreduce_fwd=2,
+        kind="block",
+    )
 
 
 TP_RULES = {

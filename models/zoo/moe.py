@@ -8,6 +8,7 @@ tensors and its FLOPs are those of C slots per expert (router 2ThE, experts 4*E*
 Capacity is per sample, so splitting a batch across data-parallel ranks or microbatches never
 changes which tokens are dropped (loss equality holds). No auxiliary balancing loss, no dropout.
 """
+
 from __future__ import annotations
 
 import math
@@ -82,8 +83,11 @@ class MoE(GPT):
     family = "moe"
 
     def __init__(self, cfg: MoEConfig):
-        super().__init__(GPTConfig(layers=0, hidden=cfg.hidden, heads=cfg.heads, vocab=cfg.vocab,
-                                   seq=cfg.seq, ffn_hidden=cfg.ffn_hidden))
+        super().__init__(
+            GPTConfig(
+                layers=0, hidden=cfg.hidden, heads=cfg.heads, vocab=cfg.vocab, seq=cfg.seq, ffn_hidden=cfg.ffn_hidden
+            )
+        )
         for i in range(cfg.layers):
             self.layers[str(i)] = MoEBlock(cfg)
         self.config = cfg
@@ -91,10 +95,14 @@ class MoE(GPT):
 
 def _block_rule(block: MoEBlock) -> TPRule:
     # attention is split Megatron-style; the experts stay whole on every TP rank
-    return TPRule(column=["attn.wq", "attn.wk", "attn.wv"], row=["attn.wo"],
-                  replicated=["ln1", "ln2", "moe"],
-                  divisors={"heads": block.attn.wq.out_features // block.attn.head_dim},
-                  num_allreduce_fwd=1, kind="block")
+    return TPRule(
+        column=["attn.wq", "attn.wk", "attn.wv"],
+        row=["attn.wo"],
+        replicated=["ln1", "ln2", "moe"],
+        divisors={"heads": block.attn.wq.out_features // block.attn.head_dim},
+        num_allreduce_fwd=1,
+        kind="block",
+    )
 
 
 TP_RULES = {MoEBlock: _block_rule}

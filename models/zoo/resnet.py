@@ -8,6 +8,7 @@ microbatches (loss equality), and there are no running buffers to synchronise. E
 layer; blocks at a stage's start (stride/width change) have their own shapes and are profiled
 separately, the rest reuse them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -90,7 +91,7 @@ class ResNet(LayeredModel):
     def __init__(self, cfg: ResNetConfig):
         blocks, in_ch = [], cfg.width
         for stage, count in enumerate(cfg.stage_blocks):
-            width = cfg.width * 2 ** stage
+            width = cfg.width * 2**stage
             for i in range(count):
                 stride = 2 if stage > 0 and i == 0 else 1
                 blocks.append(Bottleneck(in_ch, width, stride, cfg.groups))

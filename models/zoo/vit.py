@@ -4,6 +4,7 @@ Shapes from the paper's Table 1: ViT-B/16 (12 layers, 768, 12 heads, MLP 3072, 8
 (24, 1024, 16, 4096, 304M), ViT-H/14 (32, 1280, 16, 5120, 632M), 224x224 images. The encoder
 block is the GPT block with bidirectional attention; no dropout. seq = (image/patch)^2 + 1.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -65,8 +66,9 @@ class ViT(LayeredModel):
     family = "vit"
 
     def __init__(self, cfg: ViTConfig):
-        block_cfg = GPTConfig(layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, vocab=1,
-                              seq=cfg.seq, ffn_hidden=cfg.ffn_hidden)
+        block_cfg = GPTConfig(
+            layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, vocab=1, seq=cfg.seq, ffn_hidden=cfg.ffn_hidden
+        )
         blocks = [Block(block_cfg, causal=False) for _ in range(cfg.layers)]
         super().__init__(PatchEmbedding(cfg), blocks, ClassifierHead(cfg))
         self.config = cfg
