@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install demo test test-fast reports bench bench-quick validate clean
+.PHONY: install demo test test-fast lint typecheck reports bench bench-quick validate clean
 
 $(STAMP): pyproject.toml setup.py constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -31,6 +31,17 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# mypy sees the installed layout: planner/, profiler/, executor/, models/ under meshplan/ (setup.py)
+typecheck: $(STAMP)
+	rm -rf build/typecheck && mkdir -p build/typecheck/meshplan
+	for f in meshplan/*; do ln -s "$(CURDIR)/$$f" build/typecheck/meshplan/; done
+	for d in planner profiler executor models; do ln -s "$(CURDIR)/$$d" build/typecheck/meshplan/$$d; done
+	cd build/typecheck && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p meshplan
 
 reports: $(STAMP)
 	$(BIN)/python -m meshplan.examples --out reports

@@ -40,6 +40,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from executor_plans import make_plan
+
     from meshplan import dp_methods
     from meshplan.executor.launch import LaunchOptions, run_plans
     from meshplan.plan import MethodChoice

@@ -29,8 +29,8 @@ import time
 
 from meshplan import dp_methods
 from meshplan.errors import InfeasibleError
-from meshplan.planner import PlanRequest, search
 from meshplan.models.analytic import GPT3_175B, LLAMA3_405B, gpt_profile, llama_profile
+from meshplan.planner import PlanRequest, search
 from meshplan.planner.bruteforce import brute_force
 from meshplan.presets import cluster_preset
 

@@ -20,7 +20,8 @@ import time
 import traceback
 from pathlib import Path
 
-from benchmarks import baselines, local_accuracy as la, memory_accuracy
+from benchmarks import baselines, memory_accuracy
+from benchmarks import local_accuracy as la
 from benchmarks.common import git_state, machine_info, mape
 from benchmarks.diagnostics import diagnose
 from meshplan.errors import MeshplanError

@@ -10,14 +10,14 @@ data-parallel replica; step k reads batch k mod (batches per epoch) of epoch k /
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.utils.data import DistributedSampler, default_collate
 
 from meshplan.errors import MeshplanError
-from meshplan.plan import Plan
 from meshplan.models.zoo.base import LayeredModel
+from meshplan.plan import Plan
 
 Batches = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
 

@@ -38,7 +38,6 @@ from meshplan.plan import Plan
 from meshplan.run_result import RunResult
 from meshplan.schema import content_hash, load, save
 
-
 STARTUP_GRACE_S = 60.0
 """Seconds the launcher waits for the first rank report before declaring a hang."""
 
@@ -500,7 +499,10 @@ def _failure_message(
     st = read_statuses(out, ranks, run_id)
     errors = sorted((s for s in st.values() if s.get("state") == "error"), key=lambda s: s.get("time", 0))
     primary = [s for s in errors if not _SECONDARY.search(s.get("error", ""))]
-    where = lambda s: f" of plan variant {s.get('variant', 0)}" if count > 1 else ""
+
+    def where(s: dict) -> str:
+        return f" of plan variant {s.get('variant', 0)}" if count > 1 else ""
+
     if primary:
         s = primary[0]
         return f"rank {s['rank']} failed at step {s.get('step', -1)}{where(s)}: {s.get('error', '')}"

@@ -11,7 +11,7 @@ every rank slices its shard locally, with no communication.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

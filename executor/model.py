@@ -15,8 +15,8 @@ from torch import nn
 
 from meshplan.errors import MeshplanError
 from meshplan.model_profile import TPRule
-from meshplan.plan import Plan
 from meshplan.models.zoo.base import LayeredModel
+from meshplan.plan import Plan
 
 
 def build_model_for_plan(plan: Plan, device: str | torch.device = "meta", seed: int = 0) -> LayeredModel:

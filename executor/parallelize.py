@@ -27,18 +27,19 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from meshplan.comm_bytes import ByteCounter
+from meshplan.errors import MeshplanError
 from meshplan.executor import data_parallel as dp_
 from meshplan.executor import methods
-from meshplan.errors import MeshplanError
 from meshplan.executor.activation_checkpoint import apply_ac
 from meshplan.executor.grad_clip import clip_grad_norm
 from meshplan.executor.materialize import init_source, materialize, state_source
@@ -46,11 +47,10 @@ from meshplan.executor.model import tp_rules_for
 from meshplan.executor.parallel_dims import ParallelDims
 from meshplan.executor.pipeline import SPLIT_BACKWARD, build_schedule, schedule_step, split_stages
 from meshplan.executor.tensor_parallel import apply_tp
-from meshplan.plan import MESH_AXES, Plan
-from meshplan.models.zoo.base import LayeredModel
-from meshplan.models.identity import full_state, retie, tied_groups
-from torch.distributed.tensor import DTensor
 from meshplan.executor.tied import TiedGrads
+from meshplan.models.identity import full_state, retie, tied_groups
+from meshplan.models.zoo.base import LayeredModel
+from meshplan.plan import MESH_AXES, Plan
 
 
 @dataclass(kw_only=True)

@@ -11,7 +11,7 @@ Schedules are torch.distributed.pipelining's; gradients come out scaled by 1/num
 from __future__ import annotations
 
 import copy
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -19,15 +19,15 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import (
     PipelineScheduleMulti,
-    ScheduleGPipe,
     Schedule1F1B,
+    ScheduleGPipe,
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
     ScheduleLoopedBFS,
 )
 
-from meshplan.plan import Plan
 from meshplan.models.zoo.base import LayeredModel
+from meshplan.plan import Plan
 
 SCHEDULE_CLASSES = {
     "GPipe": ScheduleGPipe,

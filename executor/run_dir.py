@@ -47,7 +47,7 @@ class RunDirLock:
         self.out, self.run_id, self.fd, self.created = out, run_id, None, False
         self.node_rank, self.node_fd = node_rank, None  # node_rank: one node of a multi-node job
 
-    def acquire(self) -> "RunDirLock":
+    def acquire(self) -> RunDirLock:
         check_out_dir(self.out)
         self.created = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)

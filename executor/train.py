@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 import torch
 
 from meshplan.executor import checkpoint
-from meshplan.executor.parallelize import apply
 from meshplan.executor.data import make_batches
 from meshplan.executor.memory import LiveTensorTracker, held_tensors
 from meshplan.executor.methods.host_optimizer import close_all
 from meshplan.executor.model import build_for_apply
 from meshplan.executor.parallel_dims import build_mesh
+from meshplan.executor.parallelize import apply
 from meshplan.plan import Plan
 
 

@@ -8,11 +8,9 @@ one line on stderr and a non-zero exit, never a traceback (meshplan.errors.Meshp
 from __future__ import annotations
 
 import argparse
-
-from meshplan import dp_methods
 import sys
 
-from meshplan import __version__
+from meshplan import __version__, dp_methods
 
 DESCRIPTION = """\
 meshplan: how to split PyTorch training over GPUs, and then doing it.

@@ -177,7 +177,7 @@ class ClusterSpec:
         check(self.num_nodes >= 1, f"{p}num_nodes", self.num_nodes, "must be >= 1")
         check(self.devices_per_node >= 1, f"{p}devices_per_node", self.devices_per_node, "must be >= 1")
 
-    def with_num_devices(self, num_devices: int) -> "ClusterSpec":
+    def with_num_devices(self, num_devices: int) -> ClusterSpec:
         """The same hardware sized to `num_devices` (full nodes, or one partial node)."""
         import dataclasses
 

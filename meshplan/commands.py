@@ -6,8 +6,9 @@ import argparse
 import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from meshplan import dp_methods, schema
 from meshplan.errors import MeshplanError
@@ -89,8 +90,8 @@ def _check_positive(**values: int | None) -> None:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
+    from meshplan.models.zoo import FAMILIES, ZOO
     from meshplan.presets import CLUSTER_PRESETS, cluster_preset
-    from meshplan.models.zoo import ZOO, FAMILIES
 
     models = {name: {"family": fam, **cfg} for name, (fam, cfg) in sorted(ZOO.items())}
     clusters = {}

@@ -206,7 +206,7 @@ class SearchSummary:
     num_evaluated: int
     """Candidates whose stage boundaries and recompute were solved and costed."""
     num_rejected: int
-    alternatives: list["Plan"] = field(default_factory=list)
+    alternatives: list[Plan] = field(default_factory=list)
     """The next-best plans (top-K), each with its full prediction; no nested search."""
     rejected: list[Rejection] = field(default_factory=list)
 

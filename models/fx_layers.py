@@ -93,7 +93,7 @@ def _partition(gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[str, int]:
     last_use = {n: max((index.get(u, len(nodes)) for u in n.users), default=index[n]) for n in nodes}
     placeholder = next(n for n in gm.graph.nodes if n.op == "placeholder")
     first_input_use = max((index.get(u, len(nodes)) for u in placeholder.users), default=-1)
-    part, current, has_params, out = {}, 0, False, {}
+    current, has_params, out = 0, False, {}
     for i, node in enumerate(nodes):
         out[node.name] = current
         has_params |= node.op in ("call_module", "get_attr") and _has_params(gm, node)

@@ -184,7 +184,7 @@ class HFShape:
     seq: int
 
 
-def load_hf_model(name: str, overrides: dict[str, Any] | None, device: str, seed: int = 0) -> "HFLayered":
+def load_hf_model(name: str, overrides: dict[str, Any] | None, device: str, seed: int = 0) -> HFLayered:
     """The transformers model of `hf:name` as a LayeredModel (see the module docstring)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
@@ -198,7 +198,7 @@ def load_hf_model(name: str, overrides: dict[str, Any] | None, device: str, seed
     return wrap_hf_model(model, seq)
 
 
-def wrap_hf_model(model: nn.Module, seq: int) -> "HFLayered":
+def wrap_hf_model(model: nn.Module, seq: int) -> HFLayered:
     """A built transformers model (from hf:NAME or a user factory) as layers."""
     config = model.config
     shape = HFShape(

@@ -11,7 +11,7 @@ RowwiseParallel); the planner reads `divisors` (the TP degree must divide each) 
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
 from torch import nn
 

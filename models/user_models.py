@@ -20,8 +20,9 @@ import importlib
 import importlib.util
 import inspect
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -154,7 +155,7 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-def wrap_module(module: nn.Module, batch: Any, spec: str) -> "UserModel":
+def wrap_module(module: nn.Module, batch: Any, spec: str) -> UserModel:
     """UserModel over the module's children if they form a chain, else over the whole module."""
     inputs, targets = _split_batch(batch, spec)
     special = _wrap_special(module, inputs, targets)

@@ -13,8 +13,8 @@ from meshplan.cluster import ClusterSpec
 from meshplan.errors import MeshplanError
 from meshplan.model_profile import LayerProfile, ModelProfile
 from meshplan.planner.attention import with_attention
-from meshplan.planner.sac import with_selective
 from meshplan.planner.request import ATTENTION, STATE_LAYOUTS, PlanRequest
+from meshplan.planner.sac import with_selective
 from meshplan.planner.seqscale import with_seq_len
 
 SPLIT_KINDS = ("block", "embedding", "head")
@@ -54,7 +54,7 @@ class Candidate:
     def _methods_by_axis(self) -> dict[str, tuple[str, tuple]]:
         return {a: (name, params) for a, name, params in self.methods}
 
-    def with_method(self, axis: str, name: str, params: dict) -> "Candidate":
+    def with_method(self, axis: str, name: str, params: dict) -> Candidate:
         rest = tuple(m for m in self.methods if m[0] != axis)
         default = name == dp_methods.DEFAULTS[axis] and params == dp_methods.default_params(axis)
         entry = () if default else ((axis, name, tuple(sorted(params.items()))),)
@@ -168,7 +168,7 @@ class Context:
     """Factor on the profile's one-rank optimizer timings (optimizer_scale())."""
 
     @classmethod
-    def build(cls, profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) -> "Context":
+    def build(cls, profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) -> Context:
         if request.precision not in ("bf16", "fp32", "fp8"):
             raise MeshplanError(f"precision {request.precision!r} is unknown; use bf16, fp8 or fp32")
         if request.attention not in (None, *ATTENTION):

@@ -22,7 +22,6 @@ from meshplan.planner.layer_cost import CostTable
 from meshplan.planner.memory import fits
 from meshplan.planner.stages import RankModel, RankSolution
 
-
 NOT_RUN = "priced only, not run by this executor: "
 """MethodOption.note of a method feasibility.py calls valid but not runnable here (waves=2)."""
 

@@ -20,7 +20,6 @@ from meshplan.planner.comm import collective_s, group_tier, p2p_s
 from meshplan.planner.context import Candidate, Context, optimizer_call_measured_s
 from meshplan.planner.dp_cost import DDP_BUCKET_BYTES, DataParallelCost
 
-
 OPTIMIZER_BYTES_PER_PARAM = {"torch": 28, "megatron": 42, "zero": 28}
 """HBM bytes moved per parameter by the optimizer step. Fused Adam reads weights, grads, m, v (16)
 and writes weights, m, v (12). Megatron-LM also reads the fp32 main grads for the global-norm

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+
 from meshplan.planner.memory import fits
 
 Option = tuple[str, float, float]

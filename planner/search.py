@@ -23,13 +23,13 @@ from meshplan.planner import comm_schedule
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.enumerate import Rejects, candidates
 from meshplan.planner.gc_pause import gc_paused
-from meshplan.planner.methods import best_method, method_options
 from meshplan.planner.layer_cost import CostTable
 from meshplan.planner.memory import GIB, fits
+from meshplan.planner.methods import best_method, method_options
 from meshplan.planner.partition import solve
 from meshplan.planner.pipeline import bubble_factor, in_flight
-from meshplan.planner.recompute import solve_identical
 from meshplan.planner.predict import _breakdown, build_plan, provenance
+from meshplan.planner.recompute import solve_identical
 from meshplan.planner.request import PlanRequest
 
 

@@ -16,13 +16,13 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from meshplan.errors import MeshplanError
 from meshplan.model_profile import LayerProfile, ModelProfile
+from meshplan.models.identity import structure_hash
+from meshplan.models.loader import check_device, load_model
+from meshplan.models.tp_rules import tp_rules
+from meshplan.models.zoo.base import LayeredModel
 from meshplan.profiler.capture import LayerCapture, capture_layer, fake_copy
 from meshplan.profiler.moe_flops import expert_flops
-from meshplan.models.loader import check_device, load_model
 from meshplan.profiler.runner import InputSpec
-from meshplan.models.tp_rules import tp_rules
-from meshplan.models.identity import structure_hash
-from meshplan.models.zoo.base import LayeredModel
 
 ACTIVATION_DTYPE = torch.bfloat16
 """Activations are captured in bf16, the training precision the planner assumes."""

@@ -104,7 +104,7 @@ class BusyNeighbours:
         self.commands: list[Any] = []
         self.logs: list[Path] = []
 
-    def __enter__(self) -> "BusyNeighbours":
+    def __enter__(self) -> BusyNeighbours:
         _refuse_while_bootstrapping(self.count + 1)
         ctx = worker_context(self.device)
         self._log_dir = tempfile.TemporaryDirectory(prefix="meshplan-busy-")
@@ -152,7 +152,7 @@ class BusyNeighbours:
                         f"--concurrent {self.count + 1}: {pending} busy worker(s) did not start {fqn} "
                         f"within {START_TIMEOUT_S:.0f} s (load average {os.getloadavg()[0]:.1f}); "
                         f"{self._tails()}; retry on a quieter host or use --concurrent 1"
-                    )
+                    ) from None
 
     def _check_alive(self, fqn: str) -> None:
         """Raise with the exit code and output of the first worker that died."""

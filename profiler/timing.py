@@ -18,19 +18,19 @@ import functools
 import math
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
+from meshplan.errors import MeshplanError
 from meshplan.model_profile import LayerTiming, ModelProfile
+from meshplan.models.zoo.base import LayeredModel
 from meshplan.profiler.capture import LayerCapture
 from meshplan.profiler.concurrency import SYNC_PAUSE_S, BusyNeighbours
-from meshplan.errors import MeshplanError
-from meshplan.profiler.memory import LiveBytes, layer_param_bytes, available_memory_bytes, predict_peak_bytes
+from meshplan.profiler.memory import LiveBytes, available_memory_bytes, layer_param_bytes, predict_peak_bytes
 from meshplan.profiler.runner import InputSpec, make_input, materialise_layer, run_dtype
 from meshplan.profiler.step_timing import HostShare, cores_available, optimizer_step_cpu_s
 from meshplan.profiler.wrapper_timing import clamped, wrapper_overheads
-from meshplan.models.zoo.base import LayeredModel
 
 WARMUP = 2
 REPEATS = 5

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from meshplan.model_profile import LayerProfile, ModelProfile, TPRule
-from meshplan.plan import Plan, Prediction, SearchSummary, StageMemory, Rejection
+from meshplan.plan import Plan, Prediction, Rejection, SearchSummary, StageMemory
 from meshplan.presets import cluster_preset
 
 LAYERS = ["embed", "layers.0", "layers.1", "layers.2", "layers.3", "head"]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from meshplan import dp_methods
-from meshplan.plan import DataParallelMethods, MethodChoice, Plan
 from meshplan.executor.model import build_named_model
+from meshplan.plan import DataParallelMethods, MethodChoice, Plan
 
 
 def even_stages(layers: list[str], num_stages: int) -> list[list[str]]:

@@ -22,6 +22,7 @@ from torch.nn import functional as F
 transformers = pytest.importorskip("transformers", reason="transformers not installed (pip install 'meshplan[hf]')")
 
 from executor_plans import make_plan  # noqa: E402
+
 from meshplan.cli import main  # noqa: E402
 from meshplan.executor.data import step_generator  # noqa: E402
 from meshplan.executor.launch import LaunchOptions, run_plans  # noqa: E402

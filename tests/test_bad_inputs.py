@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from contract_fixtures import LAYERS, make_plan, make_profile
+
 from meshplan import schema
 from meshplan.cli import main
 

@@ -13,7 +13,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not installed; `pytest` alone
 
-from benchmarks import baselines, local_accuracy as la, memory_accuracy
+from benchmarks import baselines, memory_accuracy
+from benchmarks import local_accuracy as la
 from benchmarks.common import geomean, kendall_tau, mape, spread, top1_regret
 from benchmarks.run import _overall, write
 
@@ -258,8 +259,9 @@ def test_a_failed_calibration_round_is_skipped_and_recorded(monkeypatch):
 def test_planner_speed_brute_force_columns_and_report(tmp_path):
     """A finished brute force gives a measured speedup and the same optimum; a capped one gives
     no measured speedup, a lower bound and an estimate, and the report marks it as estimated."""
-    from benchmarks import planner_speed
     from planner_profiles import small_gpt
+
+    from benchmarks import planner_speed
 
     profile = small_gpt(2)
     row = planner_speed.measure("gpt-small", "a100-80g", 16, profile, 8)

@@ -8,8 +8,8 @@ import json
 from dataclasses import dataclass
 
 import pytest
-
 from contract_fixtures import make_plan
+
 from meshplan import schema
 from meshplan.cli import main
 

@@ -17,12 +17,12 @@ import math
 from fractions import Fraction
 
 import pytest
-
 from executor_plans import make_plan
+from test_dp_methods_executor import predicted_bytes
+
 from meshplan.comm_bytes import wire_bytes
 from meshplan.executor.launch import LaunchOptions, run_plans
 from meshplan.executor.model import build_named_model
-from test_dp_methods_executor import predicted_bytes
 
 STEPS = 4
 TRAIN = dict(optimizer="sgd", lr=0.5, grad_clip=1.0)

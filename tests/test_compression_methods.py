@@ -15,8 +15,8 @@ import math
 
 import pytest
 import torch
-
 from compression_sim import exchange, run_ranks
+
 from meshplan import compression_wire, dp_methods
 from meshplan.executor.methods import levels
 from meshplan.executor.methods.accordion import AccordionPowerSGD, AccordionTopK, Regimes, critical
@@ -134,7 +134,7 @@ def test_error_feedback_conserves_mass_exactly():
         g = torch.randint(-8, 9, (300,), generator=gen).float()  # integers: every sum below is exact
         acc = g + residual
         item = [(0, g.clone(), (300,))]
-        run_ranks(1, lambda rank, comm: codec.exchange(comm, item))
+        run_ranks(1, lambda rank, comm, item=item: codec.exchange(comm, item))
         sent, residual = item[0][1], codec.feedback.residual[0]
         assert torch.equal(sent + residual, acc)  # this step: sent + kept = g + e
         assert int((sent != 0).sum()) <= compression_wire.topk_k(300, 0.05)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from contract_fixtures import make_cluster, make_plan, make_profile, make_searched_plan
+
 from meshplan import schema
 from meshplan.cluster import ClusterSpec
 from meshplan.errors import MeshplanError

@@ -8,8 +8,8 @@ import pytest
 
 from meshplan.cluster import CollectiveFit
 from meshplan.model_profile import LayerTiming
-from meshplan.planner import PlanRequest, estimate
 from meshplan.models.analytic import gpt_profile
+from meshplan.planner import PlanRequest, estimate
 from meshplan.planner.comm import collective_s, group_tier
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.layer_cost import layer_cost as _layer_cost

@@ -21,8 +21,8 @@ import math
 from fractions import Fraction
 
 import pytest
-
 from executor_plans import make_plan, methods
+
 from meshplan import dp_methods, feasibility
 from meshplan.comm_bytes import wire_bytes
 from meshplan.errors import MeshplanError

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from executor_plans import make_plan
+
 from meshplan.executor.launch import LaunchOptions, run_plans
 from meshplan.executor.reference import reference_losses
 

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from executor_plans import make_plan, methods
+
 from meshplan.errors import MeshplanError, RunError
 from meshplan.executor import check_plan, launch_command, run_plan
 from meshplan.executor.checkpoint import latest_step
@@ -25,9 +25,9 @@ SGD = dict(optimizer="sgd", lr=0.5, grad_clip=1.0)
 def _dataset_reference(plan, steps: int) -> list[float]:
     """Single-process losses on the global batches a DistributedSampler per replica yields."""
     import torch
+    from executor_plans import token_dataset
     from torch.utils.data import DistributedSampler, default_collate
 
-    from executor_plans import token_dataset
     from meshplan.executor.data_parallel import make_optimizer
     from meshplan.executor.model import build_model_for_plan
 

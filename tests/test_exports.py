@@ -10,11 +10,11 @@ import tomllib
 from types import SimpleNamespace
 
 import pytest
+from report_fixtures import flat_plan, gpt_plan, searched_plan, split, uneven_plan
 
 from meshplan.errors import MeshplanError
 from meshplan.plan import Plan
 from meshplan.report import EXPORT_TARGETS, export_plan
-from report_fixtures import flat_plan, gpt_plan, searched_plan, split, uneven_plan
 
 PLANS = {
     "pipeline": searched_plan,

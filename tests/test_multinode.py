@@ -18,12 +18,12 @@ import time
 from pathlib import Path
 
 import pytest
-
 from executor_plans import make_plan
+from test_run_safety import finish, processes_of, wait_for
+
 from meshplan.executor.checkpoint import latest_step
 from meshplan.executor.reference import reference_losses
 from meshplan.schema import save
-from test_run_safety import finish, processes_of, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -156,7 +156,7 @@ def test_a_node_killed_mid_run_ends_the_other(tmp_path):
     assert rc == 4, err[-2000:]
     assert one_line(err).startswith("meshplan run: error: node 0: another node's ranks went away at step "), err
     for out in outs:
-        wait_for(lambda: processes_of(out) == [], 30, f"no process of {out.name}")
+        wait_for(lambda out=out: processes_of(out) == [], 30, f"no process of {out.name}")
 
 
 def _step(status: Path) -> int:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from executor_plans import make_plan
+
 from meshplan import dp_methods, feasibility
 from meshplan.comm_bytes import ByteCounter
 from meshplan.errors import MeshplanError

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from planner_profiles import brute_force_best, cluster, cnn_chain, small_gpt, small_llama
 
 from meshplan.errors import InfeasibleError
 from meshplan.planner import PlanRequest, search
@@ -13,7 +14,6 @@ from meshplan.planner.context import Context
 from meshplan.planner.layer_cost import CostTable
 from meshplan.planner.partition import solve
 from meshplan.schema import to_dict
-from planner_profiles import brute_force_best, cluster, cnn_chain, small_gpt, small_llama
 
 CASES = [
     ("gpt 8 GPUs, tight memory", small_gpt(6), 8, 10.0, dict(global_batch=8, zero=0)),

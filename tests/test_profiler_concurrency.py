@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from meshplan.errors import MeshplanError, RunError
+from meshplan.errors import RunError
 from meshplan.profiler.concurrency import BusyNeighbours
 from meshplan.profiler.runner import InputSpec
 

@@ -8,12 +8,11 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers not installed (pip install 'meshplan[hf]')")
 
 from meshplan.cli import main  # noqa: E402
-from meshplan.models.loader import load_model  # noqa: E402
-from meshplan.models.tp_rules import tp_rules  # noqa: E402
 from meshplan.errors import MeshplanError  # noqa: E402
 from meshplan.models.hf import _config, build_from_config  # noqa: E402
+from meshplan.models.loader import load_model  # noqa: E402
+from meshplan.models.tp_rules import tp_rules  # noqa: E402
 from meshplan.profiler import profile_model  # noqa: E402
-
 
 ARCHITECTURES = {  # built-in tiny config -> the transformers class it builds, layers found
     "tiny-gpt2": ("GPT2LMHeadModel", 4),

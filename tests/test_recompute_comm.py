@@ -26,8 +26,8 @@ def _count(rank: int, port: int, sp: bool, queue) -> None:
 
     from meshplan.executor.activation_checkpoint import apply_ac
     from meshplan.executor.tensor_parallel import apply_tp
-    from meshplan.profiler import profile_model
     from meshplan.models.zoo import build_model
+    from meshplan.profiler import profile_model
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)

@@ -7,11 +7,11 @@ import html
 import re
 
 import pytest
+from report_fixtures import flat_plan, gpt_plan, run_for, searched_plan, uneven_plan
 
 from meshplan.plan import Rejection
 from meshplan.report import write_report
 from meshplan.report.summary import binding_constraint
-from report_fixtures import flat_plan, gpt_plan, run_for, searched_plan, uneven_plan
 
 NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?")
 

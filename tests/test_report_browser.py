@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from report_fixtures import gpt_plan, run_for, searched_plan
 
 from meshplan.report import write_report
-from report_fixtures import gpt_plan, run_for, searched_plan
 
 FLAGS = [
     "--headless",

@@ -8,6 +8,7 @@ import html
 import re
 
 import pytest
+from report_fixtures import flat_plan, run_for
 
 from meshplan import dp_methods
 from meshplan.models.analytic import gpt_profile
@@ -15,7 +16,6 @@ from meshplan.planner import PlanRequest, search
 from meshplan.presets import cluster_preset
 from meshplan.report import fmt, write_report
 from meshplan.report.dp_methods_section import method_text
-from report_fixtures import flat_plan, run_for
 
 CAVEAT = "changes the training mathematics"
 ALLOW = {"compression": ("fp16", "powersgd")}

@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-
-from meshplan import schema
-from meshplan import examples
 from report_fixtures import flat_plan, run_for, searched_plan, uneven_plan
+
+from meshplan import examples, schema
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
 

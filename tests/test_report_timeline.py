@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from report_fixtures import gpt_plan
 
 from meshplan.report.timeline import Timeline, _replay, rank_order, simulate
 from meshplan.report.timeline_svg import MAX_EXACT_BLOCKS, timeline_svg
-from report_fixtures import gpt_plan
 
 
 def replay(schedule: str, pp: int, m: int, v: int = 1, hop_s: float = 0.0) -> Timeline:

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from executor_plans import make_plan
+
 from meshplan.cli import main
 from meshplan.errors import RunError
 from meshplan.executor import run_plan
@@ -81,7 +81,7 @@ def finish(proc: subprocess.Popen, timeout_s: float = 60) -> tuple[int, str, str
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        raise AssertionError(f"launcher still running after {timeout_s} s: {err[-2000:]}")
+        raise AssertionError(f"launcher still running after {timeout_s} s: {err[-2000:]}") from None
     return proc.returncode, out, err
 
 
@@ -108,7 +108,7 @@ def test_second_run_into_the_same_dir_is_refused_and_cleanup_spares_other_runs(t
         assert main(["run", str(tmp_path / "plan.json"), "--out-dir", str(out), "--steps", "4", "--quiet"]) == 2
         assert time.monotonic() - start < 10
         err = capsys.readouterr().err.strip()
-        assert "\n" not in err and f"in use by run" in err and f"(pid {holder})" in err, err
+        assert "\n" not in err and "in use by run" in err and f"(pid {holder})" in err, err
         rc, _, err = finish(proc, 240)
         assert rc == 0, err
         run = json.loads((out / "run.json").read_text())

@@ -15,7 +15,7 @@ from meshplan import commands, runtimes
 from meshplan.cli import build_parser, main
 from meshplan.errors import MeshplanError
 from meshplan.planner import estimate, search
-from meshplan.validation.published import row_argv, validate_row, with_source_degrees, with_source_software
+from meshplan.validation.published import validate_row, with_source_degrees, with_source_software
 
 CSV = Path(meshplan.__file__).parent / "data" / "published-runs.csv"
 GPT22 = [

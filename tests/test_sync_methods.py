@@ -16,7 +16,6 @@ check, against DDP run in the same launch:
 
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
@@ -24,8 +23,8 @@ from fractions import Fraction
 
 import pytest
 import torch
-
 from executor_plans import make_plan
+
 from meshplan import dp_methods, feasibility
 from meshplan.comm_bytes import wire_bytes
 from meshplan.errors import MeshplanError

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
+import meshplan
 from meshplan.validation import validate_published, write_validation_report
 from meshplan.validation.report import summary
-
-import meshplan
 
 CSV = Path(meshplan.__file__).parent / "data" / "published-runs.csv"
 

@@ -26,17 +26,28 @@ from types import ModuleType
 
 from meshplan import dp_methods
 from meshplan.executor.methods import (
+    accordion_powersgd,
+    accordion_topk,
     allreduce,
+    alq,
+    amq,
     buckets,
     bytescheduler,
     device,
     fp16,
+    nuqsgd,
     offload_cpu,
     offload_nvme,
     powersgd,
+    qsgd,
+    sync_async,
+    sync_crossbow,
+    sync_dabmd,
+    sync_gossip,
+    sync_localsgd,
+    sync_master,
+    topk,
 )
-from meshplan.executor.methods import sync_async, sync_crossbow, sync_dabmd, sync_gossip, sync_localsgd, sync_master
-from meshplan.executor.methods import accordion_powersgd, accordion_topk, alq, amq, nuqsgd, qsgd, topk
 from meshplan.plan import MethodChoice, Plan
 
 MODULES: dict[tuple[str, str], ModuleType] = {

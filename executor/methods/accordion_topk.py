@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from meshplan.executor.methods import compressed
-from meshplan.executor.methods.accordion import AccordionTopK, topk_hook as comm_hook  # noqa: F401
+from meshplan.executor.methods.accordion import AccordionTopK  # noqa: F401
 
 replica_reducer = compressed.replica_reducer(AccordionTopK)

@@ -51,7 +51,7 @@ class LowRank(compressed.Codec):
         comm.all_reduce(first).div_(comm.world)
         offset = 0
         ps = []
-        for key, grad, acc, p in packed:
+        for _key, _grad, _acc, p in packed:
             ps.append(torch.linalg.qr(first[offset : offset + p.numel()].view_as(p)).Q)  # (n, r)
             offset += p.numel()
         for g in dense:

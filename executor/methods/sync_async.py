@@ -90,7 +90,9 @@ class AsyncAverager:
             self.todo.put(None)
             self.thread.join(timeout=self.timeout_s)
         if self.error is not None:
-            warnings.warn(f"sync=async: the averaging thread stopped on {type(self.error).__name__}: {self.error}")
+            warnings.warn(
+                f"sync=async: the averaging thread stopped on {type(self.error).__name__}: {self.error}", stacklevel=2
+            )
 
 
 class AsyncAveraging(SyncMethod):

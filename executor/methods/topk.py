@@ -67,7 +67,7 @@ class TopK(compressed.Codec):
         gathered = comm.all_gather(
             torch.cat([self.encode(key, grad, d) for (key, grad, _), d in zip(items, densities)])
         )
-        for (key, grad, _), k, offset in zip(items, ks, _offsets(ks)):
+        for (_key, grad, _), k, offset in zip(items, ks, _offsets(ks)):
             total = torch.zeros_like(grad)
             for part in gathered:  # rank order: the same sum on every rank
                 chunk = part[offset : offset + 8 * k]

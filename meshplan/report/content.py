@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from meshplan.plan import Plan
 from meshplan.report import fmt, svg
-from meshplan.report.export_common import plan_hash
 from meshplan.report.document import Document, Figure, Section, Table
 from meshplan.report.dp_methods_section import dp_methods_section
+from meshplan.report.export_common import plan_hash
 from meshplan.report.measured import measured_section
 from meshplan.report.search_tables import alternatives_section, rejected_section, why_paragraphs
 from meshplan.report.summary import (

@@ -198,7 +198,7 @@ def lines(series: dict[str, list[tuple[float, float]]], *, x_unit: str, y_unit: 
     for t in xt:
         parts.append(text(x_of(t), top + plot_h + 16, tick_label(t), "middle"))
     parts.append(text(left + plot_w / 2, height - 8, x_unit, "middle"))
-    for k, (name, pts) in enumerate(series.items()):
+    for k, (_name, pts) in enumerate(series.items()):
         colour = PALETTE[k % len(PALETTE)]
         path = " ".join(f"{n(x_of(x))},{n(y_of(y))}" for x, y in pts)
         parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
