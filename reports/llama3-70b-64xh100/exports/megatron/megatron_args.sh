@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: llama3-70b on 64 x h100-80g
-# plan decisions hash cb71d3dc5d89124e; mesh pp=1 dp_replicate=1 dp_shard=64 cp=1 tp=1
+# plan decisions hash 670be99084e8c253; mesh pp=1 dp_replicate=1 dp_shard=64 cp=1 tp=1
 # global batch 128 = micro 2 x accumulation 1 x data-parallel 64; seq_len 8192
+# WARNING: per-layer recompute (full on 78, selective on 2 of 80 blocks) is not expressible in Megatron-LM; exported full recompute on every block (slower than predicted, never more memory)
 # WARNING: ZeRO-3 maps to --use-torch-fsdp2 (Megatron-Core >= 0.9); older versions cannot shard parameters
+# WARNING: the prediction was made for runtime meshplan; megatron runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime megatron-lm or megatron-core
 # Megatron derives data-parallel size = 64 / (tp x pp x cp) = 64 and gradient accumulation = 128 / (2 x 64) = 1
 MESHPLAN_ARGS=(
     --tensor-model-parallel-size 1
@@ -20,8 +22,8 @@ MESHPLAN_ARGS=(
     --group-query-attention
     --num-query-groups 8
     --recompute-granularity full
-    --recompute-method block
-    --recompute-num-layers 78
+    --recompute-method uniform
+    --recompute-num-layers 1
     --use-torch-fsdp2
     --no-gradient-accumulation-fusion
     --bf16

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: resnet50 on 8 x a100-80g
-# plan decisions hash 8997f360f9d717a7; mesh pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1
+# plan decisions hash ed7c0d63b6c11947; mesh pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1
 # global batch 1024 = micro 128 x accumulation 1 x data-parallel 8; seq_len 1
 # WARNING: ZeRO-2 maps to --use-distributed-optimizer, which shards optimizer states and reduce-scatters gradients but keeps a full gradient buffer (ZeRO-1 gradient memory)
+# WARNING: the prediction was made for runtime meshplan; megatron runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime megatron-lm or megatron-core
 # Megatron derives data-parallel size = 8 / (tp x pp x cp) = 8 and gradient accumulation = 1024 / (128 x 8) = 1
 MESHPLAN_ARGS=(
     --tensor-model-parallel-size 1
