@@ -273,6 +273,8 @@ def runtime_behaviours(args: argparse.Namespace, cluster, precision: str) -> dic
     }
     out = runtimes.request_behaviours(rt.name, flags)
     unknown = [k for k in rt.unknown() if k in (*runtimes.REQUEST_FIELDS, "dropout") and flags.get(k) is None]
+    if getattr(args, "recompute", None) != "selective":  # said only when the user asks for it
+        unknown = [k for k in unknown if k != "selective_recompute"]
     if unknown:
         _warn(
             args,
