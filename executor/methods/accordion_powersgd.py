@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from meshplan.executor.methods import compressed
-from meshplan.executor.methods.accordion import AccordionPowerSGD  # noqa: F401
+from meshplan.executor.methods.accordion import AccordionPowerSGD, powersgd_hook
+
+comm_hook = powersgd_hook
 
 replica_reducer = compressed.replica_reducer(AccordionPowerSGD)

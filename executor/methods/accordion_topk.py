@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from meshplan.executor.methods import compressed
-from meshplan.executor.methods.accordion import AccordionTopK  # noqa: F401
+from meshplan.executor.methods.accordion import AccordionTopK, topk_hook
+
+comm_hook = topk_hook
 
 replica_reducer = compressed.replica_reducer(AccordionTopK)
