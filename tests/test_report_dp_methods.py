@@ -158,7 +158,10 @@ def test_run_without_measured_bytes_says_so(allowed, tmp_path):
 def test_hand_built_plan_lists_its_non_default_methods(tmp_path):
     plan = flat_plan()  # CPU offload, a prediction without options or bytes
     md, body = sections(plan, tmp_path)
-    assert "This plan's data-parallel methods: offload=cpu. Predicted bytes per step per rank: 0 B." in md
+    assert (
+        "This plan's data-parallel methods: offload=cpu(delayed_update=false). Predicted bytes per step per rank: 0 B."
+        in md
+    )
     assert dp_methods.method("offload", "cpu").exact and CAVEAT not in md
 
 
