@@ -128,8 +128,16 @@ def provenance(profile: ModelProfile, cluster) -> Provenance:
 def build_plan(
     ctx: Context, cand: Candidate, sols: list[RankSolution], stages: list[list[int]], prov: Provenance
 ) -> Plan:
-    names = [lp.name for lp in ctx.layers]
     modes = {i: mode for s in sols for i, mode in s.modes.items()}
+    plan = plan_of(ctx, cand, stages, modes)
+    plan.prediction, plan.provenance = prediction(ctx, cand, sols), prov
+    return plan
+
+
+def plan_of(ctx: Context, cand: Candidate, stages: list[list[int]], modes: dict[int, str]) -> Plan:
+    """The Plan of a candidate with these stages (layer indices) and recompute modes, without a
+    prediction and not validated (check_plan and Plan.validate do that)."""
+    names = [lp.name for lp in ctx.layers]
     plan = Plan(
         model_name=ctx.profile.model_name,
         model_config=dict(ctx.profile.model_config),
@@ -159,8 +167,6 @@ def build_plan(
         layers=names,
         stages=[[names[i] for i in stage] for stage in stages],
         recompute={names[i]: modes.get(i, "none") for i in range(len(names))},
-        prediction=prediction(ctx, cand, sols),
-        provenance=prov,
     )
     if ctx.seq != ctx.profile.model_config.get("seq", ctx.seq):
         plan.model_config["seq"] = ctx.seq

@@ -11,11 +11,12 @@ import pytest
 from meshplan import dp_methods
 from meshplan.errors import InfeasibleError, MeshplanError
 from meshplan.executor.check import check_plan
-from meshplan.plan import DataParallelMethods, MethodChoice, Plan
+from meshplan.plan import Plan
 from meshplan.planner import PlanRequest, search
 from meshplan.planner.context import Context
 from meshplan.planner.enumerate import Rejects, candidates
 from meshplan.planner.estimate import balanced_stages
+from meshplan.planner.predict import plan_of
 from meshplan.presets import local_cpu
 from meshplan.profiler import profile_model
 
@@ -58,36 +59,11 @@ def _request(rng: random.Random) -> PlanRequest:
 
 def _plan_of(ctx: Context, cand) -> Plan:
     """The Plan a candidate would be, built without validation (check_plan validates)."""
-    names = [lp.name for lp in ctx.layers]
     try:
-        stages = [[names[i] for i in st] for st in balanced_stages(ctx, cand.pp * cand.virtual_stages)]
+        stages = balanced_stages(ctx, cand.pp * cand.virtual_stages)
     except MeshplanError:
-        stages = [names]  # too many stages for the layers: the layout rule fires before the stage check
-    methods = DataParallelMethods(
-        **{a: MethodChoice(name=cand.method(a)[0], params=cand.method(a)[1]) for a in dp_methods.AXES}
-    )
-    return Plan(
-        model_name=ctx.profile.model_name,
-        cluster_name="local-cpu",
-        world_size=ctx.request.num_gpus,
-        pipeline_parallel_degree=cand.pp,
-        data_parallel_replicate_degree=cand.dp_replicate,
-        data_parallel_shard_degree=cand.dp_shard,
-        context_parallel_degree=cand.cp,
-        tensor_parallel_degree=cand.tp,
-        zero_stage=cand.zero,
-        sequence_parallel=cand.sequence_parallel,
-        dp_methods=methods,
-        precision="fp32",
-        global_batch_size=ctx.request.global_batch,
-        microbatch_size=cand.microbatch,
-        num_microbatches=cand.num_microbatches,
-        seq_len=ctx.seq,
-        pipeline_schedule=cand.schedule,
-        virtual_stages=cand.virtual_stages,
-        layers=names,
-        stages=stages,
-    )
+        stages = [list(range(len(ctx.layers)))]  # too many stages: the layout rule fires before the stage check
+    return plan_of(ctx, cand, stages, {})
 
 
 def test_search_plans_run_and_search_rejections_match_check_plan(profiles):
