@@ -380,6 +380,14 @@ class _Output:
         code = re.search(r"exitcode\s*:\s*(-?\d+)", block)
         return (int(rank.group(1)), code.group(1) if code else "?") if rank else None
 
+    def failures(self) -> list[tuple[int, str]]:
+        """(rank, exit code) of every failed rank in torchrun's last error summary ("Failures:"
+        and "Root Cause"), in the order printed."""
+        text = "".join(self.tail)
+        start = max(text.rfind("Failures:"), 0) if "Failures:" in text else text.rfind("Root Cause")
+        pairs = re.findall(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text[max(start, 0) :], re.S)
+        return [(int(r), c) for r, c in pairs] if start >= 0 else []
+
 
 def _supervise(cmd: list[str], out: Path, ranks: list[int], run_id: str, opts: LaunchOptions) -> tuple[int, _Output]:
     """Run torchrun; kill it when no rank reported progress for timeout_s. Returns its exit code.
@@ -507,6 +515,12 @@ def _failure_message(
         s = primary[0]
         return f"rank {s['rank']} failed at step {s.get('step', -1)}{where(s)}: {s.get('error', '')}"
     cause = output.root_cause()
+    if cause is None or cause[0] not in st or st[cause[0]].get("state") == "error":
+        # torchrun's first observed failure may be a peer that died of the broken connection:
+        # the rank that died without reporting an error, by a signal first, is the cause
+        silent = [f for f in output.failures() if f[0] in st and st[f[0]].get("state") != "error"]
+        silent.sort(key=lambda f: not f[1].startswith("-"))
+        cause = silent[0] if silent else cause
     if cause is not None and cause[0] in st and st[cause[0]].get("state") != "error":
         s = st[cause[0]]
         return (
