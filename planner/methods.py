@@ -11,6 +11,7 @@ and credit (planner/comm_schedule.py), offload as the fallback (offload_search.p
 
 from __future__ import annotations
 
+import functools
 import math
 
 from meshplan import dp_methods, feasibility
@@ -92,39 +93,24 @@ def method_options(ctx: Context, table: CostTable, chosen: Candidate, sols: list
             why = next((r.text for r in found if not r.runnable_only), "")
             not_run = next((NOT_RUN + r.text for r in found if r.runnable_only), "")  # priced all the same
             row = dp_methods.method(axis, name)
+            option = functools.partial(MethodOption, axis=axis, name=name, params=params, exact=row.exact_with(params))
             if why:
-                out.append(
-                    MethodOption(
-                        axis=axis,
-                        name=name,
-                        params=params,
-                        exact=row.exact_with(params),
-                        feasible=False,
-                        note=why,
-                        chosen=False,
-                    )
-                )
+                out.append(option(feasible=False, note=why, chosen=False))
                 continue
             alt_sols, ok = reprice(ctx, table, alt, sols)
+            caveat = (
+                ""
+                if row.exact_with(params)
+                else "changes the training mathematics: check convergence before relying on it"
+            )
             out.append(
-                MethodOption(
-                    axis=axis,
-                    name=name,
-                    params=params,
-                    exact=row.exact_with(params),
+                option(
                     feasible=ok,
                     step_time_s=max(s.cost_s for s in alt_sols),
-                    peak_memory_bytes=max(
-                        sum(s.static) + s.buffers_bytes + s.in_flight * s.act_bytes for s in alt_sols
-                    ),
+                    peak_memory_bytes=max(s.memory_bytes for s in alt_sols),
                     comm_bytes_per_step=comm_bytes_per_step(ctx, alt, [s.layers for s in alt_sols]),
                     chosen=alt == chosen,
-                    note=not_run
-                    or (
-                        ""
-                        if row.exact_with(params)
-                        else "changes the training mathematics: check convergence before relying on it"
-                    ),
+                    note=not_run or caveat,
                 )
             )
     return out

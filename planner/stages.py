@@ -46,6 +46,11 @@ class RankSolution:
     """(m + bubble) x time_s + sync_s + optimizer_s."""
     parts: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def memory_bytes(self) -> float:
+        """Peak bytes of the rank: static state, buffers and its in-flight activations."""
+        return sum(self.static) + self.buffers_bytes + self.in_flight * self.act_bytes
+
 
 class RankModel:
     """Cost of a set of layers placed on one pipeline rank of one candidate."""
@@ -111,7 +116,7 @@ class RankModel:
         )
 
     def memory_bytes(self, sol: RankSolution) -> float:
-        return sum(sol.static) + sol.buffers_bytes + sol.in_flight * sol.act_bytes
+        return sol.memory_bytes
 
     def p2p(self, rank: int, layers: list[int]) -> float:
         """Per-microbatch p2p of a contiguous stage (non-interleaved): the larger of the tensor it
