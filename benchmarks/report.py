@@ -45,8 +45,49 @@ def _header(r: dict) -> list[str]:
             else ""
         ),
         f"- Section times (s): {r.get('section_times_s')}",
+        *_section_runs(r),
         "",
     ]
+
+
+def _section_runs(r: dict) -> list[str]:
+    """Sections kept from an earlier run (`--sections`) say which run measured them."""
+    older = {
+        name: run
+        for name, run in r.get("section_runs", {}).items()
+        if run.get("started_utc") and run.get("started_utc") != r.get("started_utc")
+    }
+    return [
+        f"- Kept from an earlier run: {name} (started {run['started_utc']} UTC, commit {run.get('commit')})"
+        for name, run in sorted(older.items())
+    ]
+
+
+METHOD_TITLES = {
+    "compression": "Gradient compression on slow links",
+    "sync": "Replica synchronisation on slow links",
+    "offload": "Offload and communication scheduling",
+}
+
+
+def _methods(r: dict) -> list[str]:
+    """Sections 7-9: each method benchmark renders its own tables (its module's `markdown`)."""
+    import importlib
+
+    from benchmarks.run import METHOD_SECTIONS
+
+    lines: list[str] = []
+    for number, (name, module) in enumerate(METHOD_SECTIONS.items(), start=7):
+        if name not in r:
+            continue
+        lines += [f"## {number}. {METHOD_TITLES[name]}", ""]
+        section = r[name]
+        if isinstance(section, dict) and "error" in section:
+            lines += _error_block(section)
+            continue
+        body = importlib.import_module(module).markdown(section)
+        lines += (body.splitlines() if isinstance(body, str) else list(body)) + [""]
+    return lines
 
 
 def _verdicts(r: dict) -> dict[str, bool]:
@@ -286,5 +327,5 @@ def _diagnostics(r: dict) -> list[str]:
 
 
 def markdown(results: dict) -> str:
-    parts = (_header, _summary, _diagnostics, _local, _baselines, _planner_speed, _memory, _overhead, _gpu)
+    parts = (_header, _summary, _diagnostics, _local, _baselines, _planner_speed, _memory, _overhead, _gpu, _methods)
     return "\n".join(line for part in parts for line in part(results)) + "\n"

@@ -3,8 +3,10 @@
 Writes OUT/benchmarks.json (keys: local_accuracy, baselines, planner_speed, memory,
 executor_overhead, gpu, machine, torch_version, ...) and OUT/benchmarks.md (benchmarks.report).
 Sections: 1 local accuracy and plan quality, 2 baselines, 3 planner speed, 4 memory,
-5 executor overhead, 6 GPU check (only where CUDA is present). A section that fails is recorded
-with its error and the others still run. `--quick` is the CI-sized version (one repetition, a
+5 executor overhead, 6 GPU check (only where CUDA is present), 7-9 the data-parallel methods
+(compression and replica synchronisation on slow links, offload and scheduling). A section that
+fails is recorded with its error and the others still run. `--sections a,b` runs a subset and keeps
+the rest from the earlier OUT/benchmarks.json, each marked with the run that measured it. `--quick` is the CI-sized version (one repetition, a
 6-plan grid, a short link sweep, the planner-speed and overhead quick modes).
 """
 
@@ -140,31 +142,81 @@ def _section(name: str, fn, say, results: dict, timings: dict):
     return value
 
 
-def run_all(quick: bool, say) -> dict:
+LOCAL = ("local_accuracy", "baselines", "memory", "diagnostics")
+"""The result keys section `local` writes (its rounds measure all four together)."""
+
+METHOD_SECTIONS = {
+    "compression": "benchmarks.compression_slow_link",
+    "sync": "benchmarks.sync_methods",
+    "offload": "benchmarks.offload",
+}
+"""Data-parallel method benchmarks (issues 15-17): module whose `bench_section(quick, say)` returns
+the section's results. They run on 4 gloo ranks, the slow-link ones inside throttled namespaces."""
+
+SECTIONS = ("local", "planner_speed", "executor_overhead", "gpu", *METHOD_SECTIONS)
+
+
+def _local(quick: bool, say, results: dict, timings: dict) -> None:
+    local = _section("local", lambda: local_sections(quick, say), say, results, timings)
+    if isinstance(local, tuple):
+        results["local_accuracy"], results["baselines"], results["memory"] = local
+        results["diagnostics"] = diagnose(results["local_accuracy"], results["memory"])
+    else:  # the error, recorded under every key the section owns
+        results["local_accuracy"] = results["baselines"] = results["memory"] = local
+        results.pop("diagnostics", None)
+
+
+def _method_section(name: str):
+    def run(quick: bool, say) -> dict:
+        import importlib
+
+        return importlib.import_module(METHOD_SECTIONS[name]).bench_section(quick, say)
+
+    return run
+
+
+def run_all(quick: bool, say, sections: tuple[str, ...] = SECTIONS, previous: dict | None = None) -> dict:
+    """Run `sections`; with `previous` (an earlier results dict), the sections not run are kept
+    from it, each with the start time and commit of the run that measured it (`section_runs`)."""
     import torch
 
     from benchmarks import executor_overhead, planner_speed
 
     timings: dict[str, float] = {}
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     results = {
         "quick": quick,
         "machine": machine_info(),
         "torch_version": torch.__version__,
         "git": git_state(),
-        "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "started_utc": started,
     }
-    local = _section("local accuracy, baselines, memory", lambda: local_sections(quick, say), say, results, timings)
-    if isinstance(local, tuple):
-        results["local_accuracy"], results["baselines"], results["memory"] = local
-        results["diagnostics"] = diagnose(results["local_accuracy"], results["memory"])
-    else:
-        results["local_accuracy"] = results["baselines"] = results["memory"] = local
-    results["planner_speed"] = _section("planner speed", lambda: planner_speed.run(quick), say, results, timings)
-    results["executor_overhead"] = _section(
-        "executor overhead", lambda: executor_overhead.run(quick), say, results, timings
-    )
-    results["gpu"] = _section("gpu", lambda: gpu_section(say), say, results, timings)
-    results["section_times_s"] = timings
+    runs = dict((previous or {}).get("section_runs", {}))
+    for name in SECTIONS:
+        if name not in sections:
+            keys = LOCAL if name == "local" else (name,)
+            for key in keys:
+                if previous and key in previous:
+                    results[key] = previous[key]
+            if previous and name not in runs and keys[0] in previous:
+                runs[name] = {
+                    "started_utc": previous.get("started_utc"),
+                    "commit": previous.get("git", {}).get("commit"),
+                }
+            continue
+        if name == "local":
+            _local(quick, say, results, timings)
+        elif name == "planner_speed":
+            results[name] = _section(name, lambda: planner_speed.run(quick), say, results, timings)
+        elif name == "executor_overhead":
+            results[name] = _section(name, lambda: executor_overhead.run(quick), say, results, timings)
+        elif name == "gpu":
+            results[name] = _section(name, lambda: gpu_section(say), say, results, timings)
+        else:
+            results[name] = _section(name, lambda n=name: _method_section(n)(quick, say), say, results, timings)
+        runs[name] = {"started_utc": started, "commit": results["git"].get("commit"), "quick": quick}
+    results["section_times_s"] = {**(previous or {}).get("section_times_s", {}), **timings}
+    results["section_runs"] = runs
     results["machine"]["load_average_end"] = machine_info()["load_average"]
     return results
 
@@ -189,15 +241,34 @@ def write(results: dict, out: Path) -> None:
     write_text_atomic(out / "benchmarks.md", markdown(_clean(results)))
 
 
+def _sections(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in SECTIONS]
+    if unknown or not names:
+        raise SystemExit(f"--sections {text!r}: unknown section {unknown}; choose from {', '.join(SECTIONS)}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="reports", help="folder for benchmarks.json and benchmarks.md")
     ap.add_argument("--quick", action="store_true", help="CI-sized run (a few minutes)")
+    ap.add_argument(
+        "--sections",
+        type=_sections,
+        default=SECTIONS,
+        help=f"comma-separated subset of {','.join(SECTIONS)} (default all); the others are kept "
+        "from OUT/benchmarks.json, each marked with the run that measured it",
+    )
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     say = _say(args.quiet)
+    previous = None
+    old = Path(args.out) / "benchmarks.json"
+    if args.sections != SECTIONS and old.exists():
+        previous = json.loads(old.read_text())
     start = time.perf_counter()
-    results = run_all(args.quick, say)
+    results = run_all(args.quick, say, args.sections, previous)
     results["total_time_s"] = round(time.perf_counter() - start, 1)
     write(results, Path(args.out))
     say(f"wrote {args.out}/benchmarks.json and {args.out}/benchmarks.md in {results['total_time_s']:.0f} s")

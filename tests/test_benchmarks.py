@@ -313,3 +313,36 @@ def test_diagnostics_heading_says_whether_a_target_was_missed():
     assert "## Why targets were missed" in markdown(
         {**results, "local_accuracy": local, "executor_overhead": {"ratio": 1.2}}
     )
+
+
+def test_sections_run_alone_and_keep_the_others_from_the_earlier_run(monkeypatch, tmp_path):
+    """`--sections compression` runs that section only; every other section's results stay as the
+    earlier run measured them, and the report says which run that was."""
+    import types
+
+    from benchmarks import run
+
+    fake = types.ModuleType("fake_compression_bench")
+    fake.bench_section = lambda quick, say: {"rows": [{"method": "topk", "quick": quick}]}
+    fake.markdown = lambda result: f"| method |\n|---|\n| {result['rows'][0]['method']} |"
+    monkeypatch.setitem(sys.modules, "fake_compression_bench", fake)
+    monkeypatch.setitem(run.METHOD_SECTIONS, "compression", "fake_compression_bench")
+    previous = {**_results(), "started_utc": "2026-11-30 04:32:16", "git": {"commit": "abc1234"}}
+    results = run.run_all(True, lambda *_: None, ("compression",), previous)
+    assert results["compression"] == {"rows": [{"method": "topk", "quick": True}]}
+    for key in ("local_accuracy", "baselines", "memory", "planner_speed", "executor_overhead", "gpu"):
+        assert results[key] == previous[key]
+    assert "sync" not in results and "offload" not in results  # never measured: not invented
+    assert results["section_runs"]["local"]["commit"] == "abc1234"
+    assert results["section_runs"]["compression"]["started_utc"] == results["started_utc"]
+    write(results, tmp_path)
+    md = (tmp_path / "benchmarks.md").read_text()
+    assert "## 7. Gradient compression on slow links" in md and "| topk |" in md
+    assert "Kept from an earlier run: local (started 2026-11-30 04:32:16 UTC, commit abc1234)" in md
+
+
+def test_unknown_section_is_one_line():
+    from benchmarks import run
+
+    with pytest.raises(SystemExit, match="unknown section \\['nope'\\]; choose from local"):
+        run.main(["--sections", "local,nope"])
