@@ -6,7 +6,9 @@ source of truth. The calibration on top of them, one per device type, never per 
 - gemm_efficiency: achieved fraction of dense bf16 peak by GEMM size (FLOPs of one GEMM).
   The large-GEMM plateau is the measured "maximum achievable matmul FLOPs" (MAMF) of
   stas00/ml-engineering compute/accelerator/README.md: A100 SXM 271.2/312 = 0.869,
-  H100/H200 SXM 794.5/989 = 0.803. Smaller GEMMs fall off as tiles stop filling the SMs.
+  H100/H200 SXM 794.5/989 = 0.803. Smaller GEMMs fall off as tiles stop filling the SMs:
+  A100 and B200 on the generic ramp of _curve; the Hopper parts (H100, H800, H200) on the
+  measured H100 curve HOPPER_BF16_GEMM (OpenXLA's GEMM performance table).
 - link efficiency: nccl-tests all-reduce bus bandwidth over wire bandwidth — A100 node
   235/300 = 0.78 (ml-engineering network/README.md); H200 ring 365.6/450 = 0.81. Inter-node:
   A100_INTERNODE_EFFICIENCY, measured on Selene at scale; the other types 0.9 as in calculon's
@@ -59,13 +61,19 @@ fraction (ml-engineering compute/accelerator/README.md: H100 SXM 1402.6 = 0.709,
 The fp8 ramp scales with the fp8 peak (_curve), the framework fraction is the bf16 one."""
 
 
-HOST = {"a100": (51.2, 250), "h100": (76.8, 250), "h200": (76.8, 250), "b200": (89.6, 500)}
+HOST = {"a100": (51.2, 250), "h100": (76.8, 250), "h800": (76.8, 250), "h200": (76.8, 250), "b200": (89.6, 500)}
 """Host DRAM (bandwidth GB/s, capacity GB) per GPU of the DGX node, from the CPUs' memory
 channels: DGX A100 2x EPYC 7742, 8 ch DDR4-3200 each = 409.6 GB/s, 2 TB; DGX H100/H200 2x Xeon
 8480C, 8 ch DDR5-4800 = 614.4 GB/s, 2 TB; DGX B200 2x Xeon 8570, 8 ch DDR5-5600 = 716.8 GB/s,
 4 TB (NVIDIA DGX user guides' system specifications); / 8 GPUs, capacity rounded down for the OS.
 Peak channel bandwidth: STREAM reaches ~70-80% of it, which the CPU-Adam model leaves in the
-28 bytes it charges per parameter (planner/offload.py)."""
+28 bytes it charges per parameter (planner/offload.py). The H800 (HGX H800 boards) and the 96 GB
+H100 take the DGX H100 host: no sheet of their hosts was available."""
+
+H100_96G = "H100 96GB HBM2e (Meta Grand Teton, 500W)"
+"""hardware.csv's row of the 96 GB HBM2e SXM H100 capped at 500 W (torchtitan's 2024 benchmarks):
+bf16 peak taken as the H100 NVL's 835 TFLOP/s dense, the lower end of torchtitan's "between SXM
+and NVL"; fp8 twice that (NVL product brief: 3,341 sparse); the SXM's MAMF fractions."""
 NVME_READ_GBPS = 3.5
 NVME_WRITE_FRACTION = 0.54
 """Local NVMe per GPU: DGX A100/H100 hold 8 x 3.84 TB U.2 PCIe Gen4 data drives (DGX user guides),
@@ -73,6 +81,35 @@ Samsung PM1733-class: 7.0 GB/s sequential read, 3.8 GB/s write each (vendor spec
 RAID-0 shared by 8 GPUs, 7.0 GB/s read per GPU, but DeepSpeed's ZeRO-Infinity runs reach about
 half the raw drive rate (SC'21 Sec 8 used 3.5 GB/s per GPU-equivalent): 3.5 GB/s read, write at
 3.8/7.0 of it."""
+
+
+HOPPER_BF16_GEMM = (
+    (3.36e7, 6.45),
+    (1.34e8, 22.55),
+    (2.68e8, 81.0),
+    (2.15e9, 236.3),
+    (8.59e9, 489.8),
+    (1.72e10, 632.0),
+    (3.44e10, 717.7),
+    (6.87e10, 725.7),
+    (1.37e11, 783.3),
+    (5.50e11, 794.5),
+)
+"""Measured bf16 GEMM throughput on an H100 SXM (989 TFLOP/s peak): (FLOPs of one GEMM, TFLOP/s).
+Source: OpenXLA's default matmul performance table, xla/service/gpu/model/matmul_interpolator_data.h
+(kDefaultMatmulPTable, key "sm_90", "bf16xbf16->bf16"), the cube shapes b x n x n x n (FLOPs
+2bn^3): 1x256^3, 4x256^3, 2x512^3, 1x1024^3, 4x1024^3, 1x2048^3, 2x2048^3, 4x2048^3, 1x4096^3.
+The table stops at 4096 per dimension; above it the plateau is the MAMF 794.5 TFLOP/s
+(ml-engineering; the table's 2x and 4x 4096^3 read 807.7 and 793.1, the same level). Not taken
+from any training run. The H800 and H200 are the same die and clocks (their curve is this one);
+a part with another peak scales the FLOPs axis as _curve does (fixed per-kernel time)."""
+
+
+def _measured_curve(points, measured_peak_tflops: float, tflops: float) -> list[list[float]]:
+    """A measured (FLOPs, TFLOP/s) curve as (FLOPs, fraction of peak) for a part of `tflops`,
+    times the framework fraction (the A100 curve's plateau carries it too)."""
+    scale = tflops / measured_peak_tflops
+    return [[f * scale, round(t / measured_peak_tflops * FRAMEWORK_GEMM_FRACTION, 4)] for f, t in points]
 
 
 def _curve(plateau: float, tflops: float = 312.0) -> list[list[float]]:
@@ -97,8 +134,12 @@ def _gpu(
     source: str,
     internode_eff: dict[str, float] | None = None,
     fp8: tuple[float, float] | None = None,
+    hopper: bool = False,
 ) -> ClusterSpec:
-    """fp8: (dense fp8 TFLOP/s, fp8 MAMF fraction of it) where the part has fp8 tensor cores."""
+    """fp8: (dense fp8 TFLOP/s, fp8 MAMF fraction of it) where the part has fp8 tensor cores.
+    hopper: the bf16 GEMMs on the measured H100 curve (HOPPER_BF16_GEMM), fp8 on the same curve at
+    the fp8 rate (FLOPs axis x fp8/bf16 peak) with the fp8 MAMF plateau (fractions x fp8 MAMF /
+    bf16 MAMF); else the generic ramp of _curve."""
     peaks = {"bf16": tflops * 1e12, "fp16": tflops * 1e12, "fp32": tflops * 1e12 / 16}
     if fp8:
         peaks["fp8"] = fp8[0] * 1e12
@@ -110,8 +151,8 @@ def _gpu(
             peak_flops=peaks,
             memory_bytes=int(mem_gb * GB),
             hbm_gbps=hbm_tbs * 1000,
-            gemm_efficiency=_curve(plateau * FRAMEWORK_GEMM_FRACTION, tflops),
-            fp8_gemm_efficiency=_curve(fp8[1] * FRAMEWORK_GEMM_FRACTION, fp8[0]) if fp8 else [],
+            gemm_efficiency=_bf16_curve(plateau, tflops, hopper),
+            fp8_gemm_efficiency=_fp8_curve(fp8, plateau, tflops, hopper) if fp8 else [],
             memory_reserved_fraction=0.05,
         ),
         num_nodes=1,
@@ -135,6 +176,19 @@ def _gpu(
         ),
         source=source,
     )
+
+
+def _bf16_curve(plateau: float, tflops: float, hopper: bool) -> list[list[float]]:
+    if hopper:
+        return _measured_curve(HOPPER_BF16_GEMM, 989.0, tflops)
+    return _curve(plateau * FRAMEWORK_GEMM_FRACTION, tflops)
+
+
+def _fp8_curve(fp8: tuple[float, float], plateau: float, tflops: float, hopper: bool) -> list[list[float]]:
+    if not hopper:
+        return _curve(fp8[1] * FRAMEWORK_GEMM_FRACTION, fp8[0])
+    ratio = fp8[1] / plateau  # fp8 MAMF fraction over the bf16 one
+    return [[f * fp8[0] / tflops, round(e * ratio, 4)] for f, e in _bf16_curve(plateau, tflops, True)]
 
 
 @functools.cache
@@ -178,8 +232,23 @@ def _gpu_presets() -> dict[str, ClusterSpec]:
             nvlink_eff=0.78,
             internode_eff=A100_INTERNODE_EFFICIENCY,
         ),
-        "h100-80g": _gpu("h100-80g", **_sheet("H100-SXM5-80GB"), plateau=0.803, nvlink_eff=0.81, fp8=FP8["h100"]),
-        "h200-141g": _gpu("h200-141g", **_sheet("H200-SXM-141GB"), plateau=0.803, nvlink_eff=0.81, fp8=FP8["h200"]),
+        "h100-80g": _gpu(
+            "h100-80g", **_sheet("H100-SXM5-80GB"), plateau=0.803, nvlink_eff=0.81, fp8=FP8["h100"], hopper=True
+        ),
+        "h100-96g": _gpu(
+            "h100-96g",
+            **_sheet(H100_96G),
+            plateau=0.803,
+            nvlink_eff=0.81,
+            fp8=(2 * 835.0, FP8["h100"][1]),
+            hopper=True,
+        ),
+        "h800-80g": _gpu(
+            "h800-80g", **_sheet("H800-SXM5-80GB"), plateau=0.803, nvlink_eff=0.81, fp8=FP8["h100"], hopper=True
+        ),
+        "h200-141g": _gpu(
+            "h200-141g", **_sheet("H200-SXM-141GB"), plateau=0.803, nvlink_eff=0.81, fp8=FP8["h200"], hopper=True
+        ),
         "b200-180g": _gpu("b200-180g", **_sheet("B200-SXM-180GB"), plateau=0.80, nvlink_eff=0.76, fp8=FP8["b200"]),
     }
 
@@ -225,7 +294,16 @@ def local_cpu(num_ranks: int = 4) -> ClusterSpec:
     )
 
 
-CLUSTER_PRESETS = ("a100-40g", "a100-80g", "h100-80g", "h200-141g", "b200-180g", "local-cpu")
+CLUSTER_PRESETS = (
+    "a100-40g",
+    "a100-80g",
+    "h100-80g",
+    "h100-96g",
+    "h800-80g",
+    "h200-141g",
+    "b200-180g",
+    "local-cpu",
+)
 
 
 def cluster_preset(name: str, num_devices: int) -> ClusterSpec:

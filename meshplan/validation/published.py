@@ -22,7 +22,9 @@ GIB = 2**30
 GPU_PRESETS = {
     "A100-SXM4-80GB": "a100-80g",
     "A100-SXM4-40GB": "a100-40g",
+    "H100 96GB": "h100-96g",  # before "H100": the first prefix that matches wins
     "H100": "h100-80g",
+    "H800": "h800-80g",
     "H200": "h200-141g",
     "B200": "b200-180g",
 }
