@@ -238,11 +238,17 @@ def build_parser() -> argparse.ArgumentParser:
         "profile-links",
         help="measure collective bandwidth on local devices",
         description="Run all_reduce, all_gather, reduce_scatter, all_to_all and send/recv "
-        "over 1 KiB..64 MiB on 2..N local ranks, fit latency + bytes/bandwidth, "
+        "over 1 KiB..64 MiB on 2..N local ranks, fit latency + bytes/bandwidth, measure "
+        "host memory, host<->device copies and the disk (fsync'd write, cold read), "
         "and write a ClusterSpec the planner uses.",
     )
     p.add_argument("--nproc", type=int, default=4, help="local ranks (default 4)")
     p.add_argument("--max-bytes", type=int, default=64 * 2**20, help="largest message (default 64 MiB)")
+    p.add_argument(
+        "--disk-dir",
+        help="where the disk probe (offload=nvme's tier) writes its temporary files (default: the system temp dir)",
+    )
+    p.add_argument("--disk-mib", type=int, default=64, help="disk probe file per rank, MiB (default 64; 0 skips it)")
     p.add_argument("-o", "--output", help="write the ClusterSpec JSON here")
     _common(p)
 

@@ -182,8 +182,16 @@ def cmd_profile_links(args: argparse.Namespace) -> int:
 
     if args.nproc < 2:
         raise MeshplanError(f"--nproc {args.nproc}: link profiling needs at least 2 ranks")
-    with _progress(args, f"measuring collectives on {args.nproc} local ranks"):
-        spec = profile_links(args.nproc, max_bytes=args.max_bytes, progress=False)
+    if args.disk_mib < 0:
+        raise MeshplanError(f"--disk-mib {args.disk_mib}: must be >= 0 (0 skips the disk probe)")
+    with _progress(args, f"measuring collectives, host memory and disk on {args.nproc} local ranks"):
+        spec = profile_links(
+            args.nproc,
+            max_bytes=args.max_bytes,
+            progress=False,
+            disk_dir=args.disk_dir or "",
+            disk_bytes=args.disk_mib * 2**20,
+        )
     if args.output:
         schema.save(spec, args.output)
     if args.json:
@@ -195,6 +203,10 @@ def cmd_profile_links(args: argparse.Namespace) -> int:
             f"{fit.collective:15s} n={fit.group_size}: latency {fit.latency_s * 1e6:8.1f} us, "
             f"bandwidth {fit.bandwidth_gbps:7.3f} GB/s",
         )
+    from meshplan.profiler.host_links import describe
+
+    for line in describe(spec):
+        _say(args, line)
     if args.output:
         _say(args, f"wrote {args.output}")
     return 0

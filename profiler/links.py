@@ -7,7 +7,8 @@ CUDA; the worker is meshplan.profiler.links_worker), then fits, per collective a
     time(bytes) = latency_s + bytes / (bandwidth_gbps * 1e9)
 
 (the alpha-beta / Hockney model; Thakur, Rabenseifner & Gropp 2005, Sec. 3) by a robust (Huber)
-fit of log(time) on the per-size medians. Small collectives on a shared CPU vary by up to 9x
+fit of log(time) on the per-size medians. The host tiers (host memory, host <-> device, the
+local disk for offload=nvme) are measured in the same launch: profiler/host_links.py. Small collectives on a shared CPU vary by up to 9x
 run to run (../shared/notes/torch-gloo.md Sec. 3), so a few wild medians must move the fit much less
 than they would move least squares; log residuals let the 1 KiB points and the 64 MiB points
 count alike.
@@ -84,9 +85,12 @@ def measure(
     timeout_s: float = 600,
     progress: bool = False,
     device: str = "auto",
+    host: dict | None = None,
 ) -> dict:
-    """Run the worker on `nproc` local ranks; return its JSON (see links_worker's docstring)."""
+    """Run the worker on `nproc` local ranks; return its JSON (see links_worker's docstring).
+    `host` (profiler/host_links.host_config) also measures the host tiers (profiler/host_probe.py)."""
     config = {
+        "host": host,
         "cases": cases,
         "repeats_small": repeats,
         "repeats_large": min(repeats, max(3, repeats // 2)),
@@ -312,6 +316,10 @@ def cluster_from_measurement(raw: dict, nproc: int) -> ClusterSpec:
     if raw["backend"] != "nccl":
         spec.inter_node = LinkSpec(**tier.__dict__)  # one host: no second tier exists to measure
     spec.collectives, spec.measured = fits, True
+    if raw.get("host"):  # host memory, host <-> device and disk tiers (profiler/host_links.py)
+        from meshplan.profiler.host_links import apply_host
+
+        apply_host(spec, raw["host"], (raw["host"].get("disk") or {}).get("dir"))
     spec.validate()
     return spec
 
@@ -326,10 +334,18 @@ def profile_links(
     group_sizes: list[int] | None = None,
     timeout_s: float = 600,
     progress: bool = False,
+    host: bool = True,
+    disk_dir: str | None = "",
+    disk_bytes: int = 64 * 2**20,
 ) -> ClusterSpec:
-    """Measure collectives on `nproc` local ranks and return the measured ClusterSpec."""
+    """Measure collectives on `nproc` local ranks and return the measured ClusterSpec; with
+    `host`, also host memory, host <-> device and the disk under `disk_dir` ("" the system temp
+    dir, None or disk_bytes 0 skips it) into host_memory_gbps, host_device and nvme."""
+    from meshplan.profiler.host_links import host_config
+
     group_sizes = list(group_sizes) if group_sizes else list(range(2, nproc + 1))
     _check_args(nproc, min_bytes, max_bytes, collectives, repeats, group_sizes)
     cases = sweep_cases(collectives, group_sizes, message_sizes(min_bytes, max_bytes))
-    raw = measure(nproc, cases, repeats=repeats, timeout_s=timeout_s, progress=progress)
+    host_cfg = host_config(disk_dir, disk_bytes, nproc) if host else None
+    raw = measure(nproc, cases, repeats=repeats, timeout_s=timeout_s, progress=progress, host=host_cfg)
     return cluster_from_measurement(raw, nproc)

@@ -3,7 +3,8 @@
 Launched by meshplan.profiler.links through torchrun (`python -m torch.distributed.run
 --standalone --nproc-per-node N -m meshplan.profiler.links_worker CONFIG OUT`); gloo on CPU,
 nccl on CUDA. CONFIG is a JSON file: {"cases": [[collective, group_size, message_bytes], ...],
-"repeats_small", "repeats_large", "large_bytes", "progress"}.
+"repeats_small", "repeats_large", "large_bytes", "progress", "host"} ("host": the host tiers
+config, profiler/host_probe.py, or null).
 
 Group size g splits the world into floor(N/g) disjoint groups of consecutive ranks that run the
 collective at the same time (as tensor- or data-parallel groups do in training); ranks left over
@@ -161,6 +162,13 @@ def main(config_path: str, out_path: str) -> None:
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.get("pg_timeout_s", 300)))
     world, rank = dist.get_world_size(), dist.get_rank()
     samples = sweep(cfg, world, device)
+    host = None
+    if cfg.get("host"):  # host memory, host <-> device and disk, every rank at once
+        from meshplan.profiler.host_probe import measure as measure_host
+
+        host = measure_host(cfg["host"], device, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+        if host.get("disk"):
+            host["disk"]["dir"] = cfg["host"]["disk_dir"]
     if rank == 0:
         name = torch.cuda.get_device_name(device) if on_cuda else "cpu"
         memory = torch.cuda.get_device_properties(device).total_memory if on_cuda else 0
@@ -171,6 +179,7 @@ def main(config_path: str, out_path: str) -> None:
             "world_size": world,
             "torch_version": torch.__version__,
             "samples": samples,
+            "host": host,
         }
         tmp = out_path + ".tmp"
         with open(tmp, "w") as fh:

@@ -122,11 +122,80 @@ def test_bad_arguments_are_one_line_errors(kwargs, word):
         profile_links(**kwargs)
 
 
+def _host_raw(cuda: bool = False) -> dict:
+    """Host samples as host_probe.measure returns them: 64 MiB copies, 2 ranks."""
+    copy = 64 * MIB
+    raw = {"copy_bytes": copy, "threads_per_rank": 1, "ranks": 2, "host_copy_s": [0.05, 0.02, 0.025]}
+    if cuda:  # pinned 25 / 20 GB/s, pageable 10 / 8 GB/s, 4 KiB copies 9 / 11 us
+        gb = {"h2d_pinned": 25, "d2h_pinned": 20, "h2d_pageable": 10, "d2h_pageable": 8}
+        raw["device_copy_s"] = {k: [copy / (g * 1e9)] * 3 for k, g in gb.items()}
+        raw["device_copy_s"] |= {"h2d_pinned_small": [9e-6] * 3, "d2h_pinned_small": [11e-6] * 3}
+        raw["device_copy_s"] |= {"h2d_pageable_small": [2e-5] * 3, "d2h_pageable_small": [2e-5] * 3}
+    raw["disk"] = {
+        "write_bytes": copy,
+        "write_s": copy / 0.5e9,
+        "read_bytes": copy,
+        "read_s": copy / 2e9,
+        "small_write_s": 3e-3,
+        "small_read_s": 1e-3,
+        "small_bytes": 4096,
+        "dir": "/proc",
+    }
+    return raw
+
+
+def test_host_tiers_go_where_the_planner_reads_them_cpu_labelled_as_host_copy():
+    from meshplan.profiler.host_links import describe
+
+    spec = cluster_from_measurement({**_raw(), "host": _host_raw()}, 4)
+    assert spec.host_memory_gbps == pytest.approx(2 * 64 * MIB / 0.025 / 1e9)  # median copy, read + write
+    assert spec.host_device is None  # CPU ranks: the host is the device, no link to measure
+    assert "no accelerator: host memory copy measured" in spec.source
+    nvme = spec.nvme  # planner/offload.py: effective_gbps("read") / ("write") and latency_s
+    assert nvme.effective_gbps("read") == pytest.approx(2.0, rel=1e-3)
+    assert nvme.effective_gbps("write") == pytest.approx(0.5, rel=1e-3)
+    assert nvme.latency_s == pytest.approx(2e-3) and "disk (nvme tier) measured under /proc (proc)" in spec.source
+    assert any("host memory copy above instead" in line for line in describe(spec))
+
+
+def test_host_device_link_is_the_slower_pinned_direction_and_pageable_is_its_efficiency():
+    spec = cluster_from_measurement({**_raw(), "host": _host_raw(cuda=True)}, 4)
+    hd = spec.host_device
+    assert hd.bandwidth_gbps == pytest.approx(20, rel=1e-6) and hd.latency_s == pytest.approx(9e-6)
+    assert hd.effective_gbps("default") == pytest.approx(8, rel=1e-3)  # HostOptimizer: pageable copies
+    assert "host<->device copies (pinned, pageable)" in spec.source
+
+
+def test_disk_probe_folder_errors_are_one_line(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from meshplan.profiler.host_links import host_config
+
+    with pytest.raises(MeshplanError, match="not a writable directory"):
+        host_config(str(tmp_path / "missing"), MIB, 2)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10 * MIB, 7 * MIB, 3 * MIB))
+    with pytest.raises(MeshplanError, match="lower --disk-mib or pass another --disk-dir"):
+        host_config(str(tmp_path), MIB, 2)
+    assert host_config(None, MIB, 2)["disk_bytes"] == 0  # skipped
+
+
 @pytest.mark.slow
 def test_profile_links_end_to_end_on_two_ranks(tmp_path):
     spec = profile_links(
-        2, min_bytes=4096, max_bytes=2**20, collectives=("all_reduce", "send_recv"), repeats=3, timeout_s=300
+        2,
+        min_bytes=4096,
+        max_bytes=2**20,
+        collectives=("all_reduce", "send_recv"),
+        repeats=3,
+        timeout_s=300,
+        disk_dir=str(tmp_path),
+        disk_bytes=8 * MIB,
     )
+    # the host tiers: measured host memory and disk, no file left behind
+    assert spec.host_memory_gbps > 0 and spec.host_device is None and list(tmp_path.iterdir()) == []
+    assert spec.nvme.latency_s > 0 and f"measured under {tmp_path}" in spec.source
     assert spec.measured and spec.name == "local-cpu" and spec.num_devices == 2
     assert [(f.collective, f.group_size, len(f.sizes_bytes)) for f in spec.collectives] == [
         ("all_reduce", 2, 5),
@@ -134,7 +203,8 @@ def test_profile_links_end_to_end_on_two_ranks(tmp_path):
     ]
     assert all(f.min_s[i] <= f.median_s[i] <= f.max_s[i] for f in spec.collectives for i in range(5))
     schema.save(spec, tmp_path / "cluster.json")
-    assert schema.load(ClusterSpec, tmp_path / "cluster.json").intra_node == spec.intra_node
+    loaded = schema.load(ClusterSpec, tmp_path / "cluster.json")
+    assert loaded.intra_node == spec.intra_node and loaded.nvme == spec.nvme
 
 
 @pytest.mark.slow
