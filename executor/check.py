@@ -25,6 +25,7 @@ def local_device_count() -> int:
 
 def check_plan(plan: Plan, *, nnodes: int = 1) -> None:
     """Raise MeshplanError if `plan` cannot run on its model or on `nnodes` nodes of this kind."""
+    _check_runnable_here(plan)
     model = build_model_for_plan(plan, "meta")
     _check_identity(plan, model)
     _check_layout(plan, model)
@@ -44,6 +45,24 @@ def check_plan(plan: Plan, *, nnodes: int = 1) -> None:
         raise MeshplanError(
             f"plan.seq_len = {plan.seq_len}: {plan.model_name} handles at most {seq} tokens; "
             "re-plan with a shorter sequence or a model with a longer context"
+        )
+
+
+def _check_runnable_here(plan: Plan) -> None:
+    """What a plan may be priced for but this executor cannot run: fp8 GEMMs (no fp8 path:
+    runtimes.py, meshplan's fp8 behaviour) and a closed-form profile (`analytic:`), which names
+    no module to build."""
+    if plan.precision == "fp8":
+        raise MeshplanError(
+            f"plan.precision = 'fp8': this executor has no fp8 path (the plan was priced for runtime "
+            f"{getattr(plan, 'runtime', 'meshplan')}); re-plan with --precision bf16 to run it here, or export it "
+            "(meshplan export --to torchtitan|megatron)"
+        )
+    if plan.model_name.startswith("analytic:"):
+        raise MeshplanError(
+            f"plan.model_name = {plan.model_name!r}: a closed-form profile has no module to build or run; "
+            "plan a buildable model (a zoo name, path/to/file.py:factory or an HF config) to run it, "
+            "or export this plan"
         )
 
 

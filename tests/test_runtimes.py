@@ -437,3 +437,30 @@ def test_op_selective_keeps_less_than_none_and_more_than_full():
     from meshplan.planner.memory import recompute_modes
 
     assert "selective" not in recompute_modes(core.profile.layers[1])
+
+
+@pytest.mark.parametrize(
+    "plan_args, needle",
+    [
+        (
+            ["--model", "gpt-tiny", "--cluster", "h100-80g", "--precision", "fp8", "--runtime", "torchtitan"],
+            "plan.precision = 'fp8': this executor has no fp8 path",
+        ),
+        (
+            ["--model", "analytic:gpt", "--set", "layers=2", "hidden=64", "heads=4", "vocab=128", "seq=32"],
+            "plan.model_name = 'analytic:gpt': a closed-form profile has no module",
+        ),
+    ],
+)
+def test_run_refuses_what_this_executor_cannot_run(tmp_path, capsys, plan_args, needle):
+    """A plan priced for fp8 GEMMs or made from a closed-form profile is planned and exported, but
+    `meshplan run` refuses it before any process starts: exit 2, one line naming the value and the fix."""
+    path = tmp_path / "plan.json"
+    argv = ["plan", *plan_args, "--num-gpus", "2", "--global-batch", "4", "--quiet", "-o", str(path)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    code = main(["run", str(path), "--steps", "1", "--out-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and needle in err and len(err.splitlines()) == 1, err
+    assert "--precision bf16" in err or "plan a buildable model" in err, err  # the fix
+    assert not (tmp_path / "run").exists()
