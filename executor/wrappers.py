@@ -7,6 +7,8 @@ module and imports nothing else of the executor (tests/test_layering.py holds it
 - optimizer_spec(name, lr, weight_decay) -> (optimizer class, kwargs), as the executor builds it
 - clip_grad_norm(params, max_norm, pp_group, device): global-norm clipping over DTensor grads
 - BUCKET_BYTES: the DDP gradient bucket size
+- codec(name, params, world), LoopbackComm(world), CODECS: the gradient compressors' codecs and a
+  local stand-in group, timed by profiler/codecs.py (executor/methods/codecs.py)
 """
 
 from __future__ import annotations
@@ -14,6 +16,16 @@ from __future__ import annotations
 from meshplan.executor.activation_checkpoint import apply_ac
 from meshplan.executor.data_parallel import BUCKET_BYTES, optimizer_spec
 from meshplan.executor.grad_clip import clip_grad_norm
+from meshplan.executor.methods.codecs import CODECS, LoopbackComm, codec
 from meshplan.executor.tensor_parallel import apply_tp
 
-__all__ = ["apply_tp", "apply_ac", "optimizer_spec", "clip_grad_norm", "BUCKET_BYTES"]
+__all__ = [
+    "apply_tp",
+    "apply_ac",
+    "optimizer_spec",
+    "clip_grad_norm",
+    "BUCKET_BYTES",
+    "codec",
+    "LoopbackComm",
+    "CODECS",
+]

@@ -113,6 +113,25 @@ class LayerProfile:
 
 
 @dataclass(kw_only=True)
+class CodecTiming:
+    """Measured compute of one gradient compressor's codec on `ModelProfile.device`, per step and
+    rank, at the real parameter shapes of each layer (profiler/codecs.py; planner/compression.py
+    scales it to other settings, tensor-parallel shards and group sizes by its own model)."""
+
+    params: dict[str, Any] = field(default_factory=dict)
+    """The compressor parameters it was timed at (the registry defaults; Accordion in its
+    critical setting, where every run starts)."""
+    encode_s: dict[str, float] = field(default_factory=dict)
+    """Layer FQN -> seconds of one rank's work on the layer's gradients that does not grow with
+    the group: compression, and the decoding of an all-reduced payload."""
+    decode_s: dict[str, float] = field(default_factory=dict)
+    """Layer FQN -> seconds per rank of the group of decoding its all-gathered payload (0 for
+    all-reduce compressors)."""
+    refit_s: dict[str, float] = field(default_factory=dict)
+    """Layer FQN -> seconds of one re-fit of its adaptive levels (ALQ/AMQ; paid every refit_every steps)."""
+
+
+@dataclass(kw_only=True)
 class ModelProfile:
     schema_version: int = PROFILE_SCHEMA_VERSION
     model_name: str
@@ -152,6 +171,9 @@ class ModelProfile:
     minus the plain model's, on D-rank groups, at microbatch B; "zero1@D" = ZeRO-1's optimizer
     step (ZeroRedundancyOptimizer: its 1/D of the update and the parameter broadcast) minus the
     plain optimizer step / D. Empty when not measured."""
+    codec_timings: dict[str, CodecTiming] = field(default_factory=dict)
+    """Compressor name -> its codec's measured compute (profiler/codecs.py); empty on meta and in
+    profiles written before it existed (the planner then models the compute)."""
 
     def validate(self, path: str = "") -> None:
         p = f"{path}." if path else ""

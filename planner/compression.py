@@ -53,7 +53,27 @@ class Compressor:
         return 0.0
 
     def compute_s(self, ctx, layer: LayerProfile, split: int) -> float:
-        """Compression + decompression seconds per step."""
+        """Compression + decompression seconds per step and rank: measured where the profile has
+        this compressor's codec timed on this kind of device (ModelProfile.codec_timings,
+        profiler/codecs.py), else `modelled_s`. A measurement is at the timed setting on the whole
+        tensors: the model's ratio (these settings and shards over the timed ones) carries it to
+        this setting and TP split (1/split where the model says 0); the group's decodes are
+        added per rank (decode_s x group) and adaptive levels' re-fit once per refit_every."""
+        timing = ctx.profile.codec_timings.get(self.name) if ctx.measured else None
+        if timing is None or layer.name not in timing.encode_s:
+            return self.modelled_s(ctx, layer, split)
+        timed = type(self)(**{**self.params, **timing.params})
+        timed.group = self.group
+        base, now = timed.modelled_s(ctx, layer, 1), self.modelled_s(ctx, layer, split)
+        scale = now / base if base > 0 else 1.0 / split
+        measured = timing.encode_s[layer.name] + self.group * timing.decode_s.get(layer.name, 0.0)
+        refit = (
+            timing.refit_s.get(layer.name, 0.0) / self.params["refit_every"] if "refit_every" in self.params else 0.0
+        )
+        return measured * scale + refit
+
+    def modelled_s(self, ctx, layer: LayerProfile, split: int) -> float:
+        """Compression + decompression seconds per step, from the model alone."""
         return 0.0
 
 
@@ -97,7 +117,7 @@ class PowerSGD(Compressor):
         residual = GRAD_BYTES * layer.num_params / split if self.params["error_feedback"] else 0.0
         return residual + GRAD_BYTES * sum((n + m) * r for n, m, r in packed)
 
-    def compute_s(self, ctx, layer: LayerProfile, split: int) -> float:
+    def modelled_s(self, ctx, layer: LayerProfile, split: int) -> float:
         """P = M Q, Q = M^T P and M ~ P Q^T (2 n m r' FLOPs each) and P's orthogonalisation
         (~2 n r'^2), in fp32 at the device's GEMM efficiency for that size."""
         _, packed = self._split(layer, split)

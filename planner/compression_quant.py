@@ -8,9 +8,11 @@ wire), so they pay only below about 2/N of the dense bytes (top-k: density < 1/N
 prices its expected mix f C_critical + (1 - f) C_other with f = critical_fraction (an
 assumption; the run's notes give the measured share).
 
-Compute is modelled, not measured: every compressor is a chain of memory-bound elementwise
-passes plus a fixed cost per op (kernel launch / framework dispatch, OP_S), encode once and
-decode once per rank of the group. `meshplan profile` does not time compressors yet.
+Compute is measured where the profile has the codecs timed on this kind of device
+(`meshplan profile` on a real device: profiler/codecs.py; Compressor.compute_s scales it to the
+setting and TP shards by the model below); `modelled_s` is the model: every compressor is a chain
+of memory-bound elementwise passes plus a fixed cost per op (kernel launch / framework dispatch,
+OP_S), encode once and decode once per rank of the group.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class TopK(Compressor):
         kept += GRAD_BYTES * bool(self.params.get("momentum_correction"))
         return local * (kept + GRAD_BYTES) + self.group * self.payload_bytes(layer, split)
 
-    def compute_s(self, ctx, layer: LayerProfile, split: int) -> float:
+    def modelled_s(self, ctx, layer: LayerProfile, split: int) -> float:
         """Per tensor: accumulate, |.|, top-k, gather values, residual clone + scatter (~12 passes
         of fp32); decode: zeros + an index_add per rank + the copy."""
         total = 0.0
@@ -86,7 +88,7 @@ class Quantizer(Compressor):
         """No residual (unbiased): the gathered payloads and one decoded fp32 tensor, transient."""
         return self.group * self.payload_bytes(layer, split) + GRAD_BYTES * layer.num_params / split
 
-    def compute_s(self, ctx, layer: LayerProfile, split: int) -> float:
+    def modelled_s(self, ctx, layer: LayerProfile, split: int) -> float:
         """Encode: norms, |v|/norm, random numbers, searchsorted, rounding, bit expansion and
         packing (~25 ops, ~16 fp32 passes + bits bytes per coordinate); decode per rank: unpack,
         level lookup, scale, sign, add (~8 ops, ~6 fp32 passes + bits bytes)."""
@@ -147,8 +149,8 @@ class Accordion(Compressor):
         big = self._at(max(self.params["critical_rank"], self.params["rank"]))
         return big.state_bytes(layer, split) + GRAD_BYTES * layer.num_params / split
 
-    def compute_s(self, ctx, layer: LayerProfile, split: int) -> float:
-        return self._mix("compute_s", ctx, layer, split)
+    def modelled_s(self, ctx, layer: LayerProfile, split: int) -> float:
+        return self._mix("modelled_s", ctx, layer, split)
 
 
 class AccordionTopK(TopK):

@@ -1,0 +1,129 @@
+"""Measured compute of the gradient compressors (issue #15): each registry compressor's codec,
+as the executor runs it (executor/wrappers.py: codec, LoopbackComm), timed on the profile's
+device at the registry's default settings on every distinct layer's real parameter shapes
+(LayerProfile.param_shapes), one intra-op thread on CPU like the layer timings.
+
+Per layer (its trainable tensors exchanged as one bucket, DDP's unit of a hook call), after
+WARMUP rounds, REPEATS rounds each time one exchange at a group of 1 and one at a group of GROUP
+(LoopbackComm: GROUP payloads decoded, nothing sent), and for adaptive level sets, in the last
+REFIT_REPEATS rounds, one more exchange at a group of 1 that re-fits the levels (refit_every = 1):
+  decode_s = (t_GROUP - t_1) / (GROUP - 1)   per rank of the group (all-gather compressors)
+  encode_s = t_1 - decode_s                  compression + what does not grow with the group
+  refit_s  = t_refit - t_1                   one re-fit, paid every refit_every steps
+each the median over the rounds, clamped at zero. CPU: process CPU time x the host share
+(wall / CPU over the timed exchanges, at least the profile's ranks / cores, as timing.py does).
+CUDA: wall time between synchronisations. A codec that cannot run on the device (an error) is
+left untimed with a note; the planner then models it (planner/compression.py).
+Cost: gpt-tiny on this 2-core host about 1-2 s for the nine compressors.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from meshplan import dp_methods
+from meshplan.executor.wrappers import CODECS, LoopbackComm, codec
+from meshplan.model_profile import CodecTiming, ModelProfile
+from meshplan.profiler.step_timing import HostShare, cores_available
+
+WARMUP = 1
+REPEATS = 3
+GROUP = 2
+"""Group size of the second timing (decoding GROUP payloads); any > 1 separates the two terms."""
+REFIT_REPEATS = 2
+"""Re-fits timed (the last rounds; ALQ/AMQ's fit is the slowest part, a few times the exchange)."""
+ADAPTIVE = ("alq", "amq")
+
+
+def time_codecs(profile: ModelProfile, device: str) -> None:
+    """Fill `profile.codec_timings` for every compressor the executor has a codec for."""
+    cuda = device.startswith("cuda")
+    share = HostShare(floor=1.0 if cuda else max(1.0, profile.concurrent / cores_available()))
+    groups = _distinct_layers(profile)
+    timed: dict[str, CodecTiming] = {}
+    for name in dp_methods.names("compression"):
+        if name not in CODECS:
+            continue
+        params = _timed_params(name)
+        try:
+            per_shape = {shapes: _time_layer(name, params, shapes, device, share) for shapes in groups}
+        except Exception as exc:  # e.g. a codec's CPU generator on a CUDA device
+            first = (str(exc).strip().splitlines() or [""])[0][:160]
+            profile.notes.append(f"codec {name} not timed on {device} ({type(exc).__name__}: {first}): modelled")
+            continue
+        timed[name] = _timing(params, per_shape, groups, 1.0 if cuda else share.factor)
+    profile.codec_timings = timed
+    profile.notes.append(
+        f"timed {len(timed)} gradient compressors' codecs at their default settings on {len(groups)} "
+        f"distinct layer shape set(s) (profiler/codecs.py; host share {share.factor:.2f})"
+    )
+
+
+def _distinct_layers(profile: ModelProfile) -> dict[tuple, list[str]]:
+    """Parameter shape sets -> the layers that have them (trainable parameters only)."""
+    out: dict[tuple, list[str]] = {}
+    for lp in profile.layers:
+        if lp.param_shapes:
+            out.setdefault(tuple(tuple(s) for s in lp.param_shapes), []).append(lp.name)
+    return out
+
+
+def _timed_params(name: str) -> dict:
+    params = dp_methods.method("compression", name).resolve({}, f"compression {name}")
+    if "critical_fraction" in params:  # Accordion: every timed step is in the first window, critical
+        params["critical_fraction"] = 1.0
+    return params
+
+
+def _timing(params: dict, per_shape: dict, groups: dict, factor: float) -> CodecTiming:
+    out = CodecTiming(params=params)
+    for shapes, (encode, decode, refit) in per_shape.items():
+        for fqn in groups[shapes]:
+            out.encode_s[fqn], out.decode_s[fqn] = encode * factor, decode * factor
+            if refit is not None:
+                out.refit_s[fqn] = refit * factor
+    return out
+
+
+@torch.no_grad()
+def _time_layer(name: str, params: dict, shapes: tuple, device: str, share: HostShare) -> tuple:
+    """(encode_s, decode_s, refit_s or None) of one layer's tensors (module docstring)."""
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(s, generator=gen).reshape(-1).to(device) for s in shapes]
+    runs = {
+        "one": (codec(name, params, 1), LoopbackComm(1)),
+        "group": (codec(name, params, GROUP), LoopbackComm(GROUP)),
+    }
+    if name in ADAPTIVE:
+        runs["refit"] = (codec(name, {**params, "refit_every": 1}, 1), LoopbackComm(1))
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    rounds = WARMUP + REPEATS
+    for i in range(rounds):
+        for key, (c, comm) in runs.items():
+            if key == "refit" and i < rounds - REFIT_REPEATS:  # its first call warms nothing up that
+                continue  # the re-fit (every step here) would not dwarf
+            items = [(j, g.clone(), shape) for j, (g, shape) in enumerate(zip(grads, shapes))]
+            seconds = _exchange_s(c, comm, items, device, share)
+            if i >= WARMUP:
+                times[key].append(seconds)
+    one, group = statistics.median(times["one"]), statistics.median(times["group"])
+    decode = max(0.0, (group - one) / (GROUP - 1))
+    refit = max(0.0, statistics.median(times["refit"]) - one) if "refit" in times else None
+    return max(0.0, one - decode), decode, refit
+
+
+def _exchange_s(c, comm, items, device: str, share: HostShare) -> float:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        c.exchange(comm, items)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+    c0, t0 = time.process_time(), time.perf_counter()
+    c.exchange(comm, items)
+    cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+    share.add(wall, cpu)
+    return cpu
