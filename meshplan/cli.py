@@ -67,6 +67,14 @@ def _plan_knobs(p: argparse.ArgumentParser, required: bool) -> None:
         required=required,
         help="activation recompute for every block" + need,
     )
+    p.add_argument(
+        "--recompute-num-layers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --recompute full: checkpoint the blocks in groups of N layers, Megatron's "
+        "--recompute-method uniform --recompute-num-layers N (default 1)",
+    )
     p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage" + need)
     p.add_argument(
         "--sequence-parallel",

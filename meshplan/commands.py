@@ -244,6 +244,7 @@ def _request(args: argparse.Namespace, cluster):
         schedule=schedule_name(args.schedule) if args.schedule else None,
         virtual_stages=args.virtual_stages,
         recompute=args.recompute,
+        recompute_num_layers=_recompute_num_layers(args),
         zero=args.zero,
         sequence_parallel=args.sequence_parallel,
         dp_shard=args.dp_shard,
@@ -253,6 +254,19 @@ def _request(args: argparse.Namespace, cluster):
         precision=precision,
         runtime=args.runtime,
     )
+
+
+def _recompute_num_layers(args: argparse.Namespace) -> int:
+    """--recompute-num-layers N (Megatron's uniform groups) needs every block on full recompute."""
+    n = getattr(args, "recompute_num_layers", None)
+    if n is None:
+        return 1
+    if n < 1 or (n > 1 and args.recompute != "full"):
+        raise MeshplanError(
+            f"--recompute-num-layers {n}: groups of N >= 1 layers are checkpointed only with --recompute full; "
+            "add --recompute full or drop the flag"
+        )
+    return n
 
 
 def _cross_node_tp(args: argparse.Namespace, cluster) -> bool:

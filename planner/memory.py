@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from meshplan.model_profile import LayerProfile
 from meshplan.planner.context import Context
+from meshplan.planner.uniform_recompute import uniform_saved_bytes, uniform_transient_bytes
 
 GIB = 1024**3
 
@@ -52,8 +53,9 @@ def activation_bytes(ctx: Context, layer: LayerProfile, mode: str, b: int, split
 
 
 def _activation_bytes(ctx: Context, layer: LayerProfile, mode: str, b: int, split: int, cp: int, sp: bool) -> float:
-    if mode == "full":
-        return layer.input_bytes * b / cp / (split if sp else 1)
+    if mode == "full":  # the block input; one per group of N under Megatron's uniform method
+        group = ctx.request.recompute_num_layers if layer.tp.kind == "block" else 1
+        return uniform_saved_bytes(layer.input_bytes, group) * b / cp / (split if sp else 1)
     saved = layer.selective_activation_bytes if mode == "selective" else layer.activation_bytes
     rep = min(replicated_activation_bytes(ctx, layer), saved) if split > 1 else 0.0
     per_sample = (saved - rep) / split + (rep / split if sp else rep)
@@ -72,6 +74,12 @@ def stage_buffer_bytes(ctx: Context, layers: list[LayerProfile], b: int, split_o
     for lp in layers:
         if lp.tp.kind == "head":
             buf += LOSS_TRANSIENTS[ctx.request.state_layout] * lp.output_bytes * b / cp / split_of(lp)
+    group = ctx.request.recompute_num_layers
+    blocks = [lp for lp in layers if lp.tp.kind == "block"]
+    if group > 1 and blocks:  # a uniform chunk's blocks re-run together (sequence parallel: if pinned)
+        sp = bool(ctx.request.sequence_parallel)
+        largest = max(activation_bytes(ctx, lp, "none", b, split_of(lp), cp, sp) for lp in blocks)
+        buf += uniform_transient_bytes(largest, min(group, len(blocks)))
     return buf
 
 

@@ -29,6 +29,9 @@ class PlanRequest:
     virtual_stages: int | None = None
     recompute: str | None = None
     """"none" | "selective" | "full" applied to every block; None searches per layer."""
+    recompute_num_layers: int = 1
+    """Megatron's `--recompute-method uniform --recompute-num-layers N` with recompute "full": the
+    blocks of a stage checkpointed in groups of N consecutive layers (planner/recompute.py)."""
     zero: int | None = None
     dp_shard: int | None = None
     """FSDP2 shard degree (ZeRO-2/3); with dp, dp_replicate = dp / dp_shard (HSDP when both > 1)."""

@@ -464,3 +464,42 @@ def test_run_refuses_what_this_executor_cannot_run(tmp_path, capsys, plan_args, 
     assert code == 2 and needle in err and len(err.splitlines()) == 1, err
     assert "--precision bf16" in err or "plan a buildable model" in err, err  # the fix
     assert not (tmp_path / "run").exists()
+
+
+def test_uniform_recompute_groups_cost_what_megatron_defines(capsys):
+    """Megatron's --recompute-method uniform --recompute-num-layers N on a hand-worked case: GPT,
+    8 blocks, h = 256, s = 128, a = 4, b = 2, one GPU, Megatron-LM (materialized attention and
+    dropout: a block keeps sbh(34 + 5as/h) without recompute, Korthikanti Eq. 1; its input 2sbh).
+    N = 4: two chunks keep one block input each (2 x 2sbh instead of 8 x 2sbh), and one chunk's
+    re-run forward holds 4 blocks' activations at once, 3 more than N = 1; the same recompute time."""
+    s, b, h, a, n_blocks = 128, 2, 256, 4, 8
+    base = ["estimate", "--model", "analytic:gpt", "--set", "layers=8", f"hidden={h}", f"heads={a}", "vocab=512"]
+    base += [f"seq={s}", "--cluster", "a100-80g", "--num-gpus", "1", "--global-batch", str(b), "--runtime"]
+    base += [
+        "megatron-lm",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--dp",
+        "1",
+        "--microbatch",
+        str(b),
+        "--schedule",
+        "1f1b",
+        "--recompute",
+        "full",
+    ]
+    views = {}
+    for n in (1, 4):
+        assert main([*base, "--recompute-num-layers", str(n), "--json", "--quiet"]) == 0
+        views[n] = json.loads(capsys.readouterr().out)
+    one, four = views[1]["stage_memory"][0], views[4]["stage_memory"][0]
+    block_input = 2 * s * b * h
+    block_none = s * b * h * (34 + 5 * a * s / h)
+    assert one["activations_bytes"] - four["activations_bytes"] == pytest.approx((n_blocks - 2) * block_input)
+    assert four["buffers_bytes"] - one["buffers_bytes"] == pytest.approx(3 * block_none)
+    assert views[4]["step_time_s"] == pytest.approx(views[1]["step_time_s"])
+    assert main([*base[:-2], "--recompute", "selective", "--recompute-num-layers", "4", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--recompute-num-layers 4" in err and "--recompute full" in err and len(err.splitlines()) == 1
