@@ -367,18 +367,9 @@ selective (op) AC, peak memory 82.4 GiB as torchtitan logs it (the caching alloc
 
 
 def _h100_96g(tmp_path) -> str:
-    """The run's part, from ../shared/reference/hardware.csv ("H100 96GB HBM2e (Meta Grand Teton,
-    500W)": 96 GB, 2.4 TB/s; bf16 peak unknown, the SXM part's kept: memory is what is tested)."""
-    import dataclasses
-
-    from meshplan import schema
-    from meshplan.presets import cluster_preset
-
-    spec = cluster_preset("h100-80g", 8)
-    device = dataclasses.replace(spec.device, name="H100-96G", memory_bytes=int(96e9), hbm_gbps=2400.0)
-    path = tmp_path / "h100-96g.json"
-    schema.save(dataclasses.replace(spec, name="h100-96g", device=device), str(path))
-    return str(path)
+    """The run's part: the h100-96g preset (hardware.csv "H100 96GB HBM2e (Meta Grand Teton, 500W)":
+    96 GB, 2.4 TB/s; memory is what is tested)."""
+    return "h100-96g"
 
 
 def test_torchtitan_selective_ac_llama31_8b_fits_at_its_measured_peak(tmp_path, capsys):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from meshplan.schema import write_text_atomic
 
-TARGET_MEAN, TARGET_MAX, TARGET_MEMORY = 0.05, 0.12, 0.10
+TARGET_MEAN, TARGET_MAX, TARGET_MEMORY, TARGET_KORTHIKANTI = 0.05, 0.12, 0.10, 0.04
 
 
 def summary(rows: list[dict]) -> dict:
@@ -87,8 +87,8 @@ def write_validation_report(rows: list[dict], md_path: str) -> None:
             "|---|---:|---|",
             f"| mean abs error of per-GPU throughput <= 5% | {_pct(s['mean_abs_error'], 2)} | {_verdict(s['mean_abs_error'], TARGET_MEAN)} |",
             f"| max abs error <= 12% | {_pct(s['max_abs_error'])} | {_verdict(s['max_abs_error'], TARGET_MAX)} |",
-            f"| Korthikanti rows: mean / max | {_pct(s['korthikanti_mean'])} / {_pct(s['korthikanti_max'])} | "
-            f"{_verdict(s['korthikanti_max'], TARGET_MAX)} (max) |",
+            f"| Korthikanti rows <= 4%: mean / max | {_pct(s['korthikanti_mean'], 2)} / {_pct(s['korthikanti_max'])} | "
+            f"{_verdict(s['korthikanti_mean'], TARGET_KORTHIKANTI)} / {_verdict(s['korthikanti_max'], TARGET_KORTHIKANTI)} |",
             f"| Korthikanti memory within 10% | {_pct(s['memory_max'])} (max) | {_verdict(s['memory_max'], TARGET_MEMORY)} |",
             f"| published orderings reproduced | {s['orderings_held']} of {s['orderings']} | "
             f"{'met' if s['orderings_held'] == s['orderings'] else '**missed**'} |",
@@ -115,7 +115,9 @@ NOTES = [
     "- Calibration: the A100 GEMM plateau reproduces one *layer* measurement (Korthikanti Table 4, 22B, no",
     "  recompute); the four other Table 4 configurations are predicted within 5% (tests/test_cost_model.py).",
     "  Data-parallel sync overlaps backward except the last bucket (the first rank's embedding gradient).",
-    "  H100 uses the same framework/MAMF ratio; no H100 layer measurement was available to calibrate it.",
+    "  The Hopper presets (H100, H800, H200) run their GEMMs on a measured H100 curve (OpenXLA's sm_90",
+    "  matmul table, presets.HOPPER_BF16_GEMM) times the same framework fraction; no H100 layer",
+    "  measurement was available to check that fraction.",
     "- Rows that leave the microbatch, the interleaving depth or the recompute unstated are searched: the",
     "  planner then reports the best configuration under the model, which is an optimistic bias whenever the",
     "  published run used a worse one (the Narayanan Table 1 rows with pp > 1 and the H100 rows).",
@@ -133,14 +135,26 @@ NOTES = [
     "  the measured runs: the 22B rows spend about 0.12 s per step outside the 48 layers of Table 4, the model",
     "  0.07 s (57 ms of it the optimizer at 42 bytes per parameter over the full HBM bandwidth, which no",
     "  streaming kernel reaches; no measured A100 fraction was available to charge less).",
-    "- H100 rows with small hidden sizes (1.7B, 7.1B at seq 4096) are over-predicted (+11-15%). The GEMM",
-    "  ramp is scaled by device speed (presets.py), but no H100 layer measurement was available to",
-    "  calibrate the H100 plateau or the flash-attention efficiency, which dominate at hidden 2048-4096.",
+    "- H100 rows with small hidden sizes (1.7B, 7.1B at seq 4096) are over-predicted (+16%, +12%). With the",
+    "  measured H100 GEMM curve in place of the A100 ramp scaled by device speed, their GEMMs (4e11-1.2e12",
+    "  FLOPs) run at the MAMF plateau and the rows got 1.5 points more optimistic, not less: the GEMM curve",
+    "  is not what they miss. Across the four pp = 1 H100 rows the error falls with the attention core's",
+    "  share of the FLOPs (s/6h = 0.33, 0.17, 0.11, 0.10: +16%, +12%, +3%, -8%, the last with 30% exposed",
+    "  TP collectives), which points at what the model prices without a measurement: Transformer",
+    "  Engine's flash attention at its per-head GEMM size, its attention dropout (0.1, RNG in the kernel,",
+    "  not priced) and the SMs NCCL takes while DP/TP collectives overlap. No GPU was available to measure",
+    "  them, and nothing was tuned to these rows.",
     "- Megatron-Core's --tp-comm-overlap is passed through (overlap_tp_comm) but the presets' calibration",
     "  tp_overlap is 0 until a measurement gives it, so TP collectives stay exposed on the H100 rows.",
-    "- The largest errors: the H100 1.7B and 7.1B rows (+15%, +11%; no H100 measurement), the Narayanan",
-    "  1T and 530B rows (+14%, +10%; the two-papers note), the Narayanan 7.5B row (-11%; the inter-node",
-    "  efficiency note) and the H100 32B row (-10%; TP overlap not calibrated).",
+    "- The largest errors: the H100 1.7B and 7.1B rows (+16%, +12%; above), the Narayanan 1T and 530B",
+    "  rows (+14%, +10%; the two-papers note), the Narayanan 7.5B row (-11%; the inter-node efficiency",
+    "  note) and the H100 32B row (-8%; TP overlap not calibrated).",
+    "- A per-tier (scalable unit) network was tried and not adopted: groups inside one DGX A100 SuperPOD",
+    "  SU (20 nodes) at the two-node nccl-tests fraction 0.85 instead of 0.34 move the Narayanan 7.5B row",
+    "  (16 nodes) from -11.2% to +1.6%, but 1.7B (4 nodes) from +4.5% to +8.3% and 3.6B (8 nodes) from",
+    "  -0.0% to +7.3%; 18.4B (32 nodes) spans two SUs and the Korthikanti single-node-DP rows do not move.",
+    "  The three errors sum to more (17.2 against 15.7 points), and no in-SU measurement under a whole",
+    "  job was available to set a value between, so the one at-scale efficiency stays.",
     "- Sequence parallelism in Megatron-LM keeps only the sequence-sharded input of QKV and FC1 for",
     "  backward and all-gathers it again there for the weight gradient; the model charges those two",
     "  all-gathers per block (exposed, tp_overlap 0). Table 4 measures SP saving 0.5 ms forward and 0.1 ms",
