@@ -1,5 +1,6 @@
 """Issue #17: offload=cpu/nvme (host optimizer step, NVMe state files), the delayed update,
-comm_schedule=bytescheduler, waves=2's refusal, and the planner's offload fallback.
+comm_schedule=bytescheduler, waves=2's refusal, checkpoints of offloaded runs, and the planner's
+offload fallback.
 
 Expectations from first principles: the host optimizer runs torch's own optimizer parameter by
 parameter, so on CPU it equals in-memory training bit for bit; chunking an all-reduce does not
@@ -117,6 +118,66 @@ def test_delayed_update_follows_the_one_step_stale_recurrence():
         assert all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(got[t], xs[t + 1])), t
 
 
+def _host_opt(kind: str, folder: Path, counter: ByteCounter):
+    """A HostOptimizer factory: "cpu" (AdamW on the host), "nvme" (its states in files), "delayed"
+    (SGD with momentum, one step stale)."""
+    if kind == "delayed":
+        cls = host_optimizer_class(torch.optim.SGD, counter=counter, delayed=True)
+        return lambda m: cls(m.parameters(), lr=0.05, momentum=0.9)
+    store = store_factory(folder, "adamw") if kind == "nvme" else None
+    return lambda m: host_optimizer_class(torch.optim.AdamW, counter=counter, store_factory=store)(
+        m.parameters(), **ADAMW
+    )
+
+
+@pytest.mark.parametrize("kind", ["cpu", "nvme", "delayed"])
+def test_host_optimizer_checkpoint_resumes_exactly_and_saving_changes_nothing(tmp_path, kind):
+    """executor/checkpoint.py's DCP layout for a HostOptimizer (single process, no group): save
+    after 3 of 5 steps, resume into a fresh model and optimizer: steps 4-5 equal the uninterrupted
+    run's bit for bit, and that run equals one that never saved. The NVMe states come back into
+    the store, the delayed update's host master (the update not yet uploaded) with them."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    from meshplan.executor import checkpoint
+
+    x = torch.randn(32, 8, generator=torch.Generator().manual_seed(1))
+    ref = _train(_host_opt(kind, tmp_path / "ref", ByteCounter()))
+
+    def steps(net, opt, n):
+        out = []
+        for _ in range(n):
+            opt.zero_grad()
+            net(x).pow(2).mean().backward()
+            opt.step()
+            out.append([p.detach().clone() for p in net.parameters()])
+        return out
+
+    counter = ByteCounter()
+    net = copy.deepcopy(_net())
+    opt = _host_opt(kind, tmp_path / "a", counter)(net)
+    first = steps(net, opt, 3)
+    moved = opt.store.moved_bytes if opt.store else 0
+    dcp.save(checkpoint._merged(checkpoint._part_states([net], [opt])), checkpoint_id=str(tmp_path / "ckpt"))
+    assert (opt.store.moved_bytes if opt.store else 0) == moved  # a checkpoint is not training traffic
+    rest = steps(net, opt, 2)
+    opt.close()
+    assert _equal(first + rest, ref)  # saving changed nothing
+
+    torch.manual_seed(7)
+    fresh = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    opt2 = _host_opt(kind, tmp_path / "b", ByteCounter())(fresh)
+    templates = checkpoint._part_states([fresh], [opt2], template=True)
+    merged = checkpoint._merged(templates)
+    assert any(k.endswith("exp_avg_sq" if kind != "delayed" else "host_master") for k in merged["optim"])
+    dcp.load(merged, checkpoint_id=str(tmp_path / "ckpt"))
+    set_model_state_dict(fresh, merged["model"])
+    checkpoint._set_host_state(fresh, opt2, merged["optim"])
+    resumed = steps(fresh, opt2, 2)
+    opt2.close()
+    assert _equal(resumed, rest)
+
+
 def test_registry_marks_the_delayed_update_approximate():
     row = dp_methods.method("offload", "cpu")
     assert row.exact_with(row.resolve({}, "")) and not row.exact_with(row.resolve({"delayed_update": True}, ""))
@@ -145,6 +206,11 @@ CHUNKS = {"chunk_mb": 0.0625, "credit_mb": 0.125}
 """64 KiB chunks, two in flight: gpt-tiny's larger gradients split and the window fills."""
 
 
+STEPS, CHECKPOINT_AT = 5, 3
+"""Every plan saves a DCP checkpoint after step 3 of 5; the resume launch runs steps 4-5 from it
+(step 5's loss is the first that depends on the optimizer states the checkpoint carried)."""
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     from meshplan.executor.launch import LaunchOptions, run_plans
@@ -152,6 +218,9 @@ def runs(tmp_path_factory):
     plans = {
         "ddp": make_plan(dp=2),
         "cpu": _with(make_plan(dp=2), "offload", "cpu"),
+        "zero1_cpu": _with(make_plan(dp=2, zero=1), "offload", "cpu"),
+        "tp": make_plan(tp=2),
+        "tp_cpu": _with(make_plan(tp=2), "offload", "cpu"),
         "nvme": _with(make_plan(dp=2), "offload", "nvme"),
         "zero1_nvme": _with(make_plan(dp=2, zero=1), "offload", "nvme"),
         "zero3_nvme": _with(make_plan(dp_shard=2, zero=3), "offload", "nvme"),
@@ -159,20 +228,52 @@ def runs(tmp_path_factory):
         "bytescheduler": _with(make_plan(dp=2), "comm_schedule", "bytescheduler", CHUNKS),
     }
     out = tmp_path_factory.mktemp("offload_methods")
-    results = run_plans(
-        list(plans.values()), LaunchOptions(steps=3, out_dir=str(out), quiet=True, timeout_s=240, optimizer="adamw")
+    opts = LaunchOptions(
+        steps=STEPS, out_dir=str(out), quiet=True, timeout_s=240, optimizer="adamw", checkpoint_every=CHECKPOINT_AT
     )
+    results = run_plans(list(plans.values()), opts)
     return out, {name: (plan, r) for (name, plan), r in zip(plans.items(), results)}
+
+
+@pytest.fixture(scope="module")
+def resumed(runs):
+    """The same plans resumed from their step-3 checkpoints in one more launch."""
+    import dataclasses
+
+    from meshplan.executor.launch import LaunchOptions, run_plans
+
+    out, r = runs
+    opts = LaunchOptions(steps=STEPS, out_dir=str(out), quiet=True, timeout_s=240, optimizer="adamw", resume=True)
+    results = run_plans([plan for plan, _ in r.values()], dataclasses.replace(opts, checkpoint_every=0))
+    return dict(zip(r, results))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "name, base",
-    [("cpu", "ddp"), ("nvme", "ddp"), ("zero1_nvme", "ddp"), ("bytescheduler", "ddp"), ("zero3_nvme", "zero3")],
+    [
+        ("cpu", "ddp"),
+        ("zero1_cpu", "ddp"),
+        ("tp_cpu", "tp"),
+        ("nvme", "ddp"),
+        ("zero1_nvme", "ddp"),
+        ("bytescheduler", "ddp"),
+        ("zero3_nvme", "zero3"),
+    ],
 )
 def test_offload_and_bytescheduler_train_exactly_as_the_baseline(runs, name, base):
     _, r = runs
     assert r[name][1].losses == r[base][1].losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ddp", "cpu", "zero1_cpu", "tp_cpu", "nvme", "zero1_nvme", "zero3_nvme"])
+def test_a_resumed_offload_run_equals_the_uninterrupted_one(runs, resumed, name):
+    """The checkpoint carries the host optimizer's states (DDP, ZeRO-1's partition, TP shards as
+    DTensors) and the NVMe files' (written back into a fresh store on resume)."""
+    whole, again = runs[1][name][1], resumed[name]
+    assert again.resumed_from_step == CHECKPOINT_AT and len(again.losses) == STEPS - CHECKPOINT_AT
+    assert again.losses == pytest.approx(whole.losses[CHECKPOINT_AT:], rel=1e-6, abs=0)
 
 
 @pytest.mark.slow

@@ -35,6 +35,14 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
+def _placed_like(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """The gradient in its parameter's placements: a tensor-parallel weight's gradient can come
+    back Replicate while the weight is Shard(0) (the shard is then a local slice, no traffic)."""
+    if isinstance(grad, DTensor) and isinstance(param, DTensor) and grad.placements != param.placements:
+        return grad.redistribute(param.device_mesh, param.placements)
+    return grad
+
+
 class HostOptimizer(torch.optim.Optimizer):
     """torch.optim.Optimizer whose step runs on the host (module docstring). Keyword-only extras:
     `inner_class` (the torch optimizer), `counter`, `store` (an NvmeStore or None), `delayed`."""
@@ -75,7 +83,7 @@ class HostOptimizer(torch.optim.Optimizer):
             if on_host:  # ZeroRedundancyOptimizer re-points parameters into its buckets after init
                 master.data = _local(p).data
             inner.param_groups[0].update({k: v for k, v in self.param_groups[gi].items() if k != "params"})
-            g = None if p.grad is None else _local(p.grad)
+            g = None if p.grad is None else _local(_placed_like(p.grad, p))
             if g is not None:
                 self.counter.add("host_device", "send_recv", 2, tensor_bytes(g))  # gradient down
                 g = g.to("cpu", copy=self.delayed or g.device.type != "cpu")
@@ -115,11 +123,11 @@ class HostOptimizer(torch.optim.Optimizer):
             self._io = ThreadPoolExecutor(max_workers=1)
         return self._io
 
-    def _page_out(self, i: int, state: dict) -> None:
+    def _page_out(self, i: int, state: dict, count: bool = True) -> None:
         """Write the parameter-sized states to the store and drop them from memory."""
         master = self.entries[i][2]
         big = {k: v for k, v in state.items() if torch.is_tensor(v) and v.shape == master.shape}
-        self.store.write(i, big)
+        self.store.write(i, big, count)
         for k in big:
             del state[k]
 
@@ -131,6 +139,75 @@ class HostOptimizer(torch.optim.Optimizer):
                 local.copy_(master)
         if self.store is not None:
             self.counter.add("nvme", "send_recv", 2, self.store.take_bytes())
+
+    # --- checkpoints (executor/checkpoint.py) ---------------------------------------------------
+    def entry_state(self, i: int) -> dict:
+        """Parameter i's whole optimizer state: the inner optimizer's, the tensors paged out to
+        the NVMe store, and with delayed_update the host master (the update not yet uploaded)."""
+        self._settle()
+        _, _, master, inner = self.entries[i]
+        state = dict(inner.state.get(master, {}))
+        if self.store is not None:
+            state.update(self.store.read(i, count=False))
+        if self.delayed and state:
+            state["host_master"] = master.detach()
+        return state
+
+    def set_entry_state(self, i: int, state: dict) -> None:
+        """Restore what entry_state(i) returned (tensors copied to fresh host tensors)."""
+        _, _, master, inner = self.entries[i]
+        state = {k: v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v for k, v in state.items()}
+        if "host_master" in state:  # DPU: the saved update lands at the next step, as it would have
+            master.data.copy_(state.pop("host_master"))
+            self._pending = self._done()
+        inner.state[master] = state
+        if self.store is not None:
+            self._page_out(i, state, count=False)
+
+    def init_states(self) -> None:
+        """Create every parameter's state as torch creates a template to load into: one inner step
+        with a zero gradient at lr 0 (parameters unchanged, nothing counted or uploaded)."""
+        for i, (_, _, master, inner) in enumerate(self.entries):
+            if inner.state.get(master):
+                continue
+            lr = inner.param_groups[0]["lr"]
+            inner.param_groups[0]["lr"] = 0.0
+            master.grad = torch.zeros_like(master)
+            inner.step()
+            master.grad, inner.param_groups[0]["lr"] = None, lr
+            if self.store is not None:
+                self._page_out(i, inner.state[master], count=False)
+
+    def state_dict(self) -> dict:
+        """torch.optim's layout (states by parameter index, in param_groups order) over entry_state."""
+        groups, index = [], 0
+        for group in self.param_groups:
+            n = len(group["params"])
+            groups.append(
+                {**{k: v for k, v in group.items() if k != "params"}, "params": list(range(index, index + n))}
+            )
+            index += n
+        states = {i: self.entry_state(i) for i in range(len(self.entries))}
+        return {"state": {i: st for i, st in states.items() if st}, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        for group, saved in zip(self.param_groups, state_dict["param_groups"]):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        for i, state in state_dict["state"].items():
+            self.set_entry_state(int(i), state)
+
+    def _settle(self) -> None:
+        """A delayed step in flight finishes first (its upload stays for the next step)."""
+        if self._pending is not None:
+            self._pending.result()
+
+    @staticmethod
+    def _done():
+        from concurrent.futures import Future
+
+        done: Future = Future()
+        done.set_result(None)
+        return done
 
     # --- lifecycle -----------------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -68,17 +68,18 @@ class NvmeStore:
     def _map(self, i: int, mode: str) -> np.memmap:
         return np.memmap(self._path(i), dtype=np.float32, mode=mode, shape=(len(self.keys), self.numels[i]))
 
-    def read(self, i: int) -> dict[str, torch.Tensor]:
-        """Parameter i's states as fresh in-memory tensors ({} before its first step)."""
+    def read(self, i: int, count: bool = True) -> dict[str, torch.Tensor]:
+        """Parameter i's states as fresh in-memory tensors ({} before its first step); a
+        checkpoint's read (count=False) is not training traffic."""
         if not self.written[i]:
             return {}
         mm = self._map(i, "r")
         out = {k: torch.from_numpy(np.array(mm[j])).view(self.shapes[i]) for j, k in enumerate(self.keys)}
         del mm  # unmapped: the pages leave this process
-        self.moved_bytes += self.numels[i] * 4 * len(self.keys)
+        self.moved_bytes += self.numels[i] * 4 * len(self.keys) if count else 0
         return out
 
-    def write(self, i: int, states: dict[str, torch.Tensor]) -> None:
+    def write(self, i: int, states: dict[str, torch.Tensor], count: bool = True) -> None:
         missing = [k for k in self.keys if k not in states]
         assert not missing, f"optimizer state {missing} not kept for parameter {i}"
         mm = self._map(i, "r+")
@@ -87,7 +88,7 @@ class NvmeStore:
         mm.flush()
         del mm
         self.written[i] = True
-        self.moved_bytes += self.numels[i] * 4 * len(self.keys)
+        self.moved_bytes += self.numels[i] * 4 * len(self.keys) if count else 0
 
     def take_bytes(self) -> int:
         moved, self.moved_bytes = self.moved_bytes, 0

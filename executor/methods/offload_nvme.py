@@ -3,8 +3,9 @@ files under `meshplan run --offload-dir DIR` (default: <out-dir>/offload), one f
 and model part, prefetched one parameter ahead and streamed through the host optimizer step
 (host_optimizer.py, nvme_store.py). Parameters and gradients stay on the device, as DeepSpeed's
 offload_optimizer device nvme; every ZeRO stage (FSDP2 shards are stepped shard by shard).
-The files are removed at the end of the run, also after an error; DCP checkpoints do not
-include the offloaded states (see README, "Offload").
+The files are removed at the end of the run, also after an error; DCP checkpoints carry the
+offloaded states (read from the files on save, written into the new run's files on resume:
+executor/checkpoint.py).
 """
 
 from __future__ import annotations
