@@ -78,9 +78,14 @@ def train(
     base = options.offload_dir or os.environ.get("MESHPLAN_OFFLOAD_DIR") or f"{options.out_dir}/offload"
     par.offload_dir = f"{base}/rank{torch.distributed.get_rank()}"  # `meshplan run --offload-dir` sets the env
     optimizers = par.make_optimizers(options.optimizer, options.lr, options.weight_decay)
+    completed = False
     try:
-        return _train(par, plan, options, device, optimizers, model, on_step)
+        result = _train(par, plan, options, device, optimizers, model, on_step)
+        completed = True
+        return result
     finally:
+        if par.sync is not None:  # always: lands the last averaging round or, after an error or a
+            par.sync.close(aborted=not completed)  # signal, stops a background thread unwaited (sync.py)
         close_all(optimizers)  # offload=nvme: the state files are removed, also after an error
 
 
@@ -116,8 +121,6 @@ def _train(
             result.peak_memory_bytes = tracker.peak_bytes
         if options.checkpoint_every and (step + 1) % options.checkpoint_every == 0:
             checkpoint.save(options.out_dir, step + 1, par.parts, optimizers, par.stage_ids, plan)
-    if par.sync is not None:
-        par.sync.close()  # lands the last averaging round, stops a background thread
     if device.type == "cuda":
         result.peak_memory_bytes = torch.cuda.max_memory_allocated(device)
     result.losses = par.global_losses(shares) if shares else []  # one all-reduce for all steps

@@ -12,7 +12,7 @@ from meshplan.cluster import ClusterSpec
 from meshplan.errors import MeshplanError
 from meshplan.model_profile import ModelProfile
 from meshplan.plan import INTERLEAVED, Plan, schedule_name
-from meshplan.planner import waves
+from meshplan.planner import sync, waves
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.enumerate import base_methods, tp_divisors, tp_kinds
 from meshplan.planner.layer_cost import CostTable
@@ -112,6 +112,8 @@ def estimate(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) 
             p2p = model.p2p(r, layers)
         sols.append(model.finish(r, layers, modes, p2p))
     sols = waves.solutions(ctx, table, cand, sols)  # waves=2: planner/waves.py
+    if sync.auto_learners(cand):  # crossbow learners=0: the planner picks k (planner/sync.py)
+        cand, sols, _ = sync.tune_learners(ctx, table, cand, sols)
     plan = build_plan(ctx, cand, sols, stages, provenance(profile, cluster))
     plan.prediction.dp_method_options = method_options(ctx, table, cand, sols)
     return plan

@@ -10,14 +10,17 @@ bytes are meshplan/comm_bytes.py's ring volumes, the executor's counting convent
 - local-sgd: all-reduce of S every `period` steps (/ H); hierarchical: groups of g every
              group_period, all N every period, only the larger where both fall (torch's
              HierarchicalModelAverager): 2(N-1)/N S / H + 2(g-1)/g S (1/H1 - 1/H)
-- crossbow:  all-reduce of Delta (S) every step; memory k replicas + z + Delta_prev; compute k
-             learners at the microbatch / k (Koliousis et al. 2019 Sec 4)
+- crossbow:  all-reduce of Delta (S) every step; memory k replicas + z + Delta_prev + the round's
+             flat vectors; k learners one after another at the microbatch / k, k optimizer steps
+             and the SMA round's memory traffic (Koliousis et al. 2019 Sec 4); learners = 0:
+             tune_learners picks k (the least step time whose memory fits)
 - dabmd:     all-reduce of S + 4 bytes (the sample count) every step; a budget only bounds the
              step where workers differ in speed, which this homogeneous model does not see
 - gossip:    S (low precision: P + 8 ceil(P / chunk)) to each ring neighbour every period steps
              (two neighbours, one for N = 2); low precision keeps three copies (+3 S)
 - async:     all-reduce of S every period steps on a background thread: exposed only where the
-             round outlasts the period's compute; a snapshot and its mean (+2 S)
+             round outlasts the period's steps of work, plus the main thread's copies
+             (async_exposed_s); a snapshot and its mean (+2 S)
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+from meshplan import dp_methods
 from meshplan.comm_bytes import wire_bytes
 from meshplan.model_profile import LayerProfile
 from meshplan.planner.comm import collective_s, group_tier
 
 FP32 = 4
+MAX_LEARNERS = int(dp_methods.method("sync", "crossbow").param("learners", "crossbow").high or 1)
 
 
 class AllReduce:
@@ -93,38 +98,97 @@ class LocalSGD(AllReduce):
 
 
 class Crossbow(AllReduce):
+    """What executor/methods/sync_crossbow.py does per step, one after another on the device: k
+    learners each take the local batch's 1/k share (s = b m / k samples) as microbatches of
+    c = ceil(s / m) (ceil(s / c) of them, the plan's m when k divides b), backward, clip and
+    their own optimizer step; then SMA: flat copies of the k learners, their differences to z,
+    the correction and the stacked sum (~15 S of memory traffic per learner, counted from
+    sma_update and _average), one all-reduce of Delta. learners = 0 (auto) prices every
+    k-dependent term at its least over the k the executor can run (a lower bound of each, so
+    the search's bounds hold) until tune_learners picks k."""
+
     name, replaces_ddp, ddp_buckets = "crossbow", True, False
+    SMA_TRAFFIC = 15
+    """Bytes of memory traffic per parameter byte and learner in one SMA round."""
 
     @property
     def k(self) -> int:
         return self.params["learners"]
 
     def state_bytes(self, local: float) -> float:
-        """k - 1 more learners (weights, grads, optimizer states) + z, Delta_prev and the flat
-        vectors of the round (~3 S)."""
+        """k - 1 more learners (weights, grads, optimizer states: every learner keeps its own),
+        z and Delta_prev, and the round's transient flat vectors (4 per learner: copy,
+        difference, correction, stack)."""
         from meshplan.planner.dp_cost import state_bytes
 
+        k = max(self.k, 1)  # auto: k = 1 holds the least
         w, g, o = state_bytes(self.ctx)
-        return (self.k - 1) * local * (w + g + o) + 3 * FP32 * local
+        return (k - 1) * local * (w + g + o) + (2 + 4 * k) * FP32 * local
 
-    def extra_compute_s(self, layer: LayerProfile, split: int, b: int, m: int) -> float:
-        """k learners at batch b / k instead of one at b, m microbatches each: the throughput a
-        small batch loses (the profile's efficiency at that batch)."""
+    def learner_s(self, k: int) -> float:
+        """Seconds per step that k learners add to one replica's step (may be negative where the
+        profile says a smaller microbatch is cheaper per sample): their compute at microbatch c
+        instead of m microbatches of b, k - 1 more clip + optimizer steps, the SMA round's
+        memory traffic."""
         from meshplan.planner.compute import layer_compute_s
+        from meshplan.planner.pipeline import layer_optimizer_s, optimizer_call_s
 
-        if self.k == 1:
-            return 0.0
-        small = max(1, b // self.k)
-        fwd_s, bwd_s, _ = layer_compute_s(self.ctx, layer, small, split, self.data.cand.cp)
-        fwd, bwd, _ = layer_compute_s(self.ctx, layer, b, split, self.data.cand.cp)
-        return max(0.0, m * (self.k * (fwd_s + bwd_s) - (fwd + bwd)))
+        cand, ctx = self.data.cand, self.ctx
+        b, m = cand.microbatch, cand.num_microbatches
+        share = b * m // k
+        c = -(-share // m)
+        n = -(-share // c)
+        extra = 0.0
+        for layer in ctx.layers:  # sync methods run with pp = tp = 1: the rank holds every layer
+            small_f, small_b, _ = layer_compute_s(ctx, layer, c, 1, cand.cp)
+            fwd, bwd, _ = layer_compute_s(ctx, layer, b, 1, cand.cp)
+            extra += k * n * (small_f + small_b) - m * (fwd + bwd)
+            extra += (k - 1) * layer_optimizer_s(ctx, layer, layer.num_params, 1, 1)
+        params = sum(layer.num_params for layer in ctx.layers)
+        sma = self.SMA_TRAFFIC * k * FP32 * params / (ctx.cluster.device.hbm_gbps * 1e9)
+        return extra + (k - 1) * optimizer_call_s(ctx) + sma
+
+    def learner_counts(self) -> list[int]:
+        """k the executor can run here: divisors of the local batch, up to the registry's bound."""
+        local = self.data.cand.microbatch * self.data.cand.num_microbatches
+        return [k for k in range(1, MAX_LEARNERS + 1) if local % k == 0]
 
     def sync_s(self, params: float, backward_window_s: float) -> float:
-        reduce = self.k * 2 * FP32 * params / (self.ctx.cluster.device.hbm_gbps * 1e9)  # k-way, in memory
-        return self._ar(FP32 * params) + reduce
+        learners = min(self.learner_s(k) for k in self.learner_counts()) if self.k == 0 else self.learner_s(self.k)
+        return self._ar(FP32 * params) + learners
 
     def bytes(self, params: int) -> Fraction:
         return wire_bytes("all_reduce", self.group, FP32 * params)
+
+
+def auto_learners(cand) -> bool:
+    """Whether `cand` runs crossbow with learners = 0 (auto): the planner picks k."""
+    name, params = cand.method("sync")
+    return name == "crossbow" and params.get("learners") == 0
+
+
+def tune_learners(ctx, table, cand, sols):
+    """(candidate with k, its rank solutions, fits) for crossbow learners = 0: every k the
+    executor can run re-priced on the same split (memory x k must fit), the least step time
+    wins (the most throughput: the global batch is fixed), ties to the smaller k (less memory).
+    Crossbow's own tuner adds learners while throughput rises (Koliousis et al. 2019 Sec 4.3);
+    this one prices all of them, so a dip does not stop it. The learners run one after another,
+    so k > 1 pays only where the profile says a smaller microbatch costs less per sample. A
+    candidate that is not crossbow-auto is re-priced as it is."""
+    from meshplan.planner.dp_cost import DataParallelCost
+    from meshplan.planner.methods import reprice
+
+    if not auto_learners(cand):
+        return (cand, *reprice(ctx, table, cand, sols))
+    params = cand.method("sync")[1]
+    best = None
+    for k in DataParallelCost(ctx, cand).sync.learner_counts():
+        alt = cand.with_method("sync", "crossbow", {**params, "learners": k})
+        alt_sols, ok = reprice(ctx, table, alt, sols)
+        step = max(s.cost_s for s in alt_sols)
+        if best is None or (ok, -step) > (best[2], -max(s.cost_s for s in best[1])):
+            best = (alt, alt_sols, ok)
+    return best
 
 
 class AnyBatch(AllReduce):
@@ -159,17 +223,46 @@ class Gossip(AllReduce):
         return Fraction(self._peers() * self._message(params), self.params["period"])
 
 
+def async_exposed_s(allreduce_s: float, work_s: float, period: int, main_s: float) -> float:
+    """Exposed seconds per step of asynchronous averaging (executor/methods/sync_async.py).
+
+    The model: the snapshot is handed over at a period step and the main thread waits for its
+    round at the next one, so the round's all-reduce (allreduce_s, on the averaging thread's own
+    group) hides behind the `period` steps of the main thread's work between them (work_s per
+    step: forward and backward of every microbatch and the optimizer step); only what outlasts
+    them is exposed. The main thread's own part of a round (main_s: copying the snapshot out,
+    applying the landed mean) is never hidden. Per step: the round's exposure / period.
+    Assumes the exchange does not slow the compute (a GPU computes while the host's thread and
+    NIC move bytes; on a CPU host whose cores are all busy computing it does, and the measured
+    step shows the excess)."""
+    return (max(0.0, allreduce_s - period * work_s) + main_s) / period
+
+
 class AsyncAverage(AllReduce):
     name, replaces_ddp, ddp_buckets = "async", True, False
+    MAIN_TRAFFIC = 12
+    """Bytes of memory traffic per parameter byte of the main thread's part of a round: the
+    snapshot (read, write: 2), then flat copy, mean - s, the sum and the copy back (10)."""
 
     def state_bytes(self, local: float) -> float:
         return 2 * FP32 * local
 
+    def work_s(self) -> float:
+        """The main thread's work per step: m microbatches' forward and backward, the optimizer
+        step (pp = tp = 1: the rank holds every layer)."""
+        from meshplan.planner.compute import layer_compute_s
+        from meshplan.planner.pipeline import layer_optimizer_s
+
+        cand, ctx = self.data.cand, self.ctx
+        total = 0.0
+        for layer in ctx.layers:
+            fwd, bwd, _ = layer_compute_s(ctx, layer, cand.microbatch, 1, cand.cp)
+            total += cand.num_microbatches * (fwd + bwd) + layer_optimizer_s(ctx, layer, layer.num_params, 1, 1)
+        return total
+
     def sync_s(self, params: float, backward_window_s: float) -> float:
-        """The round runs behind `period` steps of compute (~3 x a microbatch's backward each,
-        forward ~ half of backward); only the excess waits."""
-        hidden = self.params["period"] * 1.5 * backward_window_s
-        return max(0.0, self._ar(FP32 * params) - hidden)
+        main = self.MAIN_TRAFFIC * FP32 * params / (self.ctx.cluster.device.hbm_gbps * 1e9)
+        return async_exposed_s(self._ar(FP32 * params), self.work_s(), self.params["period"], main)
 
     def bytes(self, params: int) -> Fraction:
         return wire_bytes("all_reduce", self.group, FP32 * params) / self.params["period"]

@@ -9,7 +9,9 @@ train.py's step loop calls one (executor/train.py, parallelize.py):
 - every step is `sync.train_step(par, optimizers, batch, grad_clip)` instead of train.py's plain
   step, because these methods change the step itself (local steps, master updates, k learners,
   a time budget, a background averaging round);
-- `close()` after the last step, also on an error or a signal (train.py's finally).
+- `close(aborted)` after the last step, and always: train.py calls it in a finally, with
+  aborted=True when the step loop raised (an error, SIGINT's KeyboardInterrupt): a method then
+  stops without waiting on its peers (sync_async.py's thread).
 Every collective a method issues is counted into the rank's ByteCounter on "dp_replicate"
 (meshplan/comm_bytes.py), the axis the cost model (planner/sync.py) predicts.
 """
@@ -54,7 +56,8 @@ class SyncMethod:
     def after_step(self) -> None:
         """Exchange after the local optimizer step (averaging methods)."""
 
-    def close(self) -> None:
+    def close(self, aborted: bool = False) -> None:
+        """End of training (aborted: the step loop raised; wait on no peer)."""
         directory = os.environ.get(STATS_DIR_ENV)
         if directory and self.stats:
             os.makedirs(directory, exist_ok=True)

@@ -5,16 +5,27 @@ parameters (a snapshot s) and hands it to a background thread, which all-reduces
 on its OWN process group (a gloo group made for it, so its collectives never interleave with the
 main thread's) while training continues. When the round has landed, at a later step boundary the
 main thread applies it without losing the local progress made meanwhile: x <- x + (mean(s) - s).
-Staleness is at most one round: a new snapshot waits for the previous round to land.
+Staleness is at most one round: a new snapshot waits for the previous round to land. Every
+correction sums to zero over the ranks, so the replicas' mean is exactly what local training
+made it (tests/test_sync_async_safety.py checks it over many seeded runs with random delays).
 
 No deadlock, by construction: every rank hands over its k-th snapshot at the same step (the
-same period, the same number of steps), so the k-th all-reduces always pair up; the main
-thread never holds a lock the thread needs (they share only a one-slot queue). Stopping:
-- normal end: close() waits for the round in flight (every rank has one in the same position);
-- SIGINT / SIGTERM: train.py's finally calls close(), which waits at most timeout_s;
-- a dead peer: the averaging group's timeout (timeout_s) fails the round's all-reduce; the thread
-  records the error and exits, close() reports it as a warning, training's own collectives fail
-  as they would anyway. The thread is a daemon: it never keeps a process alive.
+same period, the same number of steps), so the k-th all-reduces always pair up; the main thread
+never holds a lock the thread needs (they share only two queues, one round in flight at most).
+Stopping is unconditional (train.py calls close() in a finally; AsyncAverager is a context
+manager), and every wait is bounded:
+- normal end: close() lands the round in flight (every rank has one in the same position), then
+  the thread is told to stop and joined;
+- an error or a signal in the step loop (SIGINT's KeyboardInterrupt, the launcher's SIGTERM):
+  close(aborted=True) does not wait for the round; the thread is told to stop and joined;
+- a dead or stopped peer: the averaging group's gloo timeout (timeout_s) fails the round's
+  all-reduce (a killed peer's closed sockets fail it at once); the thread records the error and
+  exits; the rank trains on alone (its own collectives fail as they would anyway) and close()
+  reports the error as a warning. A round that has not landed GRACE_S past the timeout marks
+  the averager failed too (the thread is then left: it is a daemon, it never keeps a process
+  alive).
+The join waits at most timeout_s + GRACE_S; the averaging group is destroyed once the thread
+has ended (never under a live collective).
 Bytes: one fp32 all-reduce of the parameters per round ("dp_replicate"), counted when the round
 is handed over, so the steady state is exactly bytes / period, as planner/sync.py predicts.
 """
@@ -25,6 +36,7 @@ import datetime
 import queue
 import threading
 import warnings
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -32,103 +44,151 @@ import torch.distributed as dist
 from meshplan.executor.methods.sync import SyncMethod, flat, tensor_bytes, trainable, unflat
 
 USES_DDP = False
+GRACE_S = 5.0
+"""How long past the group's timeout a wait on the thread lasts before it is given up."""
 
 
 class AsyncAverager:
-    """The background averaging thread and its process group (usable without a model)."""
+    """The background averaging thread, its process group and the per-step protocol on a list of
+    tensors (usable without a model: tests drive it with plain tensors).
 
-    def __init__(self, ranks: list[int], timeout_s: float):
+    `delay` (tests): called in the thread before each all-reduce, e.g. a seeded random sleep."""
+
+    def __init__(
+        self,
+        ranks: list[int],
+        period: int,
+        timeout_s: float,
+        on_round: Callable[[int], None] = lambda nbytes: None,
+        delay: Callable[[], None] | None = None,
+    ):
         self.group = dist.new_group(ranks, backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
         self.world = dist.get_world_size(self.group)
-        self.timeout_s = timeout_s
-        self.todo: queue.Queue = queue.Queue(maxsize=1)
-        self.done: queue.Queue = queue.Queue(maxsize=1)
+        self.period, self.timeout_s = period, timeout_s
+        self.on_round, self.delay = on_round, delay
+        self.todo: queue.Queue = queue.Queue()
+        self.done: queue.Queue = queue.Queue()
+        self.stopping = threading.Event()
         self.error: BaseException | None = None
         self.in_flight = False
+        self.steps = 0
+        self.submitted = 0
+        self.closed = False
+        self.applied: list[dict] = []
+        """One entry per landed round, in order: {"round", "step" (applied after it), "waited" (the
+        main thread waited for it: the round was exposed), "moved" (||mean - snapshot||)}."""
         self.thread = threading.Thread(target=self._run, name="meshplan-async-averaging", daemon=True)
         self.thread.start()
 
+    # --- the background thread ---------------------------------------------------------------
     def _run(self) -> None:
-        while True:
-            snapshot = self.todo.get()
-            if snapshot is None:
-                return
-            try:
+        try:
+            while True:
+                snapshot = self.todo.get()
+                if snapshot is None or self.stopping.is_set():
+                    return
+                if self.delay is not None:
+                    self.delay()
                 mean = snapshot.clone()
-                dist.all_reduce(mean, group=self.group)
+                dist.all_reduce(mean, group=self.group)  # fails after timeout_s on a dead peer
                 self.done.put((snapshot, mean / self.world))
-            except BaseException as exc:  # a dead peer, a timeout, the group torn down
-                self.error = exc
-                self.done.put(None)
-                return
+        except BaseException as exc:  # a dead peer, a timeout, the group torn down
+            self.error = exc
+            self.done.put(None)  # wakes a collect() waiting on this round
 
     @property
     def alive(self) -> bool:
         return self.thread.is_alive() and self.error is None
 
-    def submit(self, snapshot: torch.Tensor) -> None:
-        """Hand over a snapshot (after the previous round has been collected)."""
-        assert not self.in_flight
+    # --- the main thread ---------------------------------------------------------------------
+    def after_step(self, tensors: list[torch.Tensor]) -> None:
+        """Once per optimizer step: apply a round that has landed; every period steps wait for
+        the round in flight (at most one) and hand over a new snapshot."""
+        self.steps += 1
+        if self.steps % self.period:
+            self._apply(tensors, self._collect(wait=False), waited=False)
+            return
+        self._apply(tensors, self._collect(wait=True), waited=True)
+        if not self.alive:  # a peer died: train on alone (its collectives will fail anyway)
+            return
+        snapshot = flat(tensors)
+        self.on_round(tensor_bytes(snapshot))
         self.todo.put(snapshot)
         self.in_flight = True
+        self.submitted += 1
 
-    def collect(self, wait: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def _collect(self, wait: bool):
         """(snapshot, its mean over the ranks) once the round has landed, else None."""
         if not self.in_flight:
             return None
         try:
-            got = self.done.get(timeout=self.timeout_s) if wait else self.done.get_nowait()
+            got = self.done.get(timeout=self.timeout_s + GRACE_S) if wait else self.done.get_nowait()
         except queue.Empty:
-            if wait:
-                self.in_flight = False  # given up: the thread stays blocked; it is a daemon
+            if wait:  # longer than the group's own timeout: the thread is stuck; give up on it
+                self.error = self.error or TimeoutError(f"no averaging round landed within {self.timeout_s:g} s")
+                self.in_flight = False
             return None
         self.in_flight = False
         return got
 
-    def stop(self) -> None:
-        if self.thread.is_alive() and self.error is None and not self.in_flight:
+    @torch.no_grad()
+    def _apply(self, tensors: list[torch.Tensor], landed, waited: bool) -> None:
+        if landed is None:
+            return
+        snapshot, mean = landed
+        unflat(flat(tensors) + (mean - snapshot), tensors)
+        moved = float((mean - snapshot).norm())
+        self.applied.append({"round": len(self.applied), "step": self.steps, "waited": waited, "moved": moved})
+
+    def close(self, tensors: list[torch.Tensor] | None, aborted: bool = False) -> None:
+        """Stop, always: land the round in flight (unless aborted), stop and join the thread
+        (bounded), destroy the averaging group once the thread has ended. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if not aborted and tensors is not None:
+                self._apply(tensors, self._collect(wait=True), waited=True)
+        finally:
+            self.stopping.set()
             self.todo.put(None)
-            self.thread.join(timeout=self.timeout_s)
-        if self.error is not None:
-            warnings.warn(
-                f"sync=async: the averaging thread stopped on {type(self.error).__name__}: {self.error}", stacklevel=2
-            )
+            self.thread.join(timeout=self.timeout_s + GRACE_S)
+            if not self.thread.is_alive():
+                dist.destroy_process_group(self.group)
+            if self.error is not None:
+                warnings.warn(
+                    f"sync=async: the averaging thread stopped on {type(self.error).__name__}: {self.error}",
+                    stacklevel=2,
+                )
+
+    def __enter__(self) -> AsyncAverager:
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        self.close(None, aborted=True)
+        return False
 
 
 class AsyncAveraging(SyncMethod):
     def __init__(self, par, params, counter):
         super().__init__(par, params, counter)
         ranks = [dist.get_global_rank(self.group, r) for r in range(self.world)]
-        self.averager = AsyncAverager(ranks, params["timeout_s"])
-        self.steps = 0
+        self.averager = AsyncAverager(
+            ranks,
+            params["period"],
+            params["timeout_s"],
+            on_round=lambda nbytes: self.counter.add("dp_replicate", "all_reduce", self.world, nbytes),
+        )
+        self.stats = self.averager.applied
 
     def after_step(self) -> None:
-        self.steps += 1
-        params = trainable(self.par.parameters())
-        if self.steps % self.params["period"]:
-            self._apply(params, self.averager.collect(wait=False))
-            return
-        self._apply(params, self.averager.collect(wait=True))  # at most one round in flight
-        if not self.averager.alive:  # a peer died: train on alone (its collectives will fail anyway)
-            return
-        snapshot = flat(params)
-        self.counter.add("dp_replicate", "all_reduce", self.world, tensor_bytes(snapshot))
-        self.averager.submit(snapshot)
+        self.averager.after_step(trainable(self.par.parameters()))
 
-    @torch.no_grad()
-    def _apply(self, params, landed) -> None:
-        if landed is None:
-            return
-        snapshot, mean = landed
-        unflat(flat(params) + (mean - snapshot), params)
-        self.stats.append({"step": self.steps, "moved": float((mean - snapshot).norm())})
-
-    def close(self) -> None:
+    def close(self, aborted: bool = False) -> None:
         try:
-            self._apply(trainable(self.par.parameters()), self.averager.collect(wait=True))
+            self.averager.close(trainable(self.par.parameters()), aborted)
         finally:
-            self.averager.stop()
-            super().close()
+            super().close(aborted)
 
 
 def build(par, params, counter):

@@ -53,6 +53,11 @@ class Crossbow(SyncMethod):
         super().__init__(par, params, counter)
         (part,) = par.parts
         self.k = params["learners"]
+        if self.k < 1:
+            raise MeshplanError(
+                "sync=crossbow learners=0 (auto) reached the executor unresolved; plan it with "
+                "`meshplan plan` (which picks k) or pin learners=K"
+            )
         self.learners = [part] + [copy.deepcopy(part) for _ in range(self.k - 1)]
         self.alpha = params["alpha"] or 1.0 / (self.k * self.world)
         self.mu, self.reset = params["momentum"], params["reset"]

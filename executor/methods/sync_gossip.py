@@ -9,7 +9,12 @@ x <- W x). low_precision (CHOCO-gossip, Koloskova et al. 2019; BAGUA keeps the s
 copies): each rank sends q_i = Q(x_i - x^_i), 8-bit min-max quantised per `chunk` elements,
 and every rank adds the q it sends and receives to the copies it keeps (its own and its two
 neighbours'). Both preserve the replicas' mean exactly (W is doubly stochastic); consensus
-error shrinks at the ring's spectral gap per round (|lambda_2| = (1 + 2 cos(2 pi / N)) / 3).
+error shrinks at the ring's spectral gap per round (|lambda_2| = (1 + 2 cos(2 pi / N)) / 3; a step
+size gamma < 1 turns each eigenvalue lambda of W into 1 - gamma + gamma lambda).
+The 8-bit variant's stated error: after a round every public copy is its replica up to half a
+quantisation level, |x_j - x^_j| <= h_j = (max - min) / 510 of x_j - x^_j's chunk that round, so
+each replica ends within gamma (sum_j W_ij h_j + h_i) per element of the full-precision round
+x_i + gamma (sum_j W_ij x_j - x_i) from the same replicas (tests/test_sync_async_safety.py).
 
 Bytes ("send_recv" per neighbour): fp32 vector of the parameters, or P uint8 + 8 bytes of
 (min, max) per chunk.
@@ -65,29 +70,25 @@ def spectral_rate(world: int) -> float:
     return max(abs(w + 2 * w * math.cos(2 * math.pi * k / world)) for k in range(1, world))
 
 
-class Gossip(SyncMethod):
-    def __init__(self, par, params, counter):
-        super().__init__(par, params, counter)
+class GossipRing:
+    """One replica's gossip rounds on flat vectors over `group` (no model: tests drive it with
+    plain tensors). `count(nbytes)` is told every message this rank sends."""
+
+    def __init__(self, group, params: dict, count=lambda nbytes: None):
+        self.group, self.params, self.count = group, params, count
+        self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.peers = neighbours(self.rank, self.world)
-        self.w, self.steps = ring_weight(self.world), 0
+        self.w = ring_weight(self.world)
         self.copies: dict[int, torch.Tensor] | None = None  # low precision: x^ of self and peers
 
-    def after_step(self) -> None:
-        self.steps += 1
-        if self.steps % self.params["period"] == 0:
-            self.round(trainable(self.par.parameters()))
-
     @torch.no_grad()
-    def round(self, params) -> None:
-        """One gossip round on `params` (also what tests call directly)."""
-        x = flat(params)
+    def round(self, x: torch.Tensor) -> torch.Tensor:
+        """x after one gossip round (every rank of the group calls it together)."""
         if self.params["low_precision"]:
-            x = self._choco(x)
-        else:
-            got = self._exchange([x])
-            mixed = self.w * (x + sum(g[0] for g in got.values()))
-            x = x + self.params["gamma"] * (mixed - x)
-        unflat(x, params)
+            return self._choco(x)
+        got = self._exchange([x])
+        mixed = self.w * (x + sum(g[0] for g in got.values()))
+        return x + self.params["gamma"] * (mixed - x)
 
     def _choco(self, x: torch.Tensor) -> torch.Tensor:
         chunk = self.params["chunk"]
@@ -107,12 +108,27 @@ class Gossip(SyncMethod):
         for r in self.peers:
             peer = dist.get_global_rank(self.group, r)
             for t in tensors:
-                self.counter.add("dp_replicate", "send_recv", self.world, tensor_bytes(t))
+                self.count(tensor_bytes(t))
                 ops.append(dist.P2POp(dist.isend, t, peer, self.group))
             ops += [dist.P2POp(dist.irecv, buf, peer, self.group) for buf in inbox[r]]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
         return inbox
+
+
+class Gossip(SyncMethod):
+    def __init__(self, par, params, counter):
+        super().__init__(par, params, counter)
+        self.ring = GossipRing(
+            self.group, params, lambda nbytes: counter.add("dp_replicate", "send_recv", self.world, nbytes)
+        )
+        self.steps = 0
+
+    def after_step(self) -> None:
+        self.steps += 1
+        if self.steps % self.params["period"] == 0:
+            params = trainable(self.par.parameters())
+            unflat(self.ring.round(flat(params)), params)
 
 
 def build(par, params, counter):
