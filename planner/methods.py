@@ -16,7 +16,7 @@ import math
 
 from meshplan import dp_methods, feasibility
 from meshplan.plan import MethodOption
-from meshplan.planner import comm_schedule, waves
+from meshplan.planner import comm_schedule, sync, waves
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.dp_cost import comm_bytes_per_step
 from meshplan.planner.layer_cost import CostTable
@@ -57,6 +57,8 @@ def best_method(
     A compressor changes only the once-per-step sync (and memory), so none beats max over ranks
     of (cost - sync): when that is already >= `worth_below_s` (the search's K-th best step) the
     compressors are not priced. Other axes' methods may change the per-microbatch costs too."""
+    if sync.auto_learners(cand):  # crossbow learners=0: its k picked on this split (planner/sync.py)
+        cand, sols, _ = sync.tune_learners(ctx, table, cand, sols)
     best = (max(s.cost_s for s in sols), cand, sols)
     scheduled = comm_schedule.composes(ctx, cand)
     if not ctx.request.allow and not scheduled:
@@ -71,7 +73,7 @@ def best_method(
     for alt in alternatives(ctx, cand):
         if hopeless and alt.method("compression")[0] != cand.method("compression")[0]:
             continue
-        alt_sols, ok = reprice(ctx, table, alt, sols)
+        alt, alt_sols, ok = sync.tune_learners(ctx, table, alt, sols)  # = reprice but crossbow's k
         step = max(s.cost_s for s in alt_sols)
         if ok and step < best[0]:
             best = (step, alt, alt_sols)
@@ -86,6 +88,8 @@ def method_options(ctx: Context, table: CostTable, chosen: Candidate, sols: list
         names = sorted({dp_methods.DEFAULTS[axis], chosen.method(axis)[0], *ctx.request.allow.get(axis, ())})
         if len(names) == 1 and names[0] == dp_methods.DEFAULTS[axis] and axis not in ctx.request.methods:
             continue
+        if axis == "offload":  # the report's offload trade shows every placement (report/offload_section.py)
+            names = sorted(dp_methods.names(axis))
         for name in names:
             params = chosen.method(axis)[1] if name == chosen.method(axis)[0] else dp_methods.defaults_of(axis, name)
             alt = chosen.with_method(axis, name, params)
@@ -97,7 +101,9 @@ def method_options(ctx: Context, table: CostTable, chosen: Candidate, sols: list
             if why:
                 out.append(option(feasible=False, note=why, chosen=False))
                 continue
-            alt_sols, ok = reprice(ctx, table, alt, sols)
+            alt, alt_sols, ok = sync.tune_learners(ctx, table, alt, sols)  # = reprice but crossbow's k
+            params = alt.method(axis)[1]
+            option = functools.partial(option, params=params, exact=row.exact_with(params))
             caveat = (
                 ""
                 if row.exact_with(params)

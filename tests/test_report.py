@@ -170,3 +170,45 @@ def test_rejected_sorted_and_escaped_in_html(tmp_path):
         if line.startswith("| tp=") or line.startswith("| pp=") or line.startswith("| microbatch=")
     ]
     assert rows[0].startswith("| tp=3 <odd>")  # most candidates first
+
+
+def test_offload_trade_shows_memory_saved_against_time_paid(tmp_path):
+    """With offload in play (pinned here) the planner prices none / cpu / nvme on the chosen split
+    and the report tabulates each one's peak memory and step time, what it saves and costs against
+    offload=none, its host<->device and disk bytes, and whether it fits."""
+    from planner_profiles import small_gpt
+
+    from meshplan.planner import PlanRequest, estimate
+    from meshplan.presets import cluster_preset
+    from meshplan.report import fmt
+    from meshplan.report.offload_section import offload_options, offload_rows
+
+    req = PlanRequest(
+        num_gpus=2,
+        global_batch=8,
+        precision="bf16",
+        tp=1,
+        pp=1,
+        dp=2,
+        microbatch=1,
+        zero=0,
+        methods={"offload": ("cpu", {})},
+    )
+    plan = estimate(small_gpt(2), cluster_preset("a100-80g", 2), req)
+    none, cpu, nvme = offload_options(plan)
+    assert [o.name for o in (none, cpu, nvme)] == ["none", "cpu", "nvme"] and cpu.chosen
+    assert nvme.peak_memory_bytes < none.peak_memory_bytes and cpu.peak_memory_bytes < none.peak_memory_bytes
+    assert none.step_time_s < cpu.step_time_s < nvme.step_time_s  # the host step, PCIe, then the disk
+    assert cpu.comm_bytes_per_step["host_device"] > 0 and nvme.comm_bytes_per_step["nvme"] > 0
+    md = write_report(plan, tmp_path) and (tmp_path / "report.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| **chosen** | **cpu**"))
+    saved = none.peak_memory_bytes - cpu.peak_memory_bytes
+    assert fmt.gib(saved) in row and fmt.seconds(cpu.step_time_s - none.step_time_s) in row
+    assert fmt.nbytes(cpu.comm_bytes_per_step["host_device"]) in row and row.endswith("**fits** |")
+    none.feasible = False  # had offload=none not fitted, its row says by how much
+    assert offload_rows(plan, 1.0)[0][-1] == f"does not fit: {fmt.gib(none.peak_memory_bytes)} > {fmt.gib(1.0)}"
+
+
+def test_no_offload_trade_where_the_planner_did_not_consider_offload(report):
+    _, _, md, _ = report
+    assert "Offload trade" not in md

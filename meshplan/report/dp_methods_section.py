@@ -10,6 +10,7 @@ from meshplan import dp_methods
 from meshplan.plan import MethodOption, Plan
 from meshplan.report import fmt
 from meshplan.report.document import Section, Table
+from meshplan.report.offload_section import offload_items
 from meshplan.report.summary import capacity_bytes
 from meshplan.run_result import RunResult
 
@@ -159,6 +160,7 @@ def dp_methods_section(plan: Plan, run: RunResult | None = None) -> Section:
     items: list = [methods_paragraph(plan)]
     if plan.prediction is not None and plan.prediction.dp_method_options:
         items += [options_table(plan), BYTES_NOTE + ' "vs chosen" is the step time over the chosen plan\'s.']
+        items += offload_items(plan, capacity_bytes(plan.prediction))  # the offload trade, if priced
     elif plan.prediction is not None:
         items.append(
             "No other method was priced: pin one (--compression, --sync, --comm-schedule, --offload, "
