@@ -260,6 +260,9 @@ class Plan:
     stages: list[list[str]]
     recompute: dict[str, str] = field(default_factory=dict)
     """Layer FQN -> "none" | "selective" | "full" (absent means "none")."""
+    recompute_num_layers: int = 1
+    """Megatron's `--recompute-method uniform --recompute-num-layers N` (--recompute full): blocks
+    checkpointed in chunks of N consecutive layers (planner/uniform_recompute.py); 1 = each block."""
     rank_placement: str = "pp,dp_replicate,dp_shard,cp,tp"
     """Mesh axis order, outermost first: tp is innermost, so TP groups are consecutive ranks."""
     prediction: Prediction | None = None
@@ -337,6 +340,7 @@ class Plan:
         check(not invalid, f"{p}layout", self.layout_label(), invalid[0] if invalid else "")
         for layer, mode in self.recompute.items():
             check(mode in RECOMPUTE, f"{p}recompute.{layer}", mode, "use none, selective or full")
+        check(self.recompute_num_layers >= 1, f"{p}recompute_num_layers", self.recompute_num_layers, "must be >= 1")
 
     def layout(self) -> feasibility.Layout:
         """The plan as the feasibility rules read it (meshplan/feasibility.py)."""

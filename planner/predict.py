@@ -167,6 +167,7 @@ def plan_of(ctx: Context, cand: Candidate, stages: list[list[int]], modes: dict[
         layers=names,
         stages=[[names[i] for i in stage] for stage in stages],
         recompute={names[i]: modes.get(i, "none") for i in range(len(names))},
+        recompute_num_layers=ctx.request.recompute_num_layers,
     )
     if ctx.seq != ctx.profile.model_config.get("seq", ctx.seq):
         plan.model_config["seq"] = ctx.seq

@@ -50,6 +50,20 @@ def _megatron_core_plan():
     )
 
 
+def _megatron_core_recompute_plan():
+    """A megatron-core plan with full recompute in chunks of 2 blocks (--recompute-num-layers 2)."""
+    plan = gpt_plan(pp=1, dp_replicate=8, tp=2, zero=1, num_microbatches=4, recompute="full")
+    return dataclasses.replace(
+        plan,
+        runtime="megatron-core",
+        recompute_num_layers=2,
+        runtime_behaviours=runtimes.request_behaviours("megatron-core", {}),
+    )
+
+
+MEGATRON_CORE_PLANS = {"megatron_core": _megatron_core_plan, "megatron_core_recompute_2": _megatron_core_recompute_plan}
+
+
 def _need(module: str, why: str = ""):
     try:
         with warnings.catch_warnings():
@@ -278,10 +292,10 @@ def _dest(flag: str) -> str | None:
     return MEGATRON_RENAMED.get(flag, flag[2:].replace("-", "_"))
 
 
-@pytest.mark.parametrize("name", ALL + ["megatron_core"])
+@pytest.mark.parametrize("name", ALL + list(MEGATRON_CORE_PLANS))
 def test_megatron_core_configs_accept_the_export(name):
     transformer, ddp, optimizer = _megatron_configs()
-    plan = _megatron_core_plan() if name == "megatron_core" else PLANS[name]()
+    plan = MEGATRON_CORE_PLANS[name]() if name in MEGATRON_CORE_PLANS else PLANS[name]()
     args = megatron_args(export_plan(plan, "megatron")["megatron_args.sh"])
     if name == "megatron_core":
         assert {"--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--fp8-format"} <= set(args)
@@ -313,6 +327,8 @@ def test_megatron_core_configs_accept_the_export(name):
         optimizer(**kw[optimizer])
     assert tc.tensor_model_parallel_size == plan.tensor_parallel_degree
     assert tc.recompute_granularity in (None, "full", "selective")
+    if name == "megatron_core_recompute_2":
+        assert (tc.recompute_method, tc.recompute_num_layers) == ("uniform", 2)
 
 
 def _typed(cls, dest: str, value):

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 from report_fixtures import flat_plan, gpt_plan, searched_plan, split, uneven_plan
 
+from meshplan import schema
 from meshplan.errors import MeshplanError
 from meshplan.plan import Plan
 from meshplan.report import EXPORT_TARGETS, export_plan
@@ -139,6 +140,23 @@ def test_megatron_expresses_even_interleaving_and_block_recompute():
     block.recompute = {f: "full" for stage in block.stages for f in [x for x in stage if x.startswith("layers.")][:2]}
     args = megatron_args(export_plan(block, "megatron")["megatron_args.sh"])
     assert (args["--recompute-method"], args["--recompute-num-layers"]) == ("block", "2")
+
+
+def test_megatron_carries_the_plans_recompute_num_layers(tmp_path):
+    """--recompute-num-layers N of a uniform full-recompute plan reaches the Megatron export, also
+    after a save and load; a plan written before the field existed loads with 1."""
+    plan = dataclasses.replace(gpt_plan(pp=1, blocks=8, recompute="full"), recompute_num_layers=4)
+    path = tmp_path / "plan.json"
+    schema.save(plan, path)
+    loaded = schema.load(Plan, path, "plan")
+    args = megatron_args(export_plan(loaded, "megatron")["megatron_args.sh"])
+    assert (args["--recompute-method"], args["--recompute-num-layers"]) == ("uniform", "4")
+    data = json.loads(path.read_text())
+    del data["recompute_num_layers"]
+    path.write_text(json.dumps(data))
+    old = schema.load(Plan, path, "plan")
+    assert old.recompute_num_layers == 1
+    assert megatron_args(export_plan(old, "megatron")["megatron_args.sh"])["--recompute-num-layers"] == "1"
 
 
 @pytest.mark.parametrize("name", list(PLANS))

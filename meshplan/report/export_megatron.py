@@ -69,7 +69,7 @@ def _recompute_flags(plan: Plan, warnings: list[str]) -> list[str]:
     if uniform == "selective":
         return ["--recompute-granularity", "selective"]
     if uniform == "full":
-        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+        return _recompute_flags_for("full", plan.recompute_num_layers)
     block = _block_recompute_layers(plan)
     if block is not None:
         return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", str(block)]
@@ -81,9 +81,18 @@ def _recompute_flags(plan: Plan, warnings: list[str]) -> list[str]:
     return _recompute_flags_for(strongest)
 
 
-def _recompute_flags_for(mode: str) -> list[str]:
+def _recompute_flags_for(mode: str, num_layers: int = 1) -> list[str]:
+    """Megatron's flags for one recompute mode on every block; full recompute checkpoints chunks of
+    `num_layers` blocks (the plan's recompute_num_layers, --recompute-method uniform)."""
     if mode == "full":
-        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+        return [
+            "--recompute-granularity",
+            "full",
+            "--recompute-method",
+            "uniform",
+            "--recompute-num-layers",
+            str(num_layers),
+        ]
     return ["--recompute-granularity", "selective"]
 
 
