@@ -159,7 +159,13 @@ class ModelProfile:
     """How many processes were busy while timing (ranks that will share the host)."""
     layers: list[LayerProfile]
     edges: list[list[str]] = field(default_factory=list)
-    """Graph edges [src_fqn, dst_fqn]; empty means the chain in list order."""
+    """Graph edges [src_fqn, dst_fqn]; empty means the chain in list order (layer i's
+    output_bytes cross the cut after it)."""
+    edge_tensors: list[dict[str, float]] = field(default_factory=list)
+    """Per edge, in the order of `edges`: the tensors it carries, value name -> bytes per sample
+    (a U-Net's skip from layer i to layer j is the edge i -> j with the skip's bytes). A cut
+    between layers k and k+1 sends every tensor of the edges spanning it, each once: the
+    pipeline's boundary bytes (planner/pipeline.boundary_bytes). Empty when `edges` is."""
     structure_hash: str = ""
     """models.identity.structure_hash of the profiled model (module classes, parameter and
     buffer FQNs/shapes/dtypes, tied groups); "" in profiles written before it existed."""
@@ -193,6 +199,12 @@ class ModelProfile:
         known = set(names)
         for i, (src, dst) in enumerate(self.edges):
             check(src in known and dst in known, f"{p}edges[{i}]", [src, dst], "edges must join known layers")
+        check(
+            len(self.edge_tensors) in (0, len(self.edges)),
+            f"{p}edge_tensors",
+            len(self.edge_tensors),
+            f"needs one entry per edge ({len(self.edges)}) or none",
+        )
 
     @property
     def layer_names(self) -> list[str]:
@@ -205,7 +217,8 @@ class ModelProfile:
         raise KeyError(name)
 
     def graph(self):
-        """networkx DiGraph of layers in execution order; node attributes are the LayerProfile.
+        """networkx DiGraph of layers in execution order; node attributes are the LayerProfile,
+        edge attributes `tensors` (value name -> bytes per sample) and their sum `bytes`.
         networkx is optional (`pip install 'meshplan[graph]'`): the planner reads the layer list
         as a chain and never builds the graph."""
         try:
@@ -216,6 +229,11 @@ class ModelProfile:
         g = nx.DiGraph()
         for order, layer in enumerate(self.layers):
             g.add_node(layer.name, order=order, layer=layer)
-        edges = self.edges or [[a.name, b.name] for a, b in zip(self.layers, self.layers[1:])]
-        g.add_edges_from((a, b) for a, b in edges)
+        if self.edges:
+            tensors = self.edge_tensors or [{} for _ in self.edges]
+            for (a, b), carried in zip(self.edges, tensors):
+                g.add_edge(a, b, tensors=dict(carried), bytes=sum(carried.values()))
+            return g
+        for a, b in zip(self.layers, self.layers[1:]):
+            g.add_edge(a.name, b.name, tensors={"output": a.output_bytes}, bytes=a.output_bytes)
         return g

@@ -1,14 +1,22 @@
 """Layers of a module whose forward is not a chain of its children, from its torch.fx graph.
 
-`fx_layers(module, inputs)` traces the module (torch.fx.symbolic_trace), then cuts the node list
-wherever exactly one value is live (the value just computed: nothing else computed earlier is
-used later), so a stage boundary there sends one tensor, and skip connections (a ResNet block's
-identity, a ViT block's residual) stay inside a layer. A segment without parameters is merged
-into the next one. Each layer is a GraphModule holding the user's own submodules and
-parameters under their original names. Returns None when the graph cannot be traced, gives fewer than two
-layers, or the chained layers do not reproduce `module(inputs)`.
-Not yet: cuts where several tensors are live (a U-Net's long skips), which need stage
-boundaries that send tuples; such models stay one layer.
+`fx_layers(module, inputs)` traces the module (torch.fx.symbolic_trace) and cuts its node list
+(1) wherever exactly one value is live (the value just computed: nothing computed earlier is
+used later), so skips inside a block (a ResNet block's identity, a ViT block's residual) stay
+inside a layer; and (2) between two of the user's modules ("units": a submodule, descending
+through nn.Sequential/ModuleList/ModuleDict containers that hold modules of their own) whatever
+is live there, as long as every live value is an activation tensor: a U-Net's long skips then
+cross the cut. A segment without parameters is merged into the next one.
+
+Each layer is a GraphModule holding the user's own submodules and parameters under their
+original names. Layer k takes the values live at the cut before it (one tensor, or several as
+positional arguments) and returns those live at the cut after it: one tensor, or a tuple of them
+in graph order. A skip spanning several layers is returned unchanged by each layer in between,
+so a pipeline stage boundary sends every tensor crossing it (executor/pipeline.py).
+`boundary_tensors` names, for each cut, the values crossing it with the layers producing and
+consuming them: the profile's graph edges (profiler/api.py).
+Returns None when the graph cannot be traced, gives fewer than two layers, or the chained layers
+do not reproduce `module(inputs)`.
 """
 
 from __future__ import annotations
@@ -22,31 +30,87 @@ def fx_layers(module: nn.Module, inputs: torch.Tensor) -> list[nn.Module] | None
     if gm is None:
         return None
     nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
-    if len([n for n in gm.graph.nodes if n.op == "placeholder"]) != 1 or not nodes:
+    output = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    if len([n for n in gm.graph.nodes if n.op == "placeholder"]) != 1 or not nodes or not isinstance(output, fx.Node):
         return None
-    partition = _partition(gm, nodes)
+    tensors = _tensor_values(gm, inputs)
+    if tensors is None:
+        return None
+    partition = _partition(gm, nodes, tensors)
     if len(set(partition.values())) < 2:
         return None
     try:
-        layers = [_segment(gm, [n for n in nodes if partition[n.name] == k]) for k in sorted(set(partition.values()))]
+        layers = _segments(gm, nodes, partition, output)
     except Exception:
         return None
     return layers if _reproduces(module, layers, inputs) else None
 
 
-def _segment(gm: fx.GraphModule, nodes: list[fx.Node]) -> fx.GraphModule:
-    """One layer: its nodes, reading the one value live before it (the first node's tensor input,
-    or the model input). GraphModule(root, graph) keeps the user's submodules under their names."""
+def _tensor_values(gm: fx.GraphModule, inputs: torch.Tensor) -> set[str] | None:
+    """Names of the nodes whose value is an activation tensor (run once on the example inputs)."""
+    found: set[str] = set()
+
+    class _Record(fx.Interpreter):
+        def run_node(self, n):
+            value = super().run_node(n)
+            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
+                found.add(n.name)
+            return value
+
+    try:
+        with torch.no_grad():
+            torch.manual_seed(0)
+            _Record(gm).run(inputs)
+    except Exception:
+        return None
+    return found
+
+
+def _segments(gm: fx.GraphModule, nodes: list[fx.Node], partition: dict[str, int], output: fx.Node) -> list:
+    """One GraphModule per layer; layer k reads the values live at the cut before it."""
+    index = {n: i for i, n in enumerate(nodes)}
+    last_use = {n: max((index.get(u, len(nodes)) for u in n.users), default=index[n]) for n in nodes}
+    groups = [[n for n in nodes if partition[n.name] == k] for k in sorted(set(partition.values()))]
+    layers, live_in = [], [next(n for n in gm.graph.nodes if n.op == "placeholder")]
+    for k, group in enumerate(groups):
+        end = index[group[-1]]
+        live_out = [n for n in nodes[: end + 1] if last_use[n] > end] if k < len(groups) - 1 else [output]
+        layers.append(_segment(gm, group, live_in, live_out))
+        live_in = live_out
+    return layers
+
+
+def _segment(gm: fx.GraphModule, nodes: list[fx.Node], live_in: list[fx.Node], live_out: list[fx.Node]):
+    """One layer: placeholders for the values live before it, its nodes, and the values live
+    after it as outputs (one tensor, or a tuple; skips pass through unchanged).
+    GraphModule(root, graph) keeps the user's submodules under their names. `fx_inputs`,
+    `fx_outputs` and `fx_uses` name the values it reads, returns and itself consumes."""
     graph, env = fx.Graph(), {}
-    inside = set(nodes)
-    outer = [a for n in nodes for a in n.all_input_nodes if a not in inside]
-    x = graph.placeholder("x")
-    for value in outer:  # only the one live tensor comes from outside (see _partition)
-        env[value] = x
+    for value in live_in:
+        env[value] = graph.placeholder(value.name)
     for node in nodes:
         env[node] = graph.node_copy(node, lambda a: env[a])
-    graph.output(env[nodes[-1]])
-    return fx.GraphModule(gm, graph, class_name="FxLayer")
+    graph.output(env[live_out[0]] if len(live_out) == 1 else tuple(env[v] for v in live_out))
+    layer = fx.GraphModule(gm, graph, class_name="FxLayer")
+    inside = set(nodes)
+    layer.fx_inputs = tuple(v.name for v in live_in)
+    layer.fx_outputs = tuple(v.name for v in live_out)
+    layer.fx_uses = tuple(v.name for v in live_in if any(u in inside for u in v.users))
+    return layer
+
+
+def graph_edges(layers: list[nn.Module]) -> list[tuple[int, int, str, int]]:
+    """(producer layer, consumer layer, value name, position in the producer's outputs) of every
+    value crossing a cut: a skip from layer i to layer j is the edge (i, j), whatever passes it on."""
+    producer: dict[str, tuple[int, int]] = {}
+    edges = []
+    for k, layer in enumerate(layers):
+        for name in getattr(layer, "fx_uses", ()):
+            if name in producer:
+                edges.append((producer[name][0], k, name, producer[name][1]))
+        for pos, name in enumerate(getattr(layer, "fx_outputs", ())):
+            producer.setdefault(name, (k, pos))
+    return edges
 
 
 class _Tracer(fx.Tracer):
@@ -87,23 +151,42 @@ def _untraceable(module: nn.Module, leaves: set[nn.Module]) -> nn.Module | None:
     return None
 
 
-def _partition(gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[str, int]:
-    """Node name -> layer index: cut after node i when it is the only value live past it."""
+def _partition(gm: fx.GraphModule, nodes: list[fx.Node], tensors: set[str]) -> dict[str, int]:
+    """Node name -> layer index: cut after node i when it is the only value live past it, or
+    when node i + 1 starts another unit and every value live past i is an activation tensor."""
     index = {n: i for i, n in enumerate(nodes)}
     last_use = {n: max((index.get(u, len(nodes)) for u in n.users), default=index[n]) for n in nodes}
     placeholder = next(n for n in gm.graph.nodes if n.op == "placeholder")
     first_input_use = max((index.get(u, len(nodes)) for u in placeholder.users), default=-1)
+    units = [_unit(gm, n) for n in nodes]
     current, has_params, out = 0, False, {}
     for i, node in enumerate(nodes):
         out[node.name] = current
         has_params |= node.op in ("call_module", "get_attr") and _has_params(gm, node)
+        if not has_params or i == len(nodes) - 1 or first_input_use > i:
+            continue
         live = [n for n in nodes[: i + 1] if last_use[n] > i]
-        if has_params and i < len(nodes) - 1 and first_input_use <= i and live == [node]:
+        activations = all(n.name in tensors and n.op != "get_attr" for n in live)
+        if activations and (live == [node] or units[i] != units[i + 1]):
             current, has_params = current + 1, False
     last = out[nodes[-1].name]
     if not has_params and last > 0:  # a trailing parameter-free segment joins the previous one
         out = {k: (v if v < last else last - 1) for k, v in out.items()}
     return out
+
+
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+def _unit(gm: fx.GraphModule, node: fx.Node) -> str:
+    """The user's module a node runs in: the outermost submodule on its module stack that is not
+    a container of modules with children of their own ("" for ops of the top-level forward)."""
+    for path in (node.meta.get("nn_module_stack") or {}).keys():
+        module = gm.get_submodule(path) if path else gm
+        inner = isinstance(module, _CONTAINERS) and any(any(True for _ in c.children()) for c in module.children())
+        if not inner:
+            return path
+    return ""
 
 
 def _has_params(gm: fx.GraphModule, node: fx.Node) -> bool:
@@ -128,7 +211,7 @@ def _reproduces(module: nn.Module, layers: list[nn.Module], inputs: torch.Tensor
         torch.manual_seed(0)  # dropout draws the same masks in the same op order
         x = inputs
         for layer in layers:
-            x = layer(x)
+            x = layer(*x) if isinstance(x, tuple) else layer(x)
         return isinstance(x, torch.Tensor) and x.shape == expected.shape and torch.allclose(x, expected)
     except Exception:
         return False

@@ -9,8 +9,9 @@ split into its layers (models/hf_layers.py). Otherwise the module's top-level ch
 layers when running them in order reproduces `module(inputs)` (always for an nn.Sequential, or any
 module whose forward is such a chain); if not, layers are cut from its torch.fx graph wherever one
 tensor is live (models/fx_layers.py: torchvision-style ResNet/ViT blocks, skips kept inside a
-layer); failing that, the whole module is one layer. Every failure is one
-MeshplanError line naming the file, factory or layer and the fix.
+layer) and between the user's submodules, whatever crosses there (a U-Net's long skips: layers
+then take and return tuples of the crossing tensors); failing that, the whole module is one
+layer. Every failure is one MeshplanError line naming the file, factory or layer and the fix.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 from torch import nn
 
 from meshplan.errors import MeshplanError
-from meshplan.models.fx_layers import fx_layers
+from meshplan.models.fx_layers import fx_layers, graph_edges
 from meshplan.models.identity import retie, tied_groups
 from meshplan.models.user_inputs import DictInputs, OutputTensor, pack
 from meshplan.models.zoo.base import LayeredModel
@@ -241,6 +242,19 @@ def _is_chain(module: nn.Module, children: list[nn.Module], inputs: torch.Tensor
         return False
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the gradient contiguous: the gradient of a skip that enters
+    a torch.cat is a strided slice, and gloo sends and receives only contiguous tensors."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
 class UserModel(LayeredModel):
     """A user's module as layers "layers.0".."layers.N-1" (no embed/head)."""
 
@@ -251,6 +265,26 @@ class UserModel(LayeredModel):
         self._inputs, self._targets = inputs.detach().cpu(), None if targets is None else targets.detach().cpu()
         self.chained = chained
         """True when the module's top-level children were split into layers."""
+        edges = graph_edges(layers)  # read now: a GraphModule's deepcopy drops its fx_* attributes
+        wide = any(len(getattr(layer, "fx_outputs", ())) > 1 for layer in layers)
+        self._edges = edges if wide or any(dst != src + 1 for src, dst, _, _ in edges) else []
+
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        """The layers in order; a layer cut from the fx graph may take and return a tuple of the
+        tensors crossing its cuts (models/fx_layers.py). A pipeline stage holding some of the
+        layers receives the crossing tensors as positional arguments and returns its last
+        layer's output, so every tensor crossing a stage boundary is sent."""
+        if self._edges:  # a stage's inputs: torch.distributed.pipelining receives their gradients
+            xs = tuple(_ContiguousGrad.apply(t) if t.requires_grad else t for t in xs)
+        x = xs[0] if len(xs) == 1 else xs
+        for layer in self.layers.values():
+            x = layer(*x) if isinstance(x, tuple) else layer(x)
+        return x
+
+    def graph_edges(self) -> list[tuple[int, int, str, int]]:
+        """(producer, consumer, value, position) of the tensors crossing the cuts between layers
+        cut from the fx graph (models.fx_layers.graph_edges); [] for a chain."""
+        return list(self._edges)
 
     @property
     def seq_len(self) -> int:

@@ -19,6 +19,7 @@ memory, and the bytes it puts on the wire.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -42,6 +43,24 @@ _STATE = {"torch": (4, 4, 8), "megatron": (2, 4, 12), "zero": (2, 2, 12)}
 
 def state_bytes(ctx: Context) -> tuple[int, int, int]:
     return _STATE[ctx.request.state_layout]
+
+
+def trainable(layer: LayerProfile) -> LayerProfile:
+    """The layer as its gradients see it: frozen parameters (requires_grad=False) are weights
+    only: no gradient, no optimizer state, no gradient traffic (DDP buckets, FSDP2's
+    reduce-scatter and ZeroRedundancyOptimizer's broadcasts skip them); param_shapes already
+    lists only the trainable ones. The layer itself when nothing in it is frozen."""
+    if not layer.num_frozen_params:
+        return layer
+    return dataclasses.replace(layer, num_params=layer.num_params - layer.num_frozen_params, num_frozen_params=0)
+
+
+def gathered_elems(layer: LayerProfile, split: int, shard: int) -> int:
+    """One rank's FSDP2 shard of all of a layer's weights, frozen ones too (each gathered for
+    forward): the trainable ones by their shapes (padded_shard_elems), the frozen as one flat
+    tensor (their shapes are not profiled)."""
+    frozen = math.ceil(layer.num_frozen_params / split / shard) if layer.num_frozen_params else 0
+    return padded_shard_elems(trainable(layer), split, shard) + frozen
 
 
 def fsdp_width(ctx: Context) -> int:
@@ -114,16 +133,19 @@ class DataParallelCost:
     # --- per layer ------------------------------------------------------------------------
     def layer(self, layer: LayerProfile, split: int, b: int, m: int) -> LayerDP:
         local = layer.num_params / split
+        train = trainable(layer)  # frozen parameters: weights only
+        grad_local = train.num_params / split
         w, g, o = state_bytes(self.ctx)
         weights = local * w / (self.shard if self.zero >= 3 else 1)
         if self.zero == 2 and self.shard > 1:
             weights += local * 2  # FSDP2 ZeRO-2: the gathered bf16 weights stay from forward to backward
-        grads = local * g / (self.shard if self.zero >= 2 else 1) + local * self._ddp_bucket_bytes_per_param()
+        grads = grad_local * g / (self.shard if self.zero >= 2 else 1) + grad_local * self._ddp_bucket_bytes_per_param()
         if self.zero >= 2 and self.shard > 1 and m > 1 and self.ctx.request.state_layout == "torch":
-            grads += local * g  # unsharded fp32 gradients accumulated across microbatches
-        optim = local * o / (self.dp if self.zero == 1 else self.shard)
+            grads += grad_local * g  # unsharded fp32 gradients accumulated across microbatches
+        optim = grad_local * o / (self.dp if self.zero == 1 else self.shard)
         weights, grads, optim = self.offload_cost.state_bytes(local, weights, grads, optim)  # planner/offload.py
         comm, measured = self._fsdp_comm_s(layer, split, local, b, m)
+        layer = train  # what follows is gradient traffic and its compression
         zero01 = self.zero <= 1 and self.replicas > 1
         if zero01 and self.sync.replaces_ddp:  # planner/sync.py: copies, buffers, Crossbow's learners
             weights += self.sync.state_bytes(local)
@@ -166,8 +188,11 @@ class DataParallelCost:
         if self.zero < 2 or self.shard <= 1:
             return 0.0, False
         ctx, width = self.ctx, fsdp_width(self.ctx)
-        scatter = collective_s(ctx.cluster, "reduce_scatter", self.shard, local * width, self.shard_tier)
-        scatter += collective_s(ctx.cluster, "all_reduce", self.replicas, local * width / self.shard, self.replica_tier)
+        grad_local = trainable(layer).num_params / split  # frozen weights are gathered, never reduced
+        scatter = collective_s(ctx.cluster, "reduce_scatter", self.shard, grad_local * width, self.shard_tier)
+        scatter += collective_s(
+            ctx.cluster, "all_reduce", self.replicas, grad_local * width / self.shard, self.replica_tier
+        )
         offload = self._offload_s(local) if self.offload else 0.0
         fw = layer.framework_overhead_s if ctx.measured else {}
         measured = in_place_overhead_s(fw, f"zero3@{self.shard}", b) if self.zero == 3 and fw else None
@@ -246,6 +271,8 @@ class DataParallelCost:
         (meshplan/comm_bytes.py; steady state: after PowerSGD's start iterations)."""
         out: dict[str, Fraction] = {}
         m = self.cand.num_microbatches
+        gathered = layers  # frozen weights are gathered (ZeRO-2/3) but have no gradient traffic
+        layers = [(trainable(lp), s) for lp, s in layers]
         if self.zero <= 1 and self.replicas > 1:
             payload = sum(self.compressor.payload_bytes(lp, s) for lp, s in layers)
             out["dp_replicate"] = wire_bytes(self.compressor.collective, self.replicas, payload)
@@ -256,7 +283,8 @@ class DataParallelCost:
         elif self.zero >= 2 and self.shard > 1:
             width, gathers = fsdp_width(self.ctx), (2 if self.zero == 3 else 1) * m
             shard_bytes = sum(width * padded_shard_elems(lp, s, self.shard) for lp, s in layers)
-            out["dp_shard"] = gathers * wire_bytes("all_gather", self.shard, shard_bytes) + wire_bytes(
+            gather_bytes = sum(width * gathered_elems(lp, s, self.shard) for lp, s in gathered)
+            out["dp_shard"] = gathers * wire_bytes("all_gather", self.shard, gather_bytes) + wire_bytes(
                 "reduce_scatter", self.shard, self.shard * shard_bytes
             )
             if self.replicas > 1:

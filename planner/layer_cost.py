@@ -233,7 +233,8 @@ def layer_cost(
     """Time and saved bytes of one microbatch of `layer` per recompute mode, and its state bytes."""
     b = cand.microbatch
     base = base or base_cost(ctx, layer, b, cand.tp, cand.sequence_parallel, cand.cp)
-    split, local = base.split, layer.num_params / base.split
+    split = base.split
+    local = (layer.num_params - layer.num_frozen_params) / split  # frozen: no sync, no optimizer step
     dp_hidden = ctx.cluster.calibration.dp_overlap if ctx.request.overlap_dp_comm else 0.0
     data = (dp_cost or DataParallelCost(ctx, cand)).layer(layer, split, b, num_microbatches(ctx, b, cand.dp))
     _, fsdp_wrap, opt_wrap = wrapper_overheads_s(

@@ -8,7 +8,9 @@ In-flight microbatches whose activations a rank holds (Korthikanti et al. 2022 S
 GPipe m; 1F1B rank i holds min(p - i, m); interleaved rank i runs (v-1)p + 2(p-1-i) + 1 chunk-
 microbatches before its first backward (Megatron-LM / torch Interleaved1F1B warm-up), i.e.
 `p (1 + (p-1)/(p v))` microbatches' worth on rank 0 — Korthikanti's interleaving factor.
-Pipeline p2p: the boundary activation `bsh`, `bsh/t` with the scatter/gather optimisation.
+Pipeline p2p: the boundary activation `bsh`, `bsh/t` with the scatter/gather optimisation; for
+a model cut from its graph, every tensor crossing the boundary (crossing_bytes: a skip that
+spans several stages is sent across each boundary in between).
 Data parallel: the candidate's cost object (dp_cost.py) prices the once-per-step gradient sync;
 clipping's global-norm all-reduces (grad_norm_sync_s). Optimizer: Adam is memory-bound — OPTIMIZER_BYTES_PER_PARAM over the HBM
 bandwidth.
@@ -16,6 +18,7 @@ bandwidth.
 
 from __future__ import annotations
 
+from meshplan.model_profile import ModelProfile
 from meshplan.planner.comm import collective_s, group_tier, p2p_s
 from meshplan.planner.context import Candidate, Context, optimizer_call_measured_s
 from meshplan.planner.dp_cost import DDP_BUCKET_BYTES, DataParallelCost
@@ -50,6 +53,40 @@ def in_flight(cand: Candidate, rank: int) -> float:
     if v == 1:
         return float(min(p - rank, m))
     return min((v - 1) * p + 2 * (p - 1 - rank) + 1, m * v) / v
+
+
+_CROSSING: list = [None, []]
+"""The last profile's crossing bytes per cut (the profile object, the list): boundary_bytes is
+asked per rank and candidate, the graph walk is done once per profile."""
+
+
+def crossing_bytes(profile: ModelProfile) -> list[float]:
+    """Bytes per sample sent across the cut after each layer (the last: what leaves the model).
+
+    A chain (no `edges`): layer k's output_bytes. A graph (layers cut from the fx graph with
+    several tensors crossing a cut, models/fx_layers.py): every tensor of every edge i -> j with
+    i <= k < j, each tensor once (a skip spanning several cuts is sent across each of them;
+    ModelProfile.edge_tensors)."""
+    if _CROSSING[0] is profile:
+        return _CROSSING[1]
+    layers = profile.layers
+    out = [lp.output_bytes for lp in layers]
+    if profile.edges and profile.edge_tensors:
+        order = {lp.name: i for i, lp in enumerate(layers)}
+        spans = [(order[a], order[b], t) for (a, b), t in zip(profile.edges, profile.edge_tensors)]
+        for k in range(len(layers) - 1):
+            crossing: dict[str, float] = {}
+            for src, dst, tensors in spans:
+                if src <= k < dst:
+                    crossing.update(tensors)
+            out[k] = sum(crossing.values())
+    _CROSSING[:] = [profile, out]
+    return out
+
+
+def boundary_bytes(ctx: Context, after: int) -> float:
+    """Per-sample bytes a pipeline boundary after layer index `after` sends (crossing_bytes)."""
+    return crossing_bytes(ctx.profile)[after]
 
 
 def p2p_per_microbatch_s(ctx: Context, cand: Candidate, boundary_bytes: float) -> float:

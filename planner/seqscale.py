@@ -49,5 +49,6 @@ def with_seq_len(profile: ModelProfile, seq: int | None) -> ModelProfile:
         seq_len=seq,
         layers=layers,
         forward_flops_per_sample=sum(lp.forward_flops for lp in layers),
+        edge_tensors=[{k: v * seq / profile.seq_len for k, v in t.items()} for t in profile.edge_tensors],
         notes=profile.notes + [f"planner rescaled seq_len {profile.seq_len} -> {seq} analytically"],
     )

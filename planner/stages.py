@@ -19,6 +19,7 @@ from meshplan.planner.dp_cost import DataParallelCost
 from meshplan.planner.layer_cost import LayerCost
 from meshplan.planner.memory import stage_buffer_bytes
 from meshplan.planner.pipeline import (
+    boundary_bytes,
     bubble_factor,
     in_flight,
     last_bucket_params,
@@ -123,7 +124,8 @@ class RankModel:
         receives and the one it sends (send and receive run concurrently)."""
         if self.cand.pp == 1 or not layers:
             return 0.0
-        lps = self.ctx.layers
-        out_b = lps[layers[-1]].output_bytes if rank < self.cand.pp - 1 else 0.0
-        in_b = lps[layers[0]].input_bytes if rank > 0 else 0.0
+        lps, graph = self.ctx.layers, bool(self.ctx.profile.edges)  # graph: every tensor crossing
+        out_b = boundary_bytes(self.ctx, layers[-1]) if graph else lps[layers[-1]].output_bytes
+        in_b = boundary_bytes(self.ctx, layers[0] - 1) if graph else lps[layers[0]].input_bytes
+        out_b, in_b = (out_b if rank < self.cand.pp - 1 else 0.0), (in_b if rank > 0 else 0.0)
         return p2p_per_microbatch_s(self.ctx, self.cand, max(out_b, in_b))

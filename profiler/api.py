@@ -49,6 +49,7 @@ def profile_model(
     check_device(device)
     _check_timing_args(microbatch_sizes, concurrent)
     layered = load_model(model, overrides, _build_device(model))
+    _check_timeable(layered, model, device)
     analysis = analyse_model(layered, model, progress=progress)
     if not _buildable_on_meta(model):  # user factory: its --set keys rebuild it (executor)
         analysis.profile.model_config = dict(overrides or {})
@@ -110,13 +111,52 @@ def analyse_model(model: LayeredModel, model_name: str, progress: bool = False) 
         key = _signature(module, x)
         if key not in seen:
             seen[key] = fqn
-            analysis.inputs[fqn] = InputSpec(tuple(x.shape), str(x.dtype), first=i == 0)
+            analysis.inputs[fqn] = _input_spec(x, first=i == 0)
             analysis.captures[fqn] = _capture(fqn, module, x, fake_mode, rules[fqn])
         rep = analysis.rep_of[fqn] = seen[key]
         layers.append(_layer_profile(fqn, module, analysis.captures[rep], rules[fqn], counted))
         x = analysis.captures[rep].output
     analysis.profile = _model_profile(model, model_name, layers, _reuse_notes(model, seen.values()))
+    _graph_edges(analysis.profile, model, analysis)
     return analysis
+
+
+def _graph_edges(profile: ModelProfile, model: LayeredModel, analysis: Analysis) -> None:
+    """The profile's edges where layers were cut from the fx graph with several tensors crossing
+    a cut (models/fx_layers.py): one edge per (producer, consumer) pair of layers, carrying each
+    tensor's bytes per sample as the producer's fake output holds it (a skip from layer i to
+    layer j is the edge i -> j, whatever layers pass it on). A chain keeps no edges."""
+    found = model.graph_edges() if hasattr(model, "graph_edges") else []
+    names = model.layer_names()
+    merged: dict[tuple[str, str], dict[str, float]] = {}
+    for src, dst, value, pos in found:
+        out = analysis.captures[analysis.rep_of[names[src]]].output
+        tensor = out[pos] if isinstance(out, tuple) else out
+        merged.setdefault((names[src], names[dst]), {})[value] = float(tensor.numel() * tensor.element_size())
+    profile.edges = [[a, b] for a, b in merged]
+    profile.edge_tensors = list(merged.values())
+
+
+def _input_spec(x: torch.Tensor | tuple, first: bool) -> InputSpec:
+    """A layer's per-sample input (its first tensor where it takes several: such profiles are
+    not timed, _check_timeable)."""
+    x = _first(x)
+    return InputSpec(tuple(x.shape), str(x.dtype), first=first)
+
+
+def _check_timeable(model: LayeredModel, spec: str, device: str) -> None:
+    """Timing runs each layer on one input tensor (profiler/runner.py): refuse a model whose
+    layers take several (skips crossing layers, models/fx_layers.py) instead of failing there."""
+    if device != "meta" and hasattr(model, "graph_edges") and model.graph_edges():
+        raise MeshplanError(
+            f"--device {device}: {spec} has layers that take several tensors (skips crossing "
+            "layers) and timing them is not supported yet; profile with --device meta (the "
+            "planner then prices its layers from FLOPs and bytes)"
+        )
+
+
+def _first(x: torch.Tensor | tuple) -> torch.Tensor:
+    return x[0] if isinstance(x, tuple) else x
 
 
 def _capture(fqn: str, module: torch.nn.Module, x: torch.Tensor, fake_mode: FakeTensorMode, rule) -> LayerCapture:
@@ -127,7 +167,7 @@ def _capture(fqn: str, module: torch.nn.Module, x: torch.Tensor, fake_mode: Fake
         if "DataDependent" not in type(exc).__name__:  # a shape or type error, as on real tensors
             raise MeshplanError(
                 f"layer {fqn} ({type(module).__name__}) fails on its input of shape "
-                f"{list(x.shape)}: {type(exc).__name__}: {first}; check the model's "
+                f"{list(_first(x).shape)}: {type(exc).__name__}: {first}; check the model's "
                 "shapes (--set) or the layer's forward"
             ) from None
         raise MeshplanError(
@@ -135,7 +175,7 @@ def _capture(fqn: str, module: torch.nn.Module, x: torch.Tensor, fake_mode: Fake
             f"{type(exc).__name__}: {first}; avoid data-dependent ops (.item(), nonzero, "
             "boolean-mask indexing, branching on values) in its forward"
         ) from None
-    extra, shapes = expert_flops(module, int(x.shape[1]) if x.dim() >= 3 else 1)  # routed experts
+    extra, shapes = expert_flops(module, int(x.shape[1]) if not isinstance(x, tuple) and x.dim() >= 3 else 1)
     cap.forward_flops += extra
     cap.backward_flops += 2 * extra
     cap.gemm_shapes += shapes
@@ -174,6 +214,8 @@ def _signature(module: torch.nn.Module, x: torch.Tensor) -> tuple:
     """Layers with equal signatures cost the same: class, structure (repr: strides, eps, ...),
     parameter shapes/dtypes and input shape."""
     params = tuple((n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters())
+    if isinstance(x, tuple):  # several crossing tensors (models/fx_layers.py)
+        return type(module).__qualname__, repr(module), params, tuple((tuple(t.shape), str(t.dtype)) for t in x)
     return type(module).__qualname__, repr(module), params, tuple(x.shape), str(x.dtype)
 
 

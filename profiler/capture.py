@@ -45,7 +45,8 @@ class LayerCapture:
     largest_saved: tuple[int, str] = (0, "")
     """(bytes, dtype) of the largest single saved storage."""
     output: object = None
-    """The fake output tensor (detached), the next layer's input."""
+    """The fake output tensor (detached), the next layer's input; a tuple for a layer returning
+    the several tensors crossing its cut."""
 
 
 class _OpTracker(TorchDispatchMode):
@@ -168,7 +169,7 @@ class _SavedTensors:
         return max(((n, d) for n, _, d in self.saved.values()), default=(0, ""))
 
 
-def capture_layer(layer: nn.Module, x: torch.Tensor, fake_mode, rule=None) -> LayerCapture:
+def capture_layer(layer: nn.Module, x: torch.Tensor | tuple, fake_mode, rule=None) -> LayerCapture:
     """Run a fake `layer` on fake input `x` forward and backward; see the module docstring.
     `rule` (the layer's TPRule) tells which saved bytes tensor parallelism would not split."""
     register_cpu_attention_formulas()
@@ -177,14 +178,13 @@ def capture_layer(layer: nn.Module, x: torch.Tensor, fake_mode, rule=None) -> La
     handles = saved.track_modules(layer)
     with fake_mode, FlopCounterMode(display=False) as flops, tracker:
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
-            y = layer(x)
+            y = layer(*x) if isinstance(x, tuple) else layer(x)
         for handle in handles:
             handle.remove()
         forward_flops, core_flops = flops.get_total_flops(), _core_flops(flops)
         tracker.record_gemms = False
-        if y.requires_grad:
-            y.backward(torch.ones_like(y))
-        out = y.detach().requires_grad_(y.is_floating_point())
+        _backward(y)
+        out = _detached(y)
     dropped = saved.attention_core_only_bytes()
     return LayerCapture(
         forward_flops=float(forward_flops),
@@ -194,7 +194,7 @@ def capture_layer(layer: nn.Module, x: torch.Tensor, fake_mode, rule=None) -> La
         recompute_flops_selective=float(core_flops if dropped else 0),
         tp_replicated_bytes=saved.replicated_bytes(rule),
         input_bytes=_nbytes(x),
-        output_bytes=_nbytes(y),
+        output_bytes=_nbytes(y),  # a tuple of crossing tensors (models/fx_layers.py): their sum
         gemm_shapes=tracker.gemm_shapes,
         saved_bytes_by_dtype=saved.by_dtype(),
         largest_saved=saved.largest(),
@@ -213,5 +213,23 @@ def _core_flops(counter: FlopCounterMode) -> int:
     return sum(n for op, n in counter.get_flop_counts().get("Global", {}).items() if op in packets)
 
 
-def _nbytes(t: torch.Tensor) -> int:
+def _nbytes(t: torch.Tensor | tuple) -> int:
+    if isinstance(t, tuple):
+        return sum(_nbytes(v) for v in t)
     return t.numel() * t.element_size()
+
+
+def _backward(y: torch.Tensor | tuple) -> None:
+    """Backward from every output that needs a gradient, each with a gradient of ones (a
+    layer cut from the fx graph returns the tuple of tensors crossing its cut; a skip it only
+    passes on is a leaf: its gradient lands there and nothing else runs)."""
+    outs = [t for t in (y if isinstance(y, tuple) else (y,)) if t.requires_grad]
+    if outs:
+        torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+
+
+def _detached(y: torch.Tensor | tuple) -> torch.Tensor | tuple:
+    """The next layer's fake input(s): detached, floating-point ones requiring grad."""
+    if isinstance(y, tuple):
+        return tuple(_detached(t) for t in y)
+    return y.detach().requires_grad_(y.is_floating_point())

@@ -35,6 +35,8 @@ FIXTURES = Path(__file__).parent / "fixtures" / "user_models"
 ANY = f"{FIXTURES / 'any_models.py'}"
 STEPS, LR, CLIP, REL_TOL = 3, 0.5, 1.0, 1e-4
 TP_SP, PP = dict(tp=2, sp=True), dict(pp=2, microbatches=2)
+PP_V2 = dict(pp=2, virtual=2, schedule="Interleaved1F1B", microbatches=2)
+"""Four stages on two ranks: a long skip is sent across every stage boundary it spans."""
 
 
 @dataclass
@@ -48,7 +50,8 @@ class Case:
     """False: no layer TP splits (the planner must not choose tp > 1; pinning it is refused)."""
     num_layers: int = 0
     """Layers the profile must find (0: not checked); torchvision-style models are cut from
-    their torch.fx graph where one tensor is live, skips kept inside a layer."""
+    their torch.fx graph where one tensor is live (skips inside a block stay in its layer) and
+    between their modules, with every tensor crossing there (a U-Net's long skips)."""
 
 
 CASES = {
@@ -67,13 +70,20 @@ CASES = {
     "resnet": Case(f"{ANY}:resnet", 11_122, {"dp": dict(dp=2), "pp": PP}, tp_rules=False, num_layers=7),
     "vit": Case(f"{ANY}:vit", 19_626, {"dp": dict(dp=2), "pp": PP}, tp_rules=False, num_layers=6),
     "unet_long_skips": Case(
-        f"{ANY}:unet", 7_473, {"zero3": dict(dp_shard=2, zero=3), "pp": PP}, tp_rules=False, num_layers=3
+        f"{ANY}:unet",
+        7_473,
+        {"zero3": dict(dp_shard=2, zero=3), "pp": PP, "pp_v2": PP_V2},
+        tp_rules=False,
+        num_layers=7,
     ),
+    "resnet_long_skips": Case(f"{ANY}:resnet_long_skips", 15_794, {"pp": PP}, tp_rules=False, num_layers=8),
     "dict_inputs": Case(f"{ANY}:dict_inputs", 643, {"dp": dict(dp=2)}, tp_rules=False),
     "hf_dict_labels": Case(f"{ANY}:hf_dict_labels", 26_784, {"dp": dict(dp=2)}, tp_rules=False),
     "hf_raw_on_meta": Case(f"{ANY}:hf_raw", 26_784, {"pp": PP, "tp_sp": TP_SP}),
     "tied_sequential": Case(f"{FIXTURES / 'tied.py'}:build", 4_288, {"pp": PP, "dp": dict(dp=2)}, tp_rules=False),
-    "frozen_backbone": Case(f"{ANY}:frozen_backbone", 1_732, {"pp": PP, "dp": dict(dp=2)}, tp_rules=False),
+    "frozen_backbone": Case(
+        f"{ANY}:frozen_backbone", 1_732, {"pp": PP, "dp": dict(dp=2), "zero2": dict(dp_shard=2, zero=2)}, tp_rules=False
+    ),
 }
 
 
@@ -238,3 +248,96 @@ def test_layers_come_from_the_graph_not_two_random_passes():
     assert names == {n for n, _ in module.named_parameters()}
     with torch.no_grad():
         torch.testing.assert_close(model(x), module(x))
+
+
+def _edge_bytes(profile) -> dict[tuple[int, int], float]:
+    g = profile.graph()
+    return {(int(a.split(".")[1]), int(b.split(".")[1])): nbytes for a, b, nbytes in g.edges(data="bytes")}
+
+
+BF16 = 2
+UNET_E1, UNET_E2, UNET_MID = 8 * 16 * 16 * BF16, 16 * 8 * 8 * BF16, 16 * 4 * 4 * BF16
+"""The U-Net fixture's tensors per sample (c = 8 on 16 x 16 images; bf16 profile): enc1's output
+(the long skip to the last layer), enc2's (the skip into dec2), the bottleneck's."""
+
+
+def test_graph_edges_are_the_skips_with_their_bytes():
+    """The U-Net's profile graph holds its real edges: enc1's output goes from layer 1 to the last
+    layer, enc2's from layer 1 to dec2's layer 4, each with its tensor bytes; each cut sends every
+    tensor crossing it once, and a layer's output bytes are that sum."""
+    from meshplan.planner.pipeline import crossing_bytes
+
+    profile = profile_model(f"{ANY}:unet")
+    assert _edge_bytes(profile) == {
+        (0, 1): UNET_E1,  # enc1's conv, before its ReLU
+        (1, 2): UNET_E2,
+        (1, 4): UNET_E2,  # skip: enc2 -> dec2
+        (1, 6): UNET_E1,  # skip: enc1 -> dec1, across five cuts
+        (2, 3): UNET_MID,
+        (3, 4): UNET_E2,  # up2: 16 channels at 8 x 8, like enc2
+        (4, 5): UNET_E2 // 2,  # dec2: 8 channels at 8 x 8
+        (5, 6): UNET_E1,  # up1
+    }
+    crossing = crossing_bytes(profile)
+    assert crossing[:6] == [UNET_E1, UNET_E1 + UNET_E2, UNET_E1 + UNET_E2 + UNET_MID, UNET_E1 + 2 * UNET_E2,
+                            UNET_E1 + UNET_E2 // 2, 2 * UNET_E1]  # fmt: skip
+    assert crossing[:6] == [lp.output_bytes for lp in profile.layers[:6]]
+
+
+def test_pipeline_boundary_crossed_by_a_skip_is_priced_with_every_tensor():
+    """The planner's p2p for a stage boundary after the U-Net's layer 3 sends up2's output and
+    both skips (enc1 and enc2), not one activation; a chain profile keeps its one tensor."""
+    from meshplan.planner.context import Candidate, Context
+    from meshplan.planner.pipeline import p2p_per_microbatch_s
+    from meshplan.planner.request import PlanRequest
+    from meshplan.planner.stages import RankModel
+    from meshplan.presets import local_cpu
+
+    profile = profile_model(f"{ANY}:unet")
+    ctx = Context.build(profile, local_cpu(2), PlanRequest(num_gpus=2, global_batch=4, precision="fp32"))
+    cand = Candidate(pp=2, dp_replicate=1, dp_shard=1, cp=1, tp=1, microbatch=2, num_microbatches=2,
+                     schedule="1F1B", virtual_stages=1, zero=0, sequence_parallel=False)  # fmt: skip
+    model = RankModel(ctx, cand, [])
+    crossing = UNET_E1 + UNET_E2 + UNET_E2  # enc1, enc2 and up2 (16 x 8 x 8)
+    assert model.p2p(0, [0, 1, 2, 3]) == p2p_per_microbatch_s(ctx, cand, crossing)
+    assert model.p2p(1, [4, 5, 6]) == p2p_per_microbatch_s(ctx, cand, crossing)
+    assert p2p_per_microbatch_s(ctx, cand, crossing) > p2p_per_microbatch_s(ctx, cand, 2 * UNET_E2)
+
+
+FROZEN, TRAINED = 16 * 32 + 32 + 32 * 32 + 32, 32 * 4 + 4
+"""The frozen backbone fixture: two frozen Linear layers, a trainable Linear(32, 4) head."""
+
+
+def _frozen_estimate(**pinned):
+    from meshplan.planner import PlanRequest, estimate
+    from meshplan.presets import local_cpu
+
+    profile = profile_model(f"{ANY}:frozen_backbone")
+    req = PlanRequest(num_gpus=2, global_batch=4, precision="fp32", pp=1, tp=1, microbatch=2, **pinned)
+    return estimate(profile, local_cpu(2), req).prediction
+
+
+def test_frozen_parameters_cost_weights_only():
+    """DDP over 2 ranks (fp32 torch layout: weights 4 B, grads 4 B + DDP's bucket copy 4 B, Adam
+    8 B per parameter): the frozen backbone holds its weights and nothing else; only the head's
+    gradients are all-reduced (ring: 2(N-1)/N of the fp32 payload). ZeRO-2: every weight is
+    gathered for forward ((N-1) x this rank's shard), only the head's gradients reduce-scattered."""
+    ddp = _frozen_estimate(dp=2, zero=0)
+    (stage,) = ddp.stage_memory
+    assert stage.params_bytes == 4 * (FROZEN + TRAINED)
+    assert stage.grads_bytes == (4 + 4) * TRAINED
+    assert stage.optimizer_bytes == 8 * TRAINED
+    assert ddp.comm_bytes_per_step == {"dp_replicate": 2 * (2 - 1) * 4 * TRAINED // 2}
+    zero2 = _frozen_estimate(dp=2, dp_shard=2, zero=2)
+    assert zero2.comm_bytes_per_step == {"dp_shard": 4 * (FROZEN + TRAINED) // 2 + 4 * TRAINED // 2}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["dp", "zero2"])
+def test_frozen_backbone_bytes_counted_equal_predicted(runs, layout):
+    """What the executor's DDP / FSDP2 put on the wire for the frozen backbone (their byte
+    counters) equals the cost model's comm_bytes_per_step: frozen weights send no gradients."""
+    from test_dp_methods_executor import predicted_bytes
+
+    plan, result = runs[("frozen_backbone", layout)]
+    assert result.comm_bytes_per_step == predicted_bytes(plan)
