@@ -1,16 +1,25 @@
 """Gradient compression on slow links, measured vs predicted against DDP (issue #15).
 
     python -m benchmarks.compression_slow_link [--rates 1gbit,100mbit,none] [--steps 8] [--out F.json]
+    from benchmarks import compression_slow_link as c; c.markdown(c.run_bench(("none", "100mbit"), 8))
 
 gpt-tiny on 4 gloo ranks (SGD + momentum, lr 0.2, a learnable token pattern: `pattern_dataset`),
 DDP and each compressor at one or two settings, at each rate: inside a fresh slow-link namespace
 (benchmarks/slow_link.py; "none" = the plain loopback) it first measures the links there with
 `meshplan profile-links --nproc 4` and then runs every plan in one launch, so the prediction
-(estimate() on that measured ClusterSpec, modelled compute) and the measurement see the same
-wire. Per row: median step time after the first two steps, predicted step time, counted and
-predicted bytes per step and rank, loss after --steps steps and its ratio to DDP's. Per rate: the
-prediction's mean absolute percentage error and whether each method's predicted ordering against
-DDP (faster / slower) holds. Bounded: --timeout-s per rate (profile-links + one launch).
+(estimate() on that measured ClusterSpec) and the measurement see the same wire. The model is
+profiled once beforehand on this CPU (`profile_model(device="cpu", concurrent=4)`: layer timings
+with 3 busy neighbours, and the compressors' codecs timed by profiler/codecs.py). Each row is
+predicted four ways: "meta" (layer compute from FLOPs, codecs modelled: the planner without a
+timed profile), "meta+codecs" (layers from FLOPs, the codecs measured: what timing the codecs
+alone changes), "cpu" (the CPU profile's layer timings, codecs modelled) and "cpu+codecs" (the
+CPU profile as it is). Per row: median step time after the first
+two steps, the predictions, counted and predicted bytes per step and rank, loss after --steps
+steps and its ratio to DDP's. Per rate and prediction: the mean absolute percentage error and
+whether each method's predicted ordering against DDP (faster / slower) holds. Bounded:
+--timeout-s per rate (profile-links + one launch).
+Entry points: `run_bench(rates, steps) -> dict`, `markdown(result) -> str`, and
+`bench_section(quick, say)` for benchmarks/run.py (quick: loopback only).
 """
 
 from __future__ import annotations
@@ -58,10 +67,26 @@ def _plans():
     return [make_plan(dp=4, microbatch=4, compression=n, compression_params=p) for n, p in METHODS]
 
 
-def _predict(plan, cluster_path: str) -> tuple[float, dict]:
-    from meshplan.planner import PlanRequest, estimate
-    from meshplan.presets import load_cluster
+PREDICTIONS = ("meta", "meta+codecs", "cpu", "cpu+codecs")
+"""How each row is predicted (module docstring)."""
+
+
+def _profiles(profile_path: str) -> dict:
+    """The four profiles the predictions read (module docstring)."""
+    from meshplan.model_profile import ModelProfile
     from meshplan.profiler import profile_model
+    from meshplan.schema import load
+
+    timed = load(ModelProfile, profile_path, "profile")
+    layers_only = load(ModelProfile, profile_path, "profile")
+    layers_only.codec_timings = {}
+    meta, meta_codecs = (profile_model("gpt-tiny", {}, device="meta") for _ in range(2))
+    meta_codecs.device, meta_codecs.codec_timings = "cpu", timed.codec_timings  # no layer timings: FLOPs
+    return {"meta": meta, "meta+codecs": meta_codecs, "cpu": layers_only, "cpu+codecs": timed}
+
+
+def _predict(plan, cluster, profile) -> tuple[float, dict]:
+    from meshplan.planner import PlanRequest, estimate
 
     c = plan.dp_methods.compression
     req = PlanRequest(
@@ -75,34 +100,39 @@ def _predict(plan, cluster_path: str) -> tuple[float, dict]:
         zero=0,
         methods={"compression": (c.name, dict(c.params))},
     )
-    pred = estimate(profile_model("gpt-tiny", {}, device="meta"), load_cluster(cluster_path, 4), req).prediction
+    pred = estimate(profile, cluster, req).prediction
     return pred.step_time_s, pred.comm_bytes_per_step
 
 
-def inner(rate: str, steps: int, timeout_s: float) -> dict:
+def _profile_links(links: str, rate: str, timeout_s: float) -> None:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "meshplan",
+            "profile-links",
+            "--nproc",
+            "4",
+            "--max-bytes",
+            str(MAX_LINK_BYTES.get(rate, 1 << 20)),
+            "-o",
+            links,
+            "--quiet",
+        ],
+        check=True,
+        timeout=timeout_s / 2,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def inner(rate: str, steps: int, timeout_s: float, profile_path: str) -> dict:
     """Inside the namespace (or on the plain loopback): links, then every plan in one launch."""
     from meshplan.executor.launch import LaunchOptions, run_plans
+    from meshplan.presets import load_cluster
 
     with tempfile.TemporaryDirectory() as tmp:
         links = os.path.join(tmp, "links.json")
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "meshplan",
-                "profile-links",
-                "--nproc",
-                "4",
-                "--max-bytes",
-                str(MAX_LINK_BYTES.get(rate, 1 << 20)),
-                "-o",
-                links,
-                "--quiet",
-            ],
-            check=True,
-            timeout=timeout_s / 2,
-            stdout=subprocess.DEVNULL,
-        )
+        _profile_links(links, rate, timeout_s)
         plans = _plans()
         results = run_plans(
             plans,
@@ -118,16 +148,17 @@ def inner(rate: str, steps: int, timeout_s: float) -> dict:
                 env={"PYTHONPATH": ROOT},
             ),
         )
+        cluster, profiles = load_cluster(links, 4), _profiles(profile_path)
         rows = []
         for (name, params), plan, result in zip(METHODS, plans, results):
-            pred_s, pred_bytes = _predict(plan, links)
+            predicted = {k: _predict(plan, cluster, profiles[k]) for k in PREDICTIONS}
             rows.append(
                 {
                     "method": name + "".join(f":{k}={v}" for k, v in params.items()),
                     "measured_step_s": statistics.median(result.step_times_s[2:]),
-                    "predicted_step_s": pred_s,
+                    "predicted_step_s": {k: v[0] for k, v in predicted.items()},
                     "measured_bytes": result.comm_bytes_per_step.get("dp_replicate", 0),
-                    "predicted_bytes": pred_bytes.get("dp_replicate", 0),
+                    "predicted_bytes": predicted["cpu+codecs"][1].get("dp_replicate", 0),
                     "loss_last": result.losses[-1],
                     "notes": [n for n in result.notes if "accordion" in n],
                 }
@@ -139,16 +170,18 @@ def inner(rate: str, steps: int, timeout_s: float) -> dict:
 def summarise(rows: list[dict]) -> list[dict]:
     ddp = rows[0]
     for r in rows:
-        r["error_pct"] = 100 * (r["predicted_step_s"] - r["measured_step_s"]) / r["measured_step_s"]
+        m = r["measured_step_s"]
+        r["error_pct"] = {k: 100 * (p - m) / m for k, p in r["predicted_step_s"].items()}
         r["loss_vs_ddp"] = r["loss_last"] / ddp["loss_last"]
         if r is not ddp:
-            r["ordering_holds"] = (r["predicted_step_s"] < ddp["predicted_step_s"]) == (
-                r["measured_step_s"] < ddp["measured_step_s"]
-            )
+            r["ordering_holds"] = {
+                k: (p < ddp["predicted_step_s"][k]) == (m < ddp["measured_step_s"])
+                for k, p in r["predicted_step_s"].items()
+            }
     return rows
 
 
-def outer(rate: str, steps: int, timeout_s: float) -> dict:
+def outer(rate: str, steps: int, timeout_s: float, profile_path: str) -> dict:
     """Run `inner` for one rate, inside a slow-link namespace unless rate is "none"."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [
@@ -161,6 +194,8 @@ def outer(rate: str, steps: int, timeout_s: float) -> dict:
             str(steps),
             "--timeout-s",
             str(timeout_s),
+            "--profile",
+            profile_path,
             "--out",
             out.name,
         ]
@@ -182,26 +217,75 @@ def outer(rate: str, steps: int, timeout_s: float) -> dict:
         return json.load(open(out.name))
 
 
-def table(result: dict) -> str:
-    """Markdown rows for benchmarks/README.md."""
-    lines = []
+def profile_cpu(path: str) -> float:
+    """gpt-tiny profiled on this CPU as 4 ranks share it (microbatch 4, 3 busy neighbours, codecs
+    timed), written to `path`; returns the seconds it took."""
+    import time
+
+    from meshplan.profiler import profile_model
+    from meshplan.schema import dumps, write_text_atomic
+
+    start = time.perf_counter()
+    profile = profile_model("gpt-tiny", {}, device="cpu", microbatch_sizes=[4], concurrent=4, in_place=False)
+    write_text_atomic(path, dumps(profile))
+    return time.perf_counter() - start
+
+
+def run_bench(rates=("none", "100mbit", "1gbit"), steps: int = 8, timeout_s: float = 600, say=print) -> dict:
+    """The benchmark (module docstring): profile once, then each rate; wall seconds in `runtime_s`."""
+    import time
+
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "profile.json")
+        say("  profiling gpt-tiny on this CPU (4 ranks' share, codecs timed)")
+        profile_s = profile_cpu(path)
+        blocks = []
+        for rate in rates:
+            say(f"  rate {rate}: profile-links, then {len(METHODS)} plans x {steps} steps")
+            blocks.append(outer(rate, steps, timeout_s, path))
+    return {"steps": steps, "rates": blocks, "profile_s": profile_s, "runtime_s": time.perf_counter() - start}
+
+
+def bench_section(quick: bool, say) -> dict:
+    """benchmarks/run.py's section: the plain loopback only when quick, else all three rates."""
+    return run_bench(("none",) if quick else ("none", "100mbit", "1gbit"), 6 if quick else 8, say=say)
+
+
+def _mape(rows: list[dict], key: str) -> float:
+    return statistics.fmean(abs(r["error_pct"][key]) for r in rows)
+
+
+def markdown(result: dict) -> str:
+    """The result as markdown: per rate, MAPE and ordering per prediction, then one table."""
+    lines = [
+        f"{result['steps']} steps per plan; whole run {result.get('runtime_s', 0):.0f} s (CPU profile "
+        f"{result.get('profile_s', 0):.0f} s). Predicted step time: meta = layers from FLOPs, codecs "
+        "modelled; meta+codecs = codecs measured; cpu = CPU layer timings, codecs modelled; "
+        "cpu+codecs = both measured."
+    ]
     for block in result["rates"]:
         if "error" in block:
-            lines.append(f"{block['rate']}: {block['error']}")
+            lines.append(f"\n{block['rate']}: {block['error']}")
             continue
         rows = block["rows"]
-        mape = statistics.fmean(abs(r["error_pct"]) for r in rows)
-        holds = sum(r.get("ordering_holds", False) for r in rows[1:])
+        summary = "; ".join(
+            f"{k} MAPE {_mape(rows, k):.0f}%, ordering {sum(r['ordering_holds'][k] for r in rows[1:])}/{len(rows) - 1}"
+            for k in PREDICTIONS
+        )
         lines += [
-            f"\n{block['rate']}: MAPE {mape:.0f}%, predicted ordering vs DDP holds for {holds}/{len(rows) - 1}\n",
-            "| method | measured s | predicted s | err | bytes/step/rank (measured = predicted) | loss / DDP |",
-            "|---|---:|---:|---:|---:|---:|",
+            f"\n{block['rate']}: {summary}\n",
+            "| method | measured s | "
+            + " | ".join(f"{k} s" for k in PREDICTIONS)
+            + " | bytes/step/rank | loss / DDP |",
+            "|---|" + "---:|" * (len(PREDICTIONS) + 3),
         ]
         for r in rows:
-            same = "=" if r["measured_bytes"] == r["predicted_bytes"] else f"!= {r['predicted_bytes']:,}"
+            same = "=" if r["measured_bytes"] == r["predicted_bytes"] else f"(predicted {r['predicted_bytes']:,})"
+            predicted = " | ".join(f"{r['predicted_step_s'][k]:.3f}" for k in PREDICTIONS)
             lines.append(
-                f"| {r['method']} | {r['measured_step_s']:.3f} | {r['predicted_step_s']:.3f} | "
-                f"{r['error_pct']:+.0f}% | {r['measured_bytes']:,} {same} | {r['loss_vs_ddp']:.3f} |"
+                f"| {r['method']} | {r['measured_step_s']:.3f} | {predicted} | {r['measured_bytes']:,} {same} | "
+                f"{r['loss_vs_ddp']:.3f} |"
             )
     return "\n".join(lines)
 
@@ -213,12 +297,13 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout-s", type=float, default=600, help="per rate: profile-links + the launch")
     ap.add_argument("--out", default="")
     ap.add_argument("--inner", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--profile", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.inner:
-        result = inner(args.inner, args.steps, args.timeout_s)
+        result = inner(args.inner, args.steps, args.timeout_s, args.profile)
     else:
-        result = {"steps": args.steps, "rates": [outer(r, args.steps, args.timeout_s) for r in args.rates.split(",")]}
-        print(table(result))
+        result = run_bench(tuple(args.rates.split(",")), args.steps, args.timeout_s)
+        print(markdown(result))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

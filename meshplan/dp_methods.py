@@ -306,6 +306,16 @@ METHODS: tuple[Method, ...] = (
                 "reports the measured share)",
             ),
             Param(
+                name="start_iter",
+                kind=int,
+                default=0,
+                low=0,
+                high=10**9,
+                unit="steps",
+                doc="plain all-reduce before this step, as powersgd's start_iter (0 = compress from the "
+                "first step; the planner prices the steady state after it)",
+            ),
+            Param(
                 name="min_compression_rate",
                 kind=float,
                 default=2.0,

@@ -70,6 +70,11 @@ class LayerProfile:
     """Shape of each trainable parameter, in registration order (what DDP buckets, PowerSGD's
     low-rank factors and FSDP2's dim-0 padding are computed from); empty when unknown (the cost
     model then treats the layer's parameters as one flat tensor)."""
+    param_names: list[str] = field(default_factory=list)
+    """Name (relative to the layer, e.g. "attn.qkv.weight") of each entry of param_shapes, in the
+    same order: which TP rule child holds it, so the cost model knows the shard shapes the
+    executor's tensor parallelism gives each tensor; empty when unknown (profiles written before
+    it: each tensor is then taken as 1/t of itself)."""
     forward_flops: float
     """Forward FLOPs per sample (matmul FLOPs = 2 x MACs), attention included."""
     backward_flops: float

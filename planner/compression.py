@@ -18,12 +18,40 @@ GRAD_BYTES = 4
 """DDP's gradients are fp32 (the parameters' dtype; bf16 runs under autocast)."""
 
 
+def shard_shapes(layer: LayerProfile, split: int) -> list[list[int]] | None:
+    """Each trainable tensor's shape on one tensor-parallel rank of `split`, as the executor
+    shards it (executor/tensor_parallel.py through torch's ColwiseParallel / RowwiseParallel): a
+    column child's weight and bias on dim 0 (an nn.Embedding's weight, in an "embedding" layer,
+    on dim 1), a row child's weight on dim 1 (an nn.Embedding's on dim 0) and its bias whole;
+    norms and other replicated tensors whole. A shard holds ceil(size / split) (torch.chunk's
+    first shards). None when the profile has no parameter names (older profiles)."""
+    if split == 1:
+        return [list(s) for s in layer.param_shapes]
+    if len(layer.param_names) != len(layer.param_shapes):
+        return None
+    column, row, embedding = set(layer.tp.column), set(layer.tp.row), layer.tp.kind == "embedding"
+    out = []
+    for name, shape in zip(layer.param_names, layer.param_shapes):
+        child, _, leaf = name.rpartition(".")
+        dim = None
+        if child in column:
+            dim = 1 if embedding and leaf == "weight" else 0
+        elif child in row and leaf == "weight":
+            dim = 0 if embedding else 1
+        local = list(shape)
+        if dim is not None and dim < len(local):
+            local[dim] = math.ceil(local[dim] / split)
+        out.append(local)
+    return out
+
+
 def matrices(layer: LayerProfile, split: int) -> list[tuple[int, int]]:
-    """(rows, cols) of each parameter as a DDP hook sees it (dim 0 by the rest; 1-D tensors
-    as (n, 1)); from the GEMM weight shapes when the profile has no parameter shapes."""
+    """(rows, cols) of each parameter as a DDP hook or the replica reducer sees it (dim 0 by the
+    rest; 1-D tensors as (n, 1)): its tensor-parallel shard (shard_shapes; the whole tensor when
+    the profile cannot say); from the GEMM weight shapes when the profile has no parameter shapes."""
     if layer.param_shapes:
         out = []
-        for shape in layer.param_shapes:
+        for shape in shard_shapes(layer, split) or layer.param_shapes:
             numel = math.prod(shape) if shape else 1
             rows = shape[0] if len(shape) > 1 else numel
             out.append((rows, numel // rows if len(shape) > 1 else 1))

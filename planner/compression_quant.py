@@ -21,16 +21,18 @@ import math
 
 from meshplan import compression_wire as wire
 from meshplan.model_profile import LayerProfile
-from meshplan.planner.compression import GRAD_BYTES, Compressor, PowerSGD, matrices
+from meshplan.planner.compression import GRAD_BYTES, Compressor, PowerSGD, matrices, shard_shapes
 
 OP_S = 8e-6
 """Seconds of fixed cost per elementwise op (a CUDA kernel launch; a torch op's dispatch on CPU)."""
 
 
 def _numels(layer: LayerProfile, split: int) -> list[int]:
-    """Elements per tensor one rank exchanges: exact without tensor parallelism; under TP each
-    tensor is taken as 1/split of itself (replicated norms and row-parallel biases are in fact
-    whole), so TP bytes are approximate."""
+    """Elements per tensor one rank exchanges: its tensor-parallel shard (compression.shard_shapes:
+    exact); in a profile without parameter names each tensor is taken as 1/split of itself."""
+    shards = shard_shapes(layer, split) if layer.param_shapes else None
+    if shards is not None:
+        return [math.prod(s) for s in shards]
     return [math.ceil(n * m / split) for n, m in matrices(layer, split)]
 
 

@@ -224,6 +224,7 @@ def _layer_profile(fqn: str, module: torch.nn.Module, cap: LayerCapture, rule, c
     list it in num_tied_params. Frozen parameters count in num_params and num_frozen_params."""
     own = [p for p in module.parameters() if id(p) not in counted]
     tied = [p for p in module.parameters() if id(p) in counted]
+    names = [n for n, p in module.named_parameters() if id(p) not in counted and p.requires_grad]
     counted.update(id(p) for p in own)
     param_bytes: dict[str, int] = {}
     for p in own:
@@ -237,6 +238,7 @@ def _layer_profile(fqn: str, module: torch.nn.Module, cap: LayerCapture, rule, c
         num_tied_params=sum(p.numel() for p in tied),
         num_frozen_params=sum(p.numel() for p in own if not p.requires_grad),
         param_shapes=[list(p.shape) for p in own if p.requires_grad],
+        param_names=names,
         forward_flops=cap.forward_flops,
         backward_flops=cap.backward_flops,
         activation_bytes=float(cap.activation_bytes),

@@ -8,7 +8,10 @@ Closed forms (per parameter tensor, n = numel; all-gather counts (N-1) x this ra
 - quantizers: ceil(n bits / 8) + 4 ceil(n / bucket_size) (+ 4 x 32 histogram for ALQ/AMQ)
 - Accordion over PowerSGD: all-reduce of (n_0 + m) r or n (compression_wire.lowrank_elems);
   every step of a run shorter than `window` is at critical_rank, so critical_fraction = 1 is
-  the exact prediction (the mix of a longer run is the planner's assumption, not a count)
+  the exact prediction (the mix of a longer run is the planner's assumption, not a count);
+  with start_iter the first steps send DDP's bytes and the steady state is left unchanged
+- tensor-parallel replicas (tp = 2): the same codecs on each rank's DTensor shards, priced
+  from the shard shapes (planner/compression.shard_shapes), equal to the count
 """
 
 from __future__ import annotations
@@ -87,7 +90,14 @@ CASES = {
     "tp_ddp": (dict(dp=2, tp=2), None),
     "tp_topk_dense": (dict(dp=2, tp=2, compression="topk", compression_params={"density": 1.0}), None),
     "tp_qsgd": (dict(dp=2, tp=2, compression="qsgd"), None),
+    "tp_accordion": (dict(dp=2, tp=2, compression="accordion", compression_params=ACC), None),
+    # Accordion's dense start: DDP's bytes for start_iter steps, then the steady state
+    "accordion_start": (
+        dict(dp=4, compression="accordion", compression_params={**ACC, "start_iter": 2}),
+        None,
+    ),
 }
+TP = ["tp_topk_dense", "tp_qsgd", "tp_accordion"]
 EXACT = ["topk_dense", "qsgd_off", "alq_off", "accordion_dense", "accordion_topk_dense"]
 
 
@@ -120,6 +130,22 @@ def test_tensor_parallel_replicas_run_the_codecs(runs):
         runs["tp_ddp"].comm_bytes_per_step["dp_replicate"],
     )
     assert 0 < qsgd < dense / 4 and all(math.isfinite(x) for x in runs["tp_qsgd"].losses)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TP)
+def test_tensor_parallel_shards_are_priced_exactly(runs, name):
+    """The replica reducer exchanges each rank's TP shards (column weights/biases on dim 0, row
+    weights on dim 1, norms and row biases whole): the prediction counts the same shapes."""
+    assert runs[name].comm_bytes_per_step_by_rank == [runs[name].comm_bytes_per_step] * 4
+    assert predicted_bytes(runs[name].plan) == runs[name].comm_bytes_per_step
+
+
+@pytest.mark.slow
+def test_accordion_start_iter_is_dense_then_the_steady_state_the_planner_prices(runs):
+    result, dense = runs["accordion_start"], runs["ddp"].comm_bytes_by_step[-1]
+    assert result.comm_bytes_by_step == [dense] * 2 + [lowrank(4, 2)] * (STEPS - 2)
+    assert result.comm_bytes_per_step == lowrank(4, 2) == predicted_bytes(result.plan)
 
 
 @pytest.mark.slow

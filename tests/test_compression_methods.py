@@ -178,6 +178,44 @@ def test_accordion_regimes_switch_at_window_ends():
     assert reg.steps == {True: 6, False: 4}
 
 
+def test_a_learning_rate_decay_holds_the_critical_setting_for_a_window():
+    """Agarwal et al. 2021: low compression after each decay. Constant norms settle in the high-
+    compression setting; a decay at step 6 makes the next `window` (3) steps critical, a rise
+    of the learning rate does nothing; then the norm rule decides again."""
+    p = params("accordion", window=3, rank=1, critical_rank=2)
+    codec = AccordionPowerSGD(p, 1, 0)
+    grads = [torch.ones(16, 8)]
+    seen = []
+    for step in range(15):
+        if step == 6:
+            codec.lr_changed(0.1, 0.01)
+        if step == 12:
+            codec.lr_changed(0.01, 0.1)
+        seen.append(codec.regimes.is_critical(0))
+        exchange([codec], [grads])
+    assert seen == [True] * 3 + [True] * 3 + [True] * 3 + [False] * 6
+    # without the decay: critical for the first window only (no previous norm), then high
+    plain, seen = AccordionPowerSGD(p, 1, 0), []
+    for _ in range(9):
+        seen.append(plain.regimes.is_critical(0))
+        exchange([plain], [grads])
+    assert seen == [True] * 6 + [False] * 3
+
+
+def test_accordion_start_iter_sends_the_exact_average_dense_first():
+    p = params("accordion", start_iter=2, window=10**6)
+    codecs = [AccordionPowerSGD(p, 2, r) for r in range(2)]
+    gen = torch.Generator().manual_seed(3)
+    for step in range(3):
+        grads = [[torch.randn(32, 24, generator=gen)] for _ in range(2)]
+        out = exchange(codecs, grads)
+        exact = (grads[0][0] + grads[1][0]) / 2
+        assert torch.equal(out[0][0], exact) == (step < 2), step  # dense, then rank-2 PowerSGD
+    assert codecs[0].notes() == [
+        "accordion: 100.0% of tensor-steps at rank 2 (critical), 0.0% at rank 1; 2 tensor-steps dense before start_iter"
+    ]
+
+
 def test_accordion_decisions_agree_across_ranks_with_different_local_gradients():
     p = params("accordion_topk", window=1, density=0.1, critical_density=0.5)
     codecs = [AccordionTopK(p, 4, r) for r in range(4)]

@@ -7,4 +7,4 @@ from meshplan.executor.methods.accordion import AccordionPowerSGD, powersgd_hook
 
 comm_hook = powersgd_hook
 
-replica_reducer = compressed.replica_reducer(AccordionPowerSGD)
+replica_reducer = compressed.replica_reducer(AccordionPowerSGD, warmup_param="start_iter")

@@ -132,10 +132,14 @@ class CompressedReplicaReducer(ReplicaGradReducer):
                     g.copy_(flat.view_as(g))
 
 
-def replica_reducer(make_codec):
-    """A `replica_reducer(params, group, counter, axis, bucket_bytes, method_params)` for the module."""
+def replica_reducer(make_codec, warmup_param: str = ""):
+    """A `replica_reducer(params, group, counter, axis, bucket_bytes, method_params)` for the
+    module; `warmup_param` names the parameter counting the steps left out of the steady state
+    (top-k's warmup_steps, Accordion's start_iter), as the module's comm_hook does."""
 
     def build(params, group, *, counter, axis, bucket_bytes, method_params):
+        if warmup_param:
+            counter.warmup_steps = max(counter.warmup_steps, method_params.get(warmup_param, 0))
         return CompressedReplicaReducer(
             params,
             group,

@@ -8,7 +8,9 @@ r = min(n, m, rank) and compression_wire.lowrank_split's rule (else sent dense):
   Q = (M + E)^T P;  all-reduce [Q...] / N;  M^ = P Q^T;  E = M + E - M^
 Q starts as a seeded normal matrix (the tensor's ordinal: the same on every rank) and is kept
 between steps (warm start); a rank change restarts it. Bytes: the two all-reduces carry
-compression_wire.lowrank_elems fp32 elements per tensor.
+compression_wire.lowrank_elems fp32 elements per tensor. With `start_iter` (Accordion's
+parameter) the first start_iter steps all-reduce the bucket dense, as torch's powerSGD_hook does
+before start_powerSGD_iter (the ByteCounter leaves them out of the steady state: warmup_steps).
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ class LowRank(compressed.Codec):
         return q
 
     def exchange(self, comm, items: list[tuple[int, torch.Tensor, tuple]]) -> None:
+        if items and self._steps.get(items[0][0], 0) < self.params.get("start_iter", 0):
+            self._dense(comm, items)
+            return
         packed, dense = [], []
         for key, grad, shape in items:
             self.step_of(key)
@@ -69,3 +74,14 @@ class LowRank(compressed.Codec):
             self.feedback.residual[key] = (acc - approx).reshape(-1)
             self.q[key] = q
             grad.copy_(approx.reshape(-1))
+
+    def _dense(self, comm, items) -> None:
+        """Before start_iter: the bucket's gradients all-reduced as they are (torch's
+        powerSGD_hook before start_powerSGD_iter); no residual or factors are kept yet."""
+        for key, _, _ in items:
+            self.step_of(key)
+        flat = comm.all_reduce(torch.cat([g for _, g, _ in items])).div_(comm.world)
+        offset = 0
+        for _, g, _ in items:
+            g.copy_(flat[offset : offset + g.numel()])
+            offset += g.numel()

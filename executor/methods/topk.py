@@ -89,4 +89,4 @@ def comm_hook(group, params: dict, counter: ByteCounter, axis: str):
     return compressed.comm_hook(TopK, group, params, counter, axis)
 
 
-replica_reducer = compressed.replica_reducer(TopK)
+replica_reducer = compressed.replica_reducer(TopK, warmup_param="warmup_steps")
