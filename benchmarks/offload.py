@@ -1,95 +1,251 @@
-"""Offload and scheduling methods on 2 gloo ranks (gpt-tiny, few steps): measured vs predicted
-step time and bytes per step for DDP, offload=cpu, offload=nvme (state files on the local disk
-under the run directory) and bytescheduler; and the local disk's write/read bandwidth, which the
-local-cpu preset's nominal nvme link (0.5 GB/s) stands in for.
+"""Offload and scheduling methods on 4 gloo ranks (issue #17): predicted vs measured step time and
+memory for DDP, offload=cpu, offload=nvme, ZeRO-3 with each, and bytescheduler.
 
-    python -m benchmarks.offload [--steps 6] [--out runs/bench_offload]
+    python -m benchmarks.offload [--steps 6] [--quick] [--out DIR] [--json F.json]
+    from benchmarks import offload as o; print(o.markdown(o.run_bench(steps=6)))
+
+Model: the zoo's gpt family at hidden 384 (4 blocks, heads 6, vocab 256, seq 32: ~7.2M
+parameters, 57 MiB of fp32 Adam states per unsharded rank, enough to show in a process's resident
+memory), AdamW, microbatch 2. First the links are measured on 4 ranks with `profile_links`
+(collectives, host memory copy, and the disk under the run directory, where offload=nvme's state
+files go), then the model is profiled on this CPU as 4 ranks share it; every plan is predicted
+by estimate() on that measured ClusterSpec with that profile, and run in its own 4-rank launch
+(its own processes, so each rank's peak resident set is its own): the NVMe files on the local
+disk under the run directory. Per method: median step time after the first two steps and the
+prediction; the peak memory the executor's live-tensor tracker saw (max over ranks) and the
+prediction's peak; each rank's peak resident set (VmHWM, sampled from /proc while it runs) and
+its difference from DDP's; bytes per step and rank counted vs predicted (host_device, nvme
+included). Entry points: `run_bench(steps, quick, out, say) -> dict`, `markdown(result) -> str`,
+`bench_section(quick, say)` for benchmarks/run.py (quick: DDP, cpu, nvme, 4 steps).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+NUM_RANKS = 4
+CONFIG = {"layers": 4, "hidden": 384, "heads": 6, "vocab": 256, "seq": 32}
+MICROBATCH = 2
+PLANS = [
+    # (label, make_plan kwargs, {axis: (name, params)})
+    ("ddp", {"dp": NUM_RANKS}, {}),
+    ("offload=cpu", {"dp": NUM_RANKS}, {"offload": ("cpu", {})}),
+    ("offload=nvme", {"dp": NUM_RANKS}, {"offload": ("nvme", {})}),
+    ("zero3", {"dp_shard": NUM_RANKS, "zero": 3}, {}),
+    ("zero3 offload=cpu", {"dp_shard": NUM_RANKS, "zero": 3}, {"offload": ("cpu", {})}),
+    ("zero3 offload=nvme", {"dp_shard": NUM_RANKS, "zero": 3}, {"offload": ("nvme", {})}),
+    ("bytescheduler", {"dp": NUM_RANKS}, {"comm_schedule": ("bytescheduler", {})}),
+]
+QUICK = ("ddp", "offload=cpu", "offload=nvme")
 
-def disk_gbps(folder: Path, nbytes: int = 64 * 2**20) -> tuple[float, float]:
-    """(write, read) GB/s of one file of nbytes, fsynced; the read may come from the page cache."""
-    data = os.urandom(nbytes)
-    path = folder / "disk_probe.bin"
-    t0 = time.perf_counter()
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    write = nbytes / (time.perf_counter() - t0) / 1e9
-    t0 = time.perf_counter()
-    path.read_bytes()
-    read = nbytes / (time.perf_counter() - t0) / 1e9
-    path.unlink()
-    return write, read
 
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+def _plan(kwargs: dict, methods: dict):
+    sys.path.insert(0, str(ROOT / "tests"))
     from executor_plans import make_plan
 
     from meshplan import dp_methods
-    from meshplan.executor.launch import LaunchOptions, run_plans
     from meshplan.plan import MethodChoice
+
+    plan = make_plan("gpt", config=CONFIG, microbatch=MICROBATCH, **kwargs)
+    for axis, (name, params) in methods.items():
+        resolved = dp_methods.method(axis, name).resolve(params, axis)
+        setattr(plan.dp_methods, axis, MethodChoice(name=name, params=resolved))
+    plan.validate()
+    return plan
+
+
+def _predict(plan, profile, cluster):
     from meshplan.planner import PlanRequest, estimate
-    from meshplan.presets import local_cpu
+
+    req = PlanRequest(
+        num_gpus=plan.world_size,
+        global_batch=plan.global_batch_size,
+        precision="fp32",
+        tp=1,
+        pp=1,
+        dp=plan.world_size,
+        dp_shard=plan.world_size if plan.zero_stage >= 2 else None,
+        microbatch=plan.microbatch_size,
+        zero=plan.zero_stage,
+        methods={a: (c.name, dict(c.params)) for a, c in plan.dp_methods.items()},
+    )
+    return estimate(profile, cluster, req)
+
+
+class RssSampler:
+    """Peak resident set (VmHWM) of every executor rank below this process, sampled every 50 ms."""
+
+    def __init__(self):
+        self.peaks: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        from meshplan.profiler.links import _descendants
+
+        while not self._stop.wait(0.05):
+            for pid in _descendants(os.getpid()):
+                try:
+                    status = Path(f"/proc/{pid}/status").read_text()
+                    if b"meshplan.executor.worker" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                        continue
+                except OSError:
+                    continue
+                hwm = next((line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")), None)
+                if hwm is not None:
+                    self.peaks[pid] = max(self.peaks.get(pid, 0), int(hwm) * 1024)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        return False
+
+
+def _run(plan, steps: int, out: Path, timeout_s: float):
+    from meshplan.executor.launch import LaunchOptions, run_plans
+
+    opts = LaunchOptions(steps=steps, out_dir=str(out), quiet=True, timeout_s=timeout_s, optimizer="adamw")
+    with RssSampler() as rss:
+        result = run_plans([plan], opts)[0]
+    return result, sorted(rss.peaks.values())
+
+
+def _row(label, plan, result, rss, prediction, steps) -> dict:
+    pred = prediction.prediction
+    times = result.step_times_s[2:] if len(result.step_times_s) > 2 else result.step_times_s
+    return {
+        "method": label,
+        "measured_step_s": statistics.median(times),
+        "predicted_step_s": pred.step_time_s,
+        "measured_tensor_peak_bytes": result.peak_memory_bytes,
+        "predicted_peak_bytes": pred.peak_memory_bytes,
+        "rss_peak_bytes": max(rss) if rss else 0,
+        "rss_ranks": len(rss),
+        "measured_bytes": result.comm_bytes_per_step,
+        "predicted_bytes": pred.comm_bytes_per_step,
+        "loss": result.losses[-1],
+        "steps": steps,
+    }
+
+
+def _links(out: Path, say):
+    from meshplan.profiler.links import profile_links
+
+    start = time.perf_counter()
+    cluster = profile_links(NUM_RANKS, max_bytes=4 * 2**20, repeats=3, disk_dir=str(out), disk_bytes=64 * 2**20)
+    say(f"  links on {NUM_RANKS} ranks ({time.perf_counter() - start:.0f} s): {cluster.source}")
+    return cluster, time.perf_counter() - start
+
+
+def _profile(say):
     from meshplan.profiler import profile_model
 
-    def with_(plan, axis, name, params=None):
-        setattr(
-            plan.dp_methods,
-            axis,
-            MethodChoice(name=name, params=dp_methods.method(axis, name).resolve(params or {}, axis)),
-        )
-        return plan
-
-    plans = {
-        "ddp": make_plan(dp=2),
-        "offload=cpu": with_(make_plan(dp=2), "offload", "cpu"),
-        "offload=nvme": with_(make_plan(dp=2), "offload", "nvme"),
-        "bytescheduler": with_(make_plan(dp=2), "comm_schedule", "bytescheduler"),
-    }
-    out = Path(args.out or tempfile.mkdtemp(prefix="bench_offload_"))
-    out.mkdir(parents=True, exist_ok=True)
-    write, read = disk_gbps(out)
-    print(f"local disk under {out}: write {write:.2f} GB/s (fsync), read {read:.2f} GB/s")
-    results = run_plans(
-        list(plans.values()),
-        LaunchOptions(steps=args.steps, out_dir=str(out), quiet=True, timeout_s=300, optimizer="adamw"),
+    start = time.perf_counter()
+    profile = profile_model(
+        "gpt", dict(CONFIG), device="cpu", microbatch_sizes=[MICROBATCH], concurrent=NUM_RANKS, in_place=False
     )
-    profile = profile_model("gpt-tiny", {}, device="meta")
-    print(f"{'method':16} {'measured s':>11} {'predicted s':>12} {'measured bytes/step':>40}")
-    for (name, plan), r in zip(plans.items(), results):
-        methods = {a: (c.name, dict(c.params)) for a, c in plan.dp_methods.items()}
-        req = PlanRequest(
-            num_gpus=2,
-            global_batch=plan.global_batch_size,
-            precision="fp32",
-            tp=1,
-            pp=1,
-            dp=2,
-            microbatch=plan.microbatch_size,
-            zero=plan.zero_stage,
-            methods=methods,
+    say(f"  profiled gpt h{CONFIG['hidden']} on this CPU ({time.perf_counter() - start:.0f} s)")
+    return profile, time.perf_counter() - start
+
+
+def run_bench(steps: int = 6, quick: bool = False, out: str | None = None, say=print, timeout_s: float = 600) -> dict:
+    """The benchmark (module docstring); wall seconds in `runtime_s`."""
+    start = time.perf_counter()
+    root = Path(out or tempfile.mkdtemp(prefix="bench_offload_"))
+    root.mkdir(parents=True, exist_ok=True)
+    cluster, links_s = _links(root, say)
+    profile, profile_s = _profile(say)
+    rows = []
+    for label, kwargs, methods in PLANS:
+        if quick and label not in QUICK:
+            continue
+        plan = _plan(kwargs, methods)
+        say(f"  {label}: {steps} steps on {NUM_RANKS} ranks")
+        result, rss = _run(plan, steps, root / label.replace(" ", "_").replace("=", "-"), timeout_s)
+        rows.append(_row(label, plan, result, rss, _predict(plan, profile, cluster), steps))
+    left = [str(p) for p in root.rglob("*.bin")]
+    return {
+        "steps": steps,
+        "ranks": NUM_RANKS,
+        "model": {"family": "gpt", **CONFIG, "num_params": profile.num_params, "microbatch": MICROBATCH},
+        "links": {
+            "host_memory_gbps": cluster.host_memory_gbps,
+            "host_device": None if cluster.host_device is None else cluster.host_device.bandwidth_gbps,
+            "disk_read_gbps": cluster.nvme.effective_gbps("read") if cluster.nvme else None,
+            "disk_write_gbps": cluster.nvme.effective_gbps("write") if cluster.nvme else None,
+            "disk_latency_s": cluster.nvme.latency_s if cluster.nvme else None,
+            "source": cluster.source,
+        },
+        "rows": rows,
+        "state_files_left": left,
+        "links_s": links_s,
+        "profile_s": profile_s,
+        "runtime_s": time.perf_counter() - start,
+    }
+
+
+def bench_section(quick: bool, say) -> dict:
+    """benchmarks/run.py's section: DDP, cpu and nvme for 4 steps when quick, else every plan, 6 steps."""
+    return run_bench(steps=4 if quick else 6, quick=quick, say=say)
+
+
+def _mib(value: float) -> str:
+    return f"{value / 2**20:.1f}"
+
+
+def markdown(result: dict) -> str:
+    """The result as markdown: the measured links, then one row per method."""
+    links, m = result["links"], result["model"]
+    ddp = next((r for r in result["rows"] if r["method"] == "ddp"), None)
+    lines = [
+        f"gpt h{m['hidden']} x {m['layers']} blocks ({m['num_params']:,} parameters), AdamW, microbatch "
+        f"{m['microbatch']}, {result['ranks']} gloo ranks, {result['steps']} steps per plan, one launch each; "
+        f"whole run {result['runtime_s']:.0f} s (links {result['links_s']:.0f} s, CPU profile "
+        f"{result['profile_s']:.0f} s). Links measured by profile_links: host memory "
+        f"{links['host_memory_gbps']:.2f} GB/s per rank, disk write {links['disk_write_gbps']:.3f} / read "
+        f"{links['disk_read_gbps']:.3f} GB/s per rank, latency {links['disk_latency_s'] * 1e3:.1f} ms "
+        f"({links['source']}). State files left after the runs: {len(result['state_files_left'])}.",
+        "",
+        "| method | measured s/step | predicted s/step | tensor peak MiB (measured / predicted) | "
+        "resident peak MiB (vs DDP) | bytes per step and rank (measured; = predicted?) |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for r in result["rows"]:
+        same = "=" if r["measured_bytes"] == r["predicted_bytes"] else f"!= {r['predicted_bytes']}"
+        vs = f" ({(r['rss_peak_bytes'] - ddp['rss_peak_bytes']) / 2**20:+.1f})" if ddp and r is not ddp else ""
+        measured = ", ".join(f"{k} {v:,}" for k, v in r["measured_bytes"].items())
+        lines.append(
+            f"| {r['method']} | {r['measured_step_s']:.3f} | {r['predicted_step_s']:.3f} | "
+            f"{_mib(r['measured_tensor_peak_bytes'])} / {_mib(r['predicted_peak_bytes'])} | "
+            f"{_mib(r['rss_peak_bytes'])}{vs} | {measured} {same} |"
         )
-        pred = estimate(profile, local_cpu(2), req).prediction
-        ok = "=" if pred.comm_bytes_per_step == r.comm_bytes_per_step else "!= predicted"
-        print(f"{name:16} {r.step_time_s:11.4f} {pred.step_time_s:12.4f} {str(r.comm_bytes_per_step):>40} {ok}")
-    left = list(out.rglob("*.bin"))
-    print(f"state files left after the runs: {len(left)}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--quick", action="store_true", help="DDP, offload=cpu and offload=nvme only")
+    ap.add_argument("--out", default=None, help="run directory (default: a new temporary one)")
+    ap.add_argument("--json", default=None, help="also write the result here")
+    args = ap.parse_args(argv)
+    result = run_bench(steps=args.steps, quick=args.quick, out=args.out)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    print(markdown(result))
     return 0
 
 

@@ -69,6 +69,7 @@ class HostOptimizer(torch.optim.Optimizer):
                 master = local if on_host else local.to("cpu", copy=True)
                 master = torch.nn.Parameter(master, requires_grad=False) if not on_host else master
                 inner = inner_class([master], **{k: v for k, v in group.items() if k != "params"})
+                self.state[p] = inner.state[master]  # the same dict: what a step holds (executor/memory.py)
                 self.entries.append((p, gi, master, inner))
                 self._on_host.append(on_host)
         self._pending = None  # DPU: the host step running on a thread
@@ -160,7 +161,7 @@ class HostOptimizer(torch.optim.Optimizer):
         if "host_master" in state:  # DPU: the saved update lands at the next step, as it would have
             master.data.copy_(state.pop("host_master"))
             self._pending = self._done()
-        inner.state[master] = state
+        inner.state[master] = self.state[self.entries[i][0]] = state
         if self.store is not None:
             self._page_out(i, state, count=False)
 
