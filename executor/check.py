@@ -66,6 +66,24 @@ def _check_runnable_here(plan: Plan) -> None:
         )
 
 
+def run_warnings(plan: Plan) -> list[str]:
+    """What this executor runs differently from what the plan was priced for: the run is valid, but
+    its measured times and memory are not the prediction's."""
+    out = []
+    runtime = getattr(plan, "runtime", "meshplan")
+    if runtime != "meshplan":
+        out.append(
+            f"plan.runtime = {runtime!r}: the prediction is for {runtime}'s behaviours; this executor runs the "
+            "plan with meshplan's (re-plan with --runtime meshplan to predict this run, or export it)"
+        )
+    if getattr(plan, "recompute_num_layers", 1) > 1:
+        out.append(
+            f"plan.recompute_num_layers = {plan.recompute_num_layers}: this executor checkpoints each block on "
+            "its own (Megatron's uniform groups are an export), so its peak is below the prediction"
+        )
+    return out
+
+
 def _check_identity(plan: Plan, model) -> None:
     """The rebuilt model is the profiled one: same unique parameter count and structure hash."""
     count, digest = num_params(model), structure_hash(model)

@@ -483,6 +483,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from meshplan.executor import check_plan, launch_command, run_plan
 
     check_plan(plan, nnodes=args.nnodes)
+    import sys
+
+    from meshplan.executor.check import run_warnings
+
+    for text in run_warnings(plan):
+        print(f"meshplan run: warning: {text}", file=sys.stderr)
     if args.offload_dir:  # offload=nvme's state files; the ranks read it (executor/train.py)
         os.environ["MESHPLAN_OFFLOAD_DIR"] = os.path.abspath(args.offload_dir)
     if args.print_launch:

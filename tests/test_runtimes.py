@@ -494,3 +494,21 @@ def test_uniform_recompute_groups_cost_what_megatron_defines(capsys):
     assert main([*base[:-2], "--recompute", "selective", "--recompute-num-layers", "4", "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--recompute-num-layers 4" in err and "--recompute full" in err and len(err.splitlines()) == 1
+
+
+def test_run_warns_when_the_prediction_was_for_another_runtime_or_uniform_groups(tmp_path, capsys):
+    """`meshplan run` executes a plan priced for Megatron-Core with uniform recompute groups, but says
+    that the prediction does not describe this run (another runtime; per-block checkpoints)."""
+    from meshplan.executor.check import run_warnings
+    from meshplan.plan import Plan
+    from meshplan.schema import load
+
+    path = tmp_path / "plan.json"
+    argv = ["plan", "--model", "gpt-tiny", "--num-gpus", "2", "--global-batch", "4", "--quiet", "-o", str(path)]
+    assert main([*argv, "--runtime", "megatron-core", "--recompute", "full", "--recompute-num-layers", "2"]) == 0
+    texts = run_warnings(load(Plan, path, "plan"))
+    assert len(texts) == 2
+    assert texts[0].startswith("plan.runtime = 'megatron-core': the prediction is for megatron-core's behaviours")
+    assert texts[1].startswith("plan.recompute_num_layers = 2: this executor checkpoints each block on its own")
+    assert main([*argv]) == 0  # a meshplan plan: nothing to say
+    assert run_warnings(load(Plan, path, "plan")) == []
