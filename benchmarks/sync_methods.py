@@ -1,15 +1,23 @@
 """Replica synchronisation methods, measured vs predicted against DDP (issue #16).
 
-    python -m benchmarks.slow_link --rate 1gbit -- python -m benchmarks.sync_methods [--steps 12] [--out F.json]
-    python -m benchmarks.sync_methods              # the same on the plain loopback
+    python -m benchmarks.sync_methods [--rate 1gbit] [--steps 10] [--out F.json] [--markdown]
+    from benchmarks import sync_methods as s; print(s.markdown(s.run_bench(steps=10, rate="1gbit")))
 
-gpt-tiny on 4 gloo ranks, SGD + momentum, a fixed 64-sample token dataset: for DDP and every sync
-method, the median step time (after the first two steps) and the loss after --steps steps, beside
-the cost model's step time and bytes per step (estimate() on the local-cpu preset at the same
-degrees; it does not know the slow link's rate, so read the predicted column as ratios); then
-master aggregation against DDP at 2, 3 and 4 ranks, and the model's prediction of both for
-gpt-tiny replicas on 8 to 1024 A100s (a100-80g preset).
-Bounded: one launch per world size, --timeout-s per launch.
+gpt-tiny on 4 gloo ranks, SGD + momentum (lr 0.2, no clipping), 4 microbatches of 1 sample per
+rank, the fixed 64-sample token dataset (tests/executor_plans.py). Inside a fresh slow-link
+namespace of --rate (benchmarks/slow_link.py; "none" = the plain loopback) the links are
+measured (`meshplan profile-links --nproc 4`), then DDP and every sync method run in one 4-rank
+launch, DDP and master in one 2-rank and one 3-rank launch. Outside, gpt-tiny is profiled on
+this CPU as 4 ranks share it (microbatch 1, 3 busy neighbours) and each run is predicted by
+estimate() on the ClusterSpec measured in the namespace with that CPU profile, so prediction and
+measurement see the same wire and the same CPU (`predict` re-prices a saved `block`). Per method: median step time after the first two steps, the
+prediction, both as a ratio to DDP's, counted and predicted bytes per step and rank, the loss
+after --steps steps and its ratio to DDP's. Master aggregation against DDP at 2, 3 and 4 ranks
+(the 4-rank rows are the methods launch's). Then the model's prediction of both for gpt-tiny
+replicas on 8 to 1024 A100s (the a100-80g preset: NVLink in a node, InfiniBand across).
+Bounded: --timeout-s for the namespace (profile-links + three launches).
+Entry points: `run_bench(steps, rate) -> dict`, `markdown(result) -> str`, and
+`bench_section(quick, say)` for benchmarks/run.py (quick: the plain loopback, 6 steps).
 """
 
 from __future__ import annotations
@@ -18,8 +26,10 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
 
 from meshplan import dp_methods
 from meshplan.plan import MethodChoice
@@ -35,10 +45,19 @@ METHODS = [
     ("gossip", {"low_precision": True}),
     ("async", {}),
 ]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(ROOT, "tests")
+SCALING = (2, 3)
+"""Worker counts of the extra DDP / master launches (4 is the methods launch)."""
+TO_1024 = (8, 64, 256, 1024)
+
+
+def _label(name, params) -> str:
+    return name + "".join(f":{k}={v}" for k, v in params.items())
 
 
 def _plan(name, params, n):
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+    sys.path.insert(0, TESTS)
     from executor_plans import make_plan
 
     plan = make_plan(dp=n, microbatch=1, microbatches=4)
@@ -47,12 +66,9 @@ def _plan(name, params, n):
     return plan
 
 
-def _predict(plan) -> tuple[float, dict]:
+def _predict(plan, cluster, profile) -> tuple[float, dict]:
     from meshplan.planner import PlanRequest, estimate
-    from meshplan.presets import local_cpu
-    from meshplan.profiler import profile_model
 
-    profile = profile_model("gpt-tiny", {}, device="meta")
     c = plan.dp_methods.sync
     req = PlanRequest(
         num_gpus=plan.world_size,
@@ -61,72 +77,137 @@ def _predict(plan) -> tuple[float, dict]:
         dp=plan.world_size,
         tp=1,
         pp=1,
-        microbatch=1,
+        microbatch=plan.microbatch_size,
         zero=0,
         methods={"sync": (c.name, dict(c.params))},
     )
-    pred = estimate(profile, local_cpu(plan.world_size), req).prediction
+    pred = estimate(profile, cluster, req).prediction
     return pred.step_time_s, pred.comm_bytes_per_step
 
 
-def _run(plans, steps, timeout_s):
+def _launch(plans, steps: int, timeout_s: float, out: str):
     from meshplan.executor.launch import LaunchOptions, run_plans
 
-    tests = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
-    with tempfile.TemporaryDirectory() as out:
-        return run_plans(
-            plans,
-            LaunchOptions(
-                steps=steps,
-                out_dir=out,
-                quiet=True,
-                timeout_s=timeout_s,
-                optimizer="sgd",
-                lr=0.2,
-                grad_clip=0.0,
-                data="executor_plans:token_dataset",
-                env={"PYTHONPATH": tests},
-            ),
-        )
+    return run_plans(
+        plans,
+        LaunchOptions(
+            steps=steps,
+            out_dir=out,
+            quiet=True,
+            timeout_s=timeout_s,
+            optimizer="sgd",
+            lr=0.2,
+            grad_clip=0.0,
+            data="executor_plans:token_dataset",
+            env={"PYTHONPATH": TESTS, "OMP_NUM_THREADS": "1"},
+        ),
+    )
 
 
-def _label(name, params) -> str:
-    return name + "".join(f":{k}={v}" for k, v in params.items())
+def _measured(name: str, params: dict, n: int, result) -> dict:
+    return {
+        "method": _label(name, params),
+        "name": name,
+        "params": params,
+        "workers": n,
+        "measured_step_s": statistics.median(result.step_times_s[2:]),
+        "measured_bytes": result.comm_bytes_per_step.get("dp_replicate", 0),
+        "loss_last": result.losses[-1],
+    }
 
 
-def methods_table(steps: int, timeout_s: float) -> list[dict]:
-    plans = [_plan(n, p, 4) for n, p in METHODS]
-    rows = []
-    for (name, params), plan, result in zip(METHODS, plans, _run(plans, steps, timeout_s)):
-        pred_s, pred_bytes = _predict(plan)
-        rows.append(
-            {
-                "method": _label(name, params),
-                "measured_step_s": statistics.median(result.step_times_s[2:]),
-                "predicted_step_s": pred_s,
-                "measured_bytes": result.comm_bytes_per_step,
-                "predicted_bytes": pred_bytes,
-                "loss_last": result.losses[-1],
-            }
-        )
+def inner(rate: str, steps: int, timeout_s: float) -> dict:
+    """Inside the namespace (or on the plain loopback): the links, then the three launches;
+    measurements only (predicted afterwards, outside: `predict`)."""
+    from benchmarks.compression_slow_link import _profile_links
+
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        links = os.path.join(tmp, "links.json")
+        _profile_links(links, rate, timeout_s)
+        links_s = time.perf_counter() - start
+        results = _launch([_plan(n, p, 4) for n, p in METHODS], steps, timeout_s / 2, os.path.join(tmp, "ws4"))
+        rows = [_measured(n, p, 4, r) for (n, p), r in zip(METHODS, results)]
+        scaling = []
+        for n in SCALING:
+            pair = [("allreduce", {}), ("master", {})]
+            got = _launch([_plan(m, p, n) for m, p in pair], steps, timeout_s / 4, os.path.join(tmp, f"ws{n}"))
+            scaling.append([_measured(m, p, n, r) for (m, p), r in zip(pair, got)])
+        with open(links) as f:
+            links_json = f.read()
+    return {"rate": rate, "methods": rows, "scaling": scaling, "links_json": links_json, "links_s": links_s}
+
+
+def predict(block: dict, profile_path: str) -> dict:
+    """Every measured row beside estimate() on the links measured with it and the CPU profile."""
+    from meshplan.model_profile import ModelProfile
+    from meshplan.presets import load_cluster
+    from meshplan.schema import load
+
+    profile = load(ModelProfile, profile_path, "profile")
+    with tempfile.TemporaryDirectory() as tmp:
+        links = os.path.join(tmp, "links.json")
+        with open(links, "w") as f:
+            f.write(block["links_json"])
+        for row in block["methods"] + [r for pair in block["scaling"] for r in pair]:
+            plan = _plan(row["name"], row["params"], row["workers"])
+            row["predicted_step_s"], pred_bytes = _predict(plan, load_cluster(links, row["workers"]), profile)
+            row["predicted_bytes"] = pred_bytes.get("dp_replicate", 0)
+    rows = block["methods"]
+    scaling = [(pair[0]["workers"], *pair) for pair in block["scaling"]] + [(4, rows[0], rows[1])]
+    return {
+        "rate": block["rate"],
+        "methods": _against_ddp(rows),
+        "master_scaling": [{"workers": n, "ddp": d, "master": m} for n, d, m in scaling],
+        "links_s": block["links_s"],
+    }
+
+
+def _against_ddp(rows: list[dict]) -> list[dict]:
+    ddp = rows[0]
+    for r in rows:
+        r["measured_vs_ddp"] = r["measured_step_s"] / ddp["measured_step_s"]
+        r["predicted_vs_ddp"] = r["predicted_step_s"] / ddp["predicted_step_s"]
+        r["error_pct"] = 100 * (r["predicted_step_s"] - r["measured_step_s"]) / r["measured_step_s"]
+        r["loss_vs_ddp"] = r["loss_last"] / ddp["loss_last"]
+        if r is not ddp:  # the predicted ordering against DDP (faster / slower) holds
+            r["ordering_holds"] = (r["predicted_vs_ddp"] < 1) == (r["measured_vs_ddp"] < 1)
     return rows
 
 
-def master_scaling(steps: int, timeout_s: float) -> list[dict]:
-    rows = []
-    for n in (2, 3, 4):
-        plans = [_plan("allreduce", {}, n), _plan("master", {}, n)]
-        ddp, master = _run(plans, steps, timeout_s)
-        rows.append(
-            {
-                "workers": n,
-                "ddp_step_s": statistics.median(ddp.step_times_s[2:]),
-                "master_step_s": statistics.median(master.step_times_s[2:]),
-                "predicted_ddp_s": _predict(plans[0])[0],
-                "predicted_master_s": _predict(plans[1])[0],
-            }
-        )
-    return rows
+def outer(rate: str, steps: int, timeout_s: float) -> dict:
+    """Run `inner`, inside a slow-link namespace unless rate is "none"."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        cmd = [sys.executable, "-m", "benchmarks.sync_methods", "--inner", rate, "--steps", str(steps)]
+        cmd += ["--timeout-s", str(timeout_s), "--out", out.name]
+        if rate != "none":
+            cmd = [
+                sys.executable,
+                "-m",
+                "benchmarks.slow_link",
+                "--rate",
+                rate,
+                "--timeout-s",
+                str(timeout_s + 60),
+                "--",
+                *cmd,
+            ]
+        rc = subprocess.run(cmd, cwd=ROOT).returncode
+        if rc != 0:
+            return {"rate": rate, "error": f"exit {rc}"}
+        return json.load(open(out.name))
+
+
+def profile_cpu(path: str) -> float:
+    """gpt-tiny profiled on this CPU as 4 ranks share it (microbatch 1, 3 busy neighbours),
+    written to `path`; returns the seconds it took."""
+    from meshplan.profiler import profile_model
+    from meshplan.schema import dumps, write_text_atomic
+
+    start = time.perf_counter()
+    profile = profile_model("gpt-tiny", {}, device="cpu", microbatch_sizes=[1], concurrent=4, in_place=False)
+    write_text_atomic(path, dumps(profile))
+    return time.perf_counter() - start
 
 
 def master_prediction_to_1024() -> list[dict]:
@@ -137,8 +218,8 @@ def master_prediction_to_1024() -> list[dict]:
 
     profile = profile_model("gpt-tiny", {}, device="meta")
     rows = []
-    for n in (8, 64, 256, 1024):
-        out = {"workers": n}
+    for n in TO_1024:
+        out: dict = {"workers": n}
         for sync in ("allreduce", "master"):
             req = PlanRequest(
                 num_gpus=n,
@@ -151,29 +232,110 @@ def master_prediction_to_1024() -> list[dict]:
                 zero=0,
                 methods={"sync": (sync, dp_methods.defaults_of("sync", sync))},
             )
-            out[f"{sync}_s"] = estimate(profile, cluster_preset("a100-80g", n), req).prediction.step_time_s
+            pred = estimate(profile, cluster_preset("a100-80g", n), req).prediction
+            out[f"{sync}_s"] = pred.step_time_s
+            out[f"{sync}_dp_comm_s"] = pred.breakdown["dp_comm"]
         rows.append(out)
     return rows
 
 
+def run_bench(steps: int = 10, rate: str = "1gbit", timeout_s: float = 600, say=print) -> dict:
+    """The benchmark (module docstring); wall seconds in `runtime_s`. `block` keeps the raw
+    measurements (predict(block, profile) again to re-price them)."""
+    start = time.perf_counter()
+    say(f"  rate {rate}: profile-links, {len(METHODS)} plans x {steps} steps on 4 ranks, master on 2 and 3")
+    block = outer(rate, steps, timeout_s)
+    measured_s = time.perf_counter() - start
+    result: dict = {"steps": steps, "block": block, "measured_s": measured_s}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "profile.json")
+        say("  profiling gpt-tiny on this CPU (4 ranks' share)")
+        result["profile_s"] = profile_cpu(path)
+        result["run"] = block if "error" in block else predict(json.loads(json.dumps(block)), path)
+    result["master_prediction"] = master_prediction_to_1024()
+    result["runtime_s"] = time.perf_counter() - start
+    return result
+
+
+def bench_section(quick: bool, say) -> dict:
+    """benchmarks/run.py's section: the plain loopback and 6 steps when quick, else 1 Gbit/s and 10."""
+    return run_bench(6 if quick else 10, "none" if quick else "1gbit", say=say)
+
+
+def _ms(s: float) -> str:
+    return f"{1e3 * s:.1f}"
+
+
+def markdown(result: dict) -> str:
+    """The result as markdown: the methods against DDP, master against DDP as N grows, the model to 1024."""
+    block = result["run"]
+    head = (
+        f"{result['steps']} steps per plan at rate {block['rate']}; whole run {result.get('runtime_s', 0):.0f} s "
+        f"(CPU profile {result.get('profile_s', 0):.0f} s). Predicted: estimate() on the links measured in "
+        "the namespace, with the CPU profile."
+    )
+    if "error" in block:
+        return f"{head}\n\nthe run failed: {block['error']}"
+    rows = block["methods"]
+    held = sum(r["ordering_holds"] for r in rows[1:])
+    mape = statistics.fmean(abs(r["error_pct"]) for r in rows)
+    lines = [
+        head,
+        f"\nStep-time MAPE {mape:.0f}%; predicted faster/slower than DDP holds for {held}/{len(rows) - 1}.\n",
+        "| method | measured ms | predicted ms | measured / DDP | predicted / DDP | bytes/step/rank (measured, predicted) | loss | loss / DDP |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        same = "=" if r["measured_bytes"] == r["predicted_bytes"] else f"{r['predicted_bytes']:,}"
+        lines.append(
+            f"| {r['method']} | {_ms(r['measured_step_s'])} | {_ms(r['predicted_step_s'])} | "
+            f"{r['measured_vs_ddp']:.2f} | {r['predicted_vs_ddp']:.2f} | {r['measured_bytes']:,} {same} | "
+            f"{r['loss_last']:.4f} | {r['loss_vs_ddp']:.4f} |"
+        )
+    lines += [
+        "\nMaster aggregation against DDP as N grows (ms per step):\n",
+        "| workers | DDP measured | master measured | master / DDP measured | DDP predicted | master predicted | master / DDP predicted |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in block["master_scaling"]:
+        d, m = s["ddp"], s["master"]
+        lines.append(
+            f"| {s['workers']} | {_ms(d['measured_step_s'])} | {_ms(m['measured_step_s'])} | "
+            f"{m['measured_step_s'] / d['measured_step_s']:.2f} | {_ms(d['predicted_step_s'])} | "
+            f"{_ms(m['predicted_step_s'])} | {m['predicted_step_s'] / d['predicted_step_s']:.2f} |"
+        )
+    lines += [
+        "\nThe model's prediction for gpt-tiny replicas on a100-80g nodes (ms per step; sync = the exposed "
+        "data-parallel term):\n",
+        "| workers | DDP | master | master / DDP | DDP sync | master sync |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in result["master_prediction"]:
+        lines.append(
+            f"| {p['workers']} | {_ms(p['allreduce_s'])} | {_ms(p['master_s'])} | "
+            f"{p['master_s'] / p['allreduce_s']:.1f} | {_ms(p['allreduce_dp_comm_s'])} | {_ms(p['master_dp_comm_s'])} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.sync_methods")
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--timeout-s", type=float, default=300)
+    ap.add_argument("--rate", default="1gbit", help="tc rate of the slow-link namespace; none = plain loopback")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--timeout-s", type=float, default=600, help="the namespace: profile-links + the launches")
     ap.add_argument("--out", default="")
+    ap.add_argument("--markdown", action="store_true", help="print the tables instead of the JSON")
+    ap.add_argument("--inner", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    result = {
-        "methods": methods_table(args.steps, args.timeout_s),
-        "master_scaling": master_scaling(args.steps, args.timeout_s),
-    }
-    try:
-        result["master_prediction"] = master_prediction_to_1024()
-    except Exception as exc:  # a preset name this checkout does not have
-        result["master_prediction_error"] = str(exc)
+    if args.inner:
+        result = inner(args.inner, args.steps, args.timeout_s)
+    else:
+        result = run_bench(args.steps, args.rate, args.timeout_s)
     text = json.dumps(result, indent=1)
     if args.out:
-        open(args.out, "w").write(text)
-    print(text)
+        with open(args.out, "w") as f:
+            f.write(text)
+    print(markdown(result) if args.markdown and not args.inner else text)
     return 0
 
 

@@ -109,8 +109,11 @@ def _async_run(rank: int, seed: int) -> dict:
     threads, groups = threading.active_count(), len(dist.distributed_c10d._world.pg_map)
     start = time.monotonic()
     with AsyncAverager(list(range(WORLD)), period, 20.0, delay=lambda: time.sleep(thread_rng.uniform(0, 0.004))) as avg:
-        for _ in range(steps):
-            time.sleep(main_rng.uniform(0, 0.003))
+        for step in range(steps):
+            # every 4th run has one long step (100 ms) right after a hand-over: its round lands
+            # behind it, unwaited (the others mostly wait: a round outlasts 0-3 ms of compute)
+            slow = seed % 4 == 0 and step == period and period > 1
+            time.sleep(0.1 if slow else main_rng.uniform(0, 0.003))
             update = 0.1 * torch.randn(256, generator=gen)
             x += update
             expected += update
@@ -131,6 +134,33 @@ def _async_run(rank: int, seed: int) -> dict:
         "groups_left": len(dist.distributed_c10d._world.pg_map) - groups,
         "elapsed_s": elapsed,
         "expected_rounds": steps // period,
+    }
+
+
+def _aborted(rank: int) -> dict:
+    """Rank 0's step loop raises at its third step (what SIGINT's KeyboardInterrupt does): its
+    close(aborted=True) must not wait for a round its peers will never finish with it; the
+    others' next round then fails within the group's timeout."""
+    from meshplan.executor.methods.sync_async import AsyncAverager
+
+    x, closed_s = torch.zeros(64), 0.0
+    start = time.monotonic()
+    try:
+        with AsyncAverager(list(range(WORLD)), 1, DEAD_TIMEOUT_S) as avg:
+            for step in range(6):
+                time.sleep(0.05)
+                if rank == 0 and step == 2:
+                    raise KeyboardInterrupt
+                x += 1.0
+                avg.after_step([x])
+            avg.close([x])
+    except KeyboardInterrupt:
+        closed_s = time.monotonic() - start
+    return {
+        "error": type(avg.error).__name__ if avg.error else "",
+        "elapsed_s": time.monotonic() - start,
+        "aborted_close_s": closed_s,
+        "thread_alive": avg.thread.is_alive(),
     }
 
 
@@ -174,6 +204,7 @@ def _rank_main(rank: int, port: int, results) -> None:
         "gossip": {g: _gossip_rates(rank, g) for g in (1.0, 0.5)},
         "gossip8": _gossip_8bit(rank),
         "async": [_async_run(rank, seed) for seed in range(ASYNC_RUNS)],
+        "aborted": _aborted(rank),
     }
     dist.barrier()
     results.put((rank, out))

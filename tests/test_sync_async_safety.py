@@ -9,6 +9,8 @@ One spawn of 4 gloo ranks, pure tensors, no model (`ranks` fixture), checks:
   the step loop never deadlocks and always ends with identical bookkeeping: every round handed
   over lands once, in order, on every rank; the replicas' sum is exactly what local training
   made it (every correction sums to zero); the thread is joined and its group destroyed;
+- a rank whose step loop raises (SIGINT's KeyboardInterrupt) closes without waiting on its
+  peers, whose next round then fails within the group's timeout;
 - a peer that dies mid-run ends the survivors' averaging threads with an error within the
   group's timeout instead of blocking, and close() returns.
 Then two `meshplan run` launches of gpt-tiny with --sync async on 2 ranks: SIGTERM to the
@@ -97,6 +99,15 @@ def test_async_averaging_never_deadlocks_and_ends_with_identical_bookkeeping(ran
             assert run["sum_error"] < 1e-5, run  # fp32 replicas; one round lost or doubled is ~1e-1
             assert run["elapsed_s"] < 5.0, run
     assert sum(run["early"] for r in range(WORLD) for run in ranks[r]["async"]) > 0  # rounds did overlap steps
+
+
+def test_an_aborted_rank_stops_without_waiting_and_its_peers_fail_the_round(ranks):
+    aborted = ranks[0]["aborted"]
+    assert 0 < aborted["aborted_close_s"] < 6 * 0.05 + 5.0 and not aborted["thread_alive"], aborted  # GRACE_S
+    for rank in range(1, WORLD):
+        run = ranks[rank]["aborted"]
+        assert run["error"] and not run["thread_alive"], run
+        assert run["elapsed_s"] < 6 * 0.05 + DEAD_TIMEOUT_S + 5.0 + 2.0, run
 
 
 def test_a_dead_peer_ends_the_averaging_thread_with_an_error(ranks):

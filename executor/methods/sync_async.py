@@ -24,8 +24,9 @@ manager), and every wait is bounded:
   reports the error as a warning. A round that has not landed GRACE_S past the timeout marks
   the averager failed too (the thread is then left: it is a daemon, it never keeps a process
   alive).
-The join waits at most timeout_s + GRACE_S; the averaging group is destroyed once the thread
-has ended (never under a live collective).
+The join waits at most timeout_s + GRACE_S (GRACE_S when aborted: the daemon thread need not
+hold the exit up); the averaging group is destroyed once the thread has ended (never under a
+live collective).
 Bytes: one fp32 all-reduce of the parameters per round ("dp_replicate"), counted when the round
 is handed over, so the steady state is exactly bytes / period, as planner/sync.py predicts.
 """
@@ -152,7 +153,8 @@ class AsyncAverager:
         finally:
             self.stopping.set()
             self.todo.put(None)
-            self.thread.join(timeout=self.timeout_s + GRACE_S)
+            # aborted: peers may be gone mid-round; the daemon thread need not hold the exit up
+            self.thread.join(timeout=GRACE_S if aborted else self.timeout_s + GRACE_S)
             if not self.thread.is_alive():
                 dist.destroy_process_group(self.group)
             if self.error is not None:
