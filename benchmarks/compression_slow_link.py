@@ -156,6 +156,7 @@ def inner(rate: str, steps: int, timeout_s: float, profile_path: str) -> dict:
                 {
                     "method": name + "".join(f":{k}={v}" for k, v in params.items()),
                     "measured_step_s": statistics.median(result.step_times_s[2:]),
+                    "measured_mean_step_s": statistics.fmean(result.step_times_s[2:]),
                     "predicted_step_s": {k: v[0] for k, v in predicted.items()},
                     "measured_bytes": result.comm_bytes_per_step.get("dp_replicate", 0),
                     "predicted_bytes": predicted["cpu+codecs"][1].get("dp_replicate", 0),
