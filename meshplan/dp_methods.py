@@ -549,10 +549,11 @@ METHODS: tuple[Method, ...] = (
             Param(
                 name="learners",
                 kind=int,
-                default=2,
-                low=1,
+                default=0,
+                low=0,
                 high=64,
-                doc="k: learners (replicas) per device, each on 1/k of the local batch",
+                doc="k: learners (replicas) per device, each on 1/k of the local batch; 0 = auto: the "
+                "planner picks the k of least modelled step time whose memory fits (planner/sync.py)",
             ),
             Param(
                 name="alpha",

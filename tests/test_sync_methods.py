@@ -1,7 +1,9 @@
 """Replica synchronisation methods (issue #16): master, local SGD, Crossbow, DABMD, gossip, async.
 
 Fast tests check the algebra in one process (Crossbow's SMA on hand-computed numbers, the 8-bit
-quantizer's bound, the ring's spectral gap, the planner's closed forms, feasibility). The slow
+quantizer's bound, the ring's spectral gap, the planner's closed forms, feasibility), Crossbow's
+per-step price and learner-count tuner on hand-built timed profiles, and asynchronous
+averaging's exposed-time model on a hand-worked case. The slow
 ones run gpt-tiny on 2 and 4 gloo ranks (one launch per world size, every method in it) and
 check, against DDP run in the same launch:
 - master, local SGD with period 1, Crossbow with one reset learner, DABMD at equal speed and
@@ -192,6 +194,136 @@ def test_planner_prices_master_against_all_reduce_as_n_grows():
         return estimate(profile, local_cpu(n), req).prediction.step_time_s
 
     assert step(2, "master") / step(2, "allreduce") < step(4, "master") / step(4, "allreduce")
+
+
+# --- fast: Crossbow's learner count and asynchronous averaging's exposed time -----------------
+
+
+def _timed_profile(per_layer_ms: dict[int, float]):
+    """gpt-tiny-sized closed-form profile 'measured' on the CPU: every layer forward + backward
+    takes per_layer_ms[b] ms at microbatch b (a third forward, two thirds backward)."""
+    from meshplan.model_profile import LayerTiming
+    from meshplan.models.analytic import gpt_profile
+
+    prof = gpt_profile(layers=2, hidden=64, heads=4, vocab=128, seq=32)
+    prof.device = "cpu"
+    for lp in prof.layers:
+        lp.timings = [
+            LayerTiming(microbatch_size=b, forward_s=ms / 3e3, backward_s=2 * ms / 3e3)
+            for b, ms in per_layer_ms.items()
+        ]
+    return prof
+
+
+def _crossbow(prof, learners: int, memory_bytes: int | None = None):
+    """estimate() of dp 2, microbatch 4, one microbatch per replica (local batch 4: k in 1, 2, 4)."""
+    import dataclasses
+
+    from meshplan.planner import PlanRequest, estimate
+    from meshplan.presets import local_cpu
+
+    cluster = local_cpu(2)
+    if memory_bytes is not None:
+        cluster = dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, memory_bytes=memory_bytes))
+    params = dp_methods.method("sync", "crossbow").resolve({"learners": learners}, "sync")
+    req = PlanRequest(
+        num_gpus=2, global_batch=8, precision="fp32", dp=2, tp=1, pp=1, microbatch=4, zero=0,
+        methods={"sync": ("crossbow", params)},
+    )  # fmt: skip
+    return estimate(prof, cluster, req)
+
+
+SUPERLINEAR = {1: 3.0, 2: 9.0, 4: 24.0}
+"""Per-sample cost falls with the microbatch: 4 learners at 1 sample (4 x 3 ms) beat one at 4 (24 ms)."""
+LINEAR = {1: 3.0, 2: 6.0, 4: 12.0}
+"""Per-sample cost flat: k learners only add optimizer steps, SMA traffic and per-call overheads."""
+
+
+def test_crossbow_prices_k_learners_one_after_another_with_k_optimizer_steps():
+    from meshplan.planner.pipeline import OPTIMIZER_BYTES_PER_PARAM
+    from meshplan.presets import local_cpu
+
+    prof = _timed_profile(SUPERLINEAR)
+    step = {k: _crossbow(prof, k).prediction.step_time_s for k in (1, 2, 4)}
+    params, hbm = sum(lp.num_params for lp in prof.layers), local_cpu(2).device.hbm_gbps * 1e9
+    for k, learners_ms in ((2, 2 * 9.0), (4, 4 * 3.0)):
+        # hand-worked, per layer: k learners of 4 / k samples one after another instead of one of
+        # 4 (24 ms); each extra learner adds its memory-bound optimizer step (28 bytes per
+        # parameter, torch AdamW) and its SMA traffic (15 x 4 bytes per parameter)
+        compute = len(prof.layers) * (24.0 - learners_ms) / 1e3
+        extra = (k - 1) * params * (OPTIMIZER_BYTES_PER_PARAM["torch"] + 15 * 4) / hbm
+        assert step[1] - step[k] == pytest.approx(compute - extra, rel=1e-9), k
+    lin = {k: _crossbow(_timed_profile(LINEAR), k).prediction for k in (1, 4)}
+    assert lin[4].step_time_s > lin[1].step_time_s  # same compute, 3 more optimizer steps and SMA traffic
+    assert lin[4].peak_memory_bytes > lin[1].peak_memory_bytes  # x k learners' states
+
+
+def test_crossbow_auto_picks_k_from_the_cost_model():
+    fast_small = _timed_profile(SUPERLINEAR)
+    assert _crossbow(fast_small, 0).dp_methods.sync.params["learners"] == 4
+    assert _crossbow(_timed_profile(LINEAR), 0).dp_methods.sync.params["learners"] == 1
+    # memory x k must fit: a device between k = 2's and k = 4's peak takes k = 2
+    peak = {k: _crossbow(fast_small, k).prediction.peak_memory_bytes for k in (2, 4)}
+    reserved = local_cpu_reserved()
+    between = int((peak[2] + peak[4]) / 2 / (1 - reserved))
+    assert _crossbow(fast_small, 0, between).dp_methods.sync.params["learners"] == 2
+    # deterministic: the same inputs give the same plan, byte for byte
+    from meshplan.schema import dumps
+
+    assert dumps(_crossbow(fast_small, 0, between)) == dumps(_crossbow(fast_small, 0, between))
+
+
+def local_cpu_reserved() -> float:
+    from meshplan.presets import local_cpu
+
+    return local_cpu(2).device.memory_reserved_fraction
+
+
+def test_search_resolves_crossbow_auto_and_the_executor_refuses_it_unresolved():
+    from meshplan.planner import PlanRequest, search
+    from meshplan.presets import local_cpu
+
+    req = PlanRequest(
+        num_gpus=2,
+        global_batch=8,
+        precision="fp32",
+        methods={"sync": ("crossbow", dp_methods.defaults_of("sync", "crossbow"))},
+    )
+    plan = search(_timed_profile(SUPERLINEAR), local_cpu(2), req)
+    k = plan.dp_methods.sync.params["learners"]
+    assert k >= 1 and (plan.microbatch_size * plan.num_microbatches) % k == 0
+    assert dp_methods.defaults_of("sync", "crossbow")["learners"] == 0
+
+
+def test_async_exposed_time_on_a_hand_worked_case():
+    from meshplan.planner.sync import async_exposed_s
+
+    # a 30 ms round behind 10 ms steps: period 2 hides 20 ms of it, 10 ms wait once per 2 steps,
+    # plus 1 ms of the main thread's copies per round: (10 + 1) / 2 = 5.5 ms per step
+    assert async_exposed_s(0.030, 0.010, 2, 0.001) == pytest.approx(0.0055)
+    assert async_exposed_s(0.030, 0.010, 3, 0.001) == pytest.approx(0.001 / 3)  # fully hidden: copies only
+    assert async_exposed_s(0.030, 0.010, 1, 0.0) == pytest.approx(0.020)
+
+
+def test_async_exposed_time_through_estimate_hides_behind_the_period():
+    """gpt-tiny on 2 local CPU ranks: at period 1 the round hides behind one step's work, so the
+    exposed sync is below a plain all-reduce of the parameters; it shrinks with the period."""
+    from meshplan.planner import PlanRequest, estimate
+    from meshplan.presets import local_cpu
+    from meshplan.profiler import profile_model
+
+    profile = profile_model("gpt-tiny", {}, device="meta")
+
+    def dp_comm(name, params):
+        req = PlanRequest(
+            num_gpus=2, global_batch=8, precision="fp32", dp=2, tp=1, pp=1, microbatch=2, zero=0,
+            methods={"sync": (name, dp_methods.method("sync", name).resolve(params, "sync"))},
+        )  # fmt: skip
+        return estimate(profile, local_cpu(2), req).prediction.breakdown["dp_comm"]
+
+    exposed = [dp_comm("async", {"period": p}) for p in (1, 2, 8)]
+    assert exposed[0] < dp_comm("master", {})  # master: the same bytes, nothing hidden
+    assert exposed[0] >= exposed[1] >= exposed[2] > 0
 
 
 # --- slow: real runs on gloo ------------------------------------------------------------------
