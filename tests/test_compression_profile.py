@@ -145,3 +145,22 @@ def test_profiles_without_timings_load_and_timings_round_trip():
     assert again.codec_timings == with_timing("alq", defaults("alq"), 1e-3, 2e-4, refit=0.1).codec_timings
     del data["codec_timings"]
     assert from_dict(ModelProfile, data).codec_timings == {}
+
+
+def test_the_benchmarks_summary_and_markdown():
+    """benchmarks/compression_slow_link's entry points on hand-made rows: errors, ordering against
+    DDP per prediction, and one table per rate (what benchmarks/run.py's report prints)."""
+    from benchmarks.compression_slow_link import PREDICTIONS, markdown, summarise
+
+    def row(method, measured, predicted):
+        return dict(
+            method=method, measured_step_s=measured, predicted_step_s=dict.fromkeys(PREDICTIONS, predicted),
+            measured_bytes=8, predicted_bytes=8, loss_last=2.0, notes=[],
+        )  # fmt: skip
+
+    rows = summarise([row("none", 1.0, 1.5), row("topk", 0.5, 2.0), row("qsgd", 2.0, 3.0)])
+    assert rows[0]["error_pct"]["meta"] == pytest.approx(50.0) and rows[1]["error_pct"]["cpu"] == pytest.approx(300.0)
+    assert rows[1]["ordering_holds"]["meta"] is False and rows[2]["ordering_holds"]["meta"] is True
+    text = markdown({"steps": 8, "rates": [{"rate": "100mbit", "rows": rows}, {"rate": "1gbit", "error": "exit 1"}]})
+    assert "100mbit: meta MAPE 133%, ordering 1/2" in text and "| topk | 0.500 | 2.000 |" in text
+    assert "1gbit: exit 1" in text
