@@ -138,6 +138,7 @@ def _row(label, plan, result, rss, prediction, steps) -> dict:
         "predicted_bytes": pred.comm_bytes_per_step,
         "loss": result.losses[-1],
         "steps": steps,
+        "load_avg_1min": os.getloadavg()[0],
     }
 
 
@@ -168,6 +169,7 @@ def run_bench(steps: int = 6, quick: bool = False, out: str | None = None, say=p
     root.mkdir(parents=True, exist_ok=True)
     cluster, links_s = _links(root, say)
     profile, profile_s = _profile(say)
+    profile_load = os.getloadavg()[0]  # the host is shared: a profile taken under load predicts slow steps
     rows = []
     for label, kwargs, methods in PLANS:
         if quick and label not in QUICK:
@@ -193,6 +195,8 @@ def run_bench(steps: int = 6, quick: bool = False, out: str | None = None, say=p
         "state_files_left": left,
         "links_s": links_s,
         "profile_s": profile_s,
+        "profile_load_avg_1min": profile_load,
+        "cpu_count": os.cpu_count(),
         "runtime_s": time.perf_counter() - start,
     }
 
@@ -214,14 +218,15 @@ def markdown(result: dict) -> str:
         f"gpt h{m['hidden']} x {m['layers']} blocks ({m['num_params']:,} parameters), AdamW, microbatch "
         f"{m['microbatch']}, {result['ranks']} gloo ranks, {result['steps']} steps per plan, one launch each; "
         f"whole run {result['runtime_s']:.0f} s (links {result['links_s']:.0f} s, CPU profile "
-        f"{result['profile_s']:.0f} s). Links measured by profile_links: host memory "
+        f"{result['profile_s']:.0f} s, 1-min load average after it {result.get('profile_load_avg_1min', 0):.1f} "
+        f"on {result.get('cpu_count', '?')} cores). Links measured by profile_links: host memory "
         f"{links['host_memory_gbps']:.2f} GB/s per rank, disk write {links['disk_write_gbps']:.3f} / read "
         f"{links['disk_read_gbps']:.3f} GB/s per rank, latency {links['disk_latency_s'] * 1e3:.1f} ms "
         f"({links['source']}). State files left after the runs: {len(result['state_files_left'])}.",
         "",
         "| method | measured s/step | predicted s/step | tensor peak MiB (measured / predicted) | "
-        "resident peak MiB (vs DDP) | bytes per step and rank (measured; = predicted?) |",
-        "|---|---:|---:|---:|---:|---|",
+        "resident peak MiB (vs DDP) | bytes per step and rank (measured; = predicted?) | load |",
+        "|---|---:|---:|---:|---:|---|---:|",
     ]
     for r in result["rows"]:
         same = "=" if r["measured_bytes"] == r["predicted_bytes"] else f"!= {r['predicted_bytes']}"
@@ -230,7 +235,7 @@ def markdown(result: dict) -> str:
         lines.append(
             f"| {r['method']} | {r['measured_step_s']:.3f} | {r['predicted_step_s']:.3f} | "
             f"{_mib(r['measured_tensor_peak_bytes'])} / {_mib(r['predicted_peak_bytes'])} | "
-            f"{_mib(r['rss_peak_bytes'])}{vs} | {measured} {same} |"
+            f"{_mib(r['rss_peak_bytes'])}{vs} | {measured} {same} | {r.get('load_avg_1min', 0):.1f} |"
         )
     return "\n".join(lines)
 
