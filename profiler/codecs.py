@@ -10,7 +10,8 @@ REFIT_REPEATS rounds, one more exchange at a group of 1 that re-fits the levels 
   decode_s = (t_GROUP - t_1) / (GROUP - 1)   per rank of the group (all-gather compressors)
   encode_s = t_1 - decode_s                  compression + what does not grow with the group
   refit_s  = t_refit - t_1                   one re-fit, paid every refit_every steps
-each the median over the rounds, clamped at zero. CPU: process CPU time x the host share
+the differences taken within each round (same host state), each term the median over the
+rounds, decode_s clamped to [0, t_1] and refit_s at zero. CPU: process CPU time x the host share
 (wall / CPU over the timed exchanges, at least the profile's ranks / cores, as timing.py does).
 CUDA: wall time between synchronisations. A codec that cannot run on the device (an error) is
 left untimed with a note; the planner then models it (planner/compression.py).
@@ -99,20 +100,21 @@ def _time_layer(name: str, params: dict, shapes: tuple, device: str, share: Host
     }
     if name in ADAPTIVE:
         runs["refit"] = (codec(name, {**params, "refit_every": 1}, 1), LoopbackComm(1))
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    rounds = WARMUP + REPEATS
+    rounds, timed = WARMUP + REPEATS, []
     for i in range(rounds):
+        got = {}
         for key, (c, comm) in runs.items():
             if key == "refit" and i < rounds - REFIT_REPEATS:  # its first call warms nothing up that
                 continue  # the re-fit (every step here) would not dwarf
             items = [(j, g.clone(), shape) for j, (g, shape) in enumerate(zip(grads, shapes))]
-            seconds = _exchange_s(c, comm, items, device, share)
-            if i >= WARMUP:
-                times[key].append(seconds)
-    one, group = statistics.median(times["one"]), statistics.median(times["group"])
-    decode = max(0.0, (group - one) / (GROUP - 1))
-    refit = max(0.0, statistics.median(times["refit"]) - one) if "refit" in times else None
-    return max(0.0, one - decode), decode, refit
+            got[key] = _exchange_s(c, comm, items, device, share)
+        if i >= WARMUP:
+            timed.append(got)
+    # differences within a round (the same host state), then the median over the rounds
+    one = statistics.median(t["one"] for t in timed)
+    decode = min(one, max(0.0, statistics.median((t["group"] - t["one"]) / (GROUP - 1) for t in timed)))
+    refits = [t["refit"] - t["one"] for t in timed if "refit" in t]
+    return one - decode, decode, (max(0.0, statistics.median(refits)) if refits else None)
 
 
 def _exchange_s(c, comm, items, device: str, share: HostShare) -> float:

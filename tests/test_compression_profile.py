@@ -60,7 +60,8 @@ def test_every_codec_is_timed_per_distinct_layer_at_the_defaults():
     assert set(timed) == set(CODECS) and set(CODECS) <= set(dp_methods.names("compression"))
     for name, t in timed.items():
         assert set(t.encode_s) == set(t.decode_s) == {"embed", "l0", "l1"}, name  # no parameters: no exchange
-        assert t.encode_s["l0"] == t.encode_s["l1"] > 0 and t.decode_s["l0"] == t.decode_s["l1"] >= 0, name
+        assert t.encode_s["l0"] == t.encode_s["l1"] >= 0 and t.decode_s["l0"] == t.decode_s["l1"] >= 0, name
+        assert t.encode_s["l0"] + t.decode_s["l0"] > 0, name  # one rank's exchange takes time
         assert set(t.refit_s) == ({"embed", "l0", "l1"} if name in ("alq", "amq") else set()), name
         expected = defaults(name, **({"critical_fraction": 1.0} if "critical_fraction" in t.params else {}))
         assert t.params == expected, name

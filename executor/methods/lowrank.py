@@ -31,11 +31,11 @@ class LowRank(compressed.Codec):
     def rank_for(self, key: int) -> int:
         return self.params["rank"]
 
-    def _q(self, key: int, m: int, r: int) -> torch.Tensor:
+    def _q(self, key: int, m: int, r: int, device: torch.device) -> torch.Tensor:
         q = self.q.get(key)
         if q is None or q.shape != (m, r):
-            gen = torch.Generator().manual_seed(self.ordinal(key))
-            q = self.q[key] = torch.randn((m, r), generator=gen)
+            gen = torch.Generator().manual_seed(self.ordinal(key))  # on the host: the same on every rank
+            q = self.q[key] = torch.randn((m, r), generator=gen).to(device)
         return q
 
     def exchange(self, comm, items: list[tuple[int, torch.Tensor, tuple]]) -> None:
@@ -49,7 +49,7 @@ class LowRank(compressed.Codec):
             r = lowrank_split(n, m, self.rank_for(key), self.params["min_compression_rate"])
             if r:
                 acc = self.feedback.accumulate(key, grad).view(n, m)
-                packed.append((key, grad, acc, acc @ self._q(key, m, r)))  # P: (n, r)
+                packed.append((key, grad, acc, acc @ self._q(key, m, r, acc.device)))  # P: (n, r)
             else:
                 dense.append(grad)
         first = torch.cat([p.reshape(-1) for *_, p in packed] + [g.reshape(-1) for g in dense] or [torch.zeros(0)])

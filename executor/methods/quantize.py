@@ -72,12 +72,20 @@ class Quantizer(compressed.Codec):
     def __init__(self, params: dict, world: int, rank: int):
         super().__init__(params, world, rank)
         self.bits, self.d = params["bits"], params["bucket_size"]
-        self.gen = torch.Generator().manual_seed(1000003 * rank + 17)
+        self.seed = 1000003 * rank + 17
+        self.gens: dict[torch.device, torch.Generator] = {}
+        """One generator per device the gradients live on (torch.rand needs one of the tensor's device)."""
         self.fixed = self.initial_levels(magnitude_levels(self.bits))
         self.fitted: dict[int, torch.Tensor] = {}
 
     def initial_levels(self, count: int) -> torch.Tensor:
         raise NotImplementedError
+
+    def _gen(self, device: torch.device) -> torch.Generator:
+        gen = self.gens.get(device)
+        if gen is None:
+            gen = self.gens[device] = torch.Generator(device=device).manual_seed(self.seed)
+        return gen
 
     def levels_for(self, key: int) -> torch.Tensor:
         return self.fitted.get(key, self.fixed)
@@ -89,9 +97,9 @@ class Quantizer(compressed.Codec):
         if not self.params.get("quantize", True):
             return v.float().view(torch.uint8)
         r, norms = normalise(v, self.d)
-        lv = self.levels_for(key)
+        lv = self.levels_for(key).to(v.device)
         sign = (v.float() < 0).long()
-        codes = stochastic_round(r.reshape(-1)[: v.numel()], lv, self.gen) * 2 + sign
+        codes = stochastic_round(r.reshape(-1)[: v.numel()], lv, self._gen(v.device)) * 2 + sign
         parts = [pack(codes, self.bits), norms.view(torch.uint8)]
         if self.adaptive:
             parts.append(histogram(r.reshape(-1)[: v.numel()]).view(torch.uint8))
@@ -105,7 +113,7 @@ class Quantizer(compressed.Codec):
         nb = math.ceil(n / self.d)
         codes = unpack(chunk[:packed], self.bits, n)
         norms = chunk[packed : packed + NORM_BYTES * nb].clone().view(torch.float32)
-        mags = self.levels_for(key)[codes >> 1] * norms.repeat_interleave(self.d)[:n]
+        mags = self.levels_for(key).to(chunk.device)[codes >> 1] * norms.repeat_interleave(self.d)[:n]
         values = torch.where((codes & 1).bool(), -mags, mags)
         hist = chunk[packed + NORM_BYTES * nb :].clone().view(torch.float32) if self.adaptive else None
         return values, hist
@@ -115,7 +123,7 @@ class Quantizer(compressed.Codec):
         gathered = comm.all_gather(torch.cat([self.encode(key, g) for key, g, _ in items]))
         offset = 0
         for (key, grad, _), size in zip(items, sizes):
-            total, hist = torch.zeros(grad.numel()), torch.zeros(HIST_BINS)
+            total, hist = torch.zeros(grad.numel(), device=grad.device), torch.zeros(HIST_BINS, device=grad.device)
             for part in gathered:  # rank order: the same sums (and levels) on every rank
                 values, h = self.decode(key, part[offset : offset + size], grad.numel())
                 total += values
@@ -124,7 +132,7 @@ class Quantizer(compressed.Codec):
             grad.copy_(total.div_(comm.world))
             step = self.step_of(key)
             if self.adaptive and step % self.params["refit_every"] == 0:
-                self.refit(key, hist)
+                self.refit(key, hist.cpu())  # 32 counts: the fit runs on the host (levels.py)
             offset += size
 
     def payload_bytes(self, n: int) -> int:
