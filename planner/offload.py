@@ -13,7 +13,9 @@ Who steps the optimizer (executor/methods/offload_*.py):
   step; offload=nvme reads and writes the states from disk, prefetched behind the host step.
 Time, once per step: the gradients' copy down hidden behind backward up to the calibration's
 dp_overlap (ZeRO-Offload streams them per bucket), then max(host step, NVMe traffic) and the
-parameters' copy up, exposed. The host step is memory-bound (CPU Adam reads parameter, gradient,
+parameters' copy up, exposed. NVMe traffic: the states read and written at the nvme link's read
+and write bandwidths, plus its latency twice per state file (nvme_store.py keeps one file per
+parameter tensor, each synced on write; profile-links measures the latency on 4 KiB files). The host step is memory-bound (CPU Adam reads parameter, gradient,
 m, v and writes parameter, m, v: 28 bytes per fp32 parameter) at cluster.host_memory_gbps.
 delayed_update runs all of it behind the next step's compute: only the excess over the
 forward+backward window (backward x 1.5) shows. On a CPU cluster the host is the device: PCIe
@@ -136,13 +138,24 @@ class NvmeOffload(CpuOffload):
     def state_bytes(self, local, weights, grads, optim):
         return weights, grads, 0.0
 
+    def _files(self) -> float:
+        """State files one step reads and writes: executor/methods/nvme_store.py keeps one per
+        trainable parameter tensor the rank steps: its pipeline stage's share of the model's
+        tensors (layers spread evenly; a tensor-parallel or FSDP shard of every one of them), a
+        ZeRO-1 partition 1/dp of those; 1 where the profile lists no parameter shapes."""
+        tensors = sum(len(layer.param_shapes) for layer in self.ctx.profile.layers) / self.cand.pp
+        return max(1.0, tensors / self.cand.dp if self.zero == 1 else tensors)
+
     def _io_s(self, params: float) -> float:
+        """Each file's latency twice (a synced write, a read: the link's latency is profile-links'
+        4 KiB write + fsync and cold read, averaged) plus the states read and written at the
+        link's bandwidths."""
         link = self.ctx.cluster.nvme
         if link is None:
             return float("inf")
         nbytes = params * self._state_bytes_per_param()
         return (
-            2 * link.latency_s
+            2 * link.latency_s * self._files()
             + nbytes / (link.effective_gbps("read") * 1e9)
             + nbytes / (link.effective_gbps("write") * 1e9)
         )

@@ -317,3 +317,29 @@ def test_planner_offloads_gpt3_175b_on_8_a100_where_nothing_else_fits():
 def test_planner_does_not_offload_a_model_that_fits():
     plan = _plan("gpt-tiny", 8, 16)
     assert plan.dp_methods.offload.name == "none"
+
+
+def test_nvme_step_pays_a_synced_write_and_a_read_per_state_file():
+    """nvme_store.py keeps one file per trainable parameter tensor: the planner charges the
+    link's latency twice per file a rank steps (profile-links measures it as a 4 KiB write +
+    fsync and cold read), so raising the latency by d adds 2 d x files to the step, exactly."""
+    import dataclasses
+
+    from planner_profiles import small_gpt
+
+    from meshplan.planner import PlanRequest, estimate
+    from meshplan.presets import local_cpu
+
+    profile = small_gpt(2)
+    for layer in profile.layers:
+        layer.param_shapes = [[layer.num_params]] if layer.num_params else []
+    files = sum(len(layer.param_shapes) for layer in profile.layers)
+    req = PlanRequest(num_gpus=2, global_batch=4, precision="fp32", tp=1, pp=1, dp=2, microbatch=1, zero=0)
+    req = dataclasses.replace(req, methods={"offload": ("nvme", {})})
+
+    def step(latency_s: float) -> float:
+        cluster = local_cpu(2)
+        cluster.nvme = dataclasses.replace(cluster.nvme, latency_s=latency_s)
+        return estimate(profile, cluster, req).prediction.step_time_s
+
+    assert files >= 3 and step(0.01) - step(0.0) == pytest.approx(2 * 0.01 * files, rel=1e-9)
