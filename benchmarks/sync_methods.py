@@ -1,7 +1,7 @@
 """Replica synchronisation methods, measured vs predicted against DDP (issue #16).
 
-    python -m benchmarks.sync_methods [--rate 1gbit] [--steps 10] [--out F.json] [--markdown]
-    from benchmarks import sync_methods as s; print(s.markdown(s.run_bench(steps=10, rate="1gbit")))
+    python -m benchmarks.sync_methods [--rate 1gbit] [--steps 13] [--out F.json] [--markdown]
+    from benchmarks import sync_methods as s; print(s.markdown(s.run_bench(steps=13, rate="1gbit")))
 
 gpt-tiny on 4 gloo ranks, SGD + momentum (lr 0.2, no clipping), 4 microbatches of 1 sample per
 rank, the fixed 64-sample token dataset (tests/executor_plans.py). Inside a fresh slow-link
@@ -17,7 +17,7 @@ after --steps steps and its ratio to DDP's. Master aggregation against DDP at 2,
 replicas on 8 to 1024 A100s (the a100-80g preset: NVLink in a node, InfiniBand across).
 Bounded: --timeout-s for the namespace (profile-links + three launches).
 Entry points: `run_bench(steps, rate) -> dict`, `markdown(result) -> str`, and
-`bench_section(quick, say)` for benchmarks/run.py (quick: the plain loopback, 6 steps).
+`bench_section(quick, say)` for benchmarks/run.py (quick: the plain loopback, 5 steps).
 """
 
 from __future__ import annotations
@@ -239,7 +239,7 @@ def master_prediction_to_1024() -> list[dict]:
     return rows
 
 
-def run_bench(steps: int = 10, rate: str = "1gbit", timeout_s: float = 600, say=print) -> dict:
+def run_bench(steps: int = 13, rate: str = "1gbit", timeout_s: float = 600, say=print) -> dict:
     """The benchmark (module docstring); wall seconds in `runtime_s`. `block` keeps the raw
     measurements (predict(block, profile) again to re-price them)."""
     start = time.perf_counter()
@@ -258,8 +258,8 @@ def run_bench(steps: int = 10, rate: str = "1gbit", timeout_s: float = 600, say=
 
 
 def bench_section(quick: bool, say) -> dict:
-    """benchmarks/run.py's section: the plain loopback and 6 steps when quick, else 1 Gbit/s and 10."""
-    return run_bench(6 if quick else 10, "none" if quick else "1gbit", say=say)
+    """benchmarks/run.py's section: the plain loopback and 5 steps when quick, else 1 Gbit/s and 13."""
+    return run_bench(5 if quick else 13, "none" if quick else "1gbit", say=say)
 
 
 def _ms(s: float) -> str:
@@ -321,7 +321,9 @@ def markdown(result: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.sync_methods")
     ap.add_argument("--rate", default="1gbit", help="tc rate of the slow-link namespace; none = plain loopback")
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument(
+        "--steps", type=int, default=13, help="1 + a multiple of 4: whole local-SGD periods after the first step"
+    )
     ap.add_argument("--timeout-s", type=float, default=600, help="the namespace: profile-links + the launches")
     ap.add_argument("--out", default="")
     ap.add_argument("--markdown", action="store_true", help="print the tables instead of the JSON")
