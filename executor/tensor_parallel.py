@@ -2,7 +2,10 @@
 sequence parallelism: Korthikanti et al. 2022 §4.2.2), via DTensor `parallelize_module`.
 
 Per layer kind:
-- "block": column children -> ColwiseParallel, row children -> RowwiseParallel. With sequence
+- "block": column children -> ColwiseParallel, row children -> RowwiseParallel; a replicated
+  norm inside a column group's parent (Qwen3's per-head q_norm/k_norm) reads the local heads as a
+  DTensor sharded on the head dim (SequenceParallel(sequence_dim=2)), so its replicated weight's
+  gradient is summed over the TP ranks. With sequence
   parallelism the block's input and output are sharded on the sequence dim (Shard(1)): norms
   become SequenceParallel, the parent of each column group all-gathers its input
   (PrepareModuleInput Shard(1) -> Replicate) and row layers reduce-scatter (output Shard(1)).
@@ -59,10 +62,20 @@ def _layer_plan(rule: TPRule, sp: bool) -> dict:
             c: ColwiseParallel(input_layouts=seq) if sp and "." not in c else ColwiseParallel() for c in rule.column
         }
         plan.update({r: RowwiseParallel(output_layouts=seq if sp else Replicate()) for r in rule.row})
+        parents = sorted({c.rsplit(".", 1)[0] for c in rule.column if "." in c})
+        heads = [n for n in rule.replicated if "." in n and n.rsplit(".", 1)[0] in parents]
         if sp:
-            plan.update({n: SequenceParallel() if _is_norm_name(n) else _GatherScatter() for n in rule.replicated})
-            parents = sorted({c.rsplit(".", 1)[0] for c in rule.column if "." in c})
+            plan.update(
+                {
+                    n: SequenceParallel() if _is_norm_name(n) else _GatherScatter()
+                    for n in rule.replicated
+                    if n not in heads
+                }
+            )
             plan.update({p: _GatherSequence() for p in parents})
+        # a norm inside a column-split attention (Qwen3's q_norm/k_norm) sees this rank's heads,
+        # dim 2 of (B, T, heads, head_dim): its weight replicated, its gradient summed over TP
+        plan.update({n: SequenceParallel(sequence_dim=2, use_local_output=True) for n in heads})
         return plan
     if rule.kind == "embedding":
         plan = {r: RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()) for r in rule.row}

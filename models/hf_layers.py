@@ -129,18 +129,25 @@ def _layer_list(body: nn.Module) -> nn.ModuleList | None:
 
 def hf_block_rule(block: HFBlock) -> TPRule:
     """TPRule from the config's `base_model_tp_plan`, only where meshplan's executor applies it
-    exactly: attention q/k/v colwise + o rowwise (heads split whole), a dense MLP's colwise/
-    rowwise pair. A MoE MLP (packed experts) is replicated inside the block; fused QKV (GPT-2's
-    Conv1D, GPT-NeoX), per-head norms (Qwen3) and other styles give "none" (kept whole)."""
+    exactly: attention q/k/v colwise + o rowwise (heads split whole), GPT-NeoX's fused
+    query_key_value colwise + dense rowwise (_per_head_qkv), a dense MLP's colwise/rowwise pair.
+    Qwen3's per-head q/k norms are replicated children inside the attention (_HEAD_NORMS). A MoE
+    MLP (packed experts) is replicated inside the block; GPT-2's fused Conv1D c_attn ([q | k | v]
+    columns: a contiguous shard would mix them) and other styles give "none" (kept whole)."""
     plan = {k.removeprefix("layers.*."): v for k, v in block.tp_plan.items() if k.startswith("layers.*.")}
-    attn = {k: v for k, v in plan.items() if k.startswith("self_attn.")}
-    mlp = {k: v for k, v in plan.items() if not k.startswith("self_attn.")}
-    config = getattr(getattr(block.block, "self_attn", None), "config", None)
-    if config is None or not _pairs(attn) or set(attn.values()) != {"colwise", "rowwise"}:
+    attn_name = "attention" if _per_head_qkv(block) else "self_attn"
+    head_norms = [k for k, v in plan.items() if v == "replicated_with_grad_allreduce" and k in _HEAD_NORMS]
+    attn = {k: v for k, v in plan.items() if k.startswith(f"{attn_name}.") and k not in head_norms}
+    mlp = {k: v for k, v in plan.items() if not k.startswith(f"{attn_name}.")}
+    if any(v == "replicated_with_grad_allreduce" for v in attn.values()):
+        return TPRule(kind="none")
+    config = getattr(getattr(block.block, attn_name, None), "config", None)
+    if config is None or not _pairs(attn, attn_name) or set(attn.values()) != {"colwise", "rowwise"}:
         return TPRule(kind="none")  # a style we do not translate (or no plan)
     column = [f"block.{k}" for k, v in attn.items() if v == "colwise"]
     row = [f"block.{k}" for k, v in attn.items() if v == "rowwise"]
     replicated = [f"block.{n}" for n, m in block.block.named_children() if "norm" in type(m).__name__.lower()]
+    replicated += [f"block.{k}" for k in head_norms]  # inside the split attention: executor/tensor_parallel.py
     divisors = {
         "heads": config.num_attention_heads,
         "kv_heads": getattr(config, "num_key_value_heads", config.num_attention_heads),
@@ -155,8 +162,26 @@ def hf_block_rule(block: HFBlock) -> TPRule:
     return TPRule(column=column, row=row, replicated=replicated, num_allreduce_fwd=2, kind="block", divisors=divisors)
 
 
-def _pairs(attn: dict[str, str]) -> bool:
+def _pairs(attn: dict[str, str], name: str = "self_attn") -> bool:
+    if name == "attention":  # fused: query_key_value colwise, dense rowwise
+        return attn == {"attention.query_key_value": "colwise", "attention.dense": "rowwise"}
     return set(attn) == {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"}
+
+
+_HEAD_NORMS = ("self_attn.q_norm", "self_attn.k_norm")
+"""Qwen3's RMSNorms over each head's q and k (after the colwise q/k projections, before RoPE):
+one weight of head_dim shared by all heads, so under TP each rank normalises its own heads with
+the same replicated weight and the weight's gradient is the sum over the TP ranks
+("replicated_with_grad_allreduce" in its base_model_tp_plan)."""
+
+
+def _per_head_qkv(block: HFBlock) -> bool:
+    """GPT-NeoX's fused projection: its output is viewed as (B, T, heads, 3 x head_size), so the
+    weight's rows run head by head [q_h; k_h; v_h] and a contiguous ColwiseParallel shard of
+    heads/t x 3 x head_size rows is whole heads, q, k and v together; its forward reshapes with
+    -1 heads, so each TP rank attends over its own. (transformers GPTNeoXAttention.forward.)"""
+    attention = getattr(block.block, "attention", None)
+    return type(attention).__name__ == "GPTNeoXAttention" and hasattr(attention, "query_key_value")
 
 
 def _register_rules() -> None:

@@ -120,6 +120,7 @@ def _signature(layer: LayerProfile) -> tuple:
     return (
         layer.kind,
         layer.num_params,
+        layer.num_frozen_params,  # frozen weights have no gradient or optimizer state (dp_cost.trainable)
         layer.forward_flops,
         layer.backward_flops,
         layer.activation_bytes,

@@ -281,10 +281,11 @@ class DataParallelCost:
                     "broadcast", self.replicas, sum(4 * lp.num_params // s for lp, s in layers)
                 )
         elif self.zero >= 2 and self.shard > 1:
-            width, gathers = fsdp_width(self.ctx), (2 if self.zero == 3 else 1) * m
+            width = fsdp_width(self.ctx)
             shard_bytes = sum(width * padded_shard_elems(lp, s, self.shard) for lp, s in layers)
-            gather_bytes = sum(width * gathered_elems(lp, s, self.shard) for lp, s in gathered)
-            out["dp_shard"] = gathers * wire_bytes("all_gather", self.shard, gather_bytes) + wire_bytes(
+            gathers = [m * (1 + (self.zero == 3 and again)) for again in self._gathered_in_backward(gathered)]
+            gather_bytes = sum(n * width * gathered_elems(lp, s, self.shard) for n, (lp, s) in zip(gathers, gathered))
+            out["dp_shard"] = wire_bytes("all_gather", self.shard, gather_bytes) + wire_bytes(
                 "reduce_scatter", self.shard, self.shard * shard_bytes
             )
             if self.replicas > 1:
@@ -298,6 +299,22 @@ class DataParallelCost:
         )
         out.update(self.offload_cost.bytes_per_step(host_elems))  # host_device / nvme (planner/offload.py)
         return {axis: round(v) for axis, v in sorted(out.items()) if v}
+
+    def _gathered_in_backward(self, layers: list[tuple[LayerProfile, int]]) -> list[bool]:
+        """Per held layer: does ZeRO-3 gather its weights again in backward? FSDP2 does where a
+        gradient flows through the layer (it trains, or a layer before it in the model does, or
+        the rank is past the first pipeline stage: its inputs come with gradients), and prefetches
+        the one layer with weights before the earliest such layer (backward prefetch, in reverse
+        forward order) though its backward never runs. A frozen backbone's first layers are
+        gathered for forward only. Everything trains: every layer, as before."""
+        index = {lp.name: i for i, lp in enumerate(self.ctx.layers)}
+        first = next((i for i, lp in enumerate(self.ctx.layers) if lp.num_params > lp.num_frozen_params), None)
+        held = [index.get(lp.name, 0) for lp, _ in layers]
+        flows = [first is not None and (i >= first or min(held, default=0) > 0) for i in held]
+        weighted = [k for k, (lp, _) in enumerate(layers) if lp.num_params]
+        earliest = next((k for k in weighted if flows[k]), None)
+        before = [k for k in weighted if earliest is not None and k < earliest]
+        return [f or (bool(before) and k == before[-1]) for k, f in enumerate(flows)]
 
 
 def comm_bytes_per_step(ctx: Context, cand: Candidate, ranks: list[list[int]]) -> dict[str, int]:

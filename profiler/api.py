@@ -49,7 +49,6 @@ def profile_model(
     check_device(device)
     _check_timing_args(microbatch_sizes, concurrent)
     layered = load_model(model, overrides, _build_device(model))
-    _check_timeable(layered, model, device)
     analysis = analyse_model(layered, model, progress=progress)
     if not _buildable_on_meta(model):  # user factory: its --set keys rebuild it (executor)
         analysis.profile.model_config = dict(overrides or {})
@@ -138,21 +137,11 @@ def _graph_edges(profile: ModelProfile, model: LayeredModel, analysis: Analysis)
 
 
 def _input_spec(x: torch.Tensor | tuple, first: bool) -> InputSpec:
-    """A layer's per-sample input (its first tensor where it takes several: such profiles are
-    not timed, _check_timeable)."""
+    """A layer's per-sample input; every tensor's (shape, dtype) where it takes several (the
+    tensors crossing its cut, models/fx_layers.py), so timing builds the same tuple."""
+    parts = tuple((tuple(t.shape), str(t.dtype)) for t in x) if isinstance(x, tuple) else ()
     x = _first(x)
-    return InputSpec(tuple(x.shape), str(x.dtype), first=first)
-
-
-def _check_timeable(model: LayeredModel, spec: str, device: str) -> None:
-    """Timing runs each layer on one input tensor (profiler/runner.py): refuse a model whose
-    layers take several (skips crossing layers, models/fx_layers.py) instead of failing there."""
-    if device != "meta" and hasattr(model, "graph_edges") and model.graph_edges():
-        raise MeshplanError(
-            f"--device {device}: {spec} has layers that take several tensors (skips crossing "
-            "layers) and timing them is not supported yet; profile with --device meta (the "
-            "planner then prices its layers from FLOPs and bytes)"
-        )
+    return InputSpec(tuple(x.shape), str(x.dtype), first=first, parts=parts)
 
 
 def _first(x: torch.Tensor | tuple) -> torch.Tensor:

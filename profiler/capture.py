@@ -145,7 +145,8 @@ class _SavedTensors:
         column-parallel linears (their full input) save. A layer TP cannot split: all of it."""
         if rule is None or rule.kind == "none":
             return self.total_bytes()
-        whole = list(rule.replicated) + list(rule.column)
+        parents = {c.rsplit(".", 1)[0] for c in rule.column if "." in c}  # a norm inside them sees local heads
+        whole = [r for r in rule.replicated if r.rsplit(".", 1)[0] not in parents] + list(rule.column)
         inside = lambda fqn: any(fqn == c or fqn.startswith(c + ".") for c in whole)  # noqa: E731
         return sum(n for key, (n, _, _) in self.saved.items() if any(inside(m) for m in self.modules[key]))
 

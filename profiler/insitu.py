@@ -409,19 +409,18 @@ def _layer_step_case(model, rep: str, rule, spec, b: int, kind: str, degree: int
 
 def _pass(module, x, loss=None) -> tuple[float, float]:
     """Wall (forward, backward) seconds of one pass; `loss` reduces the output (else ones)."""
-    import torch
+    from meshplan.profiler.runner import backward_ones, call, clear_grad
 
     for p in module.parameters():
         p.grad = None
-    if x.is_floating_point():
-        x.grad = None
+    clear_grad(x)
     t0 = time.perf_counter()
-    y = module(x)
+    y = call(module, x)
     t1 = time.perf_counter()
     if loss is not None:
         loss(y).backward()
-    elif y.requires_grad:
-        y.backward(torch.ones_like(y))
+    else:
+        backward_ones(y)
     return t1 - t0, time.perf_counter() - t1
 
 

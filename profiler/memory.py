@@ -65,7 +65,8 @@ def predict_peak_bytes(
     rescale = lambda n, d: n * scale if d == "torch.bfloat16" else n  # noqa: E731
     saved = sum(rescale(n, d) for d, n in capture.saved_bytes_by_dtype.items())
     largest = rescale(*capture.largest_saved)
-    out = capture.output_bytes * (scale if capture.output.is_floating_point() else 1.0)
+    first = capture.output[0] if isinstance(capture.output, tuple) else capture.output  # tuple: the crossing tensors
+    out = capture.output_bytes * (scale if first.is_floating_point() else 1.0)
     params = sum(param_bytes)
     early = params + max(param_bytes, default=0) + input_bytes + batch * (saved + 2 * out + largest)
     late = 2 * params + (2 if input_has_grad else 1) * input_bytes + 2 * batch * out

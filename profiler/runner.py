@@ -22,6 +22,9 @@ class InputSpec:
     shape: tuple[int, ...]
     dtype: str
     first: bool
+    parts: tuple[tuple[tuple[int, ...], str], ...] = ()
+    """(shape, dtype) of each input when the layer takes several (the tensors crossing a cut of
+    a model split from its fx graph, models/fx_layers.py); `shape`/`dtype` are then the first's."""
 
 
 def run_dtype(device: str) -> torch.dtype:
@@ -42,8 +45,14 @@ def materialise_layer(model: LayeredModel, fqn: str, device: str, seed: int = 0)
     return layer.to(device=device, dtype=dtype).train()
 
 
-def make_input(model: LayeredModel, spec: InputSpec, batch: int, device: str, seed: int = 0) -> torch.Tensor:
-    """A real input for `batch` samples: the model's example batch for the first layer, else noise."""
+def make_input(model: LayeredModel, spec: InputSpec, batch: int, device: str, seed: int = 0):
+    """A real input for `batch` samples: the model's example batch for the first layer, else noise
+    (a tuple of them for a layer taking several tensors)."""
+    if spec.parts:
+        return tuple(
+            make_input(model, InputSpec(shape, dtype, False), batch, device, seed + i)
+            for i, (shape, dtype) in enumerate(spec.parts)
+        )
     gen = torch.Generator().manual_seed(seed)
     if spec.first:
         x = model.example_batch(batch, gen)[0]
@@ -61,6 +70,25 @@ def forward_backward(layer: nn.Module, x: torch.Tensor) -> None:
     """One training step's worth of work for the layer (output gradient of ones)."""
     for p in layer.parameters():
         p.grad = None
-    y = layer(x)
-    if y.requires_grad:
-        y.backward(torch.ones_like(y))
+    backward_ones(call(layer, x))
+
+
+def call(layer: nn.Module, x):
+    """The layer on its input: one tensor, or the tuple of tensors crossing its cut."""
+    return layer(*x) if isinstance(x, tuple) else layer(x)
+
+
+def backward_ones(y) -> None:
+    """Backward from every output needing a gradient, each with a gradient of ones."""
+    outs = [t for t in (y if isinstance(y, tuple) else (y,)) if t.requires_grad]
+    if outs:
+        torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+
+
+def clear_grad(x) -> None:
+    for t in x if isinstance(x, tuple) else (x,):
+        t.grad = None
+
+
+def nbytes(x) -> int:
+    return sum(t.numel() * t.element_size() for t in (x if isinstance(x, tuple) else (x,)))

@@ -25,6 +25,7 @@ import time
 import torch
 
 from meshplan.executor.wrappers import clip_grad_norm, optimizer_spec
+from meshplan.profiler.runner import backward_ones, call
 
 
 def cores_available() -> int:
@@ -71,9 +72,7 @@ def _params_and_grads(layer: torch.nn.Module, x: torch.Tensor):
     params = [p for p in layer.parameters() if p.requires_grad]
     for p in params:
         p.grad = None
-    y = layer(x)
-    if y.requires_grad:
-        y.backward(torch.ones_like(y))
+    backward_ones(call(layer, x))
     return params, [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
 
 

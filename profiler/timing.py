@@ -28,7 +28,16 @@ from meshplan.models.zoo.base import LayeredModel
 from meshplan.profiler.capture import LayerCapture
 from meshplan.profiler.concurrency import SYNC_PAUSE_S, BusyNeighbours
 from meshplan.profiler.memory import LiveBytes, available_memory_bytes, layer_param_bytes, predict_peak_bytes
-from meshplan.profiler.runner import InputSpec, make_input, materialise_layer, run_dtype
+from meshplan.profiler.runner import (
+    InputSpec,
+    backward_ones,
+    call,
+    clear_grad,
+    make_input,
+    materialise_layer,
+    nbytes,
+    run_dtype,
+)
 from meshplan.profiler.step_timing import HostShare, cores_available, optimizer_step_cpu_s
 from meshplan.profiler.wrapper_timing import clamped, wrapper_overheads
 
@@ -186,8 +195,8 @@ def _measure_sizes(
             capture,
             b,
             run_dtype(device),
-            x.numel() * x.element_size(),
-            x.requires_grad,
+            nbytes(x),
+            (x[0] if isinstance(x, tuple) else x).requires_grad,
         )
         out.append(
             LayerTiming(
@@ -223,7 +232,7 @@ def check_fits(
             captures[rep],
             batch,
             dtype,
-            batch * math.prod(spec.shape) * elem,
+            sum(batch * math.prod(shape) * elem for shape, _ in spec.parts or [(spec.shape, spec.dtype)]),
         )
         if capacity and need > 0.9 * capacity:
             raise MeshplanError(
@@ -250,12 +259,11 @@ def measure_times(
     while i < warmup + repeats or (not cuda and window_s < min_window_s and i < warmup + MAX_REPEATS):
         for p in layer.parameters():
             p.grad = None
-        x.grad = None
+        clear_grad(x)
         c0, t = time.process_time(), _clock(cuda)
-        y = layer(x)
+        y = call(layer, x)
         c_mid, t_mid = time.process_time(), _clock(cuda)
-        if y.requires_grad:
-            y.backward(torch.ones_like(y))
+        backward_ones(y)
         c_end, t_end = time.process_time(), _clock(cuda)
         if i >= warmup:
             fwd.append(_elapsed_s(t, t_mid, cuda) if cuda else c_mid - c0)
@@ -289,19 +297,15 @@ def measure_peak_bytes(layer: torch.nn.Module, x: torch.Tensor, device: str) -> 
     """Peak bytes during one forward+backward, parameters and input included."""
     for p in layer.parameters():
         p.grad = None
-    x.grad = None
-    resident = sum(p.numel() * p.element_size() for p in layer.parameters()) + x.numel() * x.element_size()
+    clear_grad(x)
+    resident = sum(p.numel() * p.element_size() for p in layer.parameters()) + nbytes(x)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        y = layer(x)
-        y.backward(torch.ones_like(y)) if y.requires_grad else None
+        backward_ones(call(layer, x))
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base + resident
     with LiveBytes(resident) as tracker:
-        y = layer(x)
-        if y.requires_grad:
-            y.backward(torch.ones_like(y))
-        del y
+        backward_ones(call(layer, x))
     return tracker.peak_bytes

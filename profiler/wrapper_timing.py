@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from meshplan.model_profile import TPRule
-from meshplan.profiler.runner import forward_backward
+from meshplan.profiler.runner import clear_grad, forward_backward
 from meshplan.profiler.step_timing import optimizer_step_cpu_s
 
 
@@ -111,7 +111,7 @@ def paired_extra_s(
     difference of a fraction of a pass) cancels. Unclamped: negative when noise wins."""
 
     def pass_cpu_s(layer) -> float:
-        x.grad = None
+        clear_grad(x)
         start = time.process_time()
         forward_backward(layer, x)
         return time.process_time() - start

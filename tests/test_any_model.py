@@ -58,11 +58,11 @@ CASES = {
     "llama": Case("hf:tiny-llama", 119_104, {"tp_sp": TP_SP, "pp": PP}),
     "mistral": Case("hf:tiny-mistral", 106_816, {"tp": dict(tp=2), "tp_sp": TP_SP}),
     "qwen2": Case("hf:tiny-qwen2", 107_072, {"tp_sp": TP_SP, "dp": dict(dp=2)}),
-    "qwen3": Case("hf:tiny-qwen3", 106_880, {"zero3": dict(dp_shard=2, zero=3)}),
+    "qwen3": Case("hf:tiny-qwen3", 106_880, {"zero3": dict(dp_shard=2, zero=3), "tp_sp": TP_SP}),  # q/k norms
     "mixtral": Case("hf:tiny-mixtral", 254_784, {"tp_sp": TP_SP, "zero3": dict(dp_shard=2, zero=3)}),
     "qwen2_moe": Case("hf:tiny-qwen2-moe", 181_440, {"pp": PP}),
     "gpt2_tied": Case("hf:tiny-gpt2", 182_016, {"tp_sp": TP_SP, "pp": PP}),
-    "gpt_neox": Case("hf:tiny-gpt-neox", 99_840, {"pp": PP}),
+    "gpt_neox": Case("hf:tiny-gpt-neox", 99_840, {"pp": PP, "tp_sp": TP_SP}),  # fused QKV split per head group
     "opt_tied": Case("hf:tiny-opt", 87_680, {"pp": PP, "zero2": dict(dp_shard=2, zero=2)}),
     "bert": Case("hf:tiny-bert", 92_224, {"dp": dict(dp=2)}, tp_rules=False),
     "t5": Case("hf:tiny-t5", 181_248, {"dp": dict(dp=2)}, tp_rules=False),
@@ -82,7 +82,10 @@ CASES = {
     "hf_raw_on_meta": Case(f"{ANY}:hf_raw", 26_784, {"pp": PP, "tp_sp": TP_SP}),
     "tied_sequential": Case(f"{FIXTURES / 'tied.py'}:build", 4_288, {"pp": PP, "dp": dict(dp=2)}, tp_rules=False),
     "frozen_backbone": Case(
-        f"{ANY}:frozen_backbone", 1_732, {"pp": PP, "dp": dict(dp=2), "zero2": dict(dp_shard=2, zero=2)}, tp_rules=False
+        f"{ANY}:frozen_backbone",
+        1_732,
+        {"pp": PP, "dp": dict(dp=2), "zero2": dict(dp_shard=2, zero=2), "zero3": dict(dp_shard=2, zero=3)},
+        tp_rules=False,
     ),
 }
 
@@ -321,7 +324,9 @@ def test_frozen_parameters_cost_weights_only():
     """DDP over 2 ranks (fp32 torch layout: weights 4 B, grads 4 B + DDP's bucket copy 4 B, Adam
     8 B per parameter): the frozen backbone holds its weights and nothing else; only the head's
     gradients are all-reduced (ring: 2(N-1)/N of the fp32 payload). ZeRO-2: every weight is
-    gathered for forward ((N-1) x this rank's shard), only the head's gradients reduce-scattered."""
+    gathered for forward ((N-1) x this rank's shard), only the head's gradients reduce-scattered;
+    ZeRO-3 gathers again in backward only where a gradient flows (the head), plus FSDP2's backward
+    prefetch of the layer before it; the first frozen layer is gathered for forward only."""
     ddp = _frozen_estimate(dp=2, zero=0)
     (stage,) = ddp.stage_memory
     assert stage.params_bytes == 4 * (FROZEN + TRAINED)
@@ -330,10 +335,14 @@ def test_frozen_parameters_cost_weights_only():
     assert ddp.comm_bytes_per_step == {"dp_replicate": 2 * (2 - 1) * 4 * TRAINED // 2}
     zero2 = _frozen_estimate(dp=2, dp_shard=2, zero=2)
     assert zero2.comm_bytes_per_step == {"dp_shard": 4 * (FROZEN + TRAINED) // 2 + 4 * TRAINED // 2}
+    zero3 = _frozen_estimate(dp=2, dp_shard=2, zero=3)
+    second = 32 * 32 + 32  # the frozen layer before the head: prefetched for a backward that never runs
+    again = 4 * (second + TRAINED) // 2  # ZeRO-3's backward gathers: the head, and that prefetch
+    assert zero3.comm_bytes_per_step == {"dp_shard": 4 * (FROZEN + TRAINED) // 2 + again + 4 * TRAINED // 2}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["dp", "zero2"])
+@pytest.mark.parametrize("layout", ["dp", "zero2", "zero3"])
 def test_frozen_backbone_bytes_counted_equal_predicted(runs, layout):
     """What the executor's DDP / FSDP2 put on the wire for the frozen backbone (their byte
     counters) equals the cost model's comm_bytes_per_step: frozen weights send no gradients."""
@@ -341,3 +350,38 @@ def test_frozen_backbone_bytes_counted_equal_predicted(runs, layout):
 
     plan, result = runs[("frozen_backbone", layout)]
     assert result.comm_bytes_per_step == predicted_bytes(plan)
+
+
+def test_fused_qkv_and_per_head_norms_are_split_as_their_layout_says():
+    """GPT-NeoX's fused query_key_value is column-split (its rows run head by head) with dense
+    row-split; Qwen3's q_norm/k_norm stay whole but as replicated DTensors reading this rank's
+    heads (dim 2), so their gradients are summed over the TP ranks: checked on a one-rank mesh
+    (the 2-rank launch checks the losses), forward unchanged."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    from meshplan.executor.tensor_parallel import apply_tp
+    from meshplan.models.loader import load_model
+    from meshplan.models.tp_rules import tp_rules
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        for spec, fused, norms in [("hf:tiny-gpt-neox", "attention.query_key_value", []),
+                                   ("hf:tiny-qwen3", "self_attn.q_proj", ["self_attn.q_norm", "self_attn.k_norm"])]:  # fmt: skip
+            torch.manual_seed(0)
+            model = load_model(spec, None, "cpu")
+            x, _ = model.example_batch(2, torch.Generator().manual_seed(1))
+            with torch.no_grad():
+                ref = model(x)
+            apply_tp(model, tp_rules(model), mesh, False)
+            block = model.layers["0"].block
+            assert block.get_submodule(fused).weight.placements == (Shard(0),)
+            for name in norms:
+                weight = block.get_submodule(name).weight
+                assert isinstance(weight, DTensor) and weight.placements == (Replicate(),)
+            with torch.no_grad():
+                torch.testing.assert_close(model(x), ref)
+    finally:
+        dist.destroy_process_group()
