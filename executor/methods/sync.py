@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -87,13 +88,13 @@ def trainable(module_or_params) -> list[nn.Parameter]:
     return [p for p in params if p.requires_grad]
 
 
-def flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+def flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """One fp32 vector of the tensors (a copy)."""
     return torch.cat([t.detach().reshape(-1).float() for t in tensors])
 
 
 @torch.no_grad()
-def unflat(vector: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+def unflat(vector: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     """Copy `vector` back into `tensors` (flat's inverse)."""
     offset = 0
     for t in tensors:

@@ -37,7 +37,7 @@ import datetime
 import queue
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -102,7 +102,7 @@ class AsyncAverager:
         return self.thread.is_alive() and self.error is None
 
     # --- the main thread ---------------------------------------------------------------------
-    def after_step(self, tensors: list[torch.Tensor]) -> None:
+    def after_step(self, tensors: Sequence[torch.Tensor]) -> None:
         """Once per optimizer step: apply a round that has landed; every period steps wait for
         the round in flight (at most one) and hand over a new snapshot."""
         self.steps += 1
@@ -133,7 +133,7 @@ class AsyncAverager:
         return got
 
     @torch.no_grad()
-    def _apply(self, tensors: list[torch.Tensor], landed, waited: bool) -> None:
+    def _apply(self, tensors: Sequence[torch.Tensor], landed, waited: bool) -> None:
         if landed is None:
             return
         snapshot, mean = landed
@@ -141,7 +141,7 @@ class AsyncAverager:
         moved = float((mean - snapshot).norm())
         self.applied.append({"round": len(self.applied), "step": self.steps, "waited": waited, "moved": moved})
 
-    def close(self, tensors: list[torch.Tensor] | None, aborted: bool = False) -> None:
+    def close(self, tensors: Sequence[torch.Tensor] | None, aborted: bool = False) -> None:
         """Stop, always: land the round in flight (unless aborted), stop and join the thread
         (bounded), destroy the averaging group once the thread has ended. Idempotent."""
         if self.closed:
