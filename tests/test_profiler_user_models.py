@@ -138,3 +138,22 @@ def test_model_config_rebuilds_the_same_model(model, overrides):
     again = load_model(model, p.model_config, "meta")
     assert again.layer_names() == p.layer_names
     assert sum(x.numel() for x in again.parameters()) == p.num_params
+
+
+def test_a_layer_taking_the_tensors_crossing_its_cut_is_run_as_timing_runs_it():
+    """The U-Net's dec2 layer takes enc1's and enc2's skips and up2's output: the profile's input
+    spec lists the three, and the timing path (runner.make_input / forward_backward) builds and
+    runs that tuple on a real copy, its returned tensors the ones crossing the next cut."""
+    from meshplan.profiler.api import analyse_model
+    from meshplan.profiler.runner import call, forward_backward, make_input, materialise_layer
+
+    name = spec("any_models.py:unet")
+    model = load_model(name, device="cpu")
+    analysis = analyse_model(model, name)
+    inputs = analysis.inputs["layers.4"]
+    assert [shape for shape, _ in inputs.parts] == [(1, 8, 16, 16), (1, 16, 8, 8), (1, 16, 8, 8)]
+    layer = materialise_layer(model, "layers.4", "cpu")
+    x = make_input(model, inputs, 2, "cpu")
+    forward_backward(layer, x)
+    assert all(t.grad is not None for t in x)
+    assert [tuple(t.shape) for t in call(layer, x)] == [(2, 8, 16, 16), (2, 8, 8, 8)]
