@@ -199,7 +199,17 @@ class DataParallelCost:
         if measured is not None:
             return measured + scatter / m + offload, True
         gather = collective_s(ctx.cluster, "all_gather", self.shard, local * width, self.shard_tier)
-        return (2 if self.zero == 3 else 1) * gather + scatter / m + offload, False
+        again = self.zero == 3 and (layer.num_params > layer.num_frozen_params or self._after_trainable(layer))
+        return (2 if again else 1) * gather + scatter / m + offload, False
+
+    def _after_trainable(self, layer: LayerProfile) -> bool:
+        """A gradient flows into the layer: some layer before it in the model trains (a frozen
+        backbone's first layers run no backward: ZeRO-3 gathers them for forward only; the
+        bytes also count FSDP2's one prefetched layer, _gathered_in_backward)."""
+        names = [lp.name for lp in self.ctx.layers]
+        if layer.name not in names:
+            return True
+        return any(lp.num_params > lp.num_frozen_params for lp in self.ctx.layers[: names.index(layer.name)])
 
     def _offload_s(self, local: float) -> float:
         """Offload per microbatch (FSDP2's policy: the shard copied up before each gather); the
