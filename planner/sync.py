@@ -213,8 +213,11 @@ class Gossip(AllReduce):
         return FP32 * params
 
     def state_bytes(self, local: float) -> float:
+        """Low precision's three public copies, and a receive buffer per neighbour, taken as two
+        whatever N: the per-layer cost table is shared by candidates that differ only in the
+        replica count (Candidate.cost_key), so N = 2's single buffer is priced as two."""
         copies = 3 if self.params["low_precision"] else 0
-        return (copies + self._peers()) * FP32 * local
+        return (copies + 2) * FP32 * local
 
     def sync_s(self, params: float, backward_window_s: float) -> float:
         return self._peers() * self._p2p(self._message(int(params))) / self.params["period"]
