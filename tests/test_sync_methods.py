@@ -18,6 +18,7 @@ check, against DDP run in the same launch:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -43,6 +44,14 @@ EXACT_REL = 1e-4
 CONVERGENCE_REL = 0.5
 """Approximate methods vs DDP: the mean loss over the last 5 of 21 steps within half of what DDP
 learned in those steps (DDP's first loss minus that mean) of DDP's."""
+
+
+@functools.cache
+def tiny_profile():
+    """gpt-tiny's meta profile, built once for this module's estimate() tests."""
+    from meshplan.profiler import profile_model
+
+    return profile_model("gpt-tiny", {}, device="meta")
 
 
 def sync_plan(name: str, params: dict | None = None, **kw):
@@ -182,9 +191,8 @@ def test_planner_prices_master_against_all_reduce_as_n_grows():
     """Master aggregation's exposed sync grows ~ (N-1) while all-reduce's stays ~ flat."""
     from meshplan.planner import PlanRequest, estimate
     from meshplan.presets import local_cpu
-    from meshplan.profiler import profile_model
 
-    profile = profile_model("gpt-tiny", {}, device="meta")
+    profile = tiny_profile()
 
     def step(n, sync):
         methods = {"sync": (sync, dp_methods.defaults_of("sync", sync))}
@@ -310,9 +318,8 @@ def test_async_exposed_time_through_estimate_hides_behind_the_period():
     exposed sync is below a plain all-reduce of the parameters; it shrinks with the period."""
     from meshplan.planner import PlanRequest, estimate
     from meshplan.presets import local_cpu
-    from meshplan.profiler import profile_model
 
-    profile = profile_model("gpt-tiny", {}, device="meta")
+    profile = tiny_profile()
 
     def dp_comm(name, params):
         req = PlanRequest(
@@ -473,3 +480,35 @@ def test_dabmd_absorbs_a_rank_slowed_3x(ws2):
         per_sample = s["compute_s"] / s["samples"]
         assert s["compute_s"] <= budget_s + per_sample + 0.02  # overshoot: at most the microbatch in flight
     assert sum(s["samples"] for s in slow) < sum(f["samples"] for f in fast)
+
+
+def test_benchmark_prices_measured_rows_and_renders_the_tables(tmp_path):
+    """benchmarks/sync_methods.py's predict + markdown on hand-made measurements (no launch): each
+    row gets estimate()'s step and bytes on the given links, ratios to DDP, the tables render."""
+    import sys
+
+    from meshplan.presets import local_cpu
+    from meshplan.schema import dumps
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from benchmarks import sync_methods as bench
+
+    profile = tmp_path / "profile.json"
+    profile.write_text(dumps(tiny_profile()))
+
+    def row(name, params, n, step_s):
+        bytes_ = expected_bytes(name, params, n)
+        return {"method": bench._label(name, params), "name": name, "params": params, "workers": n,
+                "measured_step_s": step_s, "measured_bytes": bytes_, "loss_last": 5.0 + step_s}  # fmt: skip
+
+    methods = [row(n, p, 4, 0.2 + 0.01 * i) for i, (n, p) in enumerate(bench.METHODS)]
+    scaling = [[row("allreduce", {}, n, 0.1), row("master", {}, n, 0.12)] for n in bench.SCALING]
+    block = {"rate": "1gbit", "methods": methods, "scaling": scaling, "links_json": dumps(local_cpu(4)), "links_s": 1.0}
+    run = bench.predict(block, str(profile))
+    assert [r["predicted_bytes"] for r in run["methods"]] == [r["measured_bytes"] for r in methods]
+    assert run["methods"][0]["measured_vs_ddp"] == 1.0 and run["methods"][1]["measured_vs_ddp"] == pytest.approx(1.05)
+    assert [s["workers"] for s in run["master_scaling"]] == [2, 3, 4]
+    to_1024 = [{"workers": n, "allreduce_s": 1e-3, "master_s": 3e-3, "allreduce_dp_comm_s": 1e-4, "master_dp_comm_s": 2e-3}
+               for n in bench.TO_1024]  # fmt: skip
+    text = bench.markdown({"steps": 13, "run": run, "master_prediction": to_1024})
+    assert text.count("\n| ") >= len(bench.METHODS) + 3 + 4 and "| 1024 |" in text and "master / DDP" in text
