@@ -17,7 +17,8 @@ bytes are meshplan/comm_bytes.py's ring volumes, the executor's counting convent
 - dabmd:     all-reduce of S + 4 bytes (the sample count) every step; a budget only bounds the
              step where workers differ in speed, which this homogeneous model does not see
 - gossip:    S (low precision: P + 8 ceil(P / chunk)) to each ring neighbour every period steps
-             (two neighbours, one for N = 2); low precision keeps three copies (+3 S)
+             (two neighbours, one for N = 2), and the round's memory-bound mixing (8-bit: the
+             codec's passes too); low precision keeps three copies (+3 S)
 - async:     all-reduce of S every period steps on a background thread: exposed only where the
              round outlasts the period's steps of work, plus the main thread's copies
              (async_exposed_s); a snapshot and its mean (+2 S)
@@ -219,8 +220,26 @@ class Gossip(AllReduce):
         copies = 3 if self.params["low_precision"] else 0
         return (copies + 2) * FP32 * local
 
+    def round_compute_s(self, params: float) -> float:
+        """Memory-bound elementwise work of one round (executor/methods/sync_gossip.py), counted
+        in fp32 passes over the P parameters (a pass reading k tensors and writing one is k + 1):
+        flat and unflat (4); full precision: the neighbours' sum and the mix (3 per peer + 10);
+        8-bit: encode x - x^ (pad, min/max, shift, scale, round, clamp, cast: 17 + 3 bytes),
+        decode and add per copy, own and each peer's (9 + 1 byte), the mix over three copies
+        (16); plus a fixed cost per op (planner/compression_quant.py's OP_S)."""
+        from meshplan.planner.compression_quant import OP_S
+
+        p = self._peers()
+        if self.params["low_precision"]:
+            passes, byte_passes, ops = 4 + 17 + 9 * (1 + p) + 16, 3 + (1 + p), 2 + 9 + 5 * (1 + p) + 7
+        else:
+            passes, byte_passes, ops = 4 + 3 * p + 10, 0, 2 + p + 4
+        traffic = (passes * FP32 + byte_passes) * params
+        return ops * OP_S + traffic / (self.ctx.cluster.device.hbm_gbps * 1e9)
+
     def sync_s(self, params: float, backward_window_s: float) -> float:
-        return self._peers() * self._p2p(self._message(int(params))) / self.params["period"]
+        wire = self._peers() * self._p2p(self._message(int(params)))
+        return (wire + self.round_compute_s(params)) / self.params["period"]
 
     def bytes(self, params: int) -> Fraction:
         return Fraction(self._peers() * self._message(params), self.params["period"])

@@ -303,6 +303,25 @@ def test_search_resolves_crossbow_auto_and_the_executor_refuses_it_unresolved():
     assert dp_methods.defaults_of("sync", "crossbow")["learners"] == 0
 
 
+def test_gossip_round_compute_counted_from_the_executor():
+    """A million parameters on 4 ranks at 10 GB/s: full precision 20 fp32 passes (flat + unflat
+    4, two neighbours summed 6, the mix 10) and 8 ops; 8-bit 64 fp32 passes + 6 byte passes (the
+    codec's encode 17 + 3, decode 9 + 1 for its own copy and each neighbour's, the mix over three
+    copies 16, flat + unflat 4) and 33 ops, at 8 us per op."""
+    from types import SimpleNamespace
+
+    from meshplan.planner.sync import Gossip
+    from meshplan.presets import local_cpu
+
+    data = SimpleNamespace(ctx=SimpleNamespace(cluster=local_cpu(4)), replicas=4, replica_tier="intra_node")
+    params = dp_methods.defaults_of("sync", "gossip")
+    full = Gossip(data, **params).round_compute_s(1e6)
+    low = Gossip(data, **{**params, "low_precision": True}).round_compute_s(1e6)
+    assert local_cpu(4).device.hbm_gbps == 10.0
+    assert full == pytest.approx(20 * 4e6 / 1e10 + 8 * 8e-6)
+    assert low == pytest.approx((64 * 4 + 6) * 1e6 / 1e10 + 33 * 8e-6)
+
+
 def test_async_exposed_time_on_a_hand_worked_case():
     from meshplan.planner.sync import async_exposed_s
 
