@@ -285,6 +285,8 @@ def test_graph_edges_are_the_skips_with_their_bytes():
     assert crossing[:6] == [UNET_E1, UNET_E1 + UNET_E2, UNET_E1 + UNET_E2 + UNET_MID, UNET_E1 + 2 * UNET_E2,
                             UNET_E1 + UNET_E2 // 2, 2 * UNET_E1]  # fmt: skip
     assert crossing[:6] == [lp.output_bytes for lp in profile.layers[:6]]
+    resnet = _edge_bytes(profile_model(f"{ANY}:resnet_long_skips"))  # c = 8 on 8 x 8, then 16 on 4 x 4
+    assert {k: v for k, v in resnet.items() if k[1] > k[0] + 1} == {(2, 4): 8 * 8 * 8 * BF16, (5, 7): 16 * 4 * 4 * BF16}
 
 
 def test_pipeline_boundary_crossed_by_a_skip_is_priced_with_every_tensor():
