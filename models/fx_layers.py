@@ -13,8 +13,8 @@ original names. Layer k takes the values live at the cut before it (one tensor, 
 positional arguments) and returns those live at the cut after it: one tensor, or a tuple of them
 in graph order. A skip spanning several layers is returned unchanged by each layer in between,
 so a pipeline stage boundary sends every tensor crossing it (executor/pipeline.py).
-`boundary_tensors` names, for each cut, the values crossing it with the layers producing and
-consuming them: the profile's graph edges (profiler/api.py).
+`graph_edges` names the values crossing the cuts with the layers producing and consuming them:
+the profile's graph edges (profiler/api.py).
 Returns None when the graph cannot be traced, gives fewer than two layers, or the chained layers
 do not reproduce `module(inputs)`.
 """
