@@ -28,7 +28,7 @@ from meshplan.comm_bytes import wire_bytes
 from meshplan.model_profile import LayerProfile
 from meshplan.planner.comm import collective_s, group_tier
 from meshplan.planner.comm_schedule import comm_schedule_cost
-from meshplan.planner.compression import compressor
+from meshplan.planner.compression import compressor, shard_shapes
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.in_place import in_place_overhead_s
 from meshplan.planner.offload import offload_cost
@@ -305,7 +305,7 @@ class DataParallelCost:
         host_elems = (
             sum(padded_shard_elems(lp, s, self.shard) for lp, s in layers)
             if self.zero >= 2
-            else sum(lp.num_params // s for lp, s in layers) / (self.dp if self.zero == 1 else 1)
+            else sum(tp_local_elems(lp, s) for lp, s in layers) / (self.dp if self.zero == 1 else 1)
         )
         out.update(self.offload_cost.bytes_per_step(host_elems))  # host_device / nvme (planner/offload.py)
         return {axis: round(v) for axis, v in sorted(out.items()) if v}
@@ -325,6 +325,14 @@ class DataParallelCost:
         earliest = next((k for k in weighted if flows[k]), None)
         before = [k for k in weighted if earliest is not None and k < earliest]
         return [f or (bool(before) and k == before[-1]) for k, f in enumerate(flows)]
+
+
+def tp_local_elems(layer: LayerProfile, split: int) -> int:
+    """Trainable elements one tensor-parallel rank of `split` holds: its shard of each split tensor
+    and every replicated one whole (norms, a row child's bias: planner/compression.shard_shapes);
+    num_params / split where the profile has no parameter names."""
+    shapes = shard_shapes(layer, split) if split > 1 else None
+    return sum(math.prod(shape) for shape in shapes) if shapes else layer.num_params // split
 
 
 def comm_bytes_per_step(ctx: Context, cand: Candidate, ranks: list[list[int]]) -> dict[str, int]:

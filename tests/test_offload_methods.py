@@ -235,17 +235,25 @@ def runs(tmp_path_factory):
     return out, {name: (plan, r) for (name, plan), r in zip(plans.items(), results)}
 
 
+RESUMED = ("ddp", "cpu", "zero1_cpu", "tp_cpu", "nvme", "zero1_nvme", "zero3_nvme")
+
+
 @pytest.fixture(scope="module")
-def resumed(runs):
-    """The same plans resumed from their step-3 checkpoints in one more launch."""
-    import dataclasses
+def resumed(runs, tmp_path_factory):
+    """The offload plans (and DDP) resumed from their step-3 checkpoints in one more launch: their
+    checkpoints copied into a run directory of their own, one variant each."""
+    import shutil
 
     from meshplan.executor.launch import LaunchOptions, run_plans
+    from meshplan.executor.worker import variant_dir
 
     out, r = runs
-    opts = LaunchOptions(steps=STEPS, out_dir=str(out), quiet=True, timeout_s=240, optimizer="adamw", resume=True)
-    results = run_plans([plan for plan, _ in r.values()], dataclasses.replace(opts, checkpoint_every=0))
-    return dict(zip(r, results))
+    again = tmp_path_factory.mktemp("offload_resumed")
+    for j, name in enumerate(RESUMED):
+        src = variant_dir(str(out), list(r).index(name), len(r)) / "checkpoints"
+        shutil.copytree(src, variant_dir(str(again), j, len(RESUMED)) / "checkpoints")
+    opts = LaunchOptions(steps=STEPS, out_dir=str(again), quiet=True, timeout_s=240, optimizer="adamw", resume=True)
+    return dict(zip(RESUMED, run_plans([r[name][0] for name in RESUMED], opts)))
 
 
 @pytest.mark.slow
@@ -267,7 +275,7 @@ def test_offload_and_bytescheduler_train_exactly_as_the_baseline(runs, name, bas
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["ddp", "cpu", "zero1_cpu", "tp_cpu", "nvme", "zero1_nvme", "zero3_nvme"])
+@pytest.mark.parametrize("name", RESUMED)
 def test_a_resumed_offload_run_equals_the_uninterrupted_one(runs, resumed, name):
     """The checkpoint carries the host optimizer's states (DDP, ZeRO-1's partition, TP shards as
     DTensors) and the NVMe files' (written back into a fresh store on resume)."""
@@ -277,7 +285,7 @@ def test_a_resumed_offload_run_equals_the_uninterrupted_one(runs, resumed, name)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["cpu", "nvme", "zero3_nvme", "bytescheduler"])
+@pytest.mark.parametrize("name", ["cpu", "zero1_cpu", "tp_cpu", "nvme", "zero3_nvme", "bytescheduler"])
 def test_counted_bytes_equal_the_planners_prediction(runs, name):
     from test_dp_methods_executor import predicted_bytes
 
