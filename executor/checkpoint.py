@@ -81,14 +81,15 @@ def _host_state(part, opt: HostOptimizer, template: bool) -> dict:
     if template:
         opt.init_states()
     flat: dict = {}
-    for i, (fqn, (p, gi, *_)) in enumerate(zip(_host_fqns(part, opt), opt.entries)):
+    for i, (fqn, (p, gi, _, inner)) in enumerate(zip(_host_fqns(part, opt), opt.entries)):
         for key, value in opt.entry_state(i).items():
             if isinstance(p, DTensor) and torch.is_tensor(value) and value.dim() > 0:
                 value = DTensor.from_local(
                     value, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
                 )
             flat[f"state.{fqn}.{key}"] = value
-        for key, value in opt.param_groups[gi].items():
+        # the inner optimizer's group: every hyperparameter torch's own optimizer would save
+        for key, value in {**inner.param_groups[0], **opt.param_groups[gi]}.items():
             if key != "params":
                 flat[f"param_groups.{fqn}.{key}"] = value
     return flat

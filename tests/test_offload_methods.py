@@ -351,3 +351,46 @@ def test_nvme_step_pays_a_synced_write_and_a_read_per_state_file():
         return estimate(profile, cluster, req).prediction.step_time_s
 
     assert files >= 3 and step(0.01) - step(0.0) == pytest.approx(2 * 0.01 * files, rel=1e-9)
+
+
+def test_offload_checkpoints_load_into_plain_plans_and_back(tmp_path):
+    """The host optimizer's checkpoint has torch's flattened layout: a plain AdamW run's checkpoint
+    resumes into offload=nvme and an offload=nvme run's into plain AdamW, each continuing exactly."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    from meshplan.executor import checkpoint
+
+    x = torch.randn(32, 8, generator=torch.Generator().manual_seed(1))
+    plain = lambda m: torch.optim.AdamW(m.parameters(), **ADAMW)  # noqa: E731
+    nvme = _host_opt("nvme", tmp_path / "states", ByteCounter())
+    ref = _train(plain)
+
+    def steps(net, opt, n):
+        for _ in range(n):
+            opt.zero_grad()
+            net(x).pow(2).mean().backward()
+            opt.step()
+        return [p.detach().clone() for p in net.parameters()]
+
+    for first, second, name in ((plain, nvme, "to_nvme"), (nvme, plain, "to_plain")):
+        net = copy.deepcopy(_net())
+        opt = first(net)
+        steps(net, opt, 3)
+        dcp.save(checkpoint._merged(checkpoint._part_states([net], [opt])), checkpoint_id=str(tmp_path / name))
+        getattr(opt, "close", lambda: None)()
+        fresh = copy.deepcopy(_net())
+        opt2 = second(fresh)
+        ((model, optim),) = checkpoint._part_states([fresh], [opt2], template=True)
+        merged = {"model": model, "optim": optim}
+        dcp.load(merged, checkpoint_id=str(tmp_path / name))
+        set_model_state_dict(fresh, merged["model"])
+        if hasattr(opt2, "entries"):
+            checkpoint._set_host_state(fresh, opt2, merged["optim"])
+        else:
+            from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+            set_optimizer_state_dict(fresh, opt2, merged["optim"], options=checkpoint.FLAT)
+        got = steps(fresh, opt2, 2)
+        getattr(opt2, "close", lambda: None)()
+        assert all(torch.equal(a, b) for a, b in zip(got, ref[-1])), name
