@@ -496,8 +496,12 @@ def test_dabmd_absorbs_a_rank_slowed_3x(ws2):
     for f, s in zip(fast[1:], slow[1:]):
         assert f["union"] == s["union"] == f["samples"] + s["samples"]
         assert f["weight"] + s["weight"] == pytest.approx(1.0)
-        per_sample = s["compute_s"] / s["samples"]
-        assert s["compute_s"] <= budget_s + per_sample + 0.02  # overshoot: at most the microbatch in flight
+        # no microbatch starts once the budget is spent (beyond the floor), so the step's compute
+        # overshoots the budget by at most the one in flight: checked on start times, not durations,
+        # which a loaded host stretches
+        started = s["samples"] // ws2[0]["dabmd_slow"].plan.microbatch_size
+        assert s["last_start_s"] < budget_s or started <= choice.params["min_microbatches"]
+        assert s["last_start_s"] <= s["compute_s"]
     assert sum(s["samples"] for s in slow) < sum(f["samples"] for f in fast)
 
 

@@ -47,7 +47,7 @@ class AnyBatch(SyncMethod):
         (model,), params = par.parts, trainable(par.parameters())
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
-        samples, loss_sum, compute_s = self._compute(par, model, *batch)
+        samples, loss_sum, compute_s, last_start_s = self._compute(par, model, *batch)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         vector = torch.cat([g.reshape(-1).float() for g in grads] + [torch.tensor([float(samples)])])
         self.counter.add("dp_replicate", "all_reduce", self.world, tensor_bytes(vector))
@@ -59,29 +59,39 @@ class AnyBatch(SyncMethod):
         norm = par.clip_grad_norm_(grad_clip)
         for opt in optimizers:
             opt.step()
-        self.stats.append({"samples": samples, "union": union, "weight": samples / union, "compute_s": compute_s})
+        self.stats.append(
+            {
+                "samples": samples,
+                "union": union,
+                "weight": samples / union,
+                "compute_s": compute_s,
+                "last_start_s": last_start_s,
+            }
+        )
         # the loss share: this worker's per-sample mean, weighted so global_losses' mean over ranks
         # is the union batch's mean loss
         return torch.tensor(loss_sum / union * self.world, dtype=torch.float64), norm
 
-    def _compute(self, par, model, inputs, targets) -> tuple[int, float, float]:
+    def _compute(self, par, model, inputs, targets) -> tuple[int, float, float, float]:
         """Microbatches until the budget is spent (or the batch is done): (samples, sum of
-        per-sample losses, seconds). Gradients accumulate as sums over samples."""
+        per-sample losses, seconds, when the last microbatch started). Gradients accumulate as
+        sums over samples. A microbatch starts only while the budget lasts (or below the floor)."""
         targets = torch.empty(inputs.shape[0], 0) if targets is None else targets
         n, floor = par.plan.num_microbatches, self.params["min_microbatches"]
-        t0, samples, loss_sum = time.perf_counter(), 0, 0.0
+        t0, samples, loss_sum, last_start = time.perf_counter(), 0, 0.0, 0.0
         with par._autocast():
             for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
                 if self.budget_s and i >= floor and time.perf_counter() - t0 >= self.budget_s:
                     break
                 start = time.perf_counter()
+                last_start = start - t0
                 loss = par.loss_fn(model(x.to(par.device)), y.to(par.device)) * x.shape[0]
                 loss.backward()
                 loss_sum += loss.item()
                 samples += x.shape[0]
                 if self.slow > 1:
                     time.sleep((self.slow - 1) * (time.perf_counter() - start))
-        return samples, loss_sum, time.perf_counter() - t0
+        return samples, loss_sum, time.perf_counter() - t0, last_start
 
 
 def build(par, params, counter):
