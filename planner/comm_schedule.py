@@ -22,6 +22,11 @@ ByteScheduler, as modelled (one rank, all layers, layer i = priority i, the inpu
   times are the rank's backward window split by the layers' backward (and forward) FLOPs.
   Both windows are scaled by the calibration's dp_overlap, as DDP's bucket rule hides at most
   dp_overlap x backward (dp_cost.py); with overlap_dp_comm off nothing overlaps.
+- meshplan's executor (executor/methods/bytescheduler.py) does not start a layer early: the
+  optimizer step runs once every chunk has landed (global-norm clipping needs every gradient),
+  so the next forward starts after the last chunk (EXECUTOR_EARLY_FORWARD). The exposed sync it
+  is charged is then the last landing's time past the end of backward; the per-layer start above
+  (`early_forward=True`) is ByteScheduler's own runtime, kept for the day the executor does it.
 - Memory: no DDP bucket copy (chunks are views of the gradients, all-reduced in place).
 A fluid simulation over the layers (O(L) events, not per chunk); the optimizer step between
 backward and forward is not counted as overlap (conservative).
@@ -51,6 +56,9 @@ CREDIT_CHUNKS = (1, 2, 4)
 ByteScheduler's PS default (credit 4M = 4 partitions)."""
 DEFAULT = {"chunk_mb": 4.0, "credit_mb": 16.0}
 """The registry's default (preferred on a tie)."""
+EXECUTOR_EARLY_FORWARD = False
+"""Whether the executor starts the next forward's layer i as soon as layer i's chunks land (module
+docstring): not yet, so the planner charges the wait for the last chunk."""
 
 
 class Buckets:
@@ -97,8 +105,11 @@ class ByteScheduler(Buckets):
         chunk = chunk_mb * MIB
         return [(sum(t), sum(max(1, math.ceil(x / chunk)) for x in t if x > 0)) for t in self.sizes]
 
-    def exposed_s(self, chunk_mb: float, credit_mb: float, backward_window_s: float) -> float:
-        """The next forward's stall (module docstring)."""
+    def exposed_s(
+        self, chunk_mb: float, credit_mb: float, backward_window_s: float, early_forward: bool | None = None
+    ) -> float:
+        """The next forward's stall (module docstring); early_forward defaults to what the
+        executor does (EXECUTOR_EARLY_FORWARD)."""
         h = self.hidden
         ready, t = [], h * backward_window_s
         for share in self.back_share:  # layer i ready when backward (L-1 .. 0) has run down to it
@@ -107,6 +118,8 @@ class ByteScheduler(Buckets):
         credit = max(credit_mb, chunk_mb) * MIB
         landed = _simulate(self.chunks(chunk_mb), ready, credit, self.latency_s, self.beta_s)
         start = clock = h * backward_window_s
+        if not (EXECUTOR_EARLY_FORWARD if early_forward is None else early_forward):
+            return max(0.0, max(landed, default=start) - start)
         for share, arrival in zip(self.fwd_share, landed):
             clock = max(clock, arrival) + h * backward_window_s * share
         return max(0.0, clock - start - h * backward_window_s * sum(self.fwd_share))

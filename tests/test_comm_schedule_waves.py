@@ -149,6 +149,29 @@ def test_priority_lets_the_forward_overlap():
     assert bs < ddp
 
 
+def test_executor_waits_for_the_last_chunk_before_the_next_forward():
+    """meshplan's executor steps the optimizer once every chunk has landed, so the next forward
+    starts after the last one: the exposure charged is the last landing past the end of backward
+    (8 layers of 16 MiB, backward half the transfer, so chunks remain when it ends). ByteScheduler's
+    own per-layer start would expose less; the planner charges what the executor does."""
+    from meshplan.planner import comm_schedule
+
+    ctx = context(chain([2**22] * 8))
+    cost = DataParallelCost(ctx, ddp_candidate(comm_schedule=("bytescheduler", {"chunk_mb": 4.0, "credit_mb": 16.0})))
+    sched = cost.schedule
+    window = 0.5 * sched.beta_s * 8 * 2**24
+    end = sched.hidden * window
+    ready, t = [], end
+    for share in sched.back_share:
+        ready.append(t)
+        t -= end * share
+    landed = _simulate(sched.chunks(4.0), ready, 16.0 * MIB, sched.latency_s, sched.beta_s)
+    waited = sched.exposed_s(4.0, 16.0, window, early_forward=False)
+    assert waited == pytest.approx(max(landed) - end, rel=1e-12) and waited > 0
+    assert sched.exposed_s(4.0, 16.0, window, early_forward=True) < waited
+    assert not comm_schedule.EXECUTOR_EARLY_FORWARD and sched.exposed_s(4.0, 16.0, window) == waited
+
+
 # --- the search ------------------------------------------------------------------------------
 def small_gpt_plan(**request):
     profile = gpt_profile(layers=4, hidden=256, heads=4, seq=128, vocab=1024)
