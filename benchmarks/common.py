@@ -94,3 +94,24 @@ def machine_info() -> dict:
         "python": platform.python_version(),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else [],
     }
+
+
+def run_at_rate(cmd: list[str], rate: str, timeout_s: float, out_flag: str = "--out") -> dict:
+    """Run `cmd` (a benchmark's inner half, which writes its JSON result to the path given after
+    `out_flag`) inside a slow-link namespace at `rate` (benchmarks/slow_link.py), or directly when
+    rate is "none"; its result, or {"rate", "error"} when it failed."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        cmd = [*cmd, out_flag, out.name]
+        if rate != "none":
+            limit = ["--timeout-s", str(timeout_s + 60)]
+            cmd = [sys.executable, "-m", "benchmarks.slow_link", "--rate", rate, *limit, "--", *cmd]
+        rc = subprocess.run(cmd, cwd=root).returncode
+        if rc != 0:
+            return {"rate": rate, "error": f"exit {rc}"}
+        return json.load(open(out.name))

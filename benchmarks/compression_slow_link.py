@@ -32,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 
+from benchmarks.common import run_at_rate
+
 METHODS = [
     ("none", {}),
     ("fp16", {}),
@@ -184,38 +186,8 @@ def summarise(rows: list[dict]) -> list[dict]:
 
 def outer(rate: str, steps: int, timeout_s: float, profile_path: str) -> dict:
     """Run `inner` for one rate, inside a slow-link namespace unless rate is "none"."""
-    with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        cmd = [
-            sys.executable,
-            "-m",
-            "benchmarks.compression_slow_link",
-            "--inner",
-            rate,
-            "--steps",
-            str(steps),
-            "--timeout-s",
-            str(timeout_s),
-            "--profile",
-            profile_path,
-            "--out",
-            out.name,
-        ]
-        if rate != "none":
-            cmd = [
-                sys.executable,
-                "-m",
-                "benchmarks.slow_link",
-                "--rate",
-                rate,
-                "--timeout-s",
-                str(timeout_s + 60),
-                "--",
-                *cmd,
-            ]
-        rc = subprocess.run(cmd, cwd=ROOT).returncode
-        if rc != 0:
-            return {"rate": rate, "error": f"exit {rc}"}
-        return json.load(open(out.name))
+    cmd = [sys.executable, "-m", "benchmarks.compression_slow_link", "--inner", rate, "--steps", str(steps)]
+    return run_at_rate([*cmd, "--timeout-s", str(timeout_s), "--profile", profile_path], rate, timeout_s)
 
 
 def profile_cpu(path: str) -> float:

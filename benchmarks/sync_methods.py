@@ -26,11 +26,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
+from benchmarks.common import run_at_rate
 from meshplan import dp_methods
 from meshplan.plan import MethodChoice
 
@@ -177,25 +177,8 @@ def _against_ddp(rows: list[dict]) -> list[dict]:
 
 def outer(rate: str, steps: int, timeout_s: float) -> dict:
     """Run `inner`, inside a slow-link namespace unless rate is "none"."""
-    with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        cmd = [sys.executable, "-m", "benchmarks.sync_methods", "--inner", rate, "--steps", str(steps)]
-        cmd += ["--timeout-s", str(timeout_s), "--out", out.name]
-        if rate != "none":
-            cmd = [
-                sys.executable,
-                "-m",
-                "benchmarks.slow_link",
-                "--rate",
-                rate,
-                "--timeout-s",
-                str(timeout_s + 60),
-                "--",
-                *cmd,
-            ]
-        rc = subprocess.run(cmd, cwd=ROOT).returncode
-        if rc != 0:
-            return {"rate": rate, "error": f"exit {rc}"}
-        return json.load(open(out.name))
+    cmd = [sys.executable, "-m", "benchmarks.sync_methods", "--inner", rate, "--steps", str(steps)]
+    return run_at_rate([*cmd, "--timeout-s", str(timeout_s)], rate, timeout_s)
 
 
 def profile_cpu(path: str) -> float:
