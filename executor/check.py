@@ -50,13 +50,20 @@ def check_plan(plan: Plan, *, nnodes: int = 1) -> None:
 
 def _check_runnable_here(plan: Plan) -> None:
     """What a plan may be priced for but this executor cannot run: fp8 GEMMs (no fp8 path:
-    runtimes.py, meshplan's fp8 behaviour) and a closed-form profile (`analytic:`), which names
-    no module to build."""
+    runtimes.py, meshplan's fp8 behaviour), a hand-written crossbow plan whose learner count was
+    left to the planner (learners=0) and a closed-form profile (`analytic:`), which names no
+    module to build."""
     if plan.precision == "fp8":
         raise MeshplanError(
             f"plan.precision = 'fp8': this executor has no fp8 path (the plan was priced for runtime "
             f"{getattr(plan, 'runtime', 'meshplan')}); re-plan with --precision bf16 to run it here, or export it "
             "(meshplan export --to torchtitan|megatron)"
+        )
+    sync = plan.dp_methods.sync
+    if sync.name == "crossbow" and sync.params.get("learners", 1) < 1:
+        raise MeshplanError(
+            "plan.dp_methods.sync = crossbow with learners=0 (auto) is unresolved: plan it with "
+            "`meshplan plan --sync crossbow` (which picks k) or pin --sync crossbow:learners=K"
         )
     if plan.model_name.startswith("analytic:"):
         raise MeshplanError(

@@ -535,3 +535,22 @@ def test_benchmark_prices_measured_rows_and_renders_the_tables(tmp_path):
                for n in bench.TO_1024]  # fmt: skip
     text = bench.markdown({"steps": 13, "run": run, "master_prediction": to_1024})
     assert text.count("\n| ") >= len(bench.METHODS) + 3 + 4 and "| 1024 |" in text and "master / DDP" in text
+
+
+def test_run_refuses_a_hand_written_crossbow_plan_with_learners_left_to_the_planner(tmp_path, capsys):
+    """learners=0 means "the planner picks k"; a plan file that still says 0 is refused by
+    `meshplan run` before any process starts: exit 2, one line naming the value and the fix."""
+    from meshplan.cli import main
+
+    path = tmp_path / "plan.json"
+    argv = ["plan", "--model", "gpt-tiny", "--num-gpus", "2", "--global-batch", "4", "--quiet", "-o", str(path)]
+    assert main([*argv, "--sync", "crossbow:learners=2"]) == 0
+    data = json.loads(path.read_text())
+    data["dp_methods"]["sync"]["params"]["learners"] = 0
+    path.write_text(json.dumps(data))
+    capsys.readouterr()
+    code = main(["run", str(path), "--steps", "1", "--out-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "crossbow with learners=0 (auto) is unresolved" in err and "--sync crossbow:learners=K" in err
+    assert not (tmp_path / "run").exists()
