@@ -11,9 +11,29 @@ import dataclasses
 from meshplan.model_profile import LayerProfile, ModelProfile, TPRule
 from meshplan.models.analytic import gpt_profile, llama_profile
 from meshplan.planner.bruteforce import brute_force_best, brute_force_candidate  # noqa: F401 (re-exported)
+from meshplan.planner.context import Candidate
 from meshplan.presets import cluster_preset
 
 GIB = 1024**3
+
+CANDIDATE_DEFAULTS = dict(
+    pp=1,
+    dp_replicate=1,
+    dp_shard=1,
+    cp=1,
+    tp=1,
+    microbatch=1,
+    num_microbatches=1,
+    schedule="1F1B",
+    virtual_stages=1,
+    zero=0,
+    sequence_parallel=False,
+)
+
+
+def candidate(**fields) -> Candidate:
+    """A Candidate with one rank of everything, no pipeline, ZeRO-0 and no SP, but for `fields`."""
+    return Candidate(**{**CANDIDATE_DEFAULTS, **fields})
 
 
 def small_gpt(layers: int = 6) -> ModelProfile:

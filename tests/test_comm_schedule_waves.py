@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from planner_profiles import candidate
 
 from meshplan import feasibility
 from meshplan.errors import InfeasibleError
@@ -54,19 +55,7 @@ def chain(params: list[int], flops: float = 1e12, act: float = 1e8) -> ModelProf
 
 
 def ddp_candidate(dp: int = 4, **methods) -> Candidate:
-    cand = Candidate(
-        pp=1,
-        dp_replicate=dp,
-        dp_shard=1,
-        cp=1,
-        tp=1,
-        microbatch=1,
-        num_microbatches=1,
-        schedule="1F1B",
-        virtual_stages=1,
-        zero=0,
-        sequence_parallel=False,
-    )
+    cand = candidate(dp_replicate=dp)
     for axis, (name, params) in methods.items():
         cand = cand.with_method(axis, name, params)
     return cand
@@ -269,19 +258,7 @@ def test_wavelet_interleaves_activations_and_is_priced_not_run():
     assert rows["2"].step_time_s == pytest.approx(two.prediction.step_time_s, rel=1e-12)
     assert rows["1"].step_time_s == pytest.approx(one.prediction.step_time_s, rel=1e-12)
     layout = dataclasses.replace(
-        Candidate(
-            pp=1,
-            dp_replicate=4,
-            dp_shard=1,
-            cp=1,
-            tp=1,
-            microbatch=4,
-            num_microbatches=1,
-            schedule="1F1B",
-            virtual_stages=1,
-            zero=0,
-            sequence_parallel=False,
-        ),
+        candidate(dp_replicate=4, microbatch=4),
         methods=(("waves", "2", ()),),
     ).layout(128)
     assert [r.runnable_only for r in feasibility.reasons(layout)] == [True]

@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from planner_profiles import candidate
 
 from meshplan.cluster import CollectiveFit
 from meshplan.model_profile import LayerTiming
 from meshplan.models.analytic import gpt_profile
 from meshplan.planner import PlanRequest, estimate
 from meshplan.planner.comm import collective_s, group_tier
-from meshplan.planner.context import Candidate, Context
+from meshplan.planner.context import Context
 from meshplan.planner.layer_cost import layer_cost as _layer_cost
 from meshplan.planner.memory import activation_bytes
 from meshplan.planner.pipeline import in_flight
@@ -21,16 +22,13 @@ from meshplan.presets import cluster_preset, local_cpu
 
 def layer_cost(ctx, layer, b, tp, sp, cp, zero, dp):
     """One layer's cost on a candidate with these degrees (dp replicated, or sharded for ZeRO-2/3)."""
-    cand = Candidate(
-        pp=1,
+    cand = candidate(
         dp_replicate=1 if zero >= 2 else dp,
         dp_shard=dp if zero >= 2 else 1,
         cp=cp,
         tp=tp,
         microbatch=b,
         num_microbatches=max(ctx.request.global_batch // (dp * b), 1),
-        schedule="1F1B",
-        virtual_stages=1,
         zero=zero,
         sequence_parallel=sp,
     )
@@ -94,19 +92,7 @@ def test_activation_bytes_follow_korthikanti(sp, mode, per_sbh):
 
 def test_interleaved_in_flight_is_korthikanti_factor():
     p, v = 8, 3
-    cand = Candidate(
-        pp=p,
-        dp_replicate=1,
-        dp_shard=1,
-        cp=1,
-        tp=8,
-        microbatch=1,
-        num_microbatches=64,
-        schedule="Interleaved1F1B",
-        virtual_stages=v,
-        zero=0,
-        sequence_parallel=False,
-    )
+    cand = candidate(pp=p, tp=8, num_microbatches=64, schedule="Interleaved1F1B", virtual_stages=v)
     assert in_flight(cand, 0) == pytest.approx(p * (1 + (p - 1) / (p * v)))
     plain = dataclasses.replace(cand, schedule="1F1B", virtual_stages=1)
     assert [in_flight(plain, r) for r in range(p)] == list(range(p, 0, -1))
@@ -377,19 +363,7 @@ def test_grad_clipping_pays_a_norm_all_reduce_per_sharded_group():
 
     ctx = _ctx(P22, n=64)
     ar = lambda g, tier: collective_s(ctx.cluster, "all_reduce", g, 8.0, tier)  # noqa: E731
-    plain = Candidate(
-        pp=1,
-        dp_replicate=64,
-        dp_shard=1,
-        cp=1,
-        tp=1,
-        microbatch=1,
-        num_microbatches=1,
-        schedule="1F1B",
-        virtual_stages=1,
-        zero=0,
-        sequence_parallel=False,
-    )
+    plain = candidate(dp_replicate=64)
     assert grad_norm_sync_s(ctx, plain) == 0.0  # DDP replicas hold whole gradients
     hybrid = dataclasses.replace(plain, pp=4, dp_replicate=1, dp_shard=2, tp=8, zero=3)
     expected = ar(4, "inter_node") + 2 * ar(8, "intra_node") + ar(2, "inter_node")

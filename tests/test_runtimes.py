@@ -212,8 +212,10 @@ def test_fp8_speeds_gemms_on_h100_and_keeps_bf16_on_a100(capsys):
 def test_table4_layer_times_through_the_cli():
     """`meshplan plan --runtime megatron-lm` on the Korthikanti 22B row builds the very profile
     and state layout tests/test_cost_model.py holds against Table 4 (per-layer times)."""
+    from planner_profiles import candidate
+
     from meshplan.models.analytic import gpt_profile
-    from meshplan.planner.context import Candidate, Context
+    from meshplan.planner.context import Context
     from meshplan.planner.layer_cost import layer_cost
 
     profile, cluster, req = _inputs(["plan", *GPT22, "--runtime", "megatron-lm"])
@@ -228,19 +230,7 @@ def test_table4_layer_times_through_the_cli():
         (False, "selective", 20.9),
         (True, "selective", 20.3),
     ):
-        cand = Candidate(
-            pp=1,
-            dp_replicate=1,
-            dp_shard=1,
-            cp=1,
-            tp=8,
-            microbatch=4,
-            num_microbatches=1,
-            schedule="1F1B",
-            virtual_stages=1,
-            zero=0,
-            sequence_parallel=sp,
-        )
+        cand = candidate(tp=8, microbatch=4, sequence_parallel=sp)
         got = layer_cost(ctx, profile.layers[1], cand).modes[mode].time_s * 1e3
         assert got == pytest.approx(ms, rel=0.05)
 
