@@ -13,6 +13,7 @@ the rest from the earlier OUT/benchmarks.json, each marked with the run that mea
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import statistics
@@ -166,13 +167,17 @@ def _local(quick: bool, say, results: dict, timings: dict) -> None:
         results.pop("diagnostics", None)
 
 
-def _method_section(name: str):
-    def run(quick: bool, say) -> dict:
-        import importlib
-
-        return importlib.import_module(METHOD_SECTIONS[name]).bench_section(quick, say)
-
-    return run
+def _keep(name: str, previous: dict | None, results: dict, runs: dict) -> None:
+    """A section not run this time: its results as the earlier run measured them, and that run
+    named in `runs` (when the earlier file did not name one already)."""
+    keys = LOCAL if name == "local" else (name,)
+    if not previous:
+        return
+    results.update({key: previous[key] for key in keys if key in previous})
+    if keys[0] in previous:
+        runs.setdefault(
+            name, {"started_utc": previous.get("started_utc"), "commit": previous.get("git", {}).get("commit")}
+        )
 
 
 def run_all(quick: bool, say, sections: tuple[str, ...] = SECTIONS, previous: dict | None = None) -> dict:
@@ -191,29 +196,24 @@ def run_all(quick: bool, say, sections: tuple[str, ...] = SECTIONS, previous: di
         "git": git_state(),
         "started_utc": started,
     }
+    runners = {
+        "planner_speed": lambda: planner_speed.run(quick),
+        "executor_overhead": lambda: executor_overhead.run(quick),
+        "gpu": lambda: gpu_section(say),
+        **{
+            name: lambda name=name: importlib.import_module(METHOD_SECTIONS[name]).bench_section(quick, say)
+            for name in METHOD_SECTIONS
+        },
+    }
     runs = dict((previous or {}).get("section_runs", {}))
     for name in SECTIONS:
         if name not in sections:
-            keys = LOCAL if name == "local" else (name,)
-            for key in keys:
-                if previous and key in previous:
-                    results[key] = previous[key]
-            if previous and name not in runs and keys[0] in previous:
-                runs[name] = {
-                    "started_utc": previous.get("started_utc"),
-                    "commit": previous.get("git", {}).get("commit"),
-                }
+            _keep(name, previous, results, runs)
             continue
         if name == "local":
             _local(quick, say, results, timings)
-        elif name == "planner_speed":
-            results[name] = _section(name, lambda: planner_speed.run(quick), say, results, timings)
-        elif name == "executor_overhead":
-            results[name] = _section(name, lambda: executor_overhead.run(quick), say, results, timings)
-        elif name == "gpu":
-            results[name] = _section(name, lambda: gpu_section(say), say, results, timings)
         else:
-            results[name] = _section(name, lambda n=name: _method_section(n)(quick, say), say, results, timings)
+            results[name] = _section(name, runners[name], say, results, timings)
         runs[name] = {"started_utc": started, "commit": results["git"].get("commit"), "quick": quick}
     results["section_times_s"] = {**(previous or {}).get("section_times_s", {}), **timings}
     results["section_runs"] = runs

@@ -56,7 +56,7 @@ def _check_runnable_here(plan: Plan) -> None:
     if plan.precision == "fp8":
         raise MeshplanError(
             f"plan.precision = 'fp8': this executor has no fp8 path (the plan was priced for runtime "
-            f"{getattr(plan, 'runtime', 'meshplan')}); re-plan with --precision bf16 to run it here, or export it "
+            f"{plan.runtime}); re-plan with --precision bf16 to run it here, or export it "
             "(meshplan export --to torchtitan|megatron)"
         )
     sync = plan.dp_methods.sync
@@ -77,13 +77,13 @@ def run_warnings(plan: Plan) -> list[str]:
     """What this executor runs differently from what the plan was priced for: the run is valid, but
     its measured times and memory are not the prediction's."""
     out = []
-    runtime = getattr(plan, "runtime", "meshplan")
+    runtime = plan.runtime
     if runtime != "meshplan":
         out.append(
             f"plan.runtime = {runtime!r}: the prediction is for {runtime}'s behaviours; this executor runs the "
             "plan with meshplan's (re-plan with --runtime meshplan to predict this run, or export it)"
         )
-    if getattr(plan, "recompute_num_layers", 1) > 1:
+    if plan.recompute_num_layers > 1:
         out.append(
             f"plan.recompute_num_layers = {plan.recompute_num_layers}: this executor checkpoints each block on "
             "its own (Megatron's uniform groups are an export), so its peak is below the prediction"
