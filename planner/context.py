@@ -65,8 +65,12 @@ class Candidate:
         """What per-layer costs depend on (CostTable memoisation, partition frontiers): DDP's
         layers only see whether there are replicas, ZeRO-1's the optimizer shard, ZeRO-2/3's the
         shard and replica groups and the microbatch count (the reduce-scatter is paid 1/m per
-        microbatch)."""
-        if self.zero == 0:
+        microbatch). A data-parallel method other than the defaults also sees the replica group
+        and the microbatch count at ZeRO-0/1 (an all-gather compressor decodes and holds one
+        payload per replica; a sync method's per-microbatch work)."""
+        if self.zero <= 1 and self.methods:
+            data = (self.zero, self.dp_replicate, self.num_microbatches)
+        elif self.zero == 0:
             data = (0, self.dp > 1)
         elif self.zero == 1:
             data = (1, self.dp)

@@ -209,3 +209,24 @@ def test_lost_families_say_by_how_much():
     chosen = {family(p) for p in [plan] + plan.search.alternatives}
     assert lost and all(r.family not in chosen and "%" in r.reason for r in lost)
     assert plan.search.num_rejected == sum(r.count for r in plan.search.rejected if not r.reason.startswith("slower"))
+
+
+@pytest.mark.parametrize("axis,name", [("compression", "qsgd"), ("compression", "topk"), ("compression", "alq")])
+def test_every_alternative_is_priced_as_its_own_pinned_search(axis, name):
+    """The layer-cost memo (Candidate.cost_key) shares costs only between candidates that would
+    compute them alike: an all-gather compressor's codec work and state grow with the replica
+    group, so pp=2 (8 replicas) must not reuse pp=1's (16) layer costs. Each alternative of one
+    search equals a search pinned to its pipeline degree (it did not: qsgd's pp=4 was 26% off)."""
+    from meshplan.dp_methods import parse_spec
+    from meshplan.models.analytic import gpt_profile
+
+    prof = gpt_profile(layers=8, hidden=1024, heads=16, vocab=32000, seq=1024)
+    pins = dict(num_gpus=16, global_batch=64, tp=1, cp=1, zero=0, microbatch=1, recompute="none")
+    pins |= dict(schedule="1F1B", sequence_parallel=False, methods={axis: parse_spec(axis, name, f"--{axis}")})
+    plan = search(prof, cluster(16, 80.0), PlanRequest(top_k=10, **pins))
+    plans = [plan, *plan.search.alternatives]
+    assert len({p.pipeline_parallel_degree for p in plans}) >= 3
+    for alt in plans:
+        alone = search(prof, cluster(16, 80.0), PlanRequest(top_k=1, pp=alt.pipeline_parallel_degree, **pins))
+        assert alt.prediction.step_time_s == pytest.approx(alone.prediction.step_time_s, rel=1e-9)
+        assert alt.prediction.peak_memory_bytes == pytest.approx(alone.prediction.peak_memory_bytes, rel=1e-9)
