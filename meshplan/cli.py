@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from meshplan import __version__, dp_methods
+from meshplan.presets import CLUSTER_PRESETS
 
 DESCRIPTION = """\
 meshplan: how to split PyTorch training over GPUs, and then doing it.
@@ -126,8 +127,8 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cluster",
         default="local-cpu",
-        help="preset (a100-40g, a100-80g, h100-80g, h200-141g, b200-180g, local-cpu) or a "
-        "cluster.json from `meshplan profile-links` (default: local-cpu)",
+        help=f"preset ({', '.join(CLUSTER_PRESETS)}) or a cluster.json from `meshplan profile-links` "
+        "(default: local-cpu)",
     )
     p.add_argument("--num-gpus", type=int, default=4, help="devices (local-cpu: ranks) (default: 4)")
     p.add_argument("--global-batch", type=int, default=16, help="samples per optimizer step (default: 16)")
@@ -188,6 +189,13 @@ def _runtime_args(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="split blocks evenly over pipeline stages (Megatron) instead of searching boundaries",
+    )
+    g.add_argument(
+        "--free-stage-outputs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a pipeline stage frees each microbatch's output once sent (Megatron) instead of holding it "
+        "until its backward (torch pipelining, DeepSpeed)",
     )
     g.add_argument(
         "--fsdp-gather-dtype",

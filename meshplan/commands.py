@@ -295,6 +295,7 @@ def runtime_behaviours(args: argparse.Namespace, cluster, precision: str) -> dic
         "overlap_tp_comm": args.overlap_tp_comm,
         "attention": args.attention,
         "uniform_stages": args.uniform_stages,
+        "free_stage_outputs": args.free_stage_outputs,
         "fsdp_gather_bytes": {"bf16": 2, "fp32": 4}.get(args.fsdp_gather_dtype),
     }
     out = runtimes.request_behaviours(rt.name, flags)

@@ -52,6 +52,7 @@ BEHAVIOURS = {
     "fp8": "fp8 GEMMs available (--precision fp8)",
     "sp_regather": "sequence parallel re-gathers the layer input in backward (else keeps it gathered)",
     "selective_recompute": "what --recompute selective recomputes",
+    "free_stage_outputs": "a pipeline stage frees each microbatch's output once sent (else holds it until its backward)",
 }
 """Behaviour name -> what it means (the README table's rows)."""
 
@@ -67,6 +68,7 @@ FLAGS = {
     "fp8": "--precision fp8",
     "sp_regather": "(follows --state-layout megatron)",
     "selective_recompute": "(--runtime; --recompute selective)",
+    "free_stage_outputs": "--free-stage-outputs / --no-free-stage-outputs",
 }
 
 _KORTH = "Korthikanti et al. 2022"
@@ -79,6 +81,13 @@ _SP_DTENSOR = Behaviour(
     ),
 )
 _SEL = Behaviour(value="attention core", source=f"{_KORTH} Sec 5 (selective activation recomputation)")
+_HOLD_OUTPUTS = Behaviour(
+    value=False,
+    source=(
+        "torch.distributed.pipelining: _PipelineStageBase.forward_one_chunk keeps each microbatch's stage "
+        "outputs (and inputs) in fwd_cache until backward_one_chunk"
+    ),
+)
 
 RUNTIMES: dict[str, Runtime] = {
     "meshplan": Runtime(
@@ -112,6 +121,7 @@ RUNTIMES: dict[str, Runtime] = {
                 known=False,
                 source=("executor: checkpoint of the attention core; with SDPA it frees only the log-sum-exp"),
             ),
+            "free_stage_outputs": _HOLD_OUTPUTS,
         },
     ),
     "torchtitan": Runtime(
@@ -154,6 +164,7 @@ RUNTIMES: dict[str, Runtime] = {
                     "(every k-th block fully) is per-layer full/none, planned by the recompute solver"
                 ),
             ),
+            "free_stage_outputs": _HOLD_OUTPUTS,
         },
     ),
     "megatron-lm": Runtime(
@@ -182,6 +193,15 @@ RUNTIMES: dict[str, Runtime] = {
             "fp8": Behaviour(value=False, source="no Transformer Engine before Megatron-Core"),
             "sp_regather": _SP,
             "selective_recompute": _SEL,
+            "free_stage_outputs": Behaviour(
+                value=True,
+                known=False,
+                source=(
+                    "not known for the 2021-22 runs: megatron/schedules.py free_output_tensor pseudo-frees an output "
+                    "once sent, behind --deallocate-pipeline-outputs (opt-in in early 2022, always on later); "
+                    f"{_KORTH}'s Sec 4 memory counts no stage output"
+                ),
+            ),
         },
     ),
     "megatron-core": Runtime(
@@ -219,6 +239,13 @@ RUNTIMES: dict[str, Runtime] = {
             "sp_regather": _SP,
             "selective_recompute": Behaviour(
                 value="attention core", source="--recompute-granularity selective (core attention; Korthikanti Sec 5)"
+            ),
+            "free_stage_outputs": Behaviour(
+                value=True,
+                source=(
+                    "megatron/core/pipeline_parallel/schedules.py deallocate_output_tensor; "
+                    "core_transformer_config_from_args sets deallocate_pipeline_outputs = True"
+                ),
             ),
         },
     ),
@@ -258,6 +285,13 @@ RUNTIMES: dict[str, Runtime] = {
                 known=False,
                 source=("not known: activation_checkpointing checkpoints whole blocks; selective is the model's"),
             ),
+            "free_stage_outputs": Behaviour(
+                value=False,
+                source=(
+                    "deepspeed/runtime/pipe/engine.py: _exec_backward_pass frees pipe_buffers['outputs'] only after "
+                    "that microbatch's backward"
+                ),
+            ),
         },
     ),
 }
@@ -280,6 +314,7 @@ REQUEST_FIELDS = (
     "zero_stages",
     "fsdp_gather_bytes",
     "selective_recompute",
+    "free_stage_outputs",
 )
 """Behaviours the PlanRequest carries (dropout is a profile-building input, fp8 a check)."""
 

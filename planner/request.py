@@ -70,6 +70,11 @@ class PlanRequest:
     """ZeRO stages the runtime implements (the search tries only these); None: 0-3."""
     fsdp_gather_bytes: int | None = None
     """Bytes per element of FSDP/ZeRO-3 gathers and reduce-scatters; None: 2 under bf16, else 4."""
+    free_stage_outputs: bool = False
+    """A pipeline stage frees each microbatch's output once sent (Megatron-Core's
+    deallocate_output_tensor); False: it holds the output until that microbatch's backward, as
+    torch.distributed.pipelining (fwd_cache) and DeepSpeed's pipeline engine do (planner/stages.py
+    counts it per in-flight microbatch)."""
     selective_recompute: str = "attention core"
     """What recompute "selective" keeps (planner/sac.py): "attention core" (Korthikanti et al. 2022
     Sec 5, Megatron) or "op" (torchtitan's op-level policy: every other matmul output and SDPA's)."""

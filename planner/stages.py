@@ -80,7 +80,24 @@ class RankModel:
             self.cand.zero,
             self.cand.cp,
         )
-        return static, buf, in_flight(self.cand, rank)
+        flight = in_flight(self.cand, rank)
+        return static, buf + flight * self.held_output_bytes(rank, layers), flight
+
+    def held_output_bytes(self, rank: int, layers: list[int]) -> float:
+        """Stage outputs of one in-flight microbatch's worth that the rank holds until their
+        backward (torch.distributed.pipelining's fwd_cache, DeepSpeed's pipe buffers; Megatron frees
+        each once sent: PlanRequest.free_stage_outputs): one per chunk that sends forward — v on
+        every rank but the last, whose final chunk ends in the loss — of the tensors crossing the
+        chunk's end (a graph's skips too), sequence-sharded with sequence parallelism."""
+        cand, lps = self.cand, self.ctx.layers
+        sends = [i for i in layers if lps[i].tp.kind != "head"]
+        chunks = cand.virtual_stages - (rank == cand.pp - 1)
+        if cand.pp == 1 or not sends or chunks <= 0 or self.ctx.request.free_stage_outputs:
+            return 0.0
+        last = max(sends)
+        out = boundary_bytes(self.ctx, last) if self.ctx.profile.edges else lps[last].output_bytes
+        split = cand.tp if cand.tp > 1 and cand.sequence_parallel else 1
+        return chunks * out * cand.microbatch / cand.cp / split
 
     def finish(self, rank: int, layers: list[int], modes: dict[int, str], p2p: float) -> RankSolution:
         static, buf, flight = self.base(rank, layers)

@@ -138,6 +138,31 @@ def test_tp_overlap_never_slows_and_materialized_attention_costs_memory():
     assert flash.stage_memory[0].activations_bytes < 0.5 * base.stage_memory[0].activations_bytes
 
 
+@pytest.mark.parametrize("schedule,v,sp", [("1f1b", 1, False), ("interleaved", 2, True)])
+def test_held_stage_outputs_cost_each_in_flight_microbatch_its_output(schedule, v, sp):
+    """torch.distributed.pipelining holds every in-flight microbatch's stage output until its
+    backward; Megatron frees it once sent (--free-stage-outputs). Rank 0 of pp = 4 holds one
+    block output (b s h x 2 bytes, / t with sequence parallelism) per chunk per in-flight microbatch;
+    the last rank's final chunk sends nothing."""
+    from planner_profiles import candidate
+
+    from meshplan.planner.pipeline import in_flight
+
+    pins = ["--tp", "2", "--pp", "4", "--dp", "1", "--microbatch", "2", "--schedule", schedule]
+    pins += ["--virtual-stages", str(v), "--recompute", "full", "--uniform-stages"]
+    pins += ["--sequence-parallel" if sp else "--no-sequence-parallel"]
+    base = [*GPT22[:-1], "16", "--set", "layers=16"]
+    held = _estimate("--runtime", "meshplan", base=base, pins=pins)
+    freed = _estimate("--runtime", "meshplan", "--free-stage-outputs", base=base, pins=pins)
+    assert _inputs(["estimate", *base, *pins, "--runtime", "megatron-core"])[2].free_stage_outputs
+    cand = candidate(pp=4, num_microbatches=8, virtual_stages=v, schedule=held.pipeline_schedule)
+    block = 2048 * 2 * 6144 * 2 / (2 if sp else 1)
+    for rank, (h, f) in enumerate(zip(held.prediction.stage_memory, freed.prediction.stage_memory)):
+        chunks = v - (rank == 3)
+        assert h.total_bytes - f.total_bytes == pytest.approx(in_flight(cand, rank) * chunks * block, rel=1e-9)
+    assert held.prediction.step_time_s == freed.prediction.step_time_s
+
+
 def test_attention_retargets_a_captured_profile():
     """A captured zoo profile (SDPA = flash) becomes materialised under --runtime megatron-lm."""
     base = ["--model", "gpt-tiny", "--cluster", "a100-80g", "--num-gpus", "1", "--global-batch", "2"]
