@@ -306,7 +306,7 @@ def runtime_behaviours(args: argparse.Namespace, cluster, precision: str) -> dic
         _warn(
             args,
             f"runtime {rt.name}: the model does not know its {', '.join(unknown)} "
-            "(README runtime table); generic defaults used",
+            "(README runtime table); the values in brackets there are used",
         )
     if args.zero is not None and args.zero not in rt.value("zero_stages"):
         _warn(

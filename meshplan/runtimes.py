@@ -24,7 +24,8 @@ class Behaviour:
     source: str
     """Where the value comes from: paper section, framework code path or documentation."""
     known: bool = True
-    """False: the model does not know this runtime's behaviour; `value` is the generic default."""
+    """False: the model does not know this runtime's behaviour; `value` is what it assumes (the generic
+    default, unless `source` says why another)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,9 +198,9 @@ RUNTIMES: dict[str, Runtime] = {
                 value=True,
                 known=False,
                 source=(
-                    "not known for the 2021-22 runs: megatron/schedules.py free_output_tensor pseudo-frees an output "
-                    "once sent, behind --deallocate-pipeline-outputs (opt-in in early 2022, always on later); "
-                    f"{_KORTH}'s Sec 4 memory counts no stage output"
+                    "not known for the 2021-22 runs: megatron/schedules.py frees an output once sent only under "
+                    "--deallocate-pipeline-outputs (2022, store_true, default False); taken as freed because the "
+                    "SC21 1T run (pp 64, 1 layer per chunk) does not fit with its outputs held"
                 ),
             ),
         },
