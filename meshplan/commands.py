@@ -302,6 +302,8 @@ def runtime_behaviours(args: argparse.Namespace, cluster, precision: str) -> dic
     unknown = [k for k in rt.unknown() if k in (*runtimes.REQUEST_FIELDS, "dropout") and flags.get(k) is None]
     if getattr(args, "recompute", None) != "selective":  # said only when the user asks for it
         unknown = [k for k in unknown if k != "selective_recompute"]
+    if getattr(args, "pp", None) == 1:  # no pipeline: its stages' behaviours do not apply
+        unknown = [k for k in unknown if k not in ("free_stage_outputs", "uniform_stages")]
     if unknown:
         _warn(
             args,
@@ -312,6 +314,13 @@ def runtime_behaviours(args: argparse.Namespace, cluster, precision: str) -> dic
         _warn(
             args,
             f"--zero {args.zero}: runtime {rt.name} implements ZeRO {rt.value('zero_stages')}; predicted as pinned",
+        )
+    offload = (getattr(args, "offload", None) or "").split(":")[0].strip()
+    if offload and offload not in rt.value("offload_methods"):
+        _warn(
+            args,
+            f"--offload {offload}: runtime {rt.name} implements offload {', '.join(rt.value('offload_methods'))}; "
+            "predicted as pinned",
         )
     if precision == "fp8":
         if not rt.value("fp8"):

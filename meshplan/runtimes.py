@@ -54,6 +54,7 @@ BEHAVIOURS = {
     "sp_regather": "sequence parallel re-gathers the layer input in backward (else keeps it gathered)",
     "selective_recompute": "what --recompute selective recomputes",
     "free_stage_outputs": "a pipeline stage frees each microbatch's output once sent (else holds it until its backward)",
+    "offload_methods": "state offload the runtime implements (the search falls back only to these when nothing fits)",
 }
 """Behaviour name -> what it means (the README table's rows)."""
 
@@ -70,6 +71,7 @@ FLAGS = {
     "sp_regather": "(follows --state-layout megatron)",
     "selective_recompute": "(--runtime; --recompute selective)",
     "free_stage_outputs": "--free-stage-outputs / --no-free-stage-outputs",
+    "offload_methods": "--offload (pins one)",
 }
 
 _KORTH = "Korthikanti et al. 2022"
@@ -123,6 +125,10 @@ RUNTIMES: dict[str, Runtime] = {
                 source=("executor: checkpoint of the attention core; with SDPA it frees only the log-sum-exp"),
             ),
             "free_stage_outputs": _HOLD_OUTPUTS,
+            "offload_methods": Behaviour(
+                value=("none", "cpu", "nvme"),
+                source="executor/methods/offload.py: host-resident states and step (ZeRO-Offload), NVMe spill",
+            ),
         },
     ),
     "torchtitan": Runtime(
@@ -166,6 +172,10 @@ RUNTIMES: dict[str, Runtime] = {
                 ),
             ),
             "free_stage_outputs": _HOLD_OUTPUTS,
+            "offload_methods": Behaviour(
+                value=("none", "cpu"),
+                source="training.enable_cpu_offload: FSDP2 CPUOffloadPolicy (states on the host, the step there)",
+            ),
         },
     ),
     "megatron-lm": Runtime(
@@ -203,6 +213,7 @@ RUNTIMES: dict[str, Runtime] = {
                     "SC21 1T run (pp 64, 1 layer per chunk) does not fit with its outputs held"
                 ),
             ),
+            "offload_methods": Behaviour(value=("none",), source="no optimizer offload in Megatron-LM"),
         },
     ),
     "megatron-core": Runtime(
@@ -247,6 +258,10 @@ RUNTIMES: dict[str, Runtime] = {
                     "megatron/core/pipeline_parallel/schedules.py deallocate_output_tensor; "
                     "core_transformer_config_from_args sets deallocate_pipeline_outputs = True"
                 ),
+            ),
+            "offload_methods": Behaviour(
+                value=("none", "cpu"),
+                source="--optimizer-cpu-offload (HybridDeviceOptimizer: optimizer states and step on the host)",
             ),
         },
     ),
@@ -293,6 +308,10 @@ RUNTIMES: dict[str, Runtime] = {
                     "that microbatch's backward"
                 ),
             ),
+            "offload_methods": Behaviour(
+                value=("none", "cpu", "nvme"),
+                source="zero_optimization.offload_optimizer.device cpu / nvme (ZeRO-Offload, ZeRO-Infinity)",
+            ),
         },
     ),
 }
@@ -316,6 +335,7 @@ REQUEST_FIELDS = (
     "fsdp_gather_bytes",
     "selective_recompute",
     "free_stage_outputs",
+    "offload_methods",
 )
 """Behaviours the PlanRequest carries (dropout is a profile-building input, fp8 a check)."""
 

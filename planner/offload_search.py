@@ -30,10 +30,16 @@ def _with_offload(request, name: str):
     return dataclasses.replace(request, methods={**request.methods, "offload": (row.name, row.resolve({}, "offload"))})
 
 
+def implemented(request) -> tuple[str, ...]:
+    """The fallback's offload methods the request's runtime implements (PlanRequest.offload_methods)."""
+    allowed = request.offload_methods
+    return tuple(name for name in OFFLOAD_ORDER if allowed is None or name in allowed)
+
+
 def fallback(searcher_cls, profile, cluster, request, top_k: int):
     """(searcher, ranked, num_candidates) of the first offload method that fits, or (None, hint)."""
-    notes = []
-    for name in OFFLOAD_ORDER:
+    notes = [] if implemented(request) else [f"runtime {request.runtime} implements no offload"]
+    for name in implemented(request):
         s = searcher_cls(profile, cluster, _with_offload(request, name))
         ranked, count = s.run(top_k)
         host = cluster.host_memory_bytes
@@ -53,7 +59,7 @@ def fallback(searcher_cls, profile, cluster, request, top_k: int):
 def pinned_hint(searcher_cls, profile, cluster, request) -> str:
     """For a pinned offload method that found nothing: whether offload=cpu/nvme would fit."""
     current = request.methods.get("offload", ("none",))[0]
-    for name in OFFLOAD_ORDER:
+    for name in implemented(request):
         if name == current:
             continue
         ranked, _ = searcher_cls(profile, cluster, _with_offload(request, name)).run(1)
@@ -62,4 +68,7 @@ def pinned_hint(searcher_cls, profile, cluster, request) -> str:
                 f" offload={name} would make it fit ({ranked[0][0]:.3g} s per step): pass --offload {name} "
                 "or leave --offload unpinned."
             )
-    return " Offload (cpu, nvme) would not make it fit either."
+    tried = [name for name in implemented(request) if name != current]
+    if not tried:
+        return ""
+    return f" Offload ({', '.join(tried)}) would not make it fit either."

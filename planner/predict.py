@@ -115,7 +115,8 @@ def runtime_behaviours(request) -> dict:
     from meshplan.runtimes import REQUEST_FIELDS
 
     out = {key: getattr(request, key) for key in REQUEST_FIELDS}
-    out["zero_stages"] = list(out["zero_stages"]) if out["zero_stages"] is not None else None
+    for key in ("zero_stages", "offload_methods"):
+        out[key] = list(out[key]) if out[key] is not None else None
     return out
 
 

@@ -68,6 +68,9 @@ class PlanRequest:
     None keeps the profile's."""
     zero_stages: tuple[int, ...] | None = None
     """ZeRO stages the runtime implements (the search tries only these); None: 0-3."""
+    offload_methods: tuple[str, ...] | None = None
+    """Offload methods the runtime implements: the search's fallback when nothing fits tries only
+    these (planner/offload_search.py); None: every registry method."""
     fsdp_gather_bytes: int | None = None
     """Bytes per element of FSDP/ZeRO-3 gathers and reduce-scatters; None: 2 under bf16, else 4."""
     free_stage_outputs: bool = False

@@ -163,6 +163,45 @@ def test_held_stage_outputs_cost_each_in_flight_microbatch_its_output(schedule, 
     assert held.prediction.step_time_s == freed.prediction.step_time_s
 
 
+def test_the_offload_fallback_tries_only_what_the_runtime_implements(capsys):
+    """13B on 2 x 40 GB fits only with optimizer offload: meshplan and DeepSpeed fall back to it,
+    Megatron-LM has none and says so; a pinned offload the runtime lacks is warned about."""
+    big = ["--model", "analytic:gpt", "--set", "layers=40", "hidden=5120", "heads=40", "--cluster", "a100-40g"]
+    big += ["--num-gpus", "2", "--global-batch", "8"]
+    for name in ("meshplan", "deepspeed"):
+        assert search(*_inputs(["plan", *big, "--runtime", name])).dp_methods.offload.name == "cpu"
+    with pytest.raises(MeshplanError, match="runtime megatron-lm implements no offload"):
+        search(*_inputs(["plan", *big, "--runtime", "megatron-lm"]))
+    assert (
+        main(
+            [
+                "estimate",
+                *big,
+                *[
+                    "--tp",
+                    "1",
+                    "--pp",
+                    "2",
+                    "--dp",
+                    "1",
+                    "--microbatch",
+                    "1",
+                    "--schedule",
+                    "1f1b",
+                    "--recompute",
+                    "full",
+                ],
+                "--runtime",
+                "megatron-lm",
+                "--offload",
+                "cpu",
+            ]
+        )
+        == 0
+    )
+    assert "--offload cpu: runtime megatron-lm implements offload none" in capsys.readouterr().err
+
+
 def test_attention_retargets_a_captured_profile():
     """A captured zoo profile (SDPA = flash) becomes materialised under --runtime megatron-lm."""
     base = ["--model", "gpt-tiny", "--cluster", "a100-80g", "--num-gpus", "1", "--global-batch", "2"]
