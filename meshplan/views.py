@@ -122,6 +122,7 @@ def describe(plan: Plan) -> str:
         f"{f' v={plan.virtual_stages}' if plan.virtual_stages > 1 else ''} "
         f"recompute={recompute_summary(plan)}"
         f"{f' runtime={plan.runtime}' if plan.runtime != 'meshplan' else ''}"
+        f"{f' {dp_methods_label(plan)}' if plan.dp_methods.non_default() else ''}"
     )
 
 

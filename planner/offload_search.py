@@ -15,14 +15,19 @@ from meshplan import dp_methods
 OFFLOAD_ORDER = ("cpu", "nvme")
 
 
-def host_bytes_per_rank(ctx, cand) -> float:
-    """Optimizer states the host keeps for one rank under offload=cpu (its TP/PP share, its
-    ZeRO-1 partition or FSDP shard): ~ the busiest rank's, layers spread evenly over pp."""
-    from meshplan.planner.dp_cost import state_bytes
+HOST_BYTES_PER_PARAM = 16
+"""What offload=cpu keeps on the host per parameter of a rank's share, whatever the device layout:
+the host steps in fp32 — FSDP2's CPUOffloadPolicy holds the fp32 weight, gradient and Adam m, v
+shards there; meshplan's HostOptimizer (executor/methods/host_optimizer.py) an fp32 master, the
+gradients it copies down and m, v (4 + 4 + 8 bytes)."""
 
+
+def host_bytes_per_rank(ctx, cand) -> float:
+    """Host bytes offload=cpu needs for one rank (its TP/PP share, its ZeRO-1 partition or FSDP
+    shard): ~ the busiest rank's, layers spread evenly over pp."""
     local = ctx.profile.num_params / (cand.pp * cand.tp)
     share = cand.dp if cand.zero == 1 else (cand.dp_shard if cand.zero >= 2 else 1)
-    return local / share * state_bytes(ctx)[2]
+    return local / share * HOST_BYTES_PER_PARAM
 
 
 def _with_offload(request, name: str):

@@ -315,11 +315,21 @@ def _plan(model: str, num_gpus: int, batch: int, **methods):
     return search(profile, cluster_preset("a100-80g", num_gpus), req)
 
 
-def test_planner_offloads_gpt3_175b_on_8_a100_where_nothing_else_fits():
-    plan = _plan("gpt3-175b", 8, 8)
-    assert plan.dp_methods.offload.name in ("cpu", "nvme")
+def test_planner_offloads_gpt3_13b_on_2_a100_where_nothing_else_fits():
+    """13B on 2 x 80 GB: ZeRO-3 alone needs 13e9 x 16 / 2 = 104 GB a GPU; with FSDP2's
+    CPUOffloadPolicy the shards live on the host (104 GB of the DGX A100's 250 GB per GPU)."""
+    plan = _plan("gpt3-13b", 2, 8)
+    assert plan.dp_methods.offload.name == "cpu" and plan.zero_stage == 3
     with pytest.raises(MeshplanError, match="offload=cpu would make it fit"):
-        _plan("gpt3-175b", 8, 8, offload=("none", {}))
+        _plan("gpt3-13b", 2, 8, offload=("none", {}))
+
+
+def test_offload_is_refused_where_the_host_cannot_hold_the_states():
+    """175B on one DGX A100 (8 x 80 GB, 2 TB host): offload=cpu keeps an fp32 weight, gradient and
+    m, v per parameter on the host (16 B: 2.8 TB for the node), more than it has; counting only
+    the Adam states (8 B) had called it a fit."""
+    with pytest.raises(MeshplanError, match=r"offload=cpu fits on the device but its states need 326\.4 GiB"):
+        _plan("gpt3-175b", 8, 8)
 
 
 def test_planner_does_not_offload_a_model_that_fits():
