@@ -315,13 +315,6 @@ def runtime_behaviours(args: argparse.Namespace, cluster, precision: str) -> dic
             args,
             f"--zero {args.zero}: runtime {rt.name} implements ZeRO {rt.value('zero_stages')}; predicted as pinned",
         )
-    offload = (getattr(args, "offload", None) or "").split(":")[0].strip()
-    if offload and offload not in rt.value("offload_methods"):
-        _warn(
-            args,
-            f"--offload {offload}: runtime {rt.name} implements offload {', '.join(rt.value('offload_methods'))}; "
-            "predicted as pinned",
-        )
     if precision == "fp8":
         if not rt.value("fp8"):
             raise MeshplanError(
@@ -351,22 +344,47 @@ METHOD_FLAGS = {
 }
 
 
+RUNTIME_METHOD_AXES = ("compression", "sync", "offload")
+"""Axes whose methods a runtime may not implement (meshplan/runtimes.py `<axis>_methods`)."""
+
+
+def _implemented(args: argparse.Namespace, axis: str) -> tuple[str, ...]:
+    from meshplan import runtimes
+
+    return runtimes.runtime(args.runtime).value(f"{axis}_methods")
+
+
 def _pinned_methods(args: argparse.Namespace) -> dict:
-    """--compression NAME[:k=v,...] etc. -> {axis: (name, resolved params)}."""
+    """--compression NAME[:k=v,...] etc. -> {axis: (name, resolved params)}; a pin the runtime does
+    not implement is predicted as pinned, with a warning line."""
     out = {}
     for axis, flag in METHOD_FLAGS.items():
         text = getattr(args, axis)
         if text is not None:
             out[axis] = dp_methods.parse_spec(axis, text, flag)
+            if axis in RUNTIME_METHOD_AXES and out[axis][0] not in _implemented(args, axis):
+                _warn(
+                    args,
+                    f"{flag} {out[axis][0]}: runtime {args.runtime} implements {axis} "
+                    f"{', '.join(_implemented(args, axis))}; predicted as pinned",
+                )
     return out
 
 
 def _allowed_methods(args: argparse.Namespace) -> dict:
+    """--allow-compression / --allow-sync, less what the runtime does not implement (said)."""
     out = {}
     for axis in ("compression", "sync"):
         text = getattr(args, f"allow_{axis}")
-        if text is not None:
-            out[axis] = dp_methods.parse_allow(axis, text, f"--allow-{axis}")
+        if text is None:
+            continue
+        names = dp_methods.parse_allow(axis, text, f"--allow-{axis}")
+        kept = tuple(n for n in names if n in _implemented(args, axis))
+        if len(kept) < len(names):
+            dropped = ", ".join(n for n in names if n not in kept)
+            _warn(args, f"--allow-{axis}: runtime {args.runtime} does not implement {dropped}; not searched")
+        if kept:
+            out[axis] = kept
     return out
 
 

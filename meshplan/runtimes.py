@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from meshplan import dp_methods
+
 NAMES = ("meshplan", "torchtitan", "megatron-lm", "megatron-core", "deepspeed")
 DEFAULT = "meshplan"
 
@@ -55,6 +57,8 @@ BEHAVIOURS = {
     "selective_recompute": "what --recompute selective recomputes",
     "free_stage_outputs": "a pipeline stage frees each microbatch's output once sent (else holds it until its backward)",
     "offload_methods": "state offload the runtime implements (the search falls back only to these when nothing fits)",
+    "compression_methods": "gradient compression the runtime implements (--allow-compression keeps only these)",
+    "sync_methods": "replica synchronisation the runtime implements (--allow-sync keeps only these)",
 }
 """Behaviour name -> what it means (the README table's rows)."""
 
@@ -72,6 +76,8 @@ FLAGS = {
     "selective_recompute": "(--runtime; --recompute selective)",
     "free_stage_outputs": "--free-stage-outputs / --no-free-stage-outputs",
     "offload_methods": "--offload (pins one)",
+    "compression_methods": "--compression (pins one), --allow-compression",
+    "sync_methods": "--sync (pins one), --allow-sync",
 }
 
 _KORTH = "Korthikanti et al. 2022"
@@ -129,6 +135,12 @@ RUNTIMES: dict[str, Runtime] = {
                 value=("none", "cpu", "nvme"),
                 source="executor/methods/offload.py: host-resident states and step (ZeRO-Offload), NVMe spill",
             ),
+            "compression_methods": Behaviour(
+                value=tuple(dp_methods.names("compression")), source="executor/methods: every registry compressor"
+            ),
+            "sync_methods": Behaviour(
+                value=tuple(dp_methods.names("sync")), source="executor/methods: every registry sync method"
+            ),
         },
     ),
     "torchtitan": Runtime(
@@ -176,6 +188,10 @@ RUNTIMES: dict[str, Runtime] = {
                 value=("none", "cpu"),
                 source="training.enable_cpu_offload: FSDP2 CPUOffloadPolicy (states on the host, the step there)",
             ),
+            "compression_methods": Behaviour(
+                value=("none",), source="no gradient compression: FSDP2 reduce-scatter / replicate all-reduce"
+            ),
+            "sync_methods": Behaviour(value=("allreduce",), source="synchronous data parallelism only"),
         },
     ),
     "megatron-lm": Runtime(
@@ -214,6 +230,8 @@ RUNTIMES: dict[str, Runtime] = {
                 ),
             ),
             "offload_methods": Behaviour(value=("none",), source="no optimizer offload in Megatron-LM"),
+            "compression_methods": Behaviour(value=("none",), source="no gradient compression"),
+            "sync_methods": Behaviour(value=("allreduce",), source="synchronous data parallelism only"),
         },
     ),
     "megatron-core": Runtime(
@@ -263,6 +281,11 @@ RUNTIMES: dict[str, Runtime] = {
                 value=("none", "cpu"),
                 source="--optimizer-cpu-offload (HybridDeviceOptimizer: optimizer states and step on the host)",
             ),
+            "compression_methods": Behaviour(
+                value=("none",),
+                source="no gradient compression (--grad-reduce-in-bf16 reduces in bf16; not priced as a compressor)",
+            ),
+            "sync_methods": Behaviour(value=("allreduce",), source="synchronous data parallelism only"),
         },
     ),
     "deepspeed": Runtime(
@@ -312,6 +335,11 @@ RUNTIMES: dict[str, Runtime] = {
                 value=("none", "cpu", "nvme"),
                 source="zero_optimization.offload_optimizer.device cpu / nvme (ZeRO-Offload, ZeRO-Infinity)",
             ),
+            "compression_methods": Behaviour(
+                value=("none", "fp16"),
+                source="communication_data_type fp16 (its 1-bit Adam and 0/1 Adam are not in meshplan's registry)",
+            ),
+            "sync_methods": Behaviour(value=("allreduce",), source="synchronous data parallelism only"),
         },
     ),
 }

@@ -202,6 +202,26 @@ def test_the_offload_fallback_tries_only_what_the_runtime_implements(capsys):
     assert "--offload cpu: runtime megatron-lm implements offload none" in capsys.readouterr().err
 
 
+def test_allowed_methods_are_only_those_the_runtime_implements(capsys):
+    """--allow-compression all under megatron-core searches nothing Megatron cannot run (it chose
+    Accordion before); DeepSpeed keeps its fp16 communication; meshplan keeps every compressor."""
+    gpt = ["--model", "analytic:gpt", "--set", "layers=24", "hidden=2048", "heads=16", "--cluster", "a100-80g"]
+    gpt += ["--num-gpus", "16", "--global-batch", "64", "--allow-compression", "all", "--allow-sync", "all"]
+    capsys.readouterr()
+    req = commands._inputs(build_parser().parse_args(["plan", *gpt, "--runtime", "megatron-core"]))[2]
+    assert req.allow == {}
+    err = capsys.readouterr().err
+    lines = {line.split(": runtime")[0].rsplit(" ", 1)[-1]: line for line in err.splitlines()}
+    assert "powersgd" in lines["--allow-compression"] and "not searched" in lines["--allow-compression"]
+    assert "local-sgd" in lines["--allow-sync"]
+    assert search(*_inputs(["plan", *gpt, "--runtime", "megatron-core"])).dp_methods.non_default() == []
+    assert _inputs(["plan", *gpt, "--runtime", "deepspeed"])[2].allow == {"compression": ("fp16",)}
+    assert (
+        len(_inputs(["plan", *gpt])[2].allow["compression"])
+        == len(runtimes.RUNTIMES["meshplan"].value("compression_methods")) - 1
+    )
+
+
 def test_attention_retargets_a_captured_profile():
     """A captured zoo profile (SDPA = flash) becomes materialised under --runtime megatron-lm."""
     base = ["--model", "gpt-tiny", "--cluster", "a100-80g", "--num-gpus", "1", "--global-batch", "2"]
