@@ -58,6 +58,17 @@ class Reason:
     text: str
     runnable_only: bool = False
     """True: a valid layout that meshplan's executor does not run."""
+    limit: str = ""
+    """A runnable-only reason's missing capability (LIMITS): another runtime that has it runs the
+    layout (meshplan/runtimes.py `also_runs`), so the search offers it for that runtime."""
+
+
+LIMITS = {
+    "context_parallel": "context parallelism (ring attention over the sequence)",
+    "1f1b_microbatches": "1F1B with a microbatch count that is not a multiple of pp",
+    "waves": "Wavelet's two waves",
+}
+"""What meshplan's executor does not run though the layout is valid, by Reason.limit."""
 
 
 def reasons(
@@ -66,16 +77,29 @@ def reasons(
     num_layers: int | None = None,
     tp_divisors: dict[str, int] | None = None,
     tp_kinds: Iterable[str] | None = None,
+    also_runs: Iterable[str] = (),
 ) -> list[Reason]:
     """Every rule `lay` breaks, in a fixed order (the first is the one to show). `tp_kinds`: the
-    layers' TPRule kinds (None: not known, not checked)."""
+    layers' TPRule kinds (None: not known, not checked). `also_runs`: LIMITS the runtime the
+    layout is planned for does not have (its runnable-only reasons are left out)."""
     out = [
         Reason(t)
         for t in _data_parallel(lay) + _schedule(lay, num_layers) + _tensor_parallel(lay, tp_divisors, tp_kinds)
     ]
+    pp, m = lay.pp, lay.num_microbatches
+    if pp > 1 and lay.schedule == "1F1B" and m % pp:
+        fix = f"use {m - m % pp} or {m + pp - m % pp}" if m > pp else f"use {pp}"
+        out.append(
+            Reason(
+                f"1F1B needs the microbatch count ({m}) to be a multiple of pp = {pp} in meshplan's executor "
+                f"(torch.distributed.pipelining); {fix} microbatches, or GPipe",
+                runnable_only=True,
+                limit="1f1b_microbatches",
+            )
+        )
     out += [Reason(t) for t in _methods(lay)]
     if ("waves", "2") in lay.methods:
-        out.append(Reason(WAVES_NOT_RUN, runnable_only=True))
+        out.append(Reason(WAVES_NOT_RUN, runnable_only=True, limit="waves"))
         if lay.microbatch % 2:  # after the runnable-only reason: estimate and Plan.validate refuse this one
             out.append(
                 Reason(
@@ -86,11 +110,14 @@ def reasons(
     if lay.cp > 1:
         out.append(
             Reason(
-                f"context_parallel_degree {lay.cp}: the executor does not run context parallelism; use 1",
+                f"context_parallel_degree {lay.cp}: the executor does not run context parallelism; use 1, or "
+                "plan for a runtime that does (--runtime torchtitan or megatron-core)",
                 runnable_only=True,
+                limit="context_parallel",
             )
         )
-    return out
+    skip = set(also_runs)
+    return [r for r in out if not (r.runnable_only and r.limit in skip)]
 
 
 def merge_divisors(per_layer: Iterable[dict[str, int]]) -> dict[str, int]:
@@ -154,7 +181,7 @@ def _schedule(lay: Layout, num_layers: int | None) -> list[str]:
         out.append(f"virtual_stages {v}: {name} runs one stage per rank; use 1 or Interleaved1F1B")
     if num_layers is not None and pp * v > num_layers:
         out.append(f"pp x virtual_stages = {pp * v} stages for {num_layers} layers; use fewer")
-    if pp > 1 and name != "GPipe" and m % pp:
+    if pp > 1 and name in INTERLEAVED and m % pp:  # 1F1B's own rule is meshplan's executor's (reasons())
         fix = f"use {m - m % pp} or {m + pp - m % pp}" if m > pp else f"use {pp}"
         out.append(
             f"{name} needs the microbatch count ({m}) to be a multiple of pp = {pp}; {fix} microbatches, or GPipe"

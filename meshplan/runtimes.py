@@ -59,6 +59,7 @@ BEHAVIOURS = {
     "offload_methods": "state offload the runtime implements (the search falls back only to these when nothing fits)",
     "compression_methods": "gradient compression the runtime implements (--allow-compression keeps only these)",
     "sync_methods": "replica synchronisation the runtime implements (--allow-sync keeps only these)",
+    "also_runs": "valid layouts meshplan's executor refuses that this runtime runs (the search offers them)",
 }
 """Behaviour name -> what it means (the README table's rows)."""
 
@@ -78,6 +79,7 @@ FLAGS = {
     "offload_methods": "--offload (pins one)",
     "compression_methods": "--compression (pins one), --allow-compression",
     "sync_methods": "--sync (pins one), --allow-sync",
+    "also_runs": "(--runtime; --cp, --schedule 1f1b)",
 }
 
 _KORTH = "Korthikanti et al. 2022"
@@ -141,6 +143,7 @@ RUNTIMES: dict[str, Runtime] = {
             "sync_methods": Behaviour(
                 value=tuple(dp_methods.names("sync")), source="executor/methods: every registry sync method"
             ),
+            "also_runs": Behaviour(value=(), source="meshplan/feasibility.py LIMITS: what this executor refuses"),
         },
     ),
     "torchtitan": Runtime(
@@ -192,6 +195,11 @@ RUNTIMES: dict[str, Runtime] = {
                 value=("none",), source="no gradient compression: FSDP2 reduce-scatter / replicate all-reduce"
             ),
             "sync_methods": Behaviour(value=("allreduce",), source="synchronous data parallelism only"),
+            "also_runs": Behaviour(
+                value=("context_parallel",),
+                source="parallelism.context_parallel_degree (torch context_parallel, ring attention); "
+                "its pipeline schedules are torch.distributed.pipelining's, as meshplan's",
+            ),
         },
     ),
     "megatron-lm": Runtime(
@@ -232,6 +240,11 @@ RUNTIMES: dict[str, Runtime] = {
             "offload_methods": Behaviour(value=("none",), source="no optimizer offload in Megatron-LM"),
             "compression_methods": Behaviour(value=("none",), source="no gradient compression"),
             "sync_methods": Behaviour(value=("allreduce",), source="synchronous data parallelism only"),
+            "also_runs": Behaviour(
+                value=("1f1b_microbatches",),
+                source="schedules.py forward_backward_pipelining_without_interleaving: min(p - rank - 1, m) "
+                "warm-up microbatches, any m (the interleaved schedule asserts m % p == 0)",
+            ),
         },
     ),
     "megatron-core": Runtime(
@@ -286,6 +299,10 @@ RUNTIMES: dict[str, Runtime] = {
                 source="no gradient compression (--grad-reduce-in-bf16 reduces in bf16; not priced as a compressor)",
             ),
             "sync_methods": Behaviour(value=("allreduce",), source="synchronous data parallelism only"),
+            "also_runs": Behaviour(
+                value=("context_parallel", "1f1b_microbatches"),
+                source="--context-parallel-size (ring attention); the non-interleaved 1F1B runs any m",
+            ),
         },
     ),
     "deepspeed": Runtime(
@@ -340,6 +357,11 @@ RUNTIMES: dict[str, Runtime] = {
                 source="communication_data_type fp16 (its 1-bit Adam and 0/1 Adam are not in meshplan's registry)",
             ),
             "sync_methods": Behaviour(value=("allreduce",), source="synchronous data parallelism only"),
+            "also_runs": Behaviour(
+                value=("1f1b_microbatches",),
+                source="PipelineEngine TrainSchedule: any gradient_accumulation_steps (its CP-like Ulysses is "
+                "a head split, not the ring attention the model prices)",
+            ),
         },
     ),
 }
@@ -364,6 +386,7 @@ REQUEST_FIELDS = (
     "selective_recompute",
     "free_stage_outputs",
     "offload_methods",
+    "also_runs",
 )
 """Behaviours the PlanRequest carries (dropout is a profile-building input, fp8 a check)."""
 

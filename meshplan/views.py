@@ -116,6 +116,7 @@ def describe(plan: Plan) -> str:
     return (
         f"pp={plan.pipeline_parallel_degree} dp={plan.data_parallel_degree} "
         f"(replicate {plan.data_parallel_replicate_degree}, shard {plan.data_parallel_shard_degree}) "
+        f"{f'cp={plan.context_parallel_degree} ' if plan.context_parallel_degree > 1 else ''}"
         f"tp={plan.tensor_parallel_degree}{' +sp' if plan.sequence_parallel else ''} "
         f"zero={plan.zero_stage} microbatch={plan.microbatch_size} x{plan.num_microbatches} "
         f"schedule={plan.pipeline_schedule}"

@@ -224,7 +224,7 @@ def variant(ctx, cand):
     if not composes(ctx, cand):
         return None
     alt = cand.with_method("comm_schedule", "bytescheduler", DEFAULT)
-    return None if feasibility.first(alt.layout(ctx.seq)) else alt
+    return None if feasibility.first(alt.layout(ctx.seq), also_runs=ctx.request.also_runs) else alt
 
 
 def searched(ctx, table, cand) -> list:

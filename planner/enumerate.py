@@ -196,7 +196,11 @@ def candidates(ctx: Context, rej: Rejects) -> list[Candidate]:
                                 methods=methods,
                             )
                             why = feasibility.first(
-                                cand.layout(ctx.seq), num_layers=len(ctx.layers), tp_divisors=divs, tp_kinds=kinds
+                                cand.layout(ctx.seq),
+                                num_layers=len(ctx.layers),
+                                tp_divisors=divs,
+                                tp_kinds=kinds,
+                                also_runs=ctx.request.also_runs,
                             )
                             if why:
                                 rej.add(cand.family, why)

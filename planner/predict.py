@@ -115,7 +115,7 @@ def runtime_behaviours(request) -> dict:
     from meshplan.runtimes import REQUEST_FIELDS
 
     out = {key: getattr(request, key) for key in REQUEST_FIELDS}
-    for key in ("zero_stages", "offload_methods"):
+    for key in ("zero_stages", "offload_methods", "also_runs"):
         out[key] = list(out[key]) if out[key] is not None else None
     return out
 

@@ -68,6 +68,9 @@ class PlanRequest:
     None keeps the profile's."""
     zero_stages: tuple[int, ...] | None = None
     """ZeRO stages the runtime implements (the search tries only these); None: 0-3."""
+    also_runs: tuple[str, ...] = ()
+    """meshplan/feasibility.py LIMITS the runtime has though meshplan's executor does not (context
+    parallelism, 1F1B at any microbatch count): the search offers such layouts for it."""
     offload_methods: tuple[str, ...] | None = None
     """Offload methods the runtime implements: the search's fallback when nothing fits tries only
     these (planner/offload_search.py); None: every registry method."""

@@ -222,6 +222,25 @@ def test_allowed_methods_are_only_those_the_runtime_implements(capsys):
     )
 
 
+def test_layouts_meshplans_executor_refuses_are_planned_for_runtimes_that_run_them():
+    """Context parallelism (Megatron-Core, torchtitan) and 1F1B at a microbatch count that is not a
+    multiple of pp (Megatron, DeepSpeed: BLOOM-176B ran pp 12 with 128 microbatches) are refused
+    for meshplan's executor only."""
+    cp = ["--model", "analytic:gpt", "--set", "layers=8", "hidden=2048", "heads=16", "seq=32768"]
+    cp += ["--cluster", "h100-80g", "--num-gpus", "32", "--global-batch", "8", "--cp", "4", "--tp", "8"]
+    for name in ("megatron-core", "torchtitan"):
+        assert search(*_inputs(["plan", *cp, "--runtime", name])).context_parallel_degree == 4
+    with pytest.raises(MeshplanError, match="does not run context parallelism.*--runtime torchtitan or megatron-core"):
+        search(*_inputs(["plan", *cp, "--runtime", "megatron-lm"]))
+    pipe = ["--model", "analytic:gpt", "--set", "layers=12", "hidden=1024", "heads=16", "--cluster", "a100-80g"]
+    pipe += ["--num-gpus", "3", "--global-batch", "8", "--tp", "1", "--pp", "3", "--dp", "1", "--microbatch", "1"]
+    pipe += ["--schedule", "1f1b", "--recompute", "none"]
+    for name in ("deepspeed", "megatron-lm", "megatron-core"):
+        assert search(*_inputs(["plan", *pipe, "--runtime", name])).num_microbatches == 8
+    with pytest.raises(MeshplanError, match=r"1F1B needs the microbatch count \(8\) to be a multiple of pp = 3"):
+        search(*_inputs(["plan", *pipe, "--runtime", "meshplan"]))
+
+
 def test_attention_retargets_a_captured_profile():
     """A captured zoo profile (SDPA = flash) becomes materialised under --runtime megatron-lm."""
     base = ["--model", "gpt-tiny", "--cluster", "a100-80g", "--num-gpus", "1", "--global-batch", "2"]
