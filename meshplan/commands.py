@@ -477,6 +477,12 @@ def _warn_dropped_pins(args: argparse.Namespace, plan: Plan) -> None:
         )
     if args.sequence_parallel and not plan.sequence_parallel:
         dropped.append(f"--sequence-parallel (the plan has tp={plan.tensor_parallel_degree}; it needs tp >= 2)")
+    pinned = getattr(args, "recompute", None)
+    if pinned in ("selective", "full") and pinned not in plan.recompute.values():
+        dropped.append(
+            f"--recompute {pinned} (no layer keeps less with it than without under runtime {plan.runtime}, "
+            "e.g. the attention core of flash attention: planned as none)"
+        )
     for what in dropped:
         print(f"meshplan {args.verb}: warning: ignored {what}", file=sys.stderr)
 

@@ -241,6 +241,27 @@ def test_layouts_meshplans_executor_refuses_are_planned_for_runtimes_that_run_th
         search(*_inputs(["plan", *pipe, "--runtime", "meshplan"]))
 
 
+def test_a_recompute_pin_that_saves_nothing_is_said_to_be_dropped(capsys):
+    """Megatron's selective recompute drops the attention core, which flash attention does not
+    keep: the plan has no selective layer, and the CLI says why rather than silently."""
+    llama = [
+        "--model",
+        "analytic:llama",
+        "--set",
+        "layers=4",
+        "hidden=1024",
+        "heads=16",
+        "kv_heads=4",
+        "ffn_hidden=2816",
+        "seq=2048",
+    ]
+    llama += ["--cluster", "h100-80g", "--num-gpus", "8", "--global-batch", "16", "--recompute", "selective"]
+    assert main(["plan", *llama, "--runtime", "megatron-core", "--top", "1", "--quiet"]) == 0
+    assert "ignored --recompute selective (no layer keeps less" in capsys.readouterr().err
+    assert main(["plan", *llama, "--runtime", "torchtitan", "--top", "1", "--quiet"]) == 0  # op-level SAC keeps less
+    assert "ignored --recompute" not in capsys.readouterr().err
+
+
 def test_attention_retargets_a_captured_profile():
     """A captured zoo profile (SDPA = flash) becomes materialised under --runtime megatron-lm."""
     base = ["--model", "gpt-tiny", "--cluster", "a100-80g", "--num-gpus", "1", "--global-batch", "2"]
