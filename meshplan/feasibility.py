@@ -80,8 +80,9 @@ def reasons(
     also_runs: Iterable[str] = (),
 ) -> list[Reason]:
     """Every rule `lay` breaks, in a fixed order (the first is the one to show). `tp_kinds`: the
-    layers' TPRule kinds (None: not known, not checked). `also_runs`: LIMITS the runtime the
-    layout is planned for does not have (its runnable-only reasons are left out)."""
+    layers' TPRule kinds (None: not known, not checked). `also_runs`: LIMITS of meshplan's
+    executor that the runtime the layout is planned for does not share (meshplan/runtimes.py
+    `also_runs`): their runnable-only reasons are left out."""
     out = [
         Reason(t)
         for t in _data_parallel(lay) + _schedule(lay, num_layers) + _tensor_parallel(lay, tp_divisors, tp_kinds)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.dp_cost import DataParallelCost
 from meshplan.planner.layer_cost import LayerCost
-from meshplan.planner.memory import stage_buffer_bytes
+from meshplan.planner.memory import activation_scale, stage_buffer_bytes
 from meshplan.planner.pipeline import (
     boundary_bytes,
     bubble_factor,
@@ -88,7 +88,8 @@ class RankModel:
         backward (torch.distributed.pipelining's fwd_cache, DeepSpeed's pipe buffers; Megatron frees
         each once sent: PlanRequest.free_stage_outputs): one per chunk that sends forward — v on
         every rank but the last, whose final chunk ends in the loss — of the tensors crossing the
-        chunk's end (a graph's skips too), sequence-sharded with sequence parallelism."""
+        chunk's end (a graph's skips too), sequence-sharded with sequence parallelism, at the
+        run's activation dtype (memory.activation_scale)."""
         cand, lps = self.cand, self.ctx.layers
         sends = [i for i in layers if lps[i].tp.kind != "head"]
         chunks = cand.virtual_stages - (rank == cand.pp - 1)
@@ -97,7 +98,7 @@ class RankModel:
         last = max(sends)
         out = boundary_bytes(self.ctx, last) if self.ctx.profile.edges else lps[last].output_bytes
         split = cand.tp if cand.tp > 1 and cand.sequence_parallel else 1
-        return chunks * out * cand.microbatch / cand.cp / split
+        return activation_scale(self.ctx) * chunks * out * cand.microbatch / cand.cp / split
 
     def finish(self, rank: int, layers: list[int], modes: dict[int, str], p2p: float) -> RankSolution:
         static, buf, flight = self.base(rank, layers)
