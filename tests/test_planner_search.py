@@ -230,3 +230,30 @@ def test_every_alternative_is_priced_as_its_own_pinned_search(axis, name):
         alone = search(prof, cluster(16, 80.0), PlanRequest(top_k=1, pp=alt.pipeline_parallel_degree, **pins))
         assert alt.prediction.step_time_s == pytest.approx(alone.prediction.step_time_s, rel=1e-9)
         assert alt.prediction.peak_memory_bytes == pytest.approx(alone.prediction.peak_memory_bytes, rel=1e-9)
+
+
+METHOD_CASES = [CASES[0], ("cnn chain 4 GPUs, ZeRO-0", cnn_chain(), 4, 6.0, dict(global_batch=32, zero=0))]
+
+
+@pytest.mark.parametrize("name,profile,n,mem_gib,pins", METHOD_CASES, ids=[c[0] for c in METHOD_CASES])
+def test_allowed_methods_stay_exact_against_brute_force(name, profile, n, mem_gib, pins):
+    """With approximate methods allowed (--allow-compression, --allow-sync) the search re-prices its
+    default-method split per method (planner/methods.py); brute force re-solves every split and
+    recompute assignment for every candidate x method. On these spaces (one of them memory-bound)
+    both find the same optimum."""
+    from meshplan.planner import comm_schedule
+    from meshplan.planner.bruteforce import brute_force_candidate
+    from meshplan.planner.enumerate import Rejects, candidates
+    from meshplan.planner.methods import alternatives
+
+    allow = {"compression": ("qsgd", "topk", "powersgd", "fp16"), "sync": ("local-sgd", "gossip", "dabmd")}
+    req = PlanRequest(num_gpus=n, top_k=1, allow=allow, **pins)
+    got = search(profile, cluster(n, mem_gib), req).prediction.step_time_s
+    ctx = Context.build(profile, cluster(n, mem_gib), req)
+    table = CostTable(ctx)
+    best = min(
+        brute_force_candidate(ctx, c, table)
+        for cand in candidates(ctx, Rejects())
+        for c in (cand, *comm_schedule.searched(ctx, table, cand), *alternatives(ctx, cand))
+    )
+    assert got == pytest.approx(best, rel=1e-9)
