@@ -17,13 +17,14 @@ import dataclasses
 from meshplan.model_profile import LayerProfile, ModelProfile
 
 
-def _is_materialized(layer: LayerProfile, a: int, s: int) -> bool:
+def is_materialized(layer: LayerProfile, a: int, s: int) -> bool:
+    """The block keeps its s x s attention scores for backward (at least a x s^2 bytes of core)."""
     core = layer.activation_bytes - layer.selective_activation_bytes if layer.selective_activation_bytes > 0 else 0.0
     return core >= a * s * s
 
 
 def _retarget(layer: LayerProfile, kind: str, a: int, s: int, h: int) -> LayerProfile:
-    if layer.tp.kind != "block" or _is_materialized(layer, a, s) == (kind == "materialized"):
+    if layer.tp.kind != "block" or is_materialized(layer, a, s) == (kind == "materialized"):
         return layer
     sel = layer.selective_activation_bytes
     core = layer.activation_bytes - sel if sel > 0 else 0.0

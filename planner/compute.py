@@ -14,6 +14,7 @@ import math
 from bisect import bisect_left
 
 from meshplan.model_profile import LayerProfile
+from meshplan.planner.attention import is_materialized
 from meshplan.planner.context import Context
 from meshplan.planner.in_place import linear_in_b, measured_points
 
@@ -53,12 +54,19 @@ def _interp_timing(layer: LayerProfile, b: int) -> tuple[float, float]:
     return near[1] * b / near[0], near[2] * b / near[0]
 
 
-def attention_efficiency(ctx: Context, b: int, cp: int) -> float:
-    """Efficiency of the attention core (QK^T, AV): batched per-head GEMMs of [s/c, s, d_head]
-    whose size tensor parallelism does not change (it splits heads, not head_dim)."""
+def attention_efficiency(ctx: Context, layer: LayerProfile, b: int, split: int, cp: int) -> float:
+    """Efficiency of a block's attention core (QK^T, AV), per-(sample, head) GEMMs of [s/c, s, d_head]
+    (tensor parallelism splits heads, not head_dim). A core that materialises the scores
+    (Megatron-LM's baddbmm over b x heads/t) is one batched GEMM per product: the curve is read at
+    that kernel's FLOPs, all b x heads/t pairs together. A flash kernel is not a GEMM; it stays at
+    one pair's GEMM size (measured FlashAttention rates were tried and not adopted: the validation
+    notes, reports/validation.md)."""
     prof = ctx.profile
     head_dim = prof.hidden / prof.heads if prof.heads else prof.hidden
-    return gemm_efficiency(ctx.cluster.device.gemm_efficiency, 2.0 * ctx.seq / cp * ctx.seq * head_dim)
+    pair = 2.0 * ctx.seq / cp * ctx.seq * head_dim
+    if prof.heads and is_materialized(layer, prof.heads, ctx.seq):
+        pair *= b * max(prof.heads / split, 1.0)
+    return gemm_efficiency(ctx.cluster.device.gemm_efficiency, pair)
 
 
 def _flops_time_s(ctx: Context, layer: LayerProfile, flops: float, b: int, split: int, cp: int) -> float:
@@ -70,7 +78,7 @@ def _flops_time_s(ctx: Context, layer: LayerProfile, flops: float, b: int, split
     gemm_fwd = sum(2.0 * g[0] * g[1] * g[2] for g in layer.gemm_shapes)
     other = max(layer.forward_flops - gemm_fwd, 0.0) / layer.forward_flops if layer.tp.kind == "block" else 0.0
     rate = ctx.gemm_peak_flops * layer_efficiency(ctx, layer, b, split, cp)  # fp8 GEMMs at the fp8 peak
-    attn_rate = ctx.peak_flops * attention_efficiency(ctx, b, cp) if other else rate
+    attn_rate = ctx.peak_flops * attention_efficiency(ctx, layer, b, split, cp) if other else rate
     return flops * scale * ((1 - other) / rate + other / attn_rate)
 
 
@@ -82,7 +90,7 @@ def layer_compute_s(ctx: Context, layer: LayerProfile, b: int, split: int, cp: i
         fwd, bwd = fwd / (split * cp), bwd / (split * cp)
         sel = fwd * layer.recompute_flops_selective / layer.forward_flops if layer.forward_flops else 0.0
         return fwd + overhead, bwd + overhead, sel
-    attn_rate = ctx.peak_flops * attention_efficiency(ctx, b, cp)
+    attn_rate = ctx.peak_flops * attention_efficiency(ctx, layer, b, split, cp)
     sel = layer.recompute_flops_selective * b / (split * cp) / attn_rate  # the attention core again
     return (
         _flops_time_s(ctx, layer, layer.forward_flops, b, split, cp) + overhead,

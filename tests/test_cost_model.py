@@ -383,3 +383,24 @@ def test_measured_recompute_machinery_is_charged_beyond_the_forward():
     sel_share = blk.recompute_flops_selective / blk.forward_flops
     assert modes["selective"].recompute_s == pytest.approx(0.02 * sel_share + (0.003 - 0.01 * sel_share))
     assert modes["none"].recompute_s == 0
+
+
+def test_materialized_attention_is_one_batched_gemm_and_flash_one_pair():
+    """Megatron-LM's materialised core runs QK^T and AV as one baddbmm over the b x heads/t (sample,
+    head) pairs: its efficiency is read at that kernel's FLOPs, so it rises with b and falls with t.
+    A flash core is priced at one pair's GEMM size whatever b and t."""
+    from meshplan.planner.attention import is_materialized
+    from meshplan.planner.compute import attention_efficiency, gemm_efficiency
+
+    curve = cluster_preset("a100-80g", 8).device.gemm_efficiency
+    pair = 2.0 * S * S * (H / A)
+    for kind in ("materialized", "flash"):
+        ctx = _ctx(attention=kind)
+        block = ctx.layers[1]
+        assert is_materialized(block, A, S) == (kind == "materialized")
+        for b, t in ((1, 8), (4, 8), (4, 2)):
+            want = gemm_efficiency(curve, pair * (b * A / t if kind == "materialized" else 1))
+            assert attention_efficiency(ctx, block, b, t, 1) == pytest.approx(want, rel=1e-12)
+    mat, flash = _ctx(attention="materialized"), _ctx(attention="flash")
+    four, one = (attention_efficiency(mat, mat.layers[1], b, 8, 1) for b in (4, 1))
+    assert four > 1.1 * one and one > 1.2 * attention_efficiency(flash, flash.layers[1], 1, 8, 1)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: llama3-70b on 64 x h100-80g
-# plan decisions hash 083a8b89fb64323b; mesh pp=1 dp_replicate=1 dp_shard=64 cp=1 tp=1
+# plan decisions hash 57bccc0add1bf42d; mesh pp=1 dp_replicate=1 dp_shard=64 cp=1 tp=1
 # global batch 128 = micro 2 x accumulation 1 x data-parallel 64; seq_len 8192
 # WARNING: per-layer recompute (full on 78, selective on 2 of 80 blocks) is not expressible in Megatron-LM; exported full recompute on every block (slower than predicted, never more memory)
 # WARNING: ZeRO-3 maps to --use-torch-fsdp2 (Megatron-Core >= 0.9); older versions cannot shard parameters
