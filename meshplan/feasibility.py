@@ -87,17 +87,9 @@ def reasons(
         Reason(t)
         for t in _data_parallel(lay) + _schedule(lay, num_layers) + _tensor_parallel(lay, tp_divisors, tp_kinds)
     ]
-    pp, m = lay.pp, lay.num_microbatches
-    if pp > 1 and lay.schedule == "1F1B" and m % pp:
-        fix = f"use {m - m % pp} or {m + pp - m % pp}" if m > pp else f"use {pp}"
-        out.append(
-            Reason(
-                f"1F1B needs the microbatch count ({m}) to be a multiple of pp = {pp} in meshplan's executor "
-                f"(torch.distributed.pipelining); {fix} microbatches, or GPipe",
-                runnable_only=True,
-                limit="1f1b_microbatches",
-            )
-        )
+    if lay.pp > 1 and lay.schedule == "1F1B" and lay.num_microbatches % lay.pp:
+        text = _microbatches_not_a_multiple(lay, " in meshplan's executor (torch.distributed.pipelining)")
+        out.append(Reason(text, runnable_only=True, limit="1f1b_microbatches"))
     out += [Reason(t) for t in _methods(lay)]
     if ("waves", "2") in lay.methods:
         out.append(Reason(WAVES_NOT_RUN, runnable_only=True, limit="waves"))
@@ -173,6 +165,16 @@ def _data_parallel(lay: Layout) -> list[str]:
     return out
 
 
+def _microbatches_not_a_multiple(lay: Layout, where: str = "") -> str:
+    """The schedule needs the microbatch count to be a multiple of pp: the rule and the nearest fix."""
+    pp, m = lay.pp, lay.num_microbatches
+    fix = f"use {m - m % pp} or {m + pp - m % pp}" if m > pp else f"use {pp}"
+    return (
+        f"{lay.schedule} needs the microbatch count ({m}) to be a multiple of pp = {pp}{where}; "
+        f"{fix} microbatches, or GPipe"
+    )
+
+
 def _schedule(lay: Layout, num_layers: int | None) -> list[str]:
     pp, m, v, name = lay.pp, lay.num_microbatches, lay.virtual_stages, lay.schedule
     if name not in SCHEDULES:
@@ -183,10 +185,7 @@ def _schedule(lay: Layout, num_layers: int | None) -> list[str]:
     if num_layers is not None and pp * v > num_layers:
         out.append(f"pp x virtual_stages = {pp * v} stages for {num_layers} layers; use fewer")
     if pp > 1 and name in INTERLEAVED and m % pp:  # 1F1B's own rule is meshplan's executor's (reasons())
-        fix = f"use {m - m % pp} or {m + pp - m % pp}" if m > pp else f"use {pp}"
-        out.append(
-            f"{name} needs the microbatch count ({m}) to be a multiple of pp = {pp}; {fix} microbatches, or GPipe"
-        )
+        out.append(_microbatches_not_a_multiple(lay))
     if pp > 1 and name in SPLIT_BACKWARD and lay.dp > 1 and lay.zero >= 2:
         out.append(
             f"{name} with zero_stage {lay.zero}: FSDP2 misses the split weight-gradient pass; "

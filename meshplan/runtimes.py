@@ -92,6 +92,7 @@ _SP_DTENSOR = Behaviour(
     ),
 )
 _SEL = Behaviour(value="attention core", source=f"{_KORTH} Sec 5 (selective activation recomputation)")
+_ALLREDUCE_ONLY = Behaviour(value=("allreduce",), source="synchronous data parallelism only")
 _HOLD_OUTPUTS = Behaviour(
     value=False,
     source=(
@@ -194,7 +195,7 @@ RUNTIMES: dict[str, Runtime] = {
             "compression_methods": Behaviour(
                 value=("none",), source="no gradient compression: FSDP2 reduce-scatter / replicate all-reduce"
             ),
-            "sync_methods": Behaviour(value=("allreduce",), source="synchronous data parallelism only"),
+            "sync_methods": _ALLREDUCE_ONLY,
             "also_runs": Behaviour(
                 value=("context_parallel",),
                 source="parallelism.context_parallel_degree (torch context_parallel, ring attention); "
@@ -239,7 +240,7 @@ RUNTIMES: dict[str, Runtime] = {
             ),
             "offload_methods": Behaviour(value=("none",), source="no optimizer offload in Megatron-LM"),
             "compression_methods": Behaviour(value=("none",), source="no gradient compression"),
-            "sync_methods": Behaviour(value=("allreduce",), source="synchronous data parallelism only"),
+            "sync_methods": _ALLREDUCE_ONLY,
             "also_runs": Behaviour(
                 value=("1f1b_microbatches",),
                 source="schedules.py forward_backward_pipelining_without_interleaving: min(p - rank - 1, m) "
@@ -298,7 +299,7 @@ RUNTIMES: dict[str, Runtime] = {
                 value=("none",),
                 source="no gradient compression (--grad-reduce-in-bf16 reduces in bf16; not priced as a compressor)",
             ),
-            "sync_methods": Behaviour(value=("allreduce",), source="synchronous data parallelism only"),
+            "sync_methods": _ALLREDUCE_ONLY,
             "also_runs": Behaviour(
                 value=("context_parallel", "1f1b_microbatches"),
                 source="--context-parallel-size (ring attention); the non-interleaved 1F1B runs any m",
@@ -356,7 +357,7 @@ RUNTIMES: dict[str, Runtime] = {
                 value=("none", "fp16"),
                 source="communication_data_type fp16 (its 1-bit Adam and 0/1 Adam are not in meshplan's registry)",
             ),
-            "sync_methods": Behaviour(value=("allreduce",), source="synchronous data parallelism only"),
+            "sync_methods": _ALLREDUCE_ONLY,
             "also_runs": Behaviour(
                 value=("1f1b_microbatches",),
                 source="PipelineEngine TrainSchedule: any gradient_accumulation_steps (its CP-like Ulysses is "

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import meshplan
-from meshplan import commands, runtimes
+from meshplan import commands, feasibility, runtimes
 from meshplan.cli import build_parser, main
 from meshplan.errors import MeshplanError
 from meshplan.planner import estimate, search
@@ -67,6 +67,7 @@ def test_every_runtime_has_every_behaviour_with_a_source():
     for rt in runtimes.RUNTIMES.values():
         assert set(rt.behaviours) == set(runtimes.BEHAVIOURS)
         assert all(b.source for b in rt.behaviours.values())
+        assert set(rt.value("also_runs")) <= set(feasibility.LIMITS)  # names the executor's own limits
     assert runtimes.RUNTIMES["deepspeed"].unknown()  # the model says what it does not know
 
 
