@@ -198,6 +198,20 @@ def _runtime_args(p: argparse.ArgumentParser) -> None:
         "until its backward (torch pipelining, DeepSpeed)",
     )
     g.add_argument(
+        "--elementwise",
+        choices=("fused", "compiled", "eager"),
+        default=None,
+        help="how norms, rotary, SwiGLU and the GQA repeat run: fused kernels (Megatron, Transformer Engine), "
+        "torch.compile, or eager torch ops, which move more bytes (closed-form models)",
+    )
+    g.add_argument(
+        "--compile",
+        dest="elementwise",
+        action="store_const",
+        const="compiled",
+        help="the runtime compiles the model (torchtitan training.compile): same as --elementwise compiled",
+    )
+    g.add_argument(
         "--fsdp-gather-dtype",
         choices=("bf16", "fp32"),
         default=None,

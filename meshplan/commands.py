@@ -296,6 +296,7 @@ def runtime_behaviours(args: argparse.Namespace, cluster, precision: str) -> dic
         "attention": args.attention,
         "uniform_stages": args.uniform_stages,
         "free_stage_outputs": args.free_stage_outputs,
+        "elementwise": args.elementwise,
         "fsdp_gather_bytes": {"bf16": 2, "fp32": 4}.get(args.fsdp_gather_dtype),
     }
     out = runtimes.request_behaviours(rt.name, flags)

@@ -55,6 +55,7 @@ BEHAVIOURS = {
     "fp8": "fp8 GEMMs available (--precision fp8)",
     "sp_regather": "sequence parallel re-gathers the layer input in backward (else keeps it gathered)",
     "selective_recompute": "what --recompute selective recomputes",
+    "elementwise": "memory-bound ops (norms, rotary, SwiGLU, GQA repeat): fused kernels, torch.compile, or eager ops",
     "free_stage_outputs": "a pipeline stage frees each microbatch's output once sent (else holds it until its backward)",
     "offload_methods": "state offload the runtime implements (the search falls back only to these when nothing fits)",
     "compression_methods": "gradient compression the runtime implements (--allow-compression keeps only these)",
@@ -75,6 +76,7 @@ FLAGS = {
     "fp8": "--precision fp8",
     "sp_regather": "(follows --state-layout megatron)",
     "selective_recompute": "(--runtime; --recompute selective)",
+    "elementwise": "--elementwise, --compile",
     "free_stage_outputs": "--free-stage-outputs / --no-free-stage-outputs",
     "offload_methods": "--offload (pins one)",
     "compression_methods": "--compression (pins one), --allow-compression",
@@ -133,6 +135,10 @@ RUNTIMES: dict[str, Runtime] = {
                 known=False,
                 source=("executor: checkpoint of the attention core; with SDPA it frees only the log-sum-exp"),
             ),
+            "elementwise": Behaviour(
+                value="eager",
+                source="models/zoo: nn.RMSNorm, rotary, SwiGLU and repeat_interleave as torch ops; no torch.compile",
+            ),
             "free_stage_outputs": _HOLD_OUTPUTS,
             "offload_methods": Behaviour(
                 value=("none", "cpu", "nvme"),
@@ -187,6 +193,11 @@ RUNTIMES: dict[str, Runtime] = {
                     "(every k-th block fully) is per-layer full/none, planned by the recompute solver"
                 ),
             ),
+            "elementwise": Behaviour(
+                value="eager",
+                source="training.compile defaults to false (torchtitan JobConfig): RMSNorm, rotary, SwiGLU, "
+                "repeat_kv run as torch ops; --compile for a compiled run (the export writes training.compile)",
+            ),
             "free_stage_outputs": _HOLD_OUTPUTS,
             "offload_methods": Behaviour(
                 value=("none", "cpu"),
@@ -229,6 +240,11 @@ RUNTIMES: dict[str, Runtime] = {
             "fp8": Behaviour(value=False, source="no Transformer Engine before Megatron-Core"),
             "sp_regather": _SP,
             "selective_recompute": _SEL,
+            "elementwise": Behaviour(
+                value="fused",
+                source="megatron/arguments.py --masked-softmax-fusion, --bias-gelu-fusion, --bias-dropout-fusion "
+                "(on by default), apex FusedLayerNorm",
+            ),
             "free_stage_outputs": Behaviour(
                 value=True,
                 known=False,
@@ -283,6 +299,11 @@ RUNTIMES: dict[str, Runtime] = {
             "sp_regather": _SP,
             "selective_recompute": Behaviour(
                 value="attention core", source="--recompute-granularity selective (core attention; Korthikanti Sec 5)"
+            ),
+            "elementwise": Behaviour(
+                value="fused",
+                source="Transformer Engine fused norms; --apply-rope-fusion, --bias-swiglu-fusion; GQA read "
+                "natively by TE attention",
             ),
             "free_stage_outputs": Behaviour(
                 value=True,
@@ -342,6 +363,12 @@ RUNTIMES: dict[str, Runtime] = {
                 known=False,
                 source=("not known: activation_checkpointing checkpoints whole blocks; selective is the model's"),
             ),
+            "elementwise": Behaviour(
+                value="eager",
+                known=False,
+                source="not known: DeepSpeed runs the user's module; an HF model's norms, rotary and SwiGLU run "
+                "as torch ops (Megatron-DeepSpeed's fused kernels: --elementwise fused)",
+            ),
             "free_stage_outputs": Behaviour(
                 value=False,
                 source=(
@@ -385,6 +412,7 @@ REQUEST_FIELDS = (
     "zero_stages",
     "fsdp_gather_bytes",
     "selective_recompute",
+    "elementwise",
     "free_stage_outputs",
     "offload_methods",
     "also_runs",

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.model_profile import LayerProfile
+from meshplan.planner import elementwise
 from meshplan.planner.comm import all_reduce_s, collective_s, group_tier
 from meshplan.planner.compute import layer_compute_s, recompute_overheads_s
 from meshplan.planner.context import Candidate, Context
@@ -118,7 +119,8 @@ def _memory_bound_s(
     ctx: Context, layer: LayerProfile, b: int, split: int, cp: int, sp: bool
 ) -> tuple[float, float, float]:
     """(forward, backward, selective-recompute) seconds of a layer's memory-bound kernels; the
-    head's fp32 logits at the loss's own pass counts (LOSS_PASSES)."""
+    head's fp32 logits at the loss's own pass counts (LOSS_PASSES); the extra passes of unfused
+    kernels under the runtime's `elementwise` level (planner/elementwise.py)."""
     if ctx.measured and layer.timings:
         return 0.0, 0.0, 0.0
     hbm = ctx.cluster.device.hbm_gbps * 1e9
@@ -130,10 +132,14 @@ def _memory_bound_s(
     )
     logits = min(layer.output_bytes * b / cp / split, saved) if layer.tp.kind == "head" else 0.0
     loss_fwd, loss_bwd = LOSS_PASSES[ctx.request.state_layout]
+    op_sac = ctx.request.selective_recompute == "op"
+    un_fwd, un_bwd, un_sel = elementwise.extra_s(
+        layer, ctx.request.elementwise, b * ctx.seq / cp, split, sp, hbm, op_sac, ctx.request.precision == "fp8"
+    )
     return (
-        (FWD_PASSES * (saved - logits) + loss_fwd * logits) / hbm,
-        (BWD_PASSES * (saved - logits) + loss_bwd * logits) / hbm,
-        FWD_PASSES * max(core, 0.0) / hbm,
+        (FWD_PASSES * (saved - logits) + loss_fwd * logits) / hbm + un_fwd,
+        (BWD_PASSES * (saved - logits) + loss_bwd * logits) / hbm + un_bwd,
+        FWD_PASSES * max(core, 0.0) / hbm + un_sel,
     )
 
 

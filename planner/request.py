@@ -81,6 +81,10 @@ class PlanRequest:
     deallocate_output_tensor); False: it holds the output until that microbatch's backward, as
     torch.distributed.pipelining (fwd_cache) and DeepSpeed's pipeline engine do (planner/stages.py
     counts it per in-flight microbatch)."""
+    elementwise: str = "fused"
+    """How the runtime runs a block's memory-bound ops (planner/elementwise.py): "fused" kernels (the
+    calibration's: Megatron, Transformer Engine), "compiled" (torch.compile) or "eager" torch ops,
+    which move more bytes. Closed-form profiles only; measured timings include them."""
     selective_recompute: str = "attention core"
     """What recompute "selective" keeps (planner/sac.py): "attention core" (Korthikanti et al. 2022
     Sec 5, Megatron) or "op" (torchtitan's op-level policy: every other matmul output and SDPA's)."""

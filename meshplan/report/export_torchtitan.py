@@ -3,7 +3,8 @@
 torchtitan names (torchtitan/config/job_config.py): [parallelism] *_degree,
 pipeline_parallel_schedule, pipeline_parallel_microbatch_size, module_fqns_per_model_part,
 fsdp_reshard_after_forward; [activation_checkpoint] mode / selective_ac_option;
-[training] local_batch_size, global_batch_size, seq_len, mixed_precision_param, enable_cpu_offload.
+[training] local_batch_size, global_batch_size, seq_len, mixed_precision_param, enable_cpu_offload,
+compile (written true when the plan was predicted compiled: --compile).
 torchtitan's gradient accumulation = global_batch_size / (local_batch_size x dp).
 """
 
@@ -100,6 +101,8 @@ def _settings(plan: Plan, warnings: list[str]) -> dict[str, dict]:
         "mixed_precision_param": "bfloat16" if plan.precision == "bf16" else "float32",
         "enable_cpu_offload": ec.offloads(plan),
     }
+    if plan.runtime_behaviours.get("elementwise") == "compiled":  # predicted with --compile
+        training["compile"] = True
     warnings.extend(ec.method_warnings(plan, "torchtitan"))
     return {"parallelism": par, "activation_checkpoint": _activation_checkpoint(plan, warnings), "training": training}
 
