@@ -23,7 +23,7 @@ from meshplan.planner.compute import layer_compute_s, recompute_overheads_s
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.dp_cost import DataParallelCost
 from meshplan.planner.in_place import in_place_overhead_s
-from meshplan.planner.memory import activation_bytes, recompute_modes
+from meshplan.planner.memory import activation_bytes, fp32_logit_bytes, head_keeps_logits, recompute_modes
 from meshplan.planner.pipeline import layer_optimizer_s
 
 
@@ -130,15 +130,19 @@ def _memory_bound_s(
         if layer.selective_activation_bytes > 0
         else 0.0
     )
-    logits = min(layer.output_bytes * b / cp / split, saved) if layer.tp.kind == "head" else 0.0
+    logits, kept = 0.0, 0.0  # the loss's fp32 logits; the part of them the head's saved bytes hold
+    if layer.tp.kind == "head":
+        per_sample = fp32_logit_bytes(ctx, layer)
+        logits = per_sample * b / cp / split
+        kept = min(logits, saved) if head_keeps_logits(layer, per_sample) else 0.0
     loss_fwd, loss_bwd = LOSS_PASSES[ctx.request.state_layout]
     op_sac = ctx.request.selective_recompute == "op"
     un_fwd, un_bwd, un_sel = elementwise.extra_s(
         layer, ctx.request.elementwise, b * ctx.seq / cp, split, sp, hbm, op_sac, ctx.request.precision == "fp8"
     )
     return (
-        (FWD_PASSES * (saved - logits) + loss_fwd * logits) / hbm + un_fwd,
-        (BWD_PASSES * (saved - logits) + loss_bwd * logits) / hbm + un_bwd,
+        (FWD_PASSES * (saved - kept) + loss_fwd * logits) / hbm + un_fwd,
+        (BWD_PASSES * (saved - kept) + loss_bwd * logits) / hbm + un_bwd,
         FWD_PASSES * max(core, 0.0) / hbm + un_sel,
     )
 

@@ -73,7 +73,9 @@ def stage_buffer_bytes(ctx: Context, layers: list[LayerProfile], b: int, split_o
         buf += 2 * (2 + 4) * largest
     for lp in layers:
         if lp.tp.kind == "head":
-            buf += LOSS_TRANSIENTS[ctx.request.state_layout] * lp.output_bytes * b / cp / split_of(lp)
+            logits = fp32_logit_bytes(ctx, lp)
+            copies = LOSS_TRANSIENTS[ctx.request.state_layout] + (0 if head_keeps_logits(lp, logits) else 1)
+            buf += copies * logits * b / cp / split_of(lp)
     group = ctx.request.recompute_num_layers
     blocks = [lp for lp in layers if lp.tp.kind == "block"]
     if group > 1 and blocks:  # a uniform chunk's blocks re-run together (sequence parallel: if pinned)
@@ -84,12 +86,28 @@ def stage_buffer_bytes(ctx: Context, layers: list[LayerProfile], b: int, split_o
 
 
 LOSS_TRANSIENTS = {"megatron": 1, "torch": 2, "zero": 2}
-"""fp32 logit-sized tensors alive at the loss's peak besides the saved one (the head's
-activation_bytes). Megatron-LM's vocab-parallel cross-entropy works in place on one fp32 copy:
+"""fp32 logit-sized tensors alive at the loss's peak besides the saved one (counted in a
+closed-form head's activation_bytes; added here for a captured head: head_keeps_logits). Megatron-LM's vocab-parallel cross-entropy works in place on one fp32 copy:
 1. torch F.cross_entropy(logits.float()) (torchtitan, meshplan's executor, a DeepSpeed user's
 loss): backward of log_softmax holds its saved output, the incoming dense nll gradient and the
 gradient it writes, each fp32 and logit-sized: 2 beyond the saved one (the forward's cast copy
 plus log_softmax output is one fewer)."""
+
+
+def fp32_logit_bytes(ctx: Context, head: LayerProfile) -> float:
+    """Bytes per sample of the loss's fp32 logits (s x vocab x 4, before the TP split): the
+    cross-entropy works in fp32 whatever dtype the head's projection writes (a captured head
+    reports its bf16 output; the closed-form head its fp32 logits). Without a vocabulary (a
+    classifier), the head's output."""
+    vocab = ctx.profile.vocab
+    return 4.0 * ctx.seq * vocab if vocab else head.output_bytes
+
+
+def head_keeps_logits(head: LayerProfile, logits: float) -> bool:
+    """Whether the head's saved bytes already hold the loss's saved fp32 log-probabilities: a
+    closed-form head counts them (Korthikanti's 4sbv, models/analytic.py); a captured head ends at
+    its projection (the loss runs outside the module), so the loss's saved copy is one more."""
+    return head.activation_bytes >= logits
 
 
 def fits(total_bytes: float, capacity_bytes: float) -> bool:

@@ -227,6 +227,36 @@ def test_loss_moves_the_fp32_logits_more_than_a_layer_moves_its_activations():
         assert sum(LOSS_PASSES[layout]) > FWD_PASSES + BWD_PASSES
 
 
+def test_a_captured_head_and_the_closed_form_head_pay_the_same_loss():
+    """The loss's fp32 logits (s x vocab x 4) are what the cross-entropy keeps and moves, whatever
+    dtype the head writes: the zoo's Llama head (captured: ends at its bf16 projection, the loss
+    outside it) and the closed-form head (counts the fp32 log-probs it keeps) get the same loss
+    memory (saved copy + transients) and the same loss passes."""
+    from meshplan import commands
+    from meshplan.cli import build_parser
+    from meshplan.models.analytic import llama_profile
+    from meshplan.planner.layer_cost import _memory_bound_s
+    from meshplan.planner.memory import activation_bytes, stage_buffer_bytes
+
+    shape = dict(layers=2, hidden=256, heads=4, kv_heads=2, ffn_hidden=512, vocab=32000, seq=512)
+    argv = ["plan", "--model", "llama", "--set", *(f"{k}={v}" for k, v in shape.items())]
+    captured = commands._build_profile(build_parser().parse_args(argv))
+    closed = llama_profile(**shape)
+    out = {}
+    for name, prof in (("captured", captured), ("closed", closed)):
+        ctx = _ctx(prof, 8, "h100-80g")
+        head = prof.layers[-1]
+        assert head.tp.kind == "head"
+        loss_mem = stage_buffer_bytes(ctx, [head], 2, lambda lp: 1, 0, 1)
+        loss_mem += activation_bytes(ctx, head, "none", 2, 1, 1, False)
+        out[name] = (loss_mem, sum(_memory_bound_s(ctx, head, 2, 1, 1, False)))
+    logits = 4 * 512 * 32000 * 2
+    assert captured.layers[-1].output_bytes * 2 == logits / 2  # the captured head writes bf16
+    for i in (0, 1):
+        assert out["captured"][i] == pytest.approx(out["closed"][i], rel=0.02)
+    assert out["captured"][0] >= 3 * logits  # torch's loss: saved log-probs + 2 transients
+
+
 def test_zero_bubble_third_of_the_bubble_same_memory():
     prof = gpt_profile(layers=96, hidden=12288, heads=96)
     common = dict(num_gpus=64, global_batch=64, tp=8, pp=8, dp=1, microbatch=1, virtual_stages=2, recompute="full")
