@@ -83,6 +83,12 @@ def run_warnings(plan: Plan) -> list[str]:
             f"plan.runtime = {runtime!r}: the prediction is for {runtime}'s behaviours; this executor runs the "
             "plan with meshplan's (re-plan with --runtime meshplan to predict this run, or export it)"
         )
+    level = plan.runtime_behaviours.get("elementwise", "eager")
+    if runtime == "meshplan" and level != "eager":
+        out.append(
+            f"plan.runtime_behaviours.elementwise = {level!r}: this executor runs its norms, rotary and SwiGLU "
+            "as eager torch ops, so its step is slower than the prediction (re-plan without --elementwise/--compile)"
+        )
     if plan.recompute_num_layers > 1:
         out.append(
             f"plan.recompute_num_layers = {plan.recompute_num_layers}: this executor checkpoints each block on "

@@ -651,3 +651,6 @@ def test_run_warns_when_the_prediction_was_for_another_runtime_or_uniform_groups
     assert texts[1].startswith("plan.recompute_num_layers = 2: this executor checkpoints each block on its own")
     assert main([*argv]) == 0  # a meshplan plan: nothing to say
     assert run_warnings(load(Plan, path, "plan")) == []
+    assert main([*argv, "--compile"]) == 0  # priced compiled, run eager
+    (text,) = run_warnings(load(Plan, path, "plan"))
+    assert text.startswith("plan.runtime_behaviours.elementwise = 'compiled': this executor runs")
