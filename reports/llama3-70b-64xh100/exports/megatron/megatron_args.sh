@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: llama3-70b on 64 x h100-80g
-# plan decisions hash 57bccc0add1bf42d; mesh pp=1 dp_replicate=1 dp_shard=64 cp=1 tp=1
-# global batch 128 = micro 2 x accumulation 1 x data-parallel 64; seq_len 8192
-# WARNING: per-layer recompute (full on 78, selective on 2 of 80 blocks) is not expressible in Megatron-LM; exported full recompute on every block (slower than predicted, never more memory)
+# plan decisions hash d1a176d896d05684; mesh pp=8 dp_replicate=1 dp_shard=2 cp=1 tp=4
+# global batch 128 = micro 1 x accumulation 64 x data-parallel 2; seq_len 8192
+# WARNING: uneven stage boundaries (blocks per stage [9, 9, 10, 10, 11, 11, 11, 9]) are not expressible: Megatron-LM splits blocks evenly over (virtual) stages; the split below is even
+# WARNING: per-layer recompute (full on 7, none on 73 of 80 blocks) is not expressible in Megatron-LM; exported full recompute on every block (slower than predicted, never more memory)
 # WARNING: ZeRO-3 maps to --use-torch-fsdp2 (Megatron-Core >= 0.9); older versions cannot shard parameters
 # WARNING: the prediction was made for runtime meshplan; megatron runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime megatron-lm or megatron-core
-# Megatron derives data-parallel size = 64 / (tp x pp x cp) = 64 and gradient accumulation = 128 / (2 x 64) = 1
+# Megatron derives data-parallel size = 64 / (tp x pp x cp) = 2 and gradient accumulation = 128 / (1 x 2) = 64
 MESHPLAN_ARGS=(
-    --tensor-model-parallel-size 1
-    --pipeline-model-parallel-size 1
+    --tensor-model-parallel-size 4
+    --pipeline-model-parallel-size 8
     --context-parallel-size 1
-    --micro-batch-size 2
+    --sequence-parallel
+    --micro-batch-size 1
     --global-batch-size 128
     --seq-length 8192
     --max-position-embeddings 8192

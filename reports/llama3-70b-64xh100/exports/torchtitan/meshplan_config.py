@@ -1,21 +1,24 @@
 """meshplan plan -> torchtitan (Python config): llama3-70b on 64 x h100-80g
-plan decisions hash 57bccc0add1bf42d; mesh pp=1 dp_replicate=1 dp_shard=64 cp=1 tp=1
-global batch 128 = micro 2 x accumulation 1 x data-parallel 64; seq_len 8192
+plan decisions hash d1a176d896d05684; mesh pp=8 dp_replicate=1 dp_shard=2 cp=1 tp=4
+global batch 128 = micro 1 x accumulation 64 x data-parallel 2; seq_len 8192
 WARNING: the prediction was made for runtime meshplan; torchtitan runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime torchtitan
-WARNING: per-layer recompute (full on 78, selective on 2 of 80 blocks) is not expressible in torchtitan; exported mode=full on every block, which recomputes more than planned (slower than predicted, never more memory)
+WARNING: per-layer recompute (full on 7, none on 73 of 80 blocks) is not expressible in torchtitan; exported mode=full on every block, which recomputes more than planned (slower than predicted, never more memory)
 """
 
 
 def meshplan_config(job_config):
     """Set the plan's parallelism, activation checkpointing and batch on a torchtitan JobConfig; returns it."""
     job_config.parallelism.data_parallel_replicate_degree = 1
-    job_config.parallelism.data_parallel_shard_degree = 64
+    job_config.parallelism.data_parallel_shard_degree = 2
     job_config.parallelism.fsdp_reshard_after_forward = 'default'
-    job_config.parallelism.tensor_parallel_degree = 1
+    job_config.parallelism.tensor_parallel_degree = 4
     job_config.parallelism.context_parallel_degree = 1
-    job_config.parallelism.pipeline_parallel_degree = 1
+    job_config.parallelism.pipeline_parallel_degree = 8
+    job_config.parallelism.pipeline_parallel_schedule = '1F1B'
+    job_config.parallelism.pipeline_parallel_microbatch_size = 1
+    job_config.parallelism.module_fqns_per_model_part = [['tok_embeddings', 'layers.0', 'layers.1', 'layers.2', 'layers.3', 'layers.4', 'layers.5', 'layers.6', 'layers.7', 'layers.8'], ['layers.9', 'layers.10', 'layers.11', 'layers.12', 'layers.13', 'layers.14', 'layers.15', 'layers.16', 'layers.17'], ['layers.18', 'layers.19', 'layers.20', 'layers.21', 'layers.22', 'layers.23', 'layers.24', 'layers.25', 'layers.26', 'layers.27'], ['layers.28', 'layers.29', 'layers.30', 'layers.31', 'layers.32', 'layers.33', 'layers.34', 'layers.35', 'layers.36', 'layers.37'], ['layers.38', 'layers.39', 'layers.40', 'layers.41', 'layers.42', 'layers.43', 'layers.44', 'layers.45', 'layers.46', 'layers.47', 'layers.48'], ['layers.49', 'layers.50', 'layers.51', 'layers.52', 'layers.53', 'layers.54', 'layers.55', 'layers.56', 'layers.57', 'layers.58', 'layers.59'], ['layers.60', 'layers.61', 'layers.62', 'layers.63', 'layers.64', 'layers.65', 'layers.66', 'layers.67', 'layers.68', 'layers.69', 'layers.70'], ['layers.71', 'layers.72', 'layers.73', 'layers.74', 'layers.75', 'layers.76', 'layers.77', 'layers.78', 'layers.79', 'norm', 'output']]
     job_config.activation_checkpoint.mode = 'full'
-    job_config.training.local_batch_size = 2
+    job_config.training.local_batch_size = 64
     job_config.training.global_batch_size = 128
     job_config.training.seq_len = 8192
     job_config.training.mixed_precision_param = 'bfloat16'
