@@ -89,7 +89,12 @@ class UniformSplit:
         ) = self._rank_terms(rank)
         blk = self.block
         base = static + n * self.static_block + (buf1 if n else buf0) + flight * fixed_act
-        got = solve_identical(n, self.options, base, flight, self.model.capacity)
+        got = None
+        for allowed, transient in self.model.phases([self.start]) if n else [(frozenset(blk.modes), 0.0)]:
+            opts = [o for o in self.options if o[0] in allowed]
+            hit = solve_identical(n, opts, base + transient, flight, self.model.capacity) if opts else None
+            if hit is not None and (got is None or hit[0] < got[0]):
+                got = hit
         if got is None:
             return None
         time = got[0] + fixed_time + self.p2p_s
@@ -183,6 +188,7 @@ class UniformSplit:
                 + n * (blk.weights_bytes + blk.grads_bytes + blk.optim_bytes)
                 + buf
                 + flight * (n * lean[2] + sum(self.costs[i].modes["none"].act_bytes for i in fixed))
+                + (self.model.transients([self.start]).get(lean[0], 0.0) if n else 0.0)
             )
             if mem - self.model.capacity > worst:
                 worst, self.tightest_rank = mem - self.model.capacity, r
@@ -200,19 +206,23 @@ def solve_general(ctx: Context, cand: Candidate, costs: list[LayerCost], cache: 
     cost_key = cand.cost_key + (cand.schedule, cand.num_microbatches, cand.pp)
     max_act = model.capacity / min(in_flight(cand, r) for r in range(p))
 
-    def frontier(a: int, e: int):
-        """Pareto frontier of layers [a, e), grown from [a, e-1)."""
-        key = cost_key + (a, e)
+    def frontier(a: int, e: int, allowed: frozenset):
+        """Pareto frontier of layers [a, e) with modes in `allowed`, grown from [a, e-1)."""
+        key = cost_key + (a, e, allowed)
         if key not in cache:
-            prev = frontier(a, e - 1) if e - 1 > a else None
-            opts = [(m, mc.time_s, mc.act_bytes) for m, mc in costs[e - 1].modes.items()]
-            cache[key] = pareto_frontier([opts], start=prev, max_act=max_act)
+            prev = frontier(a, e - 1, allowed) if e - 1 > a else None
+            opts = [(m, mc.time_s, mc.act_bytes) for m, mc in costs[e - 1].modes.items() if m in allowed]
+            cache[key] = pareto_frontier([opts], start=prev, max_act=max_act) if opts else []
         return cache[key]
 
     def stage(r: int, a: int, e: int):
         layers = list(range(a, e))
         static, buf, flight = model.base(r, layers)
-        point = solve_frontier(frontier(a, e), sum(static) + buf, flight, model.capacity)
+        point = None
+        for allowed, transient in model.phases(layers):  # exact under the recompute transient
+            hit = solve_frontier(frontier(a, e, allowed), sum(static) + buf + transient, flight, model.capacity)
+            if hit is not None and (point is None or hit[1] < point[1]):
+                point = hit
         if point is None:
             return math.inf, None
         sol = model.finish(r, layers, dict(zip(layers, modes_of(point))), model.p2p(r, layers))

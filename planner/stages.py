@@ -8,6 +8,13 @@ A rank's cost is `(m + bubble) x t_r + tail_r` (pipeline.py), monotone in the la
   ranks' nondecreasing cost sequences gives it exactly. This also covers interleaved schedules:
   a rank's cost depends on its block count, not on how its v chunks share them.
 - Any other chain: dynamic programming over (rank, last layer) of contiguous ranges, O(p L^2).
+
+Memory of a rank: static state + buffers + in-flight microbatches x the saved activations, plus the
+recompute transient: a layer that recomputes re-materialises, during its backward, what it did not
+keep (one microbatch of it: none - mode bytes) while every in-flight microbatch's saved
+activations are still held. Charged once per rank, as the largest such gap among the rank's
+layers offering the leanest mode the rank uses (full, else selective; none: nothing), an upper
+bound that is exact for identical blocks. The solvers are exact under it (RankModel.phases).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from dataclasses import dataclass, field
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.dp_cost import DataParallelCost
 from meshplan.planner.layer_cost import LayerCost
-from meshplan.planner.memory import activation_scale, stage_buffer_bytes
+from meshplan.planner.memory import activation_bytes, activation_scale, stage_buffer_bytes
 from meshplan.planner.pipeline import (
     boundary_bytes,
     bubble_factor,
@@ -27,6 +34,9 @@ from meshplan.planner.pipeline import (
     step_fixed_s,
     tail_s,
 )
+
+RECOMPUTE_ORDER = ("none", "selective", "full")
+"""Recompute modes from the most bytes kept to the least."""
 
 
 @dataclass
@@ -62,6 +72,7 @@ class RankModel:
         self.capacity = ctx.capacity_bytes
         self.data = DataParallelCost(ctx, cand)
         self.fixed_s = step_fixed_s(ctx, cand)
+        self._transients: dict[tuple[int, ...], dict[str, float]] = {}
 
     def base(self, rank: int, layers: list[int]) -> tuple[tuple[float, float, float], float, float]:
         """(static weights/grads/optimizer, buffers, in-flight microbatches) of a rank."""
@@ -100,8 +111,56 @@ class RankModel:
         split = cand.tp if cand.tp > 1 and cand.sequence_parallel else 1
         return activation_scale(self.ctx) * chunks * out * cand.microbatch / cand.cp / split
 
+    def transients(self, layers: list[int]) -> dict[str, float]:
+        """{mode: bytes} of the recompute transient (module docstring) per recompute mode offered
+        on these layers: the largest (none - mode) gap of one microbatch among the layers that
+        offer the mode."""
+        key = tuple(layers)
+        if key not in self._transients:
+            out: dict[str, float] = {}
+            for mode in RECOMPUTE_ORDER[1:]:
+                gaps = [self._gap(i, mode) for i in layers if mode in self.costs[i].modes]
+                if gaps:
+                    out[mode] = max(gaps)
+            self._transients[key] = out
+        return self._transients[key]
+
+    def _gap(self, i: int, mode: str) -> float:
+        """Bytes one microbatch of layer i re-materialises when it recomputes in `mode`: what it
+        would save without recompute less what it keeps."""
+        ctx, cand, lp = self.ctx, self.cand, self.ctx.layers[i]
+        split, b, sp = ctx.tp_split(lp, cand.tp), cand.microbatch, cand.sequence_parallel
+        none = activation_bytes(ctx, lp, "none", b, split, cand.cp, sp)
+        if mode == "full":  # what one block's re-run adds beside its own checkpointed input (a
+            # uniform group's further blocks: memory.stage_buffer_bytes, uniform_transient_bytes)
+            kept = activation_scale(ctx) * lp.input_bytes * b / cand.cp / (split if sp else 1)
+        else:
+            kept = activation_bytes(ctx, lp, mode, b, split, cand.cp, sp)
+        return max(0.0, none - kept)
+
+    def transient_bytes(self, layers: list[int], modes: dict[int, str]) -> float:
+        """The recompute transient a rank with these modes pays: the leanest mode used (full over
+        selective) sets which of transients() is charged; none when no layer recomputes."""
+        used = {modes[i] for i in layers}
+        table = self.transients(layers)
+        return next((table.get(m, 0.0) for m in ("full", "selective") if m in used), 0.0)
+
+    def phases(self, layers: list[int]) -> list[tuple[frozenset, float]]:
+        """(modes allowed, transient charged) of the exact recompute solve: the best plan with no
+        recompute, the best with selective at most (paying the selective transient), the best with
+        any mode (paying the full one). The least-time plan over the phases is the exact optimum
+        under transient_bytes: a plan whose leanest mode is m pays exactly m's transient, which its
+        own phase charges and the later phases charge at least."""
+        table = self.transients(layers)
+        out = [(frozenset(RECOMPUTE_ORDER[:1]), 0.0)]
+        for k, mode in enumerate(RECOMPUTE_ORDER[1:], start=2):
+            if mode in table:
+                out.append((frozenset(RECOMPUTE_ORDER[:k]), table[mode]))
+        return out
+
     def finish(self, rank: int, layers: list[int], modes: dict[int, str], p2p: float) -> RankSolution:
         static, buf, flight = self.base(rank, layers)
+        buf += self.transient_bytes(layers, modes)
         chosen = [self.costs[i].modes[modes[i]] for i in layers]
         time = sum(mc.time_s for mc in chosen) + p2p
         local = sum(self.costs[i].local_params for i in layers)

@@ -24,7 +24,7 @@ def uniform_transient_bytes(block_bytes: float, group: int) -> float:
     """Extra bytes live once per rank while a uniform chunk of N blocks is backpropagated: its
     backward first re-runs the chunk's forward, so all N blocks' activations (`block_bytes` each,
     what a block keeps without recompute) are held together, freed block by block as the
-    backward walks back. The model prices a block's own recompute transient nowhere (N = 1 holds
-    one block's worth), so the extra over it is (N - 1) blocks. Once per rank, not per in-flight
+    backward walks back. A block's own recompute transient (N = 1: one block's worth beside its
+    input) is planner/stages.py's, so the extra over it is (N - 1) blocks. Once per rank, not per in-flight
     microbatch: one chunk is recomputed at a time."""
     return max(group - 1, 0) * block_bytes
