@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: llama3-70b on 64 x h100-80g
-# plan decisions hash d1a176d896d05684; mesh pp=8 dp_replicate=1 dp_shard=2 cp=1 tp=4
+# plan decisions hash aea1b97f74c3d6d8; mesh pp=8 dp_replicate=1 dp_shard=2 cp=1 tp=4
 # global batch 128 = micro 1 x accumulation 64 x data-parallel 2; seq_len 8192
 # WARNING: uneven stage boundaries (blocks per stage [9, 9, 10, 10, 11, 11, 11, 9]) are not expressible: Megatron-LM splits blocks evenly over (virtual) stages; the split below is even
-# WARNING: per-layer recompute (full on 7, none on 73 of 80 blocks) is not expressible in Megatron-LM; exported full recompute on every block (slower than predicted, never more memory)
+# WARNING: per-layer recompute (full on 8, none on 72 of 80 blocks) is not expressible in Megatron-LM; exported full recompute on every block (slower than predicted, never more memory)
 # WARNING: ZeRO-3 maps to --use-torch-fsdp2 (Megatron-Core >= 0.9); older versions cannot shard parameters
 # WARNING: the prediction was made for runtime meshplan; megatron runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime megatron-lm or megatron-core
 # Megatron derives data-parallel size = 64 / (tp x pp x cp) = 2 and gradient accumulation = 128 / (1 x 2) = 64
