@@ -316,6 +316,13 @@ def runtime_behaviours(args: argparse.Namespace, cluster, precision: str) -> dic
             args,
             f"--zero {args.zero}: runtime {rt.name} implements ZeRO {rt.value('zero_stages')}; predicted as pinned",
         )
+    if rt.name == "torchtitan" and args.zero == 3 and (getattr(args, "pp", None) or 1) > 1:
+        _warn(
+            args,
+            "--zero 3 with --pp under torchtitan: its default fsdp_reshard_after_forward keeps parameters "
+            "gathered under PP (ZeRO-2); predicted as ZeRO-3, which the export writes as 'always' "
+            "(--zero 2 predicts a default torchtitan run)",
+        )
     if precision == "fp8":
         if not rt.value("fp8"):
             raise MeshplanError(

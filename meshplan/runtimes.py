@@ -178,7 +178,9 @@ RUNTIMES: dict[str, Runtime] = {
             ),
             "zero_stages": Behaviour(
                 value=(0, 2, 3),
-                source="DDP (data_parallel_replicate) or FSDP2 (reshard_after_forward false / true); no ZeRO-1",
+                source="DDP (data_parallel_replicate) or FSDP2 (reshard_after_forward false / true); no ZeRO-1. "
+                "Under PP its default fsdp_reshard_after_forward keeps parameters gathered: a default torchtitan "
+                "PP run is --zero 2 (a ZeRO-3 plan exports 'always')",
             ),
             "fsdp_gather_bytes": Behaviour(
                 value=2, source="MixedPrecisionPolicy param_dtype=bfloat16 (training.mixed_precision_param)"

@@ -45,6 +45,16 @@ class Candidate:
     def dp(self) -> int:
         return self.dp_replicate * self.dp_shard
 
+    @property
+    def state_shard(self) -> int:
+        """Ranks one parameter's training state is partitioned over: ZeRO-2/3's FSDP group, which
+        takes in the context-parallel ranks (they hold the same weights: torchtitan shards over
+        the flattened dp_shard x cp mesh, Megatron-Core's distributed optimizer over its
+        data-parallel-with-context-parallel group), ZeRO-1's optimizer partition (dp x cp), else 1."""
+        if self.zero >= 2:
+            return self.dp_shard * self.cp
+        return self.dp * self.cp if self.zero == 1 else 1
+
     def method(self, axis: str) -> tuple[str, dict]:
         """(name, resolved parameters) of this candidate's method on `axis` (a fresh dict)."""
         name, params = self._methods_by_axis.get(axis) or (dp_methods.DEFAULTS[axis], None)

@@ -112,15 +112,16 @@ class DataParallelCost:
     def __init__(self, ctx: Context, cand: Candidate):
         self.ctx, self.cand = ctx, cand
         self.zero, self.dp = cand.zero, cand.dp
-        self.shard = cand.dp_shard if cand.zero >= 2 else 1
-        """FSDP2 shard group (ZeRO-2/3)."""
-        self.replicas = cand.dp_replicate * cand.cp
-        """Ranks holding the same weights and gradient shard: DDP's group, HSDP's all-reduce."""
+        self.shard = cand.state_shard if cand.zero >= 2 else 1
+        """FSDP2 shard group (ZeRO-2/3): dp_shard x cp (Candidate.state_shard)."""
+        self.replicas = cand.dp_replicate * (1 if cand.zero >= 2 else cand.cp)
+        """Ranks holding the same weights and gradient shard: DDP's group (context-parallel ranks
+        included), HSDP's all-reduce."""
         name, params = cand.method("compression")
         self.compressor = compressor(name, params)
         self.compressor.group = self.replicas
         self.replica_tier = group_tier(ctx.cluster, cand.tp * (self.shard if cand.zero >= 2 else 1), self.replicas)
-        self.shard_tier = group_tier(ctx.cluster, cand.tp * cand.cp, self.shard)
+        self.shard_tier = group_tier(ctx.cluster, cand.tp, self.shard)  # dp_shard x cp, stride tp
         self.bucket_bytes = cand.method("comm_schedule")[1].get("bucket_mb", 25) * 1024**2
         self.offload = cand.method("offload")[0] != "none"
         self.offload_cost = offload_cost(ctx, cand)
@@ -142,7 +143,7 @@ class DataParallelCost:
         grads = grad_local * g / (self.shard if self.zero >= 2 else 1) + grad_local * self._ddp_bucket_bytes_per_param()
         if self.zero >= 2 and self.shard > 1 and m > 1 and self.ctx.request.state_layout == "torch":
             grads += grad_local * g  # unsharded fp32 gradients accumulated across microbatches
-        optim = grad_local * o / (self.dp if self.zero == 1 else self.shard)
+        optim = grad_local * o / (cand_shard := self.cand.state_shard if self.zero == 1 else self.shard)
         weights, grads, optim = self.offload_cost.state_bytes(local, weights, grads, optim)  # planner/offload.py
         comm, measured = self._fsdp_comm_s(layer, split, local, b, m)
         layer = train  # what follows is gradient traffic and its compression
@@ -161,7 +162,7 @@ class DataParallelCost:
             )
             if zero01
             else 0.0,
-            optimizer_shard=self.dp if self.zero == 1 else self.shard,
+            optimizer_shard=cand_shard,
             host_step=self.offload_cost.host_step,
         )
 
@@ -305,7 +306,7 @@ class DataParallelCost:
         host_elems = (
             sum(padded_shard_elems(lp, s, self.shard) for lp, s in layers)
             if self.zero >= 2
-            else sum(tp_local_elems(lp, s) for lp, s in layers) / (self.dp if self.zero == 1 else 1)
+            else sum(tp_local_elems(lp, s) for lp, s in layers) / self.cand.state_shard
         )
         out.update(self.offload_cost.bytes_per_step(host_elems))  # host_device / nvme (planner/offload.py)
         return {axis: round(v) for axis, v in sorted(out.items()) if v}

@@ -42,7 +42,7 @@ class Offload:
 
     def __init__(self, ctx: Context, cand: Candidate, params: dict):
         self.ctx, self.cand, self.params = ctx, cand, params
-        self.zero, self.shard = cand.zero, (cand.dp_shard if cand.zero >= 2 else 1)
+        self.zero, self.shard = cand.zero, (cand.state_shard if cand.zero >= 2 else 1)
         self.on_cpu = ctx.cluster.device.kind == "cpu"
 
     def state_bytes(self, local: float, weights: float, grads: float, optim: float) -> tuple[float, float, float]:

@@ -26,7 +26,7 @@ def host_bytes_per_rank(ctx, cand) -> float:
     """Host bytes offload=cpu needs for one rank (its TP/PP share, its ZeRO-1 partition or FSDP
     shard): ~ the busiest rank's, layers spread evenly over pp."""
     local = ctx.profile.num_params / (cand.pp * cand.tp)
-    share = cand.dp if cand.zero == 1 else (cand.dp_shard if cand.zero >= 2 else 1)
+    share = cand.state_shard
     return local / share * HOST_BYTES_PER_PARAM
 
 

@@ -164,8 +164,8 @@ def grad_norm_sync_s(ctx: Context, cand: Candidate) -> float:
     calls = [(cand.pp, group_tier(ctx.cluster, cand.dp * cand.cp * cand.tp, cand.pp))] if cand.pp > 1 else []
     if cand.tp > 1:
         calls += [(cand.tp, group_tier(ctx.cluster, 1, cand.tp))] * 2
-    if cand.zero >= 2 and cand.dp > 1:
-        calls.append((cand.dp, group_tier(ctx.cluster, cand.tp * cand.cp, cand.dp)))
+    if cand.zero >= 2 and cand.state_shard > 1:
+        calls.append((cand.state_shard, group_tier(ctx.cluster, cand.tp, cand.state_shard)))
     return sum(collective_s(ctx.cluster, "all_reduce", g, norm_bytes, tier) for g, tier in calls)
 
 

@@ -28,7 +28,8 @@ def _toml_value(value) -> str:
 
 
 def _reshard(plan: Plan, warnings: list[str]) -> str:
-    """fsdp_reshard_after_forward: "default" = ZeRO-3, "never" = ZeRO-2 (params kept after forward)."""
+    """fsdp_reshard_after_forward: "never" = ZeRO-2 (params kept after forward); ZeRO-3 is "default"
+    without pipeline parallelism and "always" with it (torchtitan's default then keeps them)."""
     if plan.zero_stage == 1:
         warnings.append(
             "ZeRO-1 (sharded optimizer states only) has no torchtitan setting: FSDP2 shards "
@@ -37,7 +38,11 @@ def _reshard(plan: Plan, warnings: list[str]) -> str:
         )
     if plan.zero_stage == 0 and plan.data_parallel_shard_degree > 1:
         warnings.append("plan uses plain DDP but data_parallel_shard_degree > 1: torchtitan shards with FSDP2")
-    return "never" if plan.zero_stage == 2 else "default"
+    if plan.zero_stage == 2:
+        return "never"
+    # "default" keeps the parameters gathered under pipeline parallelism (ZeRO-2, to avoid
+    # per-microbatch all-gathers: torchtitan apply_fsdp); ZeRO-3 with PP must say "always"
+    return "always" if plan.pipeline_parallel_degree > 1 else "default"
 
 
 def _activation_checkpoint(plan: Plan, warnings: list[str]) -> dict:
