@@ -178,6 +178,11 @@ def _simulate(layers: list[tuple[float, int]], ready: list[float], credit: float
         if remaining[layer] <= 1e-9 * left[layer]:
             del remaining[layer]
             landed[layer] = now + tail[layer]
+            # rounding can leave a sliver of the finished layer committed or queued: drop it
+            committed -= sum(e[1] for e in fifo if e[0] == layer)
+            fifo = deque(e for e in fifo if e[0] != layer)
+            heap[:] = [e for e in heap if e[0] != layer]
+            heapq.heapify(heap)
     return landed
 
 
