@@ -137,9 +137,9 @@ class DataParallelCost:
         train = trainable(layer)  # frozen parameters: weights only
         grad_local = train.num_params / split
         w, g, o = state_bytes(self.ctx)
-        weights = local * w / (self.shard if self.zero >= 3 else 1)
-        if self.zero == 2 and self.shard > 1:
-            weights += local * 2  # FSDP2 ZeRO-2: the gathered bf16 weights stay from forward to backward
+        weights = local * w / (self.shard if self._shards_weights() else 1)
+        if self.zero == 2 and self.shard > 1 and self._shards_weights():
+            weights += local * fsdp_width(self.ctx)  # FSDP2 ZeRO-2: the gathered copy stays forward to backward
         grads = grad_local * g / (self.shard if self.zero >= 2 else 1) + grad_local * self._ddp_bucket_bytes_per_param()
         if self.zero >= 2 and self.shard > 1 and m > 1 and self.ctx.request.state_layout == "torch":
             grads += grad_local * g  # unsharded fp32 gradients accumulated across microbatches
@@ -165,6 +165,13 @@ class DataParallelCost:
             optimizer_shard=cand_shard,
             host_step=self.offload_cost.host_step,
         )
+
+    def _shards_weights(self) -> bool:
+        """ZeRO-3 shards the weights; so does ZeRO-2 run as FSDP2 (fully_shard with
+        reshard_after_forward=False: sharded parameters, the gathered copy kept from forward to
+        backward; meshplan's executor, torchtitan). DeepSpeed's ZeRO-2 (state layout "zero")
+        keeps its 16-bit weights whole and shards gradients and optimizer states only."""
+        return self.zero >= 3 or (self.zero == 2 and self.ctx.request.state_layout != "zero")
 
     def _ddp_bucket_bytes_per_param(self) -> float:
         """PyTorch DDP (ZeRO-0/1 without tensor parallelism) allocates its buckets for every

@@ -155,6 +155,12 @@ def test_state_bytes_by_layout_and_zero():
     assert mega.weights_bytes + mega.grads_bytes + mega.optim_bytes == 18 * blk.num_params
     z3 = layer_cost(_ctx(prof, n=8), blk, 1, 1, False, 1, 3, 8)
     assert z3.weights_bytes + z3.grads_bytes + z3.optim_bytes == pytest.approx(2 * blk.num_params)
+    # ZeRO-2 as FSDP2 (reshard_after_forward=False): the fp32 weights sharded, the gathered copy
+    # (bf16 gathers: 2 B) kept forward to backward; DeepSpeed's ZeRO-2 keeps 16-bit weights whole
+    z2 = layer_cost(_ctx(prof, n=8, fsdp_gather_bytes=2), blk, 1, 1, False, 1, 2, 8)
+    assert z2.weights_bytes == pytest.approx((4 / 8 + 2) * blk.num_params)
+    ds2 = layer_cost(_ctx(prof, n=8, state_layout="zero"), blk, 1, 1, False, 1, 2, 8)
+    assert ds2.weights_bytes == pytest.approx(2 * blk.num_params)
 
 
 def test_measured_timings_are_used_on_cpu():

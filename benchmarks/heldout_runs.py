@@ -1,0 +1,180 @@
+"""Held-out published runs predicted through the public CLI path (`meshplan estimate`, the same
+parser and request builder as `meshplan plan`): nothing in the model was set from these rows.
+
+Run alone: `python -m benchmarks.heldout_runs [--out DIR]` (a few seconds; writes DIR/heldout_runs.md
+and prints the table). Rows: torchtitan's benchmarks/llama3_h100_202412_torchtitan.md (Llama 3.1
+8B / 70B / 405B on H100 96 GB HBM2e at 500 W, Grand Teton; torch, torchao, torchtitan of
+2024-12), each with `--runtime torchtitan` and what the row states (FSDP/TP/PP/CP degrees, local
+batch, activation checkpointing, torch.compile, Float8, async TP). PP rows are predicted with
+`--zero 2`: torchtitan's default reshard policy keeps parameters gathered under PP (README).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+
+from meshplan.cli import main
+
+SOURCE = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md"
+SHAPES = {
+    "8B": "layers=32 hidden=4096 heads=32 kv_heads=8 ffn_hidden=14336 vocab=128256",
+    "70B": "layers=80 hidden=8192 heads=64 kv_heads=8 ffn_hidden=28672 vocab=128256",
+    "405B": "layers=126 hidden=16384 heads=128 kv_heads=8 ffn_hidden=53248 vocab=128256",
+}
+COMPILE, FP8 = "--compile", "--compile --precision fp8"
+FSDP_SEL = "--tp 1 --pp 1 --zero 3 --microbatch 2 --recompute selective --schedule 1f1b"
+
+
+def _rows() -> list[dict]:
+    rows = []
+
+    def add(table, label, model, seq, gpus, batch, pins, measured_tps, measured_gib):
+        rows.append(
+            dict(
+                table=table,
+                label=label,
+                model=model,
+                seq=seq,
+                gpus=gpus,
+                batch=batch,
+                pins=pins,
+                measured=measured_tps,
+                measured_gib=measured_gib,
+            )
+        )
+
+    for tag, flags, tps, gib in (
+        ("FSDP", "", 5762, 82.4),
+        ("+compile", COMPILE, 6667, 77.0),
+        ("+Float8", FP8, 8532, 76.8),
+    ):
+        add(1, tag, "8B", 8192, 8, 16, f"{FSDP_SEL} --dp 8 {flags}", tps, gib)
+    for fsdp, cp, seq, tps, gib in ((8, 1, 32768, 3890, 83.9), (4, 2, 65536, 2540, 84.2), (2, 4, 131072, 1071, 84.0)):
+        pins = f"--tp 1 --pp 1 --dp {fsdp} --cp {cp} --zero 3 --microbatch 1 --recompute full --schedule 1f1b {FP8}"
+        add(2, f"FSDP {fsdp} CP {cp}", "8B", seq, 8, fsdp, pins, tps, gib)
+    add(
+        2,
+        "FSDP 1 CP 8",
+        "8B",
+        262144,
+        8,
+        1,
+        f"--tp 1 --pp 1 --dp 1 --cp 8 --zero 3 --microbatch 1 --recompute full --schedule 1f1b {FP8}",
+        548,
+        84.5,
+    )
+    for tag, flags, tps, gib in (
+        ("FSDP", "", 5605, 67.0),
+        ("+compile", COMPILE, 6514, 62.0),
+        ("+Float8", FP8, 8380, 61.8),
+    ):
+        add(3, tag, "8B", 8192, 128, 256, f"{FSDP_SEL} --dp 128 {flags}", tps, gib)
+    tp2d = f"--tp 8 --pp 1 --dp 32 --zero 3 --microbatch 16 --recompute full --sequence-parallel --schedule 1f1b {FP8}"
+    add(4, "2D", "70B", 8192, 256, 512, tp2d + " --no-overlap-tp-comm", 829, 71.9)
+    add(4, "2D + AsyncTP", "70B", 8192, 256, 512, tp2d + " --overlap-tp-comm", 876, 67.6)
+    pp3d = f"--tp 8 --pp 8 --dp 8 --zero 2 --microbatch 1 --recompute full --sequence-parallel --overlap-tp-comm {FP8}"
+    add(5, "1F1B", "405B", 8192, 512, 256, pp3d + " --schedule 1f1b", 100, 82.5)
+    add(5, "Interleaved 1F1B", "405B", 8192, 512, 256, pp3d + " --schedule interleaved", 128, 72.7)
+    for fsdp, cp, seq, tps, gib in (
+        (8, 1, 32768, 76, 75.3),
+        (4, 2, 65536, 47, 75.9),
+        (2, 4, 131072, 31, 77.1),
+        (1, 8, 262144, 16, 84.9),
+    ):
+        pins = f"--tp 8 --pp 8 --dp {fsdp} --cp {cp} --zero 2 --microbatch 1 --recompute full --sequence-parallel"
+        add(
+            6,
+            f"FSDP {fsdp} CP {cp}",
+            "405B",
+            seq,
+            512,
+            8 * fsdp,
+            f"{pins} --overlap-tp-comm --schedule 1f1b {FP8}",
+            tps,
+            gib,
+        )
+    return rows
+
+
+def command(row: dict) -> list[str]:
+    return [
+        "estimate",
+        "--model",
+        "analytic:llama",
+        "--set",
+        *SHAPES[row["model"]].split(),
+        f"seq={row['seq']}",
+        "--cluster",
+        "h100-96g",
+        "--num-gpus",
+        str(row["gpus"]),
+        "--global-batch",
+        str(row["batch"]),
+        "--runtime",
+        "torchtitan",
+        *row["pins"].split(),
+    ]
+
+
+def predict(row: dict) -> dict:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main([*command(row), "--json", "--quiet"])
+    if rc != 0:
+        return {"error": err.getvalue().strip().splitlines()[-1]}
+    view = json.loads(out.getvalue())
+    return {
+        "tps": view["tokens_per_s_per_gpu"],
+        "gib": view["peak_memory_bytes"] / 2**30,
+        "binding": view["binding_constraint"],
+    }
+
+
+def markdown(results: list[tuple[dict, dict]]) -> str:
+    lines = [
+        f"# Held-out runs through the CLI ({SOURCE})",
+        "",
+        "Predicted by `python -m benchmarks.heldout_runs` with `meshplan estimate --runtime torchtitan` and the",
+        "row's stated settings on `--cluster h100-96g`; error = predicted / measured - 1. Nothing is fitted to them.",
+        "",
+        "| table | model | GPUs | seq | run | measured tok/s/GPU | predicted | error | measured GiB | predicted GiB |",
+        "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    errors = []
+    for row, got in results:
+        head = (
+            f"| {row['table']} | {row['model']} | {row['gpus']} | {row['seq']} | {row['label']} | {row['measured']:,} |"
+        )
+        if "error" in got:
+            lines.append(f"{head} {got['error']} | | {row['measured_gib']} | |")
+            continue
+        err = got["tps"] / row["measured"] - 1
+        errors.append(abs(err))
+        oom = " (OOM)" if got["binding"].startswith("OOM") else ""
+        lines.append(f"{head} {got['tps']:,.0f} | {err:+.1%} | {row['measured_gib']} | {got['gib']:.1f}{oom} |")
+    if errors:
+        lines += [
+            "",
+            f"Mean abs throughput error {sum(errors) / len(errors):.1%}, max {max(errors):.1%}, over {len(errors)} rows.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def run(out_dir: str | None = None) -> str:
+    results = [(row, predict(row)) for row in _rows()]
+    text = markdown(results)
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "heldout_runs.md"), "w") as fh:
+            fh.write(text)
+    return text
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="folder for heldout_runs.md (default: print only)")
+    print(run(parser.parse_args().out), end="")
