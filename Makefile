@@ -51,6 +51,8 @@ typecheck: $(STAMP)
 
 reports: $(STAMP)
 	$(BIN)/python -m meshplan.examples --out reports
+	$(BIN)/meshplan validate -o reports/validation.md
+	$(BIN)/python -m benchmarks.heldout_runs --out reports > /dev/null
 
 validate: $(STAMP)
 	$(BIN)/meshplan validate -o reports/validation.md
