@@ -10,7 +10,7 @@ def meshplan_config(job_config):
     """Set the plan's parallelism, activation checkpointing and batch on a torchtitan JobConfig; returns it."""
     job_config.parallelism.data_parallel_replicate_degree = 1
     job_config.parallelism.data_parallel_shard_degree = 2
-    job_config.parallelism.fsdp_reshard_after_forward = 'default'
+    job_config.parallelism.fsdp_reshard_after_forward = 'always'
     job_config.parallelism.tensor_parallel_degree = 4
     job_config.parallelism.context_parallel_degree = 1
     job_config.parallelism.pipeline_parallel_degree = 8
