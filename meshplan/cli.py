@@ -205,6 +205,13 @@ def _runtime_args(p: argparse.ArgumentParser) -> None:
         "torch.compile, or eager torch ops, which move more bytes (closed-form models)",
     )
     g.add_argument(
+        "--fused-projections",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Q, K, V as one GEMM and the MLP's gate and up as one (Megatron), instead of one GEMM per "
+        "projection (torchtitan, torch models): smaller GEMMs run less efficiently (closed-form models)",
+    )
+    g.add_argument(
         "--compile",
         dest="elementwise",
         action="store_const",

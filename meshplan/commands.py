@@ -297,6 +297,7 @@ def runtime_behaviours(args: argparse.Namespace, cluster, precision: str) -> dic
         "uniform_stages": args.uniform_stages,
         "free_stage_outputs": args.free_stage_outputs,
         "elementwise": args.elementwise,
+        "fused_projections": args.fused_projections,
         "fsdp_gather_bytes": {"bf16": 2, "fp32": 4}.get(args.fsdp_gather_dtype),
     }
     out = runtimes.request_behaviours(rt.name, flags)

@@ -56,6 +56,7 @@ BEHAVIOURS = {
     "sp_regather": "sequence parallel re-gathers the layer input in backward (else keeps it gathered)",
     "selective_recompute": "what --recompute selective recomputes",
     "elementwise": "memory-bound ops (norms, rotary, SwiGLU, GQA repeat): fused kernels, torch.compile, or eager ops",
+    "fused_projections": "Q, K, V in one GEMM and the MLP's gate and up in one (else one GEMM per projection)",
     "free_stage_outputs": "a pipeline stage frees each microbatch's output once sent (else holds it until its backward)",
     "offload_methods": "state offload the runtime implements (the search falls back only to these when nothing fits)",
     "compression_methods": "gradient compression the runtime implements (--allow-compression keeps only these)",
@@ -77,6 +78,7 @@ FLAGS = {
     "sp_regather": "(follows --state-layout megatron)",
     "selective_recompute": "(--runtime; --recompute selective)",
     "elementwise": "--elementwise, --compile",
+    "fused_projections": "--fused-projections / --no-fused-projections",
     "free_stage_outputs": "--free-stage-outputs / --no-free-stage-outputs",
     "offload_methods": "--offload (pins one)",
     "compression_methods": "--compression (pins one), --allow-compression",
@@ -139,6 +141,9 @@ RUNTIMES: dict[str, Runtime] = {
                 value="eager",
                 source="models/zoo: nn.RMSNorm, rotary, SwiGLU and repeat_interleave as torch ops; no torch.compile",
             ),
+            "fused_projections": Behaviour(
+                value=False, source="models/zoo: wq, wk, wv and w1, w3 are separate nn.Linear"
+            ),
             "free_stage_outputs": _HOLD_OUTPUTS,
             "offload_methods": Behaviour(
                 value=("none", "cpu", "nvme"),
@@ -200,6 +205,9 @@ RUNTIMES: dict[str, Runtime] = {
                 source="training.compile defaults to false (torchtitan JobConfig): RMSNorm, rotary, SwiGLU, "
                 "repeat_kv run as torch ops; --compile for a compiled run (the export writes training.compile)",
             ),
+            "fused_projections": Behaviour(
+                value=False, source="torchtitan models/llama3/model.py: Attention wq, wk, wv; FeedForward w1, w2, w3"
+            ),
             "free_stage_outputs": _HOLD_OUTPUTS,
             "offload_methods": Behaviour(
                 value=("none", "cpu"),
@@ -246,6 +254,10 @@ RUNTIMES: dict[str, Runtime] = {
                 value="fused",
                 source="megatron/arguments.py --masked-softmax-fusion, --bias-gelu-fusion, --bias-dropout-fusion "
                 "(on by default), apex FusedLayerNorm",
+            ),
+            "fused_projections": Behaviour(
+                value=True,
+                source="megatron/model/transformer.py: ParallelAttention query_key_value, one ColumnParallelLinear",
             ),
             "free_stage_outputs": Behaviour(
                 value=True,
@@ -306,6 +318,10 @@ RUNTIMES: dict[str, Runtime] = {
                 value="fused",
                 source="Transformer Engine fused norms; --apply-rope-fusion, --bias-swiglu-fusion; GQA read "
                 "natively by TE attention",
+            ),
+            "fused_projections": Behaviour(
+                value=True,
+                source="megatron/core/transformer: linear_qkv; linear_fc1 holds gate and up (gated linear unit)",
             ),
             "free_stage_outputs": Behaviour(
                 value=True,
@@ -371,6 +387,12 @@ RUNTIMES: dict[str, Runtime] = {
                 source="not known: DeepSpeed runs the user's module; an HF model's norms, rotary and SwiGLU run "
                 "as torch ops (Megatron-DeepSpeed's fused kernels: --elementwise fused)",
             ),
+            "fused_projections": Behaviour(
+                value=False,
+                known=False,
+                source="not known: an HF Llama has q_proj, k_proj, v_proj, gate_proj, up_proj (Megatron-DeepSpeed "
+                "fuses them: --fused-projections)",
+            ),
             "free_stage_outputs": Behaviour(
                 value=False,
                 source=(
@@ -415,6 +437,7 @@ REQUEST_FIELDS = (
     "fsdp_gather_bytes",
     "selective_recompute",
     "elementwise",
+    "fused_projections",
     "free_stage_outputs",
     "offload_methods",
     "also_runs",

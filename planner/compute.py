@@ -17,6 +17,7 @@ from meshplan.model_profile import LayerProfile
 from meshplan.planner.attention import is_materialized
 from meshplan.planner.context import Context
 from meshplan.planner.in_place import linear_in_b, measured_points
+from meshplan.planner.sac import matmuls
 
 
 def gemm_efficiency(curve: list[list[float]], flops: float) -> float:
@@ -35,8 +36,17 @@ def gemm_efficiency(curve: list[list[float]], flops: float) -> float:
 
 
 def layer_efficiency(ctx: Context, layer: LayerProfile, b: int, split: int, cp: int) -> float:
+    """FLOP-weighted efficiency of the layer's GEMMs at their local sizes. A closed-form block
+    lists Megatron's fused projections (one QKV GEMM, one gate+up GEMM); a runtime whose model
+    runs one GEMM per projection (request.fused_projections False: torchtitan, torch models) is
+    read at those smaller sizes (sac.matmuls)."""
     curve = ctx.gemm_curve
-    gemms = [2.0 * g[0] * b / cp * g[1] * g[2] / split for g in layer.gemm_shapes]
+    per_sample = (
+        [fl for _, fl in matmuls(layer)]
+        if not ctx.request.fused_projections
+        else [2.0 * g[0] * g[1] * g[2] for g in layer.gemm_shapes]
+    )
+    gemms = [fl * b / cp / split for fl in per_sample]
     if not gemms:
         return gemm_efficiency(curve, layer.forward_flops * b / (split * cp))
     return sum(gemms) / sum(g / gemm_efficiency(curve, g) for g in gemms)

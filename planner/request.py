@@ -81,6 +81,10 @@ class PlanRequest:
     deallocate_output_tensor); False: it holds the output until that microbatch's backward, as
     torch.distributed.pipelining (fwd_cache) and DeepSpeed's pipeline engine do (planner/stages.py
     counts it per in-flight microbatch)."""
+    fused_projections: bool = True
+    """The runtime's model runs Megatron's fused projections (one QKV GEMM, one gate+up GEMM: the
+    closed-form blocks' shapes and the calibration's); False: one GEMM per projection (torchtitan's
+    and meshplan's zoo Llama: wq, wk, wv, w1, w3), read at their smaller sizes on the GEMM curve."""
     elementwise: str = "fused"
     """How the runtime runs a block's memory-bound ops (planner/elementwise.py): "fused" kernels (the
     calibration's: Megatron, Transformer Engine), "compiled" (torch.compile) or "eager" torch ops,

@@ -31,7 +31,7 @@ from meshplan.model_profile import LayerProfile, ModelProfile
 POLICIES = ("attention core", "op")
 
 
-def _matmul_outputs(layer: LayerProfile) -> list[tuple[float, float]]:
+def matmuls(layer: LayerProfile) -> list[tuple[float, float]]:
     """(output elements, FLOPs) per sample of each matmul of a block, in forward order."""
     shapes = layer.gemm_shapes
     if layer.kind in ("gpt_block", "llama_block") and len(shapes) == 4:  # models/analytic.py, fused
@@ -48,7 +48,7 @@ def _op_policy(layer: LayerProfile, profile: ModelProfile) -> LayerProfile:
         return layer
     dtype = profile.activation_dtype_bytes or 2
     s, h, a = profile.seq_len, profile.hidden, profile.heads
-    mms = _matmul_outputs(layer)
+    mms = matmuls(layer)
     saved = sum(out for i, (out, _) in enumerate(mms) if i % 2 == 0) * dtype  # 1st, 3rd, ... kept
     recompute = sum(fl for i, (_, fl) in enumerate(mms) if i % 2 == 1)
     kept = layer.input_bytes + saved + dtype * s * h + 4.0 * a * s  # + SDPA output and log-sum-exp

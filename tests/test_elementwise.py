@@ -141,3 +141,19 @@ def test_torchtitan_export_compiles_what_was_predicted_compiled(tmp_path, capsys
     training = {name: text.split("[training]")[1].split("\n[")[0] for name, text in out.items()}
     assert "compile = true" in training["compiled"]
     assert "compile" not in training["eager"]
+
+
+def test_split_projections_read_smaller_gemms_and_never_speed_a_layer_up():
+    """`fused_projections` False (torchtitan, meshplan's zoo: wq, wk, wv, w1, w3 apart) reads each
+    projection's GEMM on the curve at its own size: K and V of a GQA block are small, so at a small
+    microbatch under TP the layer is slower; Megatron's fused QKV / gate+up is the default."""
+    from meshplan.planner.compute import layer_efficiency
+
+    def eff(fused: bool, b: int, tp: int) -> float:
+        req = PlanRequest(num_gpus=8, global_batch=8, fused_projections=fused)
+        ctx = Context.build(LLAMA, cluster_preset("h100-80g", 8), req)
+        return layer_efficiency(ctx, ctx.profile.layers[1], b, tp, 1)
+
+    assert eff(False, 1, 8) < eff(True, 1, 8)
+    for b, tp in ((1, 1), (4, 2), (8, 8)):
+        assert eff(False, b, tp) <= eff(True, b, tp)
