@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: gpt-tiny on 4 x local-cpu
-# plan decisions hash 6f0baf855049ebc7; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
+# plan decisions hash af99f714e71402ff; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
 # global batch 16 = micro 4 x accumulation 1 x data-parallel 4; seq_len 32
 # WARNING: the prediction was made for runtime meshplan; megatron runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime megatron-lm or megatron-core
 # Megatron derives data-parallel size = 4 / (tp x pp x cp) = 4 and gradient accumulation = 16 / (4 x 4) = 1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # meshplan plan -> DeepSpeed: gpt3-175b on 1024 x a100-80g
-# plan decisions hash 6ee8fd5bf06c363b; mesh pp=16 dp_replicate=8 dp_shard=2 cp=1 tp=4
+# plan decisions hash 6606a7b7e845c8f7; mesh pp=16 dp_replicate=8 dp_shard=2 cp=1 tp=4
 # global batch 1536 = micro 1 x accumulation 96 x data-parallel 16; seq_len 2048
 # WARNING: schedule Interleaved1F1B (virtual stages 4) is not available in DeepSpeed's pipeline engine, which runs 1F1B with one stage per rank
 # WARNING: uneven stage boundaries [2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1] are not expressible in the config: PipelineModule's partition_method='uniform' splits evenly; give the boundaries in code

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: gpt3-175b on 1024 x a100-80g
-# plan decisions hash 6ee8fd5bf06c363b; mesh pp=16 dp_replicate=8 dp_shard=2 cp=1 tp=4
+# plan decisions hash 6606a7b7e845c8f7; mesh pp=16 dp_replicate=8 dp_shard=2 cp=1 tp=4
 # global batch 1536 = micro 1 x accumulation 96 x data-parallel 16; seq_len 2048
 # WARNING: uneven stage boundaries (blocks per stage [1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0]) are not expressible: Megatron-LM splits blocks evenly over (virtual) stages; the split below is even
 # WARNING: ZeRO-2 maps to --use-distributed-optimizer, which shards optimizer states and reduce-scatters gradients but keeps a full gradient buffer (ZeRO-1 gradient memory)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # meshplan plan -> DeepSpeed: llama3-70b on 64 x h100-80g
-# plan decisions hash aea1b97f74c3d6d8; mesh pp=8 dp_replicate=1 dp_shard=2 cp=1 tp=4
+# plan decisions hash 7e6edff5ae275561; mesh pp=8 dp_replicate=1 dp_shard=2 cp=1 tp=4
 # global batch 128 = micro 1 x accumulation 64 x data-parallel 2; seq_len 8192
 # WARNING: uneven stage boundaries [10, 9, 10, 10, 11, 11, 11, 10] are not expressible in the config: PipelineModule's partition_method='uniform' splits evenly; give the boundaries in code
 # WARNING: sequence parallel with TP is not expressible (DeepSpeed AutoTP keeps norm activations replicated): activation memory is higher than predicted

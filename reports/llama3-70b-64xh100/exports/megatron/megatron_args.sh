@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: llama3-70b on 64 x h100-80g
-# plan decisions hash aea1b97f74c3d6d8; mesh pp=8 dp_replicate=1 dp_shard=2 cp=1 tp=4
+# plan decisions hash 7e6edff5ae275561; mesh pp=8 dp_replicate=1 dp_shard=2 cp=1 tp=4
 # global batch 128 = micro 1 x accumulation 64 x data-parallel 2; seq_len 8192
 # WARNING: uneven stage boundaries (blocks per stage [9, 9, 10, 10, 11, 11, 11, 9]) are not expressible: Megatron-LM splits blocks evenly over (virtual) stages; the split below is even
 # WARNING: per-layer recompute (full on 8, none on 72 of 80 blocks) is not expressible in Megatron-LM; exported full recompute on every block (slower than predicted, never more memory)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: resnet50 on 8 x a100-80g
-# plan decisions hash 24f81b4087db9eec; mesh pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1
+# plan decisions hash b76f2a17e3bd2a81; mesh pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1
 # global batch 1024 = micro 128 x accumulation 1 x data-parallel 8; seq_len 1
 # WARNING: ZeRO-2 maps to --use-distributed-optimizer, which shards optimizer states and reduce-scatters gradients but keeps a full gradient buffer (ZeRO-1 gradient memory)
 # WARNING: the prediction was made for runtime meshplan; megatron runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime megatron-lm or megatron-core
