@@ -111,7 +111,7 @@ class DataParallelCost:
 
     def __init__(self, ctx: Context, cand: Candidate):
         self.ctx, self.cand = ctx, cand
-        self.zero, self.dp = cand.zero, cand.dp
+        self.zero = cand.zero
         self.shard = cand.state_shard if cand.zero >= 2 else 1
         """FSDP2 shard group (ZeRO-2/3): dp_shard x cp (Candidate.state_shard)."""
         self.replicas = cand.dp_replicate * (1 if cand.zero >= 2 else cand.cp)
@@ -143,7 +143,7 @@ class DataParallelCost:
         grads = grad_local * g / (self.shard if self.zero >= 2 else 1) + grad_local * self._ddp_bucket_bytes_per_param()
         if self.zero >= 2 and self.shard > 1 and m > 1 and self.ctx.request.state_layout == "torch":
             grads += grad_local * g  # unsharded fp32 gradients accumulated across microbatches
-        optim = grad_local * o / (cand_shard := self.cand.state_shard if self.zero == 1 else self.shard)
+        optim = grad_local * o / self.cand.state_shard
         weights, grads, optim = self.offload_cost.state_bytes(local, weights, grads, optim)  # planner/offload.py
         comm, measured = self._fsdp_comm_s(layer, split, local, b, m)
         layer = train  # what follows is gradient traffic and its compression
@@ -162,7 +162,7 @@ class DataParallelCost:
             )
             if zero01
             else 0.0,
-            optimizer_shard=cand_shard,
+            optimizer_shard=self.cand.state_shard,
             host_step=self.offload_cost.host_step,
         )
 

@@ -40,6 +40,7 @@ timings and get nothing from here.
 from __future__ import annotations
 
 from meshplan.model_profile import LayerProfile
+from meshplan.planner.sac import projections
 
 LEVELS = ("fused", "compiled", "eager")
 
@@ -51,20 +52,16 @@ _NORM_EXTRA, _ROPE_EXTRA, _SWIGLU_EXTRA, _COPY = 32.0, 16.0, 4.0, 4.0
 
 
 def _widths(layer: LayerProfile) -> tuple[float, float, float, bool] | None:
-    """(h, kv, f, gated) of a transformer block from its GEMM shapes: the closed-form profile's
-    four fused ones ([s, h + 2kv, h], [s, h, h], [s, (1 or 2) f, h], [s, h, f]:
-    models/analytic.py) or one per linear, as a built model's profile lists them (q, k, v, o, then
-    fc1, fc2 or w1, w3, w2). A gated (SwiGLU) block is taken as Llama-style: RMSNorm and rotary."""
-    shapes = layer.gemm_shapes
+    """(h, kv, f, gated) of a transformer block from its projections in forward order
+    (sac.projections: a closed-form block's fused GEMMs split, a built model's one per linear):
+    q, k, v, o, then fc1, fc2 (6) or w1, w3, w2 (7). A gated (SwiGLU) block is taken as
+    Llama-style: RMSNorm and rotary."""
     if layer.tp.kind != "block":
         return None
-    if len(shapes) == 4:
-        (_, qkv, h), _, (_, up, _), (_, _, f) = shapes
-        return float(h), (qkv - h) / 2.0, float(f), up == 2 * f
-    if len(shapes) in (6, 7):
-        h, kv, f = shapes[0][2], shapes[1][1], shapes[-1][2]
-        return float(h), float(kv), float(f), len(shapes) == 7
-    return None
+    mats = projections(layer)
+    if len(mats) not in (6, 7):
+        return None
+    return float(mats[0][2]), float(mats[1][1]), float(mats[-1][2]), len(mats) == 7
 
 
 def extra_bytes_per_token(layer: LayerProfile, level: str, fp8: bool = False) -> dict[str, tuple[float, float]]:

@@ -49,13 +49,19 @@ def activation_scale(ctx: Context) -> float:
 
 def activation_bytes(ctx: Context, layer: LayerProfile, mode: str, b: int, split: int, cp: int, sp: bool) -> float:
     """Bytes one microbatch of this layer keeps for backward on one rank."""
+    if mode == "full":  # the block input; one per group of N under Megatron's uniform method
+        group = ctx.request.recompute_num_layers if layer.tp.kind == "block" else 1
+        return uniform_saved_bytes(checkpoint_input_bytes(ctx, layer, b, split, cp, sp), group)
     return activation_scale(ctx) * _activation_bytes(ctx, layer, mode, b, split, cp, sp)
 
 
+def checkpoint_input_bytes(ctx: Context, layer: LayerProfile, b: int, split: int, cp: int, sp: bool) -> float:
+    """The input one microbatch of a fully recomputed layer keeps (its checkpoint), on one rank:
+    sequence-sharded under sequence parallelism, at the run's activation dtype."""
+    return activation_scale(ctx) * layer.input_bytes * b / cp / (split if sp else 1)
+
+
 def _activation_bytes(ctx: Context, layer: LayerProfile, mode: str, b: int, split: int, cp: int, sp: bool) -> float:
-    if mode == "full":  # the block input; one per group of N under Megatron's uniform method
-        group = ctx.request.recompute_num_layers if layer.tp.kind == "block" else 1
-        return uniform_saved_bytes(layer.input_bytes, group) * b / cp / (split if sp else 1)
     saved = layer.selective_activation_bytes if mode == "selective" else layer.activation_bytes
     rep = min(replicated_activation_bytes(ctx, layer), saved) if split > 1 else 0.0
     per_sample = (saved - rep) / split + (rep / split if sp else rep)

@@ -31,16 +31,23 @@ from meshplan.model_profile import LayerProfile, ModelProfile
 POLICIES = ("attention core", "op")
 
 
-def matmuls(layer: LayerProfile) -> list[tuple[float, float]]:
-    """(output elements, FLOPs) per sample of each matmul of a block, in forward order."""
+def projections(layer: LayerProfile) -> list[tuple[float, float, float]]:
+    """[m, n, k] per sample of each matmul of a block, in forward order, one per projection: a
+    closed-form block's fused QKV and gate+up GEMMs (models/analytic.py) split into q, k, v and
+    w1, w3 (GQA: k, v have kv = h x kv_heads / heads outputs); any other layer's shapes as listed."""
     shapes = layer.gemm_shapes
     if layer.kind in ("gpt_block", "llama_block") and len(shapes) == 4:  # models/analytic.py, fused
         (s, qkv, h), _, (_, up, _), (_, _, f) = shapes
         kv = (qkv - h) / 2
         mlp = [(f, h), (f, h)] if layer.kind == "llama_block" else [(f, h)]  # SwiGLU w1, w3 / GeLU fc1
         widths = [(h, h), (kv, h), (kv, h), (h, h)] + mlp + [(h, f)]
-        return [(s * n, 2.0 * s * n * k) for n, k in widths]
-    return [(m * n, 2.0 * m * n * k) for m, n, k in shapes]
+        return [(s, n, k) for n, k in widths]
+    return [(m, n, k) for m, n, k in shapes]
+
+
+def matmuls(layer: LayerProfile) -> list[tuple[float, float]]:
+    """(output elements, FLOPs) per sample of each matmul of a block, in forward order (projections)."""
+    return [(m * n, 2.0 * m * n * k) for m, n, k in projections(layer)]
 
 
 def _op_policy(layer: LayerProfile, profile: ModelProfile) -> LayerProfile:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.dp_cost import DataParallelCost
 from meshplan.planner.layer_cost import LayerCost
-from meshplan.planner.memory import activation_bytes, activation_scale, stage_buffer_bytes
+from meshplan.planner.memory import activation_bytes, activation_scale, checkpoint_input_bytes, stage_buffer_bytes
 from meshplan.planner.pipeline import (
     boundary_bytes,
     bubble_factor,
@@ -133,7 +133,7 @@ class RankModel:
         none = activation_bytes(ctx, lp, "none", b, split, cand.cp, sp)
         if mode == "full":  # what one block's re-run adds beside its own checkpointed input (a
             # uniform group's further blocks: memory.stage_buffer_bytes, uniform_transient_bytes)
-            kept = activation_scale(ctx) * lp.input_bytes * b / cand.cp / (split if sp else 1)
+            kept = checkpoint_input_bytes(ctx, lp, b, split, cand.cp, sp)
         else:
             kept = activation_bytes(ctx, lp, mode, b, split, cand.cp, sp)
         return max(0.0, none - kept)
@@ -143,7 +143,7 @@ class RankModel:
         selective) sets which of transients() is charged; none when no layer recomputes."""
         used = {modes[i] for i in layers}
         table = self.transients(layers)
-        return next((table.get(m, 0.0) for m in ("full", "selective") if m in used), 0.0)
+        return next((table.get(m, 0.0) for m in reversed(RECOMPUTE_ORDER[1:]) if m in used), 0.0)
 
     def phases(self, layers: list[int]) -> list[tuple[frozenset, float]]:
         """(modes allowed, transient charged) of the exact recompute solve: the best plan with no
