@@ -23,6 +23,16 @@ def local_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def check_optimizer(plan: Plan, optimizer: str) -> None:
+    """The plan's compression method may refuse the run's optimizer (top-k with DGC's momentum
+    correction runs under momentum-free SGD only: executor/methods/topk.py)."""
+    from meshplan.executor import methods
+
+    module, params = methods.method(plan, "compression")
+    if hasattr(module, "check_optimizer"):
+        module.check_optimizer(params, optimizer)
+
+
 def check_plan(plan: Plan, *, nnodes: int = 1) -> None:
     """Raise MeshplanError if `plan` cannot run on its model or on `nnodes` nodes of this kind."""
     _check_runnable_here(plan)

@@ -146,6 +146,9 @@ def build_optimizer(
         return FrozenOptimizer()
     counter = counter if counter is not None else ByteCounter()
     cls, kwargs = optimizer_spec(name, lr, weight_decay)
+    compression, compression_params = methods.method(plan, "compression")
+    if hasattr(compression, "optimizer_kwargs"):  # top-k's DGC momentum correction: no momentum
+        kwargs = compression.optimizer_kwargs(compression_params, name, kwargs)
     offload, offload_params = methods.method(plan, "offload")
     if hasattr(offload, "optimizer_class"):
         cls = offload.optimizer_class(

@@ -342,6 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600, help="seconds before a hung job is ended")
     p.add_argument("--print-launch", action="store_true", help="print the torchrun command and exit")
     p.add_argument(
+        "--optimizer",
+        choices=("adamw", "sgd"),
+        default="adamw",
+        help="adamw (default) or sgd (momentum 0.9; none under DGC's momentum correction)",
+    )
+    p.add_argument(
         "--offload-dir",
         help="offload=nvme: folder for the optimizer-state files on local NVMe "
         "(default: <out-dir>/offload; removed at the end of the run)",

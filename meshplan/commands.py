@@ -528,7 +528,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_plan(plan, nnodes=args.nnodes)
     import sys
 
-    from meshplan.executor.check import run_warnings
+    from meshplan.executor.check import check_optimizer, run_warnings
+
+    check_optimizer(plan, args.optimizer)
 
     for text in run_warnings(plan):
         print(f"meshplan run: warning: {text}", file=sys.stderr)
@@ -546,6 +548,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             data=args.data,
             checkpoint_every=args.checkpoint_every,
             resume=args.resume,
+            optimizer=args.optimizer,
             timeout_s=args.timeout,
         )
         import shlex
@@ -564,6 +567,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             nnodes=args.nnodes,
             node_rank=args.node_rank,
             rdzv_endpoint=args.rdzv_endpoint,
+            optimizer=args.optimizer,
             timeout_s=args.timeout,
             quiet=args.quiet or args.json,
         )

@@ -155,6 +155,67 @@ def test_dgc_warmup_density_and_masking():
     assert torch.equal(codec.velocity[0][~sent], torch.arange(1.0, 21.0)[~sent])
 
 
+def _executor_optimizer(compression_params: dict, optimizer: str = "sgd"):
+    """The optimizer the executor builds for a one-rank top-k plan over a 20-element parameter."""
+    from types import SimpleNamespace
+
+    from executor_plans import make_plan
+
+    from meshplan.executor.data_parallel import build_optimizer
+
+    plan = make_plan(compression="topk", compression_params=compression_params, validate=False)
+    w = torch.nn.Parameter(torch.zeros(20))
+    part = torch.nn.Module()
+    part.w = w
+    return w, build_optimizer(part, SimpleNamespace(dp_degree=1), plan, optimizer, 0.1, 0.0)
+
+
+def test_dgc_momentum_correction_is_applied_by_momentum_free_sgd():
+    """DGC's update is w -= lr * sparse(v): the executor's SGD keeps no momentum of its own (its
+    state holds no momentum buffer) and each step moves w by exactly lr x what was sent, while
+    the codec's velocity carries the momentum; without momentum correction SGD keeps 0.9."""
+    dgc = dict(density=0.1, momentum_correction=True, momentum=0.9)
+    w, opt = _executor_optimizer(dgc)
+    assert opt.param_groups[0]["momentum"] == 0.0
+    codec = TopK(params("topk", **dgc), 1, 0)
+    for _ in range(3):
+        before = w.detach().clone()
+        item = [(0, torch.arange(1.0, 21.0), (20,))]
+        run_ranks(1, lambda rank, comm, item=item: codec.exchange(comm, item))
+        w.grad = item[0][1].clone()
+        opt.step()
+        assert opt.state[w].get("momentum_buffer") is None
+        assert torch.equal(w.detach(), before - 0.1 * item[0][1])
+    assert float(codec.velocity[0].abs().sum()) > 0  # the momentum lives in the codec
+    _, plain = _executor_optimizer(dict(density=0.1))
+    assert plain.param_groups[0]["momentum"] == 0.9
+
+
+def test_dgc_momentum_correction_refuses_adamw_with_one_line():
+    from meshplan.errors import MeshplanError
+
+    with pytest.raises(MeshplanError, match="--optimizer sgd") as err:
+        _executor_optimizer(dict(density=0.1, momentum_correction=True), "adamw")
+    assert "\n" not in str(err.value)
+
+
+def test_meshplan_run_refuses_dgc_under_adamw_before_launching(tmp_path, capsys):
+    from executor_plans import make_plan
+
+    from meshplan import schema
+    from meshplan.cli import main
+
+    path = tmp_path / "plan.json"
+    plan = make_plan(dp=2, compression="topk", compression_params=dict(momentum_correction=True))
+    path.write_text(schema.dumps(plan))
+    capsys.readouterr()
+    assert main(["run", str(path), "--print-launch"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "--optimizer sgd" in err[0], err
+    assert main(["run", str(path), "--print-launch", "--optimizer", "sgd"]) == 0
+    assert "--optimizer sgd" in capsys.readouterr().out
+
+
 # --- Accordion ------------------------------------------------------------------------------
 
 

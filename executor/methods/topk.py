@@ -10,6 +10,10 @@ Per tensor and step (meshplan/compression_wire.py for k and the bytes):
   5. every rank scatters every rank's (values, indices) into zeros and divides by N.
 One all-gather per bucket carries all its tensors' payloads. density = 1 with error feedback
 sends everything: the average of the dense gradients, i.e. DDP.
+
+With momentum correction the velocity v is the momentum (DGC's update is w -= lr * mean_i
+sparse(v_i)), so the optimizer must not add its own: `optimizer_kwargs` builds SGD with
+momentum 0, and `check_optimizer` refuses AdamW (its first moment would be a second momentum).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 
 from meshplan.comm_bytes import ByteCounter
 from meshplan.compression_wire import dgc_density, topk_k
+from meshplan.errors import MeshplanError
 from meshplan.executor.methods import compressed
 from meshplan.executor.methods.error_feedback import ErrorFeedback
 
@@ -81,6 +86,26 @@ def _offsets(ks: list[int]) -> list[int]:
         out.append(at)
         at += 8 * k
     return out
+
+
+def momentum_corrected(params: dict) -> bool:
+    return bool(params.get("momentum_correction", False))
+
+
+def check_optimizer(params: dict, optimizer: str) -> None:
+    """One line for the optimizers DGC's momentum correction cannot sit under."""
+    if momentum_corrected(params) and optimizer != "sgd":
+        raise MeshplanError(
+            f"compression=topk momentum_correction=true with optimizer {optimizer}: DGC's "
+            "velocity replaces the optimizer's momentum; run with --optimizer sgd (applied "
+            "without momentum) or set momentum_correction=false"
+        )
+
+
+def optimizer_kwargs(params: dict, optimizer: str, kwargs: dict) -> dict:
+    """The executor optimizer's kwargs under this codec: no momentum of its own under DGC."""
+    check_optimizer(params, optimizer)
+    return {**kwargs, "momentum": 0.0} if momentum_corrected(params) else kwargs
 
 
 def comm_hook(group, params: dict, counter: ByteCounter, axis: str):
