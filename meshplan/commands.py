@@ -27,7 +27,13 @@ def dispatch(args: argparse.Namespace) -> int:
         "export": cmd_export,
         "validate": cmd_validate,
     }[args.verb]
+    if getattr(args, "output", None):  # before any work: writable, and not one of the inputs
+        inputs = {f"--{k}" if k != "plan" else "plan": getattr(args, k, None) for k in _INPUT_FLAGS}
+        schema.check_output(args.output, folder=args.verb in ("report", "export"), inputs=inputs)
     return handler(args)
+
+
+_INPUT_FLAGS = ("profile", "cluster", "plan", "run", "csv")
 
 
 # ---------------------------------------------------------------- helpers

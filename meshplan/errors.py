@@ -32,3 +32,12 @@ class RunInterrupted(KeyboardInterrupt):
         super().__init__(message)
         self.signum = signum
         self.exit_code = 128 + signum
+
+
+def os_error_text(exc: OSError) -> str:
+    """An OSError as words for a person: a full disk or quota says so plainly."""
+    import errno
+
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "the disk is full (no space left on device); free space or give a path on another disk"
+    return exc.strerror or str(exc)

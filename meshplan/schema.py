@@ -8,17 +8,19 @@ a malformed file fails with one line naming the field path, the value and the fi
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import hashlib
 import json
 import os
+import stat
 import tempfile
 import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-from meshplan.errors import MeshplanError
+from meshplan.errors import MeshplanError, os_error_text
 
 T = TypeVar("T")
 
@@ -155,12 +157,27 @@ def content_hash(obj: Any) -> str:
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write via a temporary file and rename, so a failure never leaves a half-written file.
-    The file gets the mode a plain open() would (0666 less the umask), not mkstemp's 0600. A path
-    that cannot be written (under a file, a directory, /proc) is one MeshplanError line."""
+    """Write `text` to `path` so that a failure never leaves a half-written file, and never
+    replace what the user did not name.
+
+    A regular file (or a new one) is written via a temporary file and a rename; a symlink is
+    written through (its target is replaced, the link stays); a character device (/dev/null,
+    /dev/stdout on a terminal) or a FIFO with a reader is written in place, never renamed over;
+    a FIFO without a reader, a socket or a block device is refused. A new file gets the mode a
+    plain open() would (0666 less the umask), an existing one keeps its mode. A path that cannot
+    be written (under a file, a directory, /proc, a full disk) is one MeshplanError line."""
     path = Path(path)
-    if path.is_dir():
-        raise MeshplanError(f"cannot write {str(path)!r}: it is a directory; give a file path")
+    try:
+        mode = os.stat(path).st_mode  # follows a symlink to what it names
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise MeshplanError(f"cannot write {str(path)!r}: {os_error_text(exc)}") from None
+    if mode is not None and not stat.S_ISREG(mode):
+        _write_special(path, mode, text)
+        return
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))  # a dangling or regular-file link: write its target
     blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
     if blocker is not None:
         raise MeshplanError(
@@ -171,18 +188,41 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:
         raise MeshplanError(
-            f"cannot write {str(path)!r}: {exc.strerror or exc}; give a path in a writable directory"
+            f"cannot write {str(path)!r}: {os_error_text(exc)}; give a path in a writable directory"
         ) from None
     try:
-        os.fchmod(fd, 0o666 & ~current_umask())
+        os.fchmod(fd, stat.S_IMODE(mode) if mode is not None else 0o666 & ~current_umask())
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         os.replace(tmp, path)
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(exc, OSError):
-            raise MeshplanError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
+            raise MeshplanError(f"cannot write {str(path)!r}: {os_error_text(exc)}") from None
         raise
+
+
+def _write_special(path: Path, mode: int, text: str) -> None:
+    """Write into an existing non-regular file in place (never renamed over), or refuse it."""
+    if stat.S_ISDIR(mode):
+        raise MeshplanError(f"cannot write {str(path)!r}: it is a directory; give a file path")
+    if not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
+        kind = "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file"
+        raise MeshplanError(f"cannot write {str(path)!r}: it is {kind}; give a file path")
+    try:  # O_NONBLOCK: a FIFO nobody reads is refused at once instead of blocking forever
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise MeshplanError(
+                f"cannot write {str(path)!r}: it is a FIFO with no reader; start its reader first or give a file path"
+            ) from None
+        raise MeshplanError(f"cannot write {str(path)!r}: {os_error_text(exc)}") from None
+    try:
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise MeshplanError(f"cannot write {str(path)!r}: {os_error_text(exc)}") from None
 
 
 def current_umask() -> int:
@@ -246,3 +286,37 @@ def check(cond: bool, path: str, value: Any, fix: str) -> None:
     """Validation helper for `validate()` methods: raise one line naming field, value and fix."""
     if not cond:
         raise MeshplanError(f"{path} = {json.dumps(value, default=str)[:80]}: {fix}")
+
+
+def check_output(output: str | os.PathLike, *, folder: bool = False, inputs: dict[str, Any] | None = None) -> None:
+    """Before any work: `output` (a file, or a folder with folder=True) is writable and is not
+    one of the command's input files (`inputs`: flag -> path), so a long measurement never ends
+    in an unwritable -o and -o never overwrites what the command reads. Creates nothing."""
+    out = Path(output)
+    for flag, given in (inputs or {}).items():
+        if given and out.exists() and Path(given).exists() and os.path.samefile(given, out):
+            raise MeshplanError(f"-o {str(output)!r} is the {flag} input; write to another path")
+    kind = "folder" if folder else "file"
+    if out.exists():
+        if folder and not out.is_dir():
+            raise MeshplanError(f"cannot write into {str(output)!r}: {str(output)!r} is a file, not a directory")
+        if not folder and out.is_dir():
+            raise MeshplanError(f"cannot write {str(output)!r}: it is a directory; give a file path")
+        if not stat.S_ISREG(out.stat().st_mode) and not folder:
+            return  # a device or FIFO: written in place (write_text_atomic says what it refuses)
+        target = out if folder else out.resolve().parent
+    else:
+        target = next((p for p in out.parents if p.exists()), Path("."))
+        if not target.is_dir():
+            raise MeshplanError(
+                f"cannot write {str(output)!r}: {str(target)!r} is a file, not a directory; give another path"
+            )
+    try:  # a probe, not os.access: root passes access() on /proc and on read-only mounts
+        fd, probe = tempfile.mkstemp(dir=target, prefix=".meshplan-probe.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise MeshplanError(
+            f"cannot write {str(output)!r}: {str(target)!r} is not writable ({os_error_text(exc)}); "
+            f"give another {kind} path"
+        ) from None

@@ -52,6 +52,7 @@ def make_inputs(root: Path) -> None:
     (root / "rd" / "checkpoints").mkdir(parents=True)
     (root / "rd" / "checkpoints" / "latest").write_text("garbage\0")
     (root / "empty_run").mkdir()
+    os.mkfifo(root / "fifo")
 
 
 CASES = [
@@ -64,6 +65,12 @@ CASES = [
     (["export", "good.json", "--to", "megatron", "-o", "afile"], "'afile' is a file"),
     (["report", "good.json", "-o", "afile"], "'afile' is a file"),
     (["run", "good.json", "--out-dir", "afile"], "--out-dir afile: is a file"),
+    # -o never replaces an input, a device or a FIFO (schema.write_text_atomic, schema.check_output)
+    (["plan", "--profile", "prof.json", "--num-gpus", "2", "-o", "prof.json"], "is the --profile input"),
+    (["plan", "--profile", "prof.json", "--num-gpus", "2", "-o", "./prof.json"], "is the --profile input"),
+    (["plan", "-o", "fifo"], "it is a FIFO with no reader"),
+    (["plan", "-o", "/dev/full"], "the disk is full"),
+    (["profile", "-o", "/proc/x/p.json"], "'/proc' is not writable"),
     # files that are not what they should be
     (["report", "bin.json", "-o", "out"], "not UTF-8"),
     (["plan", "--profile", "bin.json", "-o", "p.json"], "not UTF-8"),
@@ -158,6 +165,15 @@ def test_dropped_pins_are_a_warning_line(capsys, args, needle):
     assert main(args + ["--quiet"]) == 0
     err = capsys.readouterr().err
     assert needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_o_writes_through_a_symlink_and_into_a_device_never_over_them(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "link.json").symlink_to("target.json")
+    assert main(["plan", "-o", "link.json", "--quiet"]) == 0
+    assert (tmp_path / "link.json").is_symlink() and json.loads((tmp_path / "target.json").read_text())
+    assert main(["plan", "-o", "/dev/null", "--quiet"]) == 0
+    assert Path("/dev/null").is_char_device()
 
 
 def test_written_files_honour_the_umask(tmp_path):
