@@ -47,6 +47,9 @@ class ByteCounter:
         self.warmup_steps = 1
         """Steps left out of the steady-state mean: the first (DDP's bucket rebuild), or more where
         a method warms up (PowerSGD sends dense before start_iter); methods raise it."""
+        self.period = 1
+        """Steps after which the traffic repeats (local SGD averages every `period` steps): the
+        steady state is the mean over a whole number of periods."""
 
     def add(self, axis: str, collective: str, group: int, payload_bytes: int) -> None:
         self.current[axis] += wire_bytes(collective, group, payload_bytes)
@@ -59,8 +62,12 @@ class ByteCounter:
 
     def mean_after_first(self) -> dict[str, int]:
         """Mean per step over the steps after the warm-up (the first step, and PowerSGD's start
-        iterations: `warmup_steps`), rounded: the steady state the cost model predicts. The last
+        iterations: `warmup_steps`), rounded: the steady state the cost model predicts. With a
+        `period`, over the last whole periods of those steps (any `period` consecutive steps
+        hold the same traffic), or all of them when less than one period remains. The last
         step alone when the run was no longer than the warm-up."""
         steps = self.steps[self.warmup_steps :] or self.steps[-1:]
+        whole = len(steps) // self.period * self.period
+        steps = steps[len(steps) - whole :] if whole else steps
         axes = sorted({a for s in steps for a in s})
         return {a: round(Fraction(sum(s.get(a, 0) for s in steps), len(steps))) for a in axes} if steps else {}

@@ -271,3 +271,32 @@ def test_methods_build_resolved_parameters():
         "error_feedback": True,
         "warm_start": True,
     }
+
+
+def test_a_period_steady_state_is_averaged_over_whole_periods():
+    """Local SGD's traffic repeats every `period` steps: the steady state is the mean over whole
+    periods (4 steps at period 2: the last 2 after the first, one averaging), not over the 3 steps
+    after the first (1/3 of an averaging per step)."""
+    from meshplan.comm_bytes import ByteCounter
+
+    avg = 939_520
+    counter = ByteCounter()
+    counter.period = 2
+    for step in range(4):
+        if step % 2 == 0:
+            counter.add("dp_replicate", "all_reduce", 2, avg)
+        counter.end_step()
+    assert counter.mean_after_first() == {"dp_replicate": avg // 2}
+    counter.period = 8  # less than one period after the warm-up: all of those steps
+    assert counter.mean_after_first() == {"dp_replicate": round(avg / 3)}
+
+
+@pytest.mark.slow
+def test_local_sgd_reports_bytes_per_step_over_whole_periods(tmp_path):
+    """4 steps at period 2 on 2 gloo ranks report the cost model's bytes per step (469,760 B:
+    one 939,520 B averaging all-reduce every 2 steps), not 2/3 of it."""
+    from test_sync_methods import sync_plan
+
+    plan = sync_plan("local-sgd", {"period": 2}, dp=2)
+    (result,) = run_plans([plan], LaunchOptions(steps=4, out_dir=str(tmp_path), quiet=True, timeout_s=240, **TRAIN))
+    assert result.comm_bytes_per_step == predicted_bytes(plan) == {"dp_replicate": 469_760}

@@ -15,7 +15,9 @@ the iterates still equal DDP's (heavy-ball momentum is linear); with Adam they d
 
 Bytes: the hook's warm-up all-reduces (the bucket) and every averaging all-reduce (one flat fp32
 vector of the parameters; torch's model_averaging.utils `dist` is a CountingDist for the
-averaging groups), on "dp_replicate". The ByteCounter's warm-up covers the synchronous steps.
+averaging groups), on "dp_replicate". The ByteCounter's warm-up covers the synchronous steps, and its steady state
+is averaged over whole periods (4 steps at period 2 report the last 2 after the first, one
+averaging: what the cost model predicts per step).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class LocalSGD(SyncMethod):
     def __init__(self, par, params, counter):
         super().__init__(par, params, counter)
         counter.warmup_steps = max(counter.warmup_steps, params["warmup_steps"])
+        counter.period = max(counter.period, params["period"])  # one averaging per period
         self.averagers = []
 
     def _averager(self):
