@@ -1,15 +1,15 @@
 """meshplan.executor: apply a Plan with torch.distributed and launch it with torchrun.
 
 - `apply(model, plan, mesh)` -> Parallelized (model parts, pipeline schedule, a step function)
-- `run_plan(plan, steps=..., ...)` -> RunResult (and out_dir/run.json)
-- `launch_command(plan, ...)` -> the torchrun command line
+- `run_plan(plan, LaunchOptions(steps=..., ...))` -> RunResult (and out_dir/run.json)
+- `launch_command(plan, LaunchOptions(...))` -> the torchrun command line
 - `check_plan(plan)` -> None, or MeshplanError before any process starts
 Torch is imported lazily so that `import meshplan.executor` stays cheap for the CLI.
 """
 
 from __future__ import annotations
 
-__all__ = ["apply", "run_plan", "launch_command", "check_plan", "build_mesh", "Parallelized"]
+__all__ = ["apply", "run_plan", "launch_command", "LaunchOptions", "check_plan", "build_mesh", "Parallelized"]
 
 
 def __getattr__(name: str):
@@ -17,7 +17,7 @@ def __getattr__(name: str):
         from meshplan.executor import parallelize as _apply_mod
 
         return getattr(_apply_mod, name)
-    if name in ("run_plan", "launch_command"):
+    if name in ("run_plan", "launch_command", "LaunchOptions"):
         from meshplan.executor import launch
 
         return getattr(launch, name)

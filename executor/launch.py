@@ -13,6 +13,7 @@ On several nodes each node's launcher watches its own ranks (executor/multinode.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
 import re
@@ -65,25 +66,17 @@ class LaunchOptions:
 
 def launch_command(
     plan: Plan,
+    opts: LaunchOptions | None = None,
     *,
-    nnodes: int = 1,
-    node_rank: int = 0,
-    rdzv_endpoint: str | None = None,
-    steps: int = 5,
     plan_path: str = "plan.json",
-    out_dir: str = "runs/latest",
-    data: str | None = None,
-    checkpoint_every: int = 0,
-    resume: bool = False,
-    optimizer: str = "adamw",
-    lr: float = 3e-4,
-    grad_clip: float = 1.0,
-    seed: int = 0,
-    timeout_s: float = 300,
-    extra_plans: list[str] = (),
+    extra_plans: list[str] | tuple[str, ...] = (),
     run_id: str | None = None,
+    **changes,
 ) -> list[str]:
-    """The torchrun command that runs `plan` (world_size / nnodes processes on this node)."""
+    """The torchrun command that runs `plan` (world_size / nnodes processes on this node) with
+    `opts` (keyword `changes` replace its fields: launch_command(plan, steps=7))."""
+    opts = dataclasses.replace(opts or LaunchOptions(), **changes)
+    nnodes, rdzv_endpoint = opts.nnodes, opts.rdzv_endpoint
     if nnodes < 1 or plan.world_size % nnodes:
         raise MeshplanError(f"--nnodes {nnodes}: must divide the plan's world size {plan.world_size}")
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={plan.world_size // nnodes}"]
@@ -96,11 +89,11 @@ def launch_command(
         # arrival, so a node could not know which global ranks are its own (their status files)
         cmd += [
             f"--nnodes={nnodes}",
-            f"--node-rank={node_rank}",
+            f"--node-rank={opts.node_rank}",
             "--rdzv-backend=static",
             f"--rdzv-endpoint={rdzv_endpoint}",
             "--rdzv-id=meshplan",
-            f"--rdzv-conf=timeout={max(1, int(timeout_s))}",
+            f"--rdzv-conf=timeout={max(1, int(opts.timeout_s))}",
             "--max-restarts=0",
         ]
     cmd += ["-m", "meshplan.executor.worker", "--plan", plan_path]
@@ -110,67 +103,33 @@ def launch_command(
         cmd += ["--run-id", run_id]  # how cleanup finds this run's processes and files
     cmd += [
         "--out-dir",
-        out_dir,
+        opts.out_dir,
         "--steps",
-        str(steps),
+        str(opts.steps),
         "--optimizer",
-        optimizer,
+        opts.optimizer,
         "--lr",
-        repr(lr),
+        repr(opts.lr),
         "--grad-clip",
-        repr(grad_clip),
+        repr(opts.grad_clip),
         "--seed",
-        str(seed),
+        str(opts.seed),
         "--timeout-s",
-        repr(timeout_s),
+        repr(opts.timeout_s),
     ]
-    if data:
-        cmd += ["--data", data]
-    if checkpoint_every:
-        cmd += ["--checkpoint-every", str(checkpoint_every)]
-    if resume:
+    if opts.data:
+        cmd += ["--data", opts.data]
+    if opts.checkpoint_every:
+        cmd += ["--checkpoint-every", str(opts.checkpoint_every)]
+    if opts.resume:
         cmd.append("--resume")
     return cmd
 
 
-def run_plan(
-    plan: Plan,
-    *,
-    steps: int = 5,
-    data: str | None = None,
-    out_dir: str = "runs/latest",
-    checkpoint_every: int = 0,
-    resume: bool = False,
-    nnodes: int = 1,
-    node_rank: int = 0,
-    rdzv_endpoint: str | None = None,
-    timeout_s: float = 300,
-    quiet: bool = False,
-    optimizer: str = "adamw",
-    lr: float = 3e-4,
-    grad_clip: float = 1.0,
-    seed: int = 0,
-    overwrite: bool = False,
-) -> RunResult:
-    """Run `plan` with torchrun; writes out_dir/run.json and returns the RunResult."""
-    opts = LaunchOptions(
-        steps=steps,
-        data=data,
-        out_dir=out_dir,
-        checkpoint_every=checkpoint_every,
-        resume=resume,
-        overwrite=overwrite,
-        nnodes=nnodes,
-        node_rank=node_rank,
-        rdzv_endpoint=rdzv_endpoint,
-        timeout_s=timeout_s,
-        quiet=quiet,
-        optimizer=optimizer,
-        lr=lr,
-        grad_clip=grad_clip,
-        seed=seed,
-    )
-    (result,) = run_plans([plan], opts, run_json=True)
+def run_plan(plan: Plan, opts: LaunchOptions | None = None, **changes) -> RunResult:
+    """Run `plan` with torchrun; writes out_dir/run.json and returns the RunResult. Keyword
+    `changes` replace fields of `opts` (run_plan(plan, steps=3, out_dir=...))."""
+    (result,) = run_plans([plan], dataclasses.replace(opts or LaunchOptions(), **changes), run_json=True)
     return result
 
 
@@ -213,25 +172,7 @@ def _launch(plans: list[Plan], opts: LaunchOptions, out: Path, run_id: str) -> l
     nproc = plans[0].world_size // opts.nnodes
     ranks = list(range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc))
     _clear_reports(out, len(plans), ranks)
-    cmd = launch_command(
-        plans[0],
-        nnodes=opts.nnodes,
-        node_rank=opts.node_rank,
-        rdzv_endpoint=opts.rdzv_endpoint,
-        steps=opts.steps,
-        plan_path=paths[0],
-        out_dir=str(out),
-        data=opts.data,
-        checkpoint_every=opts.checkpoint_every,
-        resume=opts.resume,
-        optimizer=opts.optimizer,
-        lr=opts.lr,
-        grad_clip=opts.grad_clip,
-        seed=opts.seed,
-        timeout_s=opts.timeout_s,
-        extra_plans=paths[1:],
-        run_id=run_id,
-    )
+    cmd = launch_command(plans[0], opts, plan_path=paths[0], extra_plans=paths[1:], run_id=run_id, out_dir=str(out))
     try:
         rc, output = _supervise(cmd, out, ranks, run_id, opts)
     except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM/SIGHUP through _interrupt_signals
@@ -423,7 +364,7 @@ def _supervise(cmd: list[str], out: Path, ranks: list[int], run_id: str, opts: L
                             read_statuses(out, ranks, run_id),
                             opts.node_rank,
                             opts.nnodes,
-                            opts.rdzv_endpoint,
+                            opts.rdzv_endpoint or "",  # checked present when nnodes > 1
                             opts.timeout_s,
                         )
                         or message
@@ -571,7 +512,7 @@ def _node_failure_message(ranks: list[int], opts: LaunchOptions, output: _Output
     st = read_statuses(Path(opts.out_dir), ranks, run_id)
     if all(s.get("state") == "not started" for s in st.values()):
         return multinode.rendezvous_message(
-            "".join(output.tail), opts.node_rank, opts.nnodes, opts.rdzv_endpoint, opts.timeout_s
+            "".join(output.tail), opts.node_rank, opts.nnodes, opts.rdzv_endpoint or "", opts.timeout_s
         )
     return multinode.peer_failure_message(st, opts.node_rank, _SECONDARY.search)
 
