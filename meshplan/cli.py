@@ -1,7 +1,8 @@
 """The `meshplan` command line: a few verbs, each returning an exit code.
 
-Verbs: presets, profile, profile-links, plan, estimate, run, report, export, validate.
-Every verb takes --json (machine output on stdout) and --quiet (no progress); user mistakes are
+Verbs: presets, profile, profile-links, plan, estimate, run, report, export, validate. The
+options of plan and estimate are declared in meshplan/options.py (shared with the job file and
+meshplan/inputs.py); the verbs themselves live in meshplan/commands.py. Every verb takes --json (machine output on stdout) and --quiet (no progress); user mistakes are
 one line on stderr and a non-zero exit, never a traceback (meshplan.errors.MeshplanError).
 """
 
@@ -10,228 +11,26 @@ from __future__ import annotations
 import argparse
 import sys
 
-from meshplan import __version__, dp_methods
-from meshplan.presets import CLUSTER_PRESETS
+from meshplan import __version__, options
 
-DESCRIPTION = """\
-meshplan: how to split PyTorch training over GPUs, and then doing it.
+DESCRIPTION = "meshplan: how to split PyTorch training over GPUs, and then doing it."
 
-  profile        measure a model as a chain of layers (params, FLOPs, activations, time)
-  profile-links  measure collective bandwidth/latency on local devices -> cluster.json
-  plan           search data/tensor/pipeline splits, ZeRO, microbatching, schedule, recompute
-  estimate       predict one given configuration without searching
-  run            execute a plan with torchrun (gloo on CPU, nccl on GPU) -> run.json
-  report         write a Markdown + self-contained HTML report for a plan (and its run)
-  export         translate a plan to torchtitan, Megatron-LM, DeepSpeed or accelerate settings
-  validate       predict every published run in the reference table and report the error
-  presets        list the built-in models and cluster presets
-"""
+EPILOG = """\
+the usual path: meshplan plan ... -o plan.json; meshplan run plan.json; meshplan report plan.json --run
+runs/latest/run.json. `meshplan VERB --help` lists a verb's options; plan, estimate, run and report
+also read them from a job file (--config job.toml, docs/config.md)."""
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
-
-
-def _model_args(p: argparse.ArgumentParser, required: bool = False) -> None:
-    p.add_argument(
-        "--model",
-        default=None if required else "gpt-tiny",
-        required=required,
-        help="zoo name (see `meshplan presets`), gpt/llama with --set, file.py:factory, "
-        "module:factory or hf:NAME (default: gpt-tiny)",
-    )
-    p.add_argument(
-        "--set",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="KEY=VALUE",
-        dest="overrides",
-        help="model shape overrides, e.g. --set layers=96 hidden=12288 heads=96 seq=2048 "
-        "(repeatable: --set layers=96 --set hidden=12288)",
-    )
-
-
-def _plan_knobs(p: argparse.ArgumentParser, required: bool) -> None:
-    need = " (required)" if required else " (pins it; default: searched)"
-    p.add_argument("--tp", type=int, required=required, help="tensor-parallel degree" + need)
-    p.add_argument("--pp", type=int, required=required, help="pipeline-parallel degree" + need)
-    p.add_argument("--dp", type=int, required=required, help="data-parallel degree" + need)
-    p.add_argument("--cp", type=int, default=None, help="context-parallel degree (default 1)")
-    p.add_argument("--microbatch", type=int, required=required, help="microbatch size" + need)
-    p.add_argument("--schedule", required=required, help="gpipe, 1f1b or interleaved" + need)
-    p.add_argument("--virtual-stages", type=int, help="model chunks per pipeline rank (interleaved)")
-    p.add_argument(
-        "--recompute",
-        choices=("none", "selective", "full"),
-        required=required,
-        help="activation recompute for every block" + need,
-    )
-    p.add_argument(
-        "--recompute-num-layers",
-        type=int,
-        default=None,
-        metavar="N",
-        help="with --recompute full: checkpoint the blocks in groups of N layers, Megatron's "
-        "--recompute-method uniform --recompute-num-layers N (default 1)",
-    )
-    p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage" + need)
-    p.add_argument(
-        "--sequence-parallel",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="Megatron sequence parallelism with TP" + need,
-    )
-    p.add_argument("--dp-shard", type=int, help="FSDP2 shard degree for ZeRO-2/3 (HSDP when < --dp)" + need)
-    _method_args(p)
-
-
-def _method_args(p: argparse.ArgumentParser) -> None:
-    """Data-parallel methods (meshplan/dp_methods.py): a pin per axis, and what-ifs to price."""
-    g = p.add_argument_group("data-parallel methods (`meshplan presets` lists them)")
-    g.add_argument(
-        "--compression",
-        metavar="NAME[:k=v,...]",
-        help="pin gradient compression: " + ", ".join(dp_methods.names("compression")),
-    )
-    g.add_argument(
-        "--sync", metavar="NAME[:k=v,...]", help="pin replica synchronisation: " + ", ".join(dp_methods.names("sync"))
-    )
-    g.add_argument(
-        "--comm-schedule",
-        metavar="NAME[:k=v,...]",
-        help="pin communication scheduling: " + ", ".join(dp_methods.names("comm_schedule")),
-    )
-    g.add_argument(
-        "--offload",
-        metavar="NAME[:k=v,...]",
-        help="pin state placement: "
-        + ", ".join(dp_methods.names("offload"))
-        + " (cpu:delayed_update=true is approximate)",
-    )
-    g.add_argument("--waves", choices=dp_methods.names("waves"), help="pin wave scheduling")
-    g.add_argument(
-        "--allow-compression",
-        metavar="NAME,...|all",
-        help="let the search price these approximate compressors as what-ifs",
-    )
-    g.add_argument(
-        "--allow-sync",
-        metavar="NAME,...|all",
-        help="let the search price these approximate synchronisation methods as what-ifs",
-    )
-
-
-def _cluster_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--cluster",
-        default="local-cpu",
-        help=f"preset ({', '.join(CLUSTER_PRESETS)}) or a cluster.json from `meshplan profile-links` "
-        "(default: local-cpu)",
-    )
-    p.add_argument("--num-gpus", type=int, default=4, help="devices (local-cpu: ranks) (default: 4)")
-    p.add_argument("--global-batch", type=int, default=16, help="samples per optimizer step (default: 16)")
-    p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
-    p.add_argument("--profile", help="a profile.json from `meshplan profile` instead of building one")
-    p.add_argument(
-        "--precision",
-        choices=("bf16", "fp8", "fp32"),
-        default=None,
-        help="training precision (default: bf16 on GPUs, fp32 on local-cpu); fp8: GEMMs at the "
-        "device's fp8 peak and curve (H100/H200/B200; bf16 elsewhere), the rest bf16",
-    )
-
-
-def _runtime_args(p: argparse.ArgumentParser) -> None:
-    """The software that will run the plan (meshplan/runtimes.py) and each of its behaviours."""
-    from meshplan import runtimes
-
-    g = p.add_argument_group("runtime (each behaviour flag overrides the runtime's default; README table)")
-    g.add_argument(
-        "--runtime",
-        choices=runtimes.NAMES,
-        default=runtimes.DEFAULT,
-        help="software that will execute the plan (default: meshplan)",
-    )
-    g.add_argument(
-        "--state-layout",
-        choices=("torch", "megatron", "zero"),
-        default=None,
-        help="training state per parameter: torch 4+4+8 B, megatron 2+4+12 B, zero 2+2+12 B",
-    )
-    g.add_argument(
-        "--overlap-dp-comm",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="overlap the gradient reduction with backward",
-    )
-    g.add_argument(
-        "--overlap-tp-comm",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="overlap tensor-parallel collectives with GEMMs (Megatron-Core --tp-comm-overlap)",
-    )
-    g.add_argument(
-        "--attention",
-        choices=("flash", "materialized"),
-        default=None,
-        help="attention kernel: flash keeps the log-sum-exp, materialized the s x s scores",
-    )
-    g.add_argument(
-        "--dropout",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="dropout masks kept for backward (closed-form --model analytic:gpt only)",
-    )
-    g.add_argument(
-        "--uniform-stages",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="split blocks evenly over pipeline stages (Megatron) instead of searching boundaries",
-    )
-    g.add_argument(
-        "--free-stage-outputs",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="a pipeline stage frees each microbatch's output once sent (Megatron) instead of holding it "
-        "until its backward (torch pipelining, DeepSpeed)",
-    )
-    g.add_argument(
-        "--elementwise",
-        choices=("fused", "compiled", "eager"),
-        default=None,
-        help="how norms, rotary, SwiGLU and the GQA repeat run: fused kernels (Megatron, Transformer Engine), "
-        "torch.compile, or eager torch ops, which move more bytes (closed-form models)",
-    )
-    g.add_argument(
-        "--fused-projections",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="Q, K, V as one GEMM and the MLP's gate and up as one (Megatron), instead of one GEMM per "
-        "projection (torchtitan, torch models): smaller GEMMs run less efficiently (closed-form models)",
-    )
-    g.add_argument(
-        "--compile",
-        dest="elementwise",
-        action="store_const",
-        const="compiled",
-        help="the runtime compiles the model (torchtitan training.compile): same as --elementwise compiled",
-    )
-    g.add_argument(
-        "--fsdp-gather-dtype",
-        choices=("bf16", "fp32"),
-        default=None,
-        help="dtype of ZeRO-3/FSDP parameter all-gathers and gradient reduce-scatters",
-    )
+    options.output_group(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="meshplan", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="meshplan", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"meshplan {__version__}")
-    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", title="verbs")
 
     p = sub.add_parser(
         "presets",
@@ -247,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         "activation bytes and TP rules; with --device cpu|cuda also measure "
         "forward/backward time and peak memory per microbatch size.",
     )
-    _model_args(p)
+    options.model_group(p)
     p.add_argument(
         "--device",
         choices=("meta", "cpu", "cuda"),
@@ -297,26 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
         "best plan, the top-K alternatives and why the rest lost. Any knob flag "
         "pins that choice.",
     )
-    _model_args(p)
-    _cluster_args(p)
-    _plan_knobs(p, required=False)
-    _runtime_args(p)
-    p.add_argument("--top", type=int, default=5, help="alternatives to keep (default 5)")
-    p.add_argument("--allow-cross-node-tp", action="store_true", help="allow TP groups to span nodes")
-    p.add_argument("-o", "--output", help="write the Plan JSON here (input of run/report/export)")
-    _common(p)
+    options.add_plan_options(p, "plan")
 
     p = sub.add_parser(
         "estimate",
         help="predict one given configuration",
         description="Predict step time, memory, MFU/HFU of one fully given configuration (no search over degrees).",
     )
-    _model_args(p)
-    _cluster_args(p)
-    _plan_knobs(p, required=True)
-    _runtime_args(p)
-    p.add_argument("-o", "--output", help="write the Plan JSON here")
-    _common(p)
+    options.add_plan_options(p, "estimate")
 
     p = sub.add_parser(
         "run",
@@ -326,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         "write run.json: per-step loss, step time, tokens/s, peak memory per rank.",
     )
     p.add_argument("plan", help="plan.json from `meshplan plan -o`")
-    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--steps", type=int, default=5, help="optimizer steps to train (default 5)")
     p.add_argument("--data", help="module:fn returning a torch Dataset of (input, target) pairs")
     p.add_argument("--out-dir", default="runs/latest", help="where run.json and checkpoints go")
     p.add_argument("--checkpoint-every", type=int, default=0, help="save a DCP checkpoint every K steps")
@@ -336,8 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start afresh in an --out-dir that holds an earlier run's checkpoint (deletes it)",
     )
-    p.add_argument("--nnodes", type=int, default=1)
-    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument(
+        "--nnodes", type=int, default=1, help="hosts the job spans; run the same command on each (default 1)"
+    )
+    p.add_argument("--node-rank", type=int, default=0, help="this host's index, 0..--nnodes-1 (default 0)")
     p.add_argument("--rdzv-endpoint", help="host:port for multi-node rendezvous")
     p.add_argument("--timeout", type=float, default=600, help="seconds before a hung job is ended")
     p.add_argument("--print-launch", action="store_true", help="print the torchrun command and exit")
@@ -361,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
         "timeline, memory per stage, alternatives, rejected families, and the "
         "measured run beside the prediction when --run is given.",
     )
-    p.add_argument("plan")
+    p.add_argument("plan", help="plan.json from `meshplan plan -o` or `meshplan estimate -o`")
     p.add_argument("--run", help="run.json from `meshplan run`")
     p.add_argument("-o", "--output", default="reports/latest", help="output folder")
     _common(p)
@@ -373,8 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
         "DeepSpeed config or an accelerate YAML; what the target cannot express "
         "is stated in the output.",
     )
-    p.add_argument("plan")
-    p.add_argument("--to", required=True, choices=("torchtitan", "megatron", "deepspeed", "accelerate"))
+    p.add_argument("plan", help="plan.json from `meshplan plan -o` or `meshplan estimate -o`")
+    p.add_argument(
+        "--to",
+        required=True,
+        choices=("torchtitan", "megatron", "deepspeed", "accelerate"),
+        help="the framework whose settings to write",
+    )
     p.add_argument("-o", "--output", help="folder to write the files into (default: print)")
     _common(p)
 
@@ -385,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
         "states and report the per-row throughput error.",
     )
     p.add_argument("--csv", help="published-runs CSV (default: the shipped table)")
-    p.add_argument("-o", "--output", default="reports/validation.md")
+    p.add_argument("-o", "--output", default="reports/validation.md", help="the Markdown table to write")
     _common(p)
     return parser
 

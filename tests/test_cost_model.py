@@ -238,15 +238,13 @@ def test_a_captured_head_and_the_closed_form_head_pay_the_same_loss():
     dtype the head writes: the zoo's Llama head (captured: ends at its bf16 projection, the loss
     outside it) and the closed-form head (counts the fp32 log-probs it keeps) get the same loss
     memory (saved copy + transients) and the same loss passes."""
-    from meshplan import commands
-    from meshplan.cli import build_parser
+    from meshplan.inputs import build_profile
     from meshplan.models.analytic import llama_profile
     from meshplan.planner.layer_cost import _memory_bound_s
     from meshplan.planner.memory import activation_bytes, stage_buffer_bytes
 
     shape = dict(layers=2, hidden=256, heads=4, kv_heads=2, ffn_hidden=512, vocab=32000, seq=512)
-    argv = ["plan", "--model", "llama", "--set", *(f"{k}={v}" for k, v in shape.items())]
-    captured = commands._build_profile(build_parser().parse_args(argv))
+    captured = build_profile("llama", [f"{k}={v}" for k, v in shape.items()])
     closed = llama_profile(**shape)
     out = {}
     for name, prof in (("captured", captured), ("closed", closed)):

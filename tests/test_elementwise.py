@@ -56,17 +56,9 @@ def test_fp8_casts_cost_only_outside_transformer_engine():
 def test_a_built_models_per_linear_shapes_read_as_the_closed_form():
     """The zoo's Llama (q, k, v, o, w1, w3, w2 listed one by one) gets the same extra bytes as
     the closed-form block of the same shape (fused [qkv], [w1 w3] GEMMs)."""
-    import argparse
+    from meshplan.inputs import build_profile
 
-    from meshplan import commands
-    from meshplan.cli import build_parser
-
-    args = build_parser().parse_args(
-        ["plan", "--model", "llama", "--set", "layers=2", f"hidden={H}", "heads=8", "kv_heads=2", f"ffn_hidden={F}"]
-        + [f"seq={S}"]
-    )
-    assert isinstance(args, argparse.Namespace)
-    built = commands._build_profile(args)
+    built = build_profile("llama", ["layers=2", f"hidden={H}", "heads=8", "kv_heads=2", f"ffn_hidden={F}", f"seq={S}"])
     block = next(lp for lp in built.layers if lp.tp.kind == "block")
     assert len(block.gemm_shapes) == 7
     assert ew.extra_bytes_per_token(block, "eager") == ew.extra_bytes_per_token(LLAMA.layers[1], "eager")

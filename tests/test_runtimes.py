@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import meshplan
-from meshplan import commands, feasibility, runtimes
-from meshplan.cli import build_parser, main
+from meshplan import feasibility, runtimes
+from meshplan.cli import main
 from meshplan.errors import MeshplanError
 from meshplan.planner import estimate, search
 from meshplan.validation.published import validate_row, with_source_degrees, with_source_software
@@ -49,8 +49,17 @@ PINS = [
 ]
 
 
+def _resolved(argv: list[str]):
+    """What `meshplan <argv>` plans from (meshplan.inputs), warnings included."""
+    from meshplan.inputs import from_argv, resolve
+
+    verb, *rest = argv
+    return resolve(from_argv(rest, verb))
+
+
 def _inputs(argv: list[str]):
-    return commands._inputs(build_parser().parse_args([*argv, "--quiet"]))
+    got = _resolved(argv)
+    return got.profile, got.cluster, got.request
 
 
 def _estimate(*extra: str, base=GPT22, pins=PINS):
@@ -208,11 +217,9 @@ def test_allowed_methods_are_only_those_the_runtime_implements(capsys):
     Accordion before); DeepSpeed keeps its fp16 communication; meshplan keeps every compressor."""
     gpt = ["--model", "analytic:gpt", "--set", "layers=24", "hidden=2048", "heads=16", "--cluster", "a100-80g"]
     gpt += ["--num-gpus", "16", "--global-batch", "64", "--allow-compression", "all", "--allow-sync", "all"]
-    capsys.readouterr()
-    req = commands._inputs(build_parser().parse_args(["plan", *gpt, "--runtime", "megatron-core"]))[2]
-    assert req.allow == {}
-    err = capsys.readouterr().err
-    lines = {line.split(": runtime")[0].rsplit(" ", 1)[-1]: line for line in err.splitlines()}
+    got = _resolved(["plan", *gpt, "--runtime", "megatron-core"])
+    assert got.request.allow == {}
+    lines = {line.split(": runtime")[0].rsplit(" ", 1)[-1]: line for line in got.warnings}
     assert "powersgd" in lines["--allow-compression"] and "not searched" in lines["--allow-compression"]
     assert "local-sgd" in lines["--allow-sync"]
     assert search(*_inputs(["plan", *gpt, "--runtime", "megatron-core"])).dp_methods.non_default() == []

@@ -1,8 +1,8 @@
 """Hold the cost model against published runs (../shared/reference/published-runs.csv).
 
 Every row is predicted through the public path a user takes: the `meshplan plan` command line
-(row_argv; the report prints it per row) parsed by the CLI's own parser and turned into a request
-by the CLI's own builder (commands._inputs), then search(). The line pins what the row states
+(row_argv; the report prints it per row) parsed with the CLI's own options and turned into a
+request by the CLI's own builder (meshplan.inputs.from_argv and resolve), then search(). The line pins what the row states
 (degrees; microbatch, schedule and recompute where given) and names the runtime the row's source
 ran (row_runtime: Megatron-LM for Narayanan 2021 and Korthikanti 2022, Megatron-Core for the 2024
 README table); the runtime's documented behaviours (meshplan/runtimes.py) do the rest. Everything
@@ -193,13 +193,13 @@ def command_line(row: dict, verb: str = "plan") -> str:
 
 
 def cli_inputs(argv: list[str]):
-    """(profile, cluster, request) exactly as `meshplan <argv>` builds them (the CLI's own parser
-    and request builder)."""
-    from meshplan import commands
-    from meshplan.cli import build_parser
+    """(profile, cluster, request) exactly as `meshplan <argv>` builds them (the CLI's own options
+    and request builder; its warnings are not printed)."""
+    from meshplan.inputs import from_argv, resolve
 
-    args = build_parser().parse_args([*argv, "--quiet"])
-    return commands._inputs(args)
+    verb, *rest = argv
+    got = resolve(from_argv(rest, verb))
+    return got.profile, got.cluster, got.request
 
 
 def row_note(row: dict) -> str:

@@ -1,0 +1,406 @@
+"""What `meshplan plan` and `meshplan estimate` plan from: options -> (profile, cluster, request),
+with the warnings as data.
+
+`PlanOptions` is the typed record of the options (meshplan/options.py declares them as flags);
+`resolve(options)` checks them, loads the cluster, builds the PlanRequest (the runtime's behaviours
+resolved, meshplan/runtimes.py) and the model profile, and returns them with every warning as a
+line of text. Nothing here prints or reads an argparse namespace beyond `PlanOptions.of`; the CLI,
+the validation against published runs and the benchmarks all call `resolve` (or `from_argv`, a
+`meshplan plan` command line without the verb), so they build exactly what a user's command builds.
+
+torch is imported only to profile a torch model (not for analytic:* models or a --profile JSON).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshplan import dp_methods, runtimes, schema
+from meshplan.cluster import ClusterSpec
+from meshplan.errors import MeshplanError
+from meshplan.model_profile import ModelProfile
+from meshplan.plan import Plan, schedule_name
+from meshplan.planner.request import PlanRequest
+
+Progress = Callable[[str], AbstractContextManager[Any]]
+"""A context manager factory that shows a message while long work runs (the CLI's spinner)."""
+
+
+def _no_progress(message: str) -> AbstractContextManager[Any]:
+    return contextlib.nullcontext()
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanOptions:
+    """Every input of a plan or an estimate; field names are the flags' (--num-gpus: num_gpus)."""
+
+    # model
+    model: str = "gpt-tiny"
+    overrides: tuple[str, ...] = ()
+    """--set KEY=VALUE items."""
+    profile: str | None = None
+    # cluster
+    cluster: str = "local-cpu"
+    num_gpus: int = 4
+    # batch
+    global_batch: int = 16
+    seq: int | None = None
+    microbatch: int | None = None
+    # parallelism pins
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    cp: int | None = None
+    schedule: str | None = None
+    virtual_stages: int | None = None
+    recompute: str | None = None
+    recompute_num_layers: int | None = None
+    zero: int | None = None
+    sequence_parallel: bool | None = None
+    dp_shard: int | None = None
+    allow_cross_node_tp: bool = False
+    # methods
+    compression: str | None = None
+    sync: str | None = None
+    comm_schedule: str | None = None
+    offload: str | None = None
+    waves: str | None = None
+    allow_compression: str | None = None
+    allow_sync: str | None = None
+    # runtime
+    runtime: str = runtimes.DEFAULT
+    precision: str | None = None
+    state_layout: str | None = None
+    overlap_dp_comm: bool | None = None
+    overlap_tp_comm: bool | None = None
+    attention: str | None = None
+    dropout: bool | None = None
+    uniform_stages: bool | None = None
+    free_stage_outputs: bool | None = None
+    elementwise: str | None = None
+    fused_projections: bool | None = None
+    fsdp_gather_dtype: str | None = None
+    # output
+    top: int = 5
+    runnable: bool = False
+    """The plan will be written (-o) to be run: a --seq beyond the model's context is an error."""
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any] | Any) -> PlanOptions:
+        """From a mapping (or an argparse namespace) of option values: the known names are taken,
+        `output` sets `runnable`, the rest (json, quiet, config) are not inputs."""
+        if not isinstance(values, Mapping):
+            values = vars(values)
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in values.items() if k in names and v is not None}
+        if "overrides" in kw:
+            kw["overrides"] = tuple(kw["overrides"])
+        if values.get("output"):
+            kw["runnable"] = True
+        return cls(**kw)
+
+
+NOT_INPUTS = frozenset({"output", "json", "quiet", "config", "save_config"})
+"""Option names of plan/estimate that are not PlanOptions fields (what is printed or written)."""
+
+
+@dataclass(frozen=True)
+class Inputs:
+    profile: ModelProfile
+    cluster: ClusterSpec
+    request: PlanRequest
+    warnings: list[str] = field(default_factory=list)
+
+
+def from_argv(argv: list[str], verb: str = "plan") -> PlanOptions:
+    """PlanOptions of a `meshplan <verb>` command line given without `meshplan <verb>`."""
+    from meshplan.options import plan_parser
+
+    return PlanOptions.of(plan_parser(verb).parse_args(argv))
+
+
+def resolve(options: PlanOptions, progress: Progress = _no_progress) -> Inputs:
+    """(profile, cluster, request) and the warnings; cheap checks run before any profiling."""
+    from meshplan.presets import load_cluster
+
+    warnings: list[str] = []
+    check_positive(num_gpus=options.num_gpus)
+    cluster = load_cluster(options.cluster, options.num_gpus)
+    request = build_request(options, cluster, warnings)
+    profile = build_profile_for(options, request, progress)
+    warnings += seq_warnings(options, profile)
+    return Inputs(profile, cluster, request, warnings)
+
+
+def build_profile_for(options: PlanOptions, request: PlanRequest, progress: Progress = _no_progress) -> ModelProfile:
+    if options.profile:
+        if options.overrides:
+            raise MeshplanError("--set cannot change a saved --profile; re-run meshplan profile with --set")
+        return schema.load(ModelProfile, options.profile, "profile")
+    if options.model.startswith("analytic:"):
+        from meshplan.models.analytic import from_spec
+
+        dropout = options.dropout if options.dropout is not None else runtimes.runtime(options.runtime).value("dropout")
+        return from_spec(
+            options.model,
+            parse_overrides(options.overrides),
+            flash=request.attention != "materialized",
+            dropout=bool(dropout),
+        )
+    return build_profile(options.model, options.overrides, progress=progress)
+
+
+def build_profile(
+    model: str,
+    overrides: tuple[str, ...] | list[str] = (),
+    *,
+    device: str = "meta",
+    microbatches: list[int] | None = None,
+    concurrent: int = 1,
+    in_place: bool = True,
+    progress: Progress = _no_progress,
+) -> ModelProfile:
+    """`meshplan profile`'s ModelProfile of a torch model (imports torch)."""
+    values = parse_overrides(overrides)
+    from meshplan.profiler import profile_model
+
+    with progress(f"profiling {model} on {device}"):
+        return profile_model(
+            model,
+            values,
+            device=device,
+            microbatch_sizes=microbatches,
+            concurrent=concurrent,
+            in_place=in_place,
+            progress=False,
+        )
+
+
+def parse_overrides(items) -> dict[str, Any]:
+    """--set KEY=VALUE ... -> {key: int|float|bool|str}."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise MeshplanError(f"--set {item!r}: expected KEY=VALUE, e.g. --set layers=96")
+        out[key.strip()] = parse_value(raw.strip())
+    return out
+
+
+def parse_value(raw: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    return raw
+
+
+def check_positive(**values: int | None) -> None:
+    for name, value in values.items():
+        if value is not None and value < 1:
+            raise MeshplanError(f"--{name.replace('_', '-')} {value}: must be >= 1")
+
+
+def build_request(options: PlanOptions, cluster: ClusterSpec, warnings: list[str]) -> PlanRequest:
+    o = options
+    check_positive(
+        num_gpus=o.num_gpus,
+        global_batch=o.global_batch,
+        seq=o.seq,
+        tp=o.tp,
+        pp=o.pp,
+        dp=o.dp,
+        cp=o.cp,
+        dp_shard=o.dp_shard,
+        microbatch=o.microbatch,
+        virtual_stages=o.virtual_stages,
+        top=o.top,
+    )
+    precision = o.precision or ("fp32" if cluster.device.kind == "cpu" else "bf16")
+    behaviours = runtime_behaviours(o, cluster, precision, warnings)
+    return PlanRequest(
+        **behaviours,
+        num_gpus=o.num_gpus,
+        global_batch=o.global_batch,
+        seq=o.seq,
+        top_k=o.top,
+        tp=o.tp,
+        pp=o.pp,
+        dp=o.dp,
+        cp=o.cp,
+        microbatch=o.microbatch,
+        schedule=schedule_name(o.schedule) if o.schedule else None,
+        virtual_stages=o.virtual_stages,
+        recompute=o.recompute,
+        recompute_num_layers=_recompute_num_layers(o),
+        zero=o.zero,
+        sequence_parallel=o.sequence_parallel,
+        dp_shard=o.dp_shard,
+        methods=_pinned_methods(o, warnings),
+        allow=_allowed_methods(o, warnings),
+        allow_cross_node_tp=_cross_node_tp(o, cluster, warnings),
+        precision=precision,
+        runtime=o.runtime,
+    )
+
+
+def _recompute_num_layers(o: PlanOptions) -> int:
+    """--recompute-num-layers N (Megatron's uniform groups) needs every block on full recompute."""
+    n = o.recompute_num_layers
+    if n is None:
+        return 1
+    if n < 1 or (n > 1 and o.recompute != "full"):
+        raise MeshplanError(
+            f"--recompute-num-layers {n}: groups of N >= 1 layers are checkpointed only with --recompute full; "
+            "add --recompute full or drop the flag"
+        )
+    return n
+
+
+def _cross_node_tp(o: PlanOptions, cluster: ClusterSpec, warnings: list[str]) -> bool:
+    """A --tp pin wider than a node is a decision: planned across nodes, with a warning line."""
+    if o.tp and o.tp > cluster.devices_per_node and not o.allow_cross_node_tp:
+        warnings.append(
+            f"--tp {o.tp} > {cluster.devices_per_node} devices per node: planned as cross-node "
+            "tensor parallelism (its collectives run on the inter-node links)"
+        )
+        return True
+    return o.allow_cross_node_tp
+
+
+def runtime_behaviours(o: PlanOptions, cluster: ClusterSpec, precision: str, warnings: list[str]) -> dict:
+    """PlanRequest behaviour fields: --runtime's table row (meshplan/runtimes.py), each overridden
+    by its own flag; a warning where the model does not know a behaviour, a pin leaves the
+    runtime's range, or a knob is ignored."""
+    rt = runtimes.runtime(o.runtime)
+    flags = {
+        "state_layout": o.state_layout,
+        "overlap_dp_comm": o.overlap_dp_comm,
+        "overlap_tp_comm": o.overlap_tp_comm,
+        "attention": o.attention,
+        "uniform_stages": o.uniform_stages,
+        "free_stage_outputs": o.free_stage_outputs,
+        "elementwise": o.elementwise,
+        "fused_projections": o.fused_projections,
+        "fsdp_gather_bytes": {"bf16": 2, "fp32": 4}.get(o.fsdp_gather_dtype or ""),
+    }
+    out = runtimes.request_behaviours(rt.name, flags)
+    unknown = [k for k in rt.unknown() if k in (*runtimes.REQUEST_FIELDS, "dropout") and flags.get(k) is None]
+    if o.recompute != "selective":  # said only when the user asks for it
+        unknown = [k for k in unknown if k != "selective_recompute"]
+    if o.pp == 1:  # no pipeline: its stages' behaviours do not apply
+        unknown = [k for k in unknown if k not in ("free_stage_outputs", "uniform_stages")]
+    if unknown:
+        warnings.append(
+            f"runtime {rt.name}: the model does not know its {', '.join(unknown)} "
+            "(README runtime table); the values in brackets there are used"
+        )
+    if o.zero is not None and o.zero not in rt.value("zero_stages"):
+        warnings.append(
+            f"--zero {o.zero}: runtime {rt.name} implements ZeRO {rt.value('zero_stages')}; predicted as pinned"
+        )
+    if rt.name == "torchtitan" and o.zero == 3 and (o.pp or 1) > 1:
+        warnings.append(
+            "--zero 3 with --pp under torchtitan: its default fsdp_reshard_after_forward keeps parameters "
+            "gathered under PP (ZeRO-2); predicted as ZeRO-3, which the export writes as 'always' "
+            "(--zero 2 predicts a default torchtitan run)"
+        )
+    if precision == "fp8":
+        if not rt.value("fp8"):
+            raise MeshplanError(
+                f"--precision fp8: runtime {rt.name} has no fp8 path the model knows "
+                f"({rt.behaviours['fp8'].source}); use --runtime torchtitan or megatron-core"
+            )
+        if "fp8" not in cluster.device.peak_flops:
+            warnings.append(f"--precision fp8: {cluster.device.name} has no fp8 tensor cores; GEMMs stay bf16")
+    if o.dropout is not None and not o.model.startswith("analytic:") and not o.profile:
+        warnings.append("--dropout applies to closed-form profiles (--model analytic:gpt); ignored")
+    return out
+
+
+METHOD_FLAGS = {
+    "compression": "--compression",
+    "sync": "--sync",
+    "comm_schedule": "--comm-schedule",
+    "offload": "--offload",
+    "waves": "--waves",
+}
+
+RUNTIME_METHOD_AXES = ("compression", "sync", "offload")
+"""Axes whose methods a runtime may not implement (meshplan/runtimes.py `<axis>_methods`)."""
+
+
+def _implemented(o: PlanOptions, axis: str) -> tuple[str, ...]:
+    return runtimes.runtime(o.runtime).value(f"{axis}_methods")
+
+
+def _pinned_methods(o: PlanOptions, warnings: list[str]) -> dict:
+    """--compression NAME[:k=v,...] etc. -> {axis: (name, resolved params)}; a pin the runtime does
+    not implement is predicted as pinned, with a warning line."""
+    out = {}
+    for axis, flag in METHOD_FLAGS.items():
+        text = getattr(o, axis)
+        if text is not None:
+            out[axis] = dp_methods.parse_spec(axis, text, flag)
+            if axis in RUNTIME_METHOD_AXES and out[axis][0] not in _implemented(o, axis):
+                warnings.append(
+                    f"{flag} {out[axis][0]}: runtime {o.runtime} implements {axis} "
+                    f"{', '.join(_implemented(o, axis))}; predicted as pinned"
+                )
+    return out
+
+
+def _allowed_methods(o: PlanOptions, warnings: list[str]) -> dict:
+    """--allow-compression / --allow-sync, less what the runtime does not implement (said)."""
+    out = {}
+    for axis in ("compression", "sync"):
+        text = getattr(o, f"allow_{axis}")
+        if text is None:
+            continue
+        names = dp_methods.parse_allow(axis, text, f"--allow-{axis}")
+        kept = tuple(n for n in names if n in _implemented(o, axis))
+        if len(kept) < len(names):
+            dropped = ", ".join(n for n in names if n not in kept)
+            warnings.append(f"--allow-{axis}: runtime {o.runtime} does not implement {dropped}; not searched")
+        if kept:
+            out[axis] = kept
+    return out
+
+
+def seq_warnings(o: PlanOptions, profile: ModelProfile) -> list[str]:
+    """--seq beyond the model's context is priced, but such a plan cannot run: -o refuses it."""
+    if not o.seq or o.seq <= profile.seq_len:
+        return []
+    text = (
+        f"--seq {o.seq}: {profile.model_name} handles at most {profile.seq_len} tokens; "
+        f"build the model for it with --set seq={o.seq}"
+    )
+    if o.runnable:
+        raise MeshplanError(text + " (a plan written with -o must be runnable)")
+    return [f"{text}; this plan is a what-if `meshplan run` refuses"]
+
+
+def dropped_pins(o: PlanOptions, plan: Plan) -> list[str]:
+    """A pinned knob the chosen plan cannot use is said, not silently dropped."""
+    dropped = []
+    if o.virtual_stages and o.virtual_stages > 1 and plan.virtual_stages != o.virtual_stages:
+        dropped.append(
+            f"--virtual-stages {o.virtual_stages} (the plan has pp={plan.pipeline_parallel_degree}, "
+            f"{plan.virtual_stages} stage(s) per rank)"
+        )
+    if o.sequence_parallel and not plan.sequence_parallel:
+        dropped.append(f"--sequence-parallel (the plan has tp={plan.tensor_parallel_degree}; it needs tp >= 2)")
+    if o.recompute in ("selective", "full") and o.recompute not in plan.recompute.values():
+        dropped.append(
+            f"--recompute {o.recompute} (no layer keeps less with it than without under runtime {plan.runtime}, "
+            "e.g. the attention core of flash attention: planned as none)"
+        )
+    return [f"ignored {what}" for what in dropped]

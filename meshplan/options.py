@@ -1,0 +1,252 @@
+"""The options of `meshplan plan` and `meshplan estimate`, in the argument groups that are also the
+sections of a job file (meshplan/config.py): model, cluster, batch, parallelism, methods, runtime,
+output. One table: the CLI (meshplan/cli.py) adds these groups to its verbs, meshplan/inputs.py
+parses a command line with them (validation and benchmarks go through it), and the job file's
+sections and keys are read off the same groups.
+
+Nothing here imports torch or the planner.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from meshplan import dp_methods, runtimes
+from meshplan.presets import CLUSTER_PRESETS
+
+PLAN_VERBS = ("plan", "estimate")
+
+
+def model_group(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model", "what to train (a job file's [model] section)")
+    g.add_argument(
+        "--model",
+        default="gpt-tiny",
+        help="zoo name (see `meshplan presets`), gpt/llama with --set, file.py:factory, "
+        "module:factory or hf:NAME (default: gpt-tiny)",
+    )
+    g.add_argument(
+        "--set",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="overrides",
+        help="model shape overrides, e.g. --set layers=96 hidden=12288 heads=96 seq=2048 "
+        "(repeatable: --set layers=96 --set hidden=12288)",
+    )
+    g.add_argument("--profile", help="a profile.json from `meshplan profile` instead of building one")
+
+
+def cluster_group(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("cluster", "where it trains ([cluster])")
+    g.add_argument(
+        "--cluster",
+        default="local-cpu",
+        help=f"preset ({', '.join(CLUSTER_PRESETS)}) or a cluster.json from `meshplan profile-links` "
+        "(default: local-cpu)",
+    )
+    g.add_argument("--num-gpus", type=int, default=4, help="devices (local-cpu: ranks) (default: 4)")
+
+
+def batch_group(p: argparse.ArgumentParser, required: bool) -> None:
+    need = " (required)" if required else " (pins it; default: searched)"
+    g = p.add_argument_group("batch", "samples and tokens per step ([batch])")
+    g.add_argument("--global-batch", type=int, default=16, help="samples per optimizer step (default: 16)")
+    g.add_argument("--seq", type=int, help="sequence length (default: the model's)")
+    g.add_argument("--microbatch", type=int, required=required, help="microbatch size" + need)
+
+
+def parallelism_group(p: argparse.ArgumentParser, required: bool, verb: str) -> None:
+    need = " (required)" if required else " (pins it; default: searched)"
+    g = p.add_argument_group("parallelism", "degrees, schedule, ZeRO and recompute ([parallelism])")
+    g.add_argument("--tp", type=int, required=required, help="tensor-parallel degree" + need)
+    g.add_argument("--pp", type=int, required=required, help="pipeline-parallel degree" + need)
+    g.add_argument("--dp", type=int, required=required, help="data-parallel degree" + need)
+    g.add_argument("--cp", type=int, default=None, help="context-parallel degree (default 1)")
+    g.add_argument("--schedule", required=required, help="gpipe, 1f1b or interleaved" + need)
+    g.add_argument("--virtual-stages", type=int, help="model chunks per pipeline rank (interleaved)")
+    g.add_argument(
+        "--recompute",
+        choices=("none", "selective", "full"),
+        required=required,
+        help="activation recompute for every block" + need,
+    )
+    g.add_argument(
+        "--recompute-num-layers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --recompute full: checkpoint the blocks in groups of N layers, Megatron's "
+        "--recompute-method uniform --recompute-num-layers N (default 1)",
+    )
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage" + need)
+    g.add_argument(
+        "--sequence-parallel",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Megatron sequence parallelism with TP" + need,
+    )
+    g.add_argument("--dp-shard", type=int, help="FSDP2 shard degree for ZeRO-2/3 (HSDP when < --dp)" + need)
+    if verb == "plan":
+        g.add_argument("--allow-cross-node-tp", action="store_true", help="allow TP groups to span nodes")
+
+
+def methods_group(p: argparse.ArgumentParser) -> None:
+    """Data-parallel methods (meshplan/dp_methods.py): a pin per axis, and what-ifs to price."""
+    g = p.add_argument_group("methods", "data-parallel methods, `meshplan presets` lists them ([methods])")
+    g.add_argument(
+        "--compression",
+        metavar="NAME[:k=v,...]",
+        help="pin gradient compression: " + ", ".join(dp_methods.names("compression")),
+    )
+    g.add_argument(
+        "--sync", metavar="NAME[:k=v,...]", help="pin replica synchronisation: " + ", ".join(dp_methods.names("sync"))
+    )
+    g.add_argument(
+        "--comm-schedule",
+        metavar="NAME[:k=v,...]",
+        help="pin communication scheduling: " + ", ".join(dp_methods.names("comm_schedule")),
+    )
+    g.add_argument(
+        "--offload",
+        metavar="NAME[:k=v,...]",
+        help="pin state placement: "
+        + ", ".join(dp_methods.names("offload"))
+        + " (cpu:delayed_update=true is approximate)",
+    )
+    g.add_argument("--waves", choices=dp_methods.names("waves"), help="pin wave scheduling")
+    g.add_argument(
+        "--allow-compression",
+        metavar="NAME,...|all",
+        help="let the search price these approximate compressors as what-ifs",
+    )
+    g.add_argument(
+        "--allow-sync",
+        metavar="NAME,...|all",
+        help="let the search price these approximate synchronisation methods as what-ifs",
+    )
+
+
+def runtime_group(p: argparse.ArgumentParser) -> None:
+    """The software that will run the plan (meshplan/runtimes.py) and each of its behaviours."""
+    g = p.add_argument_group(
+        "runtime", "the software that runs the plan; each behaviour flag overrides its default ([runtime])"
+    )
+    g.add_argument(
+        "--runtime",
+        choices=runtimes.NAMES,
+        default=runtimes.DEFAULT,
+        help="software that will execute the plan (default: meshplan)",
+    )
+    g.add_argument(
+        "--precision",
+        choices=("bf16", "fp8", "fp32"),
+        default=None,
+        help="training precision (default: bf16 on GPUs, fp32 on local-cpu); fp8: GEMMs at the "
+        "device's fp8 peak and curve (H100/H200/B200; bf16 elsewhere), the rest bf16",
+    )
+    g.add_argument(
+        "--state-layout",
+        choices=("torch", "megatron", "zero"),
+        default=None,
+        help="training state per parameter: torch 4+4+8 B, megatron 2+4+12 B, zero 2+2+12 B",
+    )
+    g.add_argument(
+        "--overlap-dp-comm",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="overlap the gradient reduction with backward",
+    )
+    g.add_argument(
+        "--overlap-tp-comm",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="overlap tensor-parallel collectives with GEMMs (Megatron-Core --tp-comm-overlap)",
+    )
+    g.add_argument(
+        "--attention",
+        choices=("flash", "materialized"),
+        default=None,
+        help="attention kernel: flash keeps the log-sum-exp, materialized the s x s scores",
+    )
+    g.add_argument(
+        "--dropout",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="dropout masks kept for backward (closed-form --model analytic:gpt only)",
+    )
+    g.add_argument(
+        "--uniform-stages",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="split blocks evenly over pipeline stages (Megatron) instead of searching boundaries",
+    )
+    g.add_argument(
+        "--free-stage-outputs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a pipeline stage frees each microbatch's output once sent (Megatron) instead of holding it "
+        "until its backward (torch pipelining, DeepSpeed)",
+    )
+    g.add_argument(
+        "--elementwise",
+        choices=("fused", "compiled", "eager"),
+        default=None,
+        help="how norms, rotary, SwiGLU and the GQA repeat run: fused kernels (Megatron, Transformer Engine), "
+        "torch.compile, or eager torch ops, which move more bytes (closed-form models)",
+    )
+    g.add_argument(
+        "--fused-projections",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Q, K, V as one GEMM and the MLP's gate and up as one (Megatron), instead of one GEMM per "
+        "projection (torchtitan, torch models): smaller GEMMs run less efficiently (closed-form models)",
+    )
+    g.add_argument(
+        "--compile",
+        dest="elementwise",
+        action="store_const",
+        const="compiled",
+        help="the runtime compiles the model (torchtitan training.compile): same as --elementwise compiled",
+    )
+    g.add_argument(
+        "--fsdp-gather-dtype",
+        choices=("bf16", "fp32"),
+        default=None,
+        help="dtype of ZeRO-3/FSDP parameter all-gathers and gradient reduce-scatters",
+    )
+
+
+def output_group(p: argparse.ArgumentParser, *, write_help: str | None = None, top: bool = False):
+    """--json, --quiet (every verb), -o and --top where the verb has them; returns the group."""
+    g = p.add_argument_group("output", "what is printed and written ([output])")
+    if top:
+        g.add_argument("--top", type=int, default=5, help="alternatives to keep (default 5)")
+    if write_help:
+        g.add_argument("-o", "--output", help=write_help)
+    g.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+    g.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+    return g
+
+
+def add_plan_options(p: argparse.ArgumentParser, verb: str) -> None:
+    """Every option of `meshplan plan` (verb "plan") or `meshplan estimate` ("estimate")."""
+    required = verb == "estimate"
+    model_group(p)
+    cluster_group(p)
+    batch_group(p, required)
+    parallelism_group(p, required, verb)
+    methods_group(p)
+    runtime_group(p)
+    what = "the Plan JSON (input of run/report/export)" if verb == "plan" else "the Plan JSON"
+    output_group(p, write_help=f"write {what} here", top=verb == "plan")
+
+
+def plan_parser(verb: str) -> argparse.ArgumentParser:
+    """A parser of `meshplan <verb>`'s options alone (no verb): what meshplan/inputs.py reads."""
+    if verb not in PLAN_VERBS:
+        raise ValueError(f"plan_parser: {verb!r} is not one of {PLAN_VERBS}")
+    p = argparse.ArgumentParser(prog=f"meshplan {verb}")
+    add_plan_options(p, verb)
+    return p
