@@ -10,15 +10,25 @@ optimizer, and one central model z (identical on every rank):
 alpha = 0 means 1/K. reset=True restarts every learner from z after the sync: with one learner,
 alpha = 1/K and mu = 0 that is synchronous SGD on the union batch (z = the learners' mean).
 
-The learners live in one process: learner 0 is the plan's part (what checkpoints save), the
-others deep copies trained one after another; memory is k replicas + z + Delta_prev (+ the
-flat buffers), what planner/sync.py prices. Bytes: one all-reduce of Delta (fp32, every
-trainable parameter) per step on "dp_replicate".
+The learners live in one process and train at the same time, as the paper's learners share a
+GPU: learner 0 is the plan's part (what checkpoints save), the others deep copies, each driven
+by a thread of its own (a pool kept for the run) that runs its forward, backward, clipping and
+optimizer step; torch ops release the interpreter lock, so on CPU the learners' kernels run
+side by side, and on CUDA each thread issues onto a stream of its own (the device
+synchronised before the SMA). `concurrent=False` (the constructor's) runs them one after
+another, for the throughput benchmark (benchmarks/dp_paper_methods.py). Memory is k replicas +
+z + Delta_prev (+ the flat buffers), what planner/sync.py prices. Bytes: one all-reduce of
+Delta (fp32, every trainable parameter) per step on "dp_replicate". Stats (sync.STATS_DIR_ENV):
+per step each learner's [start, end] seconds from the step's start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
@@ -48,8 +58,12 @@ def sma_update(
     return corrected, z + delta, delta
 
 
+CONCURRENT_ENV = "MESHPLAN_CROSSBOW_SEQUENTIAL"
+"""Set to 1 to run the learners one after another (the benchmark's baseline)."""
+
+
 class Crossbow(SyncMethod):
-    def __init__(self, par, params, counter):
+    def __init__(self, par, params, counter, concurrent: bool | None = None):
         super().__init__(par, params, counter)
         (part,) = par.parts
         self.k = params["learners"]
@@ -64,6 +78,11 @@ class Crossbow(SyncMethod):
         self.z = flat(trainable(part))
         self.delta_prev = torch.zeros_like(self.z)
         self.optimizers: list = []
+        if concurrent is None:
+            concurrent = os.environ.get(CONCURRENT_ENV, "") != "1"
+        self.pool = ThreadPoolExecutor(self.k, thread_name_prefix="crossbow") if concurrent and self.k > 1 else None
+        cuda = par.device.type == "cuda"
+        self.streams = [torch.cuda.Stream(par.device) for _ in range(self.k)] if cuda else [None] * self.k
 
     def wrap_optimizers(self, optimizers, name, lr, weight_decay):
         self.optimizers = [optimizers] + [
@@ -78,21 +97,36 @@ class Crossbow(SyncMethod):
                 f"sync=crossbow learners={self.k}: the local batch of {inputs.shape[0]} "
                 "samples does not split evenly; use a batch divisible by learners"
             )
-        shares, norms = [], []
-        for model, opts, x, y in zip(
-            self.learners,
-            self.optimizers,
-            inputs.chunk(self.k),
-            (targets.chunk(self.k) if targets is not None else [None] * self.k),
-        ):
+        ys = targets.chunk(self.k) if targets is not None else [None] * self.k
+        t0 = time.perf_counter()
+        jobs = list(zip(self.learners, self.optimizers, inputs.chunk(self.k), ys, self.streams))
+        if self.pool is None:
+            results = [self._learner_step(par, grad_clip, *job) for job in jobs]
+        else:  # every learner at once; result() re-raises a learner's error here
+            results = [f.result() for f in [self.pool.submit(self._learner_step, par, grad_clip, *job) for job in jobs]]
+        if par.device.type == "cuda":
+            torch.cuda.synchronize(par.device)
+        self.stats.append({"learners_s": [[start - t0, end - t0] for _, _, start, end in results]})
+        self._average()
+        return torch.stack([r[0] for r in results]).mean(), results[0][1]
+
+    def _learner_step(self, par, grad_clip, model, opts, x, y, stream):
+        """One learner's local step (in its own thread when concurrent): (loss share, grad norm,
+        start, end)."""
+        start = time.perf_counter()
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             for opt in opts:
                 opt.zero_grad(set_to_none=True)
-            shares.append(self._forward_backward(par, model, x, y))
-            norms.append(clip_grad_norm_(trainable(model), grad_clip) if grad_clip > 0 else torch.zeros(()))
+            share = self._forward_backward(par, model, x, y)
+            norm = clip_grad_norm_(trainable(model), grad_clip) if grad_clip > 0 else torch.zeros(())
             for opt in opts:
                 opt.step()
-        self._average()
-        return torch.stack(shares).mean(), norms[0]
+        return share, norm, start, time.perf_counter()
+
+    def close(self, aborted: bool = False) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=not aborted, cancel_futures=True)
+        super().close(aborted)
 
     def _forward_backward(self, par, model, x, y) -> torch.Tensor:
         """par.step_local's accumulation over the plan's microbatches, on one learner."""
