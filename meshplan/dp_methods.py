@@ -584,9 +584,10 @@ METHODS: tuple[Method, ...] = (
         zero_stages=(0,),
         tensor_parallel=False,
         split_backward=False,
-        summary="distributed any-batch mirror descent: each worker computes microbatches for a fixed "
-        "time budget, so its batch varies; the update weights each worker by its batch size",
-        source="Eshraghi & Liang, ICML 2020; Ferdinand et al., Anytime Minibatch, ICLR 2019",
+        summary="distributed any-batch mirror descent: each node computes microbatches for a fixed "
+        "time budget (its batch varies), takes its own mirror step (Euclidean or negative entropy), "
+        "then averages parameters with its ring neighbours through a mixing matrix",
+        source="Eshraghi & Liang, ICML 2020; Ferdinand et al., Anytime Minibatch, ICLR 2019 (gradient_allreduce)",
         params=(
             Param(
                 name="budget_ms",
@@ -604,6 +605,34 @@ METHODS: tuple[Method, ...] = (
                 low=1,
                 high=10**6,
                 doc="microbatches a worker always computes, whatever the budget",
+            ),
+            Param(
+                name="consensus_rounds",
+                kind=int,
+                default=1,
+                low=1,
+                high=1000,
+                doc="consensus iterations per round (1: single-consensus DABMD; more: multi-consensus, W^r)",
+            ),
+            Param(
+                name="time_varying",
+                kind=bool,
+                default=False,
+                doc="re-draw the ring (a permutation of the nodes every rank agrees on) every iteration",
+            ),
+            Param(
+                name="entropy",
+                kind=bool,
+                default=False,
+                doc="negative-entropy mirror map (exponentiated gradient; parameters on the simplex) "
+                "instead of the Euclidean one (SGD)",
+            ),
+            Param(
+                name="gradient_allreduce",
+                kind=bool,
+                default=False,
+                doc="the exact variant: one all-reduce of sample-weighted gradients and the plan's optimizer "
+                "(Anytime Minibatch; budget 0 = DDP) instead of mirror steps and neighbour consensus",
             ),
         ),
         unsupported="any-batch training is not expressible; every worker computes its whole batch",

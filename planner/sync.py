@@ -14,8 +14,10 @@ bytes are meshplan/comm_bytes.py's ring volumes, the executor's counting convent
              flat vectors; k learners one after another at the microbatch / k, k optimizer steps
              and the SMA round's memory traffic (Koliousis et al. 2019 Sec 4); learners = 0:
              tune_learners picks k (the least step time whose memory fits)
-- dabmd:     all-reduce of S + 4 bytes (the sample count) every step; a budget only bounds the
-             step where workers differ in speed, which this homogeneous model does not see
+- dabmd:     S to each ring neighbour (two, one for N = 2) per consensus iteration, consensus_rounds
+             a step (gradient_allreduce: one all-reduce of S + 4 bytes, the sample count); a budget
+             only bounds the step where workers differ in speed, which this homogeneous model does
+             not see (straggler_trade prices that)
 - gossip:    S (low precision: P + 8 ceil(P / chunk)) to each ring neighbour every period steps
              (two neighbours, one for N = 2), and the round's memory-bound mixing (8-bit: the
              codec's passes too); low precision keeps three copies (+3 S)
@@ -195,11 +197,18 @@ def tune_learners(ctx, table, cand, sols):
 class AnyBatch(AllReduce):
     name, replaces_ddp, ddp_buckets = "dabmd", True, False
 
+    def _peers(self) -> int:
+        return 1 if self.group == 2 else 2
+
     def sync_s(self, params: float, backward_window_s: float) -> float:
-        return self._ar(FP32 * params + FP32)
+        if self.params["gradient_allreduce"]:
+            return self._ar(FP32 * params + FP32)
+        return self.params["consensus_rounds"] * self._peers() * self._p2p(FP32 * params)
 
     def bytes(self, params: int) -> Fraction:
-        return wire_bytes("all_reduce", self.group, FP32 * params + FP32)
+        if self.params["gradient_allreduce"]:
+            return wire_bytes("all_reduce", self.group, FP32 * params + FP32)
+        return Fraction(self.params["consensus_rounds"] * self._peers() * wire_bytes("send_recv", self.group, FP32 * params))
 
 
 class Gossip(AllReduce):

