@@ -27,6 +27,13 @@ ByteScheduler, as modelled (one rank, all layers, layer i = priority i, the inpu
   so the next forward starts after the last chunk (EXECUTOR_EARLY_FORWARD). The exposed sync it
   is charged is then the last landing's time past the end of backward; the per-layer start above
   (`early_forward=True`) is ByteScheduler's own runtime, kept for the day the executor does it.
+- Negotiation (NEGOTIATION): the executor's scheduler thread agrees with the other ranks which
+  gradients are ready (a small all-reduce on a control group) before it queues their chunks;
+  rounds while chunks fly overlap them, but the one that agrees on the last gradients starts
+  only when backward has ended, so one all-reduce latency a (the link fit's, as measured by
+  profile-links) is added to the exposed sync. With the next forward not started per layer,
+  ByteScheduler's priority cannot shorten that sync, so the search keeps DDP unless chunking
+  and the credit beat DDP's buckets by more than this overhead.
 - Memory: no DDP bucket copy (chunks are views of the gradients, all-reduced in place).
 A fluid simulation over the layers (O(L) events, not per chunk); the optimizer step between
 backward and forward is not counted as overlap (conservative).
@@ -56,6 +63,7 @@ CREDIT_CHUNKS = (1, 2, 4)
 ByteScheduler's PS default (credit 4M = 4 partitions)."""
 DEFAULT = {"chunk_mb": 4.0, "credit_mb": 16.0}
 """The registry's default (preferred on a tie)."""
+NEGOTIATION = "one all-reduce latency after backward (module docstring)"
 EXECUTOR_EARLY_FORWARD = False
 """Whether the executor starts the next forward's layer i as soon as layer i's chunks land (module
 docstring): not yet, so the planner charges the wait for the last chunk."""
@@ -118,11 +126,12 @@ class ByteScheduler(Buckets):
         credit = max(credit_mb, chunk_mb) * MIB
         landed = _simulate(self.chunks(chunk_mb), ready, credit, self.latency_s, self.beta_s)
         start = clock = h * backward_window_s
+        agree = self.latency_s  # the round that agrees on the last gradients (NEGOTIATION)
         if not (EXECUTOR_EARLY_FORWARD if early_forward is None else early_forward):
-            return max(0.0, max(landed, default=start) - start)
+            return max(0.0, max(landed, default=start) - start) + agree
         for share, arrival in zip(self.fwd_share, landed):
             clock = max(clock, arrival) + h * backward_window_s * share
-        return max(0.0, clock - start - h * backward_window_s * sum(self.fwd_share))
+        return max(0.0, clock - start - h * backward_window_s * sum(self.fwd_share)) + agree
 
     def tuned(self, backward_window_s: float) -> dict:
         """The (chunk_mb, credit_mb) of CHUNK_MB x CREDIT_CHUNKS with the least exposed sync;

@@ -208,7 +208,9 @@ class AnyBatch(AllReduce):
     def bytes(self, params: int) -> Fraction:
         if self.params["gradient_allreduce"]:
             return wire_bytes("all_reduce", self.group, FP32 * params + FP32)
-        return Fraction(self.params["consensus_rounds"] * self._peers() * wire_bytes("send_recv", self.group, FP32 * params))
+        return Fraction(
+            self.params["consensus_rounds"] * self._peers() * wire_bytes("send_recv", self.group, FP32 * params)
+        )
 
 
 class Gossip(AllReduce):

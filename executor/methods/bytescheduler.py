@@ -163,6 +163,8 @@ class ScheduledReplica(nn.Module):
         self.sync = True
         self.scheduler: PriorityScheduler | None = None
         self.steps: list[dict] = []
+        self.totals = {"steps": 0, "rounds": 0, "overtakes": 0, "chunks": 0}
+        counter.notes_from = getattr(counter, "notes_from", []) + [self]  # type: ignore[attr-defined]
         self.params = [p for p in module.parameters() if p.requires_grad]
         directory = os.environ.get(STATS_DIR_ENV)
         self.stats_path = os.path.join(directory, f"bytescheduler.rank{dist.get_rank()}.json") if directory else None
@@ -219,6 +221,9 @@ class ScheduledReplica(nn.Module):
         for p in self.params:
             assert p.grad is not None
             p.grad.div_(self.world)
+        for key, value in (("steps", 1), ("rounds", scheduler.rounds), ("overtakes", scheduler.overtakes)):
+            self.totals[key] += value
+        self.totals["chunks"] += len(scheduler.sent)
         if not self.stats_path:
             return
         self.steps.append(
@@ -235,6 +240,14 @@ class ScheduledReplica(nn.Module):
         os.makedirs(os.path.dirname(self.stats_path), exist_ok=True)
         with open(self.stats_path, "w") as f:
             json.dump(self.steps, f)
+
+    def notes(self) -> list[str]:
+        """The run's line (RankResult.method_notes): what the scheduler did, and the early-forward rule."""
+        t = self.totals
+        return [
+            f"bytescheduler: {t['chunks']} chunks in {t['rounds']} negotiation rounds over {t['steps']} steps, "
+            f"{t['overtakes']} sent ahead of an earlier-queued lower-priority chunk; {EARLY_FORWARD_WHY}"
+        ]
 
 
 def wrap(part: nn.Module, group, params: dict, counter: ByteCounter) -> ScheduledReplica:
