@@ -13,6 +13,7 @@ On several nodes each node's launcher watches its own ranks (executor/multinode.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import os
@@ -26,11 +27,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import torch
 
-from meshplan.errors import MeshplanError, RunError, RunInterrupted
-from meshplan.executor import multinode, run_dir
+from meshplan.errors import MeshplanError, RunError, RunInterrupted, disk_full, os_error_text
+from meshplan.executor import multinode, run_dir, run_history
 from meshplan.executor.check import check_optimizer, check_plan
 from meshplan.executor.checkpoint import checkpoint_root, latest_step, saved_plan_path
 from meshplan.executor.checkpoint_manifest import resume_point
@@ -150,8 +152,13 @@ def run_plans(plans: list[Plan], opts: LaunchOptions, *, run_json: bool = False)
     with _interrupt_signals():
         node = opts.node_rank if opts.nnodes > 1 else None  # the nodes of one job may share out
         lock, launched = run_dir.RunDirLock(out, run_id, node).acquire(), False
+        run_path = out / multinode.node_file("run.json", opts.node_rank, opts.nnodes)
         try:
+            finished = run_history.finished_run(run_path, opts) if run_json else None
+            if finished is not None:  # --resume of a run already at --steps: nothing to run
+                return [finished]
             _check_checkpoints(out, len(plans), opts, plans)
+            earlier = run_history.earlier_run(run_path) if run_json and opts.resume else None
             launched = True
             results = _launch(plans, opts, out, run_id)
             for result in results if opts.nnodes > 1 else []:
@@ -161,9 +168,17 @@ def run_plans(plans: list[Plan], opts: LaunchOptions, *, run_json: bool = False)
                     f"ranks {opts.node_rank * nproc}..{(opts.node_rank + 1) * nproc - 1}"
                 )
             if run_json:
-                save(results[0], out / multinode.node_file("run.json", opts.node_rank, opts.nnodes))
+                if earlier is not None:
+                    run_history.continue_history(results[0], earlier)
+                save(results[0], run_path)
+            for result in results:
+                diverged = run_history.divergence(result)
+                if diverged:
+                    raise RunError(f"{diverged}; {'run.json' if run_json else 'the result'} keeps every step's loss")
             return results
         finally:
+            if launched:
+                _remove_leftovers(out, plans, opts)
             lock.release(remove_dir=not launched)
 
 
@@ -240,16 +255,15 @@ def _check_checkpoints(out: Path, count: int, opts: LaunchOptions, plans: list[P
     warning; a fresh run never deletes an earlier run's resumable checkpoint without --overwrite."""
     for i in range(count):
         vdir = variant_dir(str(out), i, count)
+        root = checkpoint_root(vdir)
+        if root.exists() and not root.is_dir():
+            raise MeshplanError(
+                f"--out-dir {out}: {root} is not the checkpoint directory (a file or a link); "
+                "move it away or use another --out-dir"
+            )
         done, warning = resume_point(vdir)
         if not opts.resume:
-            if done and not opts.overwrite:
-                raise MeshplanError(
-                    f"--out-dir {out}: holds a resumable checkpoint at step {done} "
-                    f"({checkpoint_root(vdir)}); continue it with --resume, start afresh with "
-                    "--overwrite (deletes it), or use another --out-dir"
-                )
-            if checkpoint_root(vdir).exists():
-                shutil.rmtree(checkpoint_root(vdir))
+            _fresh_start(out, root, done, warning, opts.overwrite)
             continue
         if done == 0:
             raise MeshplanError(
@@ -266,6 +280,43 @@ def _check_checkpoints(out: Path, count: int, opts: LaunchOptions, plans: list[P
             _check_reshard(load(Plan, saved_plan_path(vdir)), plans[i], vdir)
         if warning:
             print(f"meshplan run: warning: {warning}", file=sys.stderr, flush=True)
+
+
+def _fresh_start(out: Path, root: Path, done: int, warning: str | None, overwrite: bool) -> None:
+    """A fresh run deletes an earlier run's checkpoints only with --overwrite, and says so."""
+    held = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+    if not held:
+        return
+    if not overwrite:
+        what = (
+            f"a resumable checkpoint at step {done}"
+            if done
+            else f"checkpoints none of which is complete ({warning or ', '.join(held[:3])})"
+        )
+        raise MeshplanError(
+            f"--out-dir {out}: holds {what} ({root}); "
+            + ("continue it with --resume, " if done else "")
+            + "start afresh with --overwrite (deletes them), or use another --out-dir"
+        )
+    for child in root.iterdir():  # the entries, so a checkpoints/ link to another disk stays a link
+        shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+    print(f"meshplan run: --overwrite: deleted {root} ({', '.join(held)})", file=sys.stderr, flush=True)
+
+
+def _remove_leftovers(out: Path, plans: list[Plan], opts: LaunchOptions) -> None:
+    """However the run ended (a rank SIGKILLed mid-write, a full disk): no half-written status
+    file of this node's ranks stays, nor their offload=nvme state files (a killed rank cannot
+    remove its own; executor/methods/nvme_store.py)."""
+    nproc = plans[0].world_size // opts.nnodes
+    ranks = range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc)
+    env_dir = (opts.env or {}).get("MESHPLAN_OFFLOAD_DIR") or os.environ.get("MESHPLAN_OFFLOAD_DIR")
+    for r in ranks:
+        (out / "ranks" / f"rank{r}.status.tmp").unlink(missing_ok=True)
+        for i in range(len(plans)):
+            base = Path(env_dir) if env_dir else variant_dir(str(out), i, len(plans)) / "offload"
+            shutil.rmtree(base / f"rank{r}", ignore_errors=True)
+            if not env_dir and base.is_dir() and not any(base.iterdir()):
+                base.rmdir()
 
 
 def _write_plans(plans: list[Plan], out: Path) -> list[str]:
@@ -300,7 +351,12 @@ class _Output:
     def __init__(self, proc: subprocess.Popen, out: Path, quiet: bool, name: str = "launch.log"):
         self.tail: collections.deque[str] = collections.deque(maxlen=400)
         self.path = out / name
-        self.log = open(self.path, "w")
+        self.log_error: OSError | None = None
+        """Why launch.log could not be written (a full disk); the pump keeps draining torchrun."""
+        try:
+            self.log: TextIO | None = open(self.path, "w")
+        except OSError as exc:
+            self.log, self.log_error = None, exc
         self.quiet = quiet
         self.thread = threading.Thread(target=self._pump, args=(proc.stdout,), daemon=True)
         self.thread.start()
@@ -308,11 +364,35 @@ class _Output:
     def _pump(self, stream) -> None:
         for line in stream:
             self.tail.append(line)
-            self.log.write(line)
+            self._write_log(line)
             if not self.quiet:
-                sys.stdout.write(line)
-                sys.stdout.flush()
-        self.log.close()
+                try:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                except (OSError, ValueError):  # the terminal went away: launch.log still has it
+                    self.quiet = True
+        self._write_log(None)
+
+    def _write_log(self, line: str | None) -> None:
+        """Append a line (None: close); the first OSError stops the log, never the pump."""
+        if self.log is None:
+            return
+        try:
+            if line is None:
+                self.log.close()
+            else:
+                self.log.write(line)
+        except OSError as exc:
+            self.log_error = exc
+            with contextlib.suppress(OSError):
+                self.log.close()
+            self.log = None
+
+    def where(self) -> str:
+        """How to point a person at torchrun's output."""
+        if self.log_error is None:
+            return f"see {self.path}"
+        return f"{self.path} could not be written ({os_error_text(self.log_error)})"
 
     def root_cause(self) -> tuple[int, str] | None:
         """(rank, exit code) of torchrun's first observed failure, if it printed one."""
@@ -467,7 +547,7 @@ def _failure_message(
         s = st[cause[0]]
         return (
             f"rank {s['rank']} died (exit code {cause[1]}) after reporting step {s.get('step', -1)}{where(s)}; "
-            f"torchrun stopped the other ranks; see {output.path}"
+            f"torchrun stopped the other ranks; {output.where()}"
         )
     if errors:
         behind = min(st.values(), key=lambda s: (s.get("variant", 0), s.get("step", -1), s.get("time", 0)))
@@ -475,7 +555,7 @@ def _failure_message(
             f"rank {behind['rank']} stopped responding at step {behind.get('step', -1)}{where(behind)}; "
             f"its peers failed waiting for it ({errors[0].get('error', '')[:200]})"
         )
-    return f"torchrun exited with {rc} before every rank reported; see {output.path}"
+    return f"torchrun exited with {rc} before every rank reported; {output.where()}"
 
 
 def _collect(
@@ -497,14 +577,28 @@ def _collect(
     if len(results) != len(ranks):
         missing = [r for r in ranks if r not in results]
         message = _node_failure_message(ranks, opts, output, run_id) if opts.nnodes > 1 else None
-        raise RunError(
-            message
-            or (
-                _failure_message(Path(opts.out_dir), ranks, rc, output, count, run_id)
-                + f" (no result from ranks {missing})"
-            )
+        message = message or (
+            _failure_message(Path(opts.out_dir), ranks, rc, output, count, run_id)
+            + f" (no result from ranks {missing})"
         )
+        raise RunError(_disk_full(Path(opts.out_dir), output, message) or message)
     return merge_results(plan, [results[r] for r in ranks], rc, opts, run_id)
+
+
+_NO_SPACE = re.compile(r"No space left on device|Errno 28\b|Disk quota exceeded|the disk is full")
+
+
+def _disk_full(out: Path, output: _Output, failure: str) -> str | None:
+    """A failure that a full disk caused, said first: its last line must not be a rank's
+    traceback pointing to a launch.log that could not be written."""
+    free = shutil.disk_usage(out).free if out.is_dir() else None
+    log_full = output.log_error is not None and disk_full(output.log_error)
+    if not (log_full or _NO_SPACE.search(failure) or _NO_SPACE.search("".join(output.tail)) or (free or 2**16) < 2**16):
+        return None
+    return (
+        f"the disk is full ({(free or 0) / 2**20:.1f} MiB free under {out}): {failure}; "
+        "free space there or give --out-dir (and --offload-dir) on another disk"
+    )
 
 
 def _node_failure_message(ranks: list[int], opts: LaunchOptions, output: _Output, run_id: str) -> str | None:
@@ -532,7 +626,10 @@ def merge_results(plan: Plan, per_rank: list[dict], rc: int, opts: LaunchOptions
     """RunResult from the ranks' reports: losses of the first rank, the job's time per step."""
     first = per_rank[0]
     notes = list(first.get("method_notes", []))  # rank 0's (the compression codecs' decisions agree)
-    if any(r["losses"] != first["losses"] for r in per_rank):
+    losses, diverged_at = run_history.finite_losses(first["losses"])
+    if diverged_at is not None:
+        notes.append(f"the loss diverged at step {first['start_step'] + diverged_at}: non-finite losses are null")
+    elif any(r["losses"] != first["losses"] for r in per_rank):
         notes.append(
             "losses differ between ranks (max abs diff "
             f"{max(abs(a - b) for r in per_rank for a, b in zip(r['losses'], first['losses'])):.3g})"
@@ -552,7 +649,7 @@ def merge_results(plan: Plan, per_rank: list[dict], rc: int, opts: LaunchOptions
         plan_hash=content_hash(plan),
         world_size=plan.world_size,
         steps=opts.steps,
-        losses=first["losses"],
+        losses=losses,
         step_time_s=median_s,
         step_times_s=step_times,
         tokens_per_s=plan.global_batch_size * plan.seq_len / median_s if median_s > 0 else 0.0,

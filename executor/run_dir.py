@@ -21,7 +21,7 @@ import signal
 import time
 from pathlib import Path
 
-from meshplan.errors import MeshplanError
+from meshplan.errors import MeshplanError, os_error_text
 
 LOCK_NAME = ".meshplan.lock"
 
@@ -50,7 +50,12 @@ class RunDirLock:
     def acquire(self) -> RunDirLock:
         check_out_dir(self.out)
         self.created = not self.out.exists()
-        self.out.mkdir(parents=True, exist_ok=True)
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise MeshplanError(
+                f"--out-dir {self.out}: cannot create it ({os_error_text(exc)}); give another --out-dir"
+            ) from None
         self.new_file = not (self.out / LOCK_NAME).exists()
         if self.node_rank is None:
             self.fd = self._lock(LOCK_NAME, exclusive=True)
@@ -64,7 +69,16 @@ class RunDirLock:
         """flock out/name (shared: written by nobody); exclusive: write the holder into it."""
         import fcntl
 
-        fd = os.open(self.out / name, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fd = os.open(self.out / name, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None
+            kind = "is a directory" if (self.out / name).is_dir() else f"cannot be opened ({os_error_text(exc)})"
+            raise MeshplanError(
+                f"--out-dir {self.out}: its lock file {name} {kind}; remove it (no run holds it) or use another --out-dir"
+            ) from None
         try:
             fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -83,8 +97,17 @@ class RunDirLock:
             holder = {"pid": os.getpid(), "run_id": self.run_id, "started": time.time()}
             if self.node_rank is not None:
                 holder["node_rank"] = self.node_rank
-            os.ftruncate(fd, 0)
-            os.write(fd, (json.dumps(holder) + "\n").encode())
+            try:
+                os.ftruncate(fd, 0)
+                os.write(fd, (json.dumps(holder) + "\n").encode())
+            except OSError as exc:  # a full disk at start: nothing of the run can be written
+                os.close(fd)
+                if self.fd is not None:
+                    os.close(self.fd)
+                    self.fd = None
+                raise MeshplanError(
+                    f"--out-dir {self.out}: cannot write {name}: {os_error_text(exc)}; free space or give another --out-dir"
+                ) from None
         return fd
 
     def release(self, *, remove_dir: bool = False) -> None:

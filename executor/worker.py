@@ -12,6 +12,7 @@ MESHPLAN_FAULT="rank:step:exit|hang|raise" makes one rank fail on purpose (tests
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -72,8 +73,12 @@ class Status:
         if not self.path.parent.exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.info) + "\n")
-        os.replace(tmp, self.path)  # atomic: the launcher never reads a half-written file
+        try:
+            tmp.write_text(json.dumps(self.info) + "\n")
+            os.replace(tmp, self.path)  # atomic: the launcher never reads a half-written file
+        except OSError:  # a full disk: no half-written file stays; the rank fails naming why
+            tmp.unlink(missing_ok=True)
+            raise
 
 
 def _fault(rank: int, variant: int, step: int | str) -> None:
@@ -142,25 +147,29 @@ def main(argv: list[str] | None = None) -> int:
     # by the launcher (naming the rank that fell behind), not as a timeout on its peers
     dist.init_process_group(backend, timeout=timedelta(seconds=2 * args.timeout_s + 30))
     status = Status(args.out_dir, dist.get_rank(), args.run_id)
-    status.update(state="running")
     try:
+        status.update(state="running")
         if multinode.is_multinode():  # every node: the same plan and flags; checkpoints: one out_dir
             multinode.check_ranks_agree(args, [content_hash(load(Plan, p)) for p in args.plan])
             multinode.check_shared_out_dir(args)
         run_variants(args, status, device)
     except BaseException as exc:
-        status.update(
-            state="error",
-            step=status.info.get("current", -1),
-            error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500],
-        )
+        try:
+            status.update(
+                state="error",
+                step=status.info.get("current", -1),
+                error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500],
+            )
+        except OSError:  # the disk is full: the exception below in launch.log (or the pipe) says so
+            pass
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)  # skip the collective teardown: peers may be blocked in a collective
     dist_rank = dist.get_rank()
     dist.barrier()  # every rank wrote its result before anyone may exit
-    status.update(state="done")
+    with contextlib.suppress(OSError):  # the result is written: a full disk now loses only this note
+        status.update(state="done")
     dist.destroy_process_group()
     _fault(dist_rank, 0, "end")
     return 0

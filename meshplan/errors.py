@@ -36,8 +36,10 @@ class RunInterrupted(KeyboardInterrupt):
 
 def os_error_text(exc: OSError) -> str:
     """An OSError as words for a person: a full disk or quota says so plainly."""
+    return "the disk is full (no space left on device)" if disk_full(exc) else exc.strerror or str(exc)
+
+
+def disk_full(exc: BaseException) -> bool:
     import errno
 
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return "the disk is full (no space left on device); free space or give a path on another disk"
-    return exc.strerror or str(exc)
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)

@@ -18,8 +18,9 @@ class RunResult:
     """content_hash of the plan that was executed."""
     world_size: int
     steps: int
-    losses: list[float]
-    """One loss per step (the global-batch mean), identical on every rank."""
+    losses: list[float | None]
+    """One loss per step from step `first_loss_step` (the global-batch mean), identical on every
+    rank; null where the loss was not finite (the run diverged; `notes` says from which step)."""
     step_time_s: float
     """Median step time after warm-up."""
     step_times_s: list[float] = field(default_factory=list)
@@ -33,6 +34,10 @@ class RunResult:
     backend: str = "gloo"
     torch_version: str = ""
     resumed_from_step: int = 0
+    losses_from_step: int | None = None
+    """Steps done before losses[0]: 0 when a resumed run's run.json continues the earlier one's
+    losses (and step times) up to the checkpoint; None (run.json before this field): the
+    resumed steps only, from resumed_from_step."""
     comm_bytes_per_step: dict[str, int] = field(default_factory=dict)
     """Data-parallel bytes on the wire per step and rank, by mesh axis ("dp_replicate",
     "dp_shard"): the max over ranks of each rank's mean over the steps after the first, counted
@@ -53,9 +58,20 @@ class RunResult:
             f"this meshplan reads run.json schema {RUN_SCHEMA_VERSION}; re-run meshplan run",
         )
         check(
-            len(self.losses) == self.steps - self.resumed_from_step,
+            0 <= self.first_loss_step <= self.resumed_from_step,
+            f"{p}losses_from_step",
+            self.losses_from_step,
+            f"must be between 0 and resumed_from_step {self.resumed_from_step}",
+        )
+        check(
+            len(self.losses) == self.steps - self.first_loss_step,
             f"{p}losses",
             len(self.losses),
-            "need one loss per executed step",
+            f"need one loss per step from step {self.first_loss_step} to {self.steps}",
         )
         check(self.step_time_s >= 0, f"{p}step_time_s", self.step_time_s, "must be >= 0")
+
+    @property
+    def first_loss_step(self) -> int:
+        """Steps done before losses[0] (losses[i] is the loss of step first_loss_step + i + 1)."""
+        return self.resumed_from_step if self.losses_from_step is None else self.losses_from_step

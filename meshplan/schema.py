@@ -20,7 +20,7 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-from meshplan.errors import MeshplanError, os_error_text
+from meshplan.errors import MeshplanError, disk_full, os_error_text
 
 T = TypeVar("T")
 
@@ -198,7 +198,8 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(exc, OSError):
-            raise MeshplanError(f"cannot write {str(path)!r}: {os_error_text(exc)}") from None
+            fix = "; free space or give a path on another disk" if disk_full(exc) else ""
+            raise MeshplanError(f"cannot write {str(path)!r}: {os_error_text(exc)}{fix}") from None
         raise
 
 
@@ -222,7 +223,8 @@ def _write_special(path: Path, mode: int, text: str) -> None:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
     except OSError as exc:
-        raise MeshplanError(f"cannot write {str(path)!r}: {os_error_text(exc)}") from None
+        fix = "; give a file path" if not disk_full(exc) else ""
+        raise MeshplanError(f"cannot write {str(path)!r}: {os_error_text(exc)}{fix}") from None
 
 
 def current_umask() -> int:

@@ -53,6 +53,10 @@ def make_inputs(root: Path) -> None:
     (root / "rd" / "checkpoints" / "latest").write_text("garbage\0")
     (root / "empty_run").mkdir()
     os.mkfifo(root / "fifo")
+    (root / "dmg" / "checkpoints" / "step_000002").mkdir(parents=True)  # a save that never finished
+    (root / "ckfile").mkdir()
+    (root / "ckfile" / "checkpoints").write_text("mine")
+    (root / "lockdir" / ".meshplan.lock").mkdir(parents=True)
 
 
 CASES = [
@@ -111,6 +115,10 @@ CASES = [
     (["run", "good.json", "--nnodes", "2", "--print-launch"], "--rdzv-endpoint"),
     (["run", "good.json", "--resume", "--out-dir", "rd"], "checkpoints/latest is damaged"),
     (["run", "good.json", "--resume", "--out-dir", "empty_run"], "no complete checkpoint"),
+    (["run", "good.json", "--out-dir", "dmg"], "holds checkpoints none of which is complete"),
+    (["run", "good.json", "--out-dir", "ckfile"], "is not the checkpoint directory"),
+    (["run", "good.json", "--out-dir", "lockdir"], "its lock file .meshplan.lock is a directory"),
+    (["run", "good.json", "--out-dir", "/proc/r"], "--out-dir /proc/r: cannot create it"),
     # plan/cluster flags and a report of another world size
     (["plan", "--num-gpus", "0"], "--num-gpus 0"),
     (["plan", "--cluster", "tpu-v9"], "tpu-v9"),

@@ -6,6 +6,7 @@ Every test here launches gpt-tiny on 2 gloo ranks for a few seconds; the launche
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -228,8 +229,117 @@ def test_damaged_checkpoint_falls_back_and_a_fresh_run_keeps_it(tmp_path, capfd)
     )
     err = [line for line in capfd.readouterr().err.splitlines() if "meshplan run: warning" in line]
     assert len(err) == 1 and f"{shard.name} is" in err[0] and "falling back to step 2" in err[0], err
-    assert resumed.resumed_from_step == 2 and len(resumed.losses) == 3
-    ref = reference_losses(plan, steps=5, **SGD)
-    assert max(abs(a - b) / b for a, b in zip(resumed.losses, ref[2:])) <= 1e-5
+    assert resumed.resumed_from_step == 2 and resumed.losses_from_step == 0 and len(resumed.losses) == 5
+    ref = reference_losses(plan, steps=5, **SGD)  # steps 1-2 kept from the first run.json
+    assert max(abs(a - b) / b for a, b in zip(resumed.losses, ref)) <= 1e-5
     assert latest_step(out) == 4  # step 4 saved again, complete this time
     assert processes_of(out) == []
+
+
+# ------------------------------------------------------------------ launched faults, one row each
+# (plan kwargs, run_plan kwargs, environment, expected RunError text or None, check of the out-dir
+# afterwards). Every row launches gpt-tiny on 2 gloo ranks for a few steps.
+def _nan_run_json_kept(out: Path) -> None:
+    run = json.loads((out / "run.json").read_text())  # strict JSON: no NaN token
+    assert run["losses"][0] is not None and run["losses"][-1] is None and len(run["losses"]) == 3
+    assert any("diverged" in note for note in run["notes"])
+
+
+def _nothing_left_of_killed_ranks(out: Path) -> None:
+    assert not list((out / "ranks").glob("*.tmp"))
+    assert not (out / "offload").exists(), list((out / "offload").rglob("*"))
+
+
+FAULTS = [
+    (
+        "nan-loss",
+        {},
+        dict(steps=3, lr=1e30, grad_clip=0.0),
+        {},
+        r"the loss diverged: step 2's loss",
+        _nan_run_json_kept,
+    ),
+    (
+        "nvme-rank-killed",
+        dict(offload="nvme"),
+        dict(steps=4),
+        {"MESHPLAN_FAULT": "1:2:exit"},
+        r"rank 1 died",
+        _nothing_left_of_killed_ranks,
+    ),
+]
+
+
+@pytest.mark.parametrize("plan_kw, run_kw, env, error, check", [r[1:] for r in FAULTS], ids=[r[0] for r in FAULTS])
+def test_run_fault_keeps_results_and_leaves_nothing(tmp_path, monkeypatch, plan_kw, run_kw, env, error, check):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    out = tmp_path / "run"
+    kwargs = {**SGD, **run_kw}
+    with pytest.raises(RunError, match=error) if error else contextlib.nullcontext():
+        run_plan(make_plan(dp=2, **plan_kw), out_dir=str(out), quiet=True, timeout_s=60, **kwargs)
+    check(out)
+    assert processes_of(out) == []
+
+
+def test_readme_resume_pair_continues_run_json(tmp_path, capsys):
+    """--steps is the run's total: an interrupted run (3 of 4 steps, checkpoint at 2) resumed with
+    --steps 4 keeps steps 1-2 of the first run.json and appends 3-4, on the single-process
+    trajectory; resuming a finished run has nothing to run (exit 0, run.json unchanged)."""
+    plan_path, out = tmp_path / "plan.json", tmp_path / "run"
+    plan = make_plan(dp=2)
+    save(plan, plan_path)
+    base = ["run", str(plan_path), "--out-dir", str(out), "--optimizer", "sgd", "--quiet"]
+    assert main([*base, "--steps", "3", "--checkpoint-every", "2"]) == 0
+    first = json.loads((out / "run.json").read_text())["losses"]
+    assert main([*base, "--steps", "4", "--resume", "--checkpoint-every", "2"]) == 0
+    run = json.loads((out / "run.json").read_text())
+    assert run["resumed_from_step"] == 2 and run["losses_from_step"] == 0 and run["losses"][:2] == first[:2]
+    ref = reference_losses(plan, steps=4, optimizer="sgd", lr=3e-4, grad_clip=1.0)
+    assert max(abs(a - b) / b for a, b in zip(run["losses"], ref)) <= 1e-5
+    text = (out / "run.json").read_text()
+    capsys.readouterr()
+    assert main([*base, "--steps", "4", "--resume"]) == 0
+    assert "nothing to run" in capsys.readouterr().err and (out / "run.json").read_text() == text
+
+
+def _tmpfs_cli(tmp_path: Path, size: str, fill: bool, *args: str) -> subprocess.CompletedProcess:
+    """`meshplan run ... --out-dir fs/run` with fs a private tmpfs of `size` (a user and mount
+    namespace, so no root is needed and nothing stays mounted); fill=True fills it first."""
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    filler = f"head -c {size} /dev/zero > {fs}/filler 2>/dev/null;" if fill else ""
+    script = (
+        f"mount -t tmpfs -o size={size} tmpfs {fs} || exit 99; {filler} "
+        f"exec {sys.executable} -m meshplan run {tmp_path / 'plan.json'} --out-dir {fs}/run --quiet {' '.join(args)}; "
+    )
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("no unprivileged user and mount namespaces (unshare -rm) to make a small disk")
+    save(make_plan(dp=2), tmp_path / "plan.json")
+    inspect = f"; ls -a {fs}/run/ranks {fs}/run 2>/dev/null"
+    proc = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", f"({script}); echo rc=$?{inspect}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(Path(__file__).parent)),
+    )
+    if "rc=99" in proc.stdout:
+        pytest.skip("cannot mount a tmpfs here")
+    return proc
+
+
+@pytest.mark.parametrize(
+    "size, fill, args, rc, needle",
+    [
+        ("2m", False, ("--steps", "4", "--checkpoint-every", "2"), 4, "the disk is full"),  # at the checkpoint
+        ("64k", True, ("--steps", "2"), 2, "cannot write .meshplan.lock: the disk is full"),  # at start
+    ],
+)
+def test_full_disk_is_said_in_the_last_line(tmp_path, size, fill, args, rc, needle):
+    proc = _tmpfs_cli(tmp_path, size, fill, *args)
+    err = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert f"rc={rc}" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    assert needle in err[-1] and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert ".tmp" not in proc.stdout, proc.stdout

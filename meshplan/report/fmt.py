@@ -41,8 +41,8 @@ def tflops(value: float) -> str:
     return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
 
 
-def loss(value: float) -> str:
-    return f"{value:.4f}"
+def loss(value: float | None) -> str:
+    return "not finite" if value is None else f"{value:.4f}"
 
 
 def nbytes(value_bytes: float) -> str:

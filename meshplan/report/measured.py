@@ -48,7 +48,7 @@ def comparison_rows(plan: Plan, run: RunResult) -> list[list[str]]:
 
 
 def _loss_rows(run: RunResult) -> list[list[str]]:
-    first = run.resumed_from_step
+    first = run.first_loss_step
     stride = max(1, -(-len(run.losses) // MAX_LOSS_ROWS))
     rows = []
     for i in range(0, len(run.losses), stride):
@@ -74,7 +74,7 @@ def measured_section(plan: Plan, run: RunResult) -> Section:
     else:
         items.append("The plan has no prediction to compare with.")
     if run.losses:
-        pts = [(run.resumed_from_step + i + 1, value) for i, value in enumerate(run.losses)]
+        pts = [(run.first_loss_step + i + 1, v) for i, v in enumerate(run.losses) if v is not None]
         items.append(
             Figure(
                 name="loss",
