@@ -138,21 +138,25 @@ def resolve(options: PlanOptions, progress: Progress = _no_progress) -> Inputs:
 
 
 def build_profile_for(options: PlanOptions, request: PlanRequest, progress: Progress = _no_progress) -> ModelProfile:
+    """The profile a plan is priced on: closed-form, saved or captured. Under a runtime that builds
+    its own model of the shape (behaviour model_source), a built profile's standard blocks are
+    priced as that runtime runs them (models/analytic.as_runtime_builds; docs/validation.md)."""
+    from meshplan.models.analytic import as_runtime_builds, from_spec
+
+    rt = runtimes.runtime(options.runtime)
+    dropout = bool(options.dropout if options.dropout is not None else rt.value("dropout"))
+    flash = request.attention != "materialized"
+    if options.model.startswith("analytic:") and not options.profile:
+        return from_spec(options.model, parse_overrides(options.overrides), flash=flash, dropout=dropout)
     if options.profile:
         if options.overrides:
             raise MeshplanError("--set cannot change a saved --profile; re-run meshplan profile with --set")
-        return schema.load(ModelProfile, options.profile, "profile")
-    if options.model.startswith("analytic:"):
-        from meshplan.models.analytic import from_spec
-
-        dropout = options.dropout if options.dropout is not None else runtimes.runtime(options.runtime).value("dropout")
-        return from_spec(
-            options.model,
-            parse_overrides(options.overrides),
-            flash=request.attention != "materialized",
-            dropout=bool(dropout),
-        )
-    return build_profile(options.model, options.overrides, progress=progress)
+        profile = schema.load(ModelProfile, options.profile, "profile")
+    else:
+        profile = build_profile(options.model, options.overrides, progress=progress)
+    if rt.value("model_source") == "runtime":  # Megatron, torchtitan: their own model of this shape
+        profile = as_runtime_builds(profile, dropout=dropout, flash=flash)
+    return profile
 
 
 def build_profile(
@@ -321,8 +325,8 @@ def runtime_behaviours(o: PlanOptions, cluster: ClusterSpec, precision: str, war
             )
         if "fp8" not in cluster.device.peak_flops:
             warnings.append(f"--precision fp8: {cluster.device.name} has no fp8 tensor cores; GEMMs stay bf16")
-    if o.dropout is not None and not o.model.startswith("analytic:") and not o.profile:
-        warnings.append("--dropout applies to closed-form profiles (--model analytic:gpt); ignored")
+    if o.dropout is not None and rt.value("model_source") == "user" and not o.model.startswith("analytic:"):
+        warnings.append(f"--dropout: runtime {rt.name} runs the profiled module, whose dropout it keeps; ignored")
     return out
 
 

@@ -174,7 +174,7 @@ def runtime_group(p: argparse.ArgumentParser) -> None:
         "--dropout",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="dropout masks kept for backward (closed-form --model analytic:gpt only)",
+        help="dropout masks kept for backward (GPT blocks; default: the runtime's, e.g. on under megatron-lm)",
     )
     g.add_argument(
         "--uniform-stages",

@@ -48,7 +48,7 @@ BEHAVIOURS = {
     "overlap_dp_comm": "gradient reduction overlapped with backward (all but the last bucket)",
     "overlap_tp_comm": "tensor-parallel collectives overlapped with GEMMs",
     "attention": "attention kernel: flash (keeps the log-sum-exp) or materialized (keeps the s x s scores)",
-    "dropout": "dropout masks kept for backward (closed-form profiles, --model analytic:gpt)",
+    "dropout": "dropout masks kept for backward (GPT blocks, closed-form or captured)",
     "uniform_stages": "blocks split evenly over the pipeline stages (else boundaries are searched)",
     "zero_stages": "ZeRO / FSDP stages the runtime implements (the search tries only these)",
     "fsdp_gather_bytes": "bytes per element of the ZeRO-2/3 parameter all-gather and gradient reduce-scatter",
@@ -57,6 +57,7 @@ BEHAVIOURS = {
     "selective_recompute": "what --recompute selective recomputes",
     "elementwise": "memory-bound ops (norms, rotary, SwiGLU, GQA repeat): fused kernels, torch.compile, or eager ops",
     "fused_projections": "Q, K, V in one GEMM and the MLP's gate and up in one (else one GEMM per projection)",
+    "model_source": "runtime: the runtime builds its own model of the profiled shape (a standard block is priced as its closed form); user: the profiled module runs",
     "free_stage_outputs": "a pipeline stage frees each microbatch's output once sent (else holds it until its backward)",
     "offload_methods": "state offload the runtime implements (the search falls back only to these when nothing fits)",
     "compression_methods": "gradient compression the runtime implements (--allow-compression keeps only these)",
@@ -79,6 +80,7 @@ FLAGS = {
     "selective_recompute": "(--runtime; --recompute selective)",
     "elementwise": "--elementwise, --compile",
     "fused_projections": "--fused-projections / --no-fused-projections",
+    "model_source": "(--runtime)",
     "free_stage_outputs": "--free-stage-outputs / --no-free-stage-outputs",
     "offload_methods": "--offload (pins one)",
     "compression_methods": "--compression (pins one), --allow-compression",
@@ -144,6 +146,7 @@ RUNTIMES: dict[str, Runtime] = {
             "fused_projections": Behaviour(
                 value=False, source="models/zoo: wq, wk, wv and w1, w3 are separate nn.Linear"
             ),
+            "model_source": Behaviour(value="user", source="executor: the profiled module itself, as built"),
             "free_stage_outputs": _HOLD_OUTPUTS,
             "offload_methods": Behaviour(
                 value=("none", "cpu", "nvme"),
@@ -208,6 +211,10 @@ RUNTIMES: dict[str, Runtime] = {
             "fused_projections": Behaviour(
                 value=False, source="torchtitan models/llama3/model.py: Attention wq, wk, wv; FeedForward w1, w2, w3"
             ),
+            "model_source": Behaviour(
+                value="runtime",
+                source="torchtitan builds its own model from the config (train_spec, models/llama3/model.py Transformer)",
+            ),
             "free_stage_outputs": _HOLD_OUTPUTS,
             "offload_methods": Behaviour(
                 value=("none", "cpu"),
@@ -258,6 +265,10 @@ RUNTIMES: dict[str, Runtime] = {
             "fused_projections": Behaviour(
                 value=True,
                 source="megatron/model/transformer.py: ParallelAttention query_key_value, one ColumnParallelLinear",
+            ),
+            "model_source": Behaviour(
+                value="runtime",
+                source="pretrain_gpt.py model_provider: megatron.model.GPTModel from --num-layers, --hidden-size",
             ),
             "free_stage_outputs": Behaviour(
                 value=True,
@@ -322,6 +333,10 @@ RUNTIMES: dict[str, Runtime] = {
             "fused_projections": Behaviour(
                 value=True,
                 source="megatron/core/transformer: linear_qkv; linear_fc1 holds gate and up (gated linear unit)",
+            ),
+            "model_source": Behaviour(
+                value="runtime",
+                source="pretrain_gpt.py model_provider: megatron.core.models.gpt.GPTModel with its transformer layer spec",
             ),
             "free_stage_outputs": Behaviour(
                 value=True,
@@ -392,6 +407,11 @@ RUNTIMES: dict[str, Runtime] = {
                 known=False,
                 source="not known: an HF Llama has q_proj, k_proj, v_proj, gate_proj, up_proj (Megatron-DeepSpeed "
                 "fuses them: --fused-projections)",
+            ),
+            "model_source": Behaviour(
+                value="user",
+                known=False,
+                source="not known: deepspeed.initialize wraps the user's module (Megatron-DeepSpeed builds its own GPT)",
             ),
             "free_stage_outputs": Behaviour(
                 value=False,

@@ -15,6 +15,8 @@ Per-sample (one sequence of s tokens) quantities, h = hidden, a = heads, f = ffn
 
 from __future__ import annotations
 
+import dataclasses
+
 from meshplan.model_profile import LayerProfile, ModelProfile, TPRule
 
 
@@ -188,6 +190,106 @@ def _assemble(name, family, seq, hidden, heads, vocab, layer_list, config) -> Mo
         device="meta",
         layers=layer_list,
         notes=["closed-form profile (meshplan.models.analytic)"],
+    )
+
+
+def _widths(layer: LayerProfile) -> tuple[int, int, int, int, bool] | None:
+    """(s, h, kv, f, gated) of a built transformer block, from its GEMMs in forward order: q, k, v,
+    o, then fc1, fc2 (GPT) or w1, w3, w2 (gated, Llama-style), each its own linear; or fused, qkv,
+    o, fc1 (or gate and up together), fc2 (HF GPT-2's Conv1D c_attn, c_fc). None for any other
+    layer (and for a closed-form block, which is one already)."""
+    g = [[int(x) for x in shape] for shape in layer.gemm_shapes]
+    if layer.tp.kind not in ("block", "none") or layer.kind in ("gpt_block", "llama_block") or len(g) not in (4, 6, 7):
+        return None
+    s, h = g[0][0], g[0][2]
+    if len(g) == 4:
+        (_, qkv, _), (_, ho, _), (_, up, _), (_, hd, f) = g
+        kv, gated = (qkv - h) // 2, up == 2 * f
+        ok = up in (f, 2 * f) and qkv > h
+    else:
+        (_, hq, _), (_, kv, _), (_, kv2, _), (_, ho, _) = g[:4]
+        gated, f, hd = len(g) == 7, g[4][1], g[-1][1]
+        ok = hq == h and kv2 == kv and g[-1][2] == f and (not gated or g[5][1] == f)
+    if not ok or ho != h or hd != h or any(shape[0] != s for shape in g):
+        return None
+    return s, h, kv, f, gated
+
+
+def _runtime_block(layer: LayerProfile, heads: int, *, dropout: bool, flash: bool) -> LayerProfile:
+    """The closed-form block of a built block's shape (its own parameters, TP rule and boundary
+    bytes kept), or the layer itself when it is not a standard block (its FLOPs differ by more
+    than 1% from the closed form's: biases aside, another architecture)."""
+    widths = _widths(layer)
+    if widths is None or not heads:
+        return layer
+    s, h, kv, f, gated = widths
+    a = int(layer.tp.divisors.get("heads") or heads)
+    kind = "llama_block" if gated else "gpt_block"
+    new = _block(
+        layer.name, s, h, a, f, kv, dropout=dropout and not gated, flash=flash or gated, gated=gated, kind=kind
+    )
+    if abs(new.forward_flops - layer.forward_flops) > 0.01 * layer.forward_flops:
+        return layer
+    own_rule = layer.tp.kind == "block"  # else the runtime's (a module meshplan cannot split, HF GPT-2's Conv1D)
+    return dataclasses.replace(
+        new,
+        num_params=layer.num_params,
+        param_bytes=layer.param_bytes,
+        num_tied_params=layer.num_tied_params,
+        num_frozen_params=layer.num_frozen_params,
+        param_shapes=layer.param_shapes if own_rule else [],
+        param_names=layer.param_names if own_rule else [],
+        input_bytes=layer.input_bytes,
+        output_bytes=layer.output_bytes,
+        tp=layer.tp if own_rule else new.tp,
+    )
+
+
+def _runtime_end(layer: LayerProfile, s: int, h: int, vocab: int, *, dropout: bool) -> LayerProfile:
+    """The runtime's embedding or LM head of a built one (its own parameters kept): the head with
+    its loss (Megatron's vocab-parallel cross-entropy keeps the fp32 logits from the microbatch's
+    forward to its backward, an activation like any other; one all-reduce of the input gradient
+    backward), the embedding with its dropout mask. Other layers as they are."""
+    if layer.tp.kind == "head" and layer.gemm_shapes == [[s, vocab, h]]:
+        new = _head(s, h, vocab)
+    elif layer.tp.kind == "embedding" and vocab and layer.num_params >= vocab * h:
+        new = _embed(s, h, vocab, layer.num_params >= (vocab + s) * h, dropout)
+    else:
+        return layer
+    return dataclasses.replace(
+        new,
+        name=layer.name,
+        num_params=layer.num_params,
+        param_bytes=layer.param_bytes,
+        num_tied_params=layer.num_tied_params,
+        num_frozen_params=layer.num_frozen_params,
+        input_bytes=layer.input_bytes,
+        output_bytes=new.output_bytes if layer.tp.kind == "head" else layer.output_bytes,
+    )
+
+
+def as_runtime_builds(profile: ModelProfile, *, dropout: bool, flash: bool) -> ModelProfile:
+    """A built model's profile as a runtime that builds its own model runs it (runtime behaviour
+    `model_source` = "runtime": Megatron-LM and Megatron-Core build their GPTModel, torchtitan its
+    Transformer, from the shape alone). Each standard transformer block becomes the closed-form
+    block of its shape: the runtime's kernels save what that block saves (its fused norms and
+    activations, its dropout, its attention core; the planner adds the runtime's unfused traffic,
+    planner/elementwise.py), not what the profiled module's eager ops save (an fp32 RMSNorm
+    chain, repeated K and V, a composite GeLU), and its GEMMs are the runtime's (Megatron's fused
+    QKV). The embedding and LM head become the runtime's (_runtime_end). A profile without a
+    standard block is returned as it is."""
+    layers = [_runtime_block(lp, profile.heads, dropout=dropout, flash=flash) for lp in profile.layers]
+    changed = sum(new is not old for new, old in zip(layers, profile.layers))
+    if not changed:
+        return profile
+    gpt = any(lp.kind == "gpt_block" for lp in layers)
+    s, h, vocab = profile.seq_len, profile.hidden, profile.vocab
+    layers = [_runtime_end(lp, s, h, vocab, dropout=dropout and gpt) for lp in layers]
+    return dataclasses.replace(
+        profile,
+        layers=layers,
+        notes=profile.notes
+        + [f"{changed} standard block(s) priced as the runtime builds them (models/analytic.as_runtime_builds)"],
     )
 
 

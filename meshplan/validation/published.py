@@ -131,14 +131,20 @@ def with_source_software(rows: list[dict]) -> list[dict]:
     ]
 
 
-def row_argv(row: dict, verb: str = "plan") -> list[str]:
+CAPTURED_MODEL = "gpt"
+"""The zoo model a row's shape is also captured from (`--model gpt --set <shape> --seq S`): the
+profile every user's module takes, beside the closed form."""
+
+
+def row_argv(row: dict, verb: str = "plan", model: str = "analytic:gpt") -> list[str]:
     """The `meshplan plan` arguments that predict a published row: its model (closed-form, as the
-    software ran it), GPUs, batch, runtime, and every knob the row states; the rest is searched."""
+    software ran it; or `model`, a built one of the same shape, captured on the meta device), GPUs,
+    batch, runtime, and every knob the row states; the rest is searched."""
     schedule, v = _schedule(row["schedule"])
     recompute, sp = _recompute(row["recompute"])
     if _int(row["pp"]) == 1:
         schedule, v = None, None
-    model = {
+    shape = {
         "layers": row["layers"],
         "hidden": row["hidden"],
         "heads": row["heads"],
@@ -148,9 +154,10 @@ def row_argv(row: dict, verb: str = "plan") -> list[str]:
     argv = [
         verb,
         "--model",
-        "analytic:gpt",
+        model,
         "--set",
-        *(f"{k}={int(x)}" for k, x in model.items()),
+        *(f"{k}={int(x)}" for k, x in shape.items()),
+        *([] if model.startswith("analytic:") else ["--seq", str(int(shape["seq"]))]),
         "--cluster",
         preset_for(row["gpu"]),
         "--num-gpus",
@@ -186,10 +193,10 @@ def _zero_stated(row: dict) -> int | None:
     return 1 if "overlap-param-gather" in text or "distributed optimizer" in text else None
 
 
-def command_line(row: dict, verb: str = "plan") -> str:
+def command_line(row: dict, verb: str = "plan", model: str = "analytic:gpt") -> str:
     import shlex
 
-    return shlex.join(["meshplan", *row_argv(row, verb)])
+    return shlex.join(["meshplan", *row_argv(row, verb, model)])
 
 
 def cli_inputs(argv: list[str]):
@@ -249,6 +256,7 @@ def validate_row(row: dict) -> dict:
     pr = plan.prediction
     return {
         **out,
+        **_captured(row, measured),
         "predicted_tokens_per_s_per_gpu": pr.tokens_per_s_per_gpu,
         "rel_error": pr.tokens_per_s_per_gpu / measured - 1,
         "predicted_mfu": pr.mfu,
@@ -257,6 +265,21 @@ def validate_row(row: dict) -> dict:
         "step_time_s": pr.step_time_s,
         "plan": _describe(plan),
         "peak_memory_gib": pr.peak_memory_bytes / GIB,
+    }
+
+
+def _captured(row: dict, measured: float) -> dict:
+    """The same row predicted from the captured zoo model of its shape (CAPTURED_MODEL)."""
+    try:
+        plan = search(*cli_inputs(row_argv(row, model=CAPTURED_MODEL)))
+    except MeshplanError as exc:
+        return {"captured_error": str(exc), "captured_tokens_per_s_per_gpu": None, "captured_rel_error": None}
+    tps = plan.prediction.tokens_per_s_per_gpu
+    return {
+        "captured_tokens_per_s_per_gpu": tps,
+        "captured_rel_error": tps / measured - 1,
+        "captured_peak_memory_gib": plan.prediction.peak_memory_bytes / GIB,
+        "captured_command": command_line(row, model=CAPTURED_MODEL),
     }
 
 
