@@ -45,7 +45,7 @@ def megatron_pins(profile, cluster, num_ranks: int, global_batch: int, microbatc
 def planner_choice(profile, cluster):
     """The planner's own search result for the same ranks and batch."""
     from benchmarks.local_accuracy import request
-    from meshplan.planner import search
+    from meshplan.planner.search import search
 
     return search(profile, cluster, request({}))
 

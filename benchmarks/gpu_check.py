@@ -50,7 +50,7 @@ def gemm_curve(sizes: list[int], repeats: int = 20) -> list[dict]:
     """Achieved bf16 FLOP/s of an n x n x n matmul (2 n^3 FLOPs), median over `repeats`."""
     import torch
 
-    from meshplan.planner.compute import gemm_efficiency
+    from meshplan.planner.cost.compute import gemm_efficiency
     from meshplan.presets import cluster_preset
 
     device = cluster_preset(preset_for_gpu(), 1).device
@@ -87,7 +87,7 @@ def layer_timings(microbatches: list[int]) -> tuple[list[dict], object]:
     """Measured fwd/bwd per layer (the profiler on CUDA) beside the preset-only prediction
     forward FLOPs / (bf16 peak x GEMM efficiency at the layer's forward FLOPs), an optimistic
     bound since a layer is several smaller GEMMs; and the profile itself."""
-    from meshplan.planner.compute import gemm_efficiency
+    from meshplan.planner.cost.compute import gemm_efficiency
     from meshplan.presets import cluster_preset
     from meshplan.profiler import profile_model
 

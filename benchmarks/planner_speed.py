@@ -30,8 +30,9 @@ import time
 from meshplan import dp_methods
 from meshplan.errors import InfeasibleError
 from meshplan.models.analytic import GPT3_175B, LLAMA3_405B, gpt_profile, llama_profile
-from meshplan.planner import PlanRequest, search
-from meshplan.planner.bruteforce import brute_force
+from meshplan.planner import PlanRequest
+from meshplan.planner.search import search
+from meshplan.planner.search.bruteforce import brute_force
 from meshplan.presets import cluster_preset
 
 GPT_SHAPE = ("layers", "hidden", "heads", "vocab", "seq")

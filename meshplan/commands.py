@@ -243,7 +243,7 @@ def _emit_plan(args: argparse.Namespace, options, plan: Plan) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     options, inputs = _inputs(args)
-    from meshplan.planner import search
+    from meshplan.planner.search import search
 
     with _progress(args, f"searching plans for {inputs.request.num_gpus} x {inputs.cluster.name}"):
         plan = search(inputs.profile, inputs.cluster, inputs.request)

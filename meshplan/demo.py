@@ -25,8 +25,8 @@ MICROBATCHES = [1, 2, 4, 8, 16]
 def run_demo(out: Path, steps: int = 8, quiet: bool = False):
     """Run the pipeline; returns (plan, run_result). Raises MeshplanError on failure."""
     from meshplan.executor import run_plan
-    from meshplan.planner import search
     from meshplan.planner.request import PlanRequest
+    from meshplan.planner.search import search
     from meshplan.profiler import profile_model
     from meshplan.profiler.links import profile_links
     from meshplan.report import write_report

@@ -73,15 +73,10 @@ EXAMPLES = (
 
 
 def planner_search():
-    """meshplan.planner.search (the function); ImportError saying why while the planner is not there."""
-    import meshplan.planner as planner
+    """meshplan.planner.search.search (the function)."""
+    from meshplan.planner.search import search
 
-    fn = getattr(planner, "search", None)
-    if fn is not None and not callable(fn):  # the submodule meshplan.planner.search, not the function
-        fn = getattr(fn, "search", None)
-    if not callable(fn):
-        raise ImportError("meshplan.planner does not export search(profile, cluster, request) yet")
-    return fn
+    return search
 
 
 def plan_example(ex: Example) -> Plan:

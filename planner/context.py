@@ -78,6 +78,7 @@ class Candidate:
         microbatch). A data-parallel method other than the defaults also sees the replica group
         and the microbatch count at ZeRO-0/1 (an all-gather compressor decodes and holds one
         payload per replica; a sync method's per-microbatch work)."""
+        data: tuple[int | bool, ...]
         if self.zero <= 1 and self.methods:
             data = (self.zero, self.dp_replicate, self.num_microbatches)
         elif self.zero == 0:

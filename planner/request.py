@@ -31,7 +31,7 @@ class PlanRequest:
     """"none" | "selective" | "full" applied to every block; None searches per layer."""
     recompute_num_layers: int = 1
     """Megatron's `--recompute-method uniform --recompute-num-layers N` with recompute "full": the
-    blocks of a stage checkpointed in groups of N consecutive layers (planner/recompute.py)."""
+    blocks of a stage checkpointed in groups of N consecutive layers (planner/search/recompute.py)."""
     zero: int | None = None
     dp_shard: int | None = None
     """FSDP2 shard degree (ZeRO-2/3); with dp, dp_replicate = dp / dp_shard (HSDP when both > 1)."""
@@ -73,20 +73,20 @@ class PlanRequest:
     parallelism, 1F1B at any microbatch count): the search offers such layouts for it."""
     offload_methods: tuple[str, ...] | None = None
     """Offload methods the runtime implements: the search's fallback when nothing fits tries only
-    these (planner/offload_search.py); None: every registry method."""
+    these (planner/search/offload_search.py); None: every registry method."""
     fsdp_gather_bytes: int | None = None
     """Bytes per element of FSDP/ZeRO-3 gathers and reduce-scatters; None: 2 under bf16, else 4."""
     free_stage_outputs: bool = False
     """A pipeline stage frees each microbatch's output once sent (Megatron-Core's
     deallocate_output_tensor); False: it holds the output until that microbatch's backward, as
-    torch.distributed.pipelining (fwd_cache) and DeepSpeed's pipeline engine do (planner/stages.py
+    torch.distributed.pipelining (fwd_cache) and DeepSpeed's pipeline engine do (planner/rank/stages.py
     counts it per in-flight microbatch)."""
     fused_projections: bool = True
     """The runtime's model runs Megatron's fused projections (one QKV GEMM, one gate+up GEMM: the
     closed-form blocks' shapes and the calibration's); False: one GEMM per projection (torchtitan's
     and meshplan's zoo Llama: wq, wk, wv, w1, w3), read at their smaller sizes on the GEMM curve."""
     elementwise: str = "fused"
-    """How the runtime runs a block's memory-bound ops (planner/elementwise.py): "fused" kernels (the
+    """How the runtime runs a block's memory-bound ops (planner/cost/elementwise.py): "fused" kernels (the
     calibration's: Megatron, Transformer Engine), "compiled" (torch.compile) or "eager" torch ops,
     which move more bytes. Closed-form profiles only; measured timings include them."""
     selective_recompute: str = "attention core"

@@ -3,7 +3,7 @@ behaviour `selective_recompute`), by re-targeting each block's selective fields.
 
 - "attention core" (Megatron-LM, Megatron-Core `--recompute-granularity selective`; Korthikanti
   et al. 2022 Sec 5): the profile's own selective fields, unchanged. With flash attention the core
-  keeps only its log-sum-exp, so it saves almost nothing (planner/memory.py then offers no
+  keeps only its log-sum-exp, so it saves almost nothing (planner/cost/memory.py then offers no
   selective mode).
 - "op" (torchtitan `[activation_checkpoint] mode = "selective"`, `selective_ac_option = "op"`;
   torchtitan/models/llama3/infra/parallelize.py `_save_list` and `_custom_policy`): inside each
@@ -12,10 +12,10 @@ behaviour `selective_recompute`), by re-targeting each block's selective fields.
   log-sum-exp) are saved, everything else (norms, rotary, SwiGLU, residual adds) is recomputed.
   Kept per sample: the block input + the odd-numbered matmul outputs in forward order + the
   attention output `2sh` + the log-sum-exp `4as`. Recomputed: the even-numbered matmuls' FLOPs
-  (priced at the attention-core rate, compute.py) and the memory-bound kernels of what is not kept.
+  (priced at the attention-core rate, planner/cost/compute.py) and the memory-bound kernels of what is not kept.
   Torchtitan's Llama runs its matmuls unfused, in the order wq, wk, wv, wo, w1, w3, w2 (GQA: wk,
   wv have kv = h x kv_heads / heads outputs); a closed-form block's fused shapes are split so.
-  Tensor parallelism is applied as planner/memory.py applies it to any selective share (an
+  Tensor parallelism is applied as planner/cost/memory.py applies it to any selective share (an
   approximation: a row-parallel matmul's output is a full-size partial sum before its reduce).
 
 Per-layer "every k-th block" (`selective_ac_option = k`) is a full / none choice per block, which

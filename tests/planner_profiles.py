@@ -10,8 +10,8 @@ import dataclasses
 
 from meshplan.model_profile import LayerProfile, ModelProfile, TPRule
 from meshplan.models.analytic import gpt_profile, llama_profile
-from meshplan.planner.bruteforce import brute_force_best, brute_force_candidate  # noqa: F401 (re-exported)
 from meshplan.planner.context import Candidate
+from meshplan.planner.search.bruteforce import brute_force_best, brute_force_candidate  # noqa: F401 (re-exported)
 from meshplan.presets import cluster_preset
 
 GIB = 1024**3

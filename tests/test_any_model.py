@@ -268,7 +268,7 @@ def test_graph_edges_are_the_skips_with_their_bytes():
     """The U-Net's profile graph holds its real edges: enc1's output goes from layer 1 to the last
     layer, enc2's from layer 1 to dec2's layer 4, each with its tensor bytes; each cut sends every
     tensor crossing it once, and a layer's output bytes are that sum."""
-    from meshplan.planner.pipeline import crossing_bytes
+    from meshplan.planner.cost.pipeline import crossing_bytes
 
     profile = profile_model(f"{ANY}:unet")
     assert _edge_bytes(profile) == {
@@ -293,9 +293,9 @@ def test_pipeline_boundary_crossed_by_a_skip_is_priced_with_every_tensor():
     """The planner's p2p for a stage boundary after the U-Net's layer 3 sends up2's output and
     both skips (enc1 and enc2), not one activation; a chain profile keeps its one tensor."""
     from meshplan.planner.context import Candidate, Context
-    from meshplan.planner.pipeline import p2p_per_microbatch_s
+    from meshplan.planner.cost.pipeline import p2p_per_microbatch_s
+    from meshplan.planner.rank.stages import RankModel
     from meshplan.planner.request import PlanRequest
-    from meshplan.planner.stages import RankModel
     from meshplan.presets import local_cpu
 
     profile = profile_model(f"{ANY}:unet")

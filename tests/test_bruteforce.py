@@ -8,7 +8,7 @@ import math
 from planner_profiles import cluster, cnn_chain, small_gpt, small_llama
 
 from meshplan.planner import PlanRequest
-from meshplan.planner.bruteforce import brute_force, compositions, space_size
+from meshplan.planner.search.bruteforce import brute_force, compositions, space_size
 
 PINNED = dict(pp=2, tp=1, dp=2, microbatch=2, schedule="1F1B", zero=1, sequence_parallel=False)
 

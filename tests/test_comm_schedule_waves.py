@@ -1,4 +1,4 @@
-"""ByteScheduler's and Wavelet's cost models (planner/comm_schedule.py, planner/waves.py) on
+"""ByteScheduler's and Wavelet's cost models (planner/methods/comm_schedule.py, planner/rank/waves.py) on
 hand-built problems whose answer is known: the fluid schedule's landing times worked out by hand,
 the closed forms of stop-and-wait and a full window, DDP's rule where ByteScheduler must equal or
 beat it, the two-wave memory peak of a two-layer wave, and the search choosing ByteScheduler
@@ -16,13 +16,14 @@ from meshplan import feasibility
 from meshplan.errors import InfeasibleError
 from meshplan.model_profile import LayerProfile, ModelProfile, TPRule
 from meshplan.models.analytic import gpt_profile
-from meshplan.planner import PlanRequest, search
-from meshplan.planner.comm_schedule import CHUNK_MB, CREDIT_CHUNKS, MIB, _simulate
+from meshplan.planner import PlanRequest
 from meshplan.planner.context import Candidate, Context
-from meshplan.planner.dp_cost import DataParallelCost
-from meshplan.planner.estimate import estimate
-from meshplan.planner.pipeline import last_bucket_params
-from meshplan.planner.waves import two_wave_peak
+from meshplan.planner.methods.comm_schedule import CHUNK_MB, CREDIT_CHUNKS, MIB, _simulate
+from meshplan.planner.methods.waves import two_wave_peak
+from meshplan.planner.rank.dp_cost import DataParallelCost
+from meshplan.planner.rank.tail import last_bucket_params
+from meshplan.planner.search import search
+from meshplan.planner.search.estimate import estimate
 from meshplan.presets import cluster_preset
 
 
@@ -184,7 +185,7 @@ def test_executor_waits_for_the_last_chunk_before_the_next_forward():
     starts after the last one: the exposure charged is the last landing past the end of backward
     (8 layers of 16 MiB, backward half the transfer, so chunks remain when it ends). ByteScheduler's
     own per-layer start would expose less; the planner charges what the executor does."""
-    from meshplan.planner import comm_schedule
+    from meshplan.planner.methods import comm_schedule
 
     ctx = context(chain([2**22] * 8))
     cost = DataParallelCost(ctx, ddp_candidate(comm_schedule=("bytescheduler", {"chunk_mb": 4.0, "credit_mb": 16.0})))
@@ -230,7 +231,7 @@ def test_search_picks_bytescheduler_where_faster_with_the_tuned_chunk_and_credit
     ctx = Context.build(profile, cluster_preset("a100-80g", 8), request)
     cand = ddp_candidate(8, comm_schedule=("bytescheduler", params))
     cand = dataclasses.replace(cand, microbatch=plan.microbatch_size, num_microbatches=plan.num_microbatches)
-    from meshplan.planner.layer_cost import CostTable
+    from meshplan.planner.rank.layer_cost import CostTable
 
     window = sum(lc.backward_s for lc in CostTable(ctx).for_candidate(cand))
     sched = DataParallelCost(ctx, cand).schedule
@@ -325,7 +326,7 @@ def test_wavelet_refuses_an_odd_microbatch():
 def test_search_equals_brute_force_with_bytescheduler(layers, mem_gib):
     """Where ByteScheduler wins, even by fitting without DDP's bucket copy (16 GiB: only with it,
     and with recompute), the search equals brute force over every split, recompute choice and
-    schedule (planner/bruteforce.py prices the tuned ByteScheduler of each candidate too)."""
+    schedule (planner/search/bruteforce.py prices the tuned ByteScheduler of each candidate too)."""
     from planner_profiles import brute_force_best, cluster, small_gpt
 
     request = PlanRequest(num_gpus=4, global_batch=8, top_k=3, zero=0, tp=1)

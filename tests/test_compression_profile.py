@@ -1,5 +1,5 @@
 """Measured compressor compute (issue #15): `meshplan profile` times each registry compressor's
-codec (profiler/codecs.py) and the planner's cost objects use it (planner/compression.py).
+codec (profiler/codecs.py) and the planner's cost objects use it (planner/methods/compression.py).
 
 - the profiler times every compressor the executor has a codec for, per layer with trainable
   parameters (identical shape sets once), at the registry defaults (Accordion critical), and
@@ -21,7 +21,7 @@ import pytest
 from meshplan import dp_methods
 from meshplan.executor.wrappers import CODECS
 from meshplan.model_profile import CodecTiming, LayerProfile, ModelProfile
-from meshplan.planner.compression import compressor
+from meshplan.planner.methods.compressors import compressor
 from meshplan.presets import local_cpu
 from meshplan.profiler import codecs as profiler_codecs
 from meshplan.schema import from_dict, to_dict

@@ -11,11 +11,11 @@ from meshplan.cluster import CollectiveFit
 from meshplan.model_profile import LayerTiming
 from meshplan.models.analytic import gpt_profile
 from meshplan.planner import PlanRequest, estimate
-from meshplan.planner.comm import collective_s, group_tier
 from meshplan.planner.context import Context
-from meshplan.planner.layer_cost import layer_cost as _layer_cost
-from meshplan.planner.memory import activation_bytes
-from meshplan.planner.pipeline import in_flight
+from meshplan.planner.cost.comm import collective_s, group_tier
+from meshplan.planner.cost.memory import activation_bytes
+from meshplan.planner.cost.pipeline import in_flight
+from meshplan.planner.rank.layer_cost import layer_cost as _layer_cost
 from meshplan.planner.seqscale import with_seq_len
 from meshplan.presets import cluster_preset, local_cpu
 
@@ -64,7 +64,7 @@ def test_korthikanti_table4_layer_times(sp, mode, measured_ms):
 def test_megatron_sequence_parallel_gathers_the_linear_inputs_again_in_backward():
     """Megatron-LM's SP saves the sharded input of QKV and FC1 and all-gathers it again for the
     weight gradient; torch's DTensor SP (the executor) keeps the gathered input."""
-    from meshplan.planner.layer_cost import _tp_comm_s
+    from meshplan.planner.rank.layer_cost import _tp_comm_s
 
     block = P22.layers[1]
     gather = collective_s(cluster_preset("a100-80g", 8), "all_gather", T, block.output_bytes * B, "intra_node")
@@ -219,7 +219,7 @@ def test_a_group_spanning_nodes_uses_every_nic_of_its_node(preset, nic_gbps, mea
 def test_loss_moves_the_fp32_logits_more_than_a_layer_moves_its_activations():
     """The head's memory-bound time counts the cross-entropy's passes over the fp32 logits
     (LOSS_PASSES), not the generic 2 forward + 3 backward."""
-    from meshplan.planner.layer_cost import BWD_PASSES, FWD_PASSES, LOSS_PASSES, _memory_bound_s
+    from meshplan.planner.rank.layer_cost import BWD_PASSES, FWD_PASSES, LOSS_PASSES, _memory_bound_s
 
     prof = gpt_profile(layers=2, hidden=2048, heads=16, vocab=131072, seq=4096)
     head = prof.layers[-1]
@@ -240,8 +240,8 @@ def test_a_captured_head_and_the_closed_form_head_pay_the_same_loss():
     memory (saved copy + transients) and the same loss passes."""
     from meshplan.inputs import build_profile
     from meshplan.models.analytic import llama_profile
-    from meshplan.planner.layer_cost import _memory_bound_s
-    from meshplan.planner.memory import activation_bytes, stage_buffer_bytes
+    from meshplan.planner.cost.memory import activation_bytes, stage_buffer_bytes
+    from meshplan.planner.rank.layer_cost import _memory_bound_s
 
     shape = dict(layers=2, hidden=256, heads=4, kv_heads=2, ffn_hidden=512, vocab=32000, seq=512)
     captured = build_profile("llama", [f"{k}={v}" for k, v in shape.items()])
@@ -366,7 +366,7 @@ def _in_place_ctx(n=4):
 
 
 def test_in_place_overhead_is_linear_in_the_microbatch():
-    from meshplan.planner.in_place import in_place_overhead_s
+    from meshplan.planner.cost.in_place import in_place_overhead_s
 
     fw = {"tp@2:b1": 0.010, "tp@2:b1:fwd": 0.004, "tp@2:b3": 0.014, "tp@2:b3:fwd": 0.006}
     assert in_place_overhead_s(fw, "tp@2", 2) == pytest.approx(0.012)
@@ -393,7 +393,7 @@ def test_in_place_measurements_replace_modelled_tp_and_zero3_costs():
 
 
 def test_grad_clipping_pays_a_norm_all_reduce_per_sharded_group():
-    from meshplan.planner.pipeline import grad_norm_sync_s
+    from meshplan.planner.cost.optimizer import grad_norm_sync_s
 
     ctx = _ctx(P22, n=64)
     ar = lambda g, tier: collective_s(ctx.cluster, "all_reduce", g, 8.0, tier)  # noqa: E731
@@ -424,7 +424,7 @@ def test_materialized_attention_is_one_batched_gemm_and_flash_one_pair():
     head) pairs: its efficiency is read at that kernel's FLOPs, so it rises with b and falls with t.
     A flash core is priced at one pair's GEMM size whatever b and t."""
     from meshplan.planner.attention import is_materialized
-    from meshplan.planner.compute import attention_efficiency, gemm_efficiency
+    from meshplan.planner.cost.compute import attention_efficiency, gemm_efficiency
 
     curve = cluster_preset("a100-80g", 8).device.gemm_efficiency
     pair = 2.0 * S * S * (H / A)

@@ -221,7 +221,7 @@ def _check_counts(result, expected_steps: list[dict[str, int]], world_size: int)
     mean = mean_after_first(expected_steps, _warmup(result.plan))
     assert result.comm_bytes_per_step_by_rank == [mean] * world_size
     assert result.comm_bytes_per_step == mean
-    # and the cost model predicts the same integers (planner/dp_cost.py, from the profile's shapes)
+    # and the cost model predicts the same integers (planner/rank/dp_cost.py, from the profile's shapes)
     assert predicted_bytes(result.plan) == result.comm_bytes_per_step
 
 

@@ -1,4 +1,4 @@
-"""Unfused memory-bound kernels (planner/elementwise.py, behaviour `elementwise`): the bytes each
+"""Unfused memory-bound kernels (planner/cost/elementwise.py, behaviour `elementwise`): the bytes each
 level adds, how they reach a layer's time, and the CLI / runtime / export wiring."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from planner_profiles import candidate
 from meshplan.cli import main
 from meshplan.models.analytic import gpt_profile, llama_profile
 from meshplan.planner import PlanRequest
-from meshplan.planner import elementwise as ew
 from meshplan.planner.context import Context
-from meshplan.planner.layer_cost import layer_cost
+from meshplan.planner.cost import elementwise as ew
+from meshplan.planner.rank.layer_cost import layer_cost
 from meshplan.presets import cluster_preset
 
 H, KV, F, S = 512, 128, 1536, 1024
@@ -139,7 +139,7 @@ def test_split_projections_read_smaller_gemms_and_never_speed_a_layer_up():
     """`fused_projections` False (torchtitan, meshplan's zoo: wq, wk, wv, w1, w3 apart) reads each
     projection's GEMM on the curve at its own size: K and V of a GQA block are small, so at a small
     microbatch under TP the layer is slower; Megatron's fused QKV / gate+up is the default."""
-    from meshplan.planner.compute import layer_efficiency
+    from meshplan.planner.cost.compute import layer_efficiency
 
     def eff(fused: bool, b: int, tp: int) -> float:
         req = PlanRequest(num_gpus=8, global_batch=8, fused_projections=fused)

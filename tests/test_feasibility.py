@@ -12,11 +12,12 @@ from meshplan import dp_methods
 from meshplan.errors import InfeasibleError, MeshplanError
 from meshplan.executor.check import check_plan
 from meshplan.plan import Plan
-from meshplan.planner import PlanRequest, search
+from meshplan.planner import PlanRequest
 from meshplan.planner.context import Context
-from meshplan.planner.enumerate import Rejects, candidates
-from meshplan.planner.estimate import balanced_stages
-from meshplan.planner.predict import plan_of
+from meshplan.planner.search import search
+from meshplan.planner.search.enumerate import Rejects, candidates
+from meshplan.planner.search.partition import balanced_stages
+from meshplan.planner.search.predict import plan_of
 from meshplan.presets import local_cpu
 from meshplan.profiler import profile_model
 

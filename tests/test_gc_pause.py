@@ -1,4 +1,4 @@
-"""The planner pauses the cyclic garbage collector only while it searches (planner/gc_pause.py)."""
+"""The planner pauses the cyclic garbage collector only while it searches (planner/search/gc_pause.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from meshplan.planner.gc_pause import gc_paused
+from meshplan.planner.search.gc_pause import gc_paused
 
 
 def test_the_collector_is_off_inside_and_restored_after_even_on_error():

@@ -11,7 +11,8 @@ import pytest
 
 from meshplan.executor.launch import LaunchOptions, run_plans
 from meshplan.executor.reference import reference_losses
-from meshplan.planner import PlanRequest, search
+from meshplan.planner import PlanRequest
+from meshplan.planner.search import search
 from meshplan.presets import local_cpu
 from meshplan.profiler import profile_model
 

@@ -151,7 +151,7 @@ def test_host_tiers_go_where_the_planner_reads_them_cpu_labelled_as_host_copy():
     assert spec.host_memory_gbps == pytest.approx(2 * 64 * MIB / 0.025 / 1e9)  # median copy, read + write
     assert spec.host_device is None  # CPU ranks: the host is the device, no link to measure
     assert "no accelerator: host memory copy measured" in spec.source
-    nvme = spec.nvme  # planner/offload.py: effective_gbps("read") / ("write") and latency_s
+    nvme = spec.nvme  # planner/methods/offload.py: effective_gbps("read") / ("write") and latency_s
     assert nvme.effective_gbps("read") == pytest.approx(2.0, rel=1e-3)
     assert nvme.effective_gbps("write") == pytest.approx(0.5, rel=1e-3)
     assert nvme.latency_s == pytest.approx(2e-3) and "disk (nvme tier) measured under /proc (proc)" in spec.source

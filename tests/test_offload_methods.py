@@ -306,7 +306,8 @@ def test_nvme_files_are_removed_after_the_run(runs):
 
 
 def _plan(model: str, num_gpus: int, batch: int, **methods):
-    from meshplan.planner import PlanRequest, search
+    from meshplan.planner import PlanRequest
+    from meshplan.planner.search import search
     from meshplan.presets import cluster_preset
     from meshplan.profiler import profile_model
 

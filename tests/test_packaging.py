@@ -57,7 +57,7 @@ def test_the_wheel_ships_every_package_and_the_data_tables(wheel):
     names = set(zipfile.ZipFile(wheel[0]).namelist())
     for path in (
         "meshplan/cli.py",
-        "meshplan/planner/search.py",
+        "meshplan/planner/search/branch_bound.py",
         "meshplan/models/zoo/__init__.py",
         "meshplan/profiler/api.py",
         "meshplan/executor/launch.py",

@@ -9,10 +9,11 @@ import pytest
 from planner_profiles import brute_force_best, cluster, cnn_chain, small_gpt, small_llama
 
 from meshplan.errors import InfeasibleError
-from meshplan.planner import PlanRequest, search
+from meshplan.planner import PlanRequest
 from meshplan.planner.context import Context
-from meshplan.planner.layer_cost import CostTable
-from meshplan.planner.partition import solve
+from meshplan.planner.rank.layer_cost import CostTable
+from meshplan.planner.search import search
+from meshplan.planner.search.partition import solve
 from meshplan.schema import to_dict
 
 CASES = [
@@ -238,13 +239,13 @@ METHOD_CASES = [CASES[0], ("cnn chain 4 GPUs, ZeRO-0", cnn_chain(), 4, 6.0, dict
 @pytest.mark.parametrize("name,profile,n,mem_gib,pins", METHOD_CASES, ids=[c[0] for c in METHOD_CASES])
 def test_allowed_methods_stay_exact_against_brute_force(name, profile, n, mem_gib, pins):
     """With approximate methods allowed (--allow-compression, --allow-sync) the search re-prices its
-    default-method split per method (planner/methods.py); brute force re-solves every split and
+    default-method split per method (planner/search/method_choice.py); brute force re-solves every split and
     recompute assignment for every candidate x method. On these spaces (one of them memory-bound)
     both find the same optimum."""
-    from meshplan.planner import comm_schedule
-    from meshplan.planner.bruteforce import brute_force_candidate
-    from meshplan.planner.enumerate import Rejects, candidates
-    from meshplan.planner.methods import alternatives
+    from meshplan.planner.search import tuning
+    from meshplan.planner.search.bruteforce import brute_force_candidate
+    from meshplan.planner.search.enumerate import Rejects, candidates
+    from meshplan.planner.search.method_choice import alternatives
 
     allow = {"compression": ("qsgd", "topk", "powersgd", "fp16"), "sync": ("local-sgd", "gossip", "dabmd")}
     req = PlanRequest(num_gpus=n, top_k=1, allow=allow, **pins)
@@ -254,6 +255,6 @@ def test_allowed_methods_stay_exact_against_brute_force(name, profile, n, mem_gi
     best = min(
         brute_force_candidate(ctx, c, table)
         for cand in candidates(ctx, Rejects())
-        for c in (cand, *comm_schedule.searched(ctx, table, cand), *alternatives(ctx, cand))
+        for c in (cand, *tuning.searched(ctx, table, cand), *alternatives(ctx, cand))
     )
     assert got == pytest.approx(best, rel=1e-9)

@@ -53,7 +53,7 @@ def test_hopper_gemm_curve_is_the_cited_measurement(preset):
     """The Hopper parts' bf16 curve passes through XLA's measured H100 GEMMs (times the framework
     fraction the A100 curve carries) and ends at the MAMF plateau 794.5/989; between the points it
     never falls as GEMMs grow."""
-    from meshplan.planner.compute import gemm_efficiency
+    from meshplan.planner.cost.compute import gemm_efficiency
     from meshplan.presets import FRAMEWORK_GEMM_FRACTION
 
     curve = cluster_preset(preset, 8).device.gemm_efficiency
@@ -69,7 +69,7 @@ def test_hopper_gemm_curve_is_the_cited_measurement(preset):
 def test_hopper_curve_scales_with_the_part_and_fp8_rate():
     """The 835-TFLOP/s 96 GB part reaches a fraction at 835/989 of the FLOPs (fixed per-kernel time);
     fp8 reaches it at twice the FLOPs, with the fp8 MAMF plateau (0.709 of its peak)."""
-    from meshplan.planner.compute import gemm_efficiency
+    from meshplan.planner.cost.compute import gemm_efficiency
     from meshplan.presets import FRAMEWORK_GEMM_FRACTION
 
     sxm, part = cluster_preset("h100-80g", 8).device, cluster_preset("h100-96g", 8).device

@@ -108,7 +108,7 @@ def test_the_in_place_optimizer_step_sets_the_scale_of_the_one_rank_timings(prof
 
 
 def test_zero1_plan_is_charged_the_measured_broadcast_instead_of_the_fit(profile):
-    from meshplan.planner.comm import collective_s
+    from meshplan.planner.cost.comm import collective_s
 
     req = dict(num_gpus=2, global_batch=4, dp=2, microbatch=1, precision="fp32")
     measured = estimate(profile, local_cpu(2), PlanRequest(zero=1, **req)).prediction.breakdown["dp_comm"]
@@ -120,8 +120,8 @@ def test_zero1_plan_is_charged_the_measured_broadcast_instead_of_the_fit(profile
 
 
 def test_recompute_is_measured_in_place_and_preferred(profile):
-    from meshplan.planner.compute import recompute_overheads_s
     from meshplan.planner.context import Context
+    from meshplan.planner.cost.compute import recompute_overheads_s
 
     block = profile.layers[1]
     fw = block.framework_overhead_s
@@ -137,7 +137,7 @@ def test_recompute_is_measured_in_place_and_preferred(profile):
 
 
 def test_ddp_contention_is_paid_once_per_step_on_top_of_the_link_fit(profile):
-    from meshplan.planner.comm import collective_s
+    from meshplan.planner.cost.comm import collective_s
 
     req = dict(num_gpus=2, global_batch=4, dp=2, microbatch=1, precision="fp32")
     measured = estimate(profile, local_cpu(2), PlanRequest(**req)).prediction.breakdown["dp_comm"]
@@ -150,7 +150,7 @@ def test_ddp_contention_is_paid_once_per_step_on_top_of_the_link_fit(profile):
 
 def test_wrapped_optimizer_steps_are_measured_in_place_and_preferred(profile):
     from meshplan.planner.context import Context
-    from meshplan.planner.layer_cost import wrapper_overheads_s
+    from meshplan.planner.rank.layer_cost import wrapper_overheads_s
 
     ctx = Context.build(profile, local_cpu(2), PlanRequest(num_gpus=2, global_batch=2, precision="fp32"))
     for lp in profile.layers:

@@ -8,8 +8,8 @@ import random
 import pulp
 import pytest
 
-from meshplan.planner.memory import fits
-from meshplan.planner.recompute import pareto_frontier, solve_frontier, solve_identical
+from meshplan.planner.cost.memory import fits
+from meshplan.planner.search.recompute import pareto_frontier, solve_frontier, solve_identical
 
 
 def _enumerate(layer_options, base, flight, cap):

@@ -1,4 +1,4 @@
-"""The recompute transient (planner/stages.py): a recomputing rank holds, once, the bytes one
+"""The recompute transient (planner/rank/stages.py): a recomputing rank holds, once, the bytes one
 microbatch of a block re-materialises in its backward, and the solvers stay exact under it."""
 
 from __future__ import annotations
@@ -8,12 +8,13 @@ import math
 import pytest
 from planner_profiles import brute_force_best, candidate, cluster, small_gpt
 
-from meshplan.planner import PlanRequest, estimate, search
+from meshplan.planner import PlanRequest, estimate
 from meshplan.planner.context import Context
-from meshplan.planner.layer_cost import CostTable
-from meshplan.planner.memory import activation_bytes
-from meshplan.planner.partition import solve
-from meshplan.planner.stages import RankModel
+from meshplan.planner.cost.memory import activation_bytes
+from meshplan.planner.rank.layer_cost import CostTable
+from meshplan.planner.rank.stages import RankModel
+from meshplan.planner.search import search
+from meshplan.planner.search.partition import solve
 
 PROFILE = small_gpt(4)
 PINS = dict(pp=1, tp=1, dp=1, microbatch=2, schedule="1F1B", zero=0, sequence_parallel=False)

@@ -12,7 +12,8 @@ from report_fixtures import flat_plan, run_for
 
 from meshplan import dp_methods
 from meshplan.models.analytic import gpt_profile
-from meshplan.planner import PlanRequest, search
+from meshplan.planner import PlanRequest
+from meshplan.planner.search import search
 from meshplan.presets import cluster_preset
 from meshplan.report import fmt, write_report
 from meshplan.report.dp_methods_section import method_text

@@ -14,7 +14,8 @@ import meshplan
 from meshplan import feasibility, runtimes
 from meshplan.cli import main
 from meshplan.errors import MeshplanError
-from meshplan.planner import estimate, search
+from meshplan.planner import estimate
+from meshplan.planner.search import search
 from meshplan.validation.published import validate_row, with_source_degrees, with_source_software
 
 CSV = Path(meshplan.__file__).parent / "data" / "published-runs.csv"
@@ -156,7 +157,7 @@ def test_held_stage_outputs_cost_each_in_flight_microbatch_its_output(schedule, 
     the last rank's final chunk sends nothing."""
     from planner_profiles import candidate
 
-    from meshplan.planner.pipeline import in_flight
+    from meshplan.planner.cost.pipeline import in_flight
 
     pins = ["--tp", "2", "--pp", "4", "--dp", "1", "--microbatch", "2", "--schedule", schedule]
     pins += ["--virtual-stages", str(v), "--recompute", "full", "--uniform-stages"]
@@ -348,7 +349,7 @@ def test_table4_layer_times_through_the_cli():
 
     from meshplan.models.analytic import gpt_profile
     from meshplan.planner.context import Context
-    from meshplan.planner.layer_cost import layer_cost
+    from meshplan.planner.rank.layer_cost import layer_cost
 
     profile, cluster, req = _inputs(["plan", *GPT22, "--runtime", "megatron-lm"])
     assert [lp.activation_bytes for lp in profile.layers] == [
@@ -609,7 +610,7 @@ def test_op_selective_keeps_less_than_none_and_more_than_full():
     block = titan.profile.layers[1]
     assert block.input_bytes < block.selective_activation_bytes < 0.5 * block.activation_bytes
     core = Context.build(*_inputs(["plan", "--runtime", "megatron-core", *LLAMA31_8B, *base]))
-    from meshplan.planner.memory import recompute_modes
+    from meshplan.planner.cost.memory import recompute_modes
 
     assert "selective" not in recompute_modes(core.profile.layers[1])
 

@@ -252,7 +252,7 @@ LINEAR = {1: 3.0, 2: 6.0, 4: 12.0}
 
 
 def test_crossbow_prices_k_learners_one_after_another_with_k_optimizer_steps():
-    from meshplan.planner.pipeline import OPTIMIZER_BYTES_PER_PARAM
+    from meshplan.planner.cost.optimizer import OPTIMIZER_BYTES_PER_PARAM
     from meshplan.presets import local_cpu
 
     prof = _timed_profile(SUPERLINEAR)
@@ -292,7 +292,8 @@ def local_cpu_reserved() -> float:
 
 
 def test_search_resolves_crossbow_auto_and_the_executor_refuses_it_unresolved():
-    from meshplan.planner import PlanRequest, search
+    from meshplan.planner import PlanRequest
+    from meshplan.planner.search import search
     from meshplan.presets import local_cpu
 
     req = PlanRequest(
@@ -314,7 +315,7 @@ def test_gossip_round_compute_counted_from_the_executor():
     copies 16, flat + unflat 4) and 33 ops, at 8 us per op."""
     from types import SimpleNamespace
 
-    from meshplan.planner.sync import Gossip
+    from meshplan.planner.methods.sync import Gossip
     from meshplan.presets import local_cpu
 
     data = SimpleNamespace(ctx=SimpleNamespace(cluster=local_cpu(4)), replicas=4, replica_tier="intra_node")
@@ -327,7 +328,7 @@ def test_gossip_round_compute_counted_from_the_executor():
 
 
 def test_async_exposed_time_on_a_hand_worked_case():
-    from meshplan.planner.sync import async_exposed_s
+    from meshplan.planner.methods.sync import async_exposed_s
 
     # a 30 ms round behind 10 ms steps: period 2 hides 20 ms of it, 10 ms wait once per 2 steps,
     # plus 1 ms of the main thread's copies per round: (10 + 1) / 2 = 5.5 ms per step

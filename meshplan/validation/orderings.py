@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from meshplan.errors import MeshplanError
 from meshplan.models.analytic import gpt_profile
-from meshplan.planner import PlanRequest, search
+from meshplan.planner import PlanRequest
+from meshplan.planner.search import search
 from meshplan.presets import cluster_preset
 from meshplan.runtimes import request_behaviours
 

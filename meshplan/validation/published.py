@@ -15,7 +15,8 @@ import csv
 import re
 
 from meshplan.errors import MeshplanError
-from meshplan.planner import estimate, search
+from meshplan.planner import estimate
+from meshplan.planner.search import search
 
 GIB = 2**30
 

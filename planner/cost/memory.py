@@ -1,5 +1,5 @@
 """Memory per rank: activations by recompute mode, temporary buffers. Training state by state
-layout, ZeRO stage and data-parallel method is the data-parallel cost object's (dp_cost.py).
+layout, ZeRO stage and data-parallel method is the data-parallel cost object's (planner/rank/dp_cost.py).
 
 Training state per parameter, unsharded (ZeRO, Rajbhandari et al. 2020 Sec 3; DESIGN.md):
 - "torch" (AMP / FSDP2 mixed precision, and fp32 training): fp32 weights 4 + fp32 grads 4 +
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from meshplan.model_profile import LayerProfile
 from meshplan.planner.context import Context
-from meshplan.planner.uniform_recompute import uniform_saved_bytes, uniform_transient_bytes
+from meshplan.planner.cost.uniform_recompute import uniform_saved_bytes, uniform_transient_bytes
 
 GIB = 1024**3
 
@@ -72,7 +72,7 @@ def stage_buffer_bytes(ctx: Context, layers: list[LayerProfile], b: int, split_o
     """Largest temporary buffers of a rank: the gathered bf16 weights and unsharded fp32 grads of
     the largest layer twice over (ZeRO-3 prefetch), and the loss's transient fp32 logit-sized
     tensors beyond the one the head keeps (head stage; LOSS_TRANSIENTS). DDP's buckets are per
-    parameter (dp_cost.py)."""
+    parameter (planner/rank/dp_cost.py)."""
     buf = 0.0
     if zero == 3 and layers:
         largest = max(lp.num_params / split_of(lp) for lp in layers)

@@ -6,7 +6,7 @@ stage split and recompute once (with the pinned or default methods) and then re-
 split with each allowed alternative (RankModel.finish per rank), keeping the fastest that fits.
 Only methods the user allowed (--allow-compression / --allow-sync) or pinned are priced; exact
 methods the planner prices completely are searched by default: ByteScheduler with its tuned chunk
-and credit (planner/comm_schedule.py), offload as the fallback (offload_search.py).
+and credit (planner/methods/comm_schedule.py), offload as the fallback (planner/search/offload_search.py).
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ import math
 
 from meshplan import dp_methods, feasibility
 from meshplan.plan import MethodOption
-from meshplan.planner import comm_schedule, sync, waves
 from meshplan.planner.context import Candidate, Context
-from meshplan.planner.dp_cost import comm_bytes_per_step
-from meshplan.planner.layer_cost import CostTable
-from meshplan.planner.memory import fits
-from meshplan.planner.stages import RankModel, RankSolution
+from meshplan.planner.rank.dp_cost import comm_bytes_per_step
+from meshplan.planner.rank.layer_cost import CostTable
+from meshplan.planner.rank.stages import RankSolution
+from meshplan.planner.search import tuning
 
 NOT_RUN = "priced only, not run by this executor: "
 """MethodOption.note of a method feasibility.py calls valid but not runnable here (waves=2)."""
@@ -41,15 +40,6 @@ def alternatives(ctx: Context, cand: Candidate) -> list[Candidate]:
     return out
 
 
-def reprice(
-    ctx: Context, table: CostTable, cand: Candidate, sols: list[RankSolution]
-) -> tuple[list[RankSolution], bool]:
-    """The same stages and recompute under `cand`'s methods: (rank solutions, fits in memory)."""
-    model = RankModel(ctx, cand, table.for_candidate(cand))
-    out = waves.solutions(ctx, table, cand, [model.finish(s.rank, s.layers, s.modes, s.p2p_s) for s in sols])
-    return out, all(fits(model.memory_bytes(s), model.capacity) for s in out)
-
-
 def best_method(
     ctx: Context, table: CostTable, cand: Candidate, sols: list[RankSolution], worth_below_s: float = math.inf
 ) -> tuple[float, Candidate, list[RankSolution]]:
@@ -57,23 +47,23 @@ def best_method(
     A compressor changes only the once-per-step sync (and memory), so none beats max over ranks
     of (cost - sync): when that is already >= `worth_below_s` (the search's K-th best step) the
     compressors are not priced. Other axes' methods may change the per-microbatch costs too."""
-    if sync.auto_learners(cand):  # crossbow learners=0: its k picked on this split (planner/sync.py)
-        cand, sols, _ = sync.tune_learners(ctx, table, cand, sols)
+    if tuning.auto(cand):  # a parameter left to the planner (crossbow's k): picked on this split
+        cand, sols, _ = tuning.tune(ctx, table, cand, sols)
     best = (max(s.cost_s for s in sols), cand, sols)
-    scheduled = comm_schedule.composes(ctx, cand)
+    scheduled = tuning.composes(ctx, cand)
     if not ctx.request.allow and not scheduled:
         return best
     hopeless = max(s.cost_s - s.sync_s for s in sols) >= worth_below_s
     recomputes = any(mode != "none" for s in sols for mode in s.modes.values())
-    for alt in comm_schedule.searched(ctx, table, cand) if not hopeless or recomputes else ():
-        alt_sols, ok = comm_schedule.solutions(ctx, table, alt, sols)  # exact: searched by default
+    for alt in tuning.searched(ctx, table, cand) if not hopeless or recomputes else ():
+        alt_sols, ok = tuning.solutions(ctx, table, alt, sols)  # exact: searched by default
         step = max(s.cost_s for s in alt_sols)
         if ok and step < best[0]:
             best = (step, alt, alt_sols)
     for alt in alternatives(ctx, cand):
         if hopeless and alt.method("compression")[0] != cand.method("compression")[0]:
             continue
-        alt, alt_sols, ok = sync.tune_learners(ctx, table, alt, sols)  # = reprice but crossbow's k
+        alt, alt_sols, ok = tuning.tune(ctx, table, alt, sols)  # = reprice but auto parameters
         step = max(s.cost_s for s in alt_sols)
         if ok and step < best[0]:
             best = (step, alt, alt_sols)
@@ -101,7 +91,7 @@ def method_options(ctx: Context, table: CostTable, chosen: Candidate, sols: list
             if why:
                 out.append(option(feasible=False, note=why, chosen=False))
                 continue
-            alt, alt_sols, ok = sync.tune_learners(ctx, table, alt, sols)  # = reprice but crossbow's k
+            alt, alt_sols, ok = tuning.tune(ctx, table, alt, sols)  # = reprice but auto parameters
             params = alt.method(axis)[1]
             option = functools.partial(option, params=params, exact=row.exact_with(params))
             caveat = (

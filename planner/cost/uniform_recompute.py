@@ -1,6 +1,6 @@
 """Megatron's uniform activation recompute: `--recompute-granularity full --recompute-method uniform
 --recompute-num-layers N`, as Megatron-Core defines it (megatron/core/transformer/transformer_block.py,
-TransformerBlock._checkpointed_forward). Torch-free, used by planner/memory.py.
+TransformerBlock._checkpointed_forward). Torch-free, used by planner/cost/memory.py.
 
 The other Megatron methods need nothing here: `block` with k layers is a per-layer full / none
 choice (the recompute solver plans it), `uniform` with N = 1 is full recompute of every block."""
@@ -25,6 +25,6 @@ def uniform_transient_bytes(block_bytes: float, group: int) -> float:
     backward first re-runs the chunk's forward, so all N blocks' activations (`block_bytes` each,
     what a block keeps without recompute) are held together, freed block by block as the
     backward walks back. A block's own recompute transient (N = 1: one block's worth beside its
-    input) is planner/stages.py's, so the extra over it is (N - 1) blocks. Once per rank, not per in-flight
+    input) is planner/rank/stages.py's, so the extra over it is (N - 1) blocks. Once per rank, not per in-flight
     microbatch: one chunk is recomputed at a time."""
     return max(group - 1, 0) * block_bytes

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 
-from meshplan.planner.memory import fits
+from meshplan.planner.cost.memory import fits
 
 Option = tuple[str, float, float]
 """(mode, time_s, act_bytes)."""

@@ -10,7 +10,7 @@ memory, and the bytes it puts on the wire.
 - ZeRO-2/3 (FSDP2 over dp_shard): per microbatch, each layer's weights all-gathered forward
   (ZeRO-3: again backward) and, after the last microbatch, its gradients reduce-scattered;
   HSDP (dp_replicate > 1) all-reduces the gradient shards over the replicas. Prefetched behind
-  the layer's compute: only the excess is exposed (layer_cost.py applies the overlap).
+  the layer's compute: only the excess is exposed (planner/rank/layer_cost.py applies the overlap).
 - Memory (Rajbhandari et al. 2020 Sec 3): ZeRO-1 shards the optimizer states over the
   data-parallel group, ZeRO-2 also the gradients, ZeRO-3 also the weights, each over dp_shard
   for ZeRO-2/3; the compressor's state (PowerSGD's error feedback and factors) is added.
@@ -26,23 +26,18 @@ from fractions import Fraction
 
 from meshplan.comm_bytes import wire_bytes
 from meshplan.model_profile import LayerProfile
-from meshplan.planner.comm import collective_s, group_tier
-from meshplan.planner.comm_schedule import comm_schedule_cost
-from meshplan.planner.compression import compressor, shard_shapes
 from meshplan.planner.context import Candidate, Context
-from meshplan.planner.in_place import in_place_overhead_s
-from meshplan.planner.offload import offload_cost
-from meshplan.planner.sync import sync_cost
+from meshplan.planner.cost.comm import collective_s, group_tier
+from meshplan.planner.cost.in_place import in_place_overhead_s
+from meshplan.planner.cost.state import state_bytes
+from meshplan.planner.methods.comm_schedule import comm_schedule_cost
+from meshplan.planner.methods.compression import shard_shapes
+from meshplan.planner.methods.compressors import compressor
+from meshplan.planner.methods.offload import offload_cost
+from meshplan.planner.methods.sync import sync_cost
 
 DDP_BUCKET_BYTES = 25 * 1024**2
 """PyTorch DDP's default bucket_cap_mb (the comm_schedule=buckets default)."""
-
-_STATE = {"torch": (4, 4, 8), "megatron": (2, 4, 12), "zero": (2, 2, 12)}
-"""(weights, grads, optimizer) bytes per parameter, unsharded."""
-
-
-def state_bytes(ctx: Context) -> tuple[int, int, int]:
-    return _STATE[ctx.request.state_layout]
 
 
 def trainable(layer: LayerProfile) -> LayerProfile:
@@ -103,7 +98,7 @@ class LayerDP:
     optimizer_shard: int
     """Ranks the optimizer step of this layer is split over."""
     host_step: bool = False
-    """The offload method steps this layer on the host (planner/offload.py prices it in sync_s)."""
+    """The offload method steps this layer on the host (planner/methods/offload.py prices it in sync_s)."""
 
 
 class DataParallelCost:
@@ -125,11 +120,11 @@ class DataParallelCost:
         self.bucket_bytes = cand.method("comm_schedule")[1].get("bucket_mb", 25) * 1024**2
         self.offload = cand.method("offload")[0] != "none"
         self.offload_cost = offload_cost(ctx, cand)
-        """Where the states live and what moving them costs (planner/offload.py)."""
+        """Where the states live and what moving them costs (planner/methods/offload.py)."""
         self.sync = sync_cost(self, *cand.method("sync"))
-        """The sync method's cost object (planner/sync.py); all but allreduce replace DDP's sync."""
+        """The sync method's cost object (planner/methods/sync.py); all but allreduce replace DDP's sync."""
         self.schedule = comm_schedule_cost(self, *cand.method("comm_schedule"))
-        """The communication schedule's (planner/comm_schedule.py): bytescheduler replaces DDP's buckets."""
+        """The communication schedule's (planner/methods/comm_schedule.py): bytescheduler replaces DDP's buckets."""
 
     # --- per layer ------------------------------------------------------------------------
     def layer(self, layer: LayerProfile, split: int, b: int, m: int) -> LayerDP:
@@ -144,11 +139,13 @@ class DataParallelCost:
         if self.zero >= 2 and self.shard > 1 and m > 1 and self.ctx.request.state_layout == "torch":
             grads += grad_local * g  # unsharded fp32 gradients accumulated across microbatches
         optim = grad_local * o / self.cand.state_shard
-        weights, grads, optim = self.offload_cost.state_bytes(local, weights, grads, optim)  # planner/offload.py
+        weights, grads, optim = self.offload_cost.state_bytes(
+            local, weights, grads, optim
+        )  # planner/methods/offload.py
         comm, measured = self._fsdp_comm_s(layer, split, local, b, m)
         layer = train  # what follows is gradient traffic and its compression
         zero01 = self.zero <= 1 and self.replicas > 1
-        if zero01 and self.sync.replaces_ddp:  # planner/sync.py: copies, buffers, Crossbow's learners
+        if zero01 and self.sync.replaces_ddp:  # planner/methods/sync.py: copies, buffers, Crossbow's learners
             weights += self.sync.state_bytes(local)
         return LayerDP(
             weights_bytes=weights,
@@ -229,7 +226,7 @@ class DataParallelCost:
         self, local_params: float, payload_bytes: float, compress_s: float, backward_window_s: float, last_bucket: float
     ) -> float:
         """Once per step: the exposed gradient sync and the offload method's exposed step
-        (planner/offload.py)."""
+        (planner/methods/offload.py)."""
         return self._grad_sync_s(
             local_params, payload_bytes, compress_s, backward_window_s, last_bucket
         ) + self.offload_cost.step_s(local_params, backward_window_s)
@@ -242,9 +239,9 @@ class DataParallelCost:
         and what a busy CPU's DDP adds (measured in place)."""
         if self.zero >= 2 or self.replicas <= 1:
             return 0.0
-        if self.sync.replaces_ddp:  # planner/sync.py: master, local SGD, Crossbow, DABMD, gossip, async
+        if self.sync.replaces_ddp:  # planner/methods/sync.py: master, local SGD, Crossbow, DABMD, gossip, async
             return self.sync.sync_s(local_params, backward_window_s) + compress_s
-        if self.schedule.replaces_ddp:  # planner/comm_schedule.py: ByteScheduler's priority chunks
+        if self.schedule.replaces_ddp:  # planner/methods/comm_schedule.py: ByteScheduler's priority chunks
             return self._contention_s(self.replicas) + self.schedule.sync_s(local_params, backward_window_s)
         ctx, tier, group = self.ctx, self.replica_tier, self.replicas
         hidden = ctx.cluster.calibration.dp_overlap if ctx.request.overlap_dp_comm else 0.0
@@ -308,14 +305,16 @@ class DataParallelCost:
             )
             if self.replicas > 1:
                 out["dp_replicate"] = wire_bytes("all_reduce", self.replicas, shard_bytes)
-        if self.sync.replaces_ddp and self.zero <= 1 and self.replicas > 1:  # its own exchange (sync.py)
+        if (
+            self.sync.replaces_ddp and self.zero <= 1 and self.replicas > 1
+        ):  # its own exchange (planner/methods/sync.py)
             out["dp_replicate"] = self.sync.bytes(sum(lp.num_params // s for lp, s in layers))
         host_elems = (
             sum(padded_shard_elems(lp, s, self.shard) for lp, s in layers)
             if self.zero >= 2
             else sum(tp_local_elems(lp, s) for lp, s in layers) / self.cand.state_shard
         )
-        out.update(self.offload_cost.bytes_per_step(host_elems))  # host_device / nvme (planner/offload.py)
+        out.update(self.offload_cost.bytes_per_step(host_elems))  # host_device / nvme (planner/methods/offload.py)
         return {axis: round(v) for axis, v in sorted(out.items()) if v}
 
     def _gathered_in_backward(self, layers: list[tuple[LayerProfile, int]]) -> list[bool]:

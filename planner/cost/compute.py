@@ -16,7 +16,7 @@ from bisect import bisect_left
 from meshplan.model_profile import LayerProfile
 from meshplan.planner.attention import is_materialized
 from meshplan.planner.context import Context
-from meshplan.planner.in_place import linear_in_b, measured_points
+from meshplan.planner.cost.in_place import linear_in_b, measured_points
 from meshplan.planner.sac import matmuls
 
 

@@ -1,14 +1,14 @@
 """Communication-scheduling cost objects (the comm_schedule axis of meshplan/dp_methods.py), and
 the search's choice of ByteScheduler's chunk and credit per candidate.
 
-DataParallelCost (dp_cost.py) delegates to the candidate's object: `Buckets` keeps DDP's own
+DataParallelCost (planner/rank/dp_cost.py) delegates to the candidate's object: `Buckets` keeps DDP's own
 bucket pricing there; `ByteScheduler` (Peng et al., SOSP 2019) replaces it (ZeRO-0, pp = tp = 1:
 meshplan/feasibility.py), with the same bytes on the wire (the fp32 gradients, all-reduced).
 
 ByteScheduler, as modelled (one rank, all layers, layer i = priority i, the input side first):
 - Chunks: every gradient tensor cut into chunks of `chunk_mb` (the last one shorter), n_i chunks
   of mean size s_i for layer i. A chunk of s bytes costs a + beta s on the link (the all-reduce's
-  latency and per-byte terms, from planner/comm.py's ring model or the measured fit).
+  latency and per-byte terms, from planner/cost/comm.py's ring model or the measured fit).
 - Credit window (Sec 4.2, "credit-based preemption"): at most `credit_mb` of chunks in flight, so
   k_i = floor(credit / s_i) of them overlap their latency (a sliding window): the link is busy
   tau_i = max(beta s_i, (a + beta s_i) / k_i) per chunk, a chunk lands a + beta s_i - tau_i after
@@ -21,7 +21,7 @@ ByteScheduler, as modelled (one rank, all layers, layer i = priority i, the inpu
   forward's total stall: what the next forward cannot overlap. Per-layer backward and forward
   times are the rank's backward window split by the layers' backward (and forward) FLOPs.
   Both windows are scaled by the calibration's dp_overlap, as DDP's bucket rule hides at most
-  dp_overlap x backward (dp_cost.py); with overlap_dp_comm off nothing overlaps.
+  dp_overlap x backward (planner/rank/dp_cost.py); with overlap_dp_comm off nothing overlaps.
 - meshplan's executor (executor/methods/bytescheduler.py) does not start a layer early: the
   optimizer step runs once every chunk has landed (global-norm clipping needs every gradient),
   so the next forward starts after the last chunk (EXECUTOR_EARLY_FORWARD). The exposed sync it
@@ -39,9 +39,9 @@ A fluid simulation over the layers (O(L) events, not per chunk); the optimizer s
 backward and forward is not counted as overlap (conservative).
 
 The search prices ByteScheduler by default (it is exact) on every candidate where it composes,
-on the split solved with DDP (planner/methods.py), with the (chunk, credit) of CHUNK_MB x
+on the split solved with DDP (planner/search/method_choice.py), with the (chunk, credit) of CHUNK_MB x
 CREDIT_CHUNKS whose exposed sync is least; a candidate that does not fit with DDP's bucket copy
-is tried with ByteScheduler instead (search.py), so the search equals brute force over both.
+is tried with ByteScheduler instead (planner/search/branch_bound.py), so the search equals brute force over both.
 """
 
 from __future__ import annotations
@@ -50,8 +50,7 @@ import heapq
 import math
 from collections import deque
 
-from meshplan import feasibility
-from meshplan.planner.comm import collective_s
+from meshplan.planner.cost.comm import collective_s
 
 MIB = 2**20
 CHUNK_MB = (0.25, 1.0, 4.0, 16.0, 64.0)
@@ -216,51 +215,3 @@ SCHEDULES = {c.name: c for c in (Buckets, ByteScheduler)}
 
 def comm_schedule_cost(data, name: str, params: dict) -> Buckets:
     return SCHEDULES[name](data, **params)
-
-
-def composes(ctx, cand) -> bool:
-    """ByteScheduler may be searched on this candidate: the axis unpinned, meshplan's executor
-    (other runtimes express only the bucket order), and feasibility's rules (ZeRO-0 replicas
-    without tensor or pipeline parallelism, no compression; the cheap ones checked first)."""
-    if (
-        "comm_schedule" in ctx.request.methods
-        or ctx.request.runtime != "meshplan"
-        or cand.method("comm_schedule")[0] != "buckets"
-    ):
-        return False
-    if cand.zero != 0 or cand.pp != 1 or cand.tp != 1 or cand.dp_replicate * cand.cp <= 1:
-        return False
-    return cand.method("compression")[0] == "none" and cand.method("sync")[0] == "allreduce"
-
-
-def variant(ctx, cand):
-    """The candidate with ByteScheduler (default chunk and credit) where it composes, else None."""
-    if not composes(ctx, cand):
-        return None
-    alt = cand.with_method("comm_schedule", "bytescheduler", DEFAULT)
-    return None if feasibility.first(alt.layout(ctx.seq), also_runs=ctx.request.also_runs) else alt
-
-
-def searched(ctx, table, cand) -> list:
-    """The candidate with ByteScheduler at its tuned chunk and credit, where it composes ([] else):
-    what the search (planner/methods.py) and brute force (bruteforce.py) price by default."""
-    from meshplan.planner.dp_cost import DataParallelCost
-
-    alt = variant(ctx, cand)
-    if alt is None:
-        return []
-    window = sum(table.get(i, cand).backward_s for i in range(len(ctx.layers)))  # pp = 1: every layer
-    return [cand.with_method("comm_schedule", "bytescheduler", DataParallelCost(ctx, alt).schedule.tuned(window))]
-
-
-def solutions(ctx, table, alt, sols):
-    """(rank solutions, fit) of a ByteScheduler candidate: the DDP split re-priced (it changes only
-    the sync and frees DDP's bucket copy); re-solved when that split recomputes a layer, as the
-    freed memory may let it recompute less (pp = 1: one rank, solved exactly)."""
-    from meshplan.planner.methods import reprice
-    from meshplan.planner.partition import solve
-
-    if all(mode == "none" for s in sols for mode in s.modes.values()):
-        return reprice(ctx, table, alt, sols)
-    got, _, _ = solve(ctx, alt, table.for_candidate(alt))
-    return (got, True) if got is not None else reprice(ctx, table, alt, sols)

@@ -4,7 +4,7 @@ The plan space of a request is, for every outer candidate of `enumerate.candidat
 contiguous split of the L profile layers into pp x v stages (stage s on rank s mod pp) and every
 per-layer recompute choice (`layer_cost.allowed_modes`), each candidate also with ByteScheduler
 at its tuned chunk and credit where it composes (the search prices it by default:
-planner/comm_schedule.py). Brute force visits every plan of that space and takes its step time
+planner/methods/comm_schedule.py). Brute force visits every plan of that space and takes its step time
 as the slowest rank's cost (`RankModel.finish`, the cost function
 the search uses), infinite when any rank overflows its memory (`memory.fits`). Nothing is pruned:
 no lower bounds, no heap merge, no Pareto frontier. What is shared is only arithmetic: a rank's
@@ -29,14 +29,14 @@ from dataclasses import dataclass, field
 
 from meshplan.cluster import ClusterSpec
 from meshplan.model_profile import ModelProfile
-from meshplan.planner import comm_schedule
 from meshplan.planner.context import Candidate, Context
-from meshplan.planner.enumerate import Rejects, candidates
-from meshplan.planner.layer_cost import CostTable, allowed_modes
-from meshplan.planner.memory import fits
-from meshplan.planner.pipeline import p2p_per_microbatch_s
+from meshplan.planner.cost.memory import fits
+from meshplan.planner.cost.pipeline import p2p_per_microbatch_s
+from meshplan.planner.rank.layer_cost import CostTable, allowed_modes
+from meshplan.planner.rank.stages import RankModel
 from meshplan.planner.request import PlanRequest
-from meshplan.planner.stages import RankModel
+from meshplan.planner.search import tuning
+from meshplan.planner.search.enumerate import Rejects, candidates
 
 CHECK_EVERY = 4096
 """Plans (or rank costs) between two looks at the clock."""
@@ -101,7 +101,7 @@ def layer_mode_counts(ctx: Context) -> list[int]:
 def count_plans(ctx: Context, cands: list[Candidate] | None = None) -> int:
     """Exact number of plans in the space (a Python int, astronomically large for big models)."""
     cands = candidates(ctx, Rejects()) if cands is None else cands
-    cands = cands + [alt for c in cands if (alt := comm_schedule.variant(ctx, c)) is not None]
+    cands = cands + [alt for c in cands if (alt := tuning.variant(ctx, c)) is not None]
     num_layers, per_split = len(ctx.layers), math.prod(layer_mode_counts(ctx))
     return per_split * sum(math.comb(num_layers - 1, c.pp * c.virtual_stages - 1) for c in cands)
 
@@ -165,7 +165,7 @@ def _walk(tables: list[_RankCosts], depth: int, prefix_s: float, clock: _Clock, 
 
 
 def _p2p_s(model: RankModel, ctx: Context, cand: Candidate, rank: int, layers: list[int]) -> float:
-    """Per-microbatch p2p of a rank, as partition.py charges it (identical blocks: the block's
+    """Per-microbatch p2p of a rank, as planner/search/partition.py charges it (identical blocks: the block's
     output on every rank; any other chain: the rank's contiguous boundaries)."""
     if ctx.body is not None and cand.pp > 1:
         return p2p_per_microbatch_s(ctx, cand, ctx.layers[ctx.body[0]].output_bytes)
@@ -205,7 +205,7 @@ def brute_force(
     try:
         for cand in cands:
             per[cand] = brute_force_candidate(ctx, cand, table, clock)
-            for alt in comm_schedule.searched(ctx, table, cand):  # exact methods searched by default
+            for alt in tuning.searched(ctx, table, cand):  # exact methods searched by default
                 per[alt] = brute_force_candidate(ctx, alt, table, clock)
     except OutOfTime:
         finished = False

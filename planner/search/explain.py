@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from meshplan.planner.memory import GIB
+from meshplan.planner.cost.memory import GIB
 
 PIN_FIELDS = (
     "tp",
@@ -21,11 +21,10 @@ PIN_FIELDS = (
 MAX_GPUS = 65536
 
 
-def _fits(profile, cluster, request) -> bool:
-    from meshplan.planner.search import Searcher
-
+def _fits(searcher_type, profile, cluster, request) -> bool:
+    """A plan fits `request` (the same search, asked for one plan)."""
     sized = cluster.with_num_devices(request.num_gpus)
-    return bool(Searcher(profile, sized, dataclasses.replace(request, top_k=1)).run(1)[0])
+    return bool(searcher_type(profile, sized, dataclasses.replace(request, top_k=1)).run(1)[0])
 
 
 def _closest(searcher) -> str:
@@ -36,11 +35,11 @@ def _closest(searcher) -> str:
     return "no valid split: " + "; ".join(f"{f}: {r}" for (f, r), _ in reasons[:2]) if reasons else "no candidates"
 
 
-def _fewest_gpus(profile, cluster, request) -> int | None:
+def _fewest_gpus(searcher_type, profile, cluster, request) -> int | None:
     unpinned = dataclasses.replace(request, **{f: None for f in PIN_FIELDS})
     n = request.num_gpus * 2
     while n <= MAX_GPUS:
-        if _fits(profile, cluster, dataclasses.replace(unpinned, num_gpus=n)):
+        if _fits(searcher_type, profile, cluster, dataclasses.replace(unpinned, num_gpus=n)):
             return n
         n *= 2
     return None
@@ -53,9 +52,9 @@ def infeasible_message(searcher, profile, cluster, request) -> str:
         f"on {request.num_gpus} x {cluster.device.name}: {_closest(searcher)}"
     )
     pins = [f for f in PIN_FIELDS if getattr(request, f) is not None]
-    if pins and _fits(profile, cluster, dataclasses.replace(request, **{f: None for f in pins})):
+    if pins and _fits(type(searcher), profile, cluster, dataclasses.replace(request, **{f: None for f in pins})):
         return f"{head}; unpinning {', '.join('--' + p.replace('_', '-') for p in pins)} fits on these GPUs"
-    fewest = _fewest_gpus(profile, cluster, request)
+    fewest = _fewest_gpus(type(searcher), profile, cluster, request)
     if fewest:
         return f"{head}; fewest {cluster.device.name} that fit: {fewest} (try --num-gpus {fewest})"
     return f"{head}; no count up to {MAX_GPUS} GPUs fits: lower --seq or --global-batch, or a larger-memory device"

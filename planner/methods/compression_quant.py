@@ -1,4 +1,4 @@
-"""Cost objects of the issue-#15 compressors (registered in planner/compression.py's COMPRESSORS):
+"""Cost objects of the issue-#15 compressors (registered in planner/methods/compression.py's COMPRESSORS):
 top-k, the quantizers (QSGD, NUQSGD, ALQ, AMQ) and Accordion over PowerSGD or top-k.
 
 Bytes per tensor come from meshplan/compression_wire.py, the formulas the executor's codecs send
@@ -21,7 +21,7 @@ import math
 
 from meshplan import compression_wire as wire
 from meshplan.model_profile import LayerProfile
-from meshplan.planner.compression import GRAD_BYTES, Compressor, PowerSGD, matrices, shard_shapes
+from meshplan.planner.methods.compression import GRAD_BYTES, Compressor, PowerSGD, matrices, shard_shapes
 
 OP_S = 8e-6
 """Seconds of fixed cost per elementwise op (a CUDA kernel launch; a torch op's dispatch on CPU)."""

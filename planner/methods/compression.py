@@ -4,7 +4,7 @@ one's once-per-step gradient exchange carries per layer, the state it keeps, the
 These reduce by all-reduce (their payloads can be summed). A compressor whose payload cannot
 be summed (top-k's values and indices, quantized codes) is exchanged by all-gather
 (`collective = "all_gather"`, payload = this rank's contribution) and pays only below a density
-of about 1/N: planner/compression_quant.py (issue #15), registered in COMPRESSORS below.
+of about 1/N: planner/methods/compression_quant.py (issue #15), registered in COMPRESSORS below.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from meshplan.model_profile import LayerProfile
-from meshplan.planner.compute import gemm_efficiency
+from meshplan.planner.cost.compute import gemm_efficiency
 
 GRAD_BYTES = 4
 """DDP's gradients are fp32 (the parameters' dtype; bf16 runs under autocast)."""
@@ -68,7 +68,7 @@ class Compressor:
     collective = "all_reduce"
     """How the payload is exchanged: "all_reduce" (summable) or "all_gather" (per-rank payloads)."""
     group = 1
-    """Ranks exchanging (dp_cost.py sets it): the gathered buffers of all-gather compressors."""
+    """Ranks exchanging (planner/rank/dp_cost.py sets it): the gathered buffers of all-gather compressors."""
 
     def __init__(self, **params):
         self.params = params
@@ -156,14 +156,3 @@ class PowerSGD(Compressor):
             gemm = 2.0 * n * m * r
             total += 3 * gemm / (peak * gemm_efficiency(curve, gemm)) + 2.0 * n * r * r / peak
         return total
-
-
-COMPRESSORS = {c.name: c for c in (Compressor, Fp16, PowerSGD)}
-
-from meshplan.planner import compression_quant  # noqa: E402 (it subclasses the classes above)
-
-COMPRESSORS.update(compression_quant.COMPRESSORS)
-
-
-def compressor(name: str, params: dict) -> Compressor:
-    return COMPRESSORS[name](**params)

@@ -1,6 +1,6 @@
 """State placement's cost objects (the offload axis of meshplan/dp_methods.py): what offload=cpu
 (ZeRO-Offload, Ren et al. 2021) and offload=nvme (ZeRO-Infinity, Rajbhandari et al. 2021) take
-off the device, and what they cost per step; dp_cost.py delegates to `offload_cost()`.
+off the device, and what they cost per step; planner/rank/dp_cost.py delegates to `offload_cost()`.
 
 Who steps the optimizer (executor/methods/offload_*.py):
 - FSDP2's CPUOffloadPolicy (offload=cpu, ZeRO-2/3, no delayed update): the sharded weights,
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from meshplan.comm_bytes import wire_bytes
 from meshplan.planner.context import Candidate, Context
+from meshplan.planner.cost.state import state_bytes
 
 CPU_ADAM_BYTES_PER_PARAM = 28
 """fp32 Adam step traffic per parameter: read p, g, m, v (16 B), write p, m, v (12 B)."""
@@ -131,8 +132,6 @@ class NvmeOffload(CpuOffload):
         self.host_step = not self.on_cpu
 
     def _state_bytes_per_param(self) -> float:
-        from meshplan.planner.dp_cost import state_bytes
-
         return state_bytes(self.ctx)[2]
 
     def state_bytes(self, local, weights, grads, optim):

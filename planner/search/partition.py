@@ -1,4 +1,4 @@
-"""Exact stage boundaries + recompute for one candidate (see stages.py for the model).
+"""Exact stage boundaries + recompute for one candidate (see planner/rank/stages.py for the model).
 
 `solve(ctx, cand, costs)` returns the per-rank solutions of the best split, or None with the
 memory excess (bytes over capacity on the tightest rank of a balanced split with the leanest
@@ -10,11 +10,13 @@ from __future__ import annotations
 import heapq
 import math
 
+from meshplan.errors import MeshplanError
 from meshplan.planner.context import Candidate, Context
-from meshplan.planner.layer_cost import LayerCost
-from meshplan.planner.pipeline import in_flight, last_bucket_params, p2p_per_microbatch_s, tail_s
-from meshplan.planner.recompute import modes_of, pareto_frontier, solve_frontier, solve_identical
-from meshplan.planner.stages import RankModel, RankSolution
+from meshplan.planner.cost.pipeline import in_flight, p2p_per_microbatch_s
+from meshplan.planner.rank.layer_cost import LayerCost
+from meshplan.planner.rank.stages import RankModel, RankSolution
+from meshplan.planner.rank.tail import last_bucket_params, tail_s
+from meshplan.planner.search.recompute import modes_of, pareto_frontier, solve_frontier, solve_identical
 
 
 class UniformSplit:
@@ -130,9 +132,7 @@ class UniformSplit:
         return counts
 
     def balanced_counts(self) -> list[int] | None:
-        """Blocks per rank of the even split (estimate.balanced_stages), None if a rank OOMs."""
-        from meshplan.planner.estimate import balanced_stages
-
+        """Blocks per rank of the even split (balanced_stages), None if a rank OOMs."""
         p, v = self.cand.pp, self.cand.virtual_stages
         stages = balanced_stages(self.ctx, p * v)
         counts = [sum(1 for s in range(r, p * v, p) for i in stages[s] if self.start <= i < self.end) for r in range(p)]
@@ -266,3 +266,26 @@ def solve(ctx: Context, cand: Candidate, costs: list[LayerCost], cache: dict | N
     if sols is None:
         return None, 0, -1.0
     return sols, [s.layers for s in sols], 0.0
+
+
+def balanced_stages(ctx: Context, num_stages: int) -> list[list[int]]:
+    """Blocks split as evenly as possible (extra blocks to the middle stages first)."""
+    n = len(ctx.layers)
+    start, end = ctx.body if ctx.body is not None else (0, n)
+    blocks = end - start
+    if num_stages > blocks + (start == 1) + (end == n - 1):
+        raise MeshplanError(f"{num_stages} pipeline stages for {n} layers; use fewer (--pp x --virtual-stages)")
+    sizes = [blocks // num_stages] * num_stages
+    order = list(range(1, num_stages - 1)) + [0, num_stages - 1] if num_stages > 2 else list(range(num_stages))
+    for k in range(blocks % num_stages):
+        sizes[order[k % len(order)]] += 1
+    stages, nxt = [], start
+    for s, size in enumerate(sizes):
+        stage = list(range(nxt, nxt + size))
+        nxt += size
+        stages.append(
+            ([0] if s == 0 and start == 1 else []) + stage + ([n - 1] if s == num_stages - 1 and end == n - 1 else [])
+        )
+    if any(not st for st in stages):
+        raise MeshplanError(f"{num_stages} stages leave one empty; use fewer (--pp x --virtual-stages)")
+    return stages

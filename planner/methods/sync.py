@@ -1,7 +1,7 @@
 """Replica-synchronisation cost objects (the sync axis of meshplan/dp_methods.py): how often and
 with what each method exchanges, what it adds to memory and compute, and what of it is exposed.
 
-DataParallelCost (dp_cost.py) delegates to the candidate's object: `AllReduce` keeps its own DDP
+DataParallelCost (planner/rank/dp_cost.py) delegates to the candidate's object: `AllReduce` keeps its own DDP
 pricing; the others run on plain replicas (executor/methods/sync_*.py), so their exchange is not
 overlapped with backward. S = 4 x the rank's parameters (one flat fp32 vector), N = replicas;
 bytes are meshplan/comm_bytes.py's ring volumes, the executor's counting convention:
@@ -13,7 +13,7 @@ bytes are meshplan/comm_bytes.py's ring volumes, the executor's counting convent
 - crossbow:  all-reduce of Delta (S) every step; memory k replicas + z + Delta_prev + the round's
              flat vectors; k learners one after another at the microbatch / k, k optimizer steps
              and the SMA round's memory traffic (Koliousis et al. 2019 Sec 4); learners = 0:
-             tune_learners picks k (the least step time whose memory fits)
+             the planner picks k (search/tuning.py: the least step time that fits)
 - dabmd:     S to each ring neighbour (two, one for N = 2) per consensus iteration, consensus_rounds
              a step (gradient_allreduce: one all-reduce of S + 4 bytes, the sample count); a budget
              only bounds the step where workers differ in speed, which this homogeneous model does
@@ -34,7 +34,11 @@ from fractions import Fraction
 from meshplan import dp_methods
 from meshplan.comm_bytes import wire_bytes
 from meshplan.model_profile import LayerProfile
-from meshplan.planner.comm import collective_s, group_tier
+from meshplan.planner.cost.comm import collective_s, group_tier
+from meshplan.planner.cost.compute import layer_compute_s
+from meshplan.planner.cost.optimizer import layer_optimizer_s, optimizer_call_s
+from meshplan.planner.cost.state import state_bytes
+from meshplan.planner.methods.compression_quant import OP_S
 
 FP32 = 4
 MAX_LEARNERS = int(dp_methods.method("sync", "crossbow").param("learners", "crossbow").high or 1)
@@ -108,7 +112,7 @@ class Crossbow(AllReduce):
     the correction and the stacked sum (~15 S of memory traffic per learner, counted from
     sma_update and _average), one all-reduce of Delta. learners = 0 (auto) prices every
     k-dependent term at its least over the k the executor can run (a lower bound of each, so
-    the search's bounds hold) until tune_learners picks k."""
+    the search's bounds hold) until search/tuning.py picks k."""
 
     name, replaces_ddp, ddp_buckets = "crossbow", True, False
     SMA_TRAFFIC = 15
@@ -122,8 +126,6 @@ class Crossbow(AllReduce):
         """k - 1 more learners (weights, grads, optimizer states: every learner keeps its own),
         z and Delta_prev, and the round's transient flat vectors (4 per learner: copy,
         difference, correction, stack)."""
-        from meshplan.planner.dp_cost import state_bytes
-
         k = max(self.k, 1)  # auto: k = 1 holds the least
         w, g, o = state_bytes(self.ctx)
         return (k - 1) * local * (w + g + o) + (2 + 4 * k) * FP32 * local
@@ -133,9 +135,6 @@ class Crossbow(AllReduce):
         profile says a smaller microbatch is cheaper per sample): their compute at microbatch c
         instead of m microbatches of b, k - 1 more clip + optimizer steps, the SMA round's
         memory traffic."""
-        from meshplan.planner.compute import layer_compute_s
-        from meshplan.planner.pipeline import layer_optimizer_s, optimizer_call_s
-
         cand, ctx = self.data.cand, self.ctx
         b, m = cand.microbatch, cand.num_microbatches
         share = b * m // k
@@ -162,36 +161,6 @@ class Crossbow(AllReduce):
 
     def bytes(self, params: int) -> Fraction:
         return wire_bytes("all_reduce", self.group, FP32 * params)
-
-
-def auto_learners(cand) -> bool:
-    """Whether `cand` runs crossbow with learners = 0 (auto): the planner picks k."""
-    name, params = cand.method("sync")
-    return name == "crossbow" and params.get("learners") == 0
-
-
-def tune_learners(ctx, table, cand, sols):
-    """(candidate with k, its rank solutions, fits) for crossbow learners = 0: every k the
-    executor can run re-priced on the same split (memory x k must fit), the least step time
-    wins (the most throughput: the global batch is fixed), ties to the smaller k (less memory).
-    Crossbow's own tuner adds learners while throughput rises (Koliousis et al. 2019 Sec 4.3);
-    this one prices all of them, so a dip does not stop it. The learners run one after another,
-    so k > 1 pays only where the profile says a smaller microbatch costs less per sample. A
-    candidate that is not crossbow-auto is re-priced as it is."""
-    from meshplan.planner.dp_cost import DataParallelCost
-    from meshplan.planner.methods import reprice
-
-    if not auto_learners(cand):
-        return (cand, *reprice(ctx, table, cand, sols))
-    params = cand.method("sync")[1]
-    best = None
-    for k in DataParallelCost(ctx, cand).sync.learner_counts():
-        alt = cand.with_method("sync", "crossbow", {**params, "learners": k})
-        alt_sols, ok = reprice(ctx, table, alt, sols)
-        step = max(s.cost_s for s in alt_sols)
-        if best is None or (ok, -step) > (best[2], -max(s.cost_s for s in best[1])):
-            best = (alt, alt_sols, ok)
-    return best
 
 
 class AnyBatch(AllReduce):
@@ -237,9 +206,7 @@ class Gossip(AllReduce):
         flat and unflat (4); full precision: the neighbours' sum and the mix (3 per peer + 10);
         8-bit: encode x - x^ (pad, min/max, shift, scale, round, clamp, cast: 17 + 3 bytes),
         decode and add per copy, own and each peer's (9 + 1 byte), the mix over three copies
-        (16); plus a fixed cost per op (planner/compression_quant.py's OP_S)."""
-        from meshplan.planner.compression_quant import OP_S
-
+        (16); plus a fixed cost per op (planner/methods/compression_quant.py's OP_S)."""
         p = self._peers()
         if self.params["low_precision"]:
             passes, byte_passes, ops = 4 + 17 + 9 * (1 + p) + 16, 3 + (1 + p), 2 + 9 + 5 * (1 + p) + 7
@@ -283,9 +250,6 @@ class AsyncAverage(AllReduce):
     def work_s(self) -> float:
         """The main thread's work per step: m microbatches' forward and backward, the optimizer
         step (pp = tp = 1: the rank holds every layer)."""
-        from meshplan.planner.compute import layer_compute_s
-        from meshplan.planner.pipeline import layer_optimizer_s
-
         cand, ctx = self.data.cand, self.ctx
         total = 0.0
         for layer in ctx.layers:

@@ -11,10 +11,11 @@ from meshplan import dp_methods
 from meshplan.model_profile import ModelProfile
 from meshplan.plan import DataParallelMethods, MethodChoice, Plan, Prediction, Provenance, StageMemory
 from meshplan.planner.context import Candidate, Context
-from meshplan.planner.dp_cost import comm_bytes_per_step
-from meshplan.planner.memory import GIB
-from meshplan.planner.pipeline import bubble_factor
-from meshplan.planner.stages import RankSolution
+from meshplan.planner.cost.memory import GIB
+from meshplan.planner.cost.pipeline import bubble_factor
+from meshplan.planner.rank.dp_cost import comm_bytes_per_step
+from meshplan.planner.rank.stages import RankSolution
+from meshplan.runtimes import REQUEST_FIELDS
 from meshplan.schema import content_hash
 
 
@@ -112,8 +113,6 @@ def prediction(ctx: Context, cand: Candidate, sols: list[RankSolution]) -> Predi
 
 def runtime_behaviours(request) -> dict:
     """The request's behaviour fields as the Plan records them (meshplan/runtimes.py)."""
-    from meshplan.runtimes import REQUEST_FIELDS
-
     out = {key: getattr(request, key) for key in REQUEST_FIELDS}
     for key in ("zero_stages", "offload_methods", "also_runs"):
         out[key] = list(out[key]) if out[key] is not None else None

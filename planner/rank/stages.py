@@ -1,7 +1,7 @@
 """The cost of one pipeline rank (a set of layers with their recompute modes); the boundary
-search that minimises the slowest rank subject to every rank's memory is in partition.py.
+search that minimises the slowest rank subject to every rank's memory is in planner/search/partition.py.
 
-A rank's cost is `(m + bubble) x t_r + tail_r` (pipeline.py), monotone in the layers it holds.
+A rank's cost is `(m + bubble) x t_r + tail_r` (planner/cost/pipeline.py), monotone in the layers it holds.
 - Identical blocks between at most one prefix layer (embedding, on rank 0) and one suffix layer
   (head, on the last rank): a rank's cost depends only on its block count n_r, so the min-max
   is the L-th smallest value of {c_r(n): n above each rank's minimum} — a heap merge of the
@@ -22,18 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshplan.planner.context import Candidate, Context
-from meshplan.planner.dp_cost import DataParallelCost
-from meshplan.planner.layer_cost import LayerCost
-from meshplan.planner.memory import activation_bytes, activation_scale, checkpoint_input_bytes, stage_buffer_bytes
-from meshplan.planner.pipeline import (
-    boundary_bytes,
-    bubble_factor,
-    in_flight,
-    last_bucket_params,
-    p2p_per_microbatch_s,
-    step_fixed_s,
-    tail_s,
-)
+from meshplan.planner.cost.memory import activation_bytes, activation_scale, checkpoint_input_bytes, stage_buffer_bytes
+from meshplan.planner.cost.optimizer import step_fixed_s
+from meshplan.planner.cost.pipeline import boundary_bytes, bubble_factor, in_flight, p2p_per_microbatch_s
+from meshplan.planner.rank.dp_cost import DataParallelCost
+from meshplan.planner.rank.layer_cost import LayerCost
+from meshplan.planner.rank.tail import last_bucket_params, tail_s
 
 RECOMPUTE_ORDER = ("none", "selective", "full")
 """Recompute modes from the most bytes kept to the least."""

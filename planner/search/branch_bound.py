@@ -1,9 +1,9 @@
 """search(): the best plan under the cost model, its top-K alternatives and the rejected families.
 
-Branch and bound over the outer candidates (enumerate.py): each gets a lower bound on its step
+Branch and bound over the outer candidates (planner/search/enumerate.py): each gets a lower bound on its step
 time — `(m + bubble) x sum of its layers' fastest per-microbatch times / pp` (a rank is at least
 the average) — and a lower bound on its memory (weights, grads, optimizer states and the leanest
-activations, averaged over the pp ranks). Candidates are solved exactly (partition.py) in order
+activations, averaged over the pp ranks). Candidates are solved exactly (planner/search/partition.py) in order
 of their bound; the loop stops when the bound reaches the K-th best step time found, so the
 result equals solving every candidate. Layer costs are memoised per layer signature.
 """
@@ -19,18 +19,19 @@ from meshplan.cluster import ClusterSpec
 from meshplan.errors import InfeasibleError
 from meshplan.model_profile import ModelProfile
 from meshplan.plan import Plan, Rejection, SearchSummary
-from meshplan.planner import comm_schedule
 from meshplan.planner.context import Candidate, Context
-from meshplan.planner.enumerate import Rejects, candidates
-from meshplan.planner.gc_pause import gc_paused
-from meshplan.planner.layer_cost import CostTable
-from meshplan.planner.memory import GIB, fits
-from meshplan.planner.methods import best_method, method_options
-from meshplan.planner.partition import solve
-from meshplan.planner.pipeline import bubble_factor, in_flight
-from meshplan.planner.predict import _breakdown, build_plan, provenance
-from meshplan.planner.recompute import solve_identical
+from meshplan.planner.cost.memory import GIB, fits
+from meshplan.planner.cost.pipeline import bubble_factor, in_flight
+from meshplan.planner.rank.layer_cost import CostTable
 from meshplan.planner.request import PlanRequest
+from meshplan.planner.search import offload_search, tuning
+from meshplan.planner.search.enumerate import Rejects, candidates
+from meshplan.planner.search.explain import infeasible_message
+from meshplan.planner.search.gc_pause import gc_paused
+from meshplan.planner.search.method_choice import best_method, method_options
+from meshplan.planner.search.partition import solve
+from meshplan.planner.search.predict import _breakdown, build_plan, provenance
+from meshplan.planner.search.recompute import solve_identical
 
 
 class Bounds:
@@ -123,9 +124,9 @@ class Searcher:
         cap, queue = self.ctx.capacity_bytes, []
         for cand in cands:
             lb_time, lb_mem = bound(cand)
-            alt = None if fits(lb_mem, cap) else comm_schedule.variant(self.ctx, cand)
+            alt = None if fits(lb_mem, cap) else tuning.variant(self.ctx, cand)
             if alt is not None and fits(bound(alt)[1], cap):  # ByteScheduler frees DDP's bucket copy
-                cand = comm_schedule.searched(self.ctx, self.table, cand)[0]  # (planner/comm_schedule.py)
+                cand = tuning.searched(self.ctx, self.table, cand)[0]  # (search/tuning.py)
                 lb_time, lb_mem = bound(cand)
             if fits(lb_mem, cap):
                 queue.append((lb_time, False, cand))
@@ -151,7 +152,7 @@ class Searcher:
             self.num_evaluated += 1
             if sols is None:
                 self._reject_oom(cand, excess, f"stage {stages} (balanced split, leanest recompute)")
-                for alt in comm_schedule.searched(self.ctx, self.table, cand):  # as in _queue
+                for alt in tuning.searched(self.ctx, self.table, cand):  # as in _queue
                     heapq.heappush(queue, (lb_time, False, alt))
                 continue
             step, cand, sols = best_method(
@@ -209,10 +210,7 @@ def search(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) ->
     searcher = Searcher(profile, cluster, request)
     ranked, num_candidates = searcher.run(max(request.top_k, 1))
     offload_notes: list[str] = []
-    if not ranked:  # offload only when nothing fits on the device (planner/offload_search.py)
-        from meshplan.planner import offload_search
-        from meshplan.planner.explain import infeasible_message
-
+    if not ranked:  # offload only when nothing fits on the device (search/offload_search.py)
         if "offload" in request.methods:
             raise InfeasibleError(
                 infeasible_message(searcher, profile, cluster, request)

@@ -12,15 +12,17 @@ from meshplan.cluster import ClusterSpec
 from meshplan.errors import MeshplanError
 from meshplan.model_profile import ModelProfile
 from meshplan.plan import INTERLEAVED, Plan, schedule_name
-from meshplan.planner import sync, waves
 from meshplan.planner.context import Candidate, Context
-from meshplan.planner.enumerate import base_methods, tp_divisors, tp_kinds
-from meshplan.planner.layer_cost import CostTable
-from meshplan.planner.methods import method_options
-from meshplan.planner.pipeline import p2p_per_microbatch_s
-from meshplan.planner.predict import build_plan, provenance
+from meshplan.planner.cost.pipeline import p2p_per_microbatch_s
+from meshplan.planner.rank import waves
+from meshplan.planner.rank.layer_cost import CostTable
+from meshplan.planner.rank.stages import RankModel
 from meshplan.planner.request import PlanRequest
-from meshplan.planner.stages import RankModel
+from meshplan.planner.search import tuning
+from meshplan.planner.search.enumerate import base_methods, tp_divisors, tp_kinds
+from meshplan.planner.search.method_choice import method_options
+from meshplan.planner.search.partition import balanced_stages
+from meshplan.planner.search.predict import build_plan, provenance
 
 
 def _candidate(ctx: Context) -> Candidate:
@@ -61,29 +63,6 @@ def _candidate(ctx: Context) -> Candidate:
     )
 
 
-def balanced_stages(ctx: Context, num_stages: int) -> list[list[int]]:
-    """Blocks split as evenly as possible (extra blocks to the middle stages first)."""
-    n = len(ctx.layers)
-    start, end = ctx.body if ctx.body is not None else (0, n)
-    blocks = end - start
-    if num_stages > blocks + (start == 1) + (end == n - 1):
-        raise MeshplanError(f"{num_stages} pipeline stages for {n} layers; use fewer (--pp x --virtual-stages)")
-    sizes = [blocks // num_stages] * num_stages
-    order = list(range(1, num_stages - 1)) + [0, num_stages - 1] if num_stages > 2 else list(range(num_stages))
-    for k in range(blocks % num_stages):
-        sizes[order[k % len(order)]] += 1
-    stages, nxt = [], start
-    for s, size in enumerate(sizes):
-        stage = list(range(nxt, nxt + size))
-        nxt += size
-        stages.append(
-            ([0] if s == 0 and start == 1 else []) + stage + ([n - 1] if s == num_stages - 1 and end == n - 1 else [])
-        )
-    if any(not st for st in stages):
-        raise MeshplanError(f"{num_stages} stages leave one empty; use fewer (--pp x --virtual-stages)")
-    return stages
-
-
 def estimate(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) -> Plan:
     """Prediction of the configuration the request pins (degrees, microbatch, schedule, ...)."""
     cluster = cluster if cluster.num_devices == request.num_gpus else cluster.with_num_devices(request.num_gpus)
@@ -111,9 +90,9 @@ def estimate(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) 
         else:
             p2p = model.p2p(r, layers)
         sols.append(model.finish(r, layers, modes, p2p))
-    sols = waves.solutions(ctx, table, cand, sols)  # waves=2: planner/waves.py
-    if sync.auto_learners(cand):  # crossbow learners=0: the planner picks k (planner/sync.py)
-        cand, sols, _ = sync.tune_learners(ctx, table, cand, sols)
+    sols = waves.solutions(ctx, table, cand, sols)  # waves=2: rank/waves.py
+    if tuning.auto(cand):  # a parameter left to the planner (crossbow learners=0): search/tuning.py
+        cand, sols, _ = tuning.tune(ctx, table, cand, sols)
     plan = build_plan(ctx, cand, sols, stages, provenance(profile, cluster))
     plan.prediction.dp_method_options = method_options(ctx, table, cand, sols)
     return plan

@@ -8,7 +8,7 @@ all-gather per column-parallel linear in backward: _tp_comm_s); full recompute r
 forward ones. A vocab-parallel embedding all-reduces forward only, the head backward only.
 Context parallel (ring attention): K and V circulate, `(c-1)/c` of them forward, twice backward.
 Data parallelism's per-layer terms (ZeRO-2/3 gathers, state bytes, compression payload) come
-from the candidate's cost object (dp_cost.py); prefetched behind the layer's compute, only the
+from the candidate's cost object (planner/rank/dp_cost.py); prefetched behind the layer's compute, only the
 excess is exposed.
 """
 
@@ -17,14 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.model_profile import LayerProfile
-from meshplan.planner import elementwise
-from meshplan.planner.comm import all_reduce_s, collective_s, group_tier
-from meshplan.planner.compute import layer_compute_s, recompute_overheads_s
 from meshplan.planner.context import Candidate, Context
-from meshplan.planner.dp_cost import DataParallelCost
-from meshplan.planner.in_place import in_place_overhead_s
-from meshplan.planner.memory import activation_bytes, fp32_logit_bytes, head_keeps_logits, recompute_modes
-from meshplan.planner.pipeline import layer_optimizer_s
+from meshplan.planner.cost import elementwise
+from meshplan.planner.cost.comm import all_reduce_s, collective_s, group_tier
+from meshplan.planner.cost.compute import layer_compute_s, recompute_overheads_s
+from meshplan.planner.cost.in_place import in_place_overhead_s
+from meshplan.planner.cost.memory import activation_bytes, fp32_logit_bytes, head_keeps_logits, recompute_modes
+from meshplan.planner.cost.optimizer import layer_optimizer_s
+from meshplan.planner.rank.dp_cost import DataParallelCost
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class LayerCost:
     payload_bytes: float = 0.0
     """ZeRO-0/1: bytes the once-per-step gradient all-reduce carries for this layer (compressed)."""
     compress_s: float = 0.0
-    """Gradient compression + decompression seconds per step (dp_cost.py)."""
+    """Gradient compression + decompression seconds per step (planner/rank/dp_cost.py)."""
 
 
 def _tp_comm_s(ctx: Context, layer: LayerProfile, b: int, tp: int, cp: int, sp: bool) -> tuple[float, float]:
@@ -120,7 +120,7 @@ def _memory_bound_s(
 ) -> tuple[float, float, float]:
     """(forward, backward, selective-recompute) seconds of a layer's memory-bound kernels; the
     head's fp32 logits at the loss's own pass counts (LOSS_PASSES); the extra passes of unfused
-    kernels under the runtime's `elementwise` level (planner/elementwise.py)."""
+    kernels under the runtime's `elementwise` level (planner/cost/elementwise.py)."""
     if ctx.measured and layer.timings:
         return 0.0, 0.0, 0.0
     hbm = ctx.cluster.device.hbm_gbps * 1e9
