@@ -67,11 +67,12 @@ METHOD_TITLES = {
     "compression": "Gradient compression on slow links",
     "sync": "Replica synchronisation on slow links",
     "offload": "Offload and communication scheduling",
+    "kernel_bytes": "Bytes on the wire, counted by the kernel",
 }
 
 
 def _methods(r: dict) -> list[str]:
-    """Sections 7-9: each method benchmark renders its own tables (its module's `markdown`)."""
+    """Sections 7-10: each method benchmark renders its own tables (its module's `markdown`)."""
     import importlib
 
     from benchmarks.run import METHOD_SECTIONS

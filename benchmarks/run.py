@@ -4,7 +4,8 @@ Writes OUT/benchmarks.json (keys: local_accuracy, baselines, planner_speed, memo
 executor_overhead, gpu, machine, torch_version, ...) and OUT/benchmarks.md (benchmarks.report).
 Sections: 1 local accuracy and plan quality, 2 baselines, 3 planner speed, 4 memory,
 5 executor overhead, 6 GPU check (only where CUDA is present), 7-9 the data-parallel methods
-(compression and replica synchronisation on slow links, offload and scheduling). A section that
+(compression and replica synchronisation on slow links, offload and scheduling), 10 the bytes
+on the wire as the kernel's interface counters see them (benchmarks/kernel_bytes.py). A section that
 fails is recorded with its error and the others still run. `--sections a,b` runs a subset and keeps
 the rest from the earlier OUT/benchmarks.json, each marked with the run that measured it. `--quick` is the CI-sized version (one repetition, a
 6-plan grid, a short link sweep, the planner-speed and overhead quick modes).
@@ -150,6 +151,7 @@ METHOD_SECTIONS = {
     "compression": "benchmarks.compression_slow_link",
     "sync": "benchmarks.sync_methods",
     "offload": "benchmarks.offload",
+    "kernel_bytes": "benchmarks.kernel_bytes",
 }
 """Data-parallel method benchmarks (issues 15-17): module whose `bench_section(quick, say)` returns
 the section's results. They run on 4 gloo ranks, the slow-link ones inside throttled namespaces."""

@@ -111,8 +111,11 @@ def list_namespaces() -> list[str]:
     return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
 
 
-def create(rate_bits: float, delay_ms: float = 0.0) -> str:
-    """Make a throttled namespace; return its name. Raises Unavailable (and leaves nothing)."""
+def create(rate_bits: float, delay_ms: float = 0.0, one_segment: bool = False) -> str:
+    """Make a throttled namespace; return its name. Raises Unavailable (and leaves nothing).
+    one_segment: loopback's gso_max_segs 1, so every packet the kernel counts carries at most
+    one MSS of TCP payload, as packets on an MTU-1500 wire do (lo otherwise hands the stack
+    64 KiB segmentation-offload packets and counts their headers once)."""
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             raise Unavailable(f"slow link unavailable: `{tool}` not found (install iproute2)")
@@ -122,6 +125,8 @@ def create(rate_bits: float, delay_ms: float = 0.0) -> str:
     try:
         _ip("link", "set", "lo", "mtu", str(MTU_BYTES), netns=name)
         _ip("link", "set", "lo", "up", netns=name)
+        if one_segment:
+            _ip("link", "set", "lo", "gso_max_segs", "1", netns=name)
         qdisc = qdisc_args(rate_bits, delay_ms)
         proc = _ip("tc", "qdisc", "add", "dev", "lo", "root", *qdisc, netns=name, check=False)
         if proc.returncode != 0 and qdisc[0] == "netem":
@@ -154,11 +159,12 @@ def _raise_exit(signum, frame):
 
 
 @contextlib.contextmanager
-def slow_link(rate_gbit: float = 1.0, delay_ms: float = 0.0):
+def slow_link(rate_gbit: float = 1.0, delay_ms: float = 0.0, one_segment: bool = False):
     """A throttled namespace for the with-block; yields the command prefix for subprocess:
     ["ip", "netns", "exec", NAME, "env", "GLOO_SOCKET_IFNAME=lo"]. Deleted on exit, SIGTERM
-    included (SIGTERM raises SystemExit inside the block when entered on the main thread)."""
-    name = create(rate_gbit * 1e9, delay_ms)
+    included (SIGTERM raises SystemExit inside the block when entered on the main thread).
+    one_segment: as create()'s."""
+    name = create(rate_gbit * 1e9, delay_ms, one_segment)
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_exit) if main else None
     try:
