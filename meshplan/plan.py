@@ -218,6 +218,9 @@ class Plan:
     """What the executor rebuilds: zoo name, file.py:factory, module:factory or hf:NAME."""
     model_config: dict[str, Any] = field(default_factory=dict)
     """Shape overrides the model was built with (the --set values, resolved)."""
+    model_family: str = ""
+    """The profile's model family (gpt, llama, bert, vit, moe, resnet, user, hf): exports take the
+    architecture (norm, activation, position embedding, biases) from it; "" in plans written before it."""
     model_num_params: int = 0
     """Unique parameters of the profiled model (tied weights once); `meshplan run` rebuilds the
     model from model_name + model_config and refuses it if the count differs (0: not checked)."""
