@@ -150,3 +150,80 @@ def runtime_warnings(plan: Plan, target: str) -> list[str]:
         f"the prediction was made for runtime {plan.runtime}; {target} runs this plan with its own behaviours "
         f"(README, Runtimes), so its step time and memory will differ: re-plan with --runtime {hint}"
     ]
+
+
+# --- the model's architecture, as the targets name it ---------------------------------------------
+
+
+ARCHITECTURES = {
+    # meshplan's GPT (models/zoo/gpt.py, models/analytic.py gpt_profile): pre-LN LayerNorm blocks, GELU
+    # MLP, learned absolute positions, biased linears, an LM head of its own (untied)
+    "gpt": {"norm": "LayerNorm", "activation": "gelu", "position": "learned_absolute", "bias": True, "tied": False},
+    # Llama-3 (models/zoo/llama.py, llama_profile): RMSNorm, SwiGLU, rotary, no biases, untied output
+    "llama": {"norm": "RMSNorm", "activation": "swiglu", "position": "rope", "bias": False, "tied": False},
+}
+"""Model family -> architecture facts the decoder-only trainers need beyond the shape."""
+
+
+def architecture(plan: Plan) -> dict | None:
+    """The plan's decoder architecture (ARCHITECTURES row plus the shape), or None when the family is not a
+    GPT/Llama decoder meshplan knows (bert, vit, moe, resnet, user, hf, or a plan written without family)."""
+    family = plan.model_family
+    row = ARCHITECTURES.get(family)
+    cfg = plan.model_config
+    if row is None or not is_transformer(plan) or not all(k in cfg for k in ("hidden", "heads", "vocab")):
+        return None
+    hidden, heads = int(cfg["hidden"]), int(cfg["heads"])
+    return {
+        **row,
+        "family": family,
+        "layers": len(blocks(plan)),
+        "hidden": hidden,
+        "heads": heads,
+        "kv_heads": int(cfg.get("kv_heads", heads)),
+        "ffn_hidden": int(cfg.get("ffn_hidden", 4 * hidden)),
+        "vocab": int(cfg["vocab"]),
+        "rope_theta": float(cfg.get("rope_theta", 500000.0)),
+        "norm_eps": float(cfg.get("norm_eps", 1e-5)),
+    }
+
+
+def architecture_text(arch: dict) -> str:
+    return (
+        f"{arch['layers']} layers, hidden {arch['hidden']}, {arch['heads']} heads ({arch['kv_heads']} kv), "
+        f"ffn {arch['ffn_hidden']}, vocab {arch['vocab']}, {arch['norm']}, {arch['activation']}, "
+        f"{arch['position']} positions, {'tied' if arch['tied'] else 'untied'} embeddings"
+    )
+
+
+# --- launching on many nodes ----------------------------------------------------------------------
+
+
+def torchrun_line(plan: Plan, target: str) -> str:
+    """torchrun for every node: one process per device of a node, the node count, this node's rank
+    and node 0's endpoint from the environment (set NODE_RANK and MASTER_ADDR on each node)."""
+    return (
+        f"torchrun --nnodes {num_nodes(plan)} --nproc-per-node {devices_per_node(plan)} "
+        '--node-rank "${NODE_RANK:-0}" --rdzv-backend c10d '
+        '--rdzv-endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" ' + target
+    )
+
+
+def launch_notes(plan: Plan) -> list[str]:
+    nodes = num_nodes(plan)
+    if nodes == 1:
+        return [f"launch: one node of {devices_per_node(plan)} devices"]
+    return [
+        f"launch: run this on each of the {nodes} nodes ({devices_per_node(plan)} devices each) with "
+        f"NODE_RANK=0..{nodes - 1} and MASTER_ADDR=<node 0's address> set"
+    ]
+
+
+def precision_warnings(plan: Plan, target: str, fallback: str = "bf16") -> list[str]:
+    """fp8 where `target` has no fp8 setting in its config: said, and what is written instead."""
+    if plan.precision != "fp8":
+        return []
+    return [
+        f"precision fp8 has no {target} config setting: exported {fallback} mixed precision (the GEMMs run "
+        "at the bf16 rate, slower than predicted); add fp8 in model code (Transformer Engine or torchao float8)"
+    ]

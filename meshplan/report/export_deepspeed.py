@@ -1,7 +1,11 @@
-"""Export a plan to DeepSpeed (config JSON + launch line) and to Hugging Face accelerate (YAML).
+"""Export a plan to DeepSpeed: ds_config.json, the process topology (meshplan_deepspeed.py) and a launch line.
 
-DeepSpeed checks train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x
-data-parallel world size, where the data-parallel world is world / (tp x pp) (deepspeed/runtime/config.py).
+DeepSpeed checks train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x the
+data-parallel world size it derives (deepspeed/runtime/config.py _batch_assertion): the full world
+without an mpu, the topology's data axis under a PipelineModule (pipe/engine.py asserts it again), and
+world / tp under AutoTP once the TP groups exist. meshplan_deepspeed.py builds that topology
+(PipeModelDataParallelTopology for pp > 1, deepspeed.utils.groups' TP mesh for tp > 1) so the
+derived size is world / (tp x pp) and the batch arithmetic holds.
 """
 
 from __future__ import annotations
@@ -12,11 +16,29 @@ from meshplan.plan import Plan
 from meshplan.report import export_common as ec
 
 
+def deepspeed_dp(plan: Plan) -> int:
+    """The data-parallel size DeepSpeed derives under the exported topology: world / (tp x pp)."""
+    return plan.world_size // (plan.tensor_parallel_degree * plan.pipeline_parallel_degree)
+
+
+def _zero_stage(plan: Plan, warnings: list[str]) -> int:
+    if plan.pipeline_parallel_degree > 1 and plan.zero_stage >= 2:
+        # deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
+        warnings.append(
+            f"ZeRO-{plan.zero_stage} with pp={plan.pipeline_parallel_degree} is refused by DeepSpeed's pipeline "
+            "engine (ZeRO < 2 only): exported ZeRO-1, so gradients (and parameters) are not sharded and each rank "
+            "holds more memory than predicted"
+        )
+        return 1
+    return plan.zero_stage
+
+
 def _zero(plan: Plan, warnings: list[str]) -> dict:
-    zero = {"stage": plan.zero_stage, "overlap_comm": True, "contiguous_gradients": True}
+    stage = _zero_stage(plan, warnings)
+    zero = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
     if ec.offloads(plan):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-        if plan.zero_stage == 3:
+        if stage == 3:
             zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     if plan.data_parallel_replicate_degree > 1 and plan.data_parallel_shard_degree > 1:
         # MiCS (zero_optimization.mics_shard_size) was removed from DeepSpeed (its config class refuses
@@ -29,15 +51,10 @@ def _zero(plan: Plan, warnings: list[str]) -> dict:
     return zero
 
 
-def _pipeline_notes(plan: Plan, warnings: list[str]) -> list[str]:
-    pp = plan.pipeline_parallel_degree
-    if pp == 1:
-        return []
-    sizes = [len(s) for s in plan.stages]
-    notes = [
-        f"pipeline: wrap the model in deepspeed.pipe.PipelineModule(layers=..., num_stages={pp}); "
-        f"layers per stage {sizes}"
-    ]
+def _pipeline_warnings(plan: Plan, warnings: list[str]) -> None:
+    if plan.pipeline_parallel_degree == 1:
+        return
+    sizes = rank_layers(plan)
     if plan.virtual_stages > 1 or plan.pipeline_schedule != "1F1B":
         warnings.append(
             f"schedule {plan.pipeline_schedule} (virtual stages {plan.virtual_stages}) is not "
@@ -48,7 +65,12 @@ def _pipeline_notes(plan: Plan, warnings: list[str]) -> list[str]:
             f"uneven stage boundaries {sizes} are not expressible in the config: PipelineModule's "
             "partition_method='uniform' splits evenly; give the boundaries in code"
         )
-    return notes
+
+
+def rank_layers(plan: Plan) -> list[int]:
+    """Layers on each pipeline rank (its virtual stages together: DeepSpeed runs one stage per rank)."""
+    pp = plan.pipeline_parallel_degree
+    return [sum(len(s) for i, s in enumerate(plan.stages) if i % pp == r) for r in range(pp)]
 
 
 def _activation_checkpointing(plan: Plan, warnings: list[str]) -> dict | None:
@@ -68,24 +90,38 @@ def _activation_checkpointing(plan: Plan, warnings: list[str]) -> dict | None:
 
 
 def deepspeed_config(plan: Plan, warnings: list[str]) -> dict:
+    dp = deepspeed_dp(plan)
+    if plan.context_parallel_degree > 1:
+        warnings.append(
+            f"context parallel cp={plan.context_parallel_degree} has no DeepSpeed config setting (DeepSpeed-Ulysses "
+            f"is model code): DeepSpeed counts those ranks as data parallel, train_batch_size "
+            f"{plan.microbatch_size * plan.num_microbatches * dp} instead of {plan.global_batch_size}"
+        )
     config = {
-        "train_batch_size": plan.global_batch_size,
+        "train_batch_size": plan.microbatch_size * plan.num_microbatches * dp,
         "train_micro_batch_size_per_gpu": plan.microbatch_size,
         "gradient_accumulation_steps": plan.num_microbatches,
         "zero_optimization": _zero(plan, warnings),
-        "bf16": {"enabled": plan.precision == "bf16"},
+        "bf16": {"enabled": plan.precision in ("bf16", "fp8")},
     }
-    if plan.tensor_parallel_degree > 1:
+    warnings.extend(ec.precision_warnings(plan, "DeepSpeed"))
+    if plan.tensor_parallel_degree > 1 and plan.pipeline_parallel_degree > 1:
+        warnings.append(
+            f"tp={plan.tensor_parallel_degree} inside a PipelineModule has no DeepSpeed config setting (AutoTP shards "
+            "non-pipeline models): the topology reserves the model axis, so your layers must be tensor-parallel "
+            "themselves (Megatron-DeepSpeed's mpu layers)"
+        )
+    elif plan.tensor_parallel_degree > 1:
         config["tensor_parallel"] = {"autotp_size": plan.tensor_parallel_degree}
+    if plan.tensor_parallel_degree > 1:
         if plan.sequence_parallel:
             warnings.append(
                 "sequence parallel with TP is not expressible (DeepSpeed AutoTP keeps norm "
                 "activations replicated): activation memory is higher than predicted"
             )
-    if plan.context_parallel_degree > 1:
-        warnings.append(f"context parallel cp={plan.context_parallel_degree} needs DeepSpeed-Ulysses in model code")
     if plan.dp_methods.compression.name == "fp16":
         config["communication_data_type"] = "fp16"
+    _pipeline_warnings(plan, warnings)
     warnings.extend(ec.method_warnings(plan, "deepspeed"))
     checkpointing = _activation_checkpointing(plan, warnings)
     if checkpointing:
@@ -93,117 +129,92 @@ def deepspeed_config(plan: Plan, warnings: list[str]) -> dict:
     return config
 
 
+TOPOLOGY = '''
+import deepspeed
+
+WORLD_SIZE = {world}
+PIPELINE_PARALLEL_SIZE = {pp}
+TENSOR_PARALLEL_SIZE = {tp}
+DATA_PARALLEL_SIZE = {dp}  # what DeepSpeed derives: world / (tp x pp)
+LAYERS_PER_STAGE = {sizes}
+
+
+def topology():
+    """The process grid for deepspeed.pipe.PipelineModule(topology=...): pipe outermost, model innermost."""
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+    return PipeModelDataParallelTopology(
+        num_pp=PIPELINE_PARALLEL_SIZE, num_mp=TENSOR_PARALLEL_SIZE, num_dp=DATA_PARALLEL_SIZE
+    )
+
+
+def pipeline_module(layers, **kwargs):
+    """Your model's layers as a PipelineModule on the plan's topology (pp > 1)."""
+    from deepspeed.pipe import PipelineModule
+
+    kwargs.setdefault("partition_method", "uniform")
+    return PipelineModule(layers=layers, topology=topology(), **kwargs)
+
+
+def tensor_parallel_mpu():
+    """deepspeed.utils.groups with the AutoTP groups built (tp > 1, pp = 1): passed as mpu, DeepSpeed's
+    batch check then uses world / tp data-parallel ranks instead of the whole world."""
+    from deepspeed.utils import groups
+
+    groups._init_tp_mesh_device(tensor_model_parallel_size=TENSOR_PARALLEL_SIZE)
+    return groups
+
+
+def initialize(model, config="ds_config.json", **kwargs):
+    """deepspeed.initialize with the plan's topology: pass pipeline_module(...) as model for pp > 1."""
+    if PIPELINE_PARALLEL_SIZE == 1 and TENSOR_PARALLEL_SIZE > 1:
+        kwargs.setdefault("mpu", tensor_parallel_mpu())
+    return deepspeed.initialize(model=model, config=config, **kwargs)
+'''
+
+
+def _topology_py(plan: Plan) -> str:
+    head = '"""' + "\n".join(ec.header_lines(plan, "DeepSpeed topology")) + '\n"""\n'
+    sizes = rank_layers(plan)
+    return head + TOPOLOGY.format(
+        world=plan.world_size,
+        pp=plan.pipeline_parallel_degree,
+        tp=plan.tensor_parallel_degree,
+        dp=deepspeed_dp(plan),
+        sizes=sizes,
+    )
+
+
 def export_deepspeed(plan: Plan) -> dict[str, str]:
     warnings = ec.common_warnings(plan)
-    notes = _pipeline_notes(plan, warnings)
     config = deepspeed_config(plan, warnings)
-    dp = plan.world_size // (plan.tensor_parallel_degree * plan.pipeline_parallel_degree)
+    dp, nodes = deepspeed_dp(plan), ec.num_nodes(plan)
+    notes = ec.launch_notes(plan)
+    if plan.pipeline_parallel_degree > 1:
+        notes.append(
+            "in train.py: model = meshplan_deepspeed.pipeline_module(layers); engine, *_ = "
+            "meshplan_deepspeed.initialize(model) (PipeModelDataParallelTopology "
+            f"pp={plan.pipeline_parallel_degree} tp={plan.tensor_parallel_degree} dp={dp})"
+        )
+    else:
+        notes.append("in train.py: engine, *_ = meshplan_deepspeed.initialize(model) (builds the TP groups for tp > 1)")
     launch = "#!/usr/bin/env bash\n" + ec.comment(
         ec.header_lines(plan, "DeepSpeed") + ec.warning_lines(warnings) + notes
     )
     launch += (
-        f"# DeepSpeed checks train_batch_size {plan.global_batch_size} = micro {plan.microbatch_size} x "
+        f"# DeepSpeed checks train_batch_size {config['train_batch_size']} = micro {plan.microbatch_size} x "
         f"accumulation {plan.num_microbatches} x data-parallel {dp} (world / (tp x pp))\n"
     )
+    hostfile = ""
+    if nodes > 1:
+        launch += f"# hostfile: {nodes} lines 'HOSTNAME slots={ec.devices_per_node(plan)}'; run on node 0\n"
+        hostfile = '--hostfile "${HOSTFILE:-hostfile}" --master_addr "${MASTER_ADDR:-localhost}" '
     launch += (
-        f"deepspeed --num_nodes {ec.num_nodes(plan)} --num_gpus {ec.devices_per_node(plan)} train.py "
+        f"deepspeed {hostfile}--num_nodes {nodes} --num_gpus {ec.devices_per_node(plan)} train.py "
         '--deepspeed --deepspeed_config ds_config.json "$@"\n'
     )
-    return {"ds_config.json": json.dumps(config, indent=2) + "\n", "launch_deepspeed.sh": launch}
-
-
-def _yaml(data: dict, indent: int = 0) -> str:
-    out = ""
-    for key, value in data.items():
-        if isinstance(value, dict):
-            out += " " * indent + f"{key}:\n" + _yaml(value, indent + 2)
-        else:
-            text = ("true" if value else "false") if isinstance(value, bool) else str(value)
-            out += " " * indent + f"{key}: {text}\n"
-    return out
-
-
-def accelerate_config(plan: Plan, warnings: list[str]) -> dict:
-    """accelerate launch config: DDP, FSDP2 (ZeRO-2/3, with ParallelismConfig axes) or DeepSpeed (ZeRO-1)."""
-    cfg = {
-        "compute_environment": "LOCAL_MACHINE",
-        "machine_rank": 0,
-        "num_machines": ec.num_nodes(plan),
-        "num_processes": plan.world_size,
-        "mixed_precision": "bf16" if plan.precision == "bf16" else "no",
-        "main_training_function": "main",
-        "rdzv_backend": "static",
-        "same_network": True,
-        "use_cpu": False,
+    return {
+        "ds_config.json": json.dumps(config, indent=2) + "\n",
+        "launch_deepspeed.sh": launch,
+        "meshplan_deepspeed.py": _topology_py(plan),
     }
-    if plan.zero_stage == 1:
-        cfg["distributed_type"] = "DEEPSPEED"
-        cfg["deepspeed_config"] = {
-            "zero_stage": 1,
-            "gradient_accumulation_steps": plan.num_microbatches,
-            "offload_optimizer_device": "cpu" if ec.offloads(plan) else "none",
-            "offload_param_device": "none",
-            "zero3_init_flag": False,
-        }
-    elif plan.zero_stage in (2, 3) or plan.data_parallel_shard_degree > 1:
-        cfg["distributed_type"] = "FSDP"
-        cfg["fsdp_config"] = {
-            "fsdp_version": 2,
-            "fsdp_reshard_after_forward": plan.zero_stage == 3,
-            "fsdp_offload_params": ec.offloads(plan),
-            "fsdp_activation_checkpointing": ec.strongest_recompute(plan) != "none",
-            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
-            "fsdp_cpu_ram_efficient_loading": True,
-        }
-    else:
-        cfg["distributed_type"] = "MULTI_GPU" if plan.world_size > 1 else "NO"
-    cfg["parallelism_config"] = {
-        "parallelism_config_dp_replicate_size": plan.data_parallel_replicate_degree,
-        "parallelism_config_dp_shard_size": plan.data_parallel_shard_degree,
-        "parallelism_config_tp_size": plan.tensor_parallel_degree,
-        "parallelism_config_cp_size": plan.context_parallel_degree,
-    }
-    return cfg
-
-
-def _accelerate_warnings(plan: Plan, warnings: list[str]) -> None:
-    if plan.pipeline_parallel_degree > 1:
-        warnings.append(
-            f"pipeline_parallel_degree={plan.pipeline_parallel_degree} is not expressible: accelerate "
-            "has no pipeline-parallel training; use the torchtitan or Megatron-LM export for this plan"
-        )
-    if plan.zero_stage == 1 and plan.tensor_parallel_degree * plan.context_parallel_degree > 1:
-        warnings.append(
-            "ZeRO-1 is exported through accelerate's DeepSpeed plugin, which ignores parallelism_config tp/cp sizes"
-        )
-    if ec.uniform_recompute(plan) not in ("none", "full"):
-        warnings.append(
-            f"recompute ({ec.recompute_text(plan)}): accelerate checkpoints every wrapped block or none; "
-            f"exported fsdp_activation_checkpointing={ec.strongest_recompute(plan) != 'none'}"
-        )
-    warnings.extend(ec.method_warnings(plan, "accelerate"))
-
-
-def export_accelerate(plan: Plan) -> dict[str, str]:
-    warnings = ec.common_warnings(plan)
-    _accelerate_warnings(plan, warnings)
-    cfg = accelerate_config(plan, warnings)
-    head = ec.comment(
-        ec.header_lines(plan, "accelerate")
-        + ec.warning_lines(warnings)
-        + [
-            f"in the training script: per_device_train_batch_size = {plan.microbatch_size}, "
-            f"Accelerator(gradient_accumulation_steps={plan.num_microbatches}); global batch "
-            f"{plan.global_batch_size} = {plan.microbatch_size} x {plan.num_microbatches} x dp {plan.data_parallel_degree}",
-            "launch: accelerate launch --config_file accelerate_config.yaml train.py",
-        ]
-    )
-    snippet = (
-        f"# meshplan batch settings for accelerate (see accelerate_config.yaml)\n"
-        f"PER_DEVICE_TRAIN_BATCH_SIZE = {plan.microbatch_size}\n"
-        f"GRADIENT_ACCUMULATION_STEPS = {plan.num_microbatches}\n"
-        f"GLOBAL_BATCH_SIZE = {plan.global_batch_size}  # = micro x accumulation x dp "
-        f"{plan.data_parallel_degree}\nSEQ_LEN = {plan.seq_len}\n"
-    )
-    return {"accelerate_config.yaml": head + _yaml(cfg), "accelerate_batch.py": snippet}

@@ -42,13 +42,17 @@ def _pipeline_flags(plan: Plan, warnings: list[str]) -> list[str]:
         ]
     elif v == 1 and len(set(per_stage)) > 1 and pp == 2:
         flags += ["--decoder-first-pipeline-num-layers", str(per_stage[0])]
+    elif len(set(per_stage)) > 1 and ec.is_transformer(plan):
+        # Megatron-Core's explicit layout: one "|"-separated entry per (virtual) stage in the plan's order
+        # (stage s on pipeline rank s % pp), E = embedding, t = transformer layer, L = output layer and loss
+        flags += ["--pipeline-model-parallel-layout", layout(plan)]
     elif len(set(per_stage)) > 1:
         warnings.append(
-            f"uneven stage boundaries (blocks per stage {per_stage}) are not expressible: "
-            "Megatron-LM splits blocks evenly over (virtual) stages; the split below is even"
+            f"uneven stage boundaries (blocks per stage {per_stage}) are not expressible for a model outside "
+            "meshplan's embed/layers.N/head layout: Megatron-LM splits blocks evenly over (virtual) stages"
         )
         if v > 1:
-            flags += ["--num-layers-per-virtual-pipeline-stage", str(max(1, sum(per_stage) // (pp * v)))]
+            flags += ["--num-virtual-stages-per-pipeline-rank", str(v)]
     if v > 1 and plan.num_microbatches % pp:
         warnings.append(
             f"interleaved 1F1B in Megatron-LM needs microbatches ({plan.num_microbatches}) divisible by "
@@ -60,6 +64,17 @@ def _pipeline_flags(plan: Plan, warnings: list[str]) -> list[str]:
             f"{'interleaved ' if v > 1 else ''}1F1B (same bubble as the plan's for GPipe/LoopedBFS)"
         )
     return flags
+
+
+def layout(plan: Plan) -> str:
+    """--pipeline-model-parallel-layout of the plan's stages, e.g. "Et*3|t*4|t*4|t*3L"."""
+    parts = []
+    for stage in plan.stages:
+        text = "E" if "embed" in stage else ""
+        n = sum(1 for f in stage if ec.is_block(f))
+        text += "t" if n == 1 else f"t*{n}" if n else ""
+        parts.append(text + ("L" if "head" in stage else ""))
+    return "|".join(parts)
 
 
 def _recompute_flags(plan: Plan, warnings: list[str]) -> list[str]:
@@ -119,8 +134,17 @@ def _data_parallel_flags(plan: Plan, warnings: list[str]) -> list[str]:
             )
         if plan.data_parallel_replicate_degree > 1 and plan.data_parallel_shard_degree > 1:
             flags += ["--num-distributed-optimizer-instances", str(plan.data_parallel_replicate_degree)]
-    if plan.zero_stage == 3:
-        flags += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion"]
+    if plan.zero_stage == 3 and plan.pipeline_parallel_degree > 1:
+        # arguments.py: "--use-torch-fsdp2 is not supported with pipeline parallelism"
+        flags.append("--use-distributed-optimizer")
+        warnings.append(
+            f"ZeRO-3 with pp={plan.pipeline_parallel_degree} is refused by Megatron (--use-torch-fsdp2 needs pp = 1): "
+            "exported --use-distributed-optimizer (ZeRO-1: parameters and gradients unsharded, more memory than predicted)"
+        )
+    elif plan.zero_stage == 3:
+        # arguments.py: FSDP2 needs no distributed optimizer, no gradient-accumulation fusion, a torch_dist or
+        # torch_dcp checkpoint and untied embeddings (the architecture flags untie them)
+        flags += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion", "--ckpt-format", "torch_dist"]
         warnings.append(
             "ZeRO-3 maps to --use-torch-fsdp2 (Megatron-Core >= 0.9); older versions cannot shard parameters"
         )
@@ -174,19 +198,63 @@ def megatron_flags(plan: Plan, warnings: list[str]) -> list[str]:
         "--max-position-embeddings",
         str(plan.seq_len),
     ]
-    if ec.is_transformer(plan):
-        flags += ["--num-layers", str(len(ec.blocks(plan)))]
-    for key, flag in MODEL_FLAGS.items():
-        if key in plan.model_config:
-            flags += (
-                [flag, str(plan.model_config[key])]
-                if key != "kv_heads"
-                else ["--group-query-attention", flag, str(plan.model_config[key])]
-            )
+    flags += _architecture_flags(plan, warnings)
     flags += _recompute_flags(plan, warnings) + _data_parallel_flags(plan, warnings)
+    if "--use-torch-fsdp2" in flags and "--untie-embeddings-and-output-weights" not in flags:
+        flags.append("--untie-embeddings-and-output-weights")  # arguments.py: FSDP2 requires it
+        warnings.append("--use-torch-fsdp2 requires untied embeddings: the output layer gets its own weights")
     if plan.precision in ("bf16", "fp8"):
         flags.append("--bf16")
+    if plan.precision == "fp8":
+        # Transformer Engine (the default --transformer-impl): fp8 GEMMs, E4M3 forward and E5M2 gradients
+        flags += ["--fp8-format", "hybrid"]
     return flags + _runtime_flags(plan, warnings)
+
+
+def _architecture_flags(plan: Plan, warnings: list[str]) -> list[str]:
+    """The model Megatron builds (pretrain_gpt.py's GPTModel): shape, norm, activation, positions, biases,
+    tied or untied output layer; without them Megatron builds a GELU/LayerNorm model with tied embeddings."""
+    arch = ec.architecture(plan)
+    cfg = plan.model_config
+    if arch is None:
+        warnings.append(
+            f"the architecture of {plan.model_name} (family {plan.model_family or 'not recorded'}) is not a GPT or "
+            "Llama decoder meshplan knows: only its shape is written; give Megatron's architecture flags yourself"
+        )
+        flags = ["--num-layers", str(len(ec.blocks(plan)))] if ec.is_transformer(plan) else []
+        for key, flag in MODEL_FLAGS.items():
+            if key in cfg:
+                flags += [flag, str(cfg[key])]
+        return flags
+    tp = plan.tensor_parallel_degree
+    flags = [
+        "--num-layers", str(arch["layers"]),
+        "--hidden-size", str(arch["hidden"]),
+        "--ffn-hidden-size", str(arch["ffn_hidden"]),
+        "--num-attention-heads", str(arch["heads"]),
+    ]  # fmt: skip
+    if arch["kv_heads"] != arch["heads"]:
+        flags += ["--group-query-attention", "--num-query-groups", str(arch["kv_heads"])]
+    # Megatron pads the vocabulary to a multiple of make-vocab-size-divisible-by x tp: the largest
+    # divisor (<= its default 128) that keeps the plan's vocabulary exact
+    divisible = max(d for d in (128, 64, 32, 16, 8, 4, 2, 1) if arch["vocab"] % (d * tp) == 0 or d == 1)
+    if arch["vocab"] % (divisible * tp):
+        warnings.append(
+            f"vocab {arch['vocab']} is not a multiple of tp={tp}: Megatron pads it to "
+            f"{-(-arch['vocab'] // tp) * tp} (a few more embedding parameters than planned)"
+        )
+    flags += ["--vocab-size", str(arch["vocab"]), "--make-vocab-size-divisible-by", str(divisible)]
+    flags += ["--normalization", arch["norm"], "--norm-epsilon", f"{arch['norm_eps']:g}"]
+    flags += ["--position-embedding-type", arch["position"]]
+    if arch["position"] == "rope":
+        flags += ["--rotary-base", str(int(arch["rope_theta"]))]
+    if arch["activation"] == "swiglu":
+        flags.append("--swiglu")
+    if not arch["bias"]:
+        flags.append("--disable-bias-linear")
+    if not arch["tied"]:
+        flags.append("--untie-embeddings-and-output-weights")
+    return flags
 
 
 def _runtime_flags(plan: Plan, warnings: list[str]) -> list[str]:
@@ -205,8 +273,6 @@ def _runtime_flags(plan: Plan, warnings: list[str]) -> list[str]:
             flags.append("--tp-comm-overlap")
         else:
             warnings.append("--tp-comm-overlap needs --sequence-parallel; the predicted TP overlap is not expressed")
-    if plan.precision == "fp8":
-        flags += ["--fp8-format", "hybrid"]
     return flags
 
 
@@ -219,15 +285,25 @@ def export_megatron(plan: Plan) -> dict[str, str]:
         has_value = i + 1 < len(flags) and not flags[i + 1].startswith("--")
         pairs.append(" ".join(shlex.quote(f) for f in flags[i : i + 1 + has_value]))
         i += 1 + has_value
-    text = "#!/usr/bin/env bash\n" + ec.comment(ec.header_lines(plan, "Megatron-LM") + ec.warning_lines(warnings))
+    text = "#!/usr/bin/env bash\n" + ec.comment(
+        ec.header_lines(plan, "Megatron-LM") + ec.warning_lines(warnings) + ec.launch_notes(plan)
+    )
     text += (
         f"# Megatron derives data-parallel size = {plan.world_size} / (tp x pp x cp) = {dp} and gradient "
         f"accumulation = {plan.global_batch_size} / ({plan.microbatch_size} x {dp}) = "
         f"{plan.global_batch_size // (plan.microbatch_size * dp)}\n"
     )
+    text += _environment(plan, flags)
     text += "MESHPLAN_ARGS=(\n" + "".join(f"    {p}\n" for p in pairs) + ")\n"
-    text += (
-        f"torchrun --nproc_per_node {ec.devices_per_node(plan)} --nnodes {ec.num_nodes(plan)} "
-        '"${NODE_ARGS[@]}" pretrain_gpt.py "${MESHPLAN_ARGS[@]}" "$@"\n'
-    )
+    text += ec.torchrun_line(plan, 'pretrain_gpt.py "${MESHPLAN_ARGS[@]}" "$@"') + "\n"
     return {"megatron_args.sh": text}
+
+
+def _environment(plan: Plan, flags: list[str]) -> str:
+    """arguments.py (before Blackwell): TP or CP needs CUDA_DEVICE_MAX_CONNECTIONS=1 (one queue keeps the TP
+    communication ahead of the GEMMs it overlaps); --use-torch-fsdp2 needs it other than 1 (then only warned)."""
+    if plan.tensor_parallel_degree * plan.context_parallel_degree == 1:
+        return ""
+    if "--use-torch-fsdp2" in flags:
+        return "unset CUDA_DEVICE_MAX_CONNECTIONS  # FSDP2 needs more than one connection\n"
+    return "export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron requires it with tensor or context parallelism\n"

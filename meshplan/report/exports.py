@@ -14,7 +14,8 @@ from meshplan.plan import Plan
 
 
 def _targets() -> dict[str, Callable[[Plan], dict[str, str]]]:
-    from meshplan.report.export_deepspeed import export_accelerate, export_deepspeed
+    from meshplan.report.export_accelerate import export_accelerate
+    from meshplan.report.export_deepspeed import export_deepspeed
     from meshplan.report.export_megatron import export_megatron
     from meshplan.report.export_torchtitan import export_torchtitan
 
