@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install demo test test-fast lint typecheck reports bench bench-quick validate clean
+.PHONY: install export-tools demo test test-fast lint typecheck reports bench bench-quick validate clean
 
 $(STAMP): pyproject.toml setup.py constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,6 +23,19 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 
 install: $(STAMP)
 
+# The real DeepSpeed, accelerate, Megatron-Core and torchtitan that tests/test_export_parsers.py feeds every
+# export to, in a venv of their own (their pins, tests/export-tools.txt, are not the project's dependencies);
+# torchtitan 0.2.2 beside it for the 0.2 TOML export. About a minute with a warm pip cache.
+EXPORT_VENV := .venv-exports
+EXPORT_STAMP := $(EXPORT_VENV)/.installed
+$(EXPORT_STAMP): tests/export-tools.txt constraints.txt
+	test -x $(EXPORT_VENV)/bin/python || $(PY) -m venv $(EXPORT_VENV)
+	$(EXPORT_VENV)/bin/pip install -q --upgrade pip
+	DS_BUILD_OPS=0 $(EXPORT_VENV)/bin/pip install -q -c constraints.txt torch -r tests/export-tools.txt
+	touch $(EXPORT_STAMP)
+
+export-tools: $(EXPORT_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/python -m meshplan.demo --out reports/demo
 
@@ -32,7 +45,7 @@ demo: $(STAMP)
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-test: $(STAMP)
+test: $(STAMP) $(EXPORT_STAMP)
 	$(PYTEST) tests
 
 test-fast: $(STAMP)
@@ -64,4 +77,4 @@ bench-quick: $(STAMP)
 	$(BIN)/python -m benchmarks.run --quick --out reports
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(EXPORT_VENV) build *.egg-info

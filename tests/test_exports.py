@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import shlex
 import tomllib
 from types import SimpleNamespace
 
 import pytest
+import yaml
 from report_fixtures import flat_plan, gpt_plan, searched_plan, split, uneven_plan
 
 from meshplan import schema
@@ -37,6 +39,11 @@ PLANS = {
 }
 
 
+def known_gpt(plan: Plan) -> Plan:
+    """The fixture plan as one of meshplan's GPT decoders (its architecture known to the exports)."""
+    return dataclasses.replace(plan, model_family="gpt", model_config={**plan.model_config, "vocab": 51200})
+
+
 def even_blocks(plan: Plan) -> Plan:
     """Stages with equal numbers of transformer blocks (embed joins the first, head the last)."""
     per = len([f for f in plan.layers if f.startswith("layers.")]) // len(plan.stages)
@@ -48,27 +55,6 @@ def even_blocks(plan: Plan) -> Plan:
 
 def warnings_in(text: str) -> list[str]:
     return [line for line in text.splitlines() if "WARNING:" in line]
-
-
-def parse_yaml(text: str) -> dict:
-    """The YAML subset the accelerate export writes: nested `key: value` maps by indentation."""
-    root: dict = {}
-    stack = [(-1, root)]
-    for line in text.splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        indent = len(line) - len(line.lstrip())
-        key, _, value = line.strip().partition(":")
-        while stack[-1][0] >= indent:
-            stack.pop()
-        if value.strip():
-            v = value.strip()
-            root_value = {"true": True, "false": False}.get(v, int(v) if re.fullmatch(r"-?\d+", v) else v)
-            stack[-1][1][key] = root_value
-        else:
-            stack[-1][1][key] = {}
-            stack.append((indent, stack[-1][1][key]))
-    return root
 
 
 def megatron_args(text: str) -> dict[str, str | bool]:
@@ -130,7 +116,7 @@ def test_megatron(name):
 
 
 def test_megatron_expresses_even_interleaving_and_block_recompute():
-    plan = dataclasses.replace(PLANS["even_interleaved"](), runtime="megatron-lm")  # predicted for Megatron: no warning
+    plan = known_gpt(dataclasses.replace(PLANS["even_interleaved"](), runtime="megatron-lm"))  # no warning
     text = export_plan(plan, "megatron")["megatron_args.sh"]
     args = megatron_args(text)
     assert args["--num-layers-per-virtual-pipeline-stage"] == "2"
@@ -170,41 +156,52 @@ def test_deepspeed(name):
     assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * dp
     assert cfg["zero_optimization"]["stage"] == plan.zero_stage
     assert ("offload_optimizer" in cfg["zero_optimization"]) == (plan.dp_methods.offload.name == "cpu")
-    assert cfg.get("tensor_parallel", {}).get("autotp_size", 1) == plan.tensor_parallel_degree
+    # AutoTP for a plain model; inside a PipelineModule the topology's model axis carries tp
+    tp_in_config = plan.tensor_parallel_degree if plan.pipeline_parallel_degree == 1 else 1
+    assert cfg.get("tensor_parallel", {}).get("autotp_size", 1) == tp_in_config
     launch = files["launch_deepspeed.sh"]
     nodes = int(re.search(r"--num_nodes (\d+)", launch)[1])
     gpus = int(re.search(r"--num_gpus (\d+)", launch)[1])
     assert nodes * gpus == plan.world_size
     if plan.pipeline_parallel_degree > 1:
-        assert f"num_stages={plan.pipeline_parallel_degree}" in launch
+        assert "pipeline_module" in launch
+        assert f"PIPELINE_PARALLEL_SIZE = {plan.pipeline_parallel_degree}" in files["meshplan_deepspeed.py"]
 
 
 @pytest.mark.parametrize("name", list(PLANS))
 def test_accelerate(name):
     plan: Plan = PLANS[name]()
     files = export_plan(plan, "accelerate")
-    cfg = parse_yaml(files["accelerate_config.yaml"])
+    cfg = yaml.safe_load(files["accelerate_config.yaml"])
     assert cfg["num_processes"] == plan.world_size
     par = cfg["parallelism_config"]
-    assert (
+    sizes = (
         par["parallelism_config_dp_replicate_size"],
         par["parallelism_config_dp_shard_size"],
         par["parallelism_config_cp_size"],
         par["parallelism_config_tp_size"],
-    ) == plan.mesh_shape[1:]
+    )
+    assert math.prod(sizes) == plan.world_size  # ParallelismConfig checks it against the processes
+    pure_replication = plan.data_parallel_replicate_degree > 1 and plan.data_parallel_shard_degree == 1
+    tp_refused = plan.tensor_parallel_degree * plan.context_parallel_degree > 1 and pure_replication
+    warns = "\n".join(warnings_in(files["accelerate_config.yaml"]))
+    if plan.pipeline_parallel_degree == 1 and not tp_refused:
+        assert sizes == plan.mesh_shape[1:]
+        expected = {0: "MULTI_GPU", 1: "DEEPSPEED", 2: "FSDP", 3: "FSDP"}[plan.zero_stage]
+        assert cfg["distributed_type"] == expected
+        if expected == "FSDP":
+            assert cfg["fsdp_config"]["fsdp_reshard_after_forward"] == (plan.zero_stage == 3)
+    if tp_refused:
+        assert "refused by accelerate's ParallelismConfig" in warns
     consts: dict = {}
     exec(files["accelerate_batch.py"], consts)  # noqa: S102 - our own generated code
-    assert (
-        consts["GLOBAL_BATCH_SIZE"]
-        == plan.global_batch_size
-        == (consts["PER_DEVICE_TRAIN_BATCH_SIZE"] * consts["GRADIENT_ACCUMULATION_STEPS"] * plan.data_parallel_degree)
+    dp = sizes[0] * sizes[1]
+    assert consts["GLOBAL_BATCH_SIZE"] == (
+        consts["PER_DEVICE_TRAIN_BATCH_SIZE"] * consts["GRADIENT_ACCUMULATION_STEPS"] * dp
     )
-    expected = {0: "MULTI_GPU", 1: "DEEPSPEED", 2: "FSDP", 3: "FSDP"}[plan.zero_stage]
-    assert cfg["distributed_type"] == expected
-    if expected == "FSDP":
-        assert cfg["fsdp_config"]["fsdp_reshard_after_forward"] == (plan.zero_stage == 3)
-    pp_warning = any("pipeline_parallel_degree" in w for w in warnings_in(files["accelerate_config.yaml"]))
-    assert pp_warning == (plan.pipeline_parallel_degree > 1)
+    if plan.pipeline_parallel_degree == 1:
+        assert consts["GLOBAL_BATCH_SIZE"] == plan.global_batch_size
+    assert ("pipeline_parallel_degree" in warns) == (plan.pipeline_parallel_degree > 1)
 
 
 def test_what_cannot_be_expressed_is_said_in_every_output():
@@ -214,7 +211,10 @@ def test_what_cannot_be_expressed_is_said_in_every_output():
         warns = "\n".join(warnings_in(text))
         assert "powersgd" in warns, target
         assert "recompute" in warns, target
-    assert "uneven stage boundaries" in "\n".join(warnings_in(export_plan(plan, "megatron")["megatron_args.sh"]))
+    # Megatron-Core takes the boundaries as an explicit layout (E embedding, t block, L output and loss)
+    assert megatron_args(export_plan(plan, "megatron")["megatron_args.sh"])["--pipeline-model-parallel-layout"] == (
+        "Et*4|t*3|t*3|t*2L"
+    )
     assert "uneven stage boundaries" in export_plan(plan, "deepspeed")["launch_deepspeed.sh"]
     # torchtitan expresses uneven boundaries exactly, so it does not warn about them
     toml_text = export_plan(plan, "torchtitan")["meshplan.toml"]
@@ -229,7 +229,7 @@ def test_megatron_counts_embedding_and_loss_when_that_makes_stages_even():
         stages=split(plan.layers, [2, 2, 2, 2]),  # blocks per stage [1, 2, 2, 1]
         runtime="megatron-core",
     )
-    text = export_plan(plan, "megatron")["megatron_args.sh"]
+    text = export_plan(known_gpt(plan), "megatron")["megatron_args.sh"]
     args = megatron_args(text)
     assert args["--account-for-embedding-in-pipeline-split"] is True and warnings_in(text) == []
 

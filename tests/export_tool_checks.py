@@ -1,0 +1,374 @@
+"""Feed meshplan's exports to the real tools: run by the tools' own venv (`make export-tools`: .venv-exports),
+never imported by pytest. Reads a JSON list of cases on stdin ({"id", "target", "dir"}), writes one JSON
+object per case on stdout: {"id", "accepted", "error", "values"} where values are what the tool itself
+derived from the files (batch, degrees, ZeRO stage, precision, model, ...), for the tests to compare
+with the plan. Imports no meshplan code: the files are all the tools see."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import json
+import logging
+import os
+import re
+import shlex
+import sys
+import traceback
+import warnings
+from pathlib import Path
+
+logging.disable(logging.WARNING)
+warnings.simplefilter("ignore")
+
+
+def launch_world(text: str) -> tuple[int, int]:
+    """(nodes, processes per node) from a torchrun or deepspeed launch line in `text`."""
+    nodes = re.search(r"--(?:nnodes|num_nodes)[ =](\d+)", text)
+    per = re.search(r"--(?:nproc[-_]per[-_]node|num_gpus)[ =](\d+)", text)
+    return int(nodes[1]) if nodes else 1, int(per[1]) if per else 1
+
+
+@contextlib.contextmanager
+def fake_world(world: int):
+    """torch.distributed's fake backend as rank 0 of `world` ranks: the tools build their real process groups
+    and device meshes, nothing is communicated."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "MASTER_ADDR": "localhost", "MASTER_PORT": "29500"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+def load_module(directory: str, name: str):
+    sys.path.insert(0, directory)
+    try:
+        sys.modules.pop(name, None)
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(directory)
+
+
+# --- DeepSpeed ---------------------------------------------------------------------------------------
+
+
+def _reset_deepspeed_groups() -> None:
+    from deepspeed.utils import groups
+
+    for name in ("_TENSOR_MODEL_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP"):
+        setattr(groups, name, None)
+    groups.mesh_device = None
+    import deepspeed.comm.comm as ds_comm
+
+    ds_comm.cdb = None
+
+
+def check_deepspeed(directory: str) -> dict:
+    import deepspeed
+    import torch
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    d = Path(directory)
+    config = json.loads((d / "ds_config.json").read_text())
+    nodes, per_node = launch_world((d / "launch_deepspeed.sh").read_text())
+    world = nodes * per_node
+    with fake_world(world):
+        _reset_deepspeed_groups()
+        deepspeed.init_distributed(dist_backend="fake", dist_init_required=False)
+        mod = load_module(directory, "meshplan_deepspeed")
+        pp, tp = mod.PIPELINE_PARALLEL_SIZE, mod.TENSOR_PARALLEL_SIZE
+        values: dict = {"world_size": world, "nodes": nodes}
+        if pp > 1:
+            topo = mod.topology()
+            values.update(topology_pipe=topo.get_dim("pipe"), topology_model=topo.get_dim("model"))
+            if world <= 128:  # the PipelineModule itself (its grid builds every group: minutes at 1024 ranks)
+                layers = [torch.nn.Identity() for _ in range(pp)]
+                mpu = mod.pipeline_module(layers).mpu()
+            else:  # the grid's data-parallel size is the topology's data axis (pipe/topology.py)
+                mpu = _TopologyMPU(topo)
+        elif tp > 1:
+            mpu = mod.tensor_parallel_mpu()  # deepspeed.utils.groups with the AutoTP mesh built
+        else:
+            mpu = None
+        cfg = DeepSpeedConfig(config, mpu=mpu)  # _batch_assertion against the derived data-parallel world
+        if pp > 1:  # deepspeed/runtime/pipe/engine.py PipelineEngine.__init__
+            assert cfg.zero_optimization_stage < 2, "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
+            assert cfg.train_batch_size == cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * (
+                mpu.get_data_parallel_world_size()
+            )
+        zero = cfg.zero_config
+        values.update(
+            train_batch_size=cfg.train_batch_size,
+            micro_batch=cfg.train_micro_batch_size_per_gpu,
+            accumulation=cfg.gradient_accumulation_steps,
+            data_parallel=int(cfg.world_size),
+            zero_stage=cfg.zero_optimization_stage,
+            offload_optimizer=_device(zero.offload_optimizer),
+            offload_param=_device(zero.offload_param),
+            bf16=bool(cfg.bfloat16_config.enabled),
+            fp16=bool(cfg.float16_config.enabled),
+            autotp_size=cfg.tensor_parallel_config.autotp_size,
+            pipeline_stages=pp,
+            tensor_parallel=tp,
+            activation_checkpointing="activation_checkpointing" in config,
+        )
+    _reset_deepspeed_groups()
+    return values
+
+
+def _device(offload) -> str:
+    device = getattr(offload, "device", None) if offload is not None else None
+    return str(getattr(device, "value", device) or "none")
+
+
+class _TopologyMPU:
+    def __init__(self, topo):
+        self.topo = topo
+
+    def get_data_parallel_world_size(self):
+        return max(self.topo.get_dim("data"), 1)
+
+    def get_model_parallel_world_size(self):
+        return self.topo.get_dim("model")
+
+    def get_sequence_parallel_world_size(self):
+        return 1
+
+    def get_sequence_data_parallel_world_size(self):
+        return self.get_data_parallel_world_size()
+
+
+# --- accelerate --------------------------------------------------------------------------------------
+
+
+def _accelerate_launch_argv(text: str, path: Path) -> list[str]:
+    line = next(x for x in text.splitlines() if x.startswith("# launch: accelerate launch"))
+    env = {"NODE_RANK": "0", "MASTER_ADDR": "10.0.0.1"}
+    argv = shlex.split(re.sub(r"\$\{(\w+)\}", lambda m: env[m[1]], line.split("launch: ", 1)[1]))
+    argv = argv[2:]  # drop "accelerate launch"
+    argv[argv.index("--config_file") + 1] = str(path)
+    return argv
+
+
+def check_accelerate(directory: str) -> dict:
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
+
+    path = Path(directory) / "accelerate_config.yaml"
+    text = path.read_text()
+    cfg = load_config_from_file(str(path))  # ClusterConfig: unknown keys raise
+    args = launch_command_parser().parse_args(_accelerate_launch_argv(text, path))
+    args, _, _ = _validate_launch_command(args)  # the file's values become launch arguments
+    if args.use_deepspeed:
+        args.deepspeed_fields_from_accelerate_config = ",".join(cfg.deepspeed_config or {})
+        _, env = prepare_deepspeed_cmd_env(args)
+    else:
+        env = prepare_multi_gpu_env(args)
+    endpoint = ""
+    if cfg.num_machines > 1:  # the address every node's launcher meets at (accelerate/utils/launch.py)
+        endpoint = (
+            getattr(args, "rdzv_endpoint", "") or f"{getattr(args, 'master_addr', None)}:{args.main_process_port}"
+        )
+        assert "None" not in endpoint, f"rendezvous endpoint {endpoint}"
+    values = {
+        "num_processes": cfg.num_processes,
+        "num_machines": cfg.num_machines,
+        "mixed_precision": str(cfg.mixed_precision),
+        "distributed_type": str(cfg.distributed_type).split(".")[-1],
+        "endpoint": endpoint,
+        "nproc_per_node": int(getattr(args, "nproc_per_node", cfg.num_processes)),
+    }
+    env = {k: str(v) for k, v in env.items()}
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        values.update(_accelerator(cfg.num_processes, env))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return values
+
+
+def _accelerator(world: int, env: dict) -> dict:
+    """The ParallelismConfig Accelerator() builds on the launched rank (from the PARALLELISM_CONFIG_* variables
+    `accelerate launch` sets) and its own _validate_accelerator, given the launched world and the plugin the
+    file selects (Accelerator itself needs a GPU to become FSDP or DeepSpeed: on CPU it is MULTI_CPU)."""
+    from types import SimpleNamespace
+
+    from accelerate.parallelism_config import ParallelismConfig
+    from accelerate.utils import DistributedType
+
+    kind = (
+        DistributedType.FSDP
+        if env.get("ACCELERATE_USE_FSDP") == "true"
+        else DistributedType.DEEPSPEED
+        if env.get("ACCELERATE_USE_DEEPSPEED") == "true"
+        else DistributedType.MULTI_GPU
+    )
+    values: dict = {"accelerator_distributed_type": str(kind).split(".")[-1]}
+    if env.get("ACCELERATE_USE_PARALLELISM_CONFIG") == "true":
+        pc = ParallelismConfig()  # __post_init__: sizes, and tp/cp only with a dp_shard axis
+        stand_in = SimpleNamespace(
+            multi_device=world > 1,
+            num_processes=world,
+            is_fsdp2=kind == DistributedType.FSDP and env.get("FSDP_VERSION") == "2",
+            distributed_type=kind,
+            is_main_process=True,
+        )
+        pc._validate_accelerator(stand_in)  # total_size == num_processes, FSDP needs a shard axis
+        values.update(dp_replicate=pc.dp_replicate_size, dp_shard=pc.dp_shard_size, tp=pc.tp_size, cp=pc.cp_size)
+    values["fsdp_reshard_after_forward"] = env.get("FSDP_RESHARD_AFTER_FORWARD")
+    values["fsdp_version"] = env.get("FSDP_VERSION")
+    values["deepspeed_zero_stage"] = env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
+    values["gradient_accumulation_steps"] = env.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
+    values["mixed_precision_env"] = env.get("ACCELERATE_MIXED_PRECISION")
+    return values
+
+
+# --- Megatron-Core -----------------------------------------------------------------------------------
+
+MEGATRON_FIELDS = {
+    "--tensor-model-parallel-size": "tensor_model_parallel_size",
+    "--pipeline-model-parallel-size": "pipeline_model_parallel_size",
+    "--context-parallel-size": "context_parallel_size",
+    "--sequence-parallel": "sequence_parallel",
+    "--num-layers": "num_layers",
+    "--hidden-size": "hidden_size",
+    "--ffn-hidden-size": "ffn_hidden_size",
+    "--num-attention-heads": "num_attention_heads",
+    "--num-query-groups": "num_query_groups",
+    "--normalization": "normalization",
+    "--norm-epsilon": "layernorm_epsilon",
+    "--recompute-granularity": "recompute_granularity",
+    "--recompute-method": "recompute_method",
+    "--recompute-num-layers": "recompute_num_layers",
+    "--decoder-first-pipeline-num-layers": "num_layers_in_first_pipeline_stage",
+    "--decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage",
+    "--account-for-embedding-in-pipeline-split": "account_for_embedding_in_pipeline_split",
+    "--account-for-loss-in-pipeline-split": "account_for_loss_in_pipeline_split",
+    "--pipeline-model-parallel-layout": "pipeline_model_parallel_layout",
+    "--bf16": "bf16",
+    "--tp-comm-overlap": "tp_comm_overlap",
+}
+"""Flags that arguments.py copies into TransformerConfig (core_transformer_config_from_args: same-named fields)."""
+MEGATRON_DDP = {"--overlap-grad-reduce": "overlap_grad_reduce", "--overlap-param-gather": "overlap_param_gather",
+                "--use-distributed-optimizer": "use_distributed_optimizer",
+                "--num-distributed-optimizer-instances": "num_distributed_optimizer_instances"}  # fmt: skip
+MEGATRON_OPT = {"--use-distributed-optimizer": "use_distributed_optimizer", "--bf16": "bf16",
+                "--optimizer-cpu-offload": "optimizer_cpu_offload"}  # fmt: skip
+MEGATRON_TRAINING = {
+    "--micro-batch-size", "--global-batch-size", "--seq-length", "--max-position-embeddings", "--use-torch-fsdp2",
+    "--group-query-attention", "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+    "--vocab-size", "--make-vocab-size-divisible-by", "--position-embedding-type", "--rotary-base",
+    "--untie-embeddings-and-output-weights", "--ckpt-format", "--no-gradient-accumulation-fusion", "--swiglu",
+    "--disable-bias-linear", "--fp8-format", "--grad-reduce-in-bf16", "--use-precision-aware-optimizer",
+    "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
+}  # fmt: skip
+"""pretrain_gpt.py arguments that reach GPTModel, the training loop or Transformer Engine (checked by the rules)."""
+
+
+def check_megatron(directory: str) -> dict:
+    import dataclasses
+
+    import torch
+    from megatron.core.distributed.distributed_data_parallel_config import DistributedDataParallelConfig
+    from megatron.core.optimizer.optimizer_config import OptimizerConfig
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import megatron_rules
+
+    text = (Path(directory) / "megatron_args.sh").read_text()
+    nodes, per_node = launch_world(text)
+    derived = megatron_rules.validate(text, nodes * per_node)
+    args = derived["args"]
+    unknown = [f for f in args if f not in MEGATRON_FIELDS and f not in MEGATRON_DDP and f not in MEGATRON_OPT
+               and f not in MEGATRON_TRAINING]  # fmt: skip
+    assert not unknown, f"flags meshplan does not map to Megatron: {unknown}"
+    kw = {}
+    for flag, name in MEGATRON_FIELDS.items():
+        if flag in args:
+            value = args[flag]
+            kw[name] = value if value is True else (int(value) if str(value).isdigit() else value)
+    if "--norm-epsilon" in args:
+        kw["layernorm_epsilon"] = float(args["--norm-epsilon"])
+    v = derived["virtual_stages"]
+    if v > 1:
+        kw["virtual_pipeline_model_parallel_size"] = v
+    kw["gated_linear_unit"] = "--swiglu" in args
+    if "--swiglu" in args:
+        kw["activation_func"] = torch.nn.functional.silu
+    kw["add_bias_linear"] = "--disable-bias-linear" not in args
+    if kw.get("bf16"):
+        kw["pipeline_dtype"] = kw["params_dtype"] = torch.bfloat16  # arguments.py under --bf16
+    tc = TransformerConfig(**kw)  # __post_init__: divisibility, layout, recompute, GQA
+    ddp = DistributedDataParallelConfig(**{n: _typed(args[f]) for f, n in MEGATRON_DDP.items() if f in args and
+                                           n in {x.name for x in dataclasses.fields(DistributedDataParallelConfig)}})  # fmt: skip
+    OptimizerConfig(**{n: _typed(args[f]) for f, n in MEGATRON_OPT.items() if f in args})
+    return {
+        "world_size": nodes * per_node,
+        "tp": tc.tensor_model_parallel_size,
+        "pp": tc.pipeline_model_parallel_size,
+        "cp": tc.context_parallel_size,
+        "virtual_stages": v,
+        "sequence_parallel": tc.sequence_parallel,
+        "micro_batch": int(args["--micro-batch-size"]),
+        "global_batch": int(args["--global-batch-size"]),
+        "accumulation": derived["accumulation"],
+        "num_layers": tc.num_layers,
+        "hidden": tc.hidden_size,
+        "ffn_hidden": tc.ffn_hidden_size,
+        "heads": tc.num_attention_heads,
+        "kv_heads": tc.num_query_groups or tc.num_attention_heads,
+        "normalization": tc.normalization,
+        "gated_linear_unit": tc.gated_linear_unit,
+        "add_bias_linear": tc.add_bias_linear,
+        "position_embedding": args.get("--position-embedding-type", "learned_absolute"),
+        "untied": "--untie-embeddings-and-output-weights" in args,
+        "vocab": int(args["--vocab-size"]) if "--vocab-size" in args else None,
+        "recompute_granularity": tc.recompute_granularity,
+        "recompute_method": tc.recompute_method,
+        "recompute_num_layers": tc.recompute_num_layers,
+        "distributed_optimizer": bool(getattr(ddp, "use_distributed_optimizer", False)),
+        "fsdp2": "--use-torch-fsdp2" in args,
+        "bf16": bool(tc.bf16),
+        "fp8": args.get("--fp8-format"),
+        "cuda_device_max_connections": derived["env"].get("CUDA_DEVICE_MAX_CONNECTIONS"),
+        "layout": str(tc.pipeline_model_parallel_layout) if tc.pipeline_model_parallel_layout else None,
+    }
+
+
+def _typed(value):
+    return value if value is True else int(value) if str(value).isdigit() else value
+
+
+CHECKS = {"deepspeed": check_deepspeed, "accelerate": check_accelerate, "megatron": check_megatron}
+
+
+def main() -> int:
+    cases = json.load(sys.stdin)
+    out = []
+    for case in cases:
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                values = CHECKS[case["target"]](case["dir"])
+            out.append({"id": case["id"], "accepted": True, "error": "", "values": values})
+        except Exception as exc:  # noqa: BLE001 - the tool's refusal is the result
+            tail = traceback.format_exception(exc)[-1].strip()
+            out.append({"id": case["id"], "accepted": False, "error": f"{type(exc).__name__}: {exc}"[:2000] or tail})
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
