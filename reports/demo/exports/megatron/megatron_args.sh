@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: gpt-tiny on 4 x local-cpu
-# plan decisions hash af99f714e71402ff; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
+# plan decisions hash 0069c8ae36dad82d; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
 # global batch 16 = micro 4 x accumulation 1 x data-parallel 4; seq_len 32
+# WARNING: the architecture of gpt-tiny (family not recorded) is not a GPT or Llama decoder meshplan knows: only its shape is written; give Megatron's architecture flags yourself
 # WARNING: the prediction was made for runtime meshplan; megatron runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime megatron-lm or megatron-core
+# launch: one node of 4 devices
 # Megatron derives data-parallel size = 4 / (tp x pp x cp) = 4 and gradient accumulation = 16 / (4 x 4) = 1
 MESHPLAN_ARGS=(
     --tensor-model-parallel-size 1
@@ -19,4 +21,4 @@ MESHPLAN_ARGS=(
     --vocab-size 256
     --use-distributed-optimizer
 )
-torchrun --nproc_per_node 4 --nnodes 1 "${NODE_ARGS[@]}" pretrain_gpt.py "${MESHPLAN_ARGS[@]}" "$@"
+torchrun --nnodes 1 --nproc-per-node 4 --node-rank "${NODE_RANK:-0}" --rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" pretrain_gpt.py "${MESHPLAN_ARGS[@]}" "$@"

@@ -1,5 +1,5 @@
 """meshplan plan -> torchtitan (Python config): gpt-tiny on 4 x local-cpu
-plan decisions hash af99f714e71402ff; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
+plan decisions hash 0069c8ae36dad82d; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
 global batch 16 = micro 4 x accumulation 1 x data-parallel 4; seq_len 32
 WARNING: ZeRO-1 (sharded optimizer states only) has no torchtitan setting: FSDP2 shards gradients and parameters too; the degrees below keep the plan's replicate/shard split, so the optimizer states stay replicated over data_parallel_replicate_degree
 WARNING: the prediction was made for runtime meshplan; torchtitan runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime torchtitan

@@ -1,5 +1,5 @@
 # meshplan batch settings for accelerate (see accelerate_config.yaml)
 PER_DEVICE_TRAIN_BATCH_SIZE = 1
-GRADIENT_ACCUMULATION_STEPS = 96
-GLOBAL_BATCH_SIZE = 1536  # = micro x accumulation x dp 16
+GRADIENT_ACCUMULATION_STEPS = 6
+GLOBAL_BATCH_SIZE = 1536  # = micro x accumulation x dp 256
 SEQ_LEN = 2048

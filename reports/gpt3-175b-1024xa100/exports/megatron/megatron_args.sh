@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: gpt3-175b on 1024 x a100-80g
-# plan decisions hash 6606a7b7e845c8f7; mesh pp=16 dp_replicate=8 dp_shard=2 cp=1 tp=4
+# plan decisions hash 5cb38bbce342cafa; mesh pp=16 dp_replicate=8 dp_shard=2 cp=1 tp=4
 # global batch 1536 = micro 1 x accumulation 96 x data-parallel 16; seq_len 2048
-# WARNING: uneven stage boundaries (blocks per stage [1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0]) are not expressible: Megatron-LM splits blocks evenly over (virtual) stages; the split below is even
 # WARNING: ZeRO-2 maps to --use-distributed-optimizer, which shards optimizer states and reduce-scatters gradients but keeps a full gradient buffer (ZeRO-1 gradient memory)
 # WARNING: the prediction was made for runtime meshplan; megatron runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime megatron-lm or megatron-core
+# launch: run this on each of the 128 nodes (8 devices each) with NODE_RANK=0..127 and MASTER_ADDR=<node 0's address> set
 # Megatron derives data-parallel size = 1024 / (tp x pp x cp) = 16 and gradient accumulation = 1536 / (1 x 16) = 96
+export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron requires it with tensor or context parallelism
 MESHPLAN_ARGS=(
     --tensor-model-parallel-size 4
     --pipeline-model-parallel-size 16
     --context-parallel-size 1
-    --num-layers-per-virtual-pipeline-stage 1
+    --pipeline-model-parallel-layout 'Et|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t|t|t|t|t|t|t|t|t|t|t|t|t|t|t*2|t|t|t|t|t|t|t|t|t|t|t|t|t|t|t|L'
     --sequence-parallel
     --micro-batch-size 1
     --global-batch-size 1536
@@ -18,11 +19,16 @@ MESHPLAN_ARGS=(
     --max-position-embeddings 2048
     --num-layers 96
     --hidden-size 12288
-    --num-attention-heads 96
     --ffn-hidden-size 49152
+    --num-attention-heads 96
     --vocab-size 51200
+    --make-vocab-size-divisible-by 128
+    --normalization LayerNorm
+    --norm-epsilon 1e-05
+    --position-embedding-type learned_absolute
+    --untie-embeddings-and-output-weights
     --use-distributed-optimizer
     --num-distributed-optimizer-instances 8
     --bf16
 )
-torchrun --nproc_per_node 8 --nnodes 128 "${NODE_ARGS[@]}" pretrain_gpt.py "${MESHPLAN_ARGS[@]}" "$@"
+torchrun --nnodes 128 --nproc-per-node 8 --node-rank "${NODE_RANK:-0}" --rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" pretrain_gpt.py "${MESHPLAN_ARGS[@]}" "$@"

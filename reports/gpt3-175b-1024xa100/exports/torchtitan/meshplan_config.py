@@ -1,5 +1,5 @@
 """meshplan plan -> torchtitan (Python config): gpt3-175b on 1024 x a100-80g
-plan decisions hash 6606a7b7e845c8f7; mesh pp=16 dp_replicate=8 dp_shard=2 cp=1 tp=4
+plan decisions hash 5cb38bbce342cafa; mesh pp=16 dp_replicate=8 dp_shard=2 cp=1 tp=4
 global batch 1536 = micro 1 x accumulation 96 x data-parallel 16; seq_len 2048
 WARNING: the prediction was made for runtime meshplan; torchtitan runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime torchtitan
 """

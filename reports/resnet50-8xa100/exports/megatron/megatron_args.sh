@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: resnet50 on 8 x a100-80g
-# plan decisions hash b76f2a17e3bd2a81; mesh pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1
+# plan decisions hash d83ae296fbaeac55; mesh pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1
 # global batch 1024 = micro 128 x accumulation 1 x data-parallel 8; seq_len 1
+# WARNING: the architecture of resnet50 (family resnet) is not a GPT or Llama decoder meshplan knows: only its shape is written; give Megatron's architecture flags yourself
 # WARNING: ZeRO-2 maps to --use-distributed-optimizer, which shards optimizer states and reduce-scatters gradients but keeps a full gradient buffer (ZeRO-1 gradient memory)
 # WARNING: the prediction was made for runtime meshplan; megatron runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime megatron-lm or megatron-core
+# launch: one node of 8 devices
 # Megatron derives data-parallel size = 8 / (tp x pp x cp) = 8 and gradient accumulation = 1024 / (128 x 8) = 1
 MESHPLAN_ARGS=(
     --tensor-model-parallel-size 1
@@ -17,4 +19,4 @@ MESHPLAN_ARGS=(
     --use-distributed-optimizer
     --bf16
 )
-torchrun --nproc_per_node 8 --nnodes 1 "${NODE_ARGS[@]}" pretrain_gpt.py "${MESHPLAN_ARGS[@]}" "$@"
+torchrun --nnodes 1 --nproc-per-node 8 --node-rank "${NODE_RANK:-0}" --rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" pretrain_gpt.py "${MESHPLAN_ARGS[@]}" "$@"

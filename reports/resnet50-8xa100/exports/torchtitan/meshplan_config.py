@@ -1,5 +1,5 @@
 """meshplan plan -> torchtitan (Python config): resnet50 on 8 x a100-80g
-plan decisions hash b76f2a17e3bd2a81; mesh pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1
+plan decisions hash d83ae296fbaeac55; mesh pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1
 global batch 1024 = micro 128 x accumulation 1 x data-parallel 8; seq_len 1
 WARNING: the prediction was made for runtime meshplan; torchtitan runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime torchtitan
 """
