@@ -5,20 +5,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install export-tools demo test test-fast lint typecheck reports bench bench-quick validate clean
+.PHONY: install export-tools demo test-deps test test-fast lint typecheck reports bench bench-quick validate clean
 
 $(STAMP): pyproject.toml setup.py constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
-	@# system packages, only those missing, as root with apt-get; never fatal (tests never install):
-	@# iproute2 (ip netns, tc) for benchmarks/slow_link.py, chromium for tests/test_report_browser.py
-	@missing=""; command -v tc >/dev/null 2>&1 || missing="$$missing iproute2"; \
-	  command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
-	  [ -z "$$missing" ] || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-	    DEBIAN_FRONTEND=noninteractive timeout 900 sh -c "apt-get update -qq && apt-get install -y -qq$$missing" \
-	    >/dev/null 2>&1; } || \
-	  echo "note: could not install$$missing (needs root and apt-get): slow-link and browser tests will skip"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -36,8 +28,25 @@ $(EXPORT_STAMP): tests/export-tools.txt constraints.txt
 
 export-tools: $(EXPORT_STAMP)
 
+# The demo writes only under build/demo (ignored by git): a fresh clone stays clean, and nothing
+# outside the repository changes. `make reports` regenerates the checked-in reports/demo.
 demo: $(STAMP)
-	$(BIN)/python -m meshplan.demo --out reports/demo
+	$(BIN)/python -m meshplan.demo --out build/demo
+
+# System packages for two optional test groups, on the test/CI path only (.ci/run calls this;
+# install and demo never touch the system): iproute2 (ip netns, tc) for benchmarks/slow_link.py and
+# its tests, chromium for tests/test_report_browser.py. Installs only the missing ones, with
+# apt-get as root, saying which; otherwise says which tests will skip. Never fatal.
+SYSTEM_TEST_PACKAGES_MISSING = $(strip $(if $(shell command -v tc),,iproute2) $(if $(shell command -v chromium),,chromium))
+
+test-deps:
+	@missing="$(SYSTEM_TEST_PACKAGES_MISSING)"; \
+	if [ -z "$$missing" ]; then echo "test-deps: iproute2 and chromium are installed"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "test-deps: installing system packages with apt-get: $$missing (and their dependencies)"; \
+	  DEBIAN_FRONTEND=noninteractive timeout 900 sh -c "apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing" \
+	    >/dev/null 2>&1 || echo "test-deps: apt-get could not install $$missing: the slow-link and browser tests will skip"; \
+	else echo "test-deps: not installing $$missing (needs root and apt-get): the slow-link and browser tests will skip"; fi
 
 # Two pytest workers, a test file each at a time (pytest-xdist --dist loadfile: a file's module-scoped
 # launches run once): the multi-rank tests wait on timeouts and signals while single-process ones

@@ -2,7 +2,8 @@
 
 profile (measured on this CPU, 4 ranks busy) -> profile-links (measured gloo collectives) ->
 plan (search) -> run (torchrun, 4 gloo ranks) -> report (predicted beside measured).
-Everything lands in one folder (default reports/demo/): profile.json, cluster.json, plan.json,
+Everything lands in one folder (default build/demo/, which git ignores, so the demo leaves a clone
+clean; `make reports` writes the checked-in reports/demo/): profile.json, cluster.json, plan.json,
 run.json, report.md, report.html.
 """
 
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m meshplan.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", default="reports/demo")
+    parser.add_argument("--out", default="build/demo")
     parser.add_argument("--steps", type=int, default=8)
     args = parser.parse_args(argv)
     try:

@@ -1,7 +1,7 @@
 """The HTML report as a person sees it: rendered in headless Chromium, screenshotted, no console errors.
 
-Chromium (Debian package `chromium`) is installed by the bootstrap (`make install`, run by every
-make target and by CI) when missing and it runs as root with apt-get; never from inside a test.
+Chromium (Debian package `chromium`) is installed by `make test-deps` (CI runs it; as root with
+apt-get, when missing), never by `make install` or from inside a test.
 Without it the tests skip with one line, except in CI (CI=true), where they fail.
 """
 
@@ -37,12 +37,12 @@ FLAGS = [
 
 @pytest.fixture(scope="module")
 def chromium() -> str:
-    """The browser, installed by the bootstrap (Makefile, $(STAMP)): absent, the test skips here
-    and fails in CI (CI=true), where the bootstrap must have installed it."""
+    """The browser, installed by `make test-deps`: absent, the test skips here and fails in CI
+    (CI=true), where .ci/run's `make test-deps` must have installed it."""
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if not found:
         why = (
-            "headless Chromium not installed (`make install` adds it as root with apt-get; "
+            "headless Chromium not installed (`make test-deps` adds it as root with apt-get; "
             "or `apt-get install chromium`)"
         )
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
