@@ -4,6 +4,7 @@ speedup over brute-force enumeration of the same plan space (meshplan.planner.br
 
     python -m benchmarks.planner_speed [--quick] [--brute-force-cap-s 600] [--probe-s 20] [--json]
     python -m benchmarks.planner_speed --methods    # plain vs --allow-compression all --allow-sync all
+    python -m benchmarks.planner_speed --cli        # the whole command's wall time, captured vs closed form
 
 Targets (issue 4): 175B on 1024 A100 under 1 s, 405B on 16384 H100 under 5 s of CPU. Profiles
 come from meshplan.profiler.profile_model on the meta device (not timed here; no weights), or the
@@ -219,6 +220,57 @@ def line(r: dict) -> str:
     )
 
 
+CLI_CASES = (
+    (
+        "GPT-3 175B, 1024 A100",
+        "--cluster a100-80g --num-gpus 1024 --global-batch 1536",
+        "gpt3-175b",
+        "analytic:gpt --set layers=96 hidden=12288 heads=96 vocab=51200 seq=2048",
+    ),
+    (
+        "Llama-3 405B, 16384 H100",
+        "--cluster h100-80g --num-gpus 16384 --global-batch 2048",
+        "llama3-405b --seq 8192",
+        "analytic:llama --set layers=126 hidden=16384 heads=128 kv_heads=8 ffn_hidden=53248 vocab=128256 seq=8192",
+    ),
+)
+"""(label, cluster flags, captured --model, closed-form --model) of the whole-command wall times."""
+
+
+def _wall_s(argv: list[str], env: dict) -> float:
+    import subprocess
+    import sys
+
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "meshplan", *argv], env=env, check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def cli_rows(repeats: int = 3, say=lambda row: None) -> list[dict]:
+    """Wall time of the whole `meshplan plan` command (interpreter start, imports, profile, search,
+    output), median of `repeats`, interleaved: the closed form; the captured zoo model with an empty
+    profile cache (torch imported, one block per distinct signature captured on the meta device);
+    the same with the cache warm (meshplan/profile_cache.py: no torch)."""
+    import os
+    import statistics
+    import tempfile
+
+    rows = []
+    for label, cluster, captured, closed in CLI_CASES:
+        times: dict[str, list[float]] = {"closed_form": [], "captured_cold": [], "captured_warm": []}
+        with tempfile.TemporaryDirectory() as root:
+            for i in range(repeats):
+                env = {**os.environ, "MESHPLAN_PROFILE_CACHE": "on", "MESHPLAN_CACHE_DIR": f"{root}/{i}"}
+                base = ["plan", *cluster.split(), "--quiet"]
+                times["closed_form"].append(_wall_s([*base, "--model", *closed.split()], env))
+                times["captured_cold"].append(_wall_s([*base, "--model", *captured.split()], env))
+                times["captured_warm"].append(_wall_s([*base, "--model", *captured.split()], env))
+        row = {"case": label, **{k: statistics.median(v) for k, v in times.items()}, "samples_s": times}
+        say(row)
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="CI-sized: 3 full-size rows, 2 small brute forces")
@@ -236,11 +288,31 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
+        "--cli",
+        action="store_true",
+        help="only the whole `meshplan plan` command's wall time: closed form, captured cold, captured warm",
+    )
+    parser.add_argument(
         "--methods",
         action="store_true",
         help="only GPT-3 175B on 1024 GPUs, plain vs every approximate method allowed (median of 5)",
     )
     args = parser.parse_args()
+    if args.cli:
+        rows = cli_rows(
+            say=lambda r: (
+                None
+                if args.json
+                else print(
+                    f"{r['case']}: closed form {r['closed_form']:.2f} s, captured {r['captured_cold']:.2f} s cold "
+                    f"/ {r['captured_warm']:.2f} s with the profile cache (wall, median of {len(r['samples_s']['closed_form'])})",
+                    flush=True,
+                )
+            )
+        )
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        return
     if args.methods:
         rows = methods_rows(
             lambda r: (

@@ -169,12 +169,19 @@ def build_profile(
     in_place: bool = True,
     progress: Progress = _no_progress,
 ) -> ModelProfile:
-    """`meshplan profile`'s ModelProfile of a torch model (imports torch)."""
+    """`meshplan profile`'s ModelProfile of a torch model (imports torch, unless a meta-device
+    profile of the same model and code is cached: meshplan/profile_cache.py)."""
+    from meshplan import profile_cache
+
     values = parse_overrides(overrides)
+    cacheable = device == "meta"  # nothing timed: the profile is a function of the model and the code
+    hit = profile_cache.load(model, values) if cacheable else None
+    if hit is not None:
+        return hit
     from meshplan.profiler import profile_model
 
     with progress(f"profiling {model} on {device}"):
-        return profile_model(
+        profile = profile_model(
             model,
             values,
             device=device,
@@ -183,6 +190,9 @@ def build_profile(
             in_place=in_place,
             progress=False,
         )
+    if cacheable:
+        profile_cache.store(model, values, profile)
+    return profile
 
 
 def parse_overrides(items) -> dict[str, Any]:

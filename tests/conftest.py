@@ -7,8 +7,13 @@ must make itself (because it measures the profiling, or spies on it) stay in the
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
+
+# Each test captures its own profiles: the on-disk profile cache (meshplan/profile_cache.py) would
+# let one test's capture answer another's and write under ~/.cache; its own tests turn it on.
+os.environ.setdefault("MESHPLAN_PROFILE_CACHE", "off")
 
 CPU_MICROBATCHES = (2, 4)
 """Microbatch sizes of the shared CPU profiles: the smallest and a larger one."""
