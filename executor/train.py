@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from meshplan.executor import checkpoint
+from meshplan.executor import checkpoint, waves
 from meshplan.executor.data import make_batches
 from meshplan.executor.memory import LiveTensorTracker, held_tensors
 from meshplan.executor.methods.host_optimizer import close_all
@@ -92,7 +92,8 @@ def train(
 def _train(
     par, plan: Plan, options: TrainOptions, device: torch.device, optimizers, model, on_step: Callable[[int], None]
 ) -> RankResult:
-    batches = make_batches(model, plan, par.dims.dp_rank, par.dims.dp_degree, options.seed, options.data)
+    seed = waves.data_seed(options.seed)  # waves=2: each wave its own data (executor/waves.py)
+    batches = make_batches(model, plan, par.dims.dp_rank, par.dims.dp_degree, seed, options.data)
     start = checkpoint.load(options.out_dir, par.parts, optimizers, par.stage_ids) if options.resume else 0
     result = RankResult(
         rank=torch.distributed.get_rank(),

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from meshplan.executor import multinode
+from meshplan.executor import multinode, waves
 from meshplan.executor.run_dir import set_parent_death_signal
 from meshplan.executor.train import TrainOptions, train
 from meshplan.plan import Plan
@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     # collectives wait longer than the launcher's no-progress watchdog, so a hang is reported
     # by the launcher (naming the rank that fell behind), not as a timeout on its peers
     dist.init_process_group(backend, timeout=timedelta(seconds=2 * args.timeout_s + 30))
+    waves.rank_setup(dist.get_rank())  # waves=2 (executor/waves.py); a no-op otherwise
     status = Status(args.out_dir, dist.get_rank(), args.run_id)
     try:
         status.update(state="running")
@@ -167,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(1)  # skip the collective teardown: peers may be blocked in a collective
     dist_rank = dist.get_rank()
+    waves.rank_close()
     dist.barrier()  # every rank wrote its result before anyone may exit
     with contextlib.suppress(OSError):  # the result is written: a full disk now loses only this note
         status.update(state="done")

@@ -119,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=0, help="save a DCP checkpoint every K steps")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out-dir")
     p.add_argument(
+        "--waves",
+        choices=("1", "2"),
+        help="2: run Wavelet's two waves (2N tasks of half the microbatch, the second half an iteration "
+        "late, two ranks a device), then one wave for comparison, and write waves.json",
+    )
+    p.add_argument(
         "--overwrite",
         action="store_true",
         help="start afresh in an --out-dir that holds an earlier run's checkpoint (deletes it)",

@@ -270,6 +270,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     plan = _load_plan(args.plan)
     from meshplan.executor import LaunchOptions, check_plan, launch_command, run_plan
 
+    if getattr(args, "waves", None):  # --waves overrides the plan's wave scheduling
+        from meshplan.plan import MethodChoice
+
+        plan.dp_methods.waves = MethodChoice(name=args.waves, params={})
+    if plan.dp_methods.waves.name == "2":
+        return _run_waves(args, plan)
     check_plan(plan, nnodes=args.nnodes)
     from meshplan.executor.check import check_optimizer, run_warnings
 
@@ -313,6 +319,51 @@ def cmd_run(args: argparse.Namespace) -> int:
     from meshplan.executor.multinode import node_file
 
     _say(args, f"wrote {Path(args.out_dir) / node_file('run.json', args.node_rank, args.nnodes)}")
+    return 0
+
+
+def _run_waves(args: argparse.Namespace, plan: Plan) -> int:
+    """meshplan run --waves 2 (executor/waves.py): both waves, then one wave; waves.json."""
+    from meshplan.executor import LaunchOptions, check_plan, waves
+
+    if args.nnodes > 1 or args.resume or args.checkpoint_every or args.print_launch:
+        raise MeshplanError(
+            "--waves 2 runs on one node without checkpoints: drop --nnodes/--resume/--checkpoint-every/--print-launch"
+        )
+    waves.check(plan)
+    check_plan(waves.wave_plan(plan))
+    opts = LaunchOptions(
+        steps=args.steps,
+        data=args.data,
+        out_dir=args.out_dir,
+        overwrite=args.overwrite,
+        optimizer=args.optimizer,
+        timeout_s=args.timeout,
+        quiet=args.quiet or args.json,
+    )
+    with _progress(args, f"running {args.steps} steps of two waves on {plan.world_size} devices"):
+        report = waves.run(plan, opts)
+    if args.json:
+        print(json.dumps({k: v for k, v in report.items()}, indent=1))
+        return 0
+    one = report["one_wave"]
+    for d in report["devices"]:
+        print(
+            f"device {d['device']} (cores {d['cores']}): two waves {d['samples_per_s']:.1f} samples/s, summed "
+            f"memory peak {d['summed_dynamic_peak_bytes'] / 2**20:.1f} MiB above baseline (waves alone "
+            f"{', '.join(f'{b / 2**20:.1f}' for b in d['wave_dynamic_peaks_bytes'])} MiB); tock offset "
+            f"{d['tock_offset_s']:.2f} of a step"
+        )
+    print(
+        f"one wave: {one['samples_per_s_per_device']:.1f} samples/s per device, memory peak "
+        f"{max(x['dynamic_peak_bytes'] for x in one['devices']) / 2**20:.1f} MiB above baseline"
+    )
+    if plan.prediction is not None and plan.prediction.step_time_s > 0:
+        print(
+            f"the plan's prediction ({plan.dp_methods.waves.name} wave(s) as planned): "
+            f"{plan.prediction.step_time_s:.4g} s/step, peak {plan.prediction.peak_memory_bytes / 2**20:.1f} MiB/rank"
+        )
+    _say(args, f"wrote {Path(args.out_dir) / 'waves.json'}")
     return 0
 
 

@@ -819,11 +819,11 @@ METHODS: tuple[Method, ...] = (
     Method(
         name="2",
         axis="waves",
-        exact=True,
+        exact=False,
         zero_stages=(0,),
-        summary="Wavelet tick-tock: each microbatch as two half waves on the same devices, the second "
-        "started half a forward+backward later so their activation peaks interleave; gradients "
-        "summed across waves (the synchronous variant: same updates)",
+        summary="Wavelet tick-tock: 2N tasks of half the microbatch in two waves on the same devices, the "
+        "second started half a forward+backward later so their activation peaks interleave; each wave "
+        "all-reduces within itself, the waves average models without waiting (approximate)",
         source="Wang et al., Wavelet, MLSys 2021",
         unsupported="Wavelet's two waves are not expressible; one wave runs",
     ),

@@ -23,9 +23,9 @@ SPLIT_BACKWARD = ("InterleavedZeroBubble",)
 
 
 WAVES_NOT_RUN = (
-    "waves=2: the executor does not run Wavelet's two waves: they need two CUDA streams sharing one "
-    "caching allocator in one process so one wave's freed activations serve the other, and gloo/CPU "
-    "ranks run a single stream; the planner prices it (estimate --waves 2); use waves=1"
+    "waves=2: meshplan's executor runs Wavelet's two waves on data-parallel layouts only (tensor, "
+    "pipeline and context parallel degree 1: executor/waves.py); the planner prices the others "
+    "(estimate --waves 2); use waves=1 or a data-parallel layout"
 )
 
 
@@ -92,7 +92,8 @@ def reasons(
         out.append(Reason(text, runnable_only=True, limit="1f1b_microbatches"))
     out += [Reason(t) for t in _methods(lay)]
     if ("waves", "2") in lay.methods:
-        out.append(Reason(WAVES_NOT_RUN, runnable_only=True, limit="waves"))
+        if lay.tp * lay.pp * lay.cp > 1:
+            out.append(Reason(WAVES_NOT_RUN, runnable_only=True, limit="waves"))
         if lay.microbatch % 2:  # after the runnable-only reason: estimate and Plan.validate refuse this one
             out.append(
                 Reason(

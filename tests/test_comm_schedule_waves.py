@@ -13,7 +13,6 @@ import pytest
 from planner_profiles import candidate
 
 from meshplan import feasibility
-from meshplan.errors import InfeasibleError
 from meshplan.model_profile import LayerProfile, ModelProfile, TPRule
 from meshplan.models.analytic import gpt_profile
 from meshplan.planner import PlanRequest
@@ -298,23 +297,24 @@ def test_wavelet_peak_with_zero_activations_equals_one_wave():
     assert two.prediction.peak_memory_bytes == pytest.approx(one.prediction.peak_memory_bytes, rel=1e-12)
 
 
-def test_wavelet_interleaves_activations_and_is_priced_not_run():
+def test_wavelet_interleaves_activations_and_runs_on_data_parallel_layouts_only():
     profile = gpt_profile(layers=8, hidden=256, heads=4, seq=512, vocab=1024)
     one, two = estimated(profile, "1"), estimated(profile, "2")
     act = lambda plan: plan.prediction.stage_memory[0].activations_bytes  # noqa: E731
     assert act(one) / 2 < act(two) < act(one)  # two half waves interleaved: below one full wave
     assert two.prediction.step_time_s > 0 and two.prediction.comm_bytes_per_step == one.prediction.comm_bytes_per_step
     rows = options(two, "waves")
-    assert rows["2"].chosen and rows["2"].feasible and "not run by this executor" in rows["2"].note
+    assert rows["2"].chosen and rows["2"].feasible and "not run by this executor" not in rows["2"].note
     assert rows["2"].step_time_s == pytest.approx(two.prediction.step_time_s, rel=1e-12)
     assert rows["1"].step_time_s == pytest.approx(one.prediction.step_time_s, rel=1e-12)
-    layout = dataclasses.replace(
-        candidate(dp_replicate=4, microbatch=4),
-        methods=(("waves", "2", ()),),
-    ).layout(128)
-    assert [r.runnable_only for r in feasibility.reasons(layout)] == [True]
-    with pytest.raises(InfeasibleError):  # the search refuses what the executor does not run
-        small_gpt_plan(methods={"waves": ("2", {})}, microbatch=2)
+    dp_only = dataclasses.replace(candidate(dp_replicate=4, microbatch=4), methods=(("waves", "2", ()),)).layout(128)
+    assert feasibility.reasons(dp_only) == []  # executor/waves.py runs it
+    with_tp = dataclasses.replace(candidate(dp_replicate=2, tp=2, microbatch=4), methods=(("waves", "2", ()),)).layout(
+        128
+    )
+    assert [(r.text, r.runnable_only) for r in feasibility.reasons(with_tp)] == [(feasibility.WAVES_NOT_RUN, True)]
+    plan = small_gpt_plan(methods={"waves": ("2", {})}, microbatch=2)  # the search keeps data-parallel layouts
+    assert plan.dp_methods.waves.name == "2" and plan.tensor_parallel_degree == plan.pipeline_parallel_degree == 1
 
 
 def test_wavelet_refuses_an_odd_microbatch():

@@ -196,8 +196,9 @@ def _with(plan, axis, name, params=None, validate=True):
 def test_feasibility_refuses_bytescheduler_with_pipelines_and_waves_2_everywhere():
     bs = _with(make_plan(pp=2, dp=2, microbatches=2, validate=False), "comm_schedule", "bytescheduler", validate=False)
     assert "bytescheduler with pipeline_parallel_degree 2" in feasibility.first(bs.layout())
-    waves = _with(make_plan(dp=2), "waves", "2", validate=False)
+    waves = _with(make_plan(tp=2), "waves", "2", validate=False)
     assert feasibility.first(waves.layout()) == feasibility.WAVES_NOT_RUN
+    assert not feasibility.first(_with(make_plan(dp=2), "waves", "2", validate=False).layout())
 
 
 # --- multi-rank: loss equality and counted bytes vs the planner ---------------------------------

@@ -16,7 +16,8 @@ compression when DDP or the replica reducer is built). What each module provides
 - offload (device / offload_cpu / offload_nvme): `fsdp_kwargs(params, device, zero)`,
   `shard_device(params, device, zero)`; cpu and nvme also `optimizer_class(...)`, the host
   optimizer step (host_optimizer.py, nvme_store.py)
-- waves=1: `device` (nothing to apply); waves=2 is refused by feasibility.py (WAVES_NOT_RUN)
+- waves=1: `device` (nothing to apply); waves=2 runs as two jobs of the plan (executor/waves.py,
+  `meshplan run --waves 2`), each of which is waves=1 here
 Bytes are counted as executor/methods/counting.py says (executor/README.md, "Bytes on the wire").
 """
 
@@ -74,7 +75,7 @@ MODULES: dict[tuple[str, str], ModuleType] = {
     ("offload", "cpu"): offload_cpu,
     ("offload", "nvme"): offload_nvme,
     ("waves", "1"): device,
-    ("waves", "2"): device,  # never run: feasibility.WAVES_NOT_RUN says why
+    ("waves", "2"): device,  # executor/waves.py launches the two waves, each a waves=1 job
 }
 
 

@@ -2,9 +2,14 @@
 as two half waves (b/2 samples each) on the same devices, the second (tock) started half a wave
 period after the first (tick), so tock's forward (memory rising) overlaps tick's backward (memory
 falling) and their activation peaks interleave (Wang et al., Wavelet, MLSys 2021, Sec 3). The
-synchronous variant: both waves accumulate into the same gradients, all-reduced once per step,
-so the updates are those of one wave of b. The executor refuses it (feasibility.WAVES_NOT_RUN);
-estimate and the report's data-parallel methods section price it.
+model prices the synchronous reading: both waves accumulate into the same gradients, all-reduced
+once per step, so the updates are those of one wave of b. meshplan's executor (executor/waves.py)
+runs the paper's job instead, 2N tasks of b/2 (the same global batch, the same per-device work
+and activations, so this cost model applies to it), each wave all-reducing within itself and
+the waves averaging models without waiting (approximate); it does not hold the half-period
+offset once the two tasks share a core (it reports the drift), and its cross-wave exchange (one
+parameter copy a step each way) is not in this model. Data-parallel layouts only
+(feasibility.WAVES_NOT_RUN).
 
 - Memory timeline (per rank, one wave period T = forward + backward of a half microbatch): layer
   i's saved activations a_i (at b/2) are held from the start of its forward, F_i = sum_{j<i} f_j,
