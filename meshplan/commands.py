@@ -324,7 +324,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_waves(args: argparse.Namespace, plan: Plan) -> int:
     """meshplan run --waves 2 (executor/waves.py): both waves, then one wave; waves.json."""
-    from meshplan.executor import LaunchOptions, check_plan, waves
+    from meshplan.executor import LaunchOptions, check_plan
+    from meshplan.executor import waves_launch as waves
 
     if args.nnodes > 1 or args.resume or args.checkpoint_every or args.print_launch:
         raise MeshplanError(

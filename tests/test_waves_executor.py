@@ -11,7 +11,7 @@ import pytest
 from executor_plans import make_plan
 
 from meshplan.errors import MeshplanError
-from meshplan.executor import waves
+from meshplan.executor import waves_launch as waves
 
 
 def _timeline(path, wave, rank, ends, samples, core=0, averaged=3):
