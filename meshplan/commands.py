@@ -82,15 +82,20 @@ def _warn(args: argparse.Namespace, text: str) -> None:
 def cmd_presets(args: argparse.Namespace) -> int:
     from meshplan.models.catalog import FAMILY_NAMES as FAMILIES
     from meshplan.models.catalog import ZOO
-    from meshplan.presets import CLUSTER_PRESETS, cluster_preset
+    from meshplan.presets import CLUSTER_PRESETS, cluster_preset, peak_table
 
     models: dict[str, dict[str, Any]] = {name: {"family": fam, **cfg} for name, (fam, cfg) in sorted(ZOO.items())}
     clusters: dict[str, dict[str, Any]] = {}
+    peaks = peak_table()
     for name in CLUSTER_PRESETS:
         spec = cluster_preset(name, 8 if name != "local-cpu" else 4)
+        (bf16, bf16_source), (fp8, fp8_source) = peaks[name]["bf16"], peaks[name]["fp8"]
         clusters[name] = {
             "device": spec.device.name,
-            "peak_tflops": max(spec.device.peak_flops.values()) / 1e12,
+            "peak_tflops": bf16,  # dense bf16, the peak MFU is measured against
+            "bf16_dense_tflops": bf16,
+            "fp8_dense_tflops": fp8,
+            "peak_sources": {"bf16": bf16_source, "fp8": fp8_source},
             "memory_gib": spec.device.memory_bytes / 2**30,
             "devices_per_node": spec.devices_per_node,
             "intra_node_gbps": spec.intra_node.bandwidth_gbps,
@@ -108,13 +113,15 @@ def cmd_presets(args: argparse.Namespace) -> int:
         table.add_row(name, cfg["family"], " ".join(f"{k}={v}" for k, v in cfg.items() if k != "family"))
     table.add_row("[dim]" + ", ".join(sorted(FAMILIES)), "family", "--set keys of the family config")
     ctable = Table(title="clusters (use --cluster NAME --num-gpus N)")
-    for col in ("name", "device", "peak TFLOP/s", "memory GiB", "per node", "NVLink GB/s", "inter-node GB/s"):
+    cols = ("name", "device", "bf16 dense TFLOP/s", "fp8 dense TFLOP/s", "memory GiB", "per node", "NVLink GB/s")
+    for col in (*cols, "inter-node GB/s"):
         ctable.add_column(col)
     for name, c in clusters.items():
         ctable.add_row(
             name,
             c["device"],
-            f"{c['peak_tflops']:.0f}",
+            f"{c['bf16_dense_tflops']:.4g}",
+            f"{c['fp8_dense_tflops']:.4g}" if c["fp8_dense_tflops"] else "–",
             f"{c['memory_gib']:.0f}",
             str(c["devices_per_node"]),
             f"{c['intra_node_gbps']:g}",
@@ -124,6 +131,12 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
     Console().print(table)
     Console().print(ctable)
+    sources = Table(title="peak sources (meshplan/data/hardware.csv)", show_lines=True)
+    for col in ("name", "bf16 dense", "fp8 dense"):
+        sources.add_column(col)
+    for name, c in clusters.items():
+        sources.add_row(name, c["peak_sources"]["bf16"], c["peak_sources"]["fp8"])
+    Console().print(sources)
     return 0
 
 

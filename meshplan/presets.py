@@ -56,11 +56,22 @@ Sec 6.3 measures 8-way data parallelism of the 530B model adding 1.32 s for a 13
 all-reduce per GPU: 10 GB/s (0.40). Jobs inside one leaf switch see more (two-node nccl-tests reach
 ~0.85 of the NICs)."""
 
-FP8 = {"h100": (1979.0, 0.709), "h200": (1979.0, 0.734), "b200": (4500.0, 0.80)}
-"""Dense fp8 peak (spec sheets: H100/H200 SXM 1979, B200 4500 TFLOP/s) and the measured fp8 MAMF
-fraction (ml-engineering compute/accelerator/README.md: H100 SXM 1402.6 = 0.709, H200 1453.4 =
-0.734). B200: no fp8 MAMF in the stored sources; its bf16 plateau fraction (0.80) is assumed.
-The fp8 ramp scales with the fp8 peak (_curve), the framework fraction is the bf16 one."""
+FP8_MAMF = {"h100": 0.709, "h200": 0.734, "b200": 0.80}
+"""Measured fp8 MAMF fraction of the dense fp8 peak (hardware.csv's fp8_dense_tflops, with its
+source): ml-engineering compute/accelerator/README.md, H100 SXM 1402.6 / 1979 = 0.709, H200
+1453.4 / 1979 = 0.734. B200: no fp8 MAMF in the stored sources; its bf16 plateau fraction (0.80)
+is assumed. The fp8 ramp scales with the fp8 peak (_curve), the framework fraction is the bf16 one."""
+
+PRESET_ROWS = {
+    "a100-40g": "A100-SXM4-40GB",
+    "a100-80g": "A100-SXM4-80GB",
+    "h100-80g": "H100-SXM5-80GB",
+    "h100-96g": "H100 96GB HBM2e (Meta Grand Teton, 500W)",
+    "h800-80g": "H800-SXM5-80GB",
+    "h200-141g": "H200-SXM-141GB",
+    "b200-180g": "B200-SXM-180GB",
+}
+"""GPU preset -> its row of meshplan/data/hardware.csv (spec-sheet numbers and their sources)."""
 
 
 HOST = {"a100": (51.2, 250), "h100": (76.8, 250), "h800": (76.8, 250), "h200": (76.8, 250), "b200": (89.6, 500)}
@@ -218,40 +229,86 @@ def _sheet(gpu: str) -> dict:
     return {arg: _number(row[col]) for arg, col in cols.items()} | {"source": f"meshplan/data/hardware.csv {gpu}"}
 
 
+def _fp8(gpu: str, mamf: str) -> tuple[float, float]:
+    """(dense fp8 TFLOP/s from hardware.csv, fp8 MAMF fraction) of a part with fp8 tensor cores."""
+    return float(hardware_table()[gpu]["fp8_dense_tflops"]), FP8_MAMF[mamf]
+
+
+def peak_table() -> dict[str, dict[str, tuple[float | None, str]]]:
+    """Preset -> {"bf16": (dense TFLOP/s, source), "fp8": (dense TFLOP/s or None, source)}: the
+    two peaks `meshplan presets` shows side by side (a part's fp8 peak is twice its bf16 one on
+    Hopper and Blackwell; an A100 has none)."""
+    out: dict[str, dict[str, tuple[float | None, str]]] = {}
+    for name, gpu in PRESET_ROWS.items():
+        row = hardware_table()[gpu]
+        fp8 = row["fp8_dense_tflops"]
+        out[name] = {
+            "bf16": (float(row["bf16_dense_tflops"]), row["source"]),
+            "fp8": (float(fp8) if fp8 else None, row["fp8_source"]),
+        }
+    cpu = local_cpu(1).device.peak_flops["bf16"] / 1e12
+    out["local-cpu"] = {
+        "bf16": (cpu, "nominal; meshplan profile --device cpu measures layer times, which the cost model prefers"),
+        "fp8": (None, "none: CPU ranks"),
+    }
+    return out
+
+
 def _gpu_presets() -> dict[str, ClusterSpec]:
     return {
         "a100-40g": _gpu(
             "a100-40g",
-            **_sheet("A100-SXM4-40GB"),
+            **_sheet(PRESET_ROWS["a100-40g"]),
             plateau=0.869,
             nvlink_eff=0.78,
             internode_eff=A100_INTERNODE_EFFICIENCY,
         ),
         "a100-80g": _gpu(
             "a100-80g",
-            **_sheet("A100-SXM4-80GB"),
+            **_sheet(PRESET_ROWS["a100-80g"]),
             plateau=0.869,
             nvlink_eff=0.78,
             internode_eff=A100_INTERNODE_EFFICIENCY,
         ),
         "h100-80g": _gpu(
-            "h100-80g", **_sheet("H100-SXM5-80GB"), plateau=0.803, nvlink_eff=0.81, fp8=FP8["h100"], hopper=True
+            "h100-80g",
+            **_sheet(PRESET_ROWS["h100-80g"]),
+            plateau=0.803,
+            nvlink_eff=0.81,
+            fp8=_fp8(PRESET_ROWS["h100-80g"], "h100"),
+            hopper=True,
         ),
         "h100-96g": _gpu(
             "h100-96g",
             **_sheet(H100_96G),
             plateau=0.803,
             nvlink_eff=0.81,
-            fp8=(2 * 835.0, FP8["h100"][1]),
+            fp8=_fp8(H100_96G, "h100"),
             hopper=True,
         ),
         "h800-80g": _gpu(
-            "h800-80g", **_sheet("H800-SXM5-80GB"), plateau=0.803, nvlink_eff=0.81, fp8=FP8["h100"], hopper=True
+            "h800-80g",
+            **_sheet(PRESET_ROWS["h800-80g"]),
+            plateau=0.803,
+            nvlink_eff=0.81,
+            fp8=_fp8(PRESET_ROWS["h800-80g"], "h100"),
+            hopper=True,
         ),
         "h200-141g": _gpu(
-            "h200-141g", **_sheet("H200-SXM-141GB"), plateau=0.803, nvlink_eff=0.81, fp8=FP8["h200"], hopper=True
+            "h200-141g",
+            **_sheet(PRESET_ROWS["h200-141g"]),
+            plateau=0.803,
+            nvlink_eff=0.81,
+            fp8=_fp8(PRESET_ROWS["h200-141g"], "h200"),
+            hopper=True,
         ),
-        "b200-180g": _gpu("b200-180g", **_sheet("B200-SXM-180GB"), plateau=0.80, nvlink_eff=0.76, fp8=FP8["b200"]),
+        "b200-180g": _gpu(
+            "b200-180g",
+            **_sheet(PRESET_ROWS["b200-180g"]),
+            plateau=0.80,
+            nvlink_eff=0.76,
+            fp8=_fp8(PRESET_ROWS["b200-180g"], "b200"),
+        ),
     }
 
 

@@ -90,3 +90,34 @@ def test_h800_differs_from_h100_only_in_nvlink():
     assert h800.device.peak_flops == h100.device.peak_flops
     assert h800.device.gemm_efficiency == h100.device.gemm_efficiency
     assert h800.inter_node == h100.inter_node
+
+
+@pytest.mark.parametrize("preset, gpu", sorted(ROWS.items()))
+def test_fp8_peak_is_its_hardware_csv_row_or_absent(preset, gpu):
+    with CSV.open(encoding="utf-8") as f:
+        (row,) = [r for r in csv.DictReader(f) if r["gpu"] == gpu]
+    peaks = cluster_preset(preset, 8).device.peak_flops
+    if row["fp8_dense_tflops"]:
+        assert peaks["fp8"] == float(row["fp8_dense_tflops"]) * 1e12
+        assert peaks["fp8"] == pytest.approx(2 * peaks["bf16"], rel=1e-3)  # Hopper, Blackwell: twice bf16
+    else:
+        assert "fp8" not in peaks and row["fp8_source"].startswith("none")
+    assert row["source"] and row["fp8_source"]
+
+
+def test_presets_show_dense_bf16_and_fp8_apart_with_sources(capsys):
+    """`meshplan presets` once showed max(peaks): 1979 (fp8) for H100 beside 312 (bf16) for A100."""
+    import json
+
+    from meshplan.cli import main
+
+    assert main(["presets", "--json"]) == 0
+    clusters = json.loads(capsys.readouterr().out)["clusters"]
+    a100, h100 = clusters["a100-80g"], clusters["h100-80g"]
+    assert (a100["bf16_dense_tflops"], a100["fp8_dense_tflops"]) == (312, None)
+    assert (h100["bf16_dense_tflops"], h100["fp8_dense_tflops"]) == (989, 1979)
+    assert h100["peak_tflops"] == 989  # the key kept, as the dense bf16 peak MFU is measured against
+    assert "H100 SXM datasheet" in h100["peak_sources"]["fp8"] and "Ampere" in a100["peak_sources"]["fp8"]
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out
+    assert "bf16" in out and "fp8" in out and "peak sources" in out and "1979" in out
