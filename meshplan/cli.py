@@ -9,7 +9,10 @@ one line on stderr and a non-zero exit, never a traceback (meshplan.errors.Meshp
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import sys
+from typing import NoReturn
 
 from meshplan import __version__, options
 
@@ -25,8 +28,21 @@ def _common(p: argparse.ArgumentParser) -> None:
     options.output_group(p)
 
 
+def _job_file(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        metavar="JOB.toml",
+        help="read the options from a job file (its sections follow the groups below; flags override it)",
+    )
+    p.add_argument(
+        "--save-config",
+        metavar="JOB.toml",
+        help="write this command line's options to a job file, then run the command",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="meshplan", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"meshplan {__version__}")
@@ -97,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         "pins that choice.",
     )
     options.add_plan_options(p, "plan")
+    _job_file(p)
 
     p = sub.add_parser(
         "estimate",
@@ -104,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Predict step time, memory, MFU/HFU of one fully given configuration (no search over degrees).",
     )
     options.add_plan_options(p, "estimate")
+    _job_file(p)
 
     p = sub.add_parser(
         "run",
@@ -112,42 +130,49 @@ def build_parser() -> argparse.ArgumentParser:
         "train for --steps with synthetic seeded data (or --data module:fn), and "
         "write run.json: per-step loss, step time, tokens/s, peak memory per rank.",
     )
-    p.add_argument("plan", help="plan.json from `meshplan plan -o`")
-    p.add_argument("--steps", type=int, default=5, help="optimizer steps to train (default 5)")
-    p.add_argument("--data", help="module:fn returning a torch Dataset of (input, target) pairs")
-    p.add_argument("--out-dir", default="runs/latest", help="where run.json and checkpoints go")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="save a DCP checkpoint every K steps")
-    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out-dir")
-    p.add_argument(
+    g = p.add_argument_group("run", "what to train and where it writes ([run])")
+    g.add_argument("plan", help="plan.json from `meshplan plan -o`")
+    g.add_argument("--steps", type=int, default=5, help="optimizer steps to train (default 5)")
+    g.add_argument("--data", help="module:fn returning a torch Dataset of (input, target) pairs")
+    g.add_argument("--out-dir", default="runs/latest", help="where run.json and checkpoints go")
+    g.add_argument("--checkpoint-every", type=int, default=0, help="save a DCP checkpoint every K steps")
+    g.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out-dir")
+    g.add_argument(
         "--waves",
         choices=("1", "2"),
         help="2: run Wavelet's two waves (2N tasks of half the microbatch, the second half an iteration "
         "late, two ranks a device), then one wave for comparison, and write waves.json",
     )
-    p.add_argument(
+    g.add_argument(
         "--overwrite",
         action="store_true",
         help="start afresh in an --out-dir that holds an earlier run's checkpoint (deletes it)",
     )
-    p.add_argument(
-        "--nnodes", type=int, default=1, help="hosts the job spans; run the same command on each (default 1)"
-    )
-    p.add_argument("--node-rank", type=int, default=0, help="this host's index, 0..--nnodes-1 (default 0)")
-    p.add_argument("--rdzv-endpoint", help="host:port for multi-node rendezvous")
-    p.add_argument("--timeout", type=float, default=600, help="seconds before a hung job is ended")
-    p.add_argument("--print-launch", action="store_true", help="print the torchrun command and exit")
-    p.add_argument(
+    g.add_argument(
         "--optimizer",
         choices=("adamw", "sgd"),
         default="adamw",
         help="adamw (default) or sgd (momentum 0.9; none under DGC's momentum correction)",
     )
-    p.add_argument(
+    g.add_argument(
         "--offload-dir",
         help="offload=nvme: folder for the optimizer-state files on local NVMe "
         "(default: <out-dir>/offload; removed at the end of the run)",
     )
+    g = p.add_argument_group("launch", "hosts, rendezvous and the watchdog ([launch])")
+    g.add_argument(
+        "--nnodes", type=int, default=1, help="hosts the job spans; run the same command on each (default 1)"
+    )
+    g.add_argument("--node-rank", type=int, default=0, help="this host's index, 0..--nnodes-1 (default 0)")
+    g.add_argument("--rdzv-endpoint", help="host:port for multi-node rendezvous")
+    g.add_argument("--timeout", type=float, default=600, help="seconds before a hung job is ended")
+    g.add_argument(
+        "--print-launch",
+        action="store_true",
+        help="print the torchrun command (with --json: a JSON object per node) and exit",
+    )
     _common(p)
+    _job_file(p)
 
     p = sub.add_parser(
         "report",
@@ -156,10 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
         "timeline, memory per stage, alternatives, rejected families, and the "
         "measured run beside the prediction when --run is given.",
     )
-    p.add_argument("plan", help="plan.json from `meshplan plan -o` or `meshplan estimate -o`")
-    p.add_argument("--run", help="run.json from `meshplan run`")
-    p.add_argument("-o", "--output", default="reports/latest", help="output folder")
-    _common(p)
+    g = p.add_argument_group("report", "what to report on ([report])")
+    g.add_argument("plan", help="plan.json from `meshplan plan -o` or `meshplan estimate -o`")
+    g.add_argument("--run", help="run.json from `meshplan run`")
+    options.output_group(p, write_help="output folder (default reports/latest)", write_default="reports/latest")
+    _job_file(p)
 
     p = sub.add_parser(
         "export",
@@ -190,23 +216,101 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class UsageError(Exception):
+    """An argparse usage error (unknown flag, bad value), raised so that main can print it as
+    argparse does, or as a JSON object under --json."""
+
+    exit_code = 2
+
+    def __init__(self, prog: str, usage: str, message: str):
+        super().__init__(message)
+        self.prog, self.usage = prog, usage
+        hit = re.match(r"argument (\S+?)(?:/\S+)?: ", message) or re.search(r"required: (\S+?)[,]?(?: |$)", message)
+        self.field = hit.group(1) if hit else None
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(self.prog, self.format_usage(), message)
+
+
+def verb_parser(parser: argparse.ArgumentParser, verb: str) -> argparse.ArgumentParser:
+    """The subparser of `verb`."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[verb]
+
+
+def _config_path(argv: list[str]) -> str | None:
+    for i, token in enumerate(argv):
+        if token == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+        if token.startswith("--config="):
+            return token.partition("=")[2]
+    return None
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The command line, with a --config job file's values as defaults (flags override them)."""
+    from meshplan import config
+
+    parser = build_parser()
+    verb = next((t for t in argv if not t.startswith("-")), None)
+    path = _config_path(argv) if verb in config.VERBS else None
+    if verb not in config.VERBS:
+        args = parser.parse_args(argv)
+        args.job_file = None
+        return args
+    sub = verb_parser(parser, verb)
+    defaults = {a.dest: a.default for a in sub._actions}
+    table = None
+    if path is not None:
+        values, table = config.load(path, sub)
+        config.apply(sub, values)
+    args = parser.parse_args(argv)
+    for action in sub._actions:  # a positional neither given nor in the file
+        if not action.option_strings and action.dest != "help" and getattr(args, action.dest, None) is None:
+            raise UsageError(sub.prog, sub.format_usage(), f"the following arguments are required: {action.dest}")
+    args.job_file = {"path": path, "table": table} if path is not None else None
+    if args.save_config:
+        from meshplan import schema
+
+        schema.write_text_atomic(args.save_config, config.dump(args, sub, verb, defaults))
+        if not args.quiet and not args.json:
+            print(f"wrote {args.save_config}", file=sys.stderr)
+    return args
+
+
+def _print_error(verb: str | None, exc: Exception, as_json: bool) -> None:
+    code = getattr(exc, "exit_code", 2)
+    if as_json:
+        obj = {"code": code, "type": type(exc).__name__, "message": str(exc), "field": getattr(exc, "field", None)}
+        print(json.dumps({"error": obj}, indent=2))
+    if isinstance(exc, UsageError):
+        print(f"{exc.usage}{exc.prog}: error: {exc}", file=sys.stderr)
+    else:
+        print(f"meshplan {verb}: error: {exc}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     from meshplan.errors import MeshplanError
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not args.verb:
-        parser.print_help()
-        return 0
-    from meshplan import commands
-
+    argv = sys.argv[1:] if argv is None else list(argv)
+    as_json = "--json" in argv
+    verb = None
     try:
+        args = parse(argv)
+        verb = args.verb
+        if not args.verb:
+            build_parser().print_help()
+            return 0
+        from meshplan import commands
+
         return commands.dispatch(args)
-    except MeshplanError as exc:
-        print(f"meshplan {args.verb}: error: {exc}", file=sys.stderr)
+    except (MeshplanError, UsageError) as exc:
+        _print_error(verb or next((t for t in argv if not t.startswith("-")), None), exc, as_json)
         return exc.exit_code
     except KeyboardInterrupt as exc:  # SIGINT; `run` also turns SIGTERM/SIGHUP into RunInterrupted
-        print(f"meshplan {args.verb}: {exc or 'interrupted'}", file=sys.stderr)
+        print(f"meshplan {verb}: {exc or 'interrupted'}", file=sys.stderr)
         return getattr(exc, "exit_code", 130)
 
 

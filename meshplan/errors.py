@@ -1,13 +1,24 @@
 """User-facing errors: one line naming the value and the fix; the CLI prints it and exits non-zero."""
 
+import re
+
+_LEADING_FLAG = re.compile(r"^(--[a-z][a-z0-9-]*)\b")
+
 
 class MeshplanError(ValueError):
     """A mistake in the user's input (file, flag, model, cluster). Never a bug in meshplan.
 
-    The message is a single line: what was wrong (field and value) and how to fix it.
+    The message is a single line: what was wrong (field and value) and how to fix it. `field` is
+    the offending option or job-file key (`--json` errors carry it); by default the --flag the
+    message starts with, if any.
     """
 
     exit_code = 2
+
+    def __init__(self, message: str = "", *, field: str | None = None):
+        super().__init__(message)
+        hit = _LEADING_FLAG.match(message) if isinstance(message, str) else None
+        self.field = field if field is not None else (hit.group(1) if hit else None)
 
 
 class InfeasibleError(MeshplanError):

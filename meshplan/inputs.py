@@ -24,6 +24,7 @@ from meshplan import dp_methods, runtimes, schema
 from meshplan.cluster import ClusterSpec
 from meshplan.errors import MeshplanError
 from meshplan.model_profile import ModelProfile
+from meshplan.options import parse_overrides
 from meshplan.plan import Plan, schedule_name
 from meshplan.planner.request import PlanRequest
 
@@ -105,7 +106,7 @@ class PlanOptions:
         return cls(**kw)
 
 
-NOT_INPUTS = frozenset({"output", "json", "quiet", "config", "save_config"})
+NOT_INPUTS = frozenset({"output", "json", "plain", "quiet", "config", "save_config"})
 """Option names of plan/estimate that are not PlanOptions fields (what is printed or written)."""
 
 
@@ -193,28 +194,6 @@ def build_profile(
     if cacheable:
         profile_cache.store(model, values, profile)
     return profile
-
-
-def parse_overrides(items) -> dict[str, Any]:
-    """--set KEY=VALUE ... -> {key: int|float|bool|str}."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise MeshplanError(f"--set {item!r}: expected KEY=VALUE, e.g. --set layers=96")
-        out[key.strip()] = parse_value(raw.strip())
-    return out
-
-
-def parse_value(raw: str) -> Any:
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
-    if raw.lower() in ("true", "false"):
-        return raw.lower() == "true"
-    return raw
 
 
 def check_positive(**values: int | None) -> None:

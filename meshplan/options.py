@@ -10,8 +10,10 @@ Nothing here imports torch or the planner.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from meshplan import dp_methods, runtimes
+from meshplan.errors import MeshplanError
 from meshplan.presets import CLUSTER_PRESETS
 
 PLAN_VERBS = ("plan", "estimate")
@@ -218,15 +220,24 @@ def runtime_group(p: argparse.ArgumentParser) -> None:
     )
 
 
-def output_group(p: argparse.ArgumentParser, *, write_help: str | None = None, top: bool = False):
-    """--json, --quiet (every verb), -o and --top where the verb has them; returns the group."""
+def output_group(
+    p: argparse.ArgumentParser, *, write_help: str | None = None, write_default: str | None = None, top: bool = False
+):
+    """--json, --plain, --quiet (every verb), -o and --top where the verb has them."""
     g = p.add_argument_group("output", "what is printed and written ([output])")
     if top:
         g.add_argument("--top", type=int, default=5, help="alternatives to keep (default 5)")
     if write_help:
-        g.add_argument("-o", "--output", help=write_help)
-    g.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
-    g.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+        g.add_argument("-o", "--output", default=write_default, help=write_help)
+    g.add_argument(
+        "--json", action="store_true", help="print machine-readable JSON on stdout (errors too: a JSON object)"
+    )
+    g.add_argument(
+        "--plain",
+        action="store_true",
+        help="tables as tab-separated values, no boxes or colour (piped output is full width without it)",
+    )
+    g.add_argument("--quiet", "-q", action="store_true", help="no progress output (warnings still print)")
     return g
 
 
@@ -250,3 +261,25 @@ def plan_parser(verb: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"meshplan {verb}")
     add_plan_options(p, verb)
     return p
+
+
+def parse_overrides(items) -> dict[str, Any]:
+    """--set KEY=VALUE ... -> {key: int|float|bool|str}."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise MeshplanError(f"--set {item!r}: expected KEY=VALUE, e.g. --set layers=96")
+        out[key.strip()] = parse_value(raw.strip())
+    return out
+
+
+def parse_value(raw: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    return raw

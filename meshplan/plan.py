@@ -182,6 +182,9 @@ class Provenance:
     profile_hash: str = ""
     cluster_hash: str = ""
     meshplan_version: str = ""
+    config: dict[str, Any] = field(default_factory=dict, metadata={"omit_empty": True})
+    """The job file the plan's options came from (`--config`): {"path": ..., "table": its
+    sections and keys as read}; absent when every option came from flags (meshplan/config.py)."""
 
 
 @dataclass(kw_only=True)

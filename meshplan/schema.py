@@ -133,6 +133,8 @@ def to_dict(obj: Any) -> Any:
         out = {}
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
+            if f.metadata.get("omit_empty") and not value:
+                continue  # an optional record (Provenance.config) appears only when set
             # a float field given an int in Python serialises as a float, so load(save(x)) == x
             if hints[f.name] is float and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
