@@ -41,6 +41,9 @@ from meshplan.plan import Plan
 from meshplan.run_result import RunResult
 from meshplan.schema import content_hash, load, save
 
+LAUNCH_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+"""What the launcher adds to the environment of torchrun (`run --print-launch --json` says it)."""
+
 STARTUP_GRACE_S = 60.0
 """Seconds the launcher waits for the first rank report before declaring a hang."""
 
@@ -339,7 +342,7 @@ def _clear_reports(out: Path, count: int, ranks: list[int]) -> None:
 
 
 def _env(opts: LaunchOptions) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, **LAUNCH_ENV)
     env.update(opts.env or {})
     return env
 

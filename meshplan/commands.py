@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -54,6 +55,24 @@ def _progress(args: argparse.Namespace, message: str) -> Iterator[None]:
         return
     with _console().status(message):
         yield
+
+
+def _print_table(args: argparse.Namespace, table) -> None:
+    """A table on stdout: boxed on a terminal, full width when piped (a log keeps every number),
+    tab-separated values with --plain."""
+    if getattr(args, "plain", False):
+        from meshplan.views import table_tsv
+
+        if table.title:
+            print(f"# {table.title}")
+        sys.stdout.write(table_tsv(table))
+        return
+    from rich.console import Console
+
+    if sys.stdout.isatty():
+        Console().print(table)
+    else:  # never cut to 80 columns: as wide as the table needs
+        Console(width=100_000, no_color=True, highlight=False).print(table)
 
 
 def _print_json(obj: Any) -> None:
@@ -127,16 +146,14 @@ def cmd_presets(args: argparse.Namespace) -> int:
             f"{c['intra_node_gbps']:g}",
             f"{c['inter_node_gbps']:g}",
         )
-    from rich.console import Console
-
-    Console().print(table)
-    Console().print(ctable)
+    _print_table(args, table)
+    _print_table(args, ctable)
     sources = Table(title="peak sources (meshplan/data/hardware.csv)", show_lines=True)
     for col in ("name", "bf16 dense", "fp8 dense"):
         sources.add_column(col)
     for name, c in clusters.items():
         sources.add_row(name, c["peak_sources"]["bf16"], c["peak_sources"]["fp8"])
-    Console().print(sources)
+    _print_table(args, sources)
     return 0
 
 
@@ -225,15 +242,15 @@ def _emit_plan(args: argparse.Namespace, options, plan: Plan) -> None:
 
     for text in dropped_pins(options, plan):
         print(f"meshplan {args.verb}: warning: {text}", file=sys.stderr)
+    if getattr(args, "job_file", None):  # the plan records the job file it came from
+        plan.provenance = dataclasses.replace(plan.provenance, config=dict(args.job_file))
     if args.output:
         schema.save(plan, args.output)
     if args.json:
         _print_json(plan_view(plan))
         return
     if not args.quiet:
-        from rich.console import Console
-
-        Console().print(plan_table(plan))
+        _print_table(args, plan_table(plan))
     pred = plan.prediction
     print(f"{'recommended' if plan.search is not None else 'configuration'}: {describe(plan)}")
     if pred is not None:
@@ -312,10 +329,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         quiet=args.quiet or args.json,
     )
     if args.print_launch:
-        import shlex
-
-        print(shlex.join(launch_command(plan, opts, plan_path=args.plan)))
-        return 0
+        return _print_launch(args, plan, launch_command(plan, opts, plan_path=args.plan))
     with _progress(args, f"running {args.steps} steps on {plan.world_size} ranks"):
         result = run_plan(plan, opts)
     if args.json:
@@ -378,6 +392,50 @@ def _run_waves(args: argparse.Namespace, plan: Plan) -> int:
             f"{plan.prediction.step_time_s:.4g} s/step, peak {plan.prediction.peak_memory_bytes / 2**20:.1f} MiB/rank"
         )
     _say(args, f"wrote {Path(args.out_dir) / 'waves.json'}")
+    return 0
+
+
+def _host_warning(plan: Plan, nnodes: int) -> str | None:
+    """A launch line starts world_size / nnodes processes on this host: more than the plan's
+    cluster has devices per node (a GPU preset) is said, with the flags that spread it."""
+    from meshplan.presets import CLUSTER_PRESETS, cluster_preset
+
+    if plan.cluster_name not in CLUSTER_PRESETS or plan.cluster_name == "local-cpu":
+        return None
+    per_node = cluster_preset(plan.cluster_name, plan.world_size).devices_per_node
+    here = plan.world_size // nnodes
+    if here <= per_node:
+        return None
+    hosts = -(-plan.world_size // per_node)
+    return (
+        f"this line starts {here} ranks on one host, but one {plan.cluster_name} node has {per_node} devices: "
+        f"run it on {hosts} hosts with --nnodes {hosts} --node-rank K --rdzv-endpoint HOST:PORT (K = 0..{hosts - 1})"
+    )
+
+
+def _print_launch(args: argparse.Namespace, plan: Plan, cmd: list[str]) -> int:
+    import shlex
+
+    from meshplan.executor.launch import LAUNCH_ENV
+
+    warning = _host_warning(plan, args.nnodes)
+    if warning:
+        _warn(args, warning)
+    if args.json:
+        view = {
+            "argv": cmd,
+            "command": shlex.join(cmd),
+            "env": dict(LAUNCH_ENV),
+            "world_size": plan.world_size,
+            "nnodes": args.nnodes,
+            "node_rank": args.node_rank,
+            "nproc_per_node": plan.world_size // args.nnodes,
+            "rdzv_endpoint": args.rdzv_endpoint,
+            "warnings": [warning] if warning else [],
+        }
+        _print_json(view)
+    else:
+        print(shlex.join(cmd))
     return 0
 
 

@@ -167,3 +167,19 @@ def plan_table(plan: Plan):
             f"{pred.peak_memory_bytes / GIB:.2f}" if pred else "-",
         )
     return table
+
+
+def table_tsv(table) -> str:
+    """A rich Table as tab-separated values: a header line, then one line per row (no markup)."""
+    from rich.text import Text
+
+    def plain(cell) -> str:
+        text = cell.plain if isinstance(cell, Text) else Text.from_markup(str(cell)).plain
+        return text.replace("\t", " ").replace("\n", " ")
+
+    columns = table.columns
+    lines = ["\t".join(plain(c.header) for c in columns)]
+    cells = [list(c.cells) for c in columns]
+    for i in range(table.row_count):
+        lines.append("\t".join(plain(col[i]) for col in cells))
+    return "\n".join(lines) + "\n"
