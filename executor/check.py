@@ -23,14 +23,18 @@ def local_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def check_optimizer(plan: Plan, optimizer: str) -> None:
-    """The plan's compression method may refuse the run's optimizer (top-k with DGC's momentum
-    correction runs under momentum-free SGD only: executor/methods/topk.py)."""
+def check_run_options(plan: Plan, optimizer: str, checkpoint_every: int = 0) -> None:
+    """What the plan's methods refuse of the run's options, one line each: top-k with DGC's
+    momentum correction runs under momentum-free SGD only (executor/methods/topk.py);
+    offload=nvme params=true needs ZeRO-3 and no checkpoints (executor/methods/offload_nvme.py)."""
     from meshplan.executor import methods
 
     module, params = methods.method(plan, "compression")
     if hasattr(module, "check_optimizer"):
         module.check_optimizer(params, optimizer)
+    module, params = methods.method(plan, "offload")
+    if hasattr(module, "check"):
+        module.check(params, plan.zero_stage, checkpoint_every)
 
 
 def check_plan(plan: Plan, *, nnodes: int = 1) -> None:

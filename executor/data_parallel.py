@@ -150,6 +150,8 @@ def build_optimizer(
     if hasattr(compression, "optimizer_kwargs"):  # top-k's DGC momentum correction: no momentum
         kwargs = compression.optimizer_kwargs(compression_params, name, kwargs)
     offload, offload_params = methods.method(plan, "offload")
+    if hasattr(offload, "prepare_part"):  # offload=nvme params=true: the shards to NVMe
+        offload.prepare_part(part, offload_params, zero=plan.zero_stage, counter=counter, folder=offload_dir)
     if hasattr(offload, "optimizer_class"):
         cls = offload.optimizer_class(
             cls, offload_params, zero=plan.zero_stage, counter=counter, folder=offload_dir, optimizer=name

@@ -33,7 +33,7 @@ import torch
 
 from meshplan.errors import MeshplanError, RunError, RunInterrupted, disk_full, os_error_text
 from meshplan.executor import multinode, run_dir, run_history
-from meshplan.executor.check import check_optimizer, check_plan
+from meshplan.executor.check import check_plan, check_run_options
 from meshplan.executor.checkpoint import checkpoint_root, latest_step, saved_plan_path
 from meshplan.executor.checkpoint_manifest import resume_point
 from meshplan.executor.worker import variant_dir
@@ -146,7 +146,7 @@ def run_plans(plans: list[Plan], opts: LaunchOptions, *, run_json: bool = False)
         raise MeshplanError(f"plans of different world sizes {sorted(sizes)} cannot share a launch")
     for plan in plans:
         check_plan(plan, nnodes=opts.nnodes)
-        check_optimizer(plan, opts.optimizer)
+        check_run_options(plan, opts.optimizer, opts.checkpoint_every)
     if opts.steps < 1:
         raise MeshplanError(f"--steps {opts.steps}: must be >= 1")
     out = Path(opts.out_dir)

@@ -4,7 +4,9 @@ The CPU tracker is a TorchDispatchMode that registers the storage of every tenso
 returns (by weakref, so it is forgotten when freed) and keeps the running maximum of live bytes.
 It starts from the bytes already held by the parameters, gradients and optimizer states it is
 told about. It does not see buffers allocated inside communication libraries (gloo, DDP's
-reducer buckets), so it is a lower bound of the process's true tensor memory.
+reducer buckets), so it is a lower bound of the process's true tensor memory. Code that frees a
+storage in place (`untyped_storage().resize_(0)`, which no operator reports: offload=nvme's
+parameter pager) tells the trackers with `storage_freed(tensor)`.
 """
 
 from __future__ import annotations
@@ -16,12 +18,22 @@ from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+_TRACKERS: weakref.WeakSet = weakref.WeakSet()
+
+
+def storage_freed(t: torch.Tensor) -> None:
+    """Before `t.untyped_storage().resize_(0)`: every live tracker forgets that storage's bytes."""
+    key = t.untyped_storage().data_ptr()
+    for tracker in list(_TRACKERS):
+        tracker._free(key, tracker.live.get(key, 0))
+
 
 class LiveTensorTracker(TorchDispatchMode):
     """`with LiveTensorTracker(existing) as t: ...; t.peak_bytes`."""
 
     def __init__(self, existing: list[torch.Tensor] = ()):
         super().__init__()
+        _TRACKERS.add(self)
         self.live: dict[int, int] = {}
         self.current_bytes = 0
         for t in existing:

@@ -307,9 +307,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if plan.dp_methods.waves.name == "2":
         return _run_waves(args, plan)
     check_plan(plan, nnodes=args.nnodes)
-    from meshplan.executor.check import check_optimizer, run_warnings
+    from meshplan.executor.check import check_run_options, run_warnings
 
-    check_optimizer(plan, args.optimizer)
+    check_run_options(plan, args.optimizer, args.checkpoint_every)
     for text in run_warnings(plan):
         print(f"meshplan run: warning: {text}", file=sys.stderr)
     if args.offload_dir:  # offload=nvme's state files; the ranks read it (executor/train.py)

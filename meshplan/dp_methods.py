@@ -807,8 +807,18 @@ METHODS: tuple[Method, ...] = (
         axis="offload",
         exact=True,
         summary="ZeRO-Infinity: optimizer states in memory-mapped files on local NVMe (meshplan run "
-        "--offload-dir), prefetched one parameter ahead and streamed through the host step",
-        source="Rajbhandari et al., ZeRO-Infinity, SC 2021; DeepSpeed offload_optimizer device nvme",
+        "--offload-dir), prefetched one parameter ahead and streamed through the host step; with "
+        "params=true (ZeRO-3) the parameter shards too, read before each gather",
+        source="Rajbhandari et al., ZeRO-Infinity, SC 2021; DeepSpeed offload_optimizer/offload_param device nvme",
+        params=(
+            Param(
+                name="params",
+                kind=bool,
+                default=False,
+                doc="ZeRO-3 only: each rank's parameter shards in files too, read before each "
+                "all-gather and freed after it, written back by the host step",
+            ),
+        ),
         exports={"deepspeed": "offload_optimizer device nvme (nvme_path = --offload-dir)"},
         unsupported="NVMe offload is not expressible; optimizer states stay in memory",
     ),

@@ -5,9 +5,9 @@ layouts FSDP2's CPUOffloadPolicy does not cover (DDP, ZeRO-1, ZeRO-2, tensor-par
 rank's gradients device -> host, runs the *same* torch optimizer on host fp32 master copies (one
 inner optimizer per parameter, so the arithmetic is torch's own single-tensor loop, parameter by
 parameter: bit-equal to the in-memory optimizer on CPU) and copies the parameters host -> device.
-Where the device is the host (CPU ranks) the master is the parameter itself: nothing moves, but
-the bytes the method hands across PCIe are still counted on the "host_device" axis (grads down +
-parameters up), which is what the cost model predicts (planner/offload.py).
+Where the device is the host (CPU ranks) the master is the parameter itself: nothing moves and
+nothing is counted; on a GPU the gradients down and parameters up are counted on the
+"host_device" axis, which is what the cost model predicts (planner/methods/offload.py).
 
 - offload=nvme: every tensor state of the size of its parameter (Adam's exp_avg / exp_avg_sq,
   SGD's momentum) lives in an `NvmeStore` file, memory-mapped only while that parameter is
@@ -29,6 +29,7 @@ from torch.distributed.tensor import DTensor
 from meshplan.comm_bytes import ByteCounter
 from meshplan.executor.methods.counting import tensor_bytes
 from meshplan.executor.methods.nvme_store import NvmeStore
+from meshplan.executor.methods.param_pager import pager_of
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -86,7 +87,8 @@ class HostOptimizer(torch.optim.Optimizer):
             inner.param_groups[0].update({k: v for k, v in self.param_groups[gi].items() if k != "params"})
             g = None if p.grad is None else _local(_placed_like(p.grad, p))
             if g is not None:
-                self.counter.add("host_device", "send_recv", 2, tensor_bytes(g))  # gradient down
+                if g.device.type != "cpu":  # a copy that crosses devices (none on CPU ranks)
+                    self.counter.add("host_device", "send_recv", 2, tensor_bytes(g))  # gradient down
                 g = g.to("cpu", copy=self.delayed or g.device.type != "cpu")
             grads.append(g)
         if not self.delayed:
@@ -110,9 +112,14 @@ class HostOptimizer(torch.optim.Optimizer):
                 states = ahead.result()
                 ahead = self._prefetch(live[n + 1]) if n + 1 < len(live) else None
                 inner.state[master].update(states)
+            paged = pager_of(self.entries[i][0])  # offload=nvme params=true: the shard from its file
+            if paged is not None:
+                paged[0].page_in(paged[1])
             master.grad = grads[i]
             inner.step()
             master.grad = None
+            if paged is not None:
+                paged[0].page_out(paged[1])
             if self.store is not None:
                 self._page_out(i, inner.state[master])
 
@@ -135,8 +142,8 @@ class HostOptimizer(torch.optim.Optimizer):
     def _upload(self) -> None:
         for (p, _, master, _), on_host in zip(self.entries, self._on_host):
             local = _local(p)
-            self.counter.add("host_device", "send_recv", 2, tensor_bytes(local))  # parameters up
-            if not on_host:
+            if not on_host:  # parameters up, where they cross devices
+                self.counter.add("host_device", "send_recv", 2, tensor_bytes(local))
                 local.copy_(master)
         if self.store is not None:
             self.counter.add("nvme", "send_recv", 2, self.store.take_bytes())

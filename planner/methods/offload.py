@@ -20,7 +20,11 @@ m, v and writes parameter, m, v: 28 bytes per fp32 parameter) at cluster.host_me
 delayed_update runs all of it behind the next step's compute: only the excess over the
 forward+backward window (backward x 1.5) shows. On a CPU cluster the host is the device: PCIe
 and the host step cost nothing beyond the device's own optimizer step (which stays in the layer
-costs), and offload=cpu saves no memory; offload=nvme still moves the states to disk.
+costs), and offload=cpu saves no memory; offload=nvme still moves the states to disk, and no
+host_device bytes are counted (no copy crosses devices).
+offload=nvme params=true (ZeRO-3, ZeRO-Infinity's parameter tier): the weight shards leave the
+device too; each layer's shard is read from disk before each gather (forward and backward, per
+microbatch, exposed) and read + written again by the host step: 4 bytes per shard element each.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ class Offload:
     def step_s(self, local_params: float, backward_window_s: float) -> float:
         return 0.0
 
-    def bytes_per_step(self, local_elems: float) -> dict[str, float]:
+    def bytes_per_step(self, local_elems: float, paged_elems: float = 0.0) -> dict[str, float]:
         return {}
 
 
@@ -114,10 +118,11 @@ class CpuOffload(Offload):
             return max(0.0, down + work + up - (1 + FORWARD_OVER_BACKWARD) * backward_window_s)
         return max(0.0, down - hidden) + work + up
 
-    def bytes_per_step(self, local_elems: float) -> dict[str, float]:
+    def bytes_per_step(self, local_elems: float, paged_elems: float = 0.0) -> dict[str, float]:
         """What the HostOptimizer counts (executor/methods/host_optimizer.py): gradients down and
-        parameters up, 4 bytes each per parameter it steps; FSDP2's policy copies are not counted."""
-        if self.policy:
+        parameters up, 4 bytes each per parameter it steps, where a copy crosses devices (none
+        on CPU ranks: the host is the device); FSDP2's policy copies are not counted."""
+        if self.policy or self.on_cpu:
             return {}
         return {"host_device": 2 * wire_bytes("send_recv", 2, 4 * local_elems)}
 
@@ -130,12 +135,24 @@ class NvmeOffload(CpuOffload):
         super().__init__(ctx, cand, {})
         self.policy = False
         self.host_step = not self.on_cpu
+        self.paged = bool(params.get("params")) and self.zero == 3
+        """params=true: the parameter shards on NVMe too (executor/methods/param_pager.py)."""
 
     def _state_bytes_per_param(self) -> float:
         return state_bytes(self.ctx)[2]
 
     def state_bytes(self, local, weights, grads, optim):
-        return weights, grads, 0.0
+        """The states on disk; with params=true the weight shards too (the gathered unit in
+        flight is the working set's, not a resident shard)."""
+        return (0.0 if self.paged else weights), grads, 0.0
+
+    def per_microbatch_s(self, local: float) -> float:
+        """params=true: the layer's shard read from disk before its forward and its backward
+        gather (param_pager.py reads on the training thread: exposed)."""
+        link = self.ctx.cluster.nvme
+        if not self.paged or link is None:
+            return 0.0
+        return 2 * (link.latency_s + 4 * local / self.shard / (link.effective_gbps("read") * 1e9))
 
     def _files(self) -> float:
         """State files one step reads and writes: executor/methods/nvme_store.py keeps one per
@@ -152,9 +169,9 @@ class NvmeOffload(CpuOffload):
         link = self.ctx.cluster.nvme
         if link is None:
             return float("inf")
-        nbytes = params * self._state_bytes_per_param()
+        nbytes = params * (self._state_bytes_per_param() + 4 * self.paged)  # params=true: the shard too
         return (
-            2 * link.latency_s * self._files()
+            2 * link.latency_s * self._files() * (1 + self.paged)
             + nbytes / (link.effective_gbps("read") * 1e9)
             + nbytes / (link.effective_gbps("write") * 1e9)
         )
@@ -165,13 +182,17 @@ class NvmeOffload(CpuOffload):
             return self._io_s(self._host_params(local_params))
         return base
 
-    def bytes_per_step(self, local_elems: float) -> dict[str, float]:
-        """Gradients down, parameters up, and the states read + written (steady state)."""
+    def bytes_per_step(self, local_elems: float, paged_elems: float = 0.0) -> dict[str, float]:
+        """Gradients down and parameters up where they cross devices, the states read + written
+        (steady state), and with params=true each shard read at every gather (`paged_elems`: the
+        gathered shards, counted per gather) and read + written by the step."""
         states = 2 * self._state_bytes_per_param() * local_elems
-        return {
-            "host_device": 2 * wire_bytes("send_recv", 2, 4 * local_elems),
-            "nvme": wire_bytes("send_recv", 2, states),
-        }
+        if self.paged:
+            states += 4 * (paged_elems + 2 * local_elems)
+        out = {"nvme": wire_bytes("send_recv", 2, states)}
+        if not self.on_cpu:
+            out["host_device"] = 2 * wire_bytes("send_recv", 2, 4 * local_elems)
+        return out
 
 
 _COSTS = {"none": Offload, "cpu": CpuOffload, "nvme": NvmeOffload}

@@ -287,6 +287,7 @@ class DataParallelCost:
         out: dict[str, Fraction] = {}
         m = self.cand.num_microbatches
         gathered = layers  # frozen weights are gathered (ZeRO-2/3) but have no gradient traffic
+        paged = 0.0  # shard elements read from disk at gathers (offload=nvme params=true)
         layers = [(trainable(lp), s) for lp, s in layers]
         if self.zero <= 1 and self.replicas > 1:
             payload = sum(self.compressor.payload_bytes(lp, s) for lp, s in layers)
@@ -300,6 +301,7 @@ class DataParallelCost:
             shard_bytes = sum(width * padded_shard_elems(lp, s, self.shard) for lp, s in layers)
             gathers = [m * (1 + (self.zero == 3 and again)) for again in self._gathered_in_backward(gathered)]
             gather_bytes = sum(n * width * gathered_elems(lp, s, self.shard) for n, (lp, s) in zip(gathers, gathered))
+            paged = sum(n * padded_shard_elems(lp, s, self.shard) for n, (lp, s) in zip(gathers, gathered))
             out["dp_shard"] = wire_bytes("all_gather", self.shard, gather_bytes) + wire_bytes(
                 "reduce_scatter", self.shard, self.shard * shard_bytes
             )
@@ -314,7 +316,9 @@ class DataParallelCost:
             if self.zero >= 2
             else sum(tp_local_elems(lp, s) for lp, s in layers) / self.cand.state_shard
         )
-        out.update(self.offload_cost.bytes_per_step(host_elems))  # host_device / nvme (planner/methods/offload.py)
+        out.update(
+            self.offload_cost.bytes_per_step(host_elems, paged)
+        )  # host_device / nvme (planner/methods/offload.py)
         return {axis: round(v) for axis, v in sorted(out.items()) if v}
 
     def _gathered_in_backward(self, layers: list[tuple[LayerProfile, int]]) -> list[bool]:
