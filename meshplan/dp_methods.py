@@ -48,7 +48,10 @@ class Param:
     doc: str = ""
 
     def coerce(self, value: Any, where: str) -> Any:
-        """`value` (a CLI string or a JSON value) as this parameter's type, range-checked."""
+        """`value` (a CLI string or a JSON value) as this parameter's type, range-checked; None
+        stays None for a parameter whose default is None (not set)."""
+        if value is None and self.default is None:
+            return None
         if isinstance(value, str):
             value = _parse_scalar(value, self.kind, where)
         if self.kind is bool:
@@ -299,11 +302,11 @@ METHODS: tuple[Method, ...] = (
             Param(
                 name="critical_fraction",
                 kind=float,
-                default=0.3,
+                default=None,
                 low=0.0,
                 high=1.0,
-                doc="share of steps the planner assumes at critical_rank (an assumption; the run "
-                "reports the measured share)",
+                doc="share of steps at critical_rank the planner's expected bytes use (e.g. the share "
+                "a run's notes report); unset: the band's top, every step at critical_rank",
             ),
             Param(
                 name="start_iter",
@@ -365,10 +368,11 @@ METHODS: tuple[Method, ...] = (
             Param(
                 name="critical_fraction",
                 kind=float,
-                default=0.3,
+                default=None,
                 low=0.0,
                 high=1.0,
-                doc="share of steps the planner assumes at critical_density (an assumption)",
+                doc="share of steps at critical_density the planner's expected bytes use (e.g. the "
+                "share a run's notes report); unset: the band's top, every step at critical_density",
             ),
             Param(name="error_feedback", kind=bool, default=True, doc="keep what was not sent"),
         ),

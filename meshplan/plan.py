@@ -173,6 +173,10 @@ class Prediction:
     comm_bytes_per_step: dict[str, int] = field(default_factory=dict)
     """Data-parallel bytes on the wire per step and rank (ring volumes, meshplan/comm_bytes.py) by
     mesh axis ("dp_replicate", "dp_shard"), max over the ranks; `run --json` measures the same."""
+    comm_bytes_band: dict[str, list[int]] = field(default_factory=dict)
+    """Where a method's bytes vary between steps (Accordion): [low, high] per mesh axis, every step
+    at the high-compression setting to every step at the low-compression one; a run's bytes per
+    step land inside it, comm_bytes_per_step is the expected value within it."""
     dp_method_options: list[MethodOption] = field(default_factory=list)
     """Each pinned or allowed data-parallel method (and the default) priced on this plan's split."""
 

@@ -91,6 +91,12 @@ CASES = {
     "tp_topk_dense": (dict(dp=2, tp=2, compression="topk", compression_params={"density": 1.0}), None),
     "tp_qsgd": (dict(dp=2, tp=2, compression="qsgd"), None),
     "tp_accordion": (dict(dp=2, tp=2, compression="accordion", compression_params=ACC), None),
+    # Accordion left to switch (window 2 inside 4 steps, the share unset): inside its band
+    "accordion_switching": (dict(dp=4, compression="accordion", compression_params={"window": 2, "eta": 1e9}), None),
+    "accordion_topk_switching": (
+        dict(dp=4, compression="accordion_topk", compression_params={"window": 2, "eta": 1e9}),
+        None,
+    ),
     # Accordion's dense start: DDP's bytes for start_iter steps, then the steady state
     "accordion_start": (
         dict(dp=4, compression="accordion", compression_params={**ACC, "start_iter": 2}),
@@ -168,3 +174,28 @@ def test_accordion_reports_its_share_of_steps_at_each_setting(runs):
     # 4 steps inside the first window (100): every tensor-step at the critical (low-compression) setting
     assert "accordion: 100.0% of tensor-steps at rank 2 (critical), 0.0% at rank 1" in runs["accordion"].notes
     assert any(n.startswith("accordion: 100.0% of tensor-steps at density 0.1") for n in runs["accordion_topk"].notes)
+
+
+def predicted_band(plan) -> dict[str, list[int]]:
+    from test_dp_methods_executor import estimate_plan
+
+    return estimate_plan(plan).prediction.comm_bytes_band
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["accordion", "accordion_switching", "accordion_topk", "accordion_topk_switching"])
+def test_accordion_runs_land_inside_the_priced_band(runs, name):
+    """The band's ends are the closed forms of every step at one setting (PowerSGD rank 1 and
+    rank 2; top-k at density and critical_density), and every step of every rank lands in it."""
+    result = runs[name]
+    band = predicted_band(result.plan)
+    params = result.plan.dp_methods.compression.params
+    if name.startswith("accordion_topk"):
+        ends = topk(4, params["density"]), topk(4, params["critical_density"])
+    else:
+        ends = lowrank(4, params["rank"]), lowrank(4, params["critical_rank"])
+    assert band == {"dp_replicate": [ends[0]["dp_replicate"], ends[1]["dp_replicate"]]}
+    lo, hi = band["dp_replicate"]
+    assert all(lo <= step["dp_replicate"] <= hi for step in result.comm_bytes_by_step), result.comm_bytes_by_step
+    if "switching" in name:  # the share unset: the expected value is the band's top
+        assert predicted_bytes(result.plan) == {"dp_replicate": hi}

@@ -122,8 +122,10 @@ def test_other_settings_and_shards_scale_by_the_models_ratio():
         assert ratio != pytest.approx(1.0)
         assert c.compute_s(ctx, lp, split) == pytest.approx((1e-3 + 4 * 2e-4) * ratio)
     acc = with_timing("accordion", defaults("accordion", critical_fraction=1.0), 1e-3, 0.0)
-    mixed = cost("accordion")  # critical_fraction 0.3: mostly at rank 1, cheaper than the timed rank 2
+    mixed = cost("accordion", critical_fraction=0.3)  # mostly at rank 1, cheaper than the timed rank 2
     assert 0 < mixed.compute_s(ctx_with(acc), acc.layer("l0"), 1) < 1e-3
+    unset = cost("accordion")  # no share set: the band's top, every step at rank 2 as timed
+    assert unset.compute_s(ctx_with(acc), acc.layer("l0"), 1) == pytest.approx(1e-3)
 
 
 def test_unmeasured_layers_devices_and_compressors_are_modelled():

@@ -184,6 +184,11 @@ def _warmup(plan) -> int:
 
 def predicted_bytes(plan) -> dict[str, int]:
     """The cost model's comm_bytes_per_step for the same layout, through the public estimate()."""
+    return estimate_plan(plan).prediction.comm_bytes_per_step
+
+
+def estimate_plan(plan):
+    """The public estimate() of the same layout and methods on local CPU ranks."""
     from meshplan.planner import PlanRequest, estimate
     from meshplan.presets import local_cpu
     from meshplan.profiler import profile_model
@@ -203,7 +208,7 @@ def predicted_bytes(plan) -> dict[str, int]:
         schedule=plan.pipeline_schedule,
         methods=methods,
     )
-    return estimate(profile, local_cpu(plan.world_size), req).prediction.comm_bytes_per_step
+    return estimate(profile, local_cpu(plan.world_size), req)
 
 
 @pytest.fixture(scope="module")

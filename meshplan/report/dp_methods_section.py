@@ -124,7 +124,27 @@ def methods_paragraph(plan: Plan) -> str:
     text = f"This plan's data-parallel methods: {chosen or PLAIN_DP}."
     if plan.prediction is not None:
         text += f" Predicted bytes per step per rank: {bytes_text(plan.prediction.comm_bytes_per_step)}."
+        text += band_text(plan)
     return text
+
+
+def band_text(plan: Plan) -> str:
+    """Accordion's band (Prediction.comm_bytes_band) and where the expected value sits in it."""
+    band = plan.prediction.comm_bytes_band if plan.prediction is not None else {}
+    if not band:
+        return ""
+    spans = ", ".join(f"{axis} {fmt.nbytes(lo)} .. {fmt.nbytes(hi)}" for axis, (lo, hi) in band.items())
+    f = plan.dp_methods.compression.params.get("critical_fraction")
+    where = (
+        f"at the set share {f:g} of steps at the low-compression setting"
+        if f is not None
+        else "at the band's top (no share set: every step at the low-compression setting, as a run "
+        "shorter than its first windows is; set critical_fraction to the share a run's notes report)"
+    )
+    return (
+        f" The bytes vary between steps: from every step at the high-compression setting to every "
+        f"step at the low-compression one they span {spans} per step per rank; the expected value is {where}."
+    )
 
 
 def measured_items(plan: Plan, run: RunResult) -> list:
@@ -136,24 +156,25 @@ def measured_items(plan: Plan, run: RunResult) -> list:
             if predicted
             else "Neither the prediction nor the run has data-parallel traffic."
         ]
+    band = plan.prediction.comm_bytes_band if plan.prediction is not None else {}
     rows = []
     for axis in _axes(predicted, measured):
         p, m = predicted.get(axis), measured.get(axis)
-        rows.append(
-            [
-                axis,
-                fmt.nbytes(p) if p is not None else "-",
-                fmt.nbytes(m) if m is not None else "-",
-                fmt.ratio(m / p) if p and m is not None else "-",
-            ]
-        )
-    return [
-        Table(
-            headers=["mesh axis", "predicted", "measured", "measured / predicted"],
-            rows=rows,
-            caption="Data-parallel bytes per step and rank, predicted vs measured",
-        )
-    ]
+        row = [
+            axis,
+            fmt.nbytes(p) if p is not None else "-",
+            fmt.nbytes(m) if m is not None else "-",
+            fmt.ratio(m / p) if p and m is not None else "-",
+        ]
+        if band:
+            lo, hi = band.get(axis, (None, None))
+            inside = lo is not None and m is not None and lo <= m <= hi
+            row.append(
+                f"{fmt.nbytes(lo)} .. {fmt.nbytes(hi)}: {'inside' if inside else 'outside'}" if lo is not None else "-"
+            )
+        rows.append(row)
+    headers = ["mesh axis", "predicted", "measured", "measured / predicted"] + (["band"] if band else [])
+    return [Table(headers=headers, rows=rows, caption="Data-parallel bytes per step and rank, predicted vs measured")]
 
 
 def dp_methods_section(plan: Plan, run: RunResult | None = None) -> Section:

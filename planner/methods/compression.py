@@ -69,6 +69,8 @@ class Compressor:
     """How the payload is exchanged: "all_reduce" (summable) or "all_gather" (per-rank payloads)."""
     group = 1
     """Ranks exchanging (planner/rank/dp_cost.py sets it): the gathered buffers of all-gather compressors."""
+    banded = False
+    """True where the bytes vary between steps (Accordion): priced as a band as well."""
 
     def __init__(self, **params):
         self.params = params

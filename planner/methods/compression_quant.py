@@ -5,8 +5,11 @@ Bytes per tensor come from meshplan/compression_wire.py, the formulas the execut
 by, so the prediction equals the count. Top-k and the quantizers cannot be summed: their payload
 is all-gathered (`collective = "all_gather"`, payload = this rank's contribution, (N-1) x on the
 wire), so they pay only below about 2/N of the dense bytes (top-k: density < 1/N). Accordion
-prices its expected mix f C_critical + (1 - f) C_other with f = critical_fraction (an
-assumption; the run's notes give the measured share).
+is priced as a band: every step at the high-compression setting (f = 0) up to every step at the
+low-compression one (f = 1), `band_params()`; the expected value sits at f = critical_fraction
+where the user set it (e.g. the share a run's notes report) and at the band's top (f = 1)
+where not: the rule starts critical and a run shorter than its first windows stays there, so
+the top is what is certain, not a guess of the mix.
 
 Compute is measured where the profile has the codecs timed on this kind of device
 (`meshplan profile` on a real device: profiler/codecs.py; Compressor.compute_s scales it to the
@@ -121,17 +124,30 @@ class AMQ(ALQ):
     name = "amq"
 
 
+def critical_share(params: dict) -> float:
+    """Accordion's expected share of steps at the low-compression setting (module docstring)."""
+    f = params.get("critical_fraction")
+    return 1.0 if f is None else float(f)
+
+
+def band_params(params: dict) -> tuple[dict, dict]:
+    """The band's ends: every step at the high-compression setting, every step at the low one."""
+    return {**params, "critical_fraction": 0.0}, {**params, "critical_fraction": 1.0}
+
+
 class Accordion(Compressor):
     """PowerSGD (per-tensor ranks, executor/methods/lowrank.py) at critical_rank for a share
     critical_fraction of the steps, at rank otherwise; all-reduced."""
 
     name = "accordion"
+    banded = True
+    """Bytes vary between steps: planner/rank/dp_cost.comm_bytes_band prices both ends."""
 
     def _at(self, rank: int) -> PowerSGD:
         return PowerSGD(rank=rank, min_compression_rate=self.params["min_compression_rate"], error_feedback=True)
 
     def _mix(self, what: str, *args) -> float:
-        f = self.params["critical_fraction"]
+        f = critical_share(self.params)
         low, high = self._at(self.params["critical_rank"]), self._at(self.params["rank"])
         return f * getattr(low, what)(*args) + (1 - f) * getattr(high, what)(*args)
 
@@ -143,7 +159,7 @@ class Accordion(Compressor):
         )
 
     def _weights(self) -> list[tuple[int, float]]:
-        f = self.params["critical_fraction"]
+        f = critical_share(self.params)
         return [(self.params["critical_rank"], f), (self.params["rank"], 1 - f)]
 
     def state_bytes(self, layer: LayerProfile, split: int) -> float:
@@ -159,16 +175,17 @@ class AccordionTopK(TopK):
     """Top-k at critical_density for a share critical_fraction of the steps, density otherwise."""
 
     name = "accordion_topk"
+    banded = True
 
     def payload_bytes(self, layer: LayerProfile, split: int) -> float:
-        f, p = self.params["critical_fraction"], self.params
+        f, p = critical_share(self.params), self.params
         return sum(
             f * wire.topk_bytes(n, p["critical_density"]) + (1 - f) * wire.topk_bytes(n, p["density"])
             for n in _numels(layer, split)
         )
 
     def density(self) -> float:
-        f, p = self.params["critical_fraction"], self.params
+        f, p = critical_share(self.params), self.params
         return f * p["critical_density"] + (1 - f) * p["density"]
 
     def state_bytes(self, layer: LayerProfile, split: int) -> float:

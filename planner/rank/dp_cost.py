@@ -32,6 +32,7 @@ from meshplan.planner.cost.in_place import in_place_overhead_s
 from meshplan.planner.cost.state import state_bytes
 from meshplan.planner.methods.comm_schedule import comm_schedule_cost
 from meshplan.planner.methods.compression import shard_shapes
+from meshplan.planner.methods.compression_quant import band_params
 from meshplan.planner.methods.compressors import compressor
 from meshplan.planner.methods.offload import offload_cost
 from meshplan.planner.methods.sync import sync_cost
@@ -355,3 +356,13 @@ def comm_bytes_per_step(ctx: Context, cand: Candidate, ranks: list[list[int]]) -
         for axis, value in data.bytes_per_step(held).items():
             out[axis] = max(out.get(axis, 0), value)
     return dict(sorted(out.items()))
+
+
+def comm_bytes_band(ctx: Context, cand: Candidate, ranks: list[list[int]]) -> dict[str, list[int]]:
+    """For a compressor whose bytes vary between steps (Accordion): [every step at the
+    high-compression setting, every step at the low one] per mesh axis; {} for the others."""
+    name, params = cand.method("compression")
+    if not compressor(name, params).banded:
+        return {}
+    low, high = (comm_bytes_per_step(ctx, cand.with_method("compression", name, p), ranks) for p in band_params(params))
+    return {axis: [low.get(axis, 0), high.get(axis, 0)] for axis in sorted(set(low) | set(high))}

@@ -13,7 +13,7 @@ from meshplan.plan import DataParallelMethods, MethodChoice, Plan, Prediction, P
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.cost.memory import GIB
 from meshplan.planner.cost.pipeline import bubble_factor
-from meshplan.planner.rank.dp_cost import comm_bytes_per_step
+from meshplan.planner.rank.dp_cost import comm_bytes_band, comm_bytes_per_step
 from meshplan.planner.rank.stages import RankSolution
 from meshplan.runtimes import REQUEST_FIELDS
 from meshplan.schema import content_hash
@@ -108,6 +108,7 @@ def prediction(ctx: Context, cand: Candidate, sols: list[RankSolution]) -> Predi
         binding_constraint=_binding(breakdown, memory, step),
         stage_times_s=[s.time_s for s in sols],
         comm_bytes_per_step=comm_bytes_per_step(ctx, cand, [s.layers for s in sols]),
+        comm_bytes_band=comm_bytes_band(ctx, cand, [s.layers for s in sols]),
     )
 
 
