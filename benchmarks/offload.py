@@ -1,5 +1,6 @@
 """Offload and scheduling methods on 4 gloo ranks (issue #17): predicted vs measured step time and
-memory for DDP, offload=cpu, offload=nvme, ZeRO-3 with each, and bytescheduler.
+memory for DDP, offload=cpu, offload=nvme, ZeRO-3 with each (and with the parameter shards on
+NVMe too: offload=nvme params=true), and bytescheduler.
 
     python -m benchmarks.offload [--steps 6] [--quick] [--out DIR] [--json F.json]
     from benchmarks import offload as o; print(o.markdown(o.run_bench(steps=6)))
@@ -43,6 +44,7 @@ PLANS = [
     ("zero3", {"dp_shard": NUM_RANKS, "zero": 3}, {}),
     ("zero3 offload=cpu", {"dp_shard": NUM_RANKS, "zero": 3}, {"offload": ("cpu", {})}),
     ("zero3 offload=nvme", {"dp_shard": NUM_RANKS, "zero": 3}, {"offload": ("nvme", {})}),
+    ("zero3 offload=nvme params", {"dp_shard": NUM_RANKS, "zero": 3}, {"offload": ("nvme", {"params": True})}),
     ("bytescheduler", {"dp": NUM_RANKS}, {"comm_schedule": ("bytescheduler", {})}),
 ]
 QUICK = ("ddp", "offload=cpu", "offload=nvme")
