@@ -33,6 +33,19 @@ MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 def check_schema_version(version: object, p: str = "") -> None:
     """Refuse a Plan of another schema with the way out (checked before the fields are read, so an
     old file gets this line rather than 'unknown field gradient_comm')."""
+    if version is None:
+        from meshplan.errors import MeshplanError
+
+        raise MeshplanError(
+            f"{p}schema_version: missing; every plan meshplan writes has it, so this is not a plan.json "
+            "from meshplan plan -o (re-plan with meshplan plan)"
+        )
+    check(
+        isinstance(version, int) and not isinstance(version, bool),
+        f"{p}schema_version",
+        version,
+        f"expected the integer {PLAN_SCHEMA_VERSION}, not a {type(version).__name__}; re-plan the file with meshplan plan",
+    )
     check(
         version == PLAN_SCHEMA_VERSION,
         f"{p}schema_version",
@@ -296,7 +309,7 @@ class Plan:
 
     @staticmethod
     def precheck(data: dict, path: str = "") -> None:
-        check_schema_version(data.get("schema_version", 1), f"{path}." if path else "")
+        check_schema_version(data.get("schema_version"), f"{path}." if path else "")
 
     def validate(self, path: str = "") -> None:
         p = f"{path}." if path else ""

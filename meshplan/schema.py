@@ -242,10 +242,33 @@ def current_umask() -> int:
     return mask
 
 
+MAX_INPUT_BYTES = 1 << 30
+"""The largest input file read (a gpt3-175b profile is a few MiB): a bigger one is refused."""
+
+
 def read_text_file(path: str | os.PathLike, what: str) -> str:
-    """A user's text file as str; missing, unreadable or non-UTF-8 is one MeshplanError line."""
+    """A user's text file as str; missing, unreadable, not a regular file (a FIFO would block, a
+    device never ends), over MAX_INPUT_BYTES or non-UTF-8 is one MeshplanError line."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+            kind = (
+                "a FIFO"
+                if stat.S_ISFIFO(mode)
+                else "a device"
+                if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "not a file"
+            )
+            raise MeshplanError(
+                f"{what} file {str(path)!r} is {kind}, not a regular file; give the file meshplan wrote"
+            )
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_INPUT_BYTES + 1)
+        if len(data) > MAX_INPUT_BYTES:
+            raise MeshplanError(
+                f"{what} file {str(path)!r} is over {MAX_INPUT_BYTES >> 20} MiB; give the file meshplan wrote"
+            )
+        return data.decode("utf-8")
     except FileNotFoundError:
         raise MeshplanError(f"{what} file {str(path)!r} does not exist; check the path") from None
     except IsADirectoryError:
@@ -273,17 +296,57 @@ def load(cls: type[T], path: str | os.PathLike, what: str | None = None) -> T:
     text = read_text_file(path, what)
     try:
         data = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise MeshplanError(
+            f"{what} file {str(path)!r} nests JSON too deeply for any meshplan file; give the file meshplan wrote"
+        ) from None
     except json.JSONDecodeError as exc:
         raise MeshplanError(
             f"{what} file {str(path)!r} is not valid JSON (line {exc.lineno}, column {exc.colno}: "
             f"{exc.msg}); regenerate it with meshplan"
         ) from None
-    except ValueError as exc:  # NaN, Infinity, -Infinity
-        raise MeshplanError(f"{what} file {str(path)!r}: {exc}; regenerate it with meshplan") from None
+    except ValueError as exc:  # NaN, Infinity, -Infinity; an integer of more than 4300 digits
+        reason = "it holds an integer too long to read" if "digits" in str(exc) else str(exc)
+        raise MeshplanError(f"{what} file {str(path)!r}: {reason}; regenerate it with meshplan") from None
     try:
         return from_dict(cls, data)
     except MeshplanError as exc:
+        other = _other_contract(cls, data)
+        if other is not None:
+            raise MeshplanError(
+                f"{what} file {str(path)!r} is a {other[0]} ({other[1]}), not a {cls.__name__}; give the right file"
+            ) from None
         raise MeshplanError(f"{path}: {exc}") from None
+    except RecursionError:
+        raise MeshplanError(f"{what} file {str(path)!r} nests too deeply; give the file meshplan wrote") from None
+
+
+def _other_contract(cls: type, data: Any) -> tuple[str, str] | None:
+    """(name, where it comes from) of the contract whose fields `data` has, if not `cls`'s: a
+    profile passed as a plan is told so, not to re-plan."""
+    from meshplan.cluster import ClusterSpec
+    from meshplan.model_profile import ModelProfile
+    from meshplan.plan import Plan
+    from meshplan.run_result import RunResult
+
+    if not isinstance(data, dict):
+        return None
+    known = {
+        ModelProfile: "from meshplan profile",
+        ClusterSpec: "from meshplan profile-links or a preset",
+        Plan: "from meshplan plan -o",
+        RunResult: "run.json from meshplan run",
+    }
+    for other, origin in known.items():
+        fields = {f.name: f for f in dataclasses.fields(other) if f.init}
+        required = {
+            n
+            for n, f in fields.items()
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        }
+        if other is not cls and set(data) <= set(fields) and required <= set(data):
+            return other.__name__, origin
+    return None
 
 
 def check(cond: bool, path: str, value: Any, fix: str) -> None:
