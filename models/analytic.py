@@ -315,10 +315,36 @@ def from_spec(spec: str, overrides: dict, *, flash: bool, dropout: bool) -> Mode
                 else f"--set {', '.join(unknown)} is unknown; use {', '.join(sorted(allowed))}"
             )
         )
-    cfg = {k: int(v) for k, v in overrides.items()}
+    cfg = {k: _positive_int(spec, k, v) for k, v in overrides.items()}
+    if cfg["hidden"] % cfg["heads"]:
+        raise MeshplanError(
+            f"--model {spec}: --set hidden={cfg['hidden']} is not divisible by heads={cfg['heads']}; "
+            "pick heads that divide hidden"
+        )
+    if family == "llama" and cfg["heads"] % cfg["kv_heads"]:
+        raise MeshplanError(
+            f"--model {spec}: --set heads={cfg['heads']} is not a multiple of kv_heads={cfg['kv_heads']}; "
+            "pick kv_heads that divide heads"
+        )
     if family == "gpt":
         return gpt_profile(**cfg, dropout=dropout, flash=flash, name=spec)
     return llama_profile(**cfg, name=spec)
+
+
+def _positive_int(spec: str, key: str, value) -> int:
+    """A shape from --set: a whole number >= 1 (int(64.5) would silently plan hidden 64)."""
+    from meshplan.errors import MeshplanError
+
+    number = value
+    if isinstance(value, str):
+        try:
+            number = float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            number = None
+    whole = isinstance(number, int) or (isinstance(number, float) and number.is_integer())
+    if isinstance(number, bool) or not whole or number < 1:
+        raise MeshplanError(f"--model {spec}: --set {key}={value}: expected a whole number >= 1")
+    return int(number)
 
 
 GPT3_175B = dict(layers=96, hidden=12288, heads=96, vocab=51200, seq=2048)

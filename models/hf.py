@@ -248,27 +248,75 @@ def _config(transformers, name: str, overrides: dict[str, Any]):
     """(config, seq) for a built-in name, a config.json or a directory holding one, with --set applied."""
     values = _config_values(name)
     model_type = values.pop("model_type", None)
-    seq = int(overrides.get("seq", values.pop("seq", 0) or _default_seq(values)))
-    try:
-        defaults = transformers.AutoConfig.for_model(model_type, **values)
-    except (ValueError, KeyError) as exc:
-        raise MeshplanError(
-            f"--model hf:{name}: transformers {transformers.__version__} cannot build "
-            f"model_type {model_type!r} ({exc}); upgrade transformers"
-        ) from None
+    raw_seq = overrides.get("seq", values.pop("seq", 0) or _default_seq(values))
+    if isinstance(raw_seq, bool) or not isinstance(raw_seq, int) or raw_seq < 1:
+        raise MeshplanError(f"--set seq={raw_seq}: expected a whole number of tokens >= 1")
+    seq = raw_seq
+    defaults = _build_config(transformers, name, model_type, values)
     for key, value in overrides.items():
         if key == "seq":
             continue
         attr = ALIASES.get(key, key)
         attr = defaults.attribute_map.get(attr, attr)
         current = getattr(defaults, attr, None)
-        values[attr] = _coerce(value, current)  # unknown keys pass through as config fields
+        try:
+            values[attr] = _coerce(value, current)
+        except ValueError:
+            raise MeshplanError(f"--set {key}={value}: expected {type(current).__name__}") from None
     if model_type == "gpt2":  # special tokens inside the (possibly smaller) vocabulary
         last = int(values.get("vocab_size", defaults.vocab_size)) - 1
         values.setdefault("resid_pdrop", 0.0), values.setdefault("embd_pdrop", 0.0)
         values.setdefault("attn_pdrop", 0.0)
         values.update(bos_token_id=last, eos_token_id=last)
-    return transformers.AutoConfig.for_model(model_type, **values), seq
+    config = _build_config(transformers, name, model_type, values)
+    stored = config.to_dict()
+    for key in overrides:  # a key the config class neither has nor consumes (rope_theta is) is a typo
+        attr = defaults.attribute_map.get(ALIASES.get(key, key), ALIASES.get(key, key))
+        if key != "seq" and not hasattr(defaults, attr) and attr in stored:
+            raise MeshplanError(
+                f"--set {key}={overrides[key]}: hf:{name}'s {model_type} config has no {attr!r}; use "
+                f"{', '.join(ALIASES)}, seq, or a field of its config.json"
+            )
+    _check_shape(name, config)
+    return config, seq
+
+
+def _build_config(transformers, name: str, model_type, values: dict):
+    """AutoConfig.for_model, its failures as one line: an unknown model_type asks for a newer
+    transformers, a config the class's own validators refuse (hidden 64 / heads 5) says why."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    try:
+        return transformers.AutoConfig.for_model(model_type, **values)
+    except Exception as exc:  # transformers raises ValueError, KeyError or huggingface_hub's own errors
+        if model_type not in CONFIG_MAPPING_NAMES:
+            raise MeshplanError(
+                f"--model hf:{name}: transformers {transformers.__version__} cannot build "
+                f"model_type {model_type!r} ({exc}); upgrade transformers"
+            ) from None
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        reason = lines[-1] if lines else type(exc).__name__
+        raise MeshplanError(f"--model hf:{name}: transformers refuses the config: {reason}; fix it or --set") from None
+
+
+def _check_shape(name: str, config) -> None:
+    """Sizes >= 1 and heads that split the hidden size (and kv heads that split the heads),
+    refused before a tensor is made: layers=-2 built one block, hidden 64 / heads 5 raised."""
+    sizes = {alias: getattr(config, attr, None) for alias, attr in ALIASES.items()}
+    for alias, value in sizes.items():
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise MeshplanError(f"--model hf:{name}: {alias} ({ALIASES[alias]}) = {value}; must be >= 1")
+    hidden, heads, kv = sizes["hidden"], sizes["heads"], sizes["kv_heads"]
+    if isinstance(hidden, int) and isinstance(heads, int) and hidden % heads:
+        raise MeshplanError(
+            f"--model hf:{name}: hidden_size {hidden} is not divisible by num_attention_heads {heads}; "
+            "pick heads that divide hidden (--set heads=N)"
+        )
+    if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
+        raise MeshplanError(
+            f"--model hf:{name}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}; "
+            "--set kv_heads=N with N dividing heads"
+        )
 
 
 def _coerce(value, current):

@@ -64,7 +64,7 @@ def resolve(name: str, overrides: dict[str, Any] | None = None) -> tuple[str, An
         config = config_cls(**{k: _coerce(fields[k], k, v) for k, v in values.items()})
     except MeshplanError:
         raise
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, ArithmeticError) as exc:  # a config's own check, or its arithmetic
         raise MeshplanError(f"--set for {family}: {exc}") from None
     _check_shape(family, config, fields)
     return family, config

@@ -34,6 +34,8 @@ class LlamaConfig:
     norm_eps: float = 1e-5
 
     def __post_init__(self):
+        if min(self.heads, self.kv_heads) < 1:
+            raise ValueError(f"heads={self.heads} and kv_heads={self.kv_heads} must be >= 1")
         if self.heads % self.kv_heads or self.hidden % self.heads:
             raise ValueError(
                 f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads} and divide hidden={self.hidden}"
