@@ -157,8 +157,17 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_local_procs(flag: str, count: int | None) -> None:
+    """Processes started on this machine: a few per CPU at most (512 would start 512 torch processes)."""
+    cpus = os.cpu_count() or 1
+    limit = max(8, 4 * cpus)
+    if count is not None and count > limit:
+        raise MeshplanError(f"{flag} {count}: at most {limit} local processes on this machine ({cpus} CPUs)")
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     _check_positive(concurrent=args.concurrent)
+    _check_local_procs("--concurrent", args.concurrent)
     for b in args.microbatch or []:
         _check_positive(microbatch=b)
     from meshplan.inputs import build_profile
@@ -195,6 +204,7 @@ def cmd_profile_links(args: argparse.Namespace) -> int:
 
     if args.nproc < 2:
         raise MeshplanError(f"--nproc {args.nproc}: link profiling needs at least 2 ranks")
+    _check_local_procs("--nproc", args.nproc)
     if args.disk_mib < 0:
         raise MeshplanError(f"--disk-mib {args.disk_mib}: must be >= 0 (0 skips the disk probe)")
     with _progress(args, f"measuring collectives, host memory and disk on {args.nproc} local ranks"):

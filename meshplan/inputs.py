@@ -200,6 +200,29 @@ def check_positive(**values: int | None) -> None:
     for name, value in values.items():
         if value is not None and value < 1:
             raise MeshplanError(f"--{name.replace('_', '-')} {value}: must be >= 1")
+        limit = UPPER_BOUNDS.get(name)
+        if value is not None and limit is not None and value > limit:
+            raise MeshplanError(
+                f"--{name.replace('_', '-')} {value}: at most {limit:,} (a search over more would not end); "
+                "give a realistic size"
+            )
+
+
+UPPER_BOUNDS = {
+    "num_gpus": 2**20,
+    "global_batch": 2**24,
+    "seq": 2**24,
+    "microbatch": 2**24,
+    "tp": 2**20,
+    "pp": 2**20,
+    "dp": 2**20,
+    "cp": 2**20,
+    "dp_shard": 2**20,
+    "virtual_stages": 2**10,
+    "top": 10**4,
+}
+"""Sizes no job has (a million GPUs, 16M samples a step, 16M tokens a sequence): beyond them the
+search's loops over divisors and microbatches would run for hours, or floats overflow."""
 
 
 def build_request(options: PlanOptions, cluster: ClusterSpec, warnings: list[str]) -> PlanRequest:

@@ -270,16 +270,23 @@ def parse_overrides(items) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise MeshplanError(f"--set {item!r}: expected KEY=VALUE, e.g. --set layers=96")
+        if key.strip() in out:
+            raise MeshplanError(f"--set {key.strip()} is given twice; give each key once")
         out[key.strip()] = parse_value(raw.strip())
     return out
 
 
 def parse_value(raw: str) -> Any:
+    if len(raw) > 100 and raw.lstrip("+-").isdigit():  # int() would ask for sys.set_int_max_str_digits()
+        raise MeshplanError(f"--set value {raw[:20]}...: a {len(raw)}-digit number; give a realistic size")
     for kind in (int, float):
         try:
-            return kind(raw)
+            value = kind(raw)
         except ValueError:
-            pass
+            continue
+        if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+            raise MeshplanError(f"--set value {raw}: not a finite number")
+        return value
     if raw.lower() in ("true", "false"):
         return raw.lower() == "true"
     return raw

@@ -53,6 +53,15 @@ def make_inputs(root: Path) -> None:
     (root / "rd" / "checkpoints" / "latest").write_text("garbage\0")
     (root / "empty_run").mkdir()
     os.mkfifo(root / "fifo")
+    for name, value in (("sv_str.json", "2"), ("sv_none.json", None)):
+        data = json.loads(text)
+        data["schema_version"] = value
+        data = {k: v for k, v in data.items() if v is not None}
+        (root / name).write_text(json.dumps(data))
+    (root / "deep.json").write_text('{"a":' * 100000 + "1" + "}" * 100000)
+    (root / "bigint.json").write_text(text.replace('"seq_len": 32', '"seq_len": ' + "9" * 5000))
+    hf = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 5, "num_hidden_layers": 2}
+    (root / "hf5.json").write_text(json.dumps({**hf, "intermediate_size": 128, "vocab_size": 256}))
     (root / "dmg" / "checkpoints" / "step_000002").mkdir(parents=True)  # a save that never finished
     (root / "ckfile").mkdir()
     (root / "ckfile" / "checkpoints").write_text("mine")
@@ -85,12 +94,66 @@ CASES = [
     (["validate", "--csv", "good.json", "-o", "v.md"], "lacks the columns"),
     (["report", "d", "-o", "out"], "is a directory"),
     (["run", "missing.json"], "does not exist"),
-    (["plan", "--profile", "good.json", "-o", "p.json"], "unknown field"),
+    (["plan", "--profile", "good.json", "-o", "p.json"], "is a Plan (from meshplan plan -o), not a ModelProfile"),
     (["report", "nan.json", "-o", "out"], "NaN"),
     (["report", "inf.json", "-o", "out"], "Infinity"),
     (["run", "nan.json", "--print-launch"], "NaN"),
     (["export", "inf.json", "--to", "deepspeed"], "Infinity"),
+    # files that are not plans, or not files (bounded reads; a FIFO would block for ever)
+    (["report", "prof.json", "-o", "out"], "'prof.json' is a ModelProfile (from meshplan profile), not a Plan"),
+    (["run", "prof.json", "--print-launch"], "is a ModelProfile"),
+    (["report", "sv_str.json", "-o", "out"], 'schema_version = "2": expected the integer 2'),
+    (["report", "sv_none.json", "-o", "out"], "schema_version: missing"),
+    (["report", "deep.json", "-o", "out"], "nests JSON too deeply"),
+    (["export", "deep.json", "--to", "megatron"], "nests JSON too deeply"),
+    (["report", "bigint.json", "-o", "out"], "an integer too long to read"),
+    (["report", "/dev/zero", "-o", "out"], "is a device, not a regular file"),
+    (["report", "fifo", "-o", "out"], "is a FIFO, not a regular file"),
     # model shapes
+    (["plan", "--model", "llama-tiny", "--set", "kv_heads=0", "-o", "p.json"], "kv_heads=0 must be >= 1"),
+    (["plan", "--set", "layers=2", "layers=3", "-o", "p.json"], "--set layers is given twice"),
+    (["plan", "--set", "layers=" + "9" * 5000, "-o", "p.json"], "a 5000-digit number"),
+    (["plan", "--model", "analytic:gpt", "--set", "layers=2", "hidden=0", "heads=2"], "hidden=0: expected a whole"),
+    (["plan", "--model", "analytic:gpt", "--set", "layers=-2", "hidden=64", "heads=2"], "layers=-2: expected"),
+    (["plan", "--model", "analytic:gpt", "--set", "layers=2", "hidden=64.5", "heads=2"], "hidden=64.5: expected"),
+    (
+        [
+            "plan",
+            "--model",
+            "analytic:llama",
+            "--set",
+            "layers=2",
+            "hidden=64",
+            "heads=4",
+            "kv_heads=0",
+            "ffn_hidden=8",
+        ],
+        "kv_heads=0: expected",
+    ),
+    (
+        [
+            "plan",
+            "--model",
+            "analytic:llama",
+            "--set",
+            "layers=2",
+            "hidden=64",
+            "heads=4",
+            "kv_heads=3",
+            "ffn_hidden=8",
+        ],
+        "heads=4 is not a multiple of kv_heads=3",
+    ),
+    (["plan", "--model", "hf:tiny-llama", "--set", "layers=abc", "-o", "p.json"], "--set layers=abc: expected int"),
+    (["plan", "--model", "hf:tiny-llama", "--set", "layerz=3", "-o", "p.json"], "config has no 'layerz'"),
+    (["plan", "--model", "hf:tiny-llama", "--set", "layers=-2", "-o", "p.json"], "layers (num_hidden_layers) = -2"),
+    (["plan", "--model", "hf:tiny-llama", "--set", "kv_heads=3", "-o", "p.json"], "not a multiple of num_key_value"),
+    (["plan", "--model", "hf:hf5.json", "-o", "p.json"], "hidden size (64) is not a multiple"),
+    # sizes whose search or launch would not end
+    (["plan", "--global-batch", "99999999999999999999"], "--global-batch 99999999999999999999: at most"),
+    (["plan", "--num-gpus", "99999999999"], "--num-gpus 99999999999: at most"),
+    (["profile-links", "--nproc", "512"], "--nproc 512: at most"),
+    (["profile", "--concurrent", "512", "-o", "p.json"], "--concurrent 512: at most"),
     (["plan", "--model", "gpt", "--set", "hidden=-64", "-o", "p.json"], "hidden=-64"),
     (["plan", "--set", "layers=0", "-o", "p.json"], "layers=0"),
     (["plan", "--set", "layers=2.5", "-o", "p.json"], "layers=2.5: expected an integer"),
