@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from meshplan.executor import checkpoint, waves
+from meshplan.executor import checkpoint, straggler, waves
 from meshplan.executor.data import make_batches
 from meshplan.executor.memory import LiveTensorTracker, held_tensors
 from meshplan.executor.methods.host_optimizer import close_all
@@ -78,6 +78,7 @@ def train(
     base = options.offload_dir or os.environ.get("MESHPLAN_OFFLOAD_DIR") or f"{options.out_dir}/offload"
     par.offload_dir = f"{base}/rank{torch.distributed.get_rank()}"  # `meshplan run --offload-dir` sets the env
     optimizers = par.make_optimizers(options.optimizer, options.lr, options.weight_decay)
+    slow = None if getattr(par.sync, "SLOWS_ITSELF", False) else straggler.install(torch.distributed.get_rank())
     completed = False
     try:
         result = _train(par, plan, options, device, optimizers, model, on_step)
@@ -87,6 +88,8 @@ def train(
         if par.sync is not None:  # always: lands the last averaging round or, after an error or a
             par.sync.close(aborted=not completed)  # signal, stops a background thread unwaited (sync.py)
         close_all(optimizers)  # offload=nvme: the state files are removed, also after an error
+        if slow is not None:
+            slow.remove()
 
 
 def _train(

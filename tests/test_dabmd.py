@@ -90,3 +90,19 @@ def test_more_consensus_rounds_shrink_the_disagreement():
         return max(torch.dist(x, mean) for x in xs)
 
     assert spread(three) < spread(one)
+
+
+def test_straggler_trade_on_a_hand_worked_case():
+    """4 microbatches of 0.25 s (2 samples each) per node, one node 3x slower, a 0.5 s budget: a fast
+    node starts 2 microbatches (at 0 and 0.25 s), the slow one 1 (at 0; the next would start at
+    0.75 s); DDP waits 3 x 1 s for the slow node's whole batch."""
+    import pytest
+
+    from meshplan.planner.methods.sync import straggler_trade
+
+    t = straggler_trade(1.0, 4, 8, 3.0, 0.5, 1, 0.1, 0.05, 0.01, 2)
+    assert t["ddp_step_s"] == pytest.approx(3.11) and t["ddp_samples_per_s"] == pytest.approx(16 / 3.11)
+    assert t["dabmd_step_s"] == pytest.approx(0.75 + 0.05 + 0.01)
+    assert t["dabmd_samples_per_round"] == 6 and t["dabmd_samples_per_s"] == pytest.approx(6 / 0.81)
+    whole = straggler_trade(1.0, 4, 8, 3.0, 0.0, 1, 0.1, 0.05, 0.01, 2)  # no budget: the slow node sets the round
+    assert whole["dabmd_step_s"] == pytest.approx(3.0 + 0.05 + 0.01) and whole["dabmd_samples_per_round"] == 16

@@ -25,8 +25,9 @@ et al., ICLR 2019): one all-reduce of [sum of per-sample gradients, b_i] gives t
 mean gradient and the plan's optimizer steps every replica identically; with budget 0 that is
 DDP.
 
-Straggler injection for tests and benchmarks: MESHPLAN_SLOW_RANK="RANK:FACTOR" makes that rank
-sleep (FACTOR - 1) x each microbatch's compute time after it, i.e. run FACTOR x slower.
+Straggler injection for tests and benchmarks (executor/straggler.py): MESHPLAN_SLOW_RANK=
+"RANK:FACTOR" makes that rank sleep (FACTOR - 1) x each microbatch's compute time after it, i.e.
+run FACTOR x slower (other methods are slowed at the optimizer step instead).
 Bytes on "dp_replicate": consensus_rounds x the fp32 parameter vector to each ring neighbour
 ("send_recv"), or (gradient_allreduce) one fp32 all-reduce of the gradients plus the sample
 count. Stats (sync.STATS_DIR_ENV): per step this rank's samples, compute and consensus seconds,
@@ -35,27 +36,19 @@ when the last microbatch started, and (gradient_allreduce) the union's samples a
 
 from __future__ import annotations
 
-import os
 import time
 
 import torch
 import torch.distributed as dist
 
 from meshplan.errors import MeshplanError
+from meshplan.executor import straggler
 from meshplan.executor.methods.sync import SyncMethod, flat, tensor_bytes, trainable, unflat
 
 USES_DDP = False
-SLOW_ENV = "MESHPLAN_SLOW_RANK"
+SLOW_ENV = straggler.SLOW_ENV
 SEED = 20200712
 """The time-varying ring's seed (round t draws permutation t of it), the same on every rank."""
-
-
-def _slowdown(rank: int) -> float:
-    text = os.environ.get(SLOW_ENV, "")
-    if not text:
-        return 1.0
-    who, _, factor = text.partition(":")
-    return float(factor) if int(who) == rank else 1.0
 
 
 def ring_order(world: int, round_index: int, time_varying: bool) -> list[int]:
@@ -98,10 +91,12 @@ def on_simplex(t: torch.Tensor, tol: float = 1e-4) -> bool:
 
 
 class AnyBatch(SyncMethod):
+    SLOWS_ITSELF = True  # executor/straggler.py: the budget must see the slow compute
+
     def __init__(self, par, params, counter):
         super().__init__(par, params, counter)
         self.budget_s = params["budget_ms"] / 1e3
-        self.slow = _slowdown(dist.get_rank())
+        self.slow = straggler.slowdown(dist.get_rank())
         self.rounds = 0
         self.entropy = params["entropy"]
         if self.entropy and params["gradient_allreduce"]:

@@ -48,8 +48,9 @@ def bytes_text(by_axis: dict[str, int]) -> str:
 
 def status_text(option: MethodOption, capacity: float) -> str:
     """fits / does not fit (with the numbers) / does not compose (with the registry's reason)."""
-    if option.feasible:  # a valid method this executor does not run (waves=2) says so
-        return f"fits; {option.note}" if option.exact and option.note else "fits"
+    if option.feasible:  # a valid method this executor does not run says so; DABMD its straggler trade
+        note = option.note if option.exact else option.note.partition("; ")[2]
+        return f"fits; {note}" if note else "fits"
     if option.step_time_s > 0:  # priced, so it composes: memory is what rejected it
         cap = f" > {fmt.gib(capacity)} capacity" if capacity > 0 else ""
         return f"does not fit: {fmt.gib(option.peak_memory_bytes)} peak{cap}"

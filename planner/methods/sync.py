@@ -270,3 +270,46 @@ SYNCS = {c.name: c for c in (AllReduce, Master, LocalSGD, Crossbow, AnyBatch, Go
 
 def sync_cost(data, name: str, params: dict) -> AllReduce:
     return SYNCS[name](data, **params)
+
+
+def straggler_trade(
+    compute_s: float,
+    microbatches: int,
+    samples_per_node: int,
+    factor: float,
+    budget_s: float,
+    min_microbatches: int,
+    ddp_sync_s: float,
+    dabmd_sync_s: float,
+    optimizer_s: float,
+    nodes: int,
+) -> dict:
+    """DDP against DABMD when one of `nodes` computes `factor` x slower (the homogeneous model's
+    compute_s per node for its whole local batch of `microbatches`): DDP's step waits for the slow
+    node, factor x compute + its exposed sync + the optimizer step; a DABMD round lasts the budget
+    plus the consensus whatever the slowest node does: each node starts microbatches while the
+    budget lasts (at least min_microbatches, at most its batch), so a round is the longest node's
+    last microbatch end, then the consensus and the mirror step; the slow node contributes fewer
+    samples. budget 0: every node its whole batch (the slow node sets the round). Returns each
+    one's step seconds and samples per second over all nodes."""
+    per_mb = compute_s / microbatches
+    samples_mb = samples_per_node / microbatches
+
+    def node(slow: bool) -> tuple[float, int]:
+        c = per_mb * (factor if slow else 1.0)
+        if budget_s <= 0:
+            return c * microbatches, microbatches
+        started = min(microbatches, max(min_microbatches, math.ceil(budget_s / c) if c > 0 else microbatches))
+        return started * c, started
+
+    (fast_s, fast_n), (slow_s, slow_n) = node(False), node(True)
+    ddp = factor * compute_s + ddp_sync_s + optimizer_s
+    round_s = max(fast_s, slow_s) + dabmd_sync_s + optimizer_s
+    dabmd_samples = samples_mb * ((nodes - 1) * fast_n + slow_n)
+    return {
+        "ddp_step_s": ddp,
+        "ddp_samples_per_s": nodes * samples_per_node / ddp if ddp > 0 else 0.0,
+        "dabmd_step_s": round_s,
+        "dabmd_samples_per_s": dabmd_samples / round_s if round_s > 0 else 0.0,
+        "dabmd_samples_per_round": dabmd_samples,
+    }

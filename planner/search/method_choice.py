@@ -99,6 +99,8 @@ def method_options(ctx: Context, table: CostTable, chosen: Candidate, sols: list
                 if row.exact_with(params)
                 else "changes the training mathematics: check convergence before relying on it"
             )
+            if axis == "sync" and name == "dabmd":
+                caveat += "; " + _straggler_note(ctx, table, chosen, alt, alt_sols, sols)
             out.append(
                 option(
                     feasible=ok,
@@ -110,3 +112,40 @@ def method_options(ctx: Context, table: CostTable, chosen: Candidate, sols: list
                 )
             )
     return out
+
+
+STRAGGLER = 2.0
+"""How much slower the straggler of the report's DDP-against-DABMD trade is."""
+
+
+def _straggler_note(ctx, table, chosen, alt, alt_sols, sols) -> str:
+    """DDP against DABMD with one replica STRAGGLER x slower (planner/methods/sync.py
+    straggler_trade), from the two re-priced plans' compute, sync and optimizer step."""
+    from meshplan.planner.methods.sync import straggler_trade
+
+    ddp = chosen.with_method("sync", "allreduce", {})
+    _, ddp_sols, _ = tuning.tune(ctx, table, ddp, sols)
+    d, a = max(ddp_sols, key=lambda s: s.cost_s), max(alt_sols, key=lambda s: s.cost_s)
+    m = alt.num_microbatches
+    compute = m * (a.parts["compute_s"] + a.parts["recompute_s"])
+    params = alt.method("sync")[1]
+    n = alt.dp_replicate * alt.dp_shard
+    t = straggler_trade(
+        compute,
+        m,
+        m * alt.microbatch,
+        STRAGGLER,
+        params["budget_ms"] / 1e3,
+        params["min_microbatches"],
+        max(0.0, d.cost_s - compute - d.optimizer_s),
+        max(0.0, a.cost_s - compute - a.optimizer_s),
+        a.optimizer_s,
+        n,
+    )
+    return (
+        f"with one of {n} replicas {STRAGGLER:g}x slower: DDP {t['ddp_step_s'] * 1e3:.4g} ms/step "
+        f"({t['ddp_samples_per_s']:.4g} samples/s), DABMD {t['dabmd_step_s'] * 1e3:.4g} ms/round "
+        f"({t['dabmd_samples_per_s']:.4g} samples/s, {t['dabmd_samples_per_round']:g} samples a round"
+        + (", budget 0: the slow replica sets the round" if params["budget_ms"] <= 0 else "")
+        + ")"
+    )
