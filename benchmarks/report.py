@@ -68,6 +68,7 @@ METHOD_TITLES = {
     "sync": "Replica synchronisation on slow links",
     "offload": "Offload and communication scheduling",
     "kernel_bytes": "Bytes on the wire, counted by the kernel",
+    "papers": "ByteScheduler, Crossbow, DABMD and Wavelet against their baselines",
 }
 
 
