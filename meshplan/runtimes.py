@@ -43,6 +43,124 @@ class Runtime:
         return [k for k, b in self.behaviours.items() if not b.known]
 
 
+@dataclass(frozen=True, kw_only=True)
+class StateLayout:
+    """How a runtime keeps the training state and runs the loss: the `state_layout` behaviour's
+    value names one of STATE_LAYOUTS, and the cost model reads these typed fields (through
+    meshplan.planner.runtime_spec.RuntimeSpec), never the layout's name."""
+
+    name: str
+    weight_bytes: int
+    """Bytes per parameter of the weights, unsharded."""
+    grad_bytes: int
+    """Bytes per parameter of the gradients, unsharded."""
+    optimizer_bytes: int
+    """Bytes per parameter of the optimizer states (and an fp32 master copy), unsharded."""
+    optimizer_step_bytes: int
+    """HBM bytes the optimizer step moves per parameter. Fused Adam reads weights, grads, m, v (16)
+    and writes weights, m, v (12). Megatron-LM also reads the fp32 main grads for the global-norm
+    clip (4), zeroes them (4) and copies the fp32 master weights to the bf16 model (4 + 2). DeepSpeed
+    (reads 16-bit grads, writes 16-bit weights beside the fp32 master) is counted as torch."""
+    loss_passes: tuple[float, float]
+    """(forward, backward) times the loss moves the head's fp32 logits through HBM, in fp32-logit
+    sizes. Megatron-LM's vocab-parallel cross-entropy: cast from bf16 (read 1/2, write 1), max (1),
+    subtract in place (2), exp in place (2), sum (1), divide in place (2); backward scales the saved
+    softmax in place (2) and casts back (1.5). torch F.cross_entropy (meshplan's executor, and a
+    DeepSpeed user's loss): cast (1.5), log_softmax's max, sum and write passes (4), nll (1);
+    backward a dense nll gradient (1), log_softmax backward (2.5) and the cast back (1.5). With a
+    128k vocabulary these passes are a tenth of a small model's step."""
+    loss_transients: int
+    """fp32 logit-sized tensors alive at the loss's peak besides the saved one (counted in a
+    closed-form head's activation bytes; added for a captured head). Megatron-LM's vocab-parallel
+    cross-entropy works in place on one fp32 copy: 1. torch F.cross_entropy(logits.float())
+    (torchtitan, meshplan's executor, a DeepSpeed user's loss): backward of log_softmax holds its
+    saved output, the incoming dense nll gradient and the gradient it writes: 2 beyond the saved one."""
+    zero1_grad_collective: str
+    """ZeRO-1's gradient collective: all_reduce (torch ZeroRedundancyOptimizer) or reduce_scatter
+    (Megatron's distributed optimizer, which then all-gathers the parameters)."""
+    zero1_param_bytes: int
+    """Bytes per parameter ZeRO-1 sends back to the replicas after the step (bf16 under Megatron's
+    distributed optimizer, fp32 under ZeroRedundancyOptimizer's broadcast)."""
+    sp_regather: bool
+    """Sequence parallelism gathers the layer input again in backward (Megatron-LM's
+    LinearWithGradAccumulationAndAsyncCommunication, Korthikanti et al. 2022 Sec 4.2.2); DTensor SP
+    keeps the gathered input: the `sp_regather` behaviour row."""
+    pp_scatter_gather: bool
+    """Without sequence parallelism, a pipeline boundary is sent as 1/t from each tensor-parallel
+    rank and all-gathered on the receiving node (Megatron-LM, Narayanan et al. 2021 Sec 4.1); else
+    torch pipelining sends the whole replica from every tensor-parallel rank."""
+    zero2_shards_weights: bool
+    """ZeRO-2 runs as FSDP2 (sharded weights, the gathered copy kept from forward to backward:
+    meshplan's executor, torchtitan); False: DeepSpeed's ZeRO-2 keeps its 16-bit weights whole."""
+    fsdp_full_grad_accumulation: bool
+    """FSDP2 accumulates unsharded fp32 gradients across microbatches (no reduce-scatter until the
+    last: set_requires_gradient_sync(False))."""
+    ddp_bucket_copy: bool
+    """PyTorch DDP allocates its buckets for every gradient when built (Reducer::initialize_buckets):
+    a second fp32 copy of the gradients. Megatron's contiguous grad buffer is the main grads."""
+
+    @property
+    def state_bytes(self) -> tuple[int, int, int]:
+        """(weights, grads, optimizer) bytes per parameter, unsharded."""
+        return self.weight_bytes, self.grad_bytes, self.optimizer_bytes
+
+
+STATE_LAYOUTS: dict[str, StateLayout] = {
+    "torch": StateLayout(
+        name="torch",
+        weight_bytes=4,
+        grad_bytes=4,
+        optimizer_bytes=8,
+        optimizer_step_bytes=28,
+        loss_passes=(6.5, 5.0),
+        loss_transients=2,
+        zero1_grad_collective="all_reduce",
+        zero1_param_bytes=4,
+        sp_regather=False,
+        pp_scatter_gather=False,
+        zero2_shards_weights=True,
+        fsdp_full_grad_accumulation=True,
+        ddp_bucket_copy=True,
+    ),
+    "megatron": StateLayout(
+        name="megatron",
+        weight_bytes=2,
+        grad_bytes=4,
+        optimizer_bytes=12,
+        optimizer_step_bytes=42,
+        loss_passes=(9.5, 3.5),
+        loss_transients=1,
+        zero1_grad_collective="reduce_scatter",
+        zero1_param_bytes=2,
+        sp_regather=True,
+        pp_scatter_gather=True,
+        zero2_shards_weights=True,
+        fsdp_full_grad_accumulation=False,
+        ddp_bucket_copy=False,
+    ),
+    "zero": StateLayout(
+        name="zero",
+        weight_bytes=2,
+        grad_bytes=2,
+        optimizer_bytes=12,
+        optimizer_step_bytes=28,
+        loss_passes=(6.5, 5.0),
+        loss_transients=2,
+        zero1_grad_collective="all_reduce",
+        zero1_param_bytes=4,
+        sp_regather=False,
+        pp_scatter_gather=False,
+        zero2_shards_weights=False,
+        fsdp_full_grad_accumulation=False,
+        ddp_bucket_copy=False,
+    ),
+}
+"""The state layouts (--state-layout): torch = fp32 weights, fp32 grads, Adam m, v (4 + 4 + 8 B;
+AMP / FSDP2 mixed precision); megatron = bf16 weights, fp32 main grads, fp32 master + Adam
+(2 + 4 + 12 B, Megatron-LM); zero = 16-bit weights and grads, fp32 master + Adam (2 + 2 + 12 B,
+Rajbhandari et al. 2020 Sec 3.1, DeepSpeed)."""
+
+
 BEHAVIOURS = {
     "state_layout": "training state bytes per parameter, unsharded (weights + grads + optimizer)",
     "overlap_dp_comm": "gradient reduction overlapped with backward (all but the last bucket)",
@@ -76,7 +194,7 @@ FLAGS = {
     "zero_stages": "--zero (pins one)",
     "fsdp_gather_bytes": "--fsdp-gather-dtype",
     "fp8": "--precision fp8",
-    "sp_regather": "(follows --state-layout megatron)",
+    "sp_regather": "(--state-layout: STATE_LAYOUTS' sp_regather)",
     "selective_recompute": "(--runtime; --recompute selective)",
     "elementwise": "--elementwise, --compile",
     "fused_projections": "--fused-projections / --no-fused-projections",

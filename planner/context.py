@@ -13,7 +13,8 @@ from meshplan.cluster import ClusterSpec
 from meshplan.errors import MeshplanError
 from meshplan.model_profile import LayerProfile, ModelProfile
 from meshplan.planner.attention import with_attention
-from meshplan.planner.request import ATTENTION, STATE_LAYOUTS, PlanRequest
+from meshplan.planner.request import ATTENTION, PlanRequest
+from meshplan.planner.runtime_spec import RuntimeSpec, state_layout
 from meshplan.planner.sac import with_selective
 from meshplan.planner.seqscale import with_seq_len
 
@@ -189,8 +190,7 @@ class Context:
             raise MeshplanError(f"precision {request.precision!r} is unknown; use bf16, fp8 or fp32")
         if request.attention not in (None, *ATTENTION):
             raise MeshplanError(f"attention {request.attention!r} is unknown; use {' or '.join(ATTENTION)}")
-        if request.state_layout not in STATE_LAYOUTS:
-            raise MeshplanError(f"state_layout {request.state_layout!r} is unknown; use torch, megatron or zero")
+        state_layout(request.state_layout)  # a clear error for an unknown layout
         profile = with_attention(with_seq_len(profile, request.seq), request.attention)
         ctx = cls(profile=with_selective(profile, request.selective_recompute), cluster=cluster, request=request)
         seen: dict[tuple, int] = {}
@@ -206,6 +206,27 @@ class Context:
                 if end - start >= 1 and len(set(sig[start:end])) == 1 and end - start >= n - 2:
                     return start, end
         return None
+
+    @functools.cached_property
+    def spec(self) -> RuntimeSpec:
+        """The request's runtime behaviours, resolved once into typed fields."""
+        r = self.request
+        return RuntimeSpec(
+            runtime=r.runtime,
+            precision=r.precision,
+            state=state_layout(r.state_layout),
+            overlap_dp_comm=r.overlap_dp_comm,
+            overlap_tp_comm=r.overlap_tp_comm,
+            uniform_stages=r.uniform_stages,
+            fsdp_gather_bytes=r.fsdp_gather_bytes or (2 if r.precision in ("bf16", "fp8") else 4),
+            selective_recompute=r.selective_recompute,
+            elementwise=r.elementwise,
+            fused_projections=r.fused_projections,
+            free_stage_outputs=r.free_stage_outputs,
+            zero_stages=r.zero_stages,
+            offload_methods=r.offload_methods,
+            also_runs=r.also_runs,
+        )
 
     @property
     def layers(self) -> list[LayerProfile]:

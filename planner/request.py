@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-STATE_LAYOUTS = ("torch", "megatron", "zero")
 ATTENTION = ("flash", "materialized")
 
 

@@ -218,8 +218,9 @@ def test_a_group_spanning_nodes_uses_every_nic_of_its_node(preset, nic_gbps, mea
 
 def test_loss_moves_the_fp32_logits_more_than_a_layer_moves_its_activations():
     """The head's memory-bound time counts the cross-entropy's passes over the fp32 logits
-    (LOSS_PASSES), not the generic 2 forward + 3 backward."""
-    from meshplan.planner.rank.layer_cost import BWD_PASSES, FWD_PASSES, LOSS_PASSES, _memory_bound_s
+    (StateLayout.loss_passes), not the generic 2 forward + 3 backward."""
+    from meshplan.planner.rank.layer_cost import BWD_PASSES, FWD_PASSES, _memory_bound_s
+    from meshplan.runtimes import STATE_LAYOUTS
 
     prof = gpt_profile(layers=2, hidden=2048, heads=16, vocab=131072, seq=4096)
     head = prof.layers[-1]
@@ -228,9 +229,9 @@ def test_loss_moves_the_fp32_logits_more_than_a_layer_moves_its_activations():
         fwd, bwd, _ = _memory_bound_s(ctx, head, 4, 1, 1, False)
         hbm = ctx.cluster.device.hbm_gbps * 1e9
         logits, rest = 4 * head.output_bytes, 4 * (head.activation_bytes - head.output_bytes)
-        assert fwd == pytest.approx((LOSS_PASSES[layout][0] * logits + FWD_PASSES * rest) / hbm)
-        assert bwd == pytest.approx((LOSS_PASSES[layout][1] * logits + BWD_PASSES * rest) / hbm)
-        assert sum(LOSS_PASSES[layout]) > FWD_PASSES + BWD_PASSES
+        assert fwd == pytest.approx((STATE_LAYOUTS[layout].loss_passes[0] * logits + FWD_PASSES * rest) / hbm)
+        assert bwd == pytest.approx((STATE_LAYOUTS[layout].loss_passes[1] * logits + BWD_PASSES * rest) / hbm)
+        assert sum(STATE_LAYOUTS[layout].loss_passes) > FWD_PASSES + BWD_PASSES
 
 
 def test_a_captured_head_and_the_closed_form_head_pay_the_same_loss():

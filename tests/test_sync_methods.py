@@ -252,8 +252,8 @@ LINEAR = {1: 3.0, 2: 6.0, 4: 12.0}
 
 
 def test_crossbow_prices_k_learners_one_after_another_with_k_optimizer_steps():
-    from meshplan.planner.cost.optimizer import OPTIMIZER_BYTES_PER_PARAM
     from meshplan.presets import local_cpu
+    from meshplan.runtimes import STATE_LAYOUTS
 
     prof = _timed_profile(SUPERLINEAR)
     step = {k: _crossbow(prof, k).prediction.step_time_s for k in (1, 2, 4)}
@@ -263,7 +263,7 @@ def test_crossbow_prices_k_learners_one_after_another_with_k_optimizer_steps():
         # 4 (24 ms); each extra learner adds its memory-bound optimizer step (28 bytes per
         # parameter, torch AdamW) and its SMA traffic (15 x 4 bytes per parameter)
         compute = len(prof.layers) * (24.0 - learners_ms) / 1e3
-        extra = (k - 1) * params * (OPTIMIZER_BYTES_PER_PARAM["torch"] + 15 * 4) / hbm
+        extra = (k - 1) * params * (STATE_LAYOUTS["torch"].optimizer_step_bytes + 15 * 4) / hbm
         assert step[1] - step[k] == pytest.approx(compute - extra, rel=1e-9), k
     lin = {k: _crossbow(_timed_profile(LINEAR), k).prediction for k in (1, 4)}
     assert lin[4].step_time_s > lin[1].step_time_s  # same compute, 3 more optimizer steps and SMA traffic

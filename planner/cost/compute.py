@@ -38,12 +38,12 @@ def gemm_efficiency(curve: list[list[float]], flops: float) -> float:
 def layer_efficiency(ctx: Context, layer: LayerProfile, b: int, split: int, cp: int) -> float:
     """FLOP-weighted efficiency of the layer's GEMMs at their local sizes. A closed-form block
     lists Megatron's fused projections (one QKV GEMM, one gate+up GEMM); a runtime whose model
-    runs one GEMM per projection (request.fused_projections False: torchtitan, torch models) is
+    runs one GEMM per projection (RuntimeSpec.fused_projections False: torchtitan, torch models) is
     read at those smaller sizes (sac.matmuls)."""
     curve = ctx.gemm_curve
     per_sample = (
         [fl for _, fl in matmuls(layer)]
-        if not ctx.request.fused_projections
+        if not ctx.spec.fused_projections
         else [2.0 * g[0] * g[1] * g[2] for g in layer.gemm_shapes]
     )
     gemms = [fl * b / cp / split for fl in per_sample]

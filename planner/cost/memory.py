@@ -71,7 +71,7 @@ def _activation_bytes(ctx: Context, layer: LayerProfile, mode: str, b: int, spli
 def stage_buffer_bytes(ctx: Context, layers: list[LayerProfile], b: int, split_of, zero: int, cp: int) -> float:
     """Largest temporary buffers of a rank: the gathered bf16 weights and unsharded fp32 grads of
     the largest layer twice over (ZeRO-3 prefetch), and the loss's transient fp32 logit-sized
-    tensors beyond the one the head keeps (head stage; LOSS_TRANSIENTS). DDP's buckets are per
+    tensors beyond the one the head keeps (head stage; StateLayout.loss_transients). DDP's buckets are per
     parameter (planner/rank/dp_cost.py)."""
     buf = 0.0
     if zero == 3 and layers:
@@ -80,7 +80,7 @@ def stage_buffer_bytes(ctx: Context, layers: list[LayerProfile], b: int, split_o
     for lp in layers:
         if lp.tp.kind == "head":
             logits = fp32_logit_bytes(ctx, lp)
-            copies = LOSS_TRANSIENTS[ctx.request.state_layout] + (0 if head_keeps_logits(lp, logits) else 1)
+            copies = ctx.spec.state.loss_transients + (0 if head_keeps_logits(lp, logits) else 1)
             buf += copies * logits * b / cp / split_of(lp)
     group = ctx.request.recompute_num_layers
     blocks = [lp for lp in layers if lp.tp.kind == "block"]
@@ -89,15 +89,6 @@ def stage_buffer_bytes(ctx: Context, layers: list[LayerProfile], b: int, split_o
         largest = max(activation_bytes(ctx, lp, "none", b, split_of(lp), cp, sp) for lp in blocks)
         buf += uniform_transient_bytes(largest, min(group, len(blocks)))
     return buf
-
-
-LOSS_TRANSIENTS = {"megatron": 1, "torch": 2, "zero": 2}
-"""fp32 logit-sized tensors alive at the loss's peak besides the saved one (counted in a
-closed-form head's activation_bytes; added here for a captured head: head_keeps_logits). Megatron-LM's vocab-parallel cross-entropy works in place on one fp32 copy:
-1. torch F.cross_entropy(logits.float()) (torchtitan, meshplan's executor, a DeepSpeed user's
-loss): backward of log_softmax holds its saved output, the incoming dense nll gradient and the
-gradient it writes, each fp32 and logit-sized: 2 beyond the saved one (the forward's cast copy
-plus log_softmax output is one fewer)."""
 
 
 def fp32_logit_bytes(ctx: Context, head: LayerProfile) -> float:

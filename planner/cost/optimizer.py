@@ -1,6 +1,6 @@
 """The optimizer step's cost on one rank, once per step: the measured clip + AdamW + zero_grad
-time where the profile has it, else memory-bound (OPTIMIZER_BYTES_PER_PARAM over the HBM
-bandwidth); the optimizer call's fixed cost; and global-norm clipping's collectives
+time where the profile has it, else memory-bound (the state layout's optimizer_step_bytes over
+the HBM bandwidth); the optimizer call's fixed cost; and global-norm clipping's collectives
 (grad_norm_sync_s).
 """
 
@@ -9,22 +9,16 @@ from __future__ import annotations
 from meshplan.planner.context import Candidate, Context, optimizer_call_measured_s
 from meshplan.planner.cost.comm import collective_s, group_tier
 
-OPTIMIZER_BYTES_PER_PARAM = {"torch": 28, "megatron": 42, "zero": 28}
-"""HBM bytes moved per parameter by the optimizer step. Fused Adam reads weights, grads, m, v (16)
-and writes weights, m, v (12). Megatron-LM also reads the fp32 main grads for the global-norm
-clip (4), zeroes them (4) and copies the fp32 master weights to the bf16 model (4 + 2). DeepSpeed
-("zero": reads 16-bit grads, writes 16-bit weights beside the fp32 master) is counted as torch."""
-
 
 def layer_optimizer_s(ctx: Context, layer, local_params: float, shard: int, split: int) -> float:
     """Once-per-step optimizer work on one rank's share of a layer: the profile's measured
     clip + AdamW + zero_grad time (LayerProfile.optimizer_step_s, on this device, scaled to the
     in-place whole-model measurement: Context.optimizer_scale) divided by the
-    tensor-parallel split and the ZeRO shard; else memory-bound, OPTIMIZER_BYTES_PER_PARAM per
-    parameter over the HBM bandwidth."""
+    tensor-parallel split and the ZeRO shard; else memory-bound, the state layout's
+    optimizer_step_bytes per parameter over the HBM bandwidth."""
     if ctx.measured and layer.optimizer_step_s > 0:
         return layer.optimizer_step_s * ctx.optimizer_scale / (split * shard)
-    per_param = OPTIMIZER_BYTES_PER_PARAM[ctx.request.state_layout]
+    per_param = ctx.spec.state.optimizer_step_bytes
     return local_params / shard * per_param / (ctx.cluster.device.hbm_gbps * 1e9)
 
 

@@ -90,7 +90,7 @@ def p2p_per_microbatch_s(ctx: Context, cand: Candidate, boundary_bytes: float) -
         return 0.0
     full = boundary_bytes * cand.microbatch / cand.cp
     tier = group_tier(ctx.cluster, cand.dp * cand.cp * cand.tp, cand.pp)
-    scatter_gather = cand.tp > 1 and not cand.sequence_parallel and ctx.request.state_layout == "megatron"
+    scatter_gather = cand.tp > 1 and not cand.sequence_parallel and ctx.spec.state.pp_scatter_gather
     split = cand.tp if cand.tp > 1 and (cand.sequence_parallel or scatter_gather) else 1
     gather = (
         collective_s(ctx.cluster, "all_gather", cand.tp, full, group_tier(ctx.cluster, 1, cand.tp))

@@ -91,7 +91,7 @@ class ByteScheduler(Buckets):
         """a: the all-reduce's time at zero bytes (its fit is affine)."""
         self.beta_s = max(0.0, (two - one) / MIB)
         """beta: seconds per byte."""
-        self.hidden = ctx.cluster.calibration.dp_overlap if ctx.request.overlap_dp_comm else 0.0
+        self.hidden = ctx.cluster.calibration.dp_overlap if ctx.spec.overlap_dp_comm else 0.0
         layers = [(lp, ctx.tp_split(lp, data.cand.tp)) for lp in ctx.layers]
         self.sizes = [
             [4 * math.prod(s) / split for s in lp.param_shapes] if lp.param_shapes else [4 * lp.num_params / split]

@@ -60,11 +60,9 @@ def gathered_elems(layer: LayerProfile, split: int, shard: int) -> int:
 
 
 def fsdp_width(ctx: Context) -> int:
-    """Bytes per element FSDP2 gathers and reduce-scatters: the runtime's (request.fsdp_gather_bytes;
-    meshplan's executor gathers fp32, autocast without a MixedPrecisionPolicy), else 2 under bf16."""
-    if ctx.request.fsdp_gather_bytes:
-        return ctx.request.fsdp_gather_bytes
-    return 2 if ctx.request.precision in ("bf16", "fp8") else 4
+    """Bytes per element FSDP2 gathers and reduce-scatters: the runtime's (meshplan's executor gathers
+    fp32, autocast without a MixedPrecisionPolicy), else 2 under bf16 (RuntimeSpec.fsdp_gather_bytes)."""
+    return ctx.spec.fsdp_gather_bytes
 
 
 def padded_shard_elems(layer: LayerProfile, split: int, shard: int) -> int:
@@ -137,7 +135,7 @@ class DataParallelCost:
         if self.zero == 2 and self.shard > 1 and self._shards_weights():
             weights += local * fsdp_width(self.ctx)  # FSDP2 ZeRO-2: the gathered copy stays forward to backward
         grads = grad_local * g / (self.shard if self.zero >= 2 else 1) + grad_local * self._ddp_bucket_bytes_per_param()
-        if self.zero >= 2 and self.shard > 1 and m > 1 and self.ctx.request.state_layout == "torch":
+        if self.zero >= 2 and self.shard > 1 and m > 1 and self.ctx.spec.state.fsdp_full_grad_accumulation:
             grads += grad_local * g  # unsharded fp32 gradients accumulated across microbatches
         optim = grad_local * o / self.cand.state_shard
         weights, grads, optim = self.offload_cost.state_bytes(
@@ -169,7 +167,7 @@ class DataParallelCost:
         reshard_after_forward=False: sharded parameters, the gathered copy kept from forward to
         backward; meshplan's executor, torchtitan). DeepSpeed's ZeRO-2 (state layout "zero")
         keeps its 16-bit weights whole and shards gradients and optimizer states only."""
-        return self.zero >= 3 or (self.zero == 2 and self.ctx.request.state_layout != "zero")
+        return self.zero >= 3 or (self.zero == 2 and self.ctx.spec.state.zero2_shards_weights)
 
     def _ddp_bucket_bytes_per_param(self) -> float:
         """PyTorch DDP (ZeRO-0/1 without tensor parallelism) allocates its buckets for every
@@ -179,7 +177,7 @@ class DataParallelCost:
             self.zero >= 2
             or self.replicas <= 1
             or self.cand.tp > 1
-            or self.ctx.request.state_layout != "torch"
+            or not self.ctx.spec.state.ddp_bucket_copy
             or not self.sync.ddp_buckets
             or not self.schedule.ddp_buckets
         ):
@@ -245,10 +243,10 @@ class DataParallelCost:
         if self.schedule.replaces_ddp:  # planner/methods/comm_schedule.py: ByteScheduler's priority chunks
             return self._contention_s(self.replicas) + self.schedule.sync_s(local_params, backward_window_s)
         ctx, tier, group = self.ctx, self.replica_tier, self.replicas
-        hidden = ctx.cluster.calibration.dp_overlap if ctx.request.overlap_dp_comm else 0.0
+        hidden = ctx.cluster.calibration.dp_overlap if ctx.spec.overlap_dp_comm else 0.0
         share = payload_bytes / (local_params * 4) if local_params else 0.0
         tail_bytes = min(last_bucket, local_params) * 4 * share
-        grads = "reduce_scatter" if self.zero == 1 and ctx.request.state_layout == "megatron" else "all_reduce"
+        grads = ctx.spec.state.zero1_grad_collective if self.zero == 1 else "all_reduce"
         wire = 1
         if self.compressor.collective == "all_gather":  # per-rank payloads: the gathered buffer is N x
             grads, wire = "all_gather", group
@@ -267,7 +265,7 @@ class DataParallelCost:
             got = ctx.profile.step_overhead_s.get(f"zero1@{self.replicas}")
             if got is not None:
                 return got
-        weight_bytes = local_params * (2 if ctx.request.state_layout == "megatron" else 4)
+        weight_bytes = local_params * ctx.spec.state.zero1_param_bytes
         return (1 - hidden) * collective_s(ctx.cluster, "all_gather", self.replicas, weight_bytes, self.replica_tier)
 
     def _contention_s(self, group: int) -> float:

@@ -73,7 +73,7 @@ def _tp_comm_s(ctx: Context, layer: LayerProfile, b: int, tp: int, cp: int, sp: 
     bwd = 0 if layer.tp.kind == "embedding" else n
     regather = (
         n * collective_s(ctx.cluster, "all_gather", tp, buf, tier)
-        if sp and layer.tp.kind == "block" and ctx.request.state_layout == "megatron"
+        if sp and layer.tp.kind == "block" and ctx.spec.state.sp_regather
         else 0.0
     )
     return fwd * one, bwd * one + regather
@@ -105,21 +105,11 @@ read, its gradient written and read): norms, dropout, softmax, activation functi
 Roofline time = bytes moved / HBM bandwidth (Williams et al. 2009). Not used for measured timings."""
 
 
-LOSS_PASSES = {"megatron": (9.5, 3.5), "torch": (6.5, 5.0), "zero": (6.5, 5.0)}  # zero: the user's torch loss
-"""(forward, backward) times the loss moves the head's fp32 logits through HBM, in fp32-logit
-sizes. Megatron-LM's vocab-parallel cross-entropy: cast from bf16 (read 1/2, write 1), max (1),
-subtract in place (2), exp in place (2), sum (1), divide in place (2); backward scales the
-saved softmax in place (2) and casts back (1.5). torch F.cross_entropy (meshplan's executor):
-cast (1.5), log_softmax's max, sum and write passes (4), nll (1); backward a dense nll gradient
-(1), log_softmax backward (2.5) and the cast back (1.5). With a 128k vocabulary these passes
-are a tenth of a small model's step."""
-
-
 def _memory_bound_s(
     ctx: Context, layer: LayerProfile, b: int, split: int, cp: int, sp: bool
 ) -> tuple[float, float, float]:
     """(forward, backward, selective-recompute) seconds of a layer's memory-bound kernels; the
-    head's fp32 logits at the loss's own pass counts (LOSS_PASSES); the extra passes of unfused
+    head's fp32 logits at the loss's own pass counts (StateLayout.loss_passes); the extra passes of unfused
     kernels under the runtime's `elementwise` level (planner/cost/elementwise.py)."""
     if ctx.measured and layer.timings:
         return 0.0, 0.0, 0.0
@@ -135,10 +125,10 @@ def _memory_bound_s(
         per_sample = fp32_logit_bytes(ctx, layer)
         logits = per_sample * b / cp / split
         kept = min(logits, saved) if head_keeps_logits(layer, per_sample) else 0.0
-    loss_fwd, loss_bwd = LOSS_PASSES[ctx.request.state_layout]
-    op_sac = ctx.request.selective_recompute == "op"
+    loss_fwd, loss_bwd = ctx.spec.state.loss_passes
+    op_sac = ctx.spec.op_level_selective
     un_fwd, un_bwd, un_sel = elementwise.extra_s(
-        layer, ctx.request.elementwise, b * ctx.seq / cp, split, sp, hbm, op_sac, ctx.request.precision == "fp8"
+        layer, ctx.spec.elementwise, b * ctx.seq / cp, split, sp, hbm, op_sac, ctx.spec.fp8
     )
     return (
         (FWD_PASSES * (saved - kept) + loss_fwd * logits) / hbm + un_fwd,
@@ -214,7 +204,7 @@ def base_cost(ctx: Context, layer: LayerProfile, b: int, tp: int, sp: bool, cp: 
     split = ctx.tp_split(layer, tp)
     fwd, bwd, sel = layer_compute_s(ctx, layer, b, split, cp)
     tp_fwd, tp_bwd = _tp_comm_s(ctx, layer, b, tp, cp, sp)
-    tp_hidden = ctx.cluster.calibration.tp_overlap if ctx.request.overlap_tp_comm else 0.0
+    tp_hidden = ctx.cluster.calibration.tp_overlap if ctx.spec.overlap_tp_comm else 0.0
     cp_s = _cp_comm_s(ctx, layer, b, tp, cp, fwd + bwd)
     mem_fwd, mem_bwd, mem_sel = _memory_bound_s(ctx, layer, b, split, cp, sp)
     fwd, bwd, sel = fwd + mem_fwd, bwd + mem_bwd, sel + mem_sel
@@ -245,7 +235,7 @@ def layer_cost(
     base = base or base_cost(ctx, layer, b, cand.tp, cand.sequence_parallel, cand.cp)
     split = base.split
     local = (layer.num_params - layer.num_frozen_params) / split  # frozen: no sync, no optimizer step
-    dp_hidden = ctx.cluster.calibration.dp_overlap if ctx.request.overlap_dp_comm else 0.0
+    dp_hidden = ctx.cluster.calibration.dp_overlap if ctx.spec.overlap_dp_comm else 0.0
     data = (dp_cost or DataParallelCost(ctx, cand)).layer(layer, split, b, num_microbatches(ctx, b, cand.dp))
     _, fsdp_wrap, opt_wrap = wrapper_overheads_s(
         ctx, layer, split, cand.zero, data.optimizer_shard if cand.zero >= 2 else cand.dp

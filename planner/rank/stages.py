@@ -98,7 +98,7 @@ class RankModel:
         cand, lps = self.cand, self.ctx.layers
         sends = [i for i in layers if lps[i].tp.kind != "head"]
         chunks = cand.virtual_stages - (rank == cand.pp - 1)
-        if cand.pp == 1 or not sends or chunks <= 0 or self.ctx.request.free_stage_outputs:
+        if cand.pp == 1 or not sends or chunks <= 0 or self.ctx.spec.free_stage_outputs:
             return 0.0
         last = max(sends)
         out = boundary_bytes(self.ctx, last) if self.ctx.profile.edges else lps[last].output_bytes

@@ -104,14 +104,14 @@ def _interleaved(
         return []
     blocks = ctx.body[1] - ctx.body[0]
     options = set(VIRTUAL_STAGES)
-    if ctx.request.uniform_stages and blocks % pp == 0:  # even splits: every v dividing blocks/pp
+    if ctx.spec.uniform_stages and blocks % pp == 0:  # even splits: every v dividing blocks/pp
         options |= {v for v in divisors(blocks // pp) if v > 1}
     vs = _pick(ctx.request.virtual_stages, sorted(options))
-    ok = [v for v in vs if v > 1 and pp * v <= blocks + 2 and not (ctx.request.uniform_stages and blocks % (pp * v))]
+    ok = [v for v in vs if v > 1 and pp * v <= blocks + 2 and not (ctx.spec.uniform_stages and blocks % (pp * v))]
     if len(ok) < len(vs):
         why = (
             f"blocks ({blocks}) not a multiple of pp x v (uniform_stages) or pp x v > {blocks + 2} layers"
-            if ctx.request.uniform_stages
+            if ctx.spec.uniform_stages
             else f"virtual stages x pp > {blocks + 2} layers"
         )
         rej.add(fam, why, len(vs) - len(ok))
@@ -200,7 +200,7 @@ def candidates(ctx: Context, rej: Rejects) -> list[Candidate]:
                                 num_layers=len(ctx.layers),
                                 tp_divisors=divs,
                                 tp_kinds=kinds,
-                                also_runs=ctx.request.also_runs,
+                                also_runs=ctx.spec.also_runs,
                             )
                             if why:
                                 rej.add(cand.family, why)

@@ -35,7 +35,7 @@ def alternatives(ctx: Context, cand: Candidate) -> list[Candidate]:
             continue
         for name in names:
             alt = cand.with_method(axis, name, dp_methods.defaults_of(axis, name))
-            if not feasibility.first(alt.layout(ctx.seq), also_runs=ctx.request.also_runs):
+            if not feasibility.first(alt.layout(ctx.seq), also_runs=ctx.spec.also_runs):
                 out.append(alt)
     return out
 
@@ -83,7 +83,7 @@ def method_options(ctx: Context, table: CostTable, chosen: Candidate, sols: list
         for name in names:
             params = chosen.method(axis)[1] if name == chosen.method(axis)[0] else dp_methods.defaults_of(axis, name)
             alt = chosen.with_method(axis, name, params)
-            found = feasibility.reasons(alt.layout(ctx.seq), also_runs=ctx.request.also_runs)
+            found = feasibility.reasons(alt.layout(ctx.seq), also_runs=ctx.spec.also_runs)
             why = next((r.text for r in found if not r.runnable_only), "")
             not_run = next((NOT_RUN + r.text for r in found if r.runnable_only), "")  # priced all the same
             row = dp_methods.method(axis, name)

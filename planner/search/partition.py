@@ -256,7 +256,7 @@ def solve(ctx: Context, cand: Candidate, costs: list[LayerCost], cache: dict | N
     where excess_bytes > 0 is the memory overflow of the leanest balanced split (-1 if unknown)."""
     if ctx.body is not None:
         split = UniformSplit(ctx, cand, costs)
-        counts = split.balanced_counts() if ctx.request.uniform_stages else split.solve()
+        counts = split.balanced_counts() if ctx.spec.uniform_stages else split.solve()
         if counts is None:
             excess = split.balanced_excess()
             return None, split.tightest_rank, excess

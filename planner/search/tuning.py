@@ -79,7 +79,7 @@ class ByteSchedulerVariant:
         if not self.composes(ctx, cand):
             return None
         alt = cand.with_method("comm_schedule", "bytescheduler", DEFAULT)
-        return None if feasibility.first(alt.layout(ctx.seq), also_runs=ctx.request.also_runs) else alt
+        return None if feasibility.first(alt.layout(ctx.seq), also_runs=ctx.spec.also_runs) else alt
 
     def searched(self, ctx: Context, table: CostTable, cand: Candidate) -> list[Candidate]:
         """The candidate with ByteScheduler at its tuned chunk and credit, where it composes ([] else)."""

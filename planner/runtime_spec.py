@@ -1,0 +1,49 @@
+"""The runtime spec: every behaviour of the software that will run the plan, resolved once from
+the request (its --runtime row and behaviour flags, meshplan/runtimes.py) into typed fields the
+cost layers read. Nothing below the request reads a behaviour by name or compares a layout string."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.errors import MeshplanError
+from meshplan.runtimes import STATE_LAYOUTS, StateLayout
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeSpec:
+    runtime: str
+    """The runtime's name (meshplan/runtimes.py NAMES)."""
+    precision: str
+    state: StateLayout
+    """Training-state bytes, the loss's passes and transients, ZeRO-1's collectives, SP's regather,
+    the pipeline's scatter/gather (runtimes.STATE_LAYOUTS)."""
+    overlap_dp_comm: bool
+    overlap_tp_comm: bool
+    uniform_stages: bool
+    fsdp_gather_bytes: int
+    """Bytes per element of the ZeRO-2/3 gathers and reduce-scatters: the runtime's, else 2 under
+    bf16 / fp8 and 4 under fp32."""
+    selective_recompute: str
+    elementwise: str
+    fused_projections: bool
+    free_stage_outputs: bool
+    zero_stages: tuple[int, ...] | None
+    offload_methods: tuple[str, ...] | None
+    also_runs: tuple[str, ...]
+
+    @property
+    def op_level_selective(self) -> bool:
+        """--recompute selective is torchtitan's op-level policy (every other matmul output kept)."""
+        return self.selective_recompute == "op"
+
+    @property
+    def fp8(self) -> bool:
+        return self.precision == "fp8"
+
+
+def state_layout(name: str) -> StateLayout:
+    if name not in STATE_LAYOUTS:
+        *rest, last = STATE_LAYOUTS
+        raise MeshplanError(f"state_layout {name!r} is unknown; use {', '.join(rest)} or {last}")
+    return STATE_LAYOUTS[name]

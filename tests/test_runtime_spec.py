@@ -1,0 +1,69 @@
+"""The runtime spec (planner/runtime_spec.py): the request's behaviours resolved once into typed
+fields, the state layout a row of meshplan/runtimes.py STATE_LAYOUTS; below the request no planner
+module reads the layout's name or compares a layout string."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from meshplan.errors import MeshplanError
+from meshplan.models.analytic import gpt_profile
+from meshplan.planner import PlanRequest
+from meshplan.planner.context import Context
+from meshplan.presets import cluster_preset
+from meshplan.runtimes import RUNTIMES, STATE_LAYOUTS
+
+PLANNER = Path(__file__).resolve().parent.parent / "planner"
+RESOLVERS = {"context.py", "request.py", "runtime_spec.py"}
+"""The modules that turn the request into the spec (the only readers of request.state_layout)."""
+
+
+def _ctx(**request) -> Context:
+    profile = gpt_profile(layers=2, hidden=256, heads=4, seq=128)
+    return Context.build(profile, cluster_preset("h100-80g", 8), PlanRequest(num_gpus=8, global_batch=8, **request))
+
+
+@pytest.mark.parametrize("layout", sorted(STATE_LAYOUTS))
+def test_the_spec_carries_the_layouts_row_and_is_frozen(layout):
+    spec = _ctx(state_layout=layout).spec
+    assert spec.state is STATE_LAYOUTS[layout]
+    assert sum(spec.state.state_bytes) == {"torch": 16, "megatron": 18, "zero": 16}[layout]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.elementwise = "eager"  # type: ignore[misc]
+
+
+def test_an_unknown_layout_is_one_clear_error():
+    with pytest.raises(MeshplanError, match="state_layout 'apex' is unknown; use torch, megatron or zero"):
+        _ctx(state_layout="apex")
+
+
+def test_the_fsdp_gather_width_is_resolved_once():
+    assert _ctx().spec.fsdp_gather_bytes == 2  # bf16
+    assert _ctx(precision="fp32").spec.fsdp_gather_bytes == 4
+    assert _ctx(fsdp_gather_bytes=4).spec.fsdp_gather_bytes == 4
+
+
+def test_each_runtimes_sp_regather_row_is_what_its_layout_prices():
+    for rt in RUNTIMES.values():
+        layout = STATE_LAYOUTS[str(rt.value("state_layout"))]
+        assert rt.value("sp_regather") == layout.sp_regather, rt.name
+
+
+def test_no_planner_module_below_the_request_reads_the_layout_by_name():
+    found = []
+    for path in sorted(PLANNER.rglob("*.py")):
+        if path.parent == PLANNER and path.name in RESOLVERS:
+            continue
+        where = path.relative_to(PLANNER)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "state_layout":
+                found.append(f"{where}:{node.lineno} reads .state_layout")
+            if isinstance(node, ast.Compare):
+                consts = [c.value for c in (node.left, *node.comparators) if isinstance(c, ast.Constant)]
+                if any(isinstance(c, str) and c in ("torch", "megatron") for c in consts):
+                    found.append(f"{where}:{node.lineno} compares a layout name")
+    assert found == []
