@@ -297,17 +297,7 @@ def runtime_behaviours(o: PlanOptions, cluster: ClusterSpec, precision: str, war
     by its own flag; a warning where the model does not know a behaviour, a pin leaves the
     runtime's range, or a knob is ignored."""
     rt = runtimes.runtime(o.runtime)
-    flags = {
-        "state_layout": o.state_layout,
-        "overlap_dp_comm": o.overlap_dp_comm,
-        "overlap_tp_comm": o.overlap_tp_comm,
-        "attention": o.attention,
-        "uniform_stages": o.uniform_stages,
-        "free_stage_outputs": o.free_stage_outputs,
-        "elementwise": o.elementwise,
-        "fused_projections": o.fused_projections,
-        "fsdp_gather_bytes": {"bf16": 2, "fp32": 4}.get(o.fsdp_gather_dtype or ""),
-    }
+    flags = runtimes.flag_overrides(o)  # each behaviour row's own flag (meshplan/runtimes.py ROWS)
     out = runtimes.request_behaviours(rt.name, flags)
     unknown = [k for k in rt.unknown() if k in (*runtimes.REQUEST_FIELDS, "dropout") and flags.get(k) is None]
     if o.recompute != "selective":  # said only when the user asks for it

@@ -148,75 +148,14 @@ def runtime_group(p: argparse.ArgumentParser) -> None:
         help="training precision (default: bf16 on GPUs, fp32 on local-cpu); fp8: GEMMs at the "
         "device's fp8 peak and curve (H100/H200/B200; bf16 elsewhere), the rest bf16",
     )
-    g.add_argument(
-        "--state-layout",
-        choices=("torch", "megatron", "zero"),
-        default=None,
-        help="training state per parameter: torch 4+4+8 B, megatron 2+4+12 B, zero 2+2+12 B",
-    )
-    g.add_argument(
-        "--overlap-dp-comm",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="overlap the gradient reduction with backward",
-    )
-    g.add_argument(
-        "--overlap-tp-comm",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="overlap tensor-parallel collectives with GEMMs (Megatron-Core --tp-comm-overlap)",
-    )
-    g.add_argument(
-        "--attention",
-        choices=("flash", "materialized"),
-        default=None,
-        help="attention kernel: flash keeps the log-sum-exp, materialized the s x s scores",
-    )
-    g.add_argument(
-        "--dropout",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="dropout masks kept for backward (GPT blocks; default: the runtime's, e.g. on under megatron-lm)",
-    )
-    g.add_argument(
-        "--uniform-stages",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="split blocks evenly over pipeline stages (Megatron) instead of searching boundaries",
-    )
-    g.add_argument(
-        "--free-stage-outputs",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="a pipeline stage frees each microbatch's output once sent (Megatron) instead of holding it "
-        "until its backward (torch pipelining, DeepSpeed)",
-    )
-    g.add_argument(
-        "--elementwise",
-        choices=("fused", "compiled", "eager"),
-        default=None,
-        help="how norms, rotary, SwiGLU and the GQA repeat run: fused kernels (Megatron, Transformer Engine), "
-        "torch.compile, or eager torch ops, which move more bytes (closed-form models)",
-    )
-    g.add_argument(
-        "--fused-projections",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="Q, K, V as one GEMM and the MLP's gate and up as one (Megatron), instead of one GEMM per "
-        "projection (torchtitan, torch models): smaller GEMMs run less efficiently (closed-form models)",
-    )
+    for flag in runtimes.BEHAVIOUR_FLAGS:  # one per behaviour row with a flag (meshplan/runtimes.py ROWS)
+        g.add_argument(flag.name, **flag.argparse_kwargs())  # type: ignore[arg-type]
     g.add_argument(
         "--compile",
         dest="elementwise",
         action="store_const",
         const="compiled",
         help="the runtime compiles the model (torchtitan training.compile): same as --elementwise compiled",
-    )
-    g.add_argument(
-        "--fsdp-gather-dtype",
-        choices=("bf16", "fp32"),
-        default=None,
-        help="dtype of ZeRO-3/FSDP parameter all-gathers and gradient reduce-scatters",
     )
 
 

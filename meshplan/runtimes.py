@@ -11,6 +11,7 @@ Torch-free: the planner, the CLI, the report and the exports read it.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 
 from meshplan import dp_methods
@@ -161,50 +162,221 @@ AMP / FSDP2 mixed precision); megatron = bf16 weights, fp32 main grads, fp32 mas
 Rajbhandari et al. 2020 Sec 3.1, DeepSpeed)."""
 
 
-BEHAVIOURS = {
-    "state_layout": "training state bytes per parameter, unsharded (weights + grads + optimizer)",
-    "overlap_dp_comm": "gradient reduction overlapped with backward (all but the last bucket)",
-    "overlap_tp_comm": "tensor-parallel collectives overlapped with GEMMs",
-    "attention": "attention kernel: flash (keeps the log-sum-exp) or materialized (keeps the s x s scores)",
-    "dropout": "dropout masks kept for backward (GPT blocks, closed-form or captured)",
-    "uniform_stages": "blocks split evenly over the pipeline stages (else boundaries are searched)",
-    "zero_stages": "ZeRO / FSDP stages the runtime implements (the search tries only these)",
-    "fsdp_gather_bytes": "bytes per element of the ZeRO-2/3 parameter all-gather and gradient reduce-scatter",
-    "fp8": "fp8 GEMMs available (--precision fp8)",
-    "sp_regather": "sequence parallel re-gathers the layer input in backward (else keeps it gathered)",
-    "selective_recompute": "what --recompute selective recomputes",
-    "elementwise": "memory-bound ops (norms, rotary, SwiGLU, GQA repeat): fused kernels, torch.compile, or eager ops",
-    "fused_projections": "Q, K, V in one GEMM and the MLP's gate and up in one (else one GEMM per projection)",
-    "model_source": "runtime: the runtime builds its own model of the profiled shape (a standard block is priced as its closed form); user: the profiled module runs",
-    "free_stage_outputs": "a pipeline stage frees each microbatch's output once sent (else holds it until its backward)",
-    "offload_methods": "state offload the runtime implements (the search falls back only to these when nothing fits)",
-    "compression_methods": "gradient compression the runtime implements (--allow-compression keeps only these)",
-    "sync_methods": "replica synchronisation the runtime implements (--allow-sync keeps only these)",
-    "also_runs": "valid layouts meshplan's executor refuses that this runtime runs (the search offers them)",
-}
-"""Behaviour name -> what it means (the README table's rows)."""
+@dataclass(frozen=True, kw_only=True)
+class Flag:
+    """A behaviour's own CLI flag (meshplan/options.py adds one argument per Flag of ROWS)."""
 
-FLAGS = {
-    "state_layout": "--state-layout",
-    "overlap_dp_comm": "--overlap-dp-comm / --no-overlap-dp-comm",
-    "overlap_tp_comm": "--overlap-tp-comm / --no-overlap-tp-comm",
-    "attention": "--attention",
-    "dropout": "--dropout / --no-dropout",
-    "uniform_stages": "--uniform-stages / --no-uniform-stages",
-    "zero_stages": "--zero (pins one)",
-    "fsdp_gather_bytes": "--fsdp-gather-dtype",
-    "fp8": "--precision fp8",
-    "sp_regather": "(--state-layout: STATE_LAYOUTS' sp_regather)",
-    "selective_recompute": "(--runtime; --recompute selective)",
-    "elementwise": "--elementwise, --compile",
-    "fused_projections": "--fused-projections / --no-fused-projections",
-    "model_source": "(--runtime)",
-    "free_stage_outputs": "--free-stage-outputs / --no-free-stage-outputs",
-    "offload_methods": "--offload (pins one)",
-    "compression_methods": "--compression (pins one), --allow-compression",
-    "sync_methods": "--sync (pins one), --allow-sync",
-    "also_runs": "(--runtime; --cp, --schedule 1f1b)",
-}
+    name: str
+    """The option string, e.g. "--state-layout"."""
+    help: str
+    choices: tuple[str, ...] = ()
+    """Its values; () for an on/off flag (--x / --no-x)."""
+    to_request: dict[str, object] | None = None
+    """Flag value -> the PlanRequest field's value, where they differ (a dtype name -> its bytes)."""
+
+    @property
+    def dest(self) -> str:
+        """The parsed option's attribute name (argparse's)."""
+        return self.name.lstrip("-").replace("-", "_")
+
+    def argparse_kwargs(self) -> dict[str, object]:
+        """Keyword arguments of ArgumentParser.add_argument; default None: the runtime's value."""
+        if self.choices:
+            return {"choices": self.choices, "default": None, "help": self.help}
+        return {"action": argparse.BooleanOptionalAction, "default": None, "help": self.help}
+
+    def request_value(self, given: object) -> object:
+        """The PlanRequest value of a parsed flag value (None: not given)."""
+        if given is None or self.to_request is None:
+            return given
+        return self.to_request.get(str(given))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Row:
+    """One behaviour: what it means, how the CLI sets it, whether the PlanRequest carries it. Each
+    runtime of RUNTIMES gives its value and source; the planner reads it through its RuntimeSpec."""
+
+    name: str
+    meaning: str
+    flags: str
+    """How the CLI sets it (the table's flag column)."""
+    request: bool = True
+    """A PlanRequest field of the same name (dropout builds the profile, fp8 is a check, the method
+    lists narrow the search's axes and sp_regather follows the state layout)."""
+    flag: Flag | None = None
+    """The behaviour's own flag, if it has one."""
+
+
+def _bool_flag(name: str, help: str) -> Flag:
+    return Flag(name=name, help=help)
+
+
+ROWS: tuple[Row, ...] = (
+    Row(
+        name="state_layout",
+        meaning="training state bytes per parameter, unsharded (weights + grads + optimizer)",
+        flags="--state-layout",
+        flag=Flag(
+            name="--state-layout",
+            choices=tuple(STATE_LAYOUTS),
+            help="training state per parameter: "
+            + ", ".join(
+                f"{s.name} {s.weight_bytes}+{s.grad_bytes}+{s.optimizer_bytes} B" for s in STATE_LAYOUTS.values()
+            ),
+        ),
+    ),
+    Row(
+        name="overlap_dp_comm",
+        meaning="gradient reduction overlapped with backward (all but the last bucket)",
+        flags="--overlap-dp-comm / --no-overlap-dp-comm",
+        flag=_bool_flag("--overlap-dp-comm", "overlap the gradient reduction with backward"),
+    ),
+    Row(
+        name="overlap_tp_comm",
+        meaning="tensor-parallel collectives overlapped with GEMMs",
+        flags="--overlap-tp-comm / --no-overlap-tp-comm",
+        flag=_bool_flag(
+            "--overlap-tp-comm", "overlap tensor-parallel collectives with GEMMs (Megatron-Core --tp-comm-overlap)"
+        ),
+    ),
+    Row(
+        name="attention",
+        meaning="attention kernel: flash (keeps the log-sum-exp) or materialized (keeps the s x s scores)",
+        flags="--attention",
+        flag=Flag(
+            name="--attention",
+            choices=("flash", "materialized"),
+            help="attention kernel: flash keeps the log-sum-exp, materialized the s x s scores",
+        ),
+    ),
+    Row(
+        name="dropout",
+        meaning="dropout masks kept for backward (GPT blocks, closed-form or captured)",
+        flags="--dropout / --no-dropout",
+        request=False,
+        flag=_bool_flag(
+            "--dropout",
+            "dropout masks kept for backward (GPT blocks; default: the runtime's, e.g. on under megatron-lm)",
+        ),
+    ),
+    Row(
+        name="uniform_stages",
+        meaning="blocks split evenly over the pipeline stages (else boundaries are searched)",
+        flags="--uniform-stages / --no-uniform-stages",
+        flag=_bool_flag(
+            "--uniform-stages", "split blocks evenly over pipeline stages (Megatron) instead of searching boundaries"
+        ),
+    ),
+    Row(
+        name="zero_stages",
+        meaning="ZeRO / FSDP stages the runtime implements (the search tries only these)",
+        flags="--zero (pins one)",
+    ),
+    Row(
+        name="fsdp_gather_bytes",
+        meaning="bytes per element of the ZeRO-2/3 parameter all-gather and gradient reduce-scatter",
+        flags="--fsdp-gather-dtype",
+        flag=Flag(
+            name="--fsdp-gather-dtype",
+            choices=("bf16", "fp32"),
+            help="dtype of ZeRO-3/FSDP parameter all-gathers and gradient reduce-scatters",
+            to_request={"bf16": 2, "fp32": 4},
+        ),
+    ),
+    Row(name="fp8", meaning="fp8 GEMMs available (--precision fp8)", flags="--precision fp8", request=False),
+    Row(
+        name="sp_regather",
+        meaning="sequence parallel re-gathers the layer input in backward (else keeps it gathered)",
+        flags="(--state-layout: STATE_LAYOUTS' sp_regather)",
+        request=False,
+    ),
+    Row(
+        name="selective_recompute",
+        meaning="what --recompute selective recomputes",
+        flags="(--runtime; --recompute selective)",
+    ),
+    Row(
+        name="elementwise",
+        meaning="memory-bound ops (norms, rotary, SwiGLU, GQA repeat): fused kernels, torch.compile, or eager ops",
+        flags="--elementwise, --compile",
+        flag=Flag(
+            name="--elementwise",
+            choices=("fused", "compiled", "eager"),
+            help="how norms, rotary, SwiGLU and the GQA repeat run: fused kernels (Megatron, Transformer Engine), "
+            "torch.compile, or eager torch ops, which move more bytes (closed-form models)",
+        ),
+    ),
+    Row(
+        name="fused_projections",
+        meaning="Q, K, V in one GEMM and the MLP's gate and up in one (else one GEMM per projection)",
+        flags="--fused-projections / --no-fused-projections",
+        flag=_bool_flag(
+            "--fused-projections",
+            "Q, K, V as one GEMM and the MLP's gate and up as one (Megatron), instead of one GEMM per "
+            "projection (torchtitan, torch models): smaller GEMMs run less efficiently (closed-form models)",
+        ),
+    ),
+    Row(
+        name="model_source",
+        meaning="runtime: the runtime builds its own model of the profiled shape (a standard block is priced as "
+        "its closed form); user: the profiled module runs",
+        flags="(--runtime)",
+        request=False,
+    ),
+    Row(
+        name="free_stage_outputs",
+        meaning="a pipeline stage frees each microbatch's output once sent (else holds it until its backward)",
+        flags="--free-stage-outputs / --no-free-stage-outputs",
+        flag=_bool_flag(
+            "--free-stage-outputs",
+            "a pipeline stage frees each microbatch's output once sent (Megatron) instead of holding it "
+            "until its backward (torch pipelining, DeepSpeed)",
+        ),
+    ),
+    Row(
+        name="offload_methods",
+        meaning="state offload the runtime implements (the search falls back only to these when nothing fits)",
+        flags="--offload (pins one)",
+    ),
+    Row(
+        name="compression_methods",
+        meaning="gradient compression the runtime implements (--allow-compression keeps only these)",
+        flags="--compression (pins one), --allow-compression",
+        request=False,
+    ),
+    Row(
+        name="sync_methods",
+        meaning="replica synchronisation the runtime implements (--allow-sync keeps only these)",
+        flags="--sync (pins one), --allow-sync",
+        request=False,
+    ),
+    Row(
+        name="also_runs",
+        meaning="valid layouts meshplan's executor refuses that this runtime runs (the search offers them)",
+        flags="(--runtime; --cp, --schedule 1f1b)",
+    ),
+)
+"""Every behaviour, in the table's order: BEHAVIOURS, FLAGS, REQUEST_FIELDS and the CLI's behaviour
+flags are read from here."""
+
+BEHAVIOURS = {row.name: row.meaning for row in ROWS}
+"""Behaviour name -> what it means (the runtime table's rows, docs/runtimes.md)."""
+FLAGS = {row.name: row.flags for row in ROWS}
+"""Behaviour name -> how the CLI sets it."""
+BEHAVIOUR_FLAGS = tuple(row.flag for row in ROWS if row.flag is not None)
+"""The behaviours' own flags, in the table's order (meshplan/options.py adds them)."""
+
+
+def flag_overrides(options: object) -> dict[str, object]:
+    """PlanRequest behaviour values the parsed flags give (an object with the flags' dest
+    attributes, e.g. argparse's namespace); None where a flag is not given."""
+    return {
+        row.name: row.flag.request_value(getattr(options, row.flag.dest, None))
+        for row in ROWS
+        if row.request and row.flag is not None
+    }
+
 
 _KORTH = "Korthikanti et al. 2022"
 _SP = Behaviour(value=True, source=f"{_KORTH} Sec 4.2.2 (Megatron's LinearWithGradAccumulationAndAsyncCommunication)")
@@ -565,22 +737,8 @@ def runtime(name: str) -> Runtime:
     return RUNTIMES[name]
 
 
-REQUEST_FIELDS = (
-    "state_layout",
-    "overlap_dp_comm",
-    "overlap_tp_comm",
-    "attention",
-    "uniform_stages",
-    "zero_stages",
-    "fsdp_gather_bytes",
-    "selective_recompute",
-    "elementwise",
-    "fused_projections",
-    "free_stage_outputs",
-    "offload_methods",
-    "also_runs",
-)
-"""Behaviours the PlanRequest carries (dropout is a profile-building input, fp8 a check)."""
+REQUEST_FIELDS = tuple(row.name for row in ROWS if row.request)
+"""Behaviours the PlanRequest carries, each a field of the same name (Row.request)."""
 
 
 def request_behaviours(name: str, overrides: dict) -> dict:

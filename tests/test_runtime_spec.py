@@ -67,3 +67,23 @@ def test_no_planner_module_below_the_request_reads_the_layout_by_name():
                 if any(isinstance(c, str) and c in ("torch", "megatron") for c in consts):
                     found.append(f"{where}:{node.lineno} compares a layout name")
     assert found == []
+
+
+def test_every_behaviour_flag_comes_from_its_row_and_reaches_the_request():
+    """The CLI's behaviour flags are the table's rows (meshplan/runtimes.py ROWS): each parses and
+    lands in the PlanRequest field of its row, converted where the row says."""
+    from meshplan import runtimes
+    from meshplan.options import plan_parser
+
+    parser = plan_parser("plan")
+    for row in runtimes.ROWS:
+        if row.flag is None or not row.request:
+            continue
+        flag = row.flag
+        argv, want = ([flag.name, flag.choices[-1]], flag.choices[-1]) if flag.choices else ([flag.name], True)
+        if flag.to_request:
+            want = flag.to_request[str(want)]
+        ns = parser.parse_args(["--model", "gpt2-small", "--cluster", "h100-80g", "--global-batch", "8", *argv])
+        assert runtimes.flag_overrides(ns)[row.name] == want, row.name
+    assert runtimes.REQUEST_FIELDS == tuple(r.name for r in runtimes.ROWS if r.request)
+    assert set(runtimes.REQUEST_FIELDS) <= {f.name for f in dataclasses.fields(PlanRequest)}
