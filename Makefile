@@ -24,6 +24,7 @@ $(EXPORT_STAMP): tests/export-tools.txt constraints.txt
 	test -x $(EXPORT_VENV)/bin/python || $(PY) -m venv $(EXPORT_VENV)
 	$(EXPORT_VENV)/bin/pip install -q --upgrade pip
 	DS_BUILD_OPS=0 $(EXPORT_VENV)/bin/pip install -q -c constraints.txt torch -r tests/export-tools.txt
+	$(EXPORT_VENV)/bin/pip install -q --no-deps --upgrade --target $(EXPORT_VENV)/torchtitan-0.2 torchtitan==0.2.2
 	touch $(EXPORT_STAMP)
 
 export-tools: $(EXPORT_STAMP)

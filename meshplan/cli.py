@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "export",
         help="export a plan to another framework's settings",
-        description="Translate a plan to torchtitan (TOML + Python), Megatron-LM flags, a "
+        description="Translate a plan to torchtitan (a Python config; 0.2: TOML), Megatron-LM flags, a "
         "DeepSpeed config or an accelerate YAML; what the target cannot express "
         "is stated in the output.",
     )
@@ -200,6 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         choices=("torchtitan", "megatron", "deepspeed", "accelerate"),
         help="the framework whose settings to write",
+    )
+    p.add_argument(
+        "--target-version",
+        choices=("0.3", "0.2"),
+        help="torchtitan release to write for: 0.3 (default: a Python config for --module/--config) or 0.2 "
+        "(the TOML job config of --job.config_file)",
     )
     p.add_argument("-o", "--output", help="folder to write the files into (default: print)")
     _common(p)

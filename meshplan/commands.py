@@ -502,7 +502,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     plan = _load_plan(args.plan)
     from meshplan.report import export_plan
 
-    files = export_plan(plan, args.to)
+    files = export_plan(plan, args.to, getattr(args, "target_version", None))
     if args.output:
         for name, text in files.items():
             schema.write_text_atomic(Path(args.output) / name, text)

@@ -35,7 +35,7 @@ def _zero_stage(plan: Plan, warnings: list[str]) -> int:
 
 def _zero(plan: Plan, warnings: list[str]) -> dict:
     stage = _zero_stage(plan, warnings)
-    zero = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
+    zero: dict[str, object] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
     if ec.offloads(plan):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         if stage == 3:

@@ -13,7 +13,7 @@ from meshplan.errors import MeshplanError
 from meshplan.plan import Plan
 
 
-def _targets() -> dict[str, Callable[[Plan], dict[str, str]]]:
+def _targets() -> dict[str, Callable[..., dict[str, str]]]:
     from meshplan.report.export_accelerate import export_accelerate
     from meshplan.report.export_deepspeed import export_deepspeed
     from meshplan.report.export_megatron import export_megatron
@@ -30,12 +30,15 @@ def _targets() -> dict[str, Callable[[Plan], dict[str, str]]]:
 EXPORT_TARGETS = ("torchtitan", "megatron", "deepspeed", "accelerate")
 
 
-def export_plan(plan: Plan, target: str) -> dict[str, str]:
-    """Filename -> file content for `target` (one of EXPORT_TARGETS)."""
+def export_plan(plan: Plan, target: str, version: str | None = None) -> dict[str, str]:
+    """Filename -> file content for `target` (one of EXPORT_TARGETS); `version` picks a release of the target
+    where its config format changed (torchtitan: "0.3", the default, or "0.2")."""
     key = target.strip().lower().replace("-", "").replace("_", "")
     aliases = {"megatronlm": "megatron", "titan": "torchtitan", "ds": "deepspeed"}
     key = aliases.get(key, key)
     targets = _targets()
     if key not in targets:
         raise MeshplanError(f"--to {target!r} is not an export target; use one of {', '.join(EXPORT_TARGETS)}")
-    return targets[key](plan)
+    if version is not None and key != "torchtitan":
+        raise MeshplanError(f"--target-version {version}: only the torchtitan export has versions (0.3, 0.2)")
+    return targets[key](plan, version) if key == "torchtitan" else targets[key](plan)
