@@ -352,18 +352,141 @@ def _typed(value):
     return value if value is True else int(value) if str(value).isdigit() else value
 
 
-CHECKS = {"deepspeed": check_deepspeed, "accelerate": check_accelerate, "megatron": check_megatron}
+# --- torchtitan --------------------------------------------------------------------------------------
+
+STUB_MODEL = "meshplan_stub_model"
+"""Stands in for the user's module in a custom-model export: torchtitan's llama3 debug model (the rest of the
+config is what is checked; the plan's own architecture is not one torchtitan ships)."""
+
+
+def _stub_model_module(directory: str) -> None:
+    (Path(directory) / f"{STUB_MODEL}.py").write_text(
+        "from torchtitan.models.llama3 import model_registry\n\n\n"
+        "def model_spec(converters):\n    return model_registry('debugmodel', converters=converters)\n"
+    )
+
+
+def _titan_values(cfg, world: int, version: str) -> dict:
+    par, tr = cfg.parallelism, cfg.training
+    return {
+        "version": version,
+        "world_size": world,
+        "dp_replicate": par.data_parallel_replicate_degree,
+        "dp_shard": par.data_parallel_shard_degree,
+        "tp": par.tensor_parallel_degree,
+        "cp": par.context_parallel_degree,
+        "pp": par.pipeline_parallel_degree,
+        "sequence_parallel": getattr(par, "enable_sequence_parallel", True),
+        "reshard": par.fsdp_reshard_after_forward,
+        "schedule": par.pipeline_parallel_schedule,
+        "pp_microbatch": par.pipeline_parallel_microbatch_size,
+        "model_parts": par.module_fqns_per_model_part,
+        "local_batch": tr.local_batch_size,
+        "global_batch": tr.global_batch_size,
+        "seq_len": tr.seq_len,
+        "mixed_precision_param": tr.mixed_precision_param,
+        "cpu_offload": tr.enable_cpu_offload,
+    }
+
+
+def check_torchtitan(directory: str) -> dict:
+    """torchtitan 0.3: its ConfigManager loads the exported config_registry function (--module/--config), then
+    ParallelDims and the mesh over the launched world, and the trainer's batch arithmetic."""
+    import torchtitan.components.quantization.float8 as titan_float8
+    from torchtitan.config.manager import ConfigManager
+    from torchtitan.distributed import ParallelDims
+
+    # the float8 converter refuses devices before SM89; the export is for H100s: check it as on one
+    titan_float8.has_cuda_capability = lambda major, minor: (major, minor) <= (9, 0)
+    d = Path(directory)
+    nodes, per_node = launch_world((d / "run_torchtitan.sh").read_text())
+    world = nodes * per_node
+    custom = "MESHPLAN_MODEL_MODULE" in (d / "meshplan_torchtitan.py").read_text()
+    if custom:
+        _stub_model_module(directory)
+        os.environ["MESHPLAN_MODEL_MODULE"] = STUB_MODEL
+    sys.path.insert(0, directory)
+    try:
+        sys.modules.pop("meshplan_torchtitan", None)
+        cfg = ConfigManager().parse_args(["--module", "meshplan_torchtitan", "--config", "meshplan"])
+    finally:
+        sys.path.remove(directory)
+        os.environ.pop("MESHPLAN_MODEL_MODULE", None)
+    values = _titan_values(cfg, world, "0.3")
+    with fake_world(world):
+        dims = ParallelDims.from_config(cfg.parallelism, world)  # degrees multiply to the world
+        dims.build_mesh()
+        batch_degree = dims.get_mesh("batch").size() if dims.dp_enabled else 1
+    local, global_batch = cfg.training.local_batch_size, cfg.training.global_batch_size
+    assert global_batch % (local * batch_degree) == 0, "global batch size must be multiple of local batch size times data-parallel degree"  # fmt: skip
+    spec = cfg.model_spec
+    model = spec.model
+    converters = [type(c).__qualname__ for c in getattr(cfg, "converters", [])]
+    layer = model.layers[0] if getattr(model, "layers", None) else None
+    values.update(
+        batch_degree=batch_degree,
+        accumulation=global_batch // (local * batch_degree),
+        model_name=spec.name,
+        flavor=spec.flavor,
+        custom_model=custom,
+        dim=model.dim,
+        n_layers=len(model.layers),
+        vocab=model.vocab_size,
+        tied=bool(getattr(model, "enable_weight_tying", False)),
+        float8="Float8Linear" in repr(layer) or "float8" in repr(model).lower() or bool(converters),
+        ac=type(cfg.activation_checkpoint).__qualname__ if cfg.activation_checkpoint is not None else None,
+        compile=cfg.compile.enable,
+    )
+    return values
+
+
+def check_torchtitan_02(directory: str) -> dict:
+    """torchtitan 0.2: its ConfigManager reads the TOML (--job.config_file); unknown keys raise."""
+    from torchtitan.config.manager import ConfigManager
+
+    d = Path(directory)
+    nodes, per_node = launch_world((d / "run_torchtitan.sh").read_text())
+    cfg = ConfigManager().parse_args(["--job.config_file", str(d / "meshplan.toml")])
+    values = _titan_values(cfg, nodes * per_node, "0.2")
+    par = cfg.parallelism
+    dp_shard = par.data_parallel_shard_degree
+    others = par.data_parallel_replicate_degree * par.context_parallel_degree * par.tensor_parallel_degree * par.pipeline_parallel_degree  # fmt: skip
+    if dp_shard == -1:
+        dp_shard = values["world_size"] // others
+    assert others * dp_shard == values["world_size"], "Invalid parallel dims"
+    batch_degree = par.data_parallel_replicate_degree * dp_shard
+    values.update(
+        batch_degree=batch_degree,
+        accumulation=cfg.training.global_batch_size // (cfg.training.local_batch_size * batch_degree),
+        model_name=cfg.model.name,
+        flavor=cfg.model.flavor,
+        converters=list(cfg.model.converters),
+        float8_recipe=cfg.quantize.linear.float8.recipe_name,
+        ac=cfg.activation_checkpoint.mode,
+        compile=cfg.compile.enable,
+    )
+    return values
+
+
+CHECKS = {"deepspeed": check_deepspeed, "accelerate": check_accelerate, "megatron": check_megatron,
+          "torchtitan": check_torchtitan, "torchtitan-0.2": check_torchtitan_02}  # fmt: skip
 
 
 def main() -> int:
     cases = json.load(sys.stdin)
+    if any(case["target"] == "torchtitan-0.2" for case in cases):  # 0.2 installed beside 0.3 (make export-tools)
+        assert all(case["target"] == "torchtitan-0.2" for case in cases), "torchtitan 0.2 cases run on their own"
+        sys.path.insert(0, str(Path(sys.executable).parents[1] / "torchtitan-0.2"))
     out = []
     for case in cases:
         try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                values = CHECKS[case["target"]](case["dir"])
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+                try:
+                    values = CHECKS[case["target"]](case["dir"])
+                except SystemExit as exc:
+                    raise RuntimeError(f"the tool's parser exited: {err.getvalue()[-1500:]}") from exc
             out.append({"id": case["id"], "accepted": True, "error": "", "values": values})
-        except Exception as exc:  # noqa: BLE001 - the tool's refusal is the result
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the tool's refusal is the result (tyro exits)
             tail = traceback.format_exception(exc)[-1].strip()
             out.append({"id": case["id"], "accepted": False, "error": f"{type(exc).__name__}: {exc}"[:2000] or tail})
     print(json.dumps(out))

@@ -127,12 +127,14 @@ def test_torchtitan_export_compiles_what_was_predicted_compiled(tmp_path, capsys
         argv = ["plan", "--model", "llama-tiny", "--cluster", "h100-80g", "--num-gpus", "8", "--global-batch", "16"]
         assert main([*argv, "--runtime", "torchtitan", *flags, "-q", "-o", str(plan)]) == 0
         folder = tmp_path / name
-        assert main(["export", str(plan), "--to", "torchtitan", "-o", str(folder)]) == 0
+        assert main(["export", str(plan), "--to", "torchtitan", "--target-version", "0.2", "-o", str(folder)]) == 0
         out[name] = (folder / "meshplan.toml").read_text()
+        current = tmp_path / f"{name}-0.3"
+        assert main(["export", str(plan), "--to", "torchtitan", "-o", str(current)]) == 0
+        out[name + ":0.3"] = (current / "meshplan_torchtitan.py").read_text()
     capsys.readouterr()
-    training = {name: text.split("[training]")[1].split("\n[")[0] for name, text in out.items()}
-    assert "compile = true" in training["compiled"]
-    assert "compile" not in training["eager"]
+    assert "[compile]\nenable = true" in out["compiled"] and "[compile]" not in out["eager"]
+    assert "CompileConfig(enable=True)" in out["compiled:0.3"] and "CompileConfig(enable=False)" in out["eager:0.3"]
 
 
 def test_split_projections_read_smaller_gemms_and_never_speed_a_layer_up():

@@ -24,7 +24,7 @@ from meshplan.report import export_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS_PYTHON = ROOT / ".venv-exports" / "bin" / "python"
-TARGETS = ("deepspeed", "accelerate", "megatron")
+TARGETS = ("deepspeed", "accelerate", "megatron", "torchtitan", "torchtitan-0.2")
 PLANS = list(PLAN_ARGS)
 
 
@@ -46,7 +46,7 @@ def exported(plans, tmp_path_factory) -> dict[tuple[str, str], tuple[Path, dict[
         for target in TARGETS:
             folder = root / name / target
             folder.mkdir(parents=True)
-            files = export_plan(plan, target)
+            files = export_plan(plan, *target.split("-"))  # torchtitan-0.2: version 0.2
             for fname, text in files.items():
                 (folder / fname).write_text(text)
             out[(name, target)] = (folder, files)
@@ -61,16 +61,28 @@ def tool(exported) -> dict[tuple[str, str], dict]:
             pytest.fail(f"{TOOLS_PYTHON} is missing in CI: `make test` builds it with `make export-tools`")
         pytest.skip("export tools venv missing: run `make export-tools` to check the exports with the real tools")
     cases = [{"id": f"{n}/{t}", "target": t, "dir": str(folder)} for (n, t), (folder, _) in exported.items()]
-    proc = subprocess.run(
-        [str(TOOLS_PYTHON), str(ROOT / "tests" / "export_tool_checks.py")],
-        input=json.dumps(cases),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "PYTHONPATH": ""},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return {tuple(r["id"].split("/")): r for r in json.loads(proc.stdout)}
+    # torchtitan 0.2 is imported in a process of its own (0.3 holds the package name): two runs side by side
+    groups = [
+        [c for c in cases if c["target"] != "torchtitan-0.2"],
+        [c for c in cases if c["target"] == "torchtitan-0.2"],
+    ]
+    procs = [
+        subprocess.Popen(
+            [str(TOOLS_PYTHON), str(ROOT / "tests" / "export_tool_checks.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": ""},
+        )
+        for _ in groups
+    ]
+    results = {}
+    for proc, group in zip(procs, groups):
+        out, err = proc.communicate(json.dumps(group), timeout=900)
+        assert proc.returncode == 0, err[-3000:]
+        results.update({tuple(r["id"].split("/")): r for r in json.loads(out)})
+    return results
 
 
 def accepted(tool, name: str, target: str) -> dict:
@@ -275,3 +287,59 @@ def test_multi_node_launch_lines(plans):
     assert ec.num_nodes(plan) * ec.devices_per_node(plan) == plan.world_size
     ds = export_plan(plan, "deepspeed")["launch_deepspeed.sh"]
     assert re.search(r"deepspeed --hostfile \S+ --master_addr \S+ --num_nodes 128 --num_gpus 8", ds)
+
+
+# --- torchtitan --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["torchtitan", "torchtitan-0.2"])
+@pytest.mark.parametrize("name", PLANS)
+def test_torchtitan_accepts_the_export(name, target, plans, exported, tool):
+    from meshplan.report.export_torchtitan import HEAD_FQNS, LLAMA3_FLAVORS, shipped_model
+
+    plan, (_, files) = plans[name], exported[(name, target)]
+    got = accepted(tool, name, target)
+    warns = warnings_in(files)
+    version = got["version"]
+    pp, m = plan.pipeline_parallel_degree, plan.num_microbatches
+    assert got["world_size"] == plan.world_size
+    assert (got["pp"], got["dp_replicate"], got["dp_shard"], got["cp"], got["tp"]) == plan.mesh_shape
+    assert got["batch_degree"] == plan.data_parallel_degree and got["global_batch"] == plan.global_batch_size
+    if pp > 1:  # the local batch is split into microbatches of the pipeline
+        assert (got["pp_microbatch"], got["local_batch"] // got["pp_microbatch"]) == (plan.microbatch_size, m)
+        assert got["accumulation"] == 1 and got["schedule"] == plan.pipeline_schedule
+        names = {"embed": ["tok_embeddings"], "head": HEAD_FQNS[version]}
+        expected = [[n for f in stage for n in names.get(f, [f])] for stage in plan.stages]
+        assert got["model_parts"] == expected
+    else:
+        assert (got["local_batch"], got["accumulation"]) == (plan.microbatch_size, m)
+    reshard = {2: "never"}.get(plan.zero_stage, "always" if pp > 1 else "default")
+    assert got["reshard"] == reshard
+    if version == "0.3" and plan.tensor_parallel_degree > 1:
+        assert got["sequence_parallel"] == plan.sequence_parallel
+    assert got["seq_len"] == plan.seq_len
+    assert got["mixed_precision_param"] == ("float32" if plan.precision == "fp32" else "bfloat16")
+    assert got["cpu_offload"] == (plan.dp_methods.offload.name == "cpu")
+    assert got["compile"] == (plan.runtime_behaviours.get("elementwise") == "compiled")
+    shipped = shipped_model(plan)
+    if shipped:
+        assert (got["model_name"], got["flavor"]) == shipped
+        if version == "0.3":  # torchtitan's own model config of that flavour is the plan's shape
+            layers, dim, *_, vocab = LLAMA3_FLAVORS[shipped[1]]
+            assert (got["n_layers"], got["dim"], got["vocab"], got["tied"]) == (layers, dim, vocab, False)
+            assert (got["n_layers"], got["dim"]) == (len(ec.blocks(plan)), plan.model_config["hidden"])
+    else:
+        assert "torchtitan ships no model of this architecture" in warns
+        assert got.get("custom_model", got["model_name"] == "custom")
+    if version == "0.3":
+        assert got["float8"] == (plan.precision == "fp8")
+    else:
+        assert (got["converters"] == ["quantize.linear.float8"]) == (plan.precision == "fp8")
+    uniform = ec.uniform_recompute(plan)
+    mode = uniform or ec.strongest_recompute(plan)
+    if version == "0.3":
+        assert got["ac"] == {"none": None, "full": "FullAC.Config", "selective": "SelectiveAC.Config"}[mode]
+    elif uniform is not None:
+        assert got["ac"] == mode
+    if uniform is None:
+        assert "per-layer recompute" in warns

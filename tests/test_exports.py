@@ -71,7 +71,7 @@ def megatron_args(text: str) -> dict[str, str | bool]:
 @pytest.mark.parametrize("name", list(PLANS))
 def test_torchtitan(name):
     plan: Plan = PLANS[name]()
-    files = export_plan(plan, "torchtitan")
+    files = export_plan(plan, "torchtitan", "0.2")
     cfg = tomllib.loads(files["meshplan.toml"])
     par, tr = cfg["parallelism"], cfg["training"]
     assert (
@@ -217,7 +217,7 @@ def test_what_cannot_be_expressed_is_said_in_every_output():
     )
     assert "uneven stage boundaries" in export_plan(plan, "deepspeed")["launch_deepspeed.sh"]
     # torchtitan expresses uneven boundaries exactly, so it does not warn about them
-    toml_text = export_plan(plan, "torchtitan")["meshplan.toml"]
+    toml_text = export_plan(plan, "torchtitan", "0.2")["meshplan.toml"]
     assert "uneven" not in toml_text
     assert [len(p) for p in tomllib.loads(toml_text)["parallelism"]["module_fqns_per_model_part"]] == [5, 3, 3, 4]
 
@@ -257,7 +257,7 @@ def test_megatron_warns_when_interleaving_needs_divisible_microbatches():
 def test_every_k_th_block_recompute_maps_to_torchtitan_selective_k():
     plan = gpt_plan(blocks=8, recompute="none")
     plan.recompute = {f"layers.{i}": "full" for i in (1, 3, 5, 7)}
-    ac = tomllib.loads(export_plan(plan, "torchtitan")["meshplan.toml"])["activation_checkpoint"]
+    ac = tomllib.loads(export_plan(plan, "torchtitan", "0.2")["meshplan.toml"])["activation_checkpoint"]
     assert ac == {"mode": "selective", "selective_ac_option": "2"}
 
 
@@ -266,7 +266,9 @@ def test_non_transformer_warns():
     names = ["stem"] + [f"stage{i}" for i in range(4)] + ["fc"]
     plan = dataclasses.replace(plan, layers=names, stages=[names[:3], names[3:]], recompute={})
     assert any("transformer" in w for w in warnings_in(export_plan(plan, "megatron")["megatron_args.sh"]))
-    parts = tomllib.loads(export_plan(plan, "torchtitan")["meshplan.toml"])["parallelism"]["module_fqns_per_model_part"]
+    parts = tomllib.loads(export_plan(plan, "torchtitan", "0.2")["meshplan.toml"])["parallelism"][
+        "module_fqns_per_model_part"
+    ]
     assert parts == [names[:3], names[3:]]
 
 
@@ -279,3 +281,41 @@ def test_unknown_target_names_the_choices():
 def test_exports_are_deterministic():
     for target in EXPORT_TARGETS:
         assert export_plan(searched_plan(), target) == export_plan(searched_plan(), target)
+
+
+def test_torchtitan_writes_the_current_release_unless_asked_for_0_2(tmp_path):
+    plan = PLANS["pipeline"]()
+    assert set(export_plan(plan, "torchtitan")) == {"meshplan_torchtitan.py", "run_torchtitan.sh"}
+    assert set(export_plan(plan, "torchtitan", "0.3")) == set(export_plan(plan, "torchtitan"))
+    assert "meshplan.toml" in export_plan(plan, "torchtitan", "0.2")
+    with pytest.raises(MeshplanError, match="only the torchtitan export has versions"):
+        export_plan(plan, "megatron", "0.2")
+    path = tmp_path / "plan.json"
+    schema.save(plan, path)
+    from meshplan.cli import main
+
+    assert main(["export", str(path), "--to", "torchtitan", "--target-version", "0.2", "-q", "-o", str(tmp_path)]) == 0
+    assert (tmp_path / "meshplan.toml").exists()
+    text = export_plan(plan, "torchtitan")["meshplan_torchtitan.py"]
+    assert "def meshplan():" in text and "--module meshplan_torchtitan --config meshplan" in text
+    compile(text, "meshplan_torchtitan.py", "exec")  # valid Python
+
+
+def test_torchtitan_names_a_shipped_model_with_its_flavour():
+    from meshplan.report.export_torchtitan import shipped_model
+
+    llama = dataclasses.replace(
+        gpt_plan(blocks=32),
+        model_family="llama",
+        model_config={"hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336, "vocab": 128256},
+    )
+    assert shipped_model(llama) == ("llama3", "8B")
+    toml_text = export_plan(llama, "torchtitan", "0.2")["meshplan.toml"]
+    assert tomllib.loads(toml_text)["model"] == {"name": "llama3", "flavor": "8B"}
+    assert "llama3_8b()" in export_plan(llama, "torchtitan")["meshplan_torchtitan.py"]
+    other = dataclasses.replace(llama, model_config={**llama.model_config, "ffn_hidden": 11008})
+    assert shipped_model(other) is None
+    assert (
+        "torchtitan ships no model of this architecture" in export_plan(other, "torchtitan")["meshplan_torchtitan.py"]
+    )
+    assert shipped_model(known_gpt(gpt_plan(blocks=32))) is None  # GPT: LayerNorm, GELU, learned positions

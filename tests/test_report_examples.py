@@ -55,7 +55,7 @@ def test_fresh_reports_are_not_stale(fake_planner, tmp_path):
         "report.md",
         "report.html",
         "plots/timeline.svg",
-        "exports/torchtitan/meshplan.toml",
+        "exports/torchtitan/meshplan_torchtitan.py",
         "exports/megatron/megatron_args.sh",
         "exports/deepspeed/ds_config.json",
         "exports/accelerate/accelerate_config.yaml",

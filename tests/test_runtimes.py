@@ -586,6 +586,15 @@ def test_context_parallel_ranks_share_the_state_shard(fsdp, cp, seq, measured_gi
     assert pred.peak_memory_bytes / 2**30 == pytest.approx(measured_gib, abs=0.11 * 96e9 / 2**30)
 
 
+def export_plan_of(path) -> str:
+    """The current torchtitan export's config module of the plan file at `path`."""
+    from meshplan import schema
+    from meshplan.plan import Plan
+    from meshplan.report import export_plan
+
+    return export_plan(schema.load(Plan, path, "plan"), "torchtitan")["meshplan_torchtitan.py"]
+
+
 def test_torchtitan_zero3_under_pp_exports_always_and_says_default_is_zero2(tmp_path, capsys):
     """torchtitan's fsdp_reshard_after_forward = "default" keeps parameters gathered under PP (its
     apply_fsdp: no per-microbatch all-gathers), i.e. ZeRO-2: a ZeRO-3 plan with pp > 1 must export
@@ -596,8 +605,9 @@ def test_torchtitan_zero3_under_pp_exports_always_and_says_default_is_zero2(tmp_
     assert main(argv) == 0
     assert "--zero 3 with --pp under torchtitan" in capsys.readouterr().err
     out = tmp_path / "titan"
-    assert main(["export", str(plan), "--to", "torchtitan", "-o", str(out), "--quiet"]) == 0
+    assert main(["export", str(plan), "--to", "torchtitan", "--target-version", "0.2", "-o", str(out), "--quiet"]) == 0
     assert 'fsdp_reshard_after_forward = "always"' in (out / "meshplan.toml").read_text()
+    assert "fsdp_reshard_after_forward = 'always'" in export_plan_of(plan)
 
 
 def test_op_selective_keeps_less_than_none_and_more_than_full():
