@@ -233,7 +233,8 @@ def markdown(result: dict) -> str:
         "payloads (DDP, fp16, the quantizers) land in the band: the cost model's wire bytes are what "
         "the kernel carries, to within the framing.\n"
     )
-    return head + "\n".join(lines) + "\n" + tail + reading
+    note = f"\nNote: {result['repriced']}.\n" if result.get("repriced") else ""
+    return head + "\n".join(lines) + "\n" + tail + reading + note
 
 
 def main(argv: list[str] | None = None) -> int:
