@@ -16,12 +16,14 @@ layer. Every failure is one MeshplanError line naming the file, factory or layer
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +69,17 @@ def _takes_device(factory: Callable) -> bool:
 
 
 def _import_target(target: str, spec: str):
+    if target == "analytic":
+        raise MeshplanError(
+            f"--model {spec}: analytic models are closed-form profiles for plan and estimate, with no "
+            "module to profile or run; use a zoo family with --set (e.g. --model gpt --set layers=2)"
+        )
     if target.endswith(".py") or "/" in target:
         path = Path(target)
+        if path.is_dir():
+            raise MeshplanError(
+                f"--model {spec}: {target!r} is a directory; give a path to a .py file followed by :factory"
+            )
         if not path.is_file():
             raise MeshplanError(
                 f"--model {spec}: file {target!r} not found; give a path to a .py file "
@@ -91,9 +102,38 @@ def _import_target(target: str, spec: str):
     return _run_import(lambda: importlib.import_module(target), target, spec)
 
 
+class _HardExit(Exception):
+    """os._exit called by a user's model code (made an exception while meshplan runs that code)."""
+
+    def __init__(self, code: int):
+        super().__init__(f"os._exit({code})")
+        self.code = code
+
+
+@contextlib.contextmanager
+def _no_hard_exit() -> Iterator[None]:
+    """os._exit in the user's import or factory would end meshplan at once with that code (0: a
+    'success' that wrote nothing); while their code runs it raises instead."""
+
+    def refuse(code: int = 0) -> None:
+        raise _HardExit(code)
+
+    saved, os._exit = os._exit, refuse  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        os._exit = saved
+
+
 def _run_import(load: Callable, target: str, spec: str, on_fail: Callable = lambda: None):
     try:
-        return load()
+        with _no_hard_exit():
+            return load()
+    except _HardExit as exc:
+        on_fail()
+        raise MeshplanError(
+            f"--model {spec}: importing {target} called os._exit({exc.code}); a model file must not exit"
+        ) from None
     except ModuleNotFoundError as exc:
         on_fail()
         if exc.name == target or target.startswith(f"{exc.name}."):
@@ -133,7 +173,10 @@ def _call_factory(factory: Callable, overrides: dict | None, spec: str, device: 
     if _takes_device(factory):
         kwargs["device"] = device
     try:
-        result = factory(**kwargs)
+        with _no_hard_exit():
+            result = factory(**kwargs)
+    except _HardExit as exc:
+        raise MeshplanError(f"--model {spec}: the factory called os._exit({exc.code}); it must return") from None
     except TypeError as exc:
         if overrides and "argument" in str(exc):
             raise MeshplanError(
