@@ -196,6 +196,12 @@ class ModelProfile:
         )
         check(self.seq_len >= 1, f"{p}seq_len", self.seq_len, "must be >= 1")
         check(len(self.layers) >= 1, f"{p}layers", len(self.layers), "a profile needs at least one layer")
+        check(
+            sum(layer.num_params for layer in self.layers) > 0,
+            f"{p}layers[*].num_params",
+            0,
+            "a profile of a model with no parameters has nothing to train; re-run meshplan profile",
+        )
         names = [layer.name for layer in self.layers]
         dup = sorted({n for n in names if names.count(n) > 1})
         check(not dup, f"{p}layers", dup[:3], "layer names must be unique module FQNs")

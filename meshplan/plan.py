@@ -329,6 +329,13 @@ class Plan:
         for name, value in degrees.items():
             check(value >= 1, f"{p}{name}", value, "degrees must be >= 1")
         check(self.world_size >= 1, f"{p}world_size", self.world_size, "must be >= 1")
+        axes = [a.strip() for a in self.rank_placement.split(",")]
+        check(
+            sorted(axes) == sorted(MESH_AXES),
+            f"{p}rank_placement",
+            self.rank_placement,
+            f"must order all of {','.join(MESH_AXES)} exactly once (outermost first)",
+        )
         product = 1
         for value in self.mesh_shape:
             product *= value
