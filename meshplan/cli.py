@@ -9,7 +9,10 @@ one line on stderr and a non-zero exit, never a traceback (meshplan.errors.Meshp
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
+import os
 import re
 import sys
 from typing import NoReturn
@@ -311,13 +314,61 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from meshplan import commands
 
-        return commands.dispatch(args)
+        if as_json and (sys.stdout is None or not _fd_open(1)):
+            raise MeshplanError("--json: stdout is closed, so the JSON has nowhere to go; redirect it to a file")
+        with _json_stdout(commands) if as_json else contextlib.nullcontext():
+            code = commands.dispatch(args)
+        sys.stdout.flush()  # a full disk or a closed pipe is found here, not at interpreter exit
+        return code
     except (MeshplanError, UsageError) as exc:
         _print_error(verb or next((t for t in argv if not t.startswith("-")), None), exc, as_json)
         return exc.exit_code
     except KeyboardInterrupt as exc:  # SIGINT; `run` also turns SIGTERM/SIGHUP into RunInterrupted
-        print(f"meshplan {verb}: {exc or 'interrupted'}", file=sys.stderr)
+        print(f"meshplan {verb}: {str(exc) or 'interrupted (Ctrl-C)'}", file=sys.stderr)
         return getattr(exc, "exit_code", 130)
+    except OSError as exc:  # writing to stdout: `presets > /dev/full`, `plan | head -1`
+        if exc.errno not in (errno.EPIPE, errno.ENOSPC, errno.EDQUOT, errno.EIO):
+            raise  # files meshplan writes fail as MeshplanError lines (schema.write_text_atomic)
+        _stdout_broken()
+        if exc.errno == errno.EPIPE:
+            return 0  # the reader has what it wanted
+        from meshplan.errors import os_error_text
+
+        print(f"meshplan {verb}: error: cannot write to stdout: {os_error_text(exc)}", file=sys.stderr)
+        return 2
+
+
+def _fd_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _json_stdout(commands):
+    """--json: stdout carries the JSON only; anything else printed meanwhile (a model file that
+    prints at import, a factory's progress) goes to stderr."""
+    commands.JSON_OUT = sys.stdout
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        commands.JSON_OUT = None
+
+
+def _stdout_broken() -> bool:
+    """True if stdout cannot take what was printed; then fd 1 is pointed at /dev/null so the
+    interpreter's own flush at exit does not print a second error."""
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+        return False
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        return True
 
 
 if __name__ == "__main__":

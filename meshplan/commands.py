@@ -75,8 +75,12 @@ def _print_table(args: argparse.Namespace, table) -> None:
         Console(width=100_000, no_color=True, highlight=False).print(table)
 
 
+JSON_OUT: Any = None
+"""Where --json output goes (cli.main points it at the real stdout; other prints go to stderr)."""
+
+
 def _print_json(obj: Any) -> None:
-    print(json.dumps(schema.to_dict(obj), indent=2, allow_nan=False))
+    print(json.dumps(schema.to_dict(obj), indent=2, allow_nan=False), file=JSON_OUT or sys.stdout)
 
 
 def _say(args: argparse.Namespace, text: str) -> None:
@@ -382,7 +386,7 @@ def _run_waves(args: argparse.Namespace, plan: Plan) -> int:
     with _progress(args, f"running {args.steps} steps of two waves on {plan.world_size} devices"):
         report = waves.run(plan, opts)
     if args.json:
-        print(json.dumps({k: v for k, v in report.items()}, indent=1))
+        print(json.dumps({k: v for k, v in report.items()}, indent=1), file=JSON_OUT or sys.stdout)
         return 0
     one = report["one_wave"]
     for d in report["devices"]:

@@ -177,3 +177,36 @@ def test_repeated_set_flags_accumulate(meshplan):
     a, b = json.loads(split.stdout), json.loads(joined.stdout)
     assert a["step_time_s"] == b["step_time_s"] and a["peak_memory_bytes"] == b["peak_memory_bytes"]
     assert a["stages"] == [["embed", "layers.0", "layers.1", "layers.2", "layers.3", "head"]]
+
+
+# stdout that cannot take the output: one line on stderr, never a traceback, never exit 0 with
+# nothing written. A shell gives the redirections (they need real file descriptors).
+STDOUT_CASES = [
+    ("presets > /dev/full", 2, "cannot write to stdout: the disk is full"),
+    ("presets --json >&-", 2, "--json: stdout is closed"),
+    ("presets --json > /dev/full", 2, "cannot write to stdout: the disk is full"),
+]
+
+
+@pytest.mark.parametrize("shell, rc, needle", STDOUT_CASES, ids=[c[0] for c in STDOUT_CASES])
+def test_stdout_that_cannot_be_written_is_one_line(shell, rc, needle):
+    import subprocess
+    import sys
+
+    cmd = shell.replace("presets", f"{sys.executable} -m meshplan presets", 1)
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, timeout=120)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == rc and "Traceback" not in done.stderr, done.stderr
+    assert needle in lines[-1] and len(lines) == 1, done.stderr
+
+
+def test_json_stdout_is_only_json_when_the_model_prints(meshplan, tmp_path, monkeypatch):
+    """A model file that prints at import and in its factory cannot corrupt --json output."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "loud.py").write_text(
+        "import torch\nprint('hello at import')\ndef f():\n    print('building')\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(8, 8)), torch.randn(2, 8)\n"
+    )
+    done = meshplan("profile", "--model", "loud.py:f", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["model_name"]
+    assert "hello at import" in done.stderr and "building" in done.stderr
