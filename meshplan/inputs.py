@@ -153,6 +153,11 @@ def build_profile_for(options: PlanOptions, request: PlanRequest, progress: Prog
         if options.overrides:
             raise MeshplanError("--set cannot change a saved --profile; re-run meshplan profile with --set")
         profile = schema.load(ModelProfile, options.profile, "profile")
+        if options.model not in ("gpt-tiny", profile.model_name):  # gpt-tiny: the flag's default
+            raise MeshplanError(
+                f"--model {options.model}: --profile {options.profile} is a profile of {profile.model_name}; "
+                "drop --model (the profile names the model) or profile that model"
+            )
     else:
         profile = build_profile(options.model, options.overrides, progress=progress)
     if rt.value("model_source") == "runtime":  # Megatron, torchtitan: their own model of this shape

@@ -49,6 +49,15 @@ def make_inputs(root: Path) -> None:
     for name, module in factories.items():
         (root / f"{name}.py").write_text(f"import torch\ndef f():\n    return {module}, torch.randn(2, 8)\n")
     (root / "exit3.py").write_text("import sys\nsys.exit(3)\n")
+    (root / "hardexit.py").write_text("import os\ndef f():\n    os._exit(0)\n")
+    (root / "pkgdir").mkdir()
+    zero = schema.to_dict(make_profile())
+    for layer in zero["layers"]:
+        layer["num_params"] = 0
+    (root / "zero_prof.json").write_text(json.dumps(zero))
+    bad_place = json.loads((root / "good.json").read_text())
+    bad_place["rank_placement"] = "tp,tp,pp"
+    (root / "placement.json").write_text(json.dumps(bad_place))
     (root / "rd" / "checkpoints").mkdir(parents=True)
     (root / "rd" / "checkpoints" / "latest").write_text("garbage\0")
     (root / "empty_run").mkdir()
@@ -165,6 +174,13 @@ CASES = [
     (["plan", "--model", "noparams.py:f", "-o", "p.json"], "no trainable parameters"),
     (["plan", "--model", "nochain.py:f", "-o", "p.json"], "fails on its example_batch of shape [2, 8]"),
     (["plan", "--model", "exit3.py:f", "-o", "p.json"], "called sys.exit(3)"),
+    (["plan", "--model", "hardexit.py:f", "-o", "p.json"], "the factory called os._exit(0)"),
+    (["plan", "--model", "pkgdir/:f", "-o", "p.json"], "'pkgdir/' is a directory"),
+    (["profile", "--model", "analytic:gpt", "-o", "p.json"], "analytic models are closed-form profiles"),
+    (["plan", "--profile", "zero_prof.json", "-o", "p.json"], "a model with no parameters"),
+    (["plan", "--profile", "prof.json", "--model", "llama-tiny", "-o", "p.json"], "is a profile of"),
+    (["report", "placement.json", "-o", "out"], "rank_placement"),
+    (["export", "placement.json", "--to", "megatron"], "rank_placement"),
     (["plan", "--seq", "100000", "-o", "p.json"], "gpt-tiny handles at most 32"),
     # run flags
     (["run", "good.json", "--checkpoint-every", "-1", "--print-launch"], "--checkpoint-every -1"),
