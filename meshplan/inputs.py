@@ -85,6 +85,7 @@ class PlanOptions:
     free_stage_outputs: bool | None = None
     elementwise: str | None = None
     fused_projections: bool | None = None
+    zero3_prefetch_elems: int | None = None
     fsdp_gather_dtype: str | None = None
     # output
     top: int = 5

@@ -173,6 +173,8 @@ class Flag:
     """Its values; () for an on/off flag (--x / --no-x)."""
     to_request: dict[str, object] | None = None
     """Flag value -> the PlanRequest field's value, where they differ (a dtype name -> its bytes)."""
+    number: bool = False
+    """The flag takes an integer (e.g. --zero3-prefetch-elems 50000000)."""
 
     @property
     def dest(self) -> str:
@@ -183,6 +185,8 @@ class Flag:
         """Keyword arguments of ArgumentParser.add_argument; default None: the runtime's value."""
         if self.choices:
             return {"choices": self.choices, "default": None, "help": self.help}
+        if self.number:
+            return {"type": int, "default": None, "metavar": "N", "help": self.help}
         return {"action": argparse.BooleanOptionalAction, "default": None, "help": self.help}
 
     def request_value(self, given: object) -> object:
@@ -318,6 +322,18 @@ ROWS: tuple[Row, ...] = (
         ),
     ),
     Row(
+        name="zero3_prefetch_elems",
+        meaning="ZeRO-3 parameter elements fetched ahead of use (0: the next layer whole); a layer's gathers "
+        "beyond it are not hidden",
+        flags="--zero3-prefetch-elems",
+        flag=Flag(
+            name="--zero3-prefetch-elems",
+            number=True,
+            help="ZeRO-3 parameter elements fetched ahead of use (DeepSpeed's stage3_prefetch_bucket_size, "
+            "default 5e7); a layer's gathers beyond it wait on the critical path. 0: the next layer whole (FSDP2)",
+        ),
+    ),
+    Row(
         name="model_source",
         meaning="runtime: the runtime builds its own model of the profiled shape (a standard block is priced as "
         "its closed form); user: the profiled module runs",
@@ -436,6 +452,9 @@ RUNTIMES: dict[str, Runtime] = {
             "fused_projections": Behaviour(
                 value=False, source="models/zoo: wq, wk, wv and w1, w3 are separate nn.Linear"
             ),
+            "zero3_prefetch_elems": Behaviour(
+                value=0, source="FSDP2 fully_shard: the next layer's all-gather issued ahead (implicit prefetch)"
+            ),
             "model_source": Behaviour(value="user", source="executor: the profiled module itself, as built"),
             "free_stage_outputs": _HOLD_OUTPUTS,
             "offload_methods": Behaviour(
@@ -501,6 +520,9 @@ RUNTIMES: dict[str, Runtime] = {
             "fused_projections": Behaviour(
                 value=False, source="torchtitan models/llama3/model.py: Attention wq, wk, wv; FeedForward w1, w2, w3"
             ),
+            "zero3_prefetch_elems": Behaviour(
+                value=0, source="FSDP2 fully_shard: the next layer's all-gather issued ahead (implicit prefetch)"
+            ),
             "model_source": Behaviour(
                 value="runtime",
                 source="torchtitan builds its own model from the config (train_spec, models/llama3/model.py Transformer)",
@@ -556,6 +578,7 @@ RUNTIMES: dict[str, Runtime] = {
                 value=True,
                 source="megatron/model/transformer.py: ParallelAttention query_key_value, one ColumnParallelLinear",
             ),
+            "zero3_prefetch_elems": Behaviour(value=0, source="not applicable: no ZeRO-3"),
             "model_source": Behaviour(
                 value="runtime",
                 source="pretrain_gpt.py model_provider: megatron.model.GPTModel from --num-layers, --hidden-size",
@@ -624,6 +647,7 @@ RUNTIMES: dict[str, Runtime] = {
                 value=True,
                 source="megatron/core/transformer: linear_qkv; linear_fc1 holds gate and up (gated linear unit)",
             ),
+            "zero3_prefetch_elems": Behaviour(value=0, source="not applicable: distributed optimizer (ZeRO-1) only"),
             "model_source": Behaviour(
                 value="runtime",
                 source="pretrain_gpt.py model_provider: megatron.core.models.gpt.GPTModel with its transformer layer spec",
@@ -697,6 +721,11 @@ RUNTIMES: dict[str, Runtime] = {
                 known=False,
                 source="not known: an HF Llama has q_proj, k_proj, v_proj, gate_proj, up_proj (Megatron-DeepSpeed "
                 "fuses them: --fused-projections)",
+            ),
+            "zero3_prefetch_elems": Behaviour(
+                value=50_000_000,
+                source="deepspeed/runtime/zero/config.py prefetch_bucket_size = 5e7 (stage3_prefetch_bucket_size: "
+                "'Maximum number of parameter elements to fetch ahead of use')",
             ),
             "model_source": Behaviour(
                 value="user",

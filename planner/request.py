@@ -84,6 +84,10 @@ class PlanRequest:
     """The runtime's model runs Megatron's fused projections (one QKV GEMM, one gate+up GEMM: the
     closed-form blocks' shapes and the calibration's); False: one GEMM per projection (torchtitan's
     and meshplan's zoo Llama: wq, wk, wv, w1, w3), read at their smaller sizes on the GEMM curve."""
+    zero3_prefetch_elems: int = 0
+    """ZeRO-3 parameter elements the runtime fetches ahead of use (DeepSpeed's
+    stage3_prefetch_bucket_size); 0: a whole layer ahead, as FSDP2 prefetches the next layer. A
+    layer's share beyond it waits on the critical path (planner/rank/dp_cost.py)."""
     elementwise: str = "fused"
     """How the runtime runs a block's memory-bound ops (planner/cost/elementwise.py): "fused" kernels (the
     calibration's: Megatron, Transformer Engine), "compiled" (torch.compile) or "eager" torch ops,

@@ -46,6 +46,7 @@ def test_memory_within_10_percent(rows):
         "Fig. 13: 162B GPT on 64 A100, batch 32",
         "Fig. 13: 162B GPT on 64 A100, batch 128",
         "Fig. 12",
+        "Table 2: GPT-3 175B on 768 ",
         "Table 2: GPT-3 175B on 1536 ",
     ],
 )
@@ -56,12 +57,11 @@ def test_published_orderings(rows, figure):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="DeepSpeed's 2021 ZeRO-3 ran its gathers at about one NIC per GPU; "
-    "the model's NCCL rings use every NIC of a node (reports/validation.md)",
+    reason="at 384 GPUs DeepSpeed's ZeRO-3 (prefetch bound priced) is still predicted 188 TFLOP/s against "
+    "a published 144: per-collective latency of its per-parameter gathers is not modelled (docs/validation.md)",
 )
-@pytest.mark.parametrize("gpus", [384, 768])
-def test_table2_ptdp_beats_zero3(rows, gpus):
-    (hit,) = [r for r in rows if r["kind"] == "ordering" and r["name"].startswith(f"Table 2: GPT-3 175B on {gpus} ")]
+def test_table2_ptdp_beats_zero3_at_384(rows):
+    (hit,) = [r for r in rows if r["kind"] == "ordering" and r["name"].startswith("Table 2: GPT-3 175B on 384 ")]
     assert hit["holds"], hit["detail"]
 
 

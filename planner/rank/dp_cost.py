@@ -98,6 +98,9 @@ class LayerDP:
     """Ranks the optimizer step of this layer is split over."""
     host_step: bool = False
     """The offload method steps this layer on the host (planner/methods/offload.py prices it in sync_s)."""
+    exposed_s: float = 0.0
+    """Part of comm_s no overlap hides: ZeRO-3 gathers of the layer's parameters beyond what the
+    runtime fetches ahead of use (request.zero3_prefetch_elems; DeepSpeed's 5e7 elements)."""
 
 
 class DataParallelCost:
@@ -141,7 +144,7 @@ class DataParallelCost:
         weights, grads, optim = self.offload_cost.state_bytes(
             local, weights, grads, optim
         )  # planner/methods/offload.py
-        comm, measured = self._fsdp_comm_s(layer, split, local, b, m)
+        comm, measured, exposed = self._fsdp_comm_s(layer, split, local, b, m)
         layer = train  # what follows is gradient traffic and its compression
         zero01 = self.zero <= 1 and self.replicas > 1
         if zero01 and self.sync.replaces_ddp:  # planner/methods/sync.py: copies, buffers, Crossbow's learners
@@ -160,6 +163,7 @@ class DataParallelCost:
             else 0.0,
             optimizer_shard=self.cand.state_shard,
             host_step=self.offload_cost.host_step,
+            exposed_s=exposed,
         )
 
     def _shards_weights(self) -> bool:
@@ -184,13 +188,15 @@ class DataParallelCost:
             return 0.0
         return 4.0
 
-    def _fsdp_comm_s(self, layer: LayerProfile, split: int, local: float, b: int, m: int) -> tuple[float, bool]:
+    def _fsdp_comm_s(self, layer: LayerProfile, split: int, local: float, b: int, m: int) -> tuple[float, bool, float]:
         """Per microbatch: weight all-gathers (ZeRO-3: forward and backward) every microbatch; the
         gradient reduce-scatter (and HSDP's replica all-reduce) only after the last one (FSDP2
         with set_requires_gradient_sync(False) while accumulating), i.e. 1/m of it. ZeRO-3's
-        gathers come from the in-place measurement (profiler/insitu.py "zero3@D") where there is one."""
+        gathers come from the in-place measurement (profiler/insitu.py "zero3@D") where there is one.
+        The third value is the part of the gathers that waits on the critical path
+        (_unprefetched_share)."""
         if self.zero < 2 or self.shard <= 1:
-            return 0.0, False
+            return 0.0, False, 0.0
         ctx, width = self.ctx, fsdp_width(self.ctx)
         grad_local = trainable(layer).num_params / split  # frozen weights are gathered, never reduced
         scatter = collective_s(ctx.cluster, "reduce_scatter", self.shard, grad_local * width, self.shard_tier)
@@ -201,10 +207,22 @@ class DataParallelCost:
         fw = layer.framework_overhead_s if ctx.measured else {}
         measured = in_place_overhead_s(fw, f"zero3@{self.shard}", b) if self.zero == 3 and fw else None
         if measured is not None:
-            return measured + scatter / m + offload, True
+            return measured + scatter / m + offload, True, 0.0
         gather = collective_s(ctx.cluster, "all_gather", self.shard, local * width, self.shard_tier)
         again = self.zero == 3 and (layer.num_params > layer.num_frozen_params or self._after_trainable(layer))
-        return (2 if again else 1) * gather + scatter / m + offload, False
+        gathers = (2 if again else 1) * gather
+        exposed = gathers * self._unprefetched_share(local) if self.zero == 3 else 0.0
+        return gathers + scatter / m + offload, False, exposed
+
+    def _unprefetched_share(self, local: float) -> float:
+        """Share of a layer's ZeRO-3 gathers that cannot be fetched ahead of use: DeepSpeed
+        prefetches at most stage3_prefetch_bucket_size parameter elements (default 5e7) beyond the
+        submodule running, so a layer larger than that (GPT-3 175B: 1.8e9 per block) waits for the
+        rest of its gathers; FSDP2 issues the next layer's all-gather whole (prefetch 0 here)."""
+        ahead = self.ctx.request.zero3_prefetch_elems
+        if ahead <= 0 or local <= 0:
+            return 0.0
+        return max(0.0, 1.0 - ahead / local)
 
     def _after_trainable(self, layer: LayerProfile) -> bool:
         """A gradient flows into the layer: some layer before it in the model trains (a frozen

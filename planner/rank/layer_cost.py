@@ -244,7 +244,8 @@ def layer_cost(
         fsdp_wrap = 0.0
     modes = {}
     for mode, (compute, extra, tp_s, act) in base.modes.items():
-        dp_s = max(0.0, data.comm_s - dp_hidden * (compute + extra)) + fsdp_wrap
+        hideable = data.comm_s - data.exposed_s  # gathers beyond the runtime's prefetch wait in line
+        dp_s = data.exposed_s + max(0.0, hideable - dp_hidden * (compute + extra)) + fsdp_wrap
         modes[mode] = ModeCost(
             time_s=compute + extra + tp_s + dp_s + base.cp_s,
             act_bytes=act,

@@ -1,0 +1,67 @@
+"""Runtime behaviour zero3_prefetch_elems: DeepSpeed fetches at most stage3_prefetch_bucket_size
+(5e7) ZeRO-3 parameter elements ahead of use, so a larger layer's gathers wait on the critical
+path; FSDP2 (meshplan, torchtitan) issues the next layer's all-gather whole and hides it."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.planner import estimate
+from meshplan.planner.context import Candidate, Context
+from meshplan.planner.rank.dp_cost import DataParallelCost
+from meshplan.validation.published import cli_inputs
+
+GPT3 = ["--model", "analytic:gpt", "--set", "layers=8", "hidden=12288", "heads=96", "vocab=51200", "seq=2048"]
+PINS = "--cluster a100-80g --num-gpus 384 --global-batch 1536 --tp 1 --pp 1 --dp 384 --zero 3 --microbatch 4"
+PINS += " --recompute full --schedule 1f1b"
+
+
+def _inputs(*extra: str):
+    return cli_inputs(["estimate", *GPT3, *PINS.split(), *extra])
+
+
+def _dp_comm_s(*extra: str) -> float:
+    return estimate(*_inputs(*extra)).prediction.breakdown["dp_comm"]
+
+
+def test_deepspeed_leaves_a_large_layers_gathers_exposed():
+    deepspeed = _dp_comm_s("--runtime", "deepspeed")
+    prefetched = _dp_comm_s("--runtime", "deepspeed", "--zero3-prefetch-elems", "0")
+    fsdp2 = _dp_comm_s("--runtime", "torchtitan")
+    assert deepspeed > 5 * prefetched  # 1.8e9-element blocks: 97% of each gather waits
+    assert fsdp2 == pytest.approx(prefetched, rel=0.2)
+
+
+def test_the_exposed_share_is_what_does_not_fit_the_prefetch_bound():
+    """With a 1e9-element bound the 1.8e9-parameter block waits for 1 - 1e9/1.8e9 of its two gathers
+    (forward, backward); the 6.3e8-parameter LM head fits the bound and hides behind compute."""
+    profile, cluster, request = _inputs("--runtime", "deepspeed", "--zero3-prefetch-elems", "1000000000")
+    ctx = Context.build(profile, cluster, request)
+    cand = Candidate(
+        pp=1,
+        dp_replicate=1,
+        dp_shard=384,
+        cp=1,
+        tp=1,
+        microbatch=4,
+        num_microbatches=1,
+        schedule="1F1B",
+        virtual_stages=1,
+        zero=3,
+        sequence_parallel=False,
+    )
+    dp = DataParallelCost(ctx, cand)
+    block, head = ctx.layers[1], ctx.layers[-1]
+    assert head.num_params < 1e9 < block.num_params
+    data = dp.layer(block, 1, 4, 1)
+    assert data.exposed_s / (2 * _gather_s(dp, block)) == pytest.approx(1 - 1e9 / block.num_params, rel=1e-6)
+    assert 0 < data.exposed_s < data.comm_s
+    assert dp.layer(head, 1, 4, 1).exposed_s == 0
+
+
+def _gather_s(dp: DataParallelCost, layer) -> float:
+    from meshplan.planner.cost.comm import collective_s
+    from meshplan.planner.rank.dp_cost import fsdp_width, gathered_elems
+
+    elems = gathered_elems(layer, 1, dp.shard) * dp.shard
+    return collective_s(dp.ctx.cluster, "all_gather", dp.shard, elems * fsdp_width(dp.ctx), dp.shard_tier)
