@@ -18,7 +18,7 @@ import pytest
 import meshplan
 from benchmarks.heldout_runs import _rows as heldout_rows
 from benchmarks.heldout_runs import command as heldout_command
-from meshplan.planner import search
+from meshplan.planner.search import search
 from meshplan.validation.published import cli_inputs, row_argv, with_source_degrees, with_source_software
 
 CSV = Path(meshplan.__file__).resolve().parent / "data" / "published-runs.csv"
