@@ -65,3 +65,24 @@ def _gather_s(dp: DataParallelCost, layer) -> float:
 
     elems = gathered_elems(layer, 1, dp.shard) * dp.shard
     return collective_s(dp.ctx.cluster, "all_gather", dp.shard, elems * fsdp_width(dp.ctx), dp.shard_tier)
+
+
+def test_deepspeed_holds_a_submodule_not_two_blocks():
+    """530B (5e9 parameters a block) under ZeRO-3 on 640 A100 (Narayanan et al. 2021 Table 2 ran it
+    with DeepSpeed): FSDP2's two gathered blocks (bf16 weights + fp32 grads, 60 GB) leave no room;
+    DeepSpeed's running weight (fc1, 1.7e9) + prefetch, its 16-bit gradient and a 5e8 bucket fit."""
+    shape = ["--set", "layers=105", "hidden=20480", "heads=128", "vocab=51200", "seq=2048"]
+    argv = ["estimate", "--model", "analytic:gpt", *shape, "--cluster", "a100-80g", "--num-gpus", "640"]
+    argv += (
+        "--global-batch 2560 --tp 1 --pp 1 --dp 640 --zero 3 --microbatch 4 --recompute full --schedule 1f1b".split()
+    )
+    deepspeed = estimate(*cli_inputs([*argv, "--runtime", "deepspeed"])).prediction
+    fsdp2 = estimate(*cli_inputs([*argv, "--runtime", "deepspeed", "--zero3-prefetch-elems", "0"])).prediction
+    block = 12 * 20480**2
+    gib = 2**30
+    assert fsdp2.stage_memory[0].buffers_bytes >= 2 * 6 * block
+    weight = 4 * 20480**2  # fc1
+    assert deepspeed.stage_memory[0].buffers_bytes == pytest.approx(
+        fsdp2.stage_memory[0].buffers_bytes - 2 * 6 * block + 2 * (weight + 5e7) + 2 * weight + 2 * 5e8, rel=1e-3
+    )
+    assert deepspeed.peak_memory_bytes < 80 * gib < fsdp2.peak_memory_bytes

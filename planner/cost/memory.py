@@ -15,6 +15,8 @@ only the layer input (`2sbh`, /t with sequence parallelism).
 
 from __future__ import annotations
 
+import math
+
 from meshplan.model_profile import LayerProfile
 from meshplan.planner.context import Context
 from meshplan.planner.cost.uniform_recompute import uniform_saved_bytes, uniform_transient_bytes
@@ -68,6 +70,36 @@ def _activation_bytes(ctx: Context, layer: LayerProfile, mode: str, b: int, spli
     return per_sample * b / cp
 
 
+DEEPSPEED_REDUCE_BUCKET_ELEMS = 500_000_000
+"""DeepSpeed's reduce_bucket_size default (deepspeed/runtime/zero/config.py, 5e8 elements): ZeRO-3
+collects 16-bit gradients in buckets of this size before reduce-scattering them."""
+
+
+def _largest_tensor_elems(layer: LayerProfile, split: int) -> float:
+    """Elements of the layer's largest weight on one TP rank: from its parameter shapes, else its
+    largest GEMM's weight (n x k), else the whole layer."""
+    if layer.param_shapes:
+        sizes = [float(math.prod(shape)) for shape in layer.param_shapes]
+    else:
+        sizes = [float(n * k) for _, n, k in layer.gemm_shapes]
+    return min(max(sizes, default=float(layer.num_params)), float(layer.num_params)) / split
+
+
+def zero3_buffer_bytes(ctx: Context, layers: list[LayerProfile], split_of) -> float:
+    """ZeRO-3's transient gathered weights and unsharded gradients on a rank. FSDP2 (prefetch 0:
+    a whole layer ahead) holds the largest layer's bf16 weights and fp32 gradients twice over (the
+    running layer and the prefetched one). DeepSpeed (request.zero3_prefetch_elems > 0) gathers per
+    submodule: the running weight plus at most the prefetch bound in 16 bits, that weight's 16-bit
+    gradient, and one reduce bucket of 16-bit gradients (DEEPSPEED_REDUCE_BUCKET_ELEMS); a block's
+    other weights are released after their submodule runs."""
+    ahead = ctx.request.zero3_prefetch_elems
+    if ahead <= 0:
+        return 2 * (2 + 4) * max(lp.num_params / split_of(lp) for lp in layers)
+    weight = max(_largest_tensor_elems(lp, split_of(lp)) for lp in layers)
+    layer = max(lp.num_params / split_of(lp) for lp in layers)
+    return 2 * min(weight + ahead, layer) + 2 * weight + 2 * min(DEEPSPEED_REDUCE_BUCKET_ELEMS, layer)
+
+
 def stage_buffer_bytes(ctx: Context, layers: list[LayerProfile], b: int, split_of, zero: int, cp: int) -> float:
     """Largest temporary buffers of a rank: the gathered bf16 weights and unsharded fp32 grads of
     the largest layer twice over (ZeRO-3 prefetch), and the loss's transient fp32 logit-sized
@@ -75,8 +107,7 @@ def stage_buffer_bytes(ctx: Context, layers: list[LayerProfile], b: int, split_o
     parameter (planner/rank/dp_cost.py)."""
     buf = 0.0
     if zero == 3 and layers:
-        largest = max(lp.num_params / split_of(lp) for lp in layers)
-        buf += 2 * (2 + 4) * largest
+        buf += zero3_buffer_bytes(ctx, layers, split_of)
     for lp in layers:
         if lp.tp.kind == "head":
             logits = fp32_logit_bytes(ctx, lp)
