@@ -39,6 +39,7 @@ from meshplan.executor.checkpoint_manifest import resume_point
 from meshplan.executor.worker import variant_dir
 from meshplan.plan import Plan
 from meshplan.run_result import RunResult
+from meshplan.schema import check_output as schema_check_output
 from meshplan.schema import content_hash, load, save
 
 LAUNCH_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -149,6 +150,14 @@ def run_plans(plans: list[Plan], opts: LaunchOptions, *, run_json: bool = False)
         check_run_options(plan, opts.optimizer, opts.checkpoint_every)
     if opts.steps < 1:
         raise MeshplanError(f"--steps {opts.steps}: must be >= 1")
+    if opts.data:  # what the ranks would find as a traceback each, found once before launch
+        from meshplan.executor.data import check_dataset
+
+        for plan in plans:
+            check_dataset(opts.data, plan)
+    if opts.nnodes > 1 and opts.rdzv_endpoint:
+        multinode_host_check(opts.rdzv_endpoint)
+    _check_offload_dir(plans, opts)
     out = Path(opts.out_dir)
     run_dir.check_out_dir(out)
     run_id = run_dir.new_run_id()
@@ -283,6 +292,32 @@ def _check_checkpoints(out: Path, count: int, opts: LaunchOptions, plans: list[P
             _check_reshard(load(Plan, saved_plan_path(vdir)), plans[i], vdir)
         if warning:
             print(f"meshplan run: warning: {warning}", file=sys.stderr, flush=True)
+
+
+def multinode_host_check(endpoint: str) -> None:
+    """--rdzv-endpoint's host resolves (else torchrun prints pages of c10d frames on every node)."""
+    import socket
+
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise MeshplanError(f"--rdzv-endpoint {endpoint}: expected HOST:PORT, e.g. node0:29500")
+    try:
+        socket.getaddrinfo(host.strip("[]"), int(port))
+    except (OSError, UnicodeError) as exc:
+        raise MeshplanError(
+            f"--rdzv-endpoint {endpoint}: host {host!r} does not resolve ({exc}); give node 0's hostname or address"
+        ) from None
+
+
+def _check_offload_dir(plans: list[Plan], opts: LaunchOptions) -> None:
+    """offload=nvme's folder is writable (a probe file), found before launch, not in every rank."""
+    if not any(p.dp_methods.offload.name == "nvme" for p in plans):
+        return
+    where = (opts.env or {}).get("MESHPLAN_OFFLOAD_DIR") or os.environ.get("MESHPLAN_OFFLOAD_DIR")
+    try:
+        schema_check_output(where or str(Path(opts.out_dir) / "offload"), folder=True)
+    except MeshplanError as exc:
+        raise MeshplanError(f"--offload-dir: {exc}; give --offload-dir a writable folder") from None
 
 
 def _fresh_start(out: Path, root: Path, done: int, warning: str | None, overwrite: bool) -> None:

@@ -195,6 +195,17 @@ CASES = [
     (["run", "good.json", "--resume", "--out-dir", "rd"], "checkpoints/latest is damaged"),
     (["run", "good.json", "--resume", "--out-dir", "empty_run"], "no complete checkpoint"),
     (["run", "good.json", "--out-dir", "dmg"], "holds checkpoints none of which is complete"),
+    # --data and other run inputs, found before any rank starts (tests/bad_datasets.py)
+    (["run", "good.json", "--data", "bad_datasets:not_a_dataset"], "returned a int, not a map-style dataset"),
+    (["run", "good.json", "--data", "bad_datasets:short_sequences"], "has 7 tokens, the plan's seq_len is 32"),
+    (["run", "good.json", "--data", "bad_datasets:ids_outside_vocab"], "token id 1000000, outside"),
+    (["run", "good.json", "--data", "bad_datasets:raises"], "raises() raised RuntimeError: no data here"),
+    (["run", "good.json", "--data", "bad_datasets:one_sample"], "1 samples, fewer than one global batch"),
+    (["run", "good.json", "--data", "no_such_module:f"], "cannot import"),
+    (
+        ["run", "good.json", "--nnodes", "2", "--rdzv-endpoint", "no-such-host.invalid:29500"],
+        "host 'no-such-host.invalid' does not resolve",
+    ),
     (["run", "good.json", "--out-dir", "ckfile"], "is not the checkpoint directory"),
     (["run", "good.json", "--out-dir", "lockdir"], "its lock file .meshplan.lock is a directory"),
     (["run", "good.json", "--out-dir", "/proc/r"], "--out-dir /proc/r: cannot create it"),
