@@ -901,6 +901,8 @@ def parse_spec(axis: str, text: str, flag: str) -> tuple[str, dict[str, Any]]:
                 if row.params
                 else f"{flag} {text!r}: {name} takes no parameters"
             )
+        if key.strip() in given:
+            raise MeshplanError(f"{flag} {text!r}: {key.strip()} is given twice; give each parameter once")
         given[key.strip()] = value.strip()
     return row.name, row.resolve(given, f"{flag} {name}")
 

@@ -121,6 +121,7 @@ CASES = [
     # model shapes
     (["plan", "--model", "llama-tiny", "--set", "kv_heads=0", "-o", "p.json"], "kv_heads=0 must be >= 1"),
     (["plan", "--set", "layers=2", "layers=3", "-o", "p.json"], "--set layers is given twice"),
+    (["plan", "--num-gpus", "4", "--compression", "powersgd:rank=4,rank=8"], "rank is given twice"),
     (["plan", "--set", "layers=" + "9" * 5000, "-o", "p.json"], "a 5000-digit number"),
     (["plan", "--model", "analytic:gpt", "--set", "layers=2", "hidden=0", "heads=2"], "hidden=0: expected a whole"),
     (["plan", "--model", "analytic:gpt", "--set", "layers=-2", "hidden=64", "heads=2"], "layers=-2: expected"),
