@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from meshplan.errors import MeshplanError
-from meshplan.models.hf_layers import HFBlock, HFEmbed, HFHead, HFWhole, split  # noqa: F401 (public here)
+from meshplan.models.hf_layers import HFBlock, HFEmbed, HFHead, HFWhole, split, split_note  # noqa: F401 (public here)
 from meshplan.models.zoo.base import CausalLM
 
 _LLAMA31_ROPE = {
@@ -198,8 +198,9 @@ def load_hf_model(name: str, overrides: dict[str, Any] | None, device: str, seed
     return wrap_hf_model(model, seq)
 
 
-def wrap_hf_model(model: nn.Module, seq: int) -> HFLayered:
-    """A built transformers model (from hf:NAME or a user factory) as layers."""
+def wrap_hf_model(model: nn.Module, seq: int, batch: tuple | None = None) -> HFLayered:
+    """A built transformers model (from hf:NAME or a user factory) as layers; `batch` is a
+    factory's own (inputs, targets), trained on instead of the task's synthetic batches."""
     config = model.config
     shape = HFShape(
         layers=_get(config, "num_hidden_layers", "num_layers", "n_layer"),
@@ -208,7 +209,7 @@ def wrap_hf_model(model: nn.Module, seq: int) -> HFLayered:
         vocab=int(config.vocab_size),
         seq=seq,
     )
-    return HFLayered(model, shape)
+    return HFLayered(model, shape, batch)
 
 
 def _get(config, *names) -> int:
@@ -216,24 +217,52 @@ def _get(config, *names) -> int:
 
 
 def build_from_config(transformers, config) -> nn.Module:
-    """The config's own architecture class if transformers has it, else the Auto class for its kind."""
+    """The config's own architecture class if transformers has it, else the Auto class for its
+    kind; with SDPA attention where the class offers it, else eager (`ATTENTION` order)."""
     for arch in getattr(config, "architectures", None) or []:
         cls = getattr(transformers, arch, None)
         if cls is not None:
-            return cls._from_config(config, attn_implementation="sdpa")
+            try:
+                return _with_attention(lambda impl, cls=cls: cls._from_config(config, attn_implementation=impl))
+            except _NoModel:
+                continue
     autos = [transformers.AutoModelForSeq2SeqLM] if config.is_encoder_decoder else []
     if not config.is_encoder_decoder and not getattr(config, "is_decoder", False) and _encoder_only(config):
         autos.append(transformers.AutoModelForMaskedLM)
     autos += [transformers.AutoModelForCausalLM, transformers.AutoModel]
     for auto in filter(None, autos):
         try:
-            return auto.from_config(config, attn_implementation="sdpa")
-        except ValueError:  # this Auto class has no model for the config type
+            return _with_attention(lambda impl, auto=auto: auto.from_config(config, attn_implementation=impl))
+        except _NoModel:  # this Auto class has no model for the config type
             continue
     raise MeshplanError(
         f"--model hf: transformers {transformers.__version__} has no model for "
         f"model_type {config.model_type!r}; upgrade transformers or use a file.py:factory"
     )
+
+
+ATTENTION = ("sdpa", "eager")
+"""Attention implementations tried in order: the fused kernel where the architecture has one,
+else transformers' eager attention (which saves the s x s probabilities: the profile measures
+them, models/hf_layers.py gives its layers the model's causal mask)."""
+
+
+class _NoModel(Exception):
+    pass
+
+
+def _with_attention(build):
+    """build(impl) for the first implementation in ATTENTION the class accepts."""
+    last: Exception | None = None
+    for impl in ATTENTION:
+        try:
+            return build(impl)
+        except ValueError as exc:  # unknown config type for an Auto class, or impl not supported
+            text = str(exc).lower()
+            if "attn_implementation" not in text and "attention" not in text and "sdpa" not in text:
+                raise _NoModel(str(exc)) from None
+            last = exc
+    raise _NoModel(str(last))
 
 
 def _encoder_only(config) -> bool:
@@ -355,12 +384,63 @@ def _config_values(name: str) -> dict[str, Any]:
 
 
 class HFLayered(CausalLM):
-    """A transformers model as embed / layers.i / head (or one HFWhole layer)."""
+    """A transformers model as embed / layers.i / head (or one HFWhole layer), trained on its
+    task's targets (`task`): next tokens for a causal LM (and an encoder-decoder, whose decoder
+    reads the same ids), the tokens at 15% of the positions of each sequence for a masked LM (the
+    rest -100, ignored), a class per sequence for a sequence classifier; or the factory's own batch."""
 
     family = "hf"
 
-    def __init__(self, model: nn.Module, shape: HFShape):
+    def __init__(self, model: nn.Module, shape: HFShape, batch: tuple | None = None):
         embed, blocks, head = split(model)
         super().__init__(embed, blocks, head)
         self.config = shape
         self.hf_config = model.config
+        self.task = _task(model)
+        self._batch = None if batch is None else tuple(t.detach().cpu() for t in batch)
+        if split_note(model):
+            self.notes.append(f"{type(model).__name__} is one layer ({split_note(model)}): no pipeline split")
+        impl = getattr(model.config, "_attn_implementation", None)
+        if impl == "eager":
+            self.notes.append(
+                f"{type(model).__name__} runs eager attention (transformers offers no SDPA for it): the s x s "
+                "attention probabilities are saved for backward and counted in activation_bytes"
+            )
+
+    def example_batch(self, batch_size, generator=None, device="cpu"):
+        if self._batch is not None:  # the factory's (ids, labels), tiled to batch_size
+            tile = lambda t: t.repeat(-(-batch_size // t.shape[0]), *([1] * (t.dim() - 1)))[:batch_size]  # noqa: E731
+            return tuple(tile(t).to(device) for t in self._batch)
+        if self.task == "classification":
+            ids = torch.randint(0, self.config.vocab, (batch_size, self.config.seq), generator=generator)
+            labels = torch.randint(0, int(self.hf_config.num_labels), (batch_size,), generator=generator)
+            return ids.to(device), labels.to(device)
+        if self.task == "masked":
+            ids = torch.randint(0, self.config.vocab, (batch_size, self.config.seq), generator=generator)
+            k = max(1, round(MASK_FRACTION * self.config.seq))  # the same count in every sequence
+            order = torch.rand((batch_size, self.config.seq), generator=generator).argsort(dim=1)
+            chosen = torch.zeros_like(ids, dtype=torch.bool).scatter_(1, order[:, :k], True)
+            labels = torch.where(chosen, ids, torch.full_like(ids, -100))
+            mask_id = getattr(self.hf_config, "mask_token_id", None)
+            if mask_id is not None and 0 <= int(mask_id) < self.config.vocab:
+                ids = torch.where(chosen, torch.full_like(ids, int(mask_id)), ids)
+            return ids.to(device), labels.to(device)
+        return super().example_batch(batch_size, generator, device)
+
+
+MASK_FRACTION = 0.15
+"""BERT's masked fraction (Devlin et al. 2019, §3.1), the same number of positions in every
+sequence: a microbatch's or replica's mean loss over its masked tokens is then the global mean's
+share, as in one process on the whole batch (a varying count would weight them unequally)."""
+
+
+def _task(model: nn.Module) -> str:
+    """ "classification", "masked" or "causal", from the class transformers maps the model to."""
+    from transformers.models.auto import modeling_auto as auto
+
+    name = type(model).__name__
+    if name in set(auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.values()):
+        return "classification"
+    if name in set(auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES.values()) and not getattr(model.config, "is_decoder", False):
+        return "masked" if not model.config.is_encoder_decoder else "causal"
+    return "causal"

@@ -4,14 +4,28 @@
 the base model (`model.base_model`, or its `.decoder` for OPT) holds an input embedding, an
 `nn.ModuleList` of layers (`layers`, `h`, `encoder.layer`), an optional final norm and rotary
 module; the top-level modules outside the base model are the head (`lm_head`, `embed_out`,
-BERT's `cls`). Each layer is called the way its model calls it: hidden states positionally,
-`attention_mask=None` (causal SDPA for decoders, full attention for encoders) and, for RoPE
-models, `position_ids` / `position_embeddings` computed per layer for the full sequence (under
-sequence parallelism the local shard is 1/`seq_shards` of it). Anything else — encoder-decoders
-(T5, BART), unknown layouts — is one layer (`HFWhole`) that returns the model's logits.
+BERT's `cls`). Each layer is called the way its model calls it: hidden states positionally;
+for a causal layer the attention mask the model's own forward builds (transformers'
+`create_causal_mask`, or `create_sliding_window_causal_mask` for a layer the config's
+`layer_types` calls sliding): None under SDPA (its is_causal path), the (B, 1, T, T) additive
+causal mask under eager attention — so no layout attends to future tokens; `attention_mask=None`
+(full attention) for an encoder's layers; for RoPE models `position_ids` / `position_embeddings`
+computed per layer for the full sequence (under sequence parallelism the local shard is
+1/`seq_shards` of it); None for a positional parameter the layer takes as optional (Falcon's
+`alibi` when the config has none).
+A split is kept only when it is the model: every parameter of the model lies in `embed`, a layer
+or `head`, and (checked on real weights: the model itself, or for a meta-device model a CPU twin
+built from its config when that has at most `VERIFY_MAX_PARAMS` parameters) the layers chained
+give the model's own logits. Anything else — encoder-decoders (T5, BART), unknown layouts,
+parameters used outside the layers (BLOOM's embedding norm), masks or positions built in a way
+the layers are not given — is one layer (`HFWhole`) that returns the model's logits;
+`split_note(model)` says why.
 """
 
 from __future__ import annotations
+
+import inspect
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,7 +41,7 @@ class HFEmbed(nn.Module):
 
     def __init__(
         self,
-        tok: nn.Module,
+        tok: nn.Module | None,
         pos: nn.Module | None = None,
         project_in: nn.Module | None = None,
         whole: nn.Module | None = None,
@@ -38,6 +52,7 @@ class HFEmbed(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         if self.whole is not None:  # BERT-style embeddings module (token + position + type + norm)
             return self.whole(input_ids=idx)
+        assert self.tok is not None
         x = self.tok(idx)  # (B, T, h)
         if self.project_in is not None:
             x = self.project_in(x)
@@ -51,22 +66,38 @@ class HFEmbed(nn.Module):
 
 
 class HFBlock(nn.Module):
-    """One HF layer, hidden states in and out (attention_mask=None; RoPE angles for the full
-    sequence: `seq_shards` > 1 when sequence parallelism hands this layer 1/seq_shards of it)."""
+    """One HF layer, hidden states in and out: the causal mask its model builds (None for an
+    encoder layer), RoPE angles for the full sequence (`seq_shards` > 1 when sequence
+    parallelism hands this layer 1/seq_shards of it), None for optional positional parameters."""
 
-    def __init__(self, block: nn.Module, rotary: nn.Module | None):
+    def __init__(
+        self, block: nn.Module, rotary: nn.Module | None, config: Any = None, causal: bool = False, layer_type: str = ""
+    ):
         super().__init__()
         self.block, self.rotary = block, rotary
         self.seq_shards = 1
         self.tp_plan: dict[str, str] = {}
+        self.config, self.causal, self.layer_type = config, causal, layer_type
+        self.optional_positional = _optional_positional(block)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        kwargs = {"attention_mask": None}
+        seq = x.shape[1] * self.seq_shards
+        kwargs: dict[str, Any] = {name: None for name in self.optional_positional}
+        positions = torch.arange(seq, device=x.device).unsqueeze(0)
+        kwargs["attention_mask"] = self._mask(x, seq) if self.causal else None
         if self.rotary is not None:
-            positions = torch.arange(x.shape[1] * self.seq_shards, device=x.device).unsqueeze(0)
             kwargs.update(position_ids=positions, position_embeddings=self.rotary(x, positions))
         out = self.block(x, **kwargs)
         return out[0] if isinstance(out, tuple) else out
+
+    def _mask(self, x: torch.Tensor, seq: int):
+        """The model's own mask for this layer (transformers.masking_utils), for `seq` tokens."""
+        from transformers import masking_utils
+
+        sliding = self.layer_type == "sliding_attention"
+        build = masking_utils.create_sliding_window_causal_mask if sliding else masking_utils.create_causal_mask
+        shape = torch.empty((x.shape[0], seq, 0), dtype=x.dtype, device=x.device)  # (B, T, -): batch, length, dtype
+        return build(config=self.config, inputs_embeds=shape, attention_mask=None, cache=None, position_ids=None)
 
 
 class HFHead(nn.Module):
@@ -95,27 +126,155 @@ class HFWhole(nn.Module):
         return self.model(input_ids=idx, use_cache=False, **kwargs).logits
 
 
+VERIFY_MAX_PARAMS = 20_000_000
+"""A meta-device model's split is checked on a CPU twin built from its config up to this size."""
+
+_NOTES: dict[int, str] = {}
+
+
+def split_note(model: nn.Module) -> str:
+    """Why split() kept `model` whole ("" when it was split, or not tried)."""
+    return _NOTES.get(id(model), "")
+
+
 def split(model: nn.Module) -> tuple[nn.Module | None, list[nn.Module], nn.Module | None]:
-    """(embed, layers, head) of a transformers model; (None, [HFWhole(model)], None) if unknown."""
+    """(embed, layers, head) of a transformers model; (None, [HFWhole(model)], None) when its
+    layout is not recognised or the split would not compute the model (module docstring)."""
+    parts, why = _split(model)
+    if parts is not None:
+        why = _unplaced(model, parts) or _differs(model, parts)
+    if why:
+        _NOTES[id(model)] = why
+        return None, [HFWhole(model)], None
+    return parts
+
+
+def _split(model: nn.Module) -> tuple[tuple | None, str]:
     config = model.config
     base = getattr(model, "base_model", model)
     body = base.decoder if hasattr(base, "decoder") and not config.is_encoder_decoder else base
     blocks = _layer_list(body)
     head_modules = [m for n, m in model.named_children() if m is not base]
-    if config.is_encoder_decoder or blocks is None or len(head_modules) != 1:
-        return None, [HFWhole(model)], None
+    if config.is_encoder_decoder:
+        return None, "an encoder-decoder: one layer"
+    if blocks is None or len(head_modules) != 1:
+        return None, "no list of layers with one head module beside it"
+    missing = _required_unknown(blocks[0])
+    if missing:
+        return None, f"its layers take {', '.join(missing)}, which the model builds in its own forward"
     rotary = getattr(body, "rotary_emb", None)
-    blocks = [HFBlock(b, rotary) for b in blocks]
+    types = list(getattr(config, "layer_types", None) or [])
+    causal = _is_causal(blocks[0])
+    blocks = [HFBlock(b, rotary, config, causal, types[i] if i < len(types) else "") for i, b in enumerate(blocks)]
     plan = dict(getattr(config, "base_model_tp_plan", None) or {})
     for block in blocks:
         block.tp_plan = plan
-    norm = next((getattr(body, n) for n in NORM_NAMES if isinstance(getattr(body, n, None), nn.Module)), None)
-    if hasattr(body, "embeddings"):  # BERT-style
-        embed = HFEmbed(body.embeddings.word_embeddings, whole=body.embeddings)
+    norm = _final_norm(body)
+    embeddings = getattr(body, "embeddings", None)
+    if isinstance(embeddings, nn.Module) and isinstance(getattr(embeddings, "word_embeddings", None), nn.Embedding):
+        embed = HFEmbed(None, whole=embeddings)  # BERT-style, this model's own (its word embeddings inside)
     else:
         pos = getattr(body, "wpe", None) or getattr(body, "embed_positions", None)
         embed = HFEmbed(body.get_input_embeddings(), pos, getattr(body, "project_in", None))
-    return embed, blocks, HFHead(norm, head_modules[0], getattr(body, "project_out", None))
+    return (embed, blocks, HFHead(norm, head_modules[0], getattr(body, "project_out", None))), ""
+
+
+def _final_norm(body: nn.Module) -> nn.Module | None:
+    """The body's final norm: a known name, else its one direct child that is a norm."""
+    named = next((getattr(body, n) for n in NORM_NAMES if isinstance(getattr(body, n, None), nn.Module)), None)
+    if named is not None:
+        return named
+    norms = [m for m in body.children() if "norm" in type(m).__name__.lower()]
+    return norms[0] if len(norms) == 1 else None
+
+
+def _is_causal(block: nn.Module) -> bool:
+    """A decoder's layer: an attention module in it says is_causal (GPT-2, Llama, Falcon, BERT as
+    a decoder). A layer without one (Mamba's mixer) gets no mask; a split whose attention would
+    then see the future differs from the model's logits and is kept whole (`_differs`)."""
+    return any(getattr(m, "is_causal", None) is True for m in block.modules())
+
+
+def _optional_positional(block: nn.Module) -> list[str]:
+    """Positional parameters after the hidden states that have no default but take None."""
+    return [
+        p.name for p in _positional(block)[1:] if p.default is inspect.Parameter.empty and "None" in str(p.annotation)
+    ]
+
+
+def _positional(block: nn.Module) -> list[inspect.Parameter]:
+    try:
+        params = inspect.signature(block.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p for p in params if p.kind in kinds]
+
+
+_GIVEN = ("attention_mask", "position_ids", "position_embeddings")
+
+
+def _required_unknown(block: nn.Module) -> list[str]:
+    """Required parameters (after the hidden states) HFBlock cannot give."""
+    optional = set(_optional_positional(block))
+    return [
+        p.name
+        for p in _positional(block)[1:]
+        if p.default is inspect.Parameter.empty and p.name not in optional and p.name not in _GIVEN
+    ]
+
+
+def _unplaced(model: nn.Module, parts: tuple) -> str:
+    """Parameters of the model outside embed, the layers and head (used by its own forward)."""
+    embed, blocks, head = parts
+    placed = {id(p) for part in (embed, *blocks, head) for p in part.parameters()}
+    missing = [n for n, p in model.named_parameters() if id(p) not in placed]
+    if not missing:
+        return ""
+    return f"{len(missing)} parameter(s) outside its layers ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})"
+
+
+def _differs(model: nn.Module, parts: tuple) -> str:
+    """ "" when the chained parts give the model's own logits on a probe (see module docstring)."""
+    if any(p.is_meta for p in model.parameters()):
+        twin = _twin(model)
+        if twin is None:
+            return ""  # too large to build here: the structural checks only
+        twin_parts, why = _split(twin)
+        return why or _unplaced(twin, twin_parts) or _differs(twin, twin_parts)
+    vocab = int(getattr(model.config, "vocab_size", 0) or 0)
+    seq = min(8, int(getattr(model.config, "max_position_embeddings", 8) or 8))
+    if vocab < 2:
+        return "no vocabulary to probe"
+    ids = torch.randint(0, vocab, (2, seq), generator=torch.Generator().manual_seed(0))
+    training = model.training
+    model.eval()  # dropout off: the same function twice
+    try:
+        with torch.no_grad():
+            expected = model(input_ids=ids, use_cache=False).logits
+            x = ids
+            for part in (parts[0], *parts[1], parts[2]):
+                x = part(x)
+    except Exception as exc:
+        return f"its layers fail when called on their own ({type(exc).__name__})"
+    finally:
+        model.train(training)
+    if x.shape != expected.shape or not torch.allclose(x, expected, rtol=1e-4, atol=1e-5):
+        return "its layers called on their own do not give the model's logits"
+    return ""
+
+
+def _twin(model: nn.Module) -> nn.Module | None:
+    """The model rebuilt on the CPU from its config, when small enough (VERIFY_MAX_PARAMS)."""
+    if sum(p.numel() for p in model.parameters()) > VERIFY_MAX_PARAMS:
+        return None
+    config = model.config
+    state = torch.random.get_rng_state()
+    try:
+        with torch.device("cpu"):
+            return type(model)._from_config(config, attn_implementation=config._attn_implementation)
+    finally:
+        torch.random.set_rng_state(state)
 
 
 def _layer_list(body: nn.Module) -> nn.ModuleList | None:

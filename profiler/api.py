@@ -115,7 +115,12 @@ def analyse_model(model: LayeredModel, model_name: str, progress: bool = False) 
         rep = analysis.rep_of[fqn] = seen[key]
         layers.append(_layer_profile(fqn, module, analysis.captures[rep], rules[fqn], counted))
         x = analysis.captures[rep].output
-    analysis.profile = _model_profile(model, model_name, layers, _reuse_notes(model, seen.values()))
+    notes = [
+        *getattr(model, "notes", []),
+        *(f"warning: {w}" for w in getattr(model, "warnings", [])),
+        *_reuse_notes(model, seen.values()),
+    ]
+    analysis.profile = _model_profile(model, model_name, layers, notes)
     _graph_edges(analysis.profile, model, analysis)
     return analysis
 

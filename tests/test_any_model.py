@@ -118,7 +118,14 @@ def plain_batch(module, example, batch_size: int, step: int):
     models (meshplan.executor.data's seeded generator), else the example tiled to batch_size."""
     if _is_hf(module) and not isinstance(example, dict):
         seq = example if isinstance(example, int) else example.shape[1]
-        tokens = torch.randint(0, module.config.vocab_size, (batch_size, seq + 1), generator=step_generator(0, step))
+        vocab, gen = module.config.vocab_size, step_generator(0, step)
+        if _masked_lm(module):  # BERT's task: the tokens at 15% of positions (Devlin et al. 2019)
+            ids = torch.randint(0, vocab, (batch_size, seq), generator=gen)
+            k = max(1, round(0.15 * seq))  # the same count in every sequence
+            low = torch.rand((batch_size, seq), generator=gen).topk(k, dim=1, largest=False).indices
+            labels = torch.full_like(ids, -100).scatter(1, low, ids.gather(1, low))
+            return ids, labels  # BERT's config names no mask token: the ids are kept
+        tokens = torch.randint(0, vocab, (batch_size, seq + 1), generator=gen)
         return tokens[:, :-1], tokens[:, 1:]
     tile = lambda t: t.repeat(-(-batch_size // t.shape[0]), *([1] * (t.dim() - 1)))[:batch_size]  # noqa: E731
     inputs, targets = example if isinstance(example, tuple) else (example, None)
@@ -126,9 +133,15 @@ def plain_batch(module, example, batch_size: int, step: int):
     return inputs, None if targets is None else tile(targets)
 
 
+def _masked_lm(module) -> bool:
+    return type(module).__name__.endswith("ForMaskedLM")
+
+
 def plain_loss(module, x, y) -> torch.Tensor:
     if isinstance(x, dict):
         out = module(**x)
+    elif _is_hf(module) and _masked_lm(module):
+        return module(input_ids=x, labels=y).loss  # the model's own loss
     elif _is_hf(module):
         kwargs = {"decoder_input_ids": x} if module.config.is_encoder_decoder else {}
         out = module(input_ids=x, use_cache=False, **kwargs)

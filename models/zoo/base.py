@@ -27,6 +27,10 @@ class LayeredModel(nn.Module):
         self.embed = embed
         self.layers = nn.ModuleDict({str(i): layer for i, layer in enumerate(layers)})
         self.head = head
+        self.warnings: list[str] = []
+        """What the profile's notes and stderr must say about this model (unused parameters)."""
+        self.notes: list[str] = []
+        """How the model was taken (attention implementation, why it is one layer): profile notes."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embed is not None:
