@@ -9,6 +9,7 @@ can tell (the layer list, the context length, GPUs per node) is checked here."""
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from meshplan import feasibility
 from meshplan.errors import MeshplanError
@@ -103,12 +104,35 @@ def run_warnings(plan: Plan) -> list[str]:
             f"plan.runtime_behaviours.elementwise = {level!r}: this executor runs its norms, rotary and SwiGLU "
             "as eager torch ops, so its step is slower than the prediction (re-plan without --elementwise/--compile)"
         )
+    out += _batch_norm_warnings(plan)
     if plan.recompute_num_layers > 1:
         out.append(
             f"plan.recompute_num_layers = {plan.recompute_num_layers}: this executor checkpoints each block on "
             "its own (Megatron's uniform groups are an export), so its peak is below the prediction"
         )
     return out
+
+
+def _batch_norm_warnings(plan: Plan) -> list[str]:
+    """BatchNorm normalises over the batch a module sees: under microbatching each microbatch,
+    under data parallelism each replica's share (plain BatchNorm, not SyncBatchNorm), so its
+    statistics and the losses differ from one process on the whole batch."""
+    per_forward = plan.microbatch_size
+    if per_forward >= plan.global_batch_size or plan.model_name.startswith("analytic:"):
+        return []
+    try:
+        model = build_model_for_plan(plan, "meta")
+    except MeshplanError:
+        return []  # check_plan reports it
+    found = sorted({type(m).__name__ for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)})
+    if not found:
+        return []
+    return [
+        f"{plan.model_name} has {', '.join(found)}: its batch statistics are taken over each forward's "
+        f"{per_forward} sample(s) (microbatch {plan.microbatch_size} x {plan.num_microbatches}, data parallel "
+        f"{plan.data_parallel_degree}), not the global batch of {plan.global_batch_size}, so the losses differ "
+        "from one process on the whole batch (use GroupNorm/LayerNorm, or SyncBatchNorm for the replicas)"
+    ]
 
 
 def _check_identity(plan: Plan, model) -> None:

@@ -31,7 +31,15 @@ def is_zoo_name(name: str) -> bool:
 def build_for_apply(plan: Plan, seed: int = 0) -> LayeredModel:
     """What `apply` gets in the worker: zoo models on meta (weights from init_tensor), user and HF
     models built for real (their own init under torch.manual_seed(seed), identical on every rank)."""
-    return build_model_for_plan(plan, "meta" if is_zoo_name(plan.model_name) else "cpu", seed)
+    model = build_model_for_plan(plan, "meta" if is_zoo_name(plan.model_name) else "cpu", seed)
+    if plan.layers and model.layer_names() != plan.layers:  # a meta-device split the real weights do not reproduce
+        raise MeshplanError(
+            f"plan.layers: {plan.model_name} built on the CPU has layers {model.layer_names()[:4]}... "
+            f"({len(model.layer_names())}), the plan {len(plan.layers)} from its meta-device profile; the "
+            "split checked on meta shapes does not reproduce the model: profile it built on the CPU "
+            "(a factory without a `device` parameter) and re-plan"
+        )
+    return model
 
 
 def build_named_model(

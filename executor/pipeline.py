@@ -6,6 +6,9 @@ keeps its FQN. Stage s runs on pipeline rank s % pp (the "loop" placement), so w
 stages a rank holds stages r, r + pp, ..., r + (v-1)pp.
 Schedules are torch.distributed.pipelining's; gradients come out scaled by 1/num_microbatches
 (scale_grads=True), i.e. the gradient of the mean loss over the replica's batch.
+gloo sends and receives only contiguous tensors: every stage's outputs are made contiguous (a
+ViT's patch embedding ends in a transpose) and so are the gradients it sends back for its
+inputs (`contiguous_boundaries`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from torch.distributed.pipelining.schedules import (
     ScheduleLoopedBFS,
 )
 
+from meshplan.models.user_models import ContiguousGrad
 from meshplan.models.zoo.base import LayeredModel
 from meshplan.plan import Plan
 
@@ -78,12 +82,33 @@ def build_schedule(
     """PipelineStage per local stage, then the plan's schedule over them."""
     num_stages = len(plan.stages)
     group = pp_mesh.get_group()
+    for part in parts:
+        contiguous_boundaries(part)
     stages = [PipelineStage(part, s, num_stages, device, group=group) for s, part in zip(stage_ids, parts)]
     cls = SCHEDULE_CLASSES[plan.pipeline_schedule]
     if issubclass(cls, PipelineScheduleMulti):
         return cls(stages, n_microbatches=plan.num_microbatches, loss_fn=loss_fn), stages
     assert len(stages) == 1, f"{plan.pipeline_schedule} runs one stage per rank"
     return cls(stages[0], n_microbatches=plan.num_microbatches, loss_fn=loss_fn), stages
+
+
+def contiguous_boundaries(part: nn.Module) -> None:
+    """Hooks on a stage module: contiguous outputs (what the stage sends forward) and contiguous
+    gradients for its inputs that require grad (what it sends back)."""
+    part.register_forward_pre_hook(lambda m, args: tuple(_grad_contiguous(a) for a in args))
+    part.register_forward_hook(lambda m, args, out: _contiguous(out))
+
+
+def _grad_contiguous(t):
+    return ContiguousGrad.apply(t) if isinstance(t, torch.Tensor) and t.requires_grad else t
+
+
+def _contiguous(out):
+    if isinstance(out, torch.Tensor):
+        return out.contiguous()
+    if isinstance(out, tuple):
+        return tuple(_contiguous(t) for t in out)
+    return out
 
 
 def schedule_step(schedule, stages, inputs: torch.Tensor, targets: torch.Tensor) -> list[torch.Tensor]:

@@ -21,11 +21,16 @@ do not reproduce `module(inputs)`.
 
 from __future__ import annotations
 
+import copy
+import re
+
 import torch
 from torch import fx, nn
 
 
 def fx_layers(module: nn.Module, inputs: torch.Tensor) -> list[nn.Module] | None:
+    if any(p.is_meta for p in module.parameters()):  # a factory's `device` = meta: run on meta shapes
+        inputs = inputs.to("meta")
     gm = _trace(module)
     if gm is None:
         return None
@@ -40,7 +45,7 @@ def fx_layers(module: nn.Module, inputs: torch.Tensor) -> list[nn.Module] | None
     if len(set(partition.values())) < 2:
         return None
     try:
-        layers = _segments(gm, nodes, partition, output)
+        layers = _own_modules(_segments(gm, nodes, partition, output))
     except Exception:
         return None
     return layers if _reproduces(module, layers, inputs) else None
@@ -80,23 +85,61 @@ def _segments(gm: fx.GraphModule, nodes: list[fx.Node], partition: dict[str, int
     return layers
 
 
+def _own_modules(layers: list[fx.GraphModule]) -> list[fx.GraphModule]:
+    """A module reused in several layers (ALBERT's one block applied at every depth) gets a
+    module object per layer holding the *same* Parameters and buffers: the weight is tied
+    across those layers (models/identity.py tied_groups), so pipeline stages, FSDP2 and TP each
+    own a copy and executor/tied.py sums the copies' gradients, as for a tied LM head."""
+    seen: set[int] = set()
+    for layer in layers:
+        done: list[str] = []
+        for path, module in list(layer.named_modules()):
+            if not path or any(path.startswith(d + ".") for d in done) or id(module) not in seen:
+                continue
+            shared = {id(t): t for t in [*module.parameters(), *module.buffers()]}
+            layer.set_submodule(path, copy.deepcopy(module, memo=shared))  # new modules, same tensors
+            done.append(path)
+        seen.update(id(m) for m in layer.modules())
+    return layers
+
+
 def _segment(gm: fx.GraphModule, nodes: list[fx.Node], live_in: list[fx.Node], live_out: list[fx.Node]):
     """One layer: placeholders for the values live before it, its nodes, and the values live
     after it as outputs (one tensor, or a tuple; skips pass through unchanged).
     GraphModule(root, graph) keeps the user's submodules under their names. `fx_inputs`,
     `fx_outputs` and `fx_uses` name the values it reads, returns and itself consumes."""
     graph, env = fx.Graph(), {}
+    inside = set(nodes)
     for value in live_in:
         env[value] = graph.placeholder(value.name)
+        if any(u in inside and _in_place(gm, u, value) for u in value.users):  # e.g. ReLU(inplace=True) first
+            env[value] = graph.call_method("clone", (env[value],))
     for node in nodes:
         env[node] = graph.node_copy(node, lambda a: env[a])
     graph.output(env[live_out[0]] if len(live_out) == 1 else tuple(env[v] for v in live_out))
     layer = fx.GraphModule(gm, graph, class_name="FxLayer")
-    inside = set(nodes)
     layer.fx_inputs = tuple(v.name for v in live_in)
     layer.fx_outputs = tuple(v.name for v in live_out)
     layer.fx_uses = tuple(v.name for v in live_in if any(u in inside for u in v.users))
     return layer
+
+
+def _in_place(gm: fx.GraphModule, node: fx.Node, value: fx.Node) -> bool:
+    """Whether `node` may write into its input `value`: a module with `inplace=True` (torchvision's
+    ReLU/Hardswish/SiLU), an `inplace=True` keyword, an in-place method or operator (`x.add_(y)`,
+    `x += y`). A layer's input is a leaf that requires grad when it is captured or received by a
+    pipeline stage, and autograd refuses to write into such a leaf: the layer clones it first
+    (one copy of the input; the user's modules stay as they are)."""
+    if node.op == "call_module":
+        return bool(getattr(gm.get_submodule(node.target), "inplace", False)) and node.args[:1] == (value,)
+    if node.kwargs.get("inplace") is True:
+        return True
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    in_place_op = (name.endswith("_") and not name.endswith("__")) or name.strip("_") in _IN_PLACE_OPERATORS
+    return node.op in ("call_method", "call_function") and in_place_op and node.args[:1] == (value,)
+
+
+_IN_PLACE_OPERATORS = {"iadd", "isub", "imul", "itruediv", "ifloordiv", "ipow", "iand", "ior", "ixor"}
 
 
 def graph_edges(layers: list[nn.Module]) -> list[tuple[int, int, str, int]]:
@@ -181,11 +224,15 @@ _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 def _unit(gm: fx.GraphModule, node: fx.Node) -> str:
     """The user's module a node runs in: the outermost submodule on its module stack that is not
     a container of modules with children of their own ("" for ops of the top-level forward)."""
-    for path in (node.meta.get("nn_module_stack") or {}).keys():
-        module = gm.get_submodule(path) if path else gm
+    for key in (node.meta.get("nn_module_stack") or {}).keys():
+        path = re.sub(r"@\d+$", "", key)  # fx names the k-th call of a reused module "path@k"
+        try:
+            module = gm.get_submodule(path) if path else gm
+        except AttributeError:  # traced through and holding no parameters (torchvision's Permute)
+            return key
         inner = isinstance(module, _CONTAINERS) and any(any(True for _ in c.children()) for c in module.children())
         if not inner:
-            return path
+            return key
     return ""
 
 
@@ -212,6 +259,8 @@ def _reproduces(module: nn.Module, layers: list[nn.Module], inputs: torch.Tensor
         x = inputs
         for layer in layers:
             x = layer(*x) if isinstance(x, tuple) else layer(x)
-        return isinstance(x, torch.Tensor) and x.shape == expected.shape and torch.allclose(x, expected)
+        if not isinstance(x, torch.Tensor) or x.shape != expected.shape:
+            return False
+        return x.is_meta or torch.allclose(x, expected)  # on meta (a 7B model planned): the shapes only
     except Exception:
         return False

@@ -39,6 +39,10 @@ def model_output(out) -> torch.Tensor:
     """The tensor a user module's output stands for: itself, .loss (when computed) or .logits."""
     if isinstance(out, torch.Tensor):
         return out
+    if isinstance(out, dict) and not hasattr(out, "logits"):  # a plain dict: {"loss": ..., "logits": ...}
+        for key in ("loss", "logits"):
+            if isinstance(out.get(key), torch.Tensor):
+                return out[key]
     loss = getattr(out, "loss", None)
     if isinstance(loss, torch.Tensor):
         return loss
@@ -47,7 +51,10 @@ def model_output(out) -> torch.Tensor:
         return logits
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
         return out[0]
-    raise TypeError(f"the model returned {type(out).__name__}; return a tensor, or an object with .loss or .logits")
+    raise TypeError(
+        f"the model returned {type(out).__name__}; return a tensor, a dict with a 'loss' or 'logits' tensor, "
+        "or an object with .loss or .logits"
+    )
 
 
 class DictInputs(nn.Module):

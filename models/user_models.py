@@ -23,6 +23,7 @@ import importlib.util
 import inspect
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from torch import nn
 
 from meshplan.errors import MeshplanError
 from meshplan.models.fx_layers import fx_layers, graph_edges
-from meshplan.models.identity import retie, tied_groups
+from meshplan.models.identity import num_params, retie, tied_groups
 from meshplan.models.user_inputs import DictInputs, OutputTensor, pack
 from meshplan.models.zoo.base import LayeredModel
 
@@ -92,6 +93,9 @@ def _import_target(target: str, spec: str):
         loader_spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(loader_spec)
         sys.modules[module_name] = module
+        folder = str(path.resolve().parent)  # `import helpers` beside the file works, as in `python file.py`
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
         _run_import(
             lambda: loader_spec.loader.exec_module(module),
             target,
@@ -213,12 +217,36 @@ def wrap_module(module: nn.Module, batch: Any, spec: str) -> UserModel:
         isinstance(module, nn.Sequential) or (not on_meta and _is_chain(module, children, inputs))
     ):
         return UserModel(children, inputs, targets, chained=True)  # an nn.Sequential is a chain by definition
-    layers = None if on_meta or _is_transformers_model(module) else fx_layers(module, inputs)
+    layers = None if _is_transformers_model(module) else fx_layers(module, inputs)
     if layers:  # cut from the torch.fx graph where one tensor is live (models/fx_layers.py)
-        return UserModel(layers, inputs, targets, chained=True)
-    if _is_transformers_model(module):
+        return _warn_unplaced(UserModel(layers, inputs, targets, chained=True), module, spec)
+    if _is_transformers_model(module) or not isinstance(inputs, torch.Tensor):
         module = OutputTensor(module)
     return UserModel([module], inputs, targets, chained=False)
+
+
+def _warn_unplaced(model: LayeredModel, module: nn.Module, spec: str) -> LayeredModel:
+    """Name the module's parameters no layer holds: branches its forward does not take on the
+    example batch (a Python `if` on a config flag, an nn.ModuleDict entry never called). They are
+    not profiled, trained or checkpointed; the warning says so (model.warnings, the profile's
+    notes and stderr)."""
+    placed = {id(p) for p in model.parameters()}
+    missing = [(n, p) for n, p in module.named_parameters() if id(p) not in placed]
+    if missing:
+        count = sum(p.numel() for _, p in missing)
+        owners = sorted({n.rpartition(".")[0] or n for n, _ in missing})
+        text = (
+            f"--model {spec}: {count:,} of {count + num_params(model):,} parameters are not used by its forward on the "
+            f"example batch ({', '.join(owners[:6])}{', ...' if len(owners) > 6 else ''}): they are not profiled, "
+            "trained or checkpointed; give an example batch that takes those branches, or drop the modules"
+        )
+        model.warnings.append(text)
+        warnings.warn(text, UnusedParametersWarning, stacklevel=2)
+    return model
+
+
+class UnusedParametersWarning(UserWarning):
+    """A user module's parameters that its traced forward does not use (see _warn_unplaced)."""
 
 
 def _wrap_special(module: nn.Module, inputs, targets) -> LayeredModel | None:
@@ -230,7 +258,7 @@ def _wrap_special(module: nn.Module, inputs, targets) -> LayeredModel | None:
     if _is_transformers_model(module) and not inputs.is_floating_point() and inputs.dim() == 2:
         from meshplan.models.hf import wrap_hf_model
 
-        return wrap_hf_model(module, int(inputs.shape[1]))
+        return wrap_hf_model(module, int(inputs.shape[1]), None if targets is None else (inputs, targets))
     return None
 
 
@@ -285,7 +313,7 @@ def _is_chain(module: nn.Module, children: list[nn.Module], inputs: torch.Tensor
         return False
 
 
-class _ContiguousGrad(torch.autograd.Function):
+class ContiguousGrad(torch.autograd.Function):
     """Identity whose backward makes the gradient contiguous: the gradient of a skip that enters
     a torch.cat is a strided slice, and gloo sends and receives only contiguous tensors."""
 
@@ -318,7 +346,7 @@ class UserModel(LayeredModel):
         layers receives the crossing tensors as positional arguments and returns its last
         layer's output, so every tensor crossing a stage boundary is sent."""
         if self._edges:  # a stage's inputs: torch.distributed.pipelining receives their gradients
-            xs = tuple(_ContiguousGrad.apply(t) if t.requires_grad else t for t in xs)
+            xs = tuple(ContiguousGrad.apply(t) if t.requires_grad else t for t in xs)
         x = xs[0] if len(xs) == 1 else xs
         for layer in self.layers.values():
             x = layer(*x) if isinstance(x, tuple) else layer(x)

@@ -174,6 +174,7 @@ def capture_layer(layer: nn.Module, x: torch.Tensor | tuple, fake_mode, rule=Non
     """Run a fake `layer` on fake input `x` forward and backward; see the module docstring.
     `rule` (the layer's TPRule) tells which saved bytes tensor parallelism would not split."""
     register_cpu_attention_formulas()
+    _batch_statistics_on_one_value(layer, x)
     tracker = _OpTracker()
     saved = _SavedTensors(layer, tracker)
     handles = saved.track_modules(layer)
@@ -201,6 +202,17 @@ def capture_layer(layer: nn.Module, x: torch.Tensor | tuple, fake_mode, rule=Non
         largest_saved=saved.largest(),
         output=out,
     )
+
+
+def _batch_statistics_on_one_value(layer: nn.Module, x) -> None:
+    """A BatchNorm over one value per channel (the per-sample capture, where a ResNet's last
+    stage is 1 x 1) cannot train: with one sample the fake copy's BatchNorms run on their running
+    statistics (same FLOPs and shapes)."""
+    first = x[0] if isinstance(x, tuple) else x
+    if first.dim() >= 2 and first.shape[0] == 1:
+        for module in layer.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                module.eval()
 
 
 def _key(t: torch.Tensor) -> int:

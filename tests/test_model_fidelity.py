@@ -1,0 +1,184 @@
+"""Models whose forward is not a plain chain, held to what their own forward computes:
+modules reused in forward (ALBERT-style weight sharing across depth, one activation called
+twice), a Python `if` and an nn.ModuleDict with unused branches, dict outputs with a loss,
+torchvision's in-place habits and a non-contiguous tensor at a cut, BatchNorm under
+microbatching, and raw transformers models under eager attention (the causal mask) with their
+own (ids, labels). Every run on 2 gloo ranks equals plain PyTorch on one process: the factory's
+module itself, trained with torch.optim.SGD and clip_grad_norm_ on the same batches.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from executor_plans import make_plan
+from torch.nn import functional as F
+
+from meshplan.executor.launch import LaunchOptions, run_plans
+from meshplan.profiler import profile_model
+
+FIXTURES = Path(__file__).parent / "fixtures" / "user_models"
+REUSE = f"{FIXTURES / 'reuse_models.py'}"
+STEPS, LR, CLIP, REL_TOL = 3, 0.5, 1.0, 1e-4
+PP = dict(pp=2, microbatches=2)
+
+
+def _factory(name: str):
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, str(FIXTURES))  # reuse_models imports a helper beside it
+    loader = importlib.util.spec_from_file_location("plain_reuse_models", REUSE)
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def _loss(module, x, y) -> torch.Tensor:
+    out = module(**x) if isinstance(x, dict) else module(x)
+    if type(out) is dict:  # the user's {"loss": ...}
+        return out["loss"]
+    if not isinstance(out, torch.Tensor):
+        out = out.logits
+    return F.cross_entropy(out.flatten(0, -2), y.flatten())
+
+
+def plain_losses(name: str, batch_size: int) -> list[float]:
+    """Single-process plain PyTorch on the factory's batch tiled to batch_size."""
+    torch.manual_seed(0)
+    module, batch = _factory(name)()
+    tile = lambda t: t.repeat(-(-batch_size // t.shape[0]), *([1] * (t.dim() - 1)))[:batch_size]  # noqa: E731
+    x, y = (batch, None) if isinstance(batch, dict) else batch
+    x = {k: tile(v) for k, v in x.items()} if isinstance(x, dict) else tile(x)
+    y = None if y is None else tile(y)
+    opt = torch.optim.SGD(module.parameters(), lr=LR, momentum=0.9)
+    losses = []
+    for _ in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        loss = _loss(module, x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), CLIP)
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+RUNS = {
+    ("albert", "dp"): dict(dp=2),
+    ("albert", "zero3"): dict(dp_shard=2, zero=3),
+    ("albert", "pp"): PP,  # the shared block's copies on both stages: gradients summed
+    ("albert_cpu", "pp"): PP,
+    ("shared_act", "pp"): PP,
+    ("dict_loss", "dp"): dict(dp=2),
+    ("in_place", "pp"): PP,  # ReLU(inplace=True) first in a stage; a transposed tensor sent
+    ("in_place", "zero3"): dict(dp_shard=2, zero=3),
+    ("hf_eager_labels", "dp"): dict(dp=2),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fidelity")
+    plans = [make_plan(f"{REUSE}:{name}", **kwargs) for (name, _), kwargs in RUNS.items()]
+    opts = LaunchOptions(
+        steps=STEPS, out_dir=str(out / "run"), quiet=True, timeout_s=300, optimizer="sgd", lr=LR, grad_clip=CLIP
+    )
+    return dict(zip(RUNS, zip(plans, run_plans(plans, opts))))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", list(RUNS), ids=lambda k: f"{k[0]}-{k[1]}")
+def test_layout_equals_plain_pytorch(runs, key):
+    plan, result = runs[key]
+    ref = plain_losses(key[0], plan.global_batch_size)
+    rel = max(abs(a - b) / abs(b) for a, b in zip(result.losses, ref))
+    assert len(result.losses) == STEPS and rel <= REL_TOL, f"{key}: {result.losses} vs plain PyTorch {ref}"
+    assert max(ref) - min(ref) > 1e-4, "the loss must move, or equality proves nothing"
+
+
+@pytest.mark.parametrize(
+    "name, num_params, num_layers",
+    [("albert", 1_333, 6), ("albert_cpu", 1_333, 6), ("shared_act", 467, 3), ("in_place", 1_500, 0)],
+)
+def test_reused_modules_profile_once_with_every_use_a_layer(name, num_params, num_layers):
+    """A block applied at every depth is one weight counted once, each application its own
+    layer (so pipeline stages can split them); a factory taking `device` (profiled on meta)
+    gets the same layers as one built on the CPU; fx's `act@1` for the second call is no error."""
+    module, _ = _factory(name)()
+    profile = profile_model(f"{REUSE}:{name}")
+    assert profile.num_params == sum(p.numel() for p in set(module.parameters())) == num_params
+    assert not num_layers or len(profile.layers) == num_layers
+
+
+def test_albert_layers_share_one_weight():
+    """The shared block's layers hold their own modules over the same Parameters: tied groups,
+    which the executor keeps equal across stages (executor/tied.py)."""
+    from meshplan.models.identity import tied_groups
+    from meshplan.models.loader import load_model
+
+    model = load_model(f"{REUSE}:albert_cpu", device="cpu")
+    groups = tied_groups(model)
+    weight = next(g for g in groups if g[0].endswith("block.fc1.weight"))
+    assert len(weight) == 4 and len({n.split(".")[1] for n in weight}) == 4  # one FQN per depth
+    assert model.layers["1"].get_submodule("block.fc1") is not model.layers["2"].get_submodule("block.fc1")
+
+
+def test_unused_branches_are_named_in_a_warning():
+    """A Python `if` on a flag and an nn.ModuleDict entry the forward never calls: the placed
+    parameters are profiled exactly, the others are named (count and modules) in a warning, on
+    stderr and in the profile's notes; nothing is dropped without a word."""
+    module, _ = _factory("branches")()
+    total = sum(p.numel() for p in module.parameters())
+    unused = sum(p.numel() for p in [*module.gate.parameters(), *module.mixers["conv"].parameters()])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        profile = profile_model(f"{REUSE}:branches")
+    assert profile.num_params == total - unused
+    (text,) = [str(w.message) for w in caught if "not used by its forward" in str(w.message)]
+    assert f"{unused:,} of {total:,} parameters" in text and "gate" in text and "mixers.conv" in text
+    assert any(note.startswith("warning: ") and "mixers.conv" in note for note in profile.notes)
+
+
+def test_batchnorm_under_microbatching_is_stated():
+    from meshplan.executor.check import run_warnings
+
+    spec = f"{REUSE}:batchnorm"
+    (text,) = [t for t in run_warnings(make_plan(spec, pp=1, dp=2)) if "BatchNorm1d" in t]
+    assert "batch statistics" in text and "global batch of 4" in text
+    assert not [t for t in run_warnings(make_plan(spec, microbatch=4)) if "BatchNorm" in t]
+
+
+def test_eager_attention_layers_are_causal_and_equal_the_models_own_loss():
+    """A raw transformers model under eager attention, split into its layers: the logits equal
+    its own forward's, changing the last token leaves every earlier position's logits unchanged,
+    and meshplan's loss equals the model's own loss on the same targets."""
+    from meshplan.models.loader import load_model
+
+    torch.manual_seed(0)
+    module, ids = _factory("hf_eager")()
+    model = load_model(f"{REUSE}:hf_eager", device="cpu")  # seed 0 too: the same weights
+    assert len(model.layer_names()) == 4  # embed, 2 layers, head: split, not whole
+    module.eval(), model.eval()
+    x, y = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+    with torch.no_grad():
+        own = module(input_ids=x, labels=y, shift_labels=y, use_cache=False)
+        out = model(x)
+        torch.testing.assert_close(out, own.logits)
+        torch.testing.assert_close(model.loss(out, y), own.loss)
+        changed = x.clone()
+        changed[:, -1] = (changed[:, -1] + 1) % 128
+        torch.testing.assert_close(model(changed)[:, :-1], out[:, :-1], rtol=0, atol=0)
+
+
+def test_set_beside_a_saved_profile_is_accepted_when_it_restates_it(tmp_path, capsys):
+    from meshplan.cli import main
+
+    assert main(["profile", "--model", "gpt-tiny", "--set", "seq=16", "-o", str(tmp_path / "p.json")]) == 0
+    plan = ["plan", "--profile", str(tmp_path / "p.json"), "--cluster", "local-cpu", "--num-gpus", "2"]
+    plan += ["--global-batch", "4", "-o", str(tmp_path / "plan.json")]
+    assert main([*plan, "--set", "seq=16"]) == 0
+    assert main([*plan, "--set", "seq=64"]) == 2
+    assert "--set seq=64: the saved --profile has seq = 16" in capsys.readouterr().err
