@@ -139,6 +139,18 @@ def resolve(options: PlanOptions, progress: Progress = _no_progress) -> Inputs:
     return Inputs(profile, cluster, request, warnings)
 
 
+def _check_overrides_match(profile: ModelProfile, overrides: dict) -> None:
+    """--set beside --profile is accepted where it restates the profile (seq = its seq_len, a key
+    of its model_config with the same value); a change needs a new profile."""
+    for key, value in overrides.items():
+        have = profile.seq_len if key == "seq" else profile.model_config.get(key)
+        if have is None or str(have) != str(value):
+            raise MeshplanError(
+                f"--set {key}={value}: the saved --profile has {key} = {have}; --set cannot change a saved "
+                "profile: re-run meshplan profile with --set, or drop it"
+            )
+
+
 def build_profile_for(options: PlanOptions, request: PlanRequest, progress: Progress = _no_progress) -> ModelProfile:
     """The profile a plan is priced on: closed-form, saved or captured. Under a runtime that builds
     its own model of the shape (behaviour model_source), a built profile's standard blocks are
@@ -151,9 +163,9 @@ def build_profile_for(options: PlanOptions, request: PlanRequest, progress: Prog
     if options.model.startswith("analytic:") and not options.profile:
         return from_spec(options.model, parse_overrides(options.overrides), flash=flash, dropout=dropout)
     if options.profile:
-        if options.overrides:
-            raise MeshplanError("--set cannot change a saved --profile; re-run meshplan profile with --set")
         profile = schema.load(ModelProfile, options.profile, "profile")
+        if options.overrides:
+            _check_overrides_match(profile, parse_overrides(options.overrides))
         if options.model not in ("gpt-tiny", profile.model_name):  # gpt-tiny: the flag's default
             raise MeshplanError(
                 f"--model {options.model}: --profile {options.profile} is a profile of {profile.model_name}; "
