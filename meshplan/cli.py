@@ -44,6 +44,39 @@ def _job_file(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _import_flag(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--import",
+        dest="import_path",
+        metavar="PATH",
+        help="an existing DeepSpeed JSON, accelerate YAML, torchtitan config or Megatron script: its model, degrees, "
+        f"batch, recompute, precision and ZeRO are the options (flags override them); {what} (docs/exports.md)",
+    )
+
+
+def _apply_import(sub: argparse.ArgumentParser, argv: list[str], verb: str) -> dict | None:
+    """--import PATH: the file's options become defaults (`plan` takes only its model, cluster, batch, precision
+    and runtime, and searches the rest); returns the file's values for the comparison."""
+    from meshplan import config
+    from meshplan.errors import MeshplanError
+    from meshplan.imports import read_config
+
+    path = _option_path(argv, "--import")
+    if path is None:
+        return None
+    world = _option_path(argv, "--num-gpus")
+    imported = read_config(path, int(world) if world and world.isdigit() else None)
+    values = dict(imported.values)
+    for flag, key in (("--model", "model"), ("--cluster", "cluster")):
+        if key not in values and flag not in argv:
+            raise MeshplanError(f"--import {path}: the file names no {key}; give {flag}")
+    config.apply(sub, values if verb == "estimate" else imported.fixed())
+    for note in imported.notes:
+        if "--quiet" not in argv and "-q" not in argv:
+            print(f"meshplan {verb}: warning: --import {path}: {note}", file=sys.stderr)
+    return {"path": path, "format": imported.format, "values": values}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="meshplan", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -117,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     options.add_plan_options(p, "plan")
     _job_file(p)
+    _import_flag(p, "search from it and say how much faster the best plan is than it")
 
     p = sub.add_parser(
         "estimate",
@@ -125,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     options.add_plan_options(p, "estimate")
     _job_file(p)
+    _import_flag(p, "predict it")
 
     p = sub.add_parser(
         "run",
@@ -249,13 +284,17 @@ def verb_parser(parser: argparse.ArgumentParser, verb: str) -> argparse.Argument
     return sub.choices[verb]
 
 
-def _config_path(argv: list[str]) -> str | None:
+def _option_path(argv: list[str], flag: str) -> str | None:
     for i, token in enumerate(argv):
-        if token == "--config" and i + 1 < len(argv):
+        if token == flag and i + 1 < len(argv):
             return argv[i + 1]
-        if token.startswith("--config="):
+        if token.startswith(flag + "="):
             return token.partition("=")[2]
     return None
+
+
+def _config_path(argv: list[str]) -> str | None:
+    return _option_path(argv, "--config")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -275,7 +314,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if path is not None:
         values, table = config.load(path, sub)
         config.apply(sub, values)
+    imported = _apply_import(sub, argv, verb) if verb in ("plan", "estimate") else None
     args = parser.parse_args(argv)
+    args.imported = imported
     for action in sub._actions:  # a positional neither given nor in the file
         if not action.option_strings and action.dest != "help" and getattr(args, action.dest, None) is None:
             raise UsageError(sub.prog, sub.format_usage(), f"the following arguments are required: {action.dest}")

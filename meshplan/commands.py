@@ -292,7 +292,35 @@ def cmd_plan(args: argparse.Namespace) -> int:
     with _progress(args, f"searching plans for {inputs.request.num_gpus} x {inputs.cluster.name}"):
         plan = search(inputs.profile, inputs.cluster, inputs.request)
     _emit_plan(args, options, plan)
+    if getattr(args, "imported", None):
+        _compare_imported(args, plan)
     return 0
+
+
+def _compare_imported(args: argparse.Namespace, best: Plan) -> None:
+    """plan --import: the user's own configuration predicted beside the best plan, and the speed-up."""
+    from meshplan.imports.common import Imported
+    from meshplan.inputs import PlanOptions, resolve
+    from meshplan.planner import estimate
+
+    imported = args.imported
+    knobs = {k: v for k, v in imported["values"].items() if k in Imported.KNOBS}
+    options = PlanOptions.of({**vars(args), **knobs, "output": None})
+    what = f"the imported {imported['format']} configuration ({imported['path']})"
+    try:
+        inputs = resolve(options)
+        mine = estimate(inputs.profile, inputs.cluster, inputs.request)
+    except MeshplanError as exc:
+        line = f"{what} cannot run as given: {exc}"
+    else:
+        assert best.prediction is not None and mine.prediction is not None  # search and estimate predict
+        ours, theirs = best.prediction.step_time_s, mine.prediction.step_time_s
+        line = (
+            f"{what}: predicted {theirs:.4g} s/step; the best plan {ours:.4g} s/step is {theirs / ours:.2f}x as fast"
+            if ours < theirs
+            else f"{what}: predicted {theirs:.4g} s/step, as fast as the best plan found ({ours:.4g} s/step)"
+        )
+    print(line, file=sys.stderr if args.json else sys.stdout)
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:

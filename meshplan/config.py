@@ -23,8 +23,8 @@ from meshplan.options import parse_overrides
 VERBS = ("plan", "estimate", "run", "report")
 """The verbs that take --config/--save-config."""
 
-NOT_KEYS = frozenset({"help", "config", "save_config"})
-"""Options that are not keys of a job file (--config itself)."""
+NOT_KEYS = frozenset({"help", "config", "save_config", "import_path"})
+"""Options that are not keys of a job file (--config itself, --import of another tool's config)."""
 
 
 def key_of(action: argparse.Action) -> str:

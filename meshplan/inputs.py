@@ -107,7 +107,7 @@ class PlanOptions:
         return cls(**kw)
 
 
-NOT_INPUTS = frozenset({"output", "json", "plain", "quiet", "config", "save_config"})
+NOT_INPUTS = frozenset({"output", "json", "plain", "quiet", "config", "save_config", "import_path"})
 """Option names of plan/estimate that are not PlanOptions fields (what is printed or written)."""
 
 

@@ -83,7 +83,41 @@ def header_lines(plan: Plan, target: str) -> list[str]:
         f"cp={plan.context_parallel_degree} tp={plan.tensor_parallel_degree}",
         f"global batch {plan.global_batch_size} = micro {plan.microbatch_size} x accumulation "
         f"{plan.num_microbatches} x data-parallel {dp}; seq_len {plan.seq_len}",
+        estimate_line(plan),
     ]
+
+
+BEHAVIOUR_FLAGS = {
+    "state_layout": "--state-layout",
+    "overlap_dp_comm": "--overlap-dp-comm",
+    "overlap_tp_comm": "--overlap-tp-comm",
+    "attention": "--attention",
+    "uniform_stages": "--uniform-stages",
+    "free_stage_outputs": "--free-stage-outputs",
+    "elementwise": "--elementwise",
+    "fused_projections": "--fused-projections",
+}
+"""Runtime behaviours (meshplan/runtimes.py) and the estimate flag that sets each."""
+
+
+def estimate_line(plan: Plan) -> str:
+    """`meshplan estimate --import` of this file predicts the plan: the model, cluster, runtime and each
+    behaviour the prediction used other than the runtime's default (read back by meshplan/imports)."""
+    import shlex
+
+    from meshplan import runtimes
+
+    words = ["--model", plan.model_name]
+    if plan.model_name.startswith("analytic:"):
+        words += ["--set", *(f"{k}={v}" for k, v in plan.model_config.items())]
+    words += ["--cluster", plan.cluster_name, "--runtime", plan.runtime]
+    defaults = runtimes.request_behaviours(plan.runtime, {})
+    for key, flag in BEHAVIOUR_FLAGS.items():
+        value = plan.runtime_behaviours.get(key)
+        if value is None or value == defaults.get(key):
+            continue
+        words += [flag if value is True else f"--no-{flag[2:]}"] if isinstance(value, bool) else [flag, str(value)]
+    return "predict it: meshplan estimate --import THIS_FILE " + shlex.join(words)
 
 
 def plan_hash(plan: Plan) -> str:

@@ -1,0 +1,70 @@
+"""An accelerate launch config (YAML) read back: processes, ParallelismConfig sizes, FSDP2/DeepSpeed plugin,
+mixed precision; the batch from meshplan's accelerate_batch.py beside it where present."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from meshplan.errors import MeshplanError
+from meshplan.imports.common import Imported, meshplan_header
+
+
+def recognises(path: Path, text: str) -> bool:
+    return path.suffix.lower() in (".yaml", ".yml") and "distributed_type" in text
+
+
+def read(path: Path, text: str, world: int | None = None) -> Imported:
+    try:
+        cfg = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise MeshplanError(f"--import {path}: not valid YAML ({exc})") from exc
+    values: dict[str, Any] = {}
+    notes: list[str] = []
+    meshplan_header(text, values)
+    if world:
+        values.setdefault("num_gpus", world)
+    world = int(cfg.get("num_processes", 1))
+    par = cfg.get("parallelism_config") or {}
+    dpr = int(par.get("parallelism_config_dp_replicate_size", 1))
+    dps = int(par.get("parallelism_config_dp_shard_size", 1))
+    tp = int(par.get("parallelism_config_tp_size", 1))
+    cp = int(par.get("parallelism_config_cp_size", 1))
+    if not par:
+        dpr = world  # no ParallelismConfig: accelerate replicates (or FSDP shards) over every process
+    kind = str(cfg.get("distributed_type", "NO"))
+    fsdp = cfg.get("fsdp_config") or {}
+    if kind == "FSDP":
+        zero = 3 if fsdp.get("fsdp_reshard_after_forward", True) in (True, "FULL_SHARD", "true") else 2
+        if not par:
+            dpr, dps = 1, world
+    elif kind == "DEEPSPEED":
+        zero = int((cfg.get("deepspeed_config") or {}).get("zero_stage", 0))
+    else:
+        zero = 0
+    values.update(tp=tp, cp=cp, pp=1, dp=dpr * dps, zero=zero, schedule="1f1b", num_gpus=world)
+    values.setdefault("num_gpus", world)
+    if dps > 1:
+        values["dp_shard"] = dps
+    ds = cfg.get("deepspeed_config") or {}
+    if fsdp.get("fsdp_offload_params") or ds.get("offload_optimizer_device") == "cpu":
+        values["offload"] = "cpu"
+    precision = str(cfg.get("mixed_precision", "no")).lower()
+    values["precision"] = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8"}.get(precision, "fp32")
+    values["recompute"] = "full" if fsdp.get("fsdp_activation_checkpointing") else "none"
+    values["sequence_parallel"] = tp > 1
+    batch = path.parent / "accelerate_batch.py"
+    consts = dict(re.findall(r"^(\w+) = (\d+)", batch.read_text(), re.M)) if batch.is_file() else {}
+    if "PER_DEVICE_TRAIN_BATCH_SIZE" in consts:
+        micro, accumulation = int(consts["PER_DEVICE_TRAIN_BATCH_SIZE"]), int(consts["GRADIENT_ACCUMULATION_STEPS"])
+        values.update(microbatch=micro, global_batch=micro * accumulation * dpr * dps)
+    else:
+        accumulation = int(ds.get("gradient_accumulation_steps", 1))
+        notes.append(
+            "an accelerate config holds no batch size: give --microbatch and --global-batch (the training script's)"
+        )
+    values.setdefault("runtime", "meshplan")
+    return Imported(format="accelerate", values=values, notes=notes)

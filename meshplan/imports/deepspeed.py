@@ -1,0 +1,79 @@
+"""A DeepSpeed config JSON read back (train_batch_size, zero_optimization, bf16, tensor_parallel), with the
+topology and world size from meshplan's meshplan_deepspeed.py and launch line beside it where present."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from meshplan.errors import MeshplanError
+from meshplan.imports.common import Imported, meshplan_header
+
+
+def recognises(path: Path, text: str) -> bool:
+    if path.suffix.lower() != ".json":
+        return False
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and bool(
+        {"train_batch_size", "train_micro_batch_size_per_gpu", "zero_optimization"} & set(data)
+    )
+
+
+def _beside(path: Path, name: str) -> str:
+    other = path.parent / name
+    return other.read_text() if other.is_file() else ""
+
+
+def read(path: Path, text: str, world: int | None = None) -> Imported:
+    data = json.loads(text)
+    values: dict[str, Any] = {}
+    notes: list[str] = []
+    launch, topology = _beside(path, "launch_deepspeed.sh"), _beside(path, "meshplan_deepspeed.py")
+    meshplan_header(launch or topology, values)
+    if world:
+        values.setdefault("num_gpus", world)
+    micro = data.get("train_micro_batch_size_per_gpu")
+    accumulation = data.get("gradient_accumulation_steps", 1)
+    total = data.get("train_batch_size")
+    if micro in (None, "auto") or total in (None, "auto") or accumulation == "auto":
+        raise MeshplanError(
+            f"--import {path}: train_batch_size, train_micro_batch_size_per_gpu and gradient_accumulation_steps must be "
+            "numbers ('auto' is filled in by the trainer); write them, or give --microbatch and --global-batch"
+        )
+    if total % (micro * accumulation):
+        raise MeshplanError(
+            f"--import {path}: train_batch_size {total} is not micro {micro} x accumulation {accumulation} x dp"
+        )
+    dp = total // (micro * accumulation)
+    tp = int(data.get("tensor_parallel", {}).get("autotp_size", 0) or 0) or 1
+    hit = re.search(r"PIPELINE_PARALLEL_SIZE = (\d+)", topology)
+    pp = int(hit[1]) if hit else 1
+    hit = re.search(r"TENSOR_PARALLEL_SIZE = (\d+)", topology)
+    tp = max(tp, int(hit[1]) if hit else 1)
+    if not topology:
+        notes.append("a DeepSpeed JSON names no pipeline stages: predicted with pp=1 (give --pp for a PipelineModule)")
+    zero = data.get("zero_optimization", {})
+    stage = int(zero.get("stage", 0))
+    values.update(tp=tp, pp=pp, dp=dp, microbatch=micro, global_batch=total, zero=stage, schedule="1f1b")
+    values.setdefault("num_gpus", dp * tp * pp)
+    if stage >= 2:
+        values["dp_shard"] = dp
+    if str(zero.get("offload_optimizer", {}).get("device", "none")) == "cpu":
+        values["offload"] = "cpu"
+    bf16, fp16 = data.get("bf16", {}).get("enabled", False), data.get("fp16", {}).get("enabled", False)
+    values["precision"] = "bf16" if bf16 is True or fp16 is True else "fp32"
+    if fp16 is True:
+        notes.append("fp16: predicted as bf16 (the same bytes and tensor-core rate)")
+    values["recompute"] = "full" if data.get("activation_checkpointing") else "none"
+    if data.get("activation_checkpointing"):
+        notes.append(
+            "activation_checkpointing: DeepSpeed checkpoints what the model code wraps; predicted as every block"
+        )
+    values["sequence_parallel"] = False
+    values.setdefault("runtime", "deepspeed")
+    return Imported(format="deepspeed", values=values, notes=notes)

@@ -1,0 +1,129 @@
+"""A Megatron-LM argument script (pretrain_gpt.py flags, megatron/training/arguments.py names) read back."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from meshplan.errors import MeshplanError
+from meshplan.imports.common import Imported, degrees, meshplan_header
+
+SIGNS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--micro-batch-size", "--num-layers")
+
+
+def recognises(path: Path, text: str) -> bool:
+    return sum(flag in text for flag in SIGNS) >= 2
+
+
+def flags(text: str) -> dict[str, str | bool]:
+    """Every --flag [value] in the script (continuation lines joined, comments dropped)."""
+    body = re.sub(r"\\\n", " ", text)
+    tokens: list[str] = []
+    for line in body.splitlines():
+        line = line.split("#", 1)[0] if not line.lstrip().startswith("#") else ""
+        try:
+            tokens += shlex.split(line.replace("(", " ").replace(")", " "))
+        except ValueError:
+            continue
+    out: dict[str, str | bool] = {}
+    for i, tok in enumerate(tokens):
+        if tok.startswith("--"):
+            name, eq, value = tok.partition("=")
+            nxt = tokens[i + 1] if i + 1 < len(tokens) else "--"
+            out[name] = value if eq else (True if nxt.startswith("--") or nxt.startswith("$") else nxt)
+    return out
+
+
+def _int(args: dict, flag: str, default: int | None = None) -> int | None:
+    value = args.get(flag)
+    if value is None or value is True:
+        return default
+    try:
+        return int(str(value))
+    except ValueError as exc:
+        raise MeshplanError(f"--import: {flag} {value!r} is not a number (shell variables cannot be read)") from exc
+
+
+def _virtual(args: dict, pp: int) -> int:
+    if "--num-virtual-stages-per-pipeline-rank" in args:
+        return _int(args, "--num-virtual-stages-per-pipeline-rank", 1) or 1
+    if "--pipeline-model-parallel-layout" in args:
+        return max(1, len(str(args["--pipeline-model-parallel-layout"]).split("|")) // pp)
+    if "--num-layers-per-virtual-pipeline-stage" in args:  # arguments.py: layers / pp / per stage
+        return (
+            (_int(args, "--num-layers", 1) or 1)
+            // pp
+            // (_int(args, "--num-layers-per-virtual-pipeline-stage", 1) or 1)
+        )
+    return 1
+
+
+def _model(args: dict, values: dict[str, Any]) -> None:
+    layers, hidden, heads = (_int(args, f) for f in ("--num-layers", "--hidden-size", "--num-attention-heads"))
+    if values.get("model") or layers is None or hidden is None or heads is None:
+        return
+    shape: dict[str, Any] = {"layers": layers, "hidden": hidden, "heads": heads}
+    for key, flag in (("vocab", "--vocab-size"), ("seq", "--seq-length"), ("ffn_hidden", "--ffn-hidden-size")):
+        if flag in args:
+            shape[key] = _int(args, flag)
+    llama = "--swiglu" in args or args.get("--normalization") == "RMSNorm"
+    if llama:
+        shape["kv_heads"] = _int(args, "--num-query-groups", heads) if "--group-query-attention" in args else heads
+        shape.setdefault("ffn_hidden", 4 * hidden)
+    values["model"] = "analytic:llama" if llama else "analytic:gpt"
+    values["overrides"] = [f"{k}={v}" for k, v in shape.items()]
+
+
+def read(path: Path, text: str, world: int | None = None) -> Imported:
+    args = flags(text)
+    values: dict[str, Any] = {}
+    notes: list[str] = []
+    meshplan_header(text, values)
+    if world:
+        values.setdefault("num_gpus", world)
+    tp, pp, cp = (
+        _int(args, f, 1) or 1
+        for f in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size")
+    )
+    values.update(tp=tp, pp=pp, cp=cp)
+    v = _virtual(args, pp)
+    values["schedule"] = "interleaved" if v > 1 else "1f1b"
+    if v > 1:
+        values["virtual_stages"] = v
+    values["sequence_parallel"] = "--sequence-parallel" in args and tp > 1
+    micro, global_batch = _int(args, "--micro-batch-size", 1), _int(args, "--global-batch-size")
+    values["microbatch"] = micro
+    if global_batch:
+        values["global_batch"] = global_batch
+    if "--seq-length" in args:
+        values["seq"] = _int(args, "--seq-length")
+    nodes = re.search(r"--nnodes[ =](\d+)", text)
+    per_node = re.search(r"--nproc[-_]per[-_]node[ =](\d+)", text)
+    world = int(nodes[1]) * int(per_node[1]) if nodes and per_node else values.get("num_gpus")
+    degrees(values, world, str(path))
+    granularity = args.get("--recompute-granularity")
+    values["recompute"] = {"selective": "selective", "full": "full"}.get(str(granularity), "none")
+    if granularity == "full":
+        method = args.get("--recompute-method", "uniform")
+        if method == "uniform":
+            values["recompute_num_layers"] = _int(args, "--recompute-num-layers", 1)
+        else:
+            notes.append(f"--recompute-method {method}: predicted as full recompute of every block")
+    if "--use-torch-fsdp2" in args:
+        values["zero"] = 3
+        if "dp" in values:
+            values["dp_shard"] = values["dp"]
+    else:
+        values["zero"] = 1 if "--use-distributed-optimizer" in args else 0
+    if "--optimizer-cpu-offload" in args:
+        values["offload"] = "cpu"
+    values["precision"] = (
+        "fp8" if "--fp8-format" in args else "bf16" if "--bf16" in args or "--fp16" in args else "fp32"
+    )
+    if "--fp16" in args:
+        notes.append("--fp16: predicted as bf16 (the same bytes and tensor-core rate)")
+    values.setdefault("runtime", "megatron-core")
+    _model(args, values)
+    return Imported(format="megatron", values=values, notes=notes)
