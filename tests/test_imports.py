@@ -1,0 +1,144 @@
+"""`meshplan estimate --import` / `plan --import`: configs of DeepSpeed, accelerate, torchtitan and Megatron read
+back as options; an export read back predicts the plan's step time (within 0.5%) wherever the target expresses
+the whole plan; hand-written configs (tests/fixtures/imports) predict what they say."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+from export_plans import PLAN_ARGS, make_plan
+
+from meshplan.cli import main
+from meshplan.imports import read_config
+from meshplan.report import export_plan
+
+FIXTURES = Path(__file__).parent / "fixtures" / "imports"
+MAIN_FILE = {
+    "deepspeed": "ds_config.json",
+    "accelerate": "accelerate_config.yaml",
+    "megatron": "megatron_args.sh",
+    "torchtitan": "meshplan_torchtitan.py",
+    "torchtitan-0.2": "meshplan.toml",
+}
+RUNTIME_LINE = "the prediction was made for runtime"
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def estimate(path: Path, tmp: Path, *flags: str) -> float:
+    plan = tmp / f"estimate-{path.parent.name}-{path.stem}.json"
+    code, _, err = run(["estimate", "--import", str(path), *flags, "-q", "-o", str(plan)])
+    assert code == 0, err
+    return json.loads(plan.read_text())["prediction"]["step_time_s"]
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plans")
+    return {name: make_plan(name, out) for name in PLAN_ARGS}
+
+
+def test_an_export_read_back_predicts_the_plan(plans, tmp_path):
+    """Every (plan, target) whose export has no WARNING but the runtime line (its `meshplan estimate --import`
+    line names the plan's runtime) predicts the same step time as the plan within 0.5%."""
+    checked = []
+    for name, plan in plans.items():
+        for target, fname in MAIN_FILE.items():
+            files = export_plan(plan, *target.split("-"))
+            warns = [x for t in files.values() for x in t.splitlines() if "WARNING:" in x and RUNTIME_LINE not in x]
+            if warns:
+                continue
+            folder = tmp_path / name / target
+            folder.mkdir(parents=True)
+            for f, text in files.items():
+                (folder / f).write_text(text)
+            got = estimate(folder / fname, tmp_path)
+            assert got == pytest.approx(plan.prediction.step_time_s, rel=0.005), (name, target)
+            checked.append((name, target))
+    assert len(checked) >= 8, checked  # eight of the forty exports express their plan whole
+    assert {t for _, t in checked} == set(MAIN_FILE)  # every target has such a case
+
+
+def test_what_an_export_reads_back_as(plans, tmp_path):
+    plan = plans["gpt3-175b-1024xa100"]
+    folder = tmp_path / "mg"
+    folder.mkdir()
+    for f, text in export_plan(plan, "megatron").items():
+        (folder / f).write_text(text)
+    got = read_config(str(folder / "megatron_args.sh")).values
+    assert (got["tp"], got["pp"], got["dp"], got["virtual_stages"], got["schedule"]) == (4, 16, 16, 4, "interleaved")
+    assert (got["microbatch"], got["global_batch"], got["zero"], got["num_gpus"], got["cluster"]) == (
+        1, 1536, 1, 1024, "a100-80g",
+    )  # fmt: skip
+    assert got["model"] == "analytic:gpt" and "layers=96" in got["overrides"]
+
+
+def test_hand_written_megatron_script():
+    got = read_config(str(FIXTURES / "pretrain_llama3_8b.sh")).values
+    assert (got["tp"], got["pp"], got["dp"], got["num_gpus"]) == (2, 2, 4, 16)
+    assert (got["microbatch"], got["global_batch"], got["recompute"], got["zero"]) == (1, 64, "selective", 1)
+    assert got["model"] == "analytic:llama" and {"kv_heads=8", "ffn_hidden=14336", "layers=32"} <= set(got["overrides"])
+    assert got["sequence_parallel"] and got["precision"] == "bf16" and got["runtime"] == "megatron-core"
+
+
+def test_hand_written_deepspeed_accelerate_torchtitan(tmp_path):
+    ds = read_config(str(FIXTURES / "ds_zero2.json")).values
+    assert (ds["dp"], ds["microbatch"], ds["global_batch"], ds["zero"], ds["dp_shard"]) == (8, 4, 256, 2, 8)
+    acc = read_config(str(FIXTURES / "accelerate_fsdp.yaml")).values
+    assert (acc["dp"], acc["dp_shard"], acc["zero"], acc["recompute"], acc["num_gpus"]) == (8, 8, 3, "full", 8)
+    toml = read_config(str(FIXTURES / "llama3_8b.toml"), world=8).values
+    assert (toml["dp"], toml["dp_shard"], toml["zero"], toml["recompute"], toml["microbatch"]) == (
+        8,
+        8,
+        3,
+        "selective",
+        1,
+    )
+    assert toml["global_batch"] == 8 and toml["model"] == "analytic:llama"
+    py = read_config(str(FIXTURES / "titan_config_registry.py"), world=64).values
+    assert (py["tp"], py["dp"], py["dp_shard"], py["microbatch"], py["global_batch"]) == (8, 8, 8, 8, 64)
+    assert py["recompute"] == "full" and "layers=80" in py["overrides"]
+    # each predicts from the command line (the model where the file names none)
+    gpt = ["--model", "analytic:gpt", "--set", "layers=24", "hidden=2048", "heads=16", "seq=2048"]
+    assert estimate(FIXTURES / "ds_zero2.json", tmp_path, *gpt, "--cluster", "a100-80g") > 0
+    assert estimate(FIXTURES / "accelerate_fsdp.yaml", tmp_path, *gpt, "--microbatch", "2", "--global-batch", "32",
+                    "--cluster", "a100-80g") > 0  # fmt: skip
+    assert estimate(FIXTURES / "llama3_8b.toml", tmp_path, "--cluster", "h100-80g", "--num-gpus", "8") > 0
+    assert estimate(FIXTURES / "titan_config_registry.py", tmp_path, "--cluster", "h100-80g", "--num-gpus", "64") > 0
+    assert estimate(FIXTURES / "pretrain_llama3_8b.sh", tmp_path, "--cluster", "h100-80g") > 0
+
+
+def test_a_flag_overrides_the_file(tmp_path):
+    base = estimate(FIXTURES / "pretrain_llama3_8b.sh", tmp_path, "--cluster", "h100-80g")
+    assert estimate(FIXTURES / "pretrain_llama3_8b.sh", tmp_path, "--cluster", "h100-80g", "--recompute", "full") > base
+
+
+def test_plan_import_reports_the_speedup(plans, tmp_path):
+    plan = plans["gpt3-1.3b-zero2-deepspeed"]  # its DeepSpeed export expresses the whole plan
+    for f, text in export_plan(plan, "deepspeed").items():
+        (tmp_path / f).write_text(text)
+    code, out, err = run(["plan", "--import", str(tmp_path / "ds_config.json"), "-q"])
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("the imported deepspeed configuration"))
+    theirs, ours = (float(x) for x in __import__("re").findall(r"([\d.]+) s/step", line))
+    assert theirs == pytest.approx(plan.prediction.step_time_s, rel=0.005)
+    assert ("as fast as" in line) if ours >= theirs else (f"{theirs / ours:.2f}x as fast" in line)
+
+
+def test_import_errors_are_one_line(tmp_path):
+    code, _, err = run(["estimate", "--import", str(tmp_path / "missing.json"), "-q"])
+    assert code == 2 and "no such file" in err and "Traceback" not in err
+    code, _, err = run(["estimate", "--import", str(FIXTURES / "ds_zero2.json"), "-q"])
+    assert code == 2 and "names no model; give --model" in err
+    (tmp_path / "notes.txt").write_text("hello")
+    code, _, err = run(["estimate", "--import", str(tmp_path / "notes.txt"), "-q"])
+    assert code == 2 and "not a DeepSpeed JSON" in err
