@@ -2,6 +2,7 @@
 # meshplan plan -> Megatron-LM: gpt-tiny on 4 x local-cpu
 # plan decisions hash 0069c8ae36dad82d; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
 # global batch 16 = micro 4 x accumulation 1 x data-parallel 4; seq_len 32
+# predict it: meshplan estimate --import THIS_FILE --model gpt-tiny --cluster local-cpu --runtime meshplan --elementwise fused --fused-projections
 # WARNING: the architecture of gpt-tiny (family not recorded) is not a GPT or Llama decoder meshplan knows: only its shape is written; give Megatron's architecture flags yourself
 # WARNING: the prediction was made for runtime meshplan; megatron runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime megatron-lm or megatron-core
 # launch: one node of 4 devices

@@ -1,6 +1,7 @@
 """meshplan plan -> torchtitan 0.3: gpt-tiny on 4 x local-cpu
 plan decisions hash 0069c8ae36dad82d; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
 global batch 16 = micro 4 x accumulation 1 x data-parallel 4; seq_len 32
+predict it: meshplan estimate --import THIS_FILE --model gpt-tiny --cluster local-cpu --runtime meshplan --elementwise fused --fused-projections
 WARNING: torchtitan ships no model of this architecture and shape (gpt-tiny (family not recorded)): the model section names a custom model (register your model's spec as shown there); the stage module names below are meshplan's
 WARNING: ZeRO-1 (sharded optimizer states only) has no torchtitan setting: FSDP2 shards gradients and parameters too; the degrees below keep the plan's replicate/shard split, so the optimizer states stay replicated over data_parallel_replicate_degree
 WARNING: the prediction was made for runtime meshplan; torchtitan runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime torchtitan

@@ -2,6 +2,7 @@
 # meshplan plan -> DeepSpeed: llama3-70b on 64 x h100-80g
 # plan decisions hash 031f386cc4527bb5; mesh pp=8 dp_replicate=1 dp_shard=2 cp=1 tp=4
 # global batch 128 = micro 1 x accumulation 64 x data-parallel 2; seq_len 8192
+# predict it: meshplan estimate --import THIS_FILE --model llama3-70b --cluster h100-80g --runtime meshplan --elementwise fused --fused-projections
 # WARNING: ZeRO-3 with pp=8 is refused by DeepSpeed's pipeline engine (ZeRO < 2 only): exported ZeRO-1, so gradients (and parameters) are not sharded and each rank holds more memory than predicted
 # WARNING: tp=4 inside a PipelineModule has no DeepSpeed config setting (AutoTP shards non-pipeline models): the topology reserves the model axis, so your layers must be tensor-parallel themselves (Megatron-DeepSpeed's mpu layers)
 # WARNING: sequence parallel with TP is not expressible (DeepSpeed AutoTP keeps norm activations replicated): activation memory is higher than predicted

@@ -2,6 +2,7 @@
 # meshplan plan -> Megatron-LM: llama3-70b on 64 x h100-80g
 # plan decisions hash 031f386cc4527bb5; mesh pp=8 dp_replicate=1 dp_shard=2 cp=1 tp=4
 # global batch 128 = micro 1 x accumulation 64 x data-parallel 2; seq_len 8192
+# predict it: meshplan estimate --import THIS_FILE --model llama3-70b --cluster h100-80g --runtime meshplan --elementwise fused --fused-projections
 # WARNING: per-layer recompute (full on 8, none on 72 of 80 blocks) is not expressible in Megatron-LM; exported full recompute on every block (slower than predicted, never more memory)
 # WARNING: ZeRO-3 with pp=8 is refused by Megatron (--use-torch-fsdp2 needs pp = 1): exported --use-distributed-optimizer (ZeRO-1: parameters and gradients unsharded, more memory than predicted)
 # WARNING: the prediction was made for runtime meshplan; megatron runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime megatron-lm or megatron-core

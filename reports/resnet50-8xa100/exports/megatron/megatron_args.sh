@@ -2,6 +2,7 @@
 # meshplan plan -> Megatron-LM: resnet50 on 8 x a100-80g
 # plan decisions hash d83ae296fbaeac55; mesh pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1
 # global batch 1024 = micro 128 x accumulation 1 x data-parallel 8; seq_len 1
+# predict it: meshplan estimate --import THIS_FILE --model resnet50 --cluster a100-80g --runtime meshplan --elementwise fused --fused-projections
 # WARNING: the architecture of resnet50 (family resnet) is not a GPT or Llama decoder meshplan knows: only its shape is written; give Megatron's architecture flags yourself
 # WARNING: ZeRO-2 maps to --use-distributed-optimizer, which shards optimizer states and reduce-scatters gradients but keeps a full gradient buffer (ZeRO-1 gradient memory)
 # WARNING: the prediction was made for runtime meshplan; megatron runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime megatron-lm or megatron-core
