@@ -297,6 +297,29 @@ def _config_path(argv: list[str]) -> str | None:
     return _option_path(argv, "--config")
 
 
+def _refuse_conflicting_flags(sub: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Two flags that set one value differently (--compile and --elementwise fused,
+    --fused-projections and --no-fused-projections): one line, not 'the last one wins'."""
+    from meshplan.errors import MeshplanError
+
+    given: dict[str, dict[str, str]] = {}
+    for i, token in enumerate(argv):
+        flag, eq, inline = token.partition("=")
+        action = sub._option_string_actions.get(flag) if flag.startswith("--") else None
+        if action is None or action.nargs not in (None, 0):
+            continue
+        if isinstance(action, argparse.BooleanOptionalAction):
+            value = str(not flag.startswith("--no-"))
+        elif action.nargs == 0:
+            value = str(action.const)
+        else:
+            value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        given.setdefault(action.dest, {})[value] = flag if action.nargs == 0 else f"{flag} {value}"
+    for flags in given.values():
+        if len(flags) > 1:
+            raise MeshplanError(f"{' and '.join(flags.values())} contradict each other; give one of them")
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     """The command line, with a --config job file's values as defaults (flags override them)."""
     from meshplan import config
@@ -317,6 +340,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     imported = _apply_import(sub, argv, verb) if verb in ("plan", "estimate") else None
     args = parser.parse_args(argv)
     args.imported = imported
+    _refuse_conflicting_flags(sub, argv)
     for action in sub._actions:  # a positional neither given nor in the file
         if not action.option_strings and action.dest != "help" and getattr(args, action.dest, None) is None:
             raise UsageError(sub.prog, sub.format_usage(), f"the following arguments are required: {action.dest}")
