@@ -306,6 +306,12 @@ def _refuse_conflicting_flags(sub: argparse.ArgumentParser, argv: list[str]) -> 
     for i, token in enumerate(argv):
         flag, eq, inline = token.partition("=")
         action = sub._option_string_actions.get(flag) if flag.startswith("--") else None
+        if action is not None and action.dest == "overrides":  # --set K=V ...: each key once
+            items = argv[i + 1 :]
+            for item in items[: next((j for j, t in enumerate(items) if t.startswith("-")), len(items))]:
+                key = item.partition("=")[0].strip()
+                given.setdefault(f"--set {key}", {})[item] = f"--set {item}"
+            continue
         if action is None or action.nargs not in (None, 0):
             continue
         if isinstance(action, argparse.BooleanOptionalAction):

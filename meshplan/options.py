@@ -209,8 +209,6 @@ def parse_overrides(items) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise MeshplanError(f"--set {item!r}: expected KEY=VALUE, e.g. --set layers=96")
-        if key.strip() in out:
-            raise MeshplanError(f"--set {key.strip()} is given twice; give each key once")
         out[key.strip()] = parse_value(raw.strip())
     return out
 

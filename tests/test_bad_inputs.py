@@ -120,7 +120,7 @@ CASES = [
     (["report", "fifo", "-o", "out"], "is a FIFO, not a regular file"),
     # model shapes
     (["plan", "--model", "llama-tiny", "--set", "kv_heads=0", "-o", "p.json"], "kv_heads=0 must be >= 1"),
-    (["plan", "--set", "layers=2", "layers=3", "-o", "p.json"], "--set layers is given twice"),
+    (["plan", "--set", "layers=2", "layers=3", "-o", "p.json"], "--set layers=2 and --set layers=3 contradict"),
     (["plan", "--num-gpus", "4", "--compression", "powersgd:rank=4,rank=8"], "rank is given twice"),
     (["plan", "--compile", "--elementwise", "fused"], "--compile and --elementwise fused contradict each other"),
     (["plan", "--fused-projections", "--no-fused-projections"], "contradict each other"),
