@@ -222,6 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("report", "what to report on ([report])")
     g.add_argument("plan", help="plan.json from `meshplan plan -o` or `meshplan estimate -o`")
     g.add_argument("--run", help="run.json from `meshplan run`")
+    g.add_argument(
+        "--trace",
+        metavar="TRACE.json",
+        help="also write the predicted step as a Chrome/Perfetto trace (chrome://tracing, ui.perfetto.dev): "
+        "one track per pipeline rank, one slice per forward, backward and transfer",
+    )
     options.output_group(p, write_help="output folder (default reports/latest)", write_default="reports/latest")
     _job_file(p)
 

@@ -515,6 +515,9 @@ def _check_run_matches(plan: Plan, run, path: str) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     from meshplan.run_result import RunResult
 
+    if args.trace:  # before any work, as -o is
+        schema.check_output(args.trace, folder=False, inputs={"plan": args.plan, "--run": args.run})
+
     plan = _load_plan(args.plan)
     run = schema.load(RunResult, args.run, "run") if args.run else None
     if run is not None:
@@ -522,6 +525,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from meshplan.report import write_report
 
     paths = write_report(plan, args.output, run=run)
+    if args.trace:
+        from meshplan.report.trace import trace_json
+
+        schema.write_text_atomic(args.trace, trace_json(plan))
+        paths.append(Path(args.trace))
     if args.json:
         _print_json({"files": [str(p) for p in paths]})
     else:
