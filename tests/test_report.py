@@ -43,7 +43,7 @@ def test_writes_markdown_html_and_plots(report, tmp_path):
     _, paths, md, page = report
     assert paths[:2] == [tmp_path / "report.md", tmp_path / "report.html"]
     names = {p.name for p in paths[2:]}
-    assert names == {"timeline.svg", "memory.svg", "breakdown.svg", "alternatives.svg", "loss.svg"}
+    assert names == {"layout.svg", "timeline.svg", "memory.svg", "breakdown.svg", "alternatives.svg", "loss.svg"}
     for name in names:
         assert f"](plots/{name})" in md
         assert (tmp_path / "plots" / name).read_text().startswith("<svg")
@@ -75,7 +75,7 @@ def test_alternatives_rejected_and_measured_sections(report):
     plan, _, md, page = report
     for rej in plan.search.rejected:
         assert f"| {rej.family} | {rej.reason} | {rej.count:,} |" in md
-    assert md.count("| #") == len(plan.search.alternatives)
+    assert md.count("| #") == 2 * len(plan.search.alternatives)  # the alternatives and their breakdowns
     assert '<tr class="chosen">' in page
     # measured step time is 1.18x the prediction: error (pred - meas) / meas = -15.3%
     assert re.search(r"\| step time \(median\) \| 2\.500 s \| 2\.950 s \| -15\.3% \|", md)
@@ -114,7 +114,7 @@ def test_plans_without_search_or_run_or_prediction(tmp_path):
     assert "## Predicted vs measured" not in md
     bare = dataclasses.replace(gpt_plan(), prediction=None)
     paths = write_report(bare, tmp_path / "bare", title="bare plan")
-    assert [p.name for p in paths] == ["report.md", "report.html"]
+    assert [p.name for p in paths] == ["report.md", "report.html", "layout.svg"]  # the mesh needs no prediction
     assert "# bare plan" in (tmp_path / "bare" / "report.md").read_text()
 
 

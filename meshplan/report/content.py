@@ -9,11 +9,13 @@ from meshplan.report.document import Document, Figure, Section, Table
 from meshplan.report.dp_methods_section import dp_methods_section
 from meshplan.report.export_common import plan_hash
 from meshplan.report.measured import measured_section
+from meshplan.report.mesh import AXIS_HEADERS, axis_rows, layout, mesh_svg
 from meshplan.report.search_tables import alternatives_section, rejected_section, why_paragraphs
 from meshplan.report.summary import (
     TERM_LABELS,
     binding_constraint,
     breakdown_rows,
+    device_word,
     key_figures,
     plan_settings,
     short_label,
@@ -44,6 +46,7 @@ def build_document(plan: Plan, run: RunResult | None = None, title: str | None =
             items=[Table(headers=["torchtitan setting", "value", "meaning"], rows=plan_settings(plan))],
         )
     )
+    doc.sections.append(layout_section(plan))
     doc.sections.append(Section(title="Why this plan", anchor="why", items=why_paragraphs(plan)))
     if plan.prediction is not None:
         doc.sections += [timeline_section(plan), memory_section(plan), breakdown_section(plan)]
@@ -54,6 +57,27 @@ def build_document(plan: Plan, run: RunResult | None = None, title: str | None =
         doc.sections.append(measured_section(plan, run))
     doc.sections.append(provenance_section(plan))
     return doc
+
+
+def layout_section(plan: Plan) -> Section:
+    lay = layout(plan)
+    rows = axis_rows(plan)
+    where = (
+        (f"{lay.num_nodes} nodes of {lay.devices_per_node} {lay.device}s" if lay.num_nodes > 1 else "one node")
+        if lay.from_preset
+        else f"one node of {lay.world} ranks (the cluster is not a preset; its node size is not in the plan)"
+    )
+    text = (
+        f"{plan.world_size} {lay.device}s on {where}, ranks numbered {plan.rank_placement.replace(',', ' > ')} "
+        "(the last axis innermost: its groups are consecutive ranks). Each axis's traffic runs on the link "
+        "its groups span; bytes are the cost model's per rank and step."
+    )
+    items: list = [text, Figure(name="layout", svg=mesh_svg(plan), caption="Parallel layout: nodes, ranks and groups")]
+    if rows:
+        items.append(Table(headers=AXIS_HEADERS, rows=rows, caption="Each parallel axis: its groups and its link"))
+    else:
+        items.append("Every degree is 1: one rank, no collective traffic.")
+    return Section(title="Parallel layout", anchor="layout", items=items)
 
 
 def timeline_section(plan: Plan) -> Section:
@@ -89,6 +113,12 @@ def timeline_section(plan: Plan) -> Section:
             f"Replayed step {fmt.seconds(tl.makespan_s)} vs cost model {fmt.seconds(pred.step_time_s)} "
             f"({fmt.signed_pct(diff)}): the replay serialises communication the cost model may overlap."
         )
+    if pp > 1 and v * m * pp > 256:
+        text += (
+            f" At {pp} ranks x {m} microbatches{f' x {v} chunks' if v > 1 else ''} the picture groups the "
+            "microbatches; the exact per-rank view of every slice is `meshplan report --trace trace.json`, "
+            "opened in ui.perfetto.dev or chrome://tracing."
+        )
     table = Table(
         headers=["rank", "forward per chunk", "backward per chunk", "busy", "idle (bubble)"],
         rows=rows,
@@ -104,15 +134,27 @@ def timeline_section(plan: Plan) -> Section:
 def memory_section(plan: Plan) -> Section:
     mem = plan.prediction.stage_memory
     parts = ("params", "grads", "optimizer", "activations", "buffers")
-    series = {p: [getattr(m, f"{p}_bytes") / GIB for m in mem] for p in parts}
+    # bars on their own range: MiB when the stages are far below a GiB; a capacity far above the
+    # bars is said in the caption instead of squashing them to nothing
+    top = max((m.total_bytes for m in mem), default=0.0)
+    scale, unit = (GIB, "GiB") if top >= 0.5 * GIB else (2**20, "MiB")
+    series = {p: [getattr(m, f"{p}_bytes") / scale for m in mem] for p in parts}
+    capacity = [m.capacity_bytes / scale for m in mem]
+    on_scale = bool(mem) and max(capacity) <= 3 * max(top / scale, 1e-12)
+    caption = "Memory per pipeline rank vs capacity"
+    if mem and not on_scale:
+        caption = (
+            f"Memory per pipeline rank; capacity {fmt.gib(max(m.capacity_bytes for m in mem))} per "
+            f"{device_word(plan)} is off this scale ({fmt.pct(top / max(m.capacity_bytes for m in mem))} used)"
+        )
     figure = Figure(
         name="memory",
-        caption="Memory per pipeline rank vs capacity",
+        caption=caption,
         svg=svg.stacked_bars(
             [f"stage {m.stage}" for m in mem],
             series,
-            unit="GiB",
-            capacity=[m.capacity_bytes / GIB for m in mem],
+            unit=unit,
+            capacity=capacity if on_scale else None,
             title="memory per stage",
         ),
     )
@@ -130,7 +172,7 @@ def memory_section(plan: Plan) -> Section:
     table = Table(
         headers=["stage", *parts, "total", "capacity", "headroom", ""],
         rows=rows,
-        caption="Predicted bytes per GPU of each pipeline rank",
+        caption=f"Predicted bytes per {device_word(plan)} of each pipeline rank",
     )
     return Section(
         title="Memory per stage",

@@ -47,6 +47,62 @@ def comparison_rows(plan: Plan, run: RunResult) -> list[list[str]]:
     return rows
 
 
+def breakdown_items(plan: Plan, run: RunResult) -> list:
+    """Predicted vs measured per rank (peak memory) and per parallel axis (bytes per step): what
+    the run measured beyond the totals. The executor does not time the cost terms one by one, so
+    the step-time breakdown has no measured side."""
+    from meshplan.report.mesh import layout
+
+    pred = plan.prediction
+    if pred is None:
+        return []
+    out: list = []
+    stages = {m.stage: m for m in pred.stage_memory}
+    lay = layout(plan)
+    per_rank = run.peak_memory_per_rank_bytes
+    if per_rank and stages and lay.world == len(per_rank):
+        rows = []
+        for r, measured in enumerate(per_rank):
+            st = stages.get(lay.coords(r)["pp"])
+            if st is None:
+                continue
+            rows.append(
+                [str(r), str(st.stage), fmt.gib(st.total_bytes), fmt.gib(measured), _error(st.total_bytes, measured)]
+            )
+        out.append(
+            Table(
+                headers=["rank", "pipeline stage", "predicted peak", "measured peak", "error"],
+                rows=rows,
+                caption="Peak memory per rank: the prediction of its pipeline stage vs the rank's measurement",
+            )
+        )
+    axes = sorted(set(pred.comm_bytes_per_step) | set(run.comm_bytes_per_step))
+    if axes:
+        rows = []
+        for axis in axes:
+            p, m = pred.comm_bytes_per_step.get(axis), run.comm_bytes_per_step.get(axis)
+            rows.append(
+                [
+                    axis,
+                    fmt.nbytes(p) if p is not None else "-",
+                    fmt.nbytes(m) if m is not None else "-",
+                    _error(p, m) if p is not None and m else "-",
+                ]
+            )
+        out.append(
+            Table(
+                headers=["axis", "predicted bytes per step", "measured (max over ranks)", "error"],
+                rows=rows,
+                caption="Collective traffic per parallel axis, per rank and step",
+            )
+        )
+    out.append(
+        "The step-time terms (compute, bubble, communication, optimizer) are predicted, not timed one by "
+        "one by the executor; only their sum, the step time, is measured."
+    )
+    return out
+
+
 def _loss_rows(run: RunResult) -> list[list[str]]:
     first = run.first_loss_step
     stride = max(1, -(-len(run.losses) // MAX_LOSS_ROWS))
@@ -73,6 +129,15 @@ def measured_section(plan: Plan, run: RunResult) -> Section:
         items.append(Table(headers=["metric", "predicted", "measured", "error"], rows=rows))
     else:
         items.append("The plan has no prediction to compare with.")
+    pred = plan.prediction
+    if rows and pred is not None and run.step_time_s > 0 and pred.step_time_s > 0:
+        ratio = run.step_time_s / pred.step_time_s
+        items.append(
+            f"Measured steps take {fmt.ratio(ratio)} the predicted time; step time and throughput errors "
+            "have opposite signs because one is the inverse of the other (a step predicted too short is "
+            "a throughput predicted too high)."
+        )
+    items += breakdown_items(plan, run)
     if run.losses:
         pts = [(run.first_loss_step + i + 1, v) for i, v in enumerate(run.losses) if v is not None]
         items.append(

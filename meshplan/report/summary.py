@@ -75,6 +75,11 @@ def stage_sizes(plan: Plan) -> str:
     return " / ".join(f"{size} x{count}" if count > 1 else str(size) for size, count in runs)
 
 
+def device_word(plan: Plan) -> str:
+    """ "GPU", or "rank" when the plan's devices are CPU ranks (the local-cpu cluster)."""
+    return "rank" if "cpu" in plan.cluster_name.lower() else "GPU"
+
+
 def throughput_unit(plan: Plan) -> str:
     """ "tokens" for sequence models, "samples" when a sample is one item (seq_len 1: images)."""
     return "tokens" if plan.seq_len > 1 else "samples"
@@ -154,10 +159,10 @@ def key_figures(plan: Plan) -> list[tuple[str, str]]:
         return []
     return [
         ("predicted step time", fmt.seconds(pred.step_time_s)),
-        (f"{throughput_unit(plan)}/s per GPU", fmt.rate(pred.tokens_per_s_per_gpu)),
+        (f"{throughput_unit(plan)}/s per {device_word(plan)}", fmt.rate(pred.tokens_per_s_per_gpu)),
         ("MFU / HFU", f"{fmt.pct(pred.mfu)} / {fmt.pct(pred.hfu)}"),
-        ("model TFLOP/s per GPU", fmt.tflops(pred.model_tflops_per_gpu)),
-        ("peak memory per GPU", memory_line(pred)),
+        (f"model TFLOP/s per {device_word(plan)}", fmt.tflops(pred.model_tflops_per_gpu)),
+        (f"peak memory per {device_word(plan)}", memory_line(pred)),
     ]
 
 

@@ -110,6 +110,13 @@ def stacked_bars(
     slot = (width - left - 20) / max(len(categories), 1)
     bar_w = min(60.0, slot * 0.6)
     parts = [svg_open(width, height, title), axis_y(ticks, left, y_of, width - left - 20, unit)]
+    # many bars: the shared word ("stage") moves under the axis, and labels are thinned to fit
+    labels, axis_name = list(categories), ""
+    words = {c.rsplit(" ", 1)[0] for c in categories if " " in c}
+    if len(words) == 1 and slot < 7.2 * max(len(c) for c in categories) + 8:
+        axis_name = words.pop()
+        labels = [c.rsplit(" ", 1)[-1] for c in categories]
+    every = max(1, math.ceil((7.2 * max((len(lbl) for lbl in labels), default=1) + 8) / slot))
     for i, cat in enumerate(categories):
         x, base = left + slot * i + (slot - bar_w) / 2, 0.0
         for k, (name, vals) in enumerate(series.items()):
@@ -128,7 +135,10 @@ def stacked_bars(
         if capacity:
             cy = y_of(capacity[i])
             parts.append(line(x - 6, cy, x + bar_w + 6, cy, "#d62728", ' stroke-width="2" stroke-dasharray="5,3"'))
-        parts.append(text(x + bar_w / 2, top + plot_h + 16, cat, "middle"))
+        if i % every == 0:
+            parts.append(text(x + bar_w / 2, top + plot_h + 16, labels[i], "middle"))
+    if labels != categories:
+        parts.append(text(left + (width - left - 20) / 2, top + plot_h + 32, axis_name, "middle"))
     items = [(name, PALETTE[k % len(PALETTE)]) for k, name in enumerate(series)]
     if capacity:
         items.append(("capacity", "#d62728"))
@@ -168,13 +178,18 @@ def scatter(points: list[tuple[float, float, str, bool, str]], *, x_unit: str, y
     for t in xt:
         parts.append(text(x_of(t), top + plot_h + 16, tick_label(t), "middle"))
     parts.append(text(left + plot_w / 2, height - 8, x_unit, "middle"))
+    placed: list[tuple[float, float]] = []  # label positions: a label that would overlap moves down
     for x, y, label, chosen, tip in sorted(points, key=lambda p: p[3]):  # chosen drawn last, on top
         fill, r = ("#d62728", 8) if chosen else ("#4c78a8", 5)
         parts.append(
             f'<circle cx="{n(x_of(x))}" cy="{n(y_of(y))}" r="{r}" fill="{fill}" '
             f'stroke="#222" stroke-width="{1.5 if chosen else 0.5}"><title>{escape(tip)}</title></circle>'
         )
-        parts.append(text(x_of(x) + r + 3, y_of(y) - r, label, extra=' font-size="10"'))
+        lx, ly = x_of(x) + r + 3, y_of(y) - r
+        while any(abs(lx - px) < 7 * len(label) + 4 and abs(ly - py) < 11 for px, py in placed):
+            ly += 11
+        placed.append((lx, ly))
+        parts.append(text(lx, ly, label, extra=' font-size="10"'))
     parts.append(legend([("chosen plan", "#d62728"), ("alternative", "#4c78a8")], left + 120, top - 12, plot_w))
     return "".join(parts) + "</svg>"
 
