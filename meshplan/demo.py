@@ -26,7 +26,8 @@ MICROBATCHES = [1, 2, 4, 8, 16]
 def run_demo(out: Path, steps: int = 8, quiet: bool = False):
     """Run the pipeline; returns (plan, run_result). Raises MeshplanError on failure."""
     from meshplan.executor import run_plan
-    from meshplan.planner.request import PlanRequest
+    from meshplan.executor.check import run_warnings
+    from meshplan.inputs import PlanOptions, build_request
     from meshplan.planner.search import search
     from meshplan.profiler import profile_model
     from meshplan.profiler.links import profile_links
@@ -40,11 +41,15 @@ def run_demo(out: Path, steps: int = 8, quiet: bool = False):
     cluster = profile_links(NUM_RANKS, max_bytes=4 * 2**20, repeats=3)
     schema.save(cluster, out / "cluster.json")
     say(f"[3/5] searching plans for {NUM_RANKS} ranks, global batch {GLOBAL_BATCH}")
-    plan = search(
-        profile, cluster, PlanRequest(num_gpus=NUM_RANKS, global_batch=GLOBAL_BATCH, precision="fp32", top_k=8)
-    )
+    # the request `meshplan plan` builds: the meshplan runtime's own behaviours (eager elementwise
+    # ops, one GEMM per projection), so that `meshplan run` of this plan has nothing to warn about
+    options = PlanOptions(model=MODEL, num_gpus=NUM_RANKS, global_batch=GLOBAL_BATCH, precision="fp32", top=8)
+    warnings: list[str] = []
+    plan = search(profile, cluster, build_request(options, cluster, warnings))
     schema.save(plan, out / "plan.json")
     _print_plan(plan, say)
+    for text in warnings + run_warnings(plan):
+        say(f"      warning: {text}")
     say(f"[4/5] running the plan for {steps} steps with torchrun on {NUM_RANKS} gloo ranks")
     with tempfile.TemporaryDirectory(prefix="meshplan-demo-") as run_dir:  # rank status files stay out
         result = run_plan(plan, steps=steps, out_dir=run_dir, quiet=True)
@@ -57,7 +62,33 @@ def run_demo(out: Path, steps: int = 8, quiet: bool = False):
     )
     say(f"[5/5] writing the report to {out}/")
     write_report(plan, out, run=result, title=f"meshplan demo: {MODEL} on {NUM_RANKS} local CPU ranks")
+    _print_summary(out, plan, result, say)
     return plan, result
+
+
+def _print_summary(out: Path, plan, result, say) -> None:
+    """What a newcomer reads at the end: the plan in words, predicted vs measured, where to look."""
+    from meshplan.views import describe
+
+    pred = plan.prediction
+    err = result.step_time_s / pred.step_time_s - 1 if pred.step_time_s > 0 else 0.0
+    say("")
+    say("summary")
+    say(f"  plan       {describe(plan)}")
+    say("             (pp pipeline stages, dp data-parallel replicas, tp tensor-parallel ranks per layer)")
+    say(
+        f"  predicted  {pred.step_time_s * 1e3:.1f} ms per step, {pred.peak_memory_bytes / 2**20:.1f} MiB per rank; "
+        f"{pred.binding_constraint}"
+    )
+    say(
+        f"  measured   {result.step_time_s * 1e3:.1f} ms per step (median after warm-up, {err:+.0%} from the "
+        f"prediction), peak {result.peak_memory_bytes / 2**20:.1f} MiB per rank"
+    )
+    if result.losses:
+        first, last = (("not finite" if x is None else f"{x:.3f}") for x in (result.losses[0], result.losses[-1]))
+        say(f"  loss       {first} -> {last} over {len(result.losses)} steps")
+    say(f"  report     {out / 'report.html'} (open it in a browser; report.md beside it)")
+    say(f"  next       meshplan plan --help; meshplan run {out / 'plan.json'}; meshplan report {out / 'plan.json'}")
 
 
 def _print_plan(plan, say) -> None:
