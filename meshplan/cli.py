@@ -353,6 +353,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.imported = imported
     _refuse_conflicting_flags(sub, argv)
+    if path is not None:
+        config.merge_lists(args, sub, values)  # --set on the command line wins over the file's set
     for action in sub._actions:  # a positional neither given nor in the file
         if not action.option_strings and action.dest != "help" and getattr(args, action.dest, None) is None:
             raise UsageError(sub.prog, sub.format_usage(), f"the following arguments are required: {action.dest}")

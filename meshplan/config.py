@@ -131,6 +131,19 @@ def apply(parser: argparse.ArgumentParser, values: dict[str, Any]) -> None:
     parser.set_defaults(**values)
 
 
+def merge_lists(args: argparse.Namespace, parser: argparse.ArgumentParser, values: dict[str, Any]) -> None:
+    """A KEY=VALUE list option (--set) the file gives: argparse appended the flags' items to the
+    file's; a key the flags give replaces the file's item of that key."""
+    for action in parser._actions:
+        if action.nargs not in ("+", "*") or action.dest not in values:
+            continue
+        items = list(getattr(args, action.dest) or [])
+        from_file, from_flags = items[: len(values[action.dest])], items[len(values[action.dest]) :]
+        flags = {item.partition("=")[0].strip(): item for item in from_flags}  # the last of a key wins
+        merged = [flags.pop(item.partition("=")[0].strip(), item) for item in from_file]  # in place
+        setattr(args, action.dest, merged + list(flags.values()))
+
+
 def dump(args: argparse.Namespace, parser: argparse.ArgumentParser, verb: str, defaults: dict[str, Any]) -> str:
     """The job file of a parsed command line: every option whose value is not its default
     (`defaults`: the parser's, before a --config file changed them)."""
