@@ -335,3 +335,16 @@ def test_search_equals_brute_force_with_bytescheduler(layers, mem_gib):
     assert plan.dp_methods.comm_schedule.name == "bytescheduler"
     assert plan.prediction.step_time_s == pytest.approx(brute, rel=1e-9)
     assert any(c.method("comm_schedule")[0] == "bytescheduler" for c in per_candidate)
+
+
+def test_on_cpu_devices_every_chunk_pays_its_fixed_cost_in_series():
+    """HOST_MESSAGE_COST: on a CPU device each chunk's latency is added to the exposed sync (the
+    scheduler and gloo take backward's cores); on GPUs it is not."""
+    ctx = context(chain([2**20] * 4))  # 4 layers of 4 MiB: 16 chunks of 1 MiB
+    sched = DataParallelCost(
+        ctx, ddp_candidate(comm_schedule=("bytescheduler", {"chunk_mb": 1.0, "credit_mb": 4.0}))
+    ).schedule
+    assert not sched.host_messages  # an A100 cluster
+    gpu = sched.exposed_s(1.0, 4.0, 1e-3)
+    sched.host_messages = True
+    assert sched.exposed_s(1.0, 4.0, 1e-3) == pytest.approx(gpu + 16 * sched.latency_s, rel=1e-12)

@@ -34,6 +34,14 @@ ByteScheduler, as modelled (one rank, all layers, layer i = priority i, the inpu
   profile-links) is added to the exposed sync. With the next forward not started per layer,
   ByteScheduler's priority cannot shorten that sync, so the search keeps DDP unless chunking
   and the credit beat DDP's buckets by more than this overhead.
+- Host message cost (HOST_MESSAGE_COST), CPU devices only: there the scheduler thread (which
+  holds the interpreter lock while it issues and waits) and gloo's work for each message take
+  the cores backward computes on, so each chunk's fixed cost a is paid in series with backward
+  instead of behind it: n_chunks x a is added to the exposed sync (DDP sends one message per
+  25 MiB bucket, ByteScheduler one per chunk, at least one per tensor). On GPUs NCCL's kernels
+  and a host thread do not take the compute's cores, and the term is off. benchmarks/
+  dp_paper_methods.py measures it: without the term the model put ByteScheduler level with DDP
+  on gpt h256 x 4 (2 gloo ranks) while it ran 11% (4 MiB chunks) and 37% (0.25 MiB) slower.
 - Memory: no DDP bucket copy (chunks are views of the gradients, all-reduced in place).
 A fluid simulation over the layers (O(L) events, not per chunk); the optimizer step between
 backward and forward is not counted as overlap (conservative).
@@ -63,6 +71,7 @@ ByteScheduler's PS default (credit 4M = 4 partitions)."""
 DEFAULT = {"chunk_mb": 4.0, "credit_mb": 16.0}
 """The registry's default (preferred on a tie)."""
 NEGOTIATION = "one all-reduce latency after backward (module docstring)"
+HOST_MESSAGE_COST = "one all-reduce latency per chunk on CPU devices (module docstring)"
 EXECUTOR_EARLY_FORWARD = False
 """Whether the executor starts the next forward's layer i as soon as layer i's chunks land (module
 docstring): not yet, so the planner charges the wait for the last chunk."""
@@ -92,6 +101,8 @@ class ByteScheduler(Buckets):
         self.beta_s = max(0.0, (two - one) / MIB)
         """beta: seconds per byte."""
         self.hidden = ctx.cluster.calibration.dp_overlap if ctx.spec.overlap_dp_comm else 0.0
+        self.host_messages = ctx.cluster.device.kind == "cpu"
+        """HOST_MESSAGE_COST applies: the ranks compute on the cores gloo and the scheduler use."""
         layers = [(lp, ctx.tp_split(lp, data.cand.tp)) for lp in ctx.layers]
         self.sizes = [
             [4 * math.prod(s) / split for s in lp.param_shapes] if lp.param_shapes else [4 * lp.num_params / split]
@@ -123,9 +134,12 @@ class ByteScheduler(Buckets):
             ready.append(t)
             t -= h * backward_window_s * share
         credit = max(credit_mb, chunk_mb) * MIB
-        landed = _simulate(self.chunks(chunk_mb), ready, credit, self.latency_s, self.beta_s)
+        chunks = self.chunks(chunk_mb)
+        landed = _simulate(chunks, ready, credit, self.latency_s, self.beta_s)
         start = clock = h * backward_window_s
         agree = self.latency_s  # the round that agrees on the last gradients (NEGOTIATION)
+        if self.host_messages:  # HOST_MESSAGE_COST: every chunk's fixed cost taken from backward
+            agree += self.latency_s * sum(n for _, n in chunks)
         if not (EXECUTOR_EARLY_FORWARD if early_forward is None else early_forward):
             return max(0.0, max(landed, default=start) - start) + agree
         for share, arrival in zip(self.fwd_share, landed):
