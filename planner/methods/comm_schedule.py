@@ -59,6 +59,7 @@ import math
 from collections import deque
 
 from meshplan.planner.cost.comm import collective_s
+from meshplan.planner.methods.axes import ScheduleCost
 
 MIB = 2**20
 CHUNK_MB = (0.25, 1.0, 4.0, 16.0, 64.0)
@@ -84,6 +85,12 @@ class Buckets:
 
     def __init__(self, data, **params):
         self.data, self.params = data, params
+
+    def sync_s(self, local_params: float, backward_window_s: float) -> float:
+        """The fp32 gradients' all-reduce on its own, not overlapped. Not what the plan pays: DDP's
+        buckets (replaces_ddp False) are priced, overlapped, by DataParallelCost."""
+        data = self.data
+        return collective_s(data.ctx.cluster, "all_reduce", data.replicas, 4 * local_params, data.replica_tier)
 
 
 class ByteScheduler(Buckets):
@@ -227,5 +234,5 @@ def _commit(heap: list, fifo: deque, committed: float, credit: float) -> float:
 SCHEDULES = {c.name: c for c in (Buckets, ByteScheduler)}
 
 
-def comm_schedule_cost(data, name: str, params: dict) -> Buckets:
+def comm_schedule_cost(data, name: str, params: dict) -> ScheduleCost:
     return SCHEDULES[name](data, **params)

@@ -29,9 +29,12 @@ microbatch, exposed) and read + written again by the host step: 4 bytes per shar
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from meshplan.comm_bytes import wire_bytes
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.cost.state import state_bytes
+from meshplan.planner.methods.axes import OffloadCost
 
 CPU_ADAM_BYTES_PER_PARAM = 28
 """fp32 Adam step traffic per parameter: read p, g, m, v (16 B), write p, m, v (12 B)."""
@@ -59,7 +62,7 @@ class Offload:
     def step_s(self, local_params: float, backward_window_s: float) -> float:
         return 0.0
 
-    def bytes_per_step(self, local_elems: float, paged_elems: float = 0.0) -> dict[str, float]:
+    def bytes_per_step(self, local_elems: float, paged_elems: float = 0.0) -> dict[str, float | Fraction]:
         return {}
 
 
@@ -118,7 +121,7 @@ class CpuOffload(Offload):
             return max(0.0, down + work + up - (1 + FORWARD_OVER_BACKWARD) * backward_window_s)
         return max(0.0, down - hidden) + work + up
 
-    def bytes_per_step(self, local_elems: float, paged_elems: float = 0.0) -> dict[str, float]:
+    def bytes_per_step(self, local_elems: float, paged_elems: float = 0.0) -> dict[str, float | Fraction]:
         """What the HostOptimizer counts (executor/methods/host_optimizer.py): gradients down and
         parameters up, 4 bytes each per parameter it steps, where a copy crosses devices (none
         on CPU ranks: the host is the device); FSDP2's policy copies are not counted."""
@@ -182,14 +185,14 @@ class NvmeOffload(CpuOffload):
             return self._io_s(self._host_params(local_params))
         return base
 
-    def bytes_per_step(self, local_elems: float, paged_elems: float = 0.0) -> dict[str, float]:
+    def bytes_per_step(self, local_elems: float, paged_elems: float = 0.0) -> dict[str, float | Fraction]:
         """Gradients down and parameters up where they cross devices, the states read + written
         (steady state), and with params=true each shard read at every gather (`paged_elems`: the
         gathered shards, counted per gather) and read + written by the step."""
         states = 2 * self._state_bytes_per_param() * local_elems
         if self.paged:
             states += 4 * (paged_elems + 2 * local_elems)
-        out = {"nvme": wire_bytes("send_recv", 2, states)}
+        out: dict[str, float | Fraction] = {"nvme": wire_bytes("send_recv", 2, states)}
         if not self.on_cpu:
             out["host_device"] = 2 * wire_bytes("send_recv", 2, 4 * local_elems)
         return out
@@ -198,6 +201,6 @@ class NvmeOffload(CpuOffload):
 _COSTS = {"none": Offload, "cpu": CpuOffload, "nvme": NvmeOffload}
 
 
-def offload_cost(ctx: Context, cand: Candidate) -> Offload:
+def offload_cost(ctx: Context, cand: Candidate) -> OffloadCost:
     name, params = cand.method("offload")
     return _COSTS[name](ctx, cand, params)

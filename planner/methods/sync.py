@@ -38,6 +38,7 @@ from meshplan.planner.cost.comm import collective_s, group_tier
 from meshplan.planner.cost.compute import layer_compute_s
 from meshplan.planner.cost.optimizer import layer_optimizer_s, optimizer_call_s
 from meshplan.planner.cost.state import state_bytes
+from meshplan.planner.methods.axes import SyncCost
 from meshplan.planner.methods.compression_quant import OP_S
 
 FP32 = 4
@@ -61,6 +62,15 @@ class AllReduce:
 
     def extra_compute_s(self, layer: LayerProfile, split: int, b: int, m: int) -> float:
         return 0.0
+
+    def sync_s(self, params: float, backward_window_s: float) -> float:
+        """The fp32 gradients' all-reduce on its own, not overlapped. Not what the plan pays: DDP
+        keeps it (replaces_ddp False) and DataParallelCost prices DDP's bucketed, overlapped sync;
+        the methods below replace it with their own exchange."""
+        return self._ar(FP32 * params)
+
+    def bytes(self, params: int) -> Fraction:
+        return wire_bytes("all_reduce", self.group, FP32 * params)
 
     def _ar(self, nbytes: float, group: int | None = None, tier=None) -> float:
         return collective_s(self.ctx.cluster, "all_reduce", group or self.group, nbytes, tier or self.tier)
@@ -268,7 +278,7 @@ class AsyncAverage(AllReduce):
 SYNCS = {c.name: c for c in (AllReduce, Master, LocalSGD, Crossbow, AnyBatch, Gossip, AsyncAverage)}
 
 
-def sync_cost(data, name: str, params: dict) -> AllReduce:
+def sync_cost(data, name: str, params: dict) -> SyncCost:
     return SYNCS[name](data, **params)
 
 

@@ -301,7 +301,7 @@ class DataParallelCost:
     def bytes_per_step(self, layers: list[tuple[LayerProfile, int]]) -> dict[str, int]:
         """Bytes one rank sends per step for its (layer, tp split) list, by mesh axis
         (meshplan/comm_bytes.py; steady state: after PowerSGD's start iterations)."""
-        out: dict[str, Fraction] = {}
+        out: dict[str, Fraction | float] = {}
         m = self.cand.num_microbatches
         gathered = layers  # frozen weights are gathered (ZeRO-2/3) but have no gradient traffic
         paged = 0.0  # shard elements read from disk at gathers (offload=nvme params=true)
@@ -366,7 +366,7 @@ def tp_local_elems(layer: LayerProfile, split: int) -> int:
 def comm_bytes_per_step(ctx: Context, cand: Candidate, ranks: list[list[int]]) -> dict[str, int]:
     """Predicted data-parallel bytes on the wire per step, max over the pipeline ranks (each a
     list of layer indices), by mesh axis."""
-    data, out = DataParallelCost(ctx, cand), {}
+    data, out = DataParallelCost(ctx, cand), dict[str, int]()
     for layers in ranks:
         held = [(ctx.layers[i], ctx.tp_split(ctx.layers[i], cand.tp)) for i in layers]
         for axis, value in data.bytes_per_step(held).items():

@@ -180,7 +180,7 @@ class Searcher:
                 step, cand, sols = self.family_best[fam]
                 crit = max(sols, key=lambda r: (r.cost_s, -r.rank))
                 terms = {k: v for k, v in _breakdown(cand, crit).items() if k != "compute"}
-                term = max(terms, key=terms.get)
+                term = max(terms, key=lambda k: terms[k])
                 reason = (
                     f"slower: {step:.3g} s per step vs {best_step:.3g} s (+{100 * (step / best_step - 1):.1f}%); "
                     f"largest overhead {term} {100 * terms[term] / step:.1f}% ({cand.label()})"
@@ -227,6 +227,7 @@ def search(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) ->
     prov = provenance(profile, cluster)
     plans = [build_plan(searcher.ctx, cand, sols, stages, prov) for _, cand, (sols, stages) in ranked]
     best = plans[0]
+    assert best.prediction is not None  # build_plan predicts every plan
     best.prediction.dp_method_options = method_options(searcher.ctx, searcher.table, ranked[0][1], ranked[0][2][0])
     rejected = searcher.rejections()
     best.search = SearchSummary(

@@ -94,5 +94,6 @@ def estimate(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) 
     if tuning.auto(cand):  # a parameter left to the planner (crossbow learners=0): search/tuning.py
         cand, sols, _ = tuning.tune(ctx, table, cand, sols)
     plan = build_plan(ctx, cand, sols, stages, provenance(profile, cluster))
+    assert plan.prediction is not None  # build_plan predicts every plan
     plan.prediction.dp_method_options = method_options(ctx, table, cand, sols)
     return plan

@@ -25,6 +25,7 @@ class UniformSplit:
     def __init__(self, ctx: Context, cand: Candidate, costs: list[LayerCost]):
         self.model = RankModel(ctx, cand, costs)
         self.ctx, self.cand, self.costs = ctx, cand, costs
+        assert ctx.body is not None, "a uniform split needs identical blocks (Context.body)"
         self.start, self.end = ctx.body
         self.block = costs[self.start]
         self.options = [(m, mc.time_s, mc.act_bytes) for m, mc in self.block.modes.items()]
@@ -151,7 +152,9 @@ class UniformSplit:
             ]
             extra = total - sum(need)
             per_chunk.append([need[k] + extra // v + (1 if k < extra % v else 0) for k in range(v)])
-        stages, ranks, nxt = [], [[] for _ in range(p)], self.start
+        stages: list[list[int]] = []
+        ranks: list[list[int]] = [[] for _ in range(p)]
+        nxt = self.start
         for s in range(p * v):
             r, k = s % p, s // p
             blocks = list(range(nxt, nxt + per_chunk[r][k]))
@@ -231,10 +234,10 @@ def solve_general(ctx: Context, cand: Candidate, costs: list[LayerCost], cache: 
     fastest = [0.0]  # prefix sums of each layer's fastest mode: a stage-cost lower bound
     for c in costs:
         fastest.append(fastest[-1] + min(mc.time_s for mc in c.modes.values()))
-    best = {(0, 0): (0.0, [])}
+    best: dict[tuple[int, int], tuple[float, list[RankSolution]]] = {(0, 0): (0.0, [])}
     for r in range(p):
         for e in range(r + 1, n - (p - 1 - r) + 1):
-            choice = (math.inf, None)
+            choice: tuple[float, list[RankSolution] | None] = (math.inf, None)
             for a in range(e - 1, r - 1, -1):  # longer ranges cost more: stop once the bound loses
                 if model.factor * (fastest[e] - fastest[a]) >= choice[0]:
                     break
@@ -246,7 +249,7 @@ def solve_general(ctx: Context, cand: Candidate, costs: list[LayerCost], cache: 
                 if value < choice[0]:
                     choice = (value, prev[1] + [sol])
             if choice[1] is not None:
-                best[(r + 1, e)] = choice
+                best[(r + 1, e)] = (choice[0], choice[1])
     final = best.get((p, n))
     return None if final is None or final[0] == math.inf else final[1]
 

@@ -37,7 +37,7 @@ def _least_x1(n_free: int, fixed_act: float, save1: float, base: float, flight: 
 
 def _undominated(options: list[Option]) -> list[Option]:
     """Options no other beats on both time and bytes, most bytes (least time) first."""
-    keep = []
+    keep: list[Option] = []
     for m, t, a in sorted(options, key=lambda o: (o[1], o[2], o[0])):
         if not keep or a < keep[-1][2]:
             keep.append((m, t, a))
