@@ -321,23 +321,18 @@ def load(cls: type[T], path: str | os.PathLike, what: str | None = None) -> T:
         raise MeshplanError(f"{what} file {str(path)!r} nests too deeply; give the file meshplan wrote") from None
 
 
+CONTRACTS: dict[type, str] = {}
+"""Every contract type -> where its files come from, for _other_contract. The contracts import
+this module, so it cannot import them: meshplan/__init__.py registers them (every import of a
+meshplan module runs it first)."""
+
+
 def _other_contract(cls: type, data: Any) -> tuple[str, str] | None:
     """(name, where it comes from) of the contract whose fields `data` has, if not `cls`'s: a
     profile passed as a plan is told so, not to re-plan."""
-    from meshplan.cluster import ClusterSpec
-    from meshplan.model_profile import ModelProfile
-    from meshplan.plan import Plan
-    from meshplan.run_result import RunResult
-
     if not isinstance(data, dict):
         return None
-    known = {
-        ModelProfile: "from meshplan profile",
-        ClusterSpec: "from meshplan profile-links or a preset",
-        Plan: "from meshplan plan -o",
-        RunResult: "run.json from meshplan run",
-    }
-    for other, origin in known.items():
+    for other, origin in CONTRACTS.items():
         fields = {f.name: f for f in dataclasses.fields(other) if f.init}
         required = {
             n
