@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from meshplan import dp_methods, feasibility
 from meshplan.cluster import ClusterSpec
@@ -209,24 +210,18 @@ class Context:
 
     @functools.cached_property
     def spec(self) -> RuntimeSpec:
-        """The request's runtime behaviours, resolved once into typed fields."""
+        """The request's runtime behaviours, resolved once into typed fields: each RuntimeSpec field
+        is the request's field of the same name, but the state layout (its STATE_LAYOUTS row) and
+        the FSDP gather width (the runtime's, else by precision)."""
         r = self.request
-        return RuntimeSpec(
-            runtime=r.runtime,
-            precision=r.precision,
-            state=state_layout(r.state_layout),
-            overlap_dp_comm=r.overlap_dp_comm,
-            overlap_tp_comm=r.overlap_tp_comm,
-            uniform_stages=r.uniform_stages,
-            fsdp_gather_bytes=r.fsdp_gather_bytes or (2 if r.precision in ("bf16", "fp8") else 4),
-            selective_recompute=r.selective_recompute,
-            elementwise=r.elementwise,
-            fused_projections=r.fused_projections,
-            free_stage_outputs=r.free_stage_outputs,
-            zero_stages=r.zero_stages,
-            offload_methods=r.offload_methods,
-            also_runs=r.also_runs,
-        )
+        resolved: dict[str, Any] = {
+            "state": state_layout(r.state_layout),
+            "fsdp_gather_bytes": r.fsdp_gather_bytes or (2 if r.precision in ("bf16", "fp8") else 4),
+        }
+        same: dict[str, Any] = {
+            f.name: getattr(r, f.name) for f in dataclasses.fields(RuntimeSpec) if f.name not in resolved
+        }
+        return RuntimeSpec(**same, **resolved)
 
     @property
     def layers(self) -> list[LayerProfile]:

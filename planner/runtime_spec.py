@@ -28,6 +28,8 @@ class RuntimeSpec:
     elementwise: str
     fused_projections: bool
     free_stage_outputs: bool
+    zero3_prefetch_elems: int
+    """ZeRO-3 parameter elements fetched ahead of use (0: the next layer whole, FSDP2)."""
     zero_stages: tuple[int, ...] | None
     offload_methods: tuple[str, ...] | None
     also_runs: tuple[str, ...]

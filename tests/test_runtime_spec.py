@@ -80,10 +80,25 @@ def test_every_behaviour_flag_comes_from_its_row_and_reaches_the_request():
         if row.flag is None or not row.request:
             continue
         flag = row.flag
-        argv, want = ([flag.name, flag.choices[-1]], flag.choices[-1]) if flag.choices else ([flag.name], True)
+        if flag.choices:
+            argv, want = [flag.name, flag.choices[-1]], flag.choices[-1]
+        elif flag.number:
+            argv, want = [flag.name, "7"], 7
+        else:
+            argv, want = [flag.name], True
         if flag.to_request:
             want = flag.to_request[str(want)]
         ns = parser.parse_args(["--model", "gpt2-small", "--cluster", "h100-80g", "--global-batch", "8", *argv])
         assert runtimes.flag_overrides(ns)[row.name] == want, row.name
     assert runtimes.REQUEST_FIELDS == tuple(r.name for r in runtimes.ROWS if r.request)
     assert set(runtimes.REQUEST_FIELDS) <= {f.name for f in dataclasses.fields(PlanRequest)}
+
+
+def test_each_spec_field_copied_from_the_request_has_the_requests_type():
+    """Context.spec copies every RuntimeSpec field but the resolved two from the PlanRequest field of
+    the same name: the annotations must agree (what mypy cannot see through the copy)."""
+    from meshplan.planner.runtime_spec import RuntimeSpec
+
+    request = {f.name: f.type for f in dataclasses.fields(PlanRequest)}
+    copied = {f.name: f.type for f in dataclasses.fields(RuntimeSpec) if f.name not in ("state", "fsdp_gather_bytes")}
+    assert {name: request.get(name) for name in copied} == copied

@@ -92,7 +92,7 @@ def zero3_buffer_bytes(ctx: Context, layers: list[LayerProfile], split_of) -> fl
     submodule: the running weight plus at most the prefetch bound in 16 bits, that weight's 16-bit
     gradient, and one reduce bucket of 16-bit gradients (DEEPSPEED_REDUCE_BUCKET_ELEMS); a block's
     other weights are released after their submodule runs."""
-    ahead = ctx.request.zero3_prefetch_elems
+    ahead = ctx.spec.zero3_prefetch_elems
     if ahead <= 0:
         return 2 * (2 + 4) * max(lp.num_params / split_of(lp) for lp in layers)
     weight = max(_largest_tensor_elems(lp, split_of(lp)) for lp in layers)

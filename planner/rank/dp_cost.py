@@ -219,7 +219,7 @@ class DataParallelCost:
         prefetches at most stage3_prefetch_bucket_size parameter elements (default 5e7) beyond the
         submodule running, so a layer larger than that (GPT-3 175B: 1.8e9 per block) waits for the
         rest of its gathers; FSDP2 issues the next layer's all-gather whole (prefetch 0 here)."""
-        ahead = self.ctx.request.zero3_prefetch_elems
+        ahead = self.ctx.spec.zero3_prefetch_elems
         if ahead <= 0 or local <= 0:
             return 0.0
         return max(0.0, 1.0 - ahead / local)
