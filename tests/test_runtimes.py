@@ -442,10 +442,11 @@ def test_row_runtime_comes_from_the_source():
     assert all(rt == "megatron-core" for src, rt in got if "README" in src)
 
 
-def test_runtime_table_is_in_the_readme():
-    readme = (Path(meshplan.__file__).resolve().parent.parent / "README.md").read_text()
+def test_runtime_table_in_the_docs_is_the_generated_one():
+    page = (Path(meshplan.__file__).resolve().parent.parent / "docs" / "runtimes.md").read_text()
+    assert runtimes.markdown_table() in page, "regenerate docs/runtimes.md's table: runtimes.markdown_table()"
     for key in runtimes.BEHAVIOURS:
-        assert f"| {key} —" in readme
+        assert f"| {key} —" in page
 
 
 def test_a_tp_pin_wider_than_a_node_is_planned_with_a_warning(capsys):
@@ -496,7 +497,7 @@ def _h100_96g(tmp_path) -> str:
 
 
 def test_torchtitan_selective_ac_llama31_8b_fits_at_its_measured_peak(tmp_path, capsys):
-    """Issue #18 item 7: a run that really ran is not called infeasible. torchtitan's selective AC
+    """A run that really ran is not called infeasible. torchtitan's selective AC
     keeps every other matmul output and SDPA's (planner/sac.py), not Korthikanti's attention core
     (which with flash attention saves nothing: 104.8 GiB, OOM). Tolerance: the memory model counts
     allocated tensors only; what it leaves out (allocator fragmentation, CUDA context, NCCL
@@ -569,7 +570,7 @@ FSDP x CP, local batch 1, full AC, compile + float8: (fsdp, cp, seq, measured pe
 
 @pytest.mark.parametrize("fsdp,cp,seq,measured_gib", TITAN_8B_CP)
 def test_context_parallel_ranks_share_the_state_shard(fsdp, cp, seq, measured_gib):
-    """Issue #18 item 7 on runs that ran: context-parallel ranks hold the same weights, so FSDP
+    """On runs that ran: context-parallel ranks hold the same weights, so FSDP
     shards over dp_shard x cp (torchtitan's flattened mesh); the states were left replicated over
     cp, and FSDP 1 x CP 8 at 262k tokens was 'OOM by 100 GiB'. Per-rank tokens are constant over
     the table, and so are the predicted states and the peak (within the 11% the presets keep free)."""
