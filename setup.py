@@ -1,5 +1,5 @@
 """Maps the top-level models/, profiler/, planner/ and executor/ folders into the single import
-namespace meshplan.* (DESIGN.md, "Layout"); all metadata lives in pyproject.toml."""
+namespace meshplan.* (docs/design.md, "Layout"); all metadata lives in pyproject.toml."""
 
 from setuptools import find_packages, setup
 

@@ -1,4 +1,4 @@
-"""Gradient compression on slow links, measured vs predicted against DDP (issue #15).
+"""Gradient compression on slow links, measured vs predicted against DDP.
 
     python -m benchmarks.compression_slow_link [--rates 1gbit,100mbit,none] [--steps 8] [--out F.json]
     from benchmarks import compression_slow_link as c; c.markdown(c.run_bench(("none", "100mbit"), 8))

@@ -9,7 +9,7 @@ ratio is the median over steps of executor/native step time (step 0 excluded) â€
 granularity cancels slow drift of the host load. "cpu_ratio" is the same for process CPU time
 (all threads), which an oversubscribed host disturbs much less than wall time. The full run adds whole-launch pairs
 (`meshplan run` vs benchmarks/native_train.py, DDP, alternating order) as "launch_ratio";
-those are much noisier (whole launches seconds apart on a shared host). Target: ratio <= 1.03 (issue 5).
+those are much noisier (whole launches seconds apart on a shared host). Target: ratio <= 1.03.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Section 6, the prepared GPU script (issue 7): run it where a GPU is available.
+"""Section 6, the prepared GPU script: run it where a GPU is available.
 
     python -m benchmarks.gpu_check --out DIR [--quick]        # writes DIR/gpu_check.json
 

@@ -1,4 +1,4 @@
-"""Does `meshplan profile-links`' alpha-beta fit predict a fresh measurement? (issue 3)
+"""Does `meshplan profile-links`' alpha-beta fit predict a fresh measurement?
 
     python -m benchmarks.link_fit [--nproc 2 4] [--attempts 3] [--tolerance 0.25]
 
@@ -7,7 +7,7 @@ Each fit (all_reduce and all_gather over all N ranks, send/recv in pairs) predic
 dominates). One launch runs the sweep and, in the same round-robin passes, the check sizes; the
 fit is made from the sweep's samples only.
 
-A timing claim on a shared host, so a benchmark and not a unit test (issue 20 item 4): the 2
+A timing claim on a shared host, so a benchmark and not a unit test: the 2
 cores are shared with other tenants, the whole machine slows down or speeds up by up to 2x for
 seconds at a time, so the check sizes are measured interleaved with the sweep rather than
 minutes later, and a collective that misses may be profiled and checked again, up to --attempts

@@ -1,4 +1,4 @@
-"""Section 1: cost-model accuracy and plan quality on 4 local gloo ranks (issue 7).
+"""Section 1: cost-model accuracy and plan quality on 4 local gloo ranks.
 
 For each model (gpt-tiny and llama-tiny: RMSNorm, SwiGLU, grouped-query attention) a grid of
 plans spanning DP, ZeRO-3, TP, PP (GPipe and 1F1B), hybrids, microbatch sizes and recompute is

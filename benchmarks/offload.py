@@ -1,4 +1,4 @@
-"""Offload and scheduling methods on 4 gloo ranks (issue #17): predicted vs measured step time and
+"""Offload and scheduling methods on 4 gloo ranks: predicted vs measured step time and
 memory for DDP, offload=cpu, offload=nvme, ZeRO-3 with each (and with the parameter shards on
 NVMe too: offload=nvme params=true), and bytescheduler.
 

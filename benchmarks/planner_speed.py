@@ -6,12 +6,12 @@ speedup over brute-force enumeration of the same plan space (meshplan.planner.br
     python -m benchmarks.planner_speed --methods    # plain vs --allow-compression all --allow-sync all
     python -m benchmarks.planner_speed --cli        # the whole command's wall time, captured vs closed form
 
-Targets (issue 4): 175B on 1024 A100 under 1 s, 405B on 16384 H100 under 5 s of CPU. Profiles
+Targets: 175B on 1024 A100 under 1 s, 405B on 16384 H100 under 5 s of CPU. Profiles
 come from meshplan.profiler.profile_model on the meta device (not timed here; no weights), or the
 closed forms of meshplan.models.analytic without torch. search_time_s is CPU time of search(). Counts too small to
 hold the model end in InfeasibleError; their time includes finding the fewest GPUs that fit.
 
-Brute force (issue 7): every plan of the space search() chooses from — every outer candidate,
+Brute force: every plan of the space search() chooses from — every outer candidate,
 every contiguous split into pp x v stages, every per-layer recompute choice — visited and costed
 with the same cost model, no pruning. The full-size spaces hold 1e40 plans and more, so those rows
 get a short probe (--probe-s CPU seconds): the exact space size, the plans visited, and an
@@ -185,7 +185,7 @@ def run(
 def methods_rows(say=lambda row: None, repeats: int = 5) -> list[dict]:
     """GPT-3 175B on 1024 A100-80GB, plain and with every approximate data-parallel method
     allowed, measured alternately `repeats` times in this process; the median CPU time of each
-    (target, issue 14: both under 1 s)."""
+    (target: both under 1 s)."""
     preset, batch, make = FAMILIES["gpt3-175b"]
     profile = make()
     rows = []

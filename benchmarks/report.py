@@ -93,7 +93,7 @@ def _methods(r: dict) -> list[str]:
 
 
 def _verdicts(r: dict) -> dict[str, bool]:
-    """Whether each issue-7 target is met, for the claims this run measured."""
+    """Whether each target is met, for the claims this run measured."""
     la, t = r.get("local_accuracy", {}), r.get("local_accuracy", {}).get("targets", {})
     met = {}
     if "mape" in la:

@@ -31,7 +31,7 @@ from benchmarks.diagnostics import diagnose
 from meshplan.errors import MeshplanError
 
 TARGETS = {"mape": 0.10, "kendall_tau": 0.8, "top1_regret": 1.05}
-"""Issue 7's targets for section 1."""
+"""The targets for section 1."""
 
 
 def _say(quiet: bool):

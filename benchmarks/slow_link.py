@@ -11,8 +11,8 @@ the namespace is killed and the namespace deleted afterwards, also on failure, t
 or SIGTERM. Only 127.0.0.1 is ever used: no veth, no other address.
 
 Every byte between every pair of ranks passes the one loopback qdisc, so the namespace is a
-*shared* medium of rate R (both directions and all ranks together), not a per-rank NIC
-(../shared/notes/slow-link.md). Exit codes: CMD's own, 124 on timeout, 77 where namespaces or
+*shared* medium of rate R (both directions and all ranks together), not a per-rank NIC.
+Exit codes: CMD's own, 124 on timeout, 77 where namespaces or
 tc are unavailable (one line on stderr says why).
 """
 

@@ -1,4 +1,4 @@
-"""Replica synchronisation methods, measured vs predicted against DDP (issue #16).
+"""Replica synchronisation methods, measured vs predicted against DDP.
 
     python -m benchmarks.sync_methods [--rate 1gbit] [--steps 13] [--out F.json] [--markdown]
     from benchmarks import sync_methods as s; print(s.markdown(s.run_bench(steps=13, rate="1gbit")))

@@ -1,6 +1,6 @@
 """The executor's public wrappers: what the profiler times, exactly as the executor applies them.
 
-DESIGN.md ("Dependency direction"): the profiler measures the executor's own wrappers through this
+docs/design.md ("Dependency direction"): the profiler measures the executor's own wrappers through this
 module and imports nothing else of the executor (tests/test_layering.py holds it to that).
 - apply_tp(stage, rules, tp_mesh, sequence_parallel): DTensor tensor/sequence parallel per TPRule
 - apply_ac(stage, recompute): activation checkpointing per layer ("full" / "selective")

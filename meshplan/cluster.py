@@ -1,4 +1,4 @@
-"""ClusterSpec: what the planner knows about the hardware (DESIGN.md, "The three contracts").
+"""ClusterSpec: what the planner knows about the hardware (docs/design.md, "The contracts").
 
 Bandwidths are GB/s (1e9 bytes per second) per device, unidirectional; latencies in seconds.
 Presets come from spec sheets (see presets.py); `local` clusters are measured by

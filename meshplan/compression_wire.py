@@ -1,4 +1,4 @@
-"""What the gradient compressors of issue #15 put on the wire, per gradient tensor: the torch-free
+"""What the gradient compressors put on the wire, per gradient tensor: the torch-free
 formulas the planner's cost objects (planner/compression_quant.py) and the executor's codecs
 (executor/methods/topk.py, quantize.py, lowrank.py) both call, so a prediction and a count agree
 to the byte (meshplan/comm_bytes.py's convention does the rest).

@@ -1,5 +1,5 @@
 """The data-parallel method registry: one torch-free table of every way replicas exchange
-gradients or parameters (DESIGN.md, "Data-parallel methods (one unit)").
+gradients or parameters (docs/design.md, "Data-parallel methods").
 
 A method sits on one of five axes; the Plan stores one choice per axis (`MethodChoice`: name +
 parameters). Each row says whether the method leaves the training mathematics unchanged
@@ -213,7 +213,7 @@ METHODS: tuple[Method, ...] = (
         exports={"accelerate": "DDP comm hook powersgd (DDPCommunicationHookType.POWER_SGD)"},
         unsupported="PowerSGD is not expressible; gradients are reduced dense",
     ),
-    # issue #15: all-gather compressors, Accordion; DDP comm hooks (ZeRO-0/1) and, for TP replicas,
+    # all-gather compressors, Accordion; DDP comm hooks (ZeRO-0/1) and, for TP replicas,
     # the same codecs in a replica reducer (executor/methods/compressed.py); not FSDP2 ZeRO-2/3,
     # whose reduce-scatter sums what a non-linear payload cannot
     Method(
@@ -474,7 +474,7 @@ METHODS: tuple[Method, ...] = (
         source="PyTorch DDP (Li et al., VLDB 2020)",
     ),
     # the sync methods below run without DDP on plain replicas (zero_stage 0, no TP, pp = 1:
-    # feasibility.py); executor/methods/sync_*.py, planner/sync.py, notes/dp-methods.md
+    # feasibility.py); executor/methods/sync_*.py, planner/methods/sync.py, docs/methods/
     Method(
         name="master",
         axis="sync",

@@ -1,4 +1,4 @@
-"""ModelProfile: the model as a chain of layers with their costs (DESIGN.md, "The three contracts").
+"""ModelProfile: the model as a chain of layers with their costs (docs/design.md, "The contracts").
 
 Layers are the units a pipeline stage boundary can fall between (embedding, each block, head).
 All per-layer quantities are per *sample* (one sequence, or one image) at the profiled sequence

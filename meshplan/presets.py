@@ -48,7 +48,7 @@ GB = 1e9
 A100_INTERNODE_EFFICIENCY = {"default": 0.34, "send_recv": 0.74}
 """Achieved fraction of the 25 GB/s per-GPU HDR InfiniBand on DGX A100 (Selene, a 3-level fat tree)
 with the whole machine communicating, from the network figures Narayanan et al. 2021 measured for
-the 1T model on 3072 GPUs (../shared/reference/README.md Sec 1): data-parallel all-reduce at an
+the 1T model on 3072 GPUs: data-parallel all-reduce at an
 effective bisection bandwidth of 12.9 TB/s, i.e. 12.9 TB/s over the 1536 GPUs on one side =
 8.4 GB/s of bus bandwidth per GPU (0.34); pipeline sends at 892 GB/s over the 48 GPU pairs that cross the middle
 stage boundary (6 replicas x t = 8) = 18.6 GB/s each (0.74). Held out, Korthikanti et al. 2022

@@ -1,4 +1,4 @@
-"""Runtimes: the software that will execute a plan, as the cost model prices it (DESIGN.md, "Runtimes").
+"""Runtimes: the software that will execute a plan, as the cost model prices it (docs/runtimes.md).
 
 A runtime is a documented set of behaviours, one row per runtime, each behaviour with its value
 and where the value comes from (a paper section, the framework's code or docs). Never a fitted
@@ -399,8 +399,8 @@ _SP = Behaviour(value=True, source=f"{_KORTH} Sec 4.2.2 (Megatron's LinearWithGr
 _SP_DTENSOR = Behaviour(
     value=False,
     source=(
-        "DTensor SP keeps the gathered input for backward: no second gather (planner/layer_cost.py; the "
-        "model ties the re-gather to state_layout megatron, and does not count the kept input's memory)"
+        "DTensor SP keeps the gathered input for backward: no second gather (planner/rank/layer_cost.py reads "
+        "the state layout's sp_regather; the kept input's memory is not counted)"
     ),
 )
 _SEL = Behaviour(value="attention core", source=f"{_KORTH} Sec 5 (selective activation recomputation)")
@@ -783,7 +783,7 @@ def request_behaviours(name: str, overrides: dict) -> dict:
 
 
 def markdown_table() -> str:
-    """The README's table: one row per behaviour, one column per runtime (value; source)."""
+    """docs/runtimes.md's table: one row per behaviour, one column per runtime (value; source)."""
     head = "| behaviour (flag) | " + " | ".join(NAMES) + " |"
     lines = [head, "|---|" + "---|" * len(NAMES)]
     for key, what in BEHAVIOURS.items():

@@ -1,4 +1,4 @@
-"""meshplan.models: how to build a model, shared by the profiler and the executor (DESIGN.md,
+"""meshplan.models: how to build a model, shared by the profiler and the executor (docs/design.md,
 "Dependency direction": contracts <- models <- profiler, executor).
 
 - zoo: the built-in LayeredModels (GPT, Llama, BERT, MoE, ViT, ResNet), `zoo.build_model(name)`

@@ -9,7 +9,7 @@ the aliases in `ALIASES`, and `seq`. The model is split into layers by models/hf
 (`embed`, `layers.i`, `head`; one `HFWhole` layer when the layout is not recognised). Tied output
 embeddings stay tied (counted once; executor/tied.py keeps copies across stages equal).
 Dropout is 0 unless --set turns it on. Building on meta costs nothing; the forward needs fake
-tensors (HF mask code calls .item(), ../shared/notes/torch-gloo.md §4.13), which is how the
+tensors (HF mask code calls .item()), which is how the
 profiler runs it.
 """
 

@@ -261,7 +261,7 @@ class Context:
 
     @functools.cached_property
     def measured(self) -> bool:
-        """Use measured LayerTimings: profiled on this kind of device (DESIGN.md, Cost model) —
+        """Use measured LayerTimings: profiled on this kind of device (docs/design.md, "Cost model") —
         the CPU for a CPU cluster, or the same GPU model (A100, H100, H200, B200...) for a GPU one."""
         dev, kind = self.profile.device, self.cluster.device.kind
         if dev == "cpu" or kind == "cpu":

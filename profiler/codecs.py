@@ -1,4 +1,4 @@
-"""Measured compute of the gradient compressors (issue #15): each registry compressor's codec,
+"""Measured compute of the gradient compressors: each registry compressor's codec,
 as the executor runs it (executor/wrappers.py: codec, LoopbackComm), timed on the profile's
 device at the registry's default settings on every distinct layer's real parameter shapes
 (LayerProfile.param_shapes), one intra-op thread on CPU like the layer timings.

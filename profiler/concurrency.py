@@ -1,7 +1,7 @@
 """Busy neighbours: N-1 extra processes run the layer being timed, as the other local ranks will.
 
 On a shared host the ranks compete for cores and memory bandwidth, so a layer timed alone is
-optimistic (DESIGN.md; `--concurrent N`). Each worker is a process with one thread; it
+optimistic (docs/design.md; `--concurrent N`). Each worker is a process with one thread; it
 builds the same model skeleton, and on each command materialises the named layer at the named
 microbatch size and runs forward+backward in a loop until the next command. Commands are acked
 once the worker is busy, so timing starts only when every neighbour is running.

@@ -2,7 +2,7 @@
 
 On CPU (real or fake tensors) `F.scaled_dot_product_attention` dispatches to
 `aten._scaled_dot_product_flash_attention_for_cpu(_backward)`, which has no entry in
-`torch.utils.flop_counter`, so attention would count 0 FLOPs (../shared/notes/torch-gloo.md §8).
+`torch.utils.flop_counter`, so attention would count 0 FLOPs.
 Forward: QK^T and PV, 2 * 2bs^2h = 4bs^2h (Korthikanti et al. 2022 App. A, full, not causal-
 halved). Backward: model FLOPs, 2x forward (the four GEMMs dQ, dK, dV, dP); the fused kernel
 also recomputes QK^T (hardware FLOPs), which MFU by convention does not count.

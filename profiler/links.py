@@ -9,7 +9,7 @@ CUDA; the worker is meshplan.profiler.links_worker), then fits, per collective a
 (the alpha-beta / Hockney model; Thakur, Rabenseifner & Gropp 2005, Sec. 3) by a robust (Huber)
 fit of log(time) on the per-size medians. The host tiers (host memory, host <-> device, the
 local disk for offload=nvme) are measured in the same launch: profiler/host_links.py. Small collectives on a shared CPU vary by up to 9x
-run to run (../shared/notes/torch-gloo.md Sec. 3), so a few wild medians must move the fit much less
+run to run, so a few wild medians must move the fit much less
 than they would move least squares; log residuals let the 1 KiB points and the 64 MiB points
 count alike.
 """

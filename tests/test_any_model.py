@@ -1,4 +1,4 @@
-"""Any model a user brings, end to end (issue 21): Hugging Face configs of every common
+"""Any model a user brings, end to end: Hugging Face configs of every common
 architecture, torchvision-style and user models with skips, dict inputs, tied and frozen weights.
 
 For each model: the profile's parameter count equals `sum(p.numel())` over the plain model's

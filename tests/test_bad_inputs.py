@@ -1,4 +1,4 @@
-"""Bad input at the CLI, as a demanding user gives it (issue #19 items 3, 5, 6): every case runs
+"""Bad input at the CLI, as a demanding user gives it: every case runs
 in this process through meshplan.cli.main and must exit 2 with exactly one stderr line, no
 "Traceback", and leave the working directory exactly as it was (no file written or removed)."""
 

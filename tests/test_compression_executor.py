@@ -1,4 +1,4 @@
-"""The issue-#15 compressors inside DDP on real gloo ranks (gpt-tiny, one run_plans launch per
+"""The all-gather and adaptive compressors inside DDP on real gloo ranks (gpt-tiny, one run_plans launch per
 world size): at their no-compression settings they train exactly as DDP (<= 1e-6 relative
 loss, fp32), and what each hook counts per step equals both a closed form written here from the
 parameter shapes and the cost model's comm_bytes_per_step through the public estimate().

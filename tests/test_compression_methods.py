@@ -1,4 +1,4 @@
-"""The issue-#15 compressors' mathematics, on the codecs the DDP hooks run (executor/methods/),
+"""The all-gather and adaptive compressors' mathematics, on the codecs the DDP hooks run (executor/methods/),
 with simulated ranks in one process (tests/compression_sim.py; the gloo runs are in
 test_compression_executor.py):
 - quantizers are unbiased (seeded Monte-Carlo mean within 5 standard errors per coordinate)

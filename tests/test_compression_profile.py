@@ -1,4 +1,4 @@
-"""Measured compressor compute (issue #15): `meshplan profile` times each registry compressor's
+"""Measured compressor compute: `meshplan profile` times each registry compressor's
 codec (profiler/codecs.py) and the planner's cost objects use it (planner/methods/compression.py).
 
 - the profiler times every compressor the executor has a codec for, per layer with trainable

@@ -200,7 +200,7 @@ def test_tp_within_a_node_uses_nvlink():
     ],
 )  # 2 x p4de: EFA 4 x 100 Gb/s per node, all-reduce 2 GiB
 def test_a_group_spanning_nodes_uses_every_nic_of_its_node(preset, nic_gbps, measured_busbw_gbps):
-    """nccl-tests on two 8-GPU nodes (../shared/reference/README.md Sec 6): the all-reduce's bus
+    """nccl-tests on two 8-GPU nodes (a published run): the all-reduce's bus
     bandwidth is the node's NICs together, ~10x one GPU's share. The ring model (no tree or
     NVLS) stays below the measurement but within 2x; one NIC per rank would be 8-10x below."""
     spec = cluster_preset(preset, 16)  # two nodes on one switch: the nominal 0.9 of the wire

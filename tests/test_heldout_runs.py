@@ -1,5 +1,5 @@
 """benchmarks/heldout_runs.py: torchtitan's published runs through the CLI path. None of them may
-be called infeasible (issue #18 item 7), and reports/heldout_runs.md is what the code produces."""
+be called infeasible, and reports/heldout_runs.md is what the code produces."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """profile-links: the alpha-beta fit, the ClusterSpec it writes, and (slow) a real sweep on 2 gloo
 ranks. Whether the fit predicts a fresh measurement within 25% is a timing claim on a shared host,
-measured by `python -m benchmarks.link_fit` (issue 3, last test bullet), not asserted here."""
+measured by `python -m benchmarks.link_fit`, not asserted here."""
 
 from __future__ import annotations
 

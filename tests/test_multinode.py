@@ -1,4 +1,4 @@
-"""Multi-node launch on one host (issue #19 item 8): two `meshplan run --nnodes 2 --node-rank 0|1
+"""Multi-node launch on one host: two `meshplan run --nnodes 2 --node-rank 0|1
 --rdzv-endpoint 127.0.0.1:PORT` processes, as two machines would run them, on loopback only.
 
 The two nodes reproduce the single-process losses with one shared --out-dir (checkpoints on)

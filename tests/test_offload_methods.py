@@ -1,4 +1,4 @@
-"""Issue #17: offload=cpu/nvme (host optimizer step, NVMe state files), the delayed update,
+"""offload=cpu/nvme (host optimizer step, NVMe state files), the delayed update,
 comm_schedule=bytescheduler, waves=2's refusal, checkpoints of offloaded runs, and the planner's
 offload fallback.
 

@@ -1,5 +1,5 @@
 """The wheel a user would install: built from a clean copy of the sources, installed into a fresh
-venv, and `meshplan plan` run from outside the repository (issue 20 item 2).
+venv, and `meshplan plan` run from outside the repository.
 
 No download: the wheel is built without build isolation (this venv's setuptools), installed with
 --no-deps, and the fresh venv sees this venv's site-packages (torch pinned by constraints.txt,

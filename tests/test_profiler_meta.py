@@ -101,7 +101,7 @@ def test_seq_override_changes_attention_flops():
 
 @pytest.mark.slow  # a fresh process profiling 175B parameters on meta: ~25 s on 2 cores
 def test_gpt3_175b_profiles_on_meta_in_bounded_time_and_memory():
-    """Issue 3: profiling the 175B GPT takes < 60 s and < 4 GiB RAM (measured in a fresh process)."""
+    """Profiling the 175B GPT takes < 60 s and < 4 GiB RAM (measured in a fresh process)."""
     import json
     import subprocess
     import sys

@@ -1,4 +1,4 @@
-"""Runs that cannot lose or mix up data (issue #19): one run per directory, signals that stop
+"""Runs that cannot lose or mix up data: one run per directory, signals that stop
 every rank, ranks that die or stop named correctly, and no process of a run left behind.
 
 Every test here launches gpt-tiny on 2 gloo ranks for a few seconds; the launcher runs as

@@ -1,7 +1,7 @@
 """benchmarks/slow_link.py: the throttled network namespace is always removed (normal run,
 failing command, timeout, SIGTERM, the Python API), a gloo all_reduce inside it is bounded by
 the wire time bytes/rate, profile-links measures the slow link, and where namespaces or tc are
-unavailable one line says why and the tests skip (issue 14 item 9)."""
+unavailable one line says why and the tests skip."""
 
 from __future__ import annotations
 

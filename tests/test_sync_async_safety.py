@@ -1,4 +1,4 @@
-"""Gossip's convergence rate and asynchronous averaging's safety, on real gloo ranks (issue #16).
+"""Gossip's convergence rate and asynchronous averaging's safety, on real gloo ranks.
 
 One spawn of 4 gloo ranks, pure tensors, no model (`ranks` fixture), checks:
 - ring gossip contracts the disagreement ||x_t - mean|| by |lambda_2(W)| per round, W the ring's

@@ -1,4 +1,4 @@
-"""Replica synchronisation methods (issue #16): master, local SGD, Crossbow, DABMD, gossip, async.
+"""Replica synchronisation methods: master, local SGD, Crossbow, DABMD, gossip, async.
 
 Fast tests check the algebra in one process (Crossbow's SMA on hand-computed numbers, the 8-bit
 quantizer's bound, the ring's spectral gap, the planner's closed forms, feasibility), Crossbow's

@@ -1,5 +1,5 @@
-"""Golden validation against published runs (meshplan/data/published-runs.csv, a copy of
-../shared/reference/published-runs.csv shipped with the package)."""
+"""Golden validation against published runs (meshplan/data/published-runs.csv, shipped with the
+package)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ parallelize.py's docstring (offload at fully_shard and materialise, then comm_sc
 compression when DDP or the replica reducer is built). What each module provides:
 - compression (allreduce / fp16 / powersgd): `comm_hook(group, params, counter, axis)` ->
   (state, hook) for DDP.register_comm_hook, counting what it sends; fp16 also `WIRE_DTYPE` for
-  the ReplicaGradReducer of tensor-parallel replicas; the issue-#15 compressors (topk, accordion,
+  the ReplicaGradReducer of tensor-parallel replicas; the all-gather and adaptive compressors (topk, accordion,
   accordion_topk, qsgd, nuqsgd, alq, amq) also `replica_reducer(...)` (compressed.py)
 - sync=allreduce: `allreduce` (the comm hook and the ReplicaGradReducer)
 - sync=master / local-sgd / crossbow / dabmd / gossip / async (sync_*.py): `build(par, params,
@@ -55,7 +55,7 @@ MODULES: dict[tuple[str, str], ModuleType] = {
     ("compression", "none"): allreduce,
     ("compression", "fp16"): fp16,
     ("compression", "powersgd"): powersgd,
-    ("compression", "topk"): topk,  # issue #15: compressed.py's codecs (all-gather, Accordion)
+    ("compression", "topk"): topk,  # compressed.py's codecs (all-gather, Accordion)
     ("compression", "accordion"): accordion_powersgd,
     ("compression", "accordion_topk"): accordion_topk,
     ("compression", "qsgd"): qsgd,
@@ -63,7 +63,7 @@ MODULES: dict[tuple[str, str], ModuleType] = {
     ("compression", "alq"): alq,
     ("compression", "amq"): amq,
     ("sync", "allreduce"): allreduce,
-    ("sync", "master"): sync_master,  # issue #16: sync.py's SyncMethod (train_step replaces train.py's)
+    ("sync", "master"): sync_master,  # sync.py's SyncMethod (train_step replaces train.py's)
     ("sync", "local-sgd"): sync_localsgd,
     ("sync", "crossbow"): sync_crossbow,
     ("sync", "dabmd"): sync_dabmd,

@@ -1,4 +1,4 @@
-"""The skeleton every issue-#15 compressor runs in: a codec that averages a list of per-tensor
+"""The skeleton every all-gather or adaptive compressor runs in: a codec that averages a list of per-tensor
 gradients over the data-parallel group through a `Comm`, plugged into DDP as a comm hook or, for
 tensor-parallel (DTensor) replicas and zero-bubble schedules, into the replica reducer.
 

@@ -3,7 +3,7 @@
 torch's `powerSGD_hook` with a PowerSGDState from the registry parameters (rank ->
 matrix_approximation_rank, start_iter -> start_powerSGD_iter, min_compression_rate,
 error_feedback -> use_error_feedback, warm_start). Not `batched_powerSGD_hook`: it fails an
-assertion in `_orthogonalize` in torch 2.13 (notes/torch-gloo.md 1f). DDP only (no DTensor).
+assertion in `_orthogonalize` in torch 2.13. DDP only (no DTensor).
 
 Bytes: before start_iter the hook all-reduces the whole bucket (counted here); from then on per
 bucket one all-reduce of the uncompressed tensors (vectors, and matrices whose compression rate

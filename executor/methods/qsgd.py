@@ -1,7 +1,7 @@
 """compression=qsgd: unbiased stochastic rounding onto s = 2^(bits-1) - 1 uniform levels of
 |v_i| / ||v_bucket|| (Alistarh et al., QSGD, NeurIPS 2017), bit-packed and all-gathered
 (quantize.py). torch's quantization hooks are deterministic 8-bit min-max and fail on gloo
-(notes/dp-methods.md): this is meshplan's own. Variance per bucket <= min(d / s^2, sqrt(d) / s)
+on CPU ranks: this is meshplan's own. Variance per bucket <= min(d / s^2, sqrt(d) / s)
 ||v||^2 (QSGD Lemma 3.1)."""
 
 from __future__ import annotations

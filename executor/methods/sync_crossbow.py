@@ -1,7 +1,6 @@
 """sync=crossbow: k small-batch learners per device and synchronous model averaging (SMA).
 
-Koliousis et al., CROSSBOW, VLDB 2019, as lsds/Crossbow's clib-multigpu/synch/sma.c computes it
-(notes/dp-methods.md section 8). K = k x N learners, each its own replica w_j with its own
+Koliousis et al., CROSSBOW, VLDB 2019, as lsds/Crossbow's clib-multigpu/synch/sma.c computes it. K = k x N learners, each its own replica w_j with its own
 optimizer, and one central model z (identical on every rank):
   each learner steps on its 1/k share of the local batch  w_j <- step(w_j)
   d_j = w_j - z;  w_j <- w_j - alpha d_j                       (pulled toward the centre)

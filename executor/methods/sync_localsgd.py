@@ -1,6 +1,6 @@
 """sync=local-sgd: H local steps, then the parameters averaged (Stich 2019; Lin et al. 2020).
 
-torch's own recipe, unchanged (notes/dp-methods.md section 1, verified on gloo):
+torch's own recipe, unchanged (verified on gloo):
 - DDP keeps its buckets, with `post_localSGD_hook` as the comm hook: it all-reduces the
   gradients while `iter < start_localSGD_iter` (= warmup_steps, post-local SGD's synchronous
   start) and returns them untouched afterwards (post_local_gradient_allreduce=False: no

@@ -1,4 +1,4 @@
-"""The offload trade (issue #17): the chosen plan re-priced with each state placement (offload
+"""The offload trade: the chosen plan re-priced with each state placement (offload
 none / cpu / nvme, from Prediction.dp_method_options), as memory saved against time paid, with
 the bytes each moves per step over host <-> device and to disk, and which of them fit.
 

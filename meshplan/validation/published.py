@@ -1,4 +1,4 @@
-"""Hold the cost model against published runs (../shared/reference/published-runs.csv).
+"""Hold the cost model against published runs (meshplan/data/published-runs.csv; docs/validation.md).
 
 Every row is predicted through the public path a user takes: the `meshplan plan` command line
 (row_argv; the report prints it per row) parsed with the CLI's own options and turned into a

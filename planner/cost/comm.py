@@ -10,7 +10,7 @@ A group that spans nodes with k of its ranks on each node crosses the network on
 NCCL lays one ring (channel) per NIC, so each carries 1/k of the ring volume over the network
 and the rest over NVLink — per-rank bandwidth min(k x NIC, NVLink). On 2 x p5 (16 H100, 400 GB/s
 of EFA per node) nccl-tests all-reduce reaches 487 GB/s bus bandwidth at 16 GiB, ten times one
-50 GB/s NIC (../shared/reference/README.md Sec 6). With k = 1 (a group one rank per node, e.g.
+50 GB/s NIC (a published nccl-tests run; tests/test_cost_model.py). With k = 1 (a group one rank per node, e.g.
 data parallel across t = 8 tensor-parallel ranks) every rank uses its own NIC.
 """
 

@@ -4,7 +4,7 @@ Measured LayerTimings when the profile was taken on this kind of device (interpo
 linearly, in microbatch size); otherwise FLOPs / (peak x efficiency), where the efficiency comes
 from the device's GEMM-size curve (ClusterSpec.device.gemm_efficiency, interpolated in log FLOPs)
 at the size of the layer's local GEMMs: tensor parallelism divides each GEMM by t and so lowers
-its efficiency (DESIGN.md, "Cost model"). The layer's efficiency is the FLOP-weighted harmonic
+its efficiency (docs/design.md, "Cost model"). The layer's efficiency is the FLOP-weighted harmonic
 mean over its GEMMs: time = sum_g flops_g / (peak x eff(flops_g)).
 """
 

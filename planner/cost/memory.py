@@ -1,7 +1,7 @@
 """Memory per rank: activations by recompute mode, temporary buffers. Training state by state
 layout, ZeRO stage and data-parallel method is the data-parallel cost object's (planner/rank/dp_cost.py).
 
-Training state per parameter, unsharded (ZeRO, Rajbhandari et al. 2020 Sec 3; DESIGN.md):
+Training state per parameter, unsharded (ZeRO, Rajbhandari et al. 2020 Sec 3; docs/design.md):
 - "torch" (AMP / FSDP2 mixed precision, and fp32 training): fp32 weights 4 + fp32 grads 4 +
   Adam m, v 8 = 16 bytes.
 - "megatron": bf16 weights 2 + fp32 main grads 4 + fp32 master + Adam 12 = 18 bytes.

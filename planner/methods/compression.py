@@ -4,7 +4,7 @@ one's once-per-step gradient exchange carries per layer, the state it keeps, the
 These reduce by all-reduce (their payloads can be summed). A compressor whose payload cannot
 be summed (top-k's values and indices, quantized codes) is exchanged by all-gather
 (`collective = "all_gather"`, payload = this rank's contribution) and pays only below a density
-of about 1/N: planner/methods/compression_quant.py (issue #15), registered in COMPRESSORS below.
+of about 1/N: planner/methods/compression_quant.py, registered in COMPRESSORS below.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Cost objects of the issue-#15 compressors (registered in planner/methods/compression.py's COMPRESSORS):
+"""Cost objects of the all-gather and adaptive compressors (registered in planner/methods/compression.py's COMPRESSORS):
 top-k, the quantizers (QSGD, NUQSGD, ALQ, AMQ) and Accordion over PowerSGD or top-k.
 
 Bytes per tensor come from meshplan/compression_wire.py, the formulas the executor's codecs send
