@@ -83,7 +83,7 @@ def resume_point(out_dir: str | Path) -> tuple[int, str | None]:
         problem = damage(step_dir(out_dir, named)) if named > 0 else f"it names step {named}"
     except (OSError, ValueError):
         named, problem = None, f"checkpoints/latest is damaged ({text[:20]!r}, not a step number)"
-    if problem is None:
+    if problem is None and named is not None:
         return named, None
     older = [s for s in complete_steps(out_dir) if named is None or s < named]
     fallback = (

@@ -125,7 +125,9 @@ def make_batches(model: LayeredModel, plan: Plan, dp_rank: int, dp_degree: int, 
 
         return synthetic
     dataset = load_dataset(data)
-    sampler = DistributedSampler(dataset, num_replicas=dp_degree, rank=dp_rank, shuffle=True, seed=seed, drop_last=True)
+    sampler: DistributedSampler = DistributedSampler(
+        dataset, num_replicas=dp_degree, rank=dp_rank, shuffle=True, seed=seed, drop_last=True
+    )
     per_epoch = len(sampler) // per_replica
     if per_epoch == 0:
         raise MeshplanError(

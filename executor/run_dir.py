@@ -44,8 +44,10 @@ class RunDirLock:
     last rank is gone. `created` tells whether acquiring it made the directory."""
 
     def __init__(self, out: Path, run_id: str, node_rank: int | None = None):
-        self.out, self.run_id, self.fd, self.created = out, run_id, None, False
-        self.node_rank, self.node_fd = node_rank, None  # node_rank: one node of a multi-node job
+        self.out, self.run_id, self.created = out, run_id, False
+        self.fd: int | None = None
+        self.node_rank = node_rank  # one node of a multi-node job
+        self.node_fd: int | None = None
 
     def acquire(self) -> RunDirLock:
         check_out_dir(self.out)
@@ -116,7 +118,7 @@ class RunDirLock:
         if self.fd is None:
             return
         if self.node_fd is not None:
-            if remove_dir and self.node_new_file:
+            if remove_dir and self.node_new_file and self.node_rank is not None:
                 (self.out / node_lock_name(self.node_rank)).unlink(missing_ok=True)
             os.close(self.node_fd)
             self.node_fd = None

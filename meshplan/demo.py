@@ -54,8 +54,8 @@ def run_demo(out: Path, steps: int = 8, quiet: bool = False):
     with tempfile.TemporaryDirectory(prefix="meshplan-demo-") as run_dir:  # rank status files stay out
         result = run_plan(plan, steps=steps, out_dir=run_dir, quiet=True)
     schema.save(result, out / "run.json")
-    say(f"      losses {' '.join(f'{x:.3f}' for x in result.losses)}")
-    pred = plan.prediction.step_time_s
+    say(f"      losses {' '.join('nan' if x is None else f'{x:.3f}' for x in result.losses)}")
+    pred = plan.prediction.step_time_s if plan.prediction is not None else float("nan")
     say(
         f"      step time: predicted {pred * 1e3:.1f} ms, measured {result.step_time_s * 1e3:.1f} ms "
         f"({result.step_time_s / pred - 1:+.0%})"

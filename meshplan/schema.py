@@ -70,7 +70,7 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         key_tp, val_tp = typing.get_args(tp) or (str, Any)
         return {str(k): _convert(val_tp, v, f"{path}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, path)
+        return from_dict(typing.cast(type, tp), value, path)
     if tp is bool:
         if not isinstance(value, bool):
             raise _fail(path, value, "true or false")
@@ -99,7 +99,7 @@ def from_dict(cls: type[T], data: Any, path: str = "") -> T:
     if precheck is not None:  # e.g. Plan's schema_version, before an old file's fields are read
         precheck(data, path)
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    fields = {f.name: f for f in dataclasses.fields(typing.cast(Any, cls)) if f.init}
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise MeshplanError(
@@ -129,7 +129,7 @@ def _hints(cls: type) -> dict[str, Any]:
 def to_dict(obj: Any) -> Any:
     """Dataclass → plain JSON-able structure (dicts keep insertion order)."""
     if dataclasses.is_dataclass(obj):
-        hints = _hints(type(obj))
+        hints = _hints(typing.cast(type, type(obj)))
         out = {}
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
