@@ -9,7 +9,7 @@ composes with. The CLI, the planner's enumeration, Plan validation, the executor
 (meshplan/feasibility.py) and the exports all read this table.
 
 Adding a method: its row here, a cost object in planner/dp_cost.py, an executor module in
-executor/methods/, and its tests (CONTRIBUTING in the README).
+executor/methods/, and its tests (CONTRIBUTING.md).
 """
 
 from __future__ import annotations

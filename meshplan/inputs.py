@@ -325,7 +325,7 @@ def runtime_behaviours(o: PlanOptions, cluster: ClusterSpec, precision: str, war
     if unknown:
         warnings.append(
             f"runtime {rt.name}: the model does not know its {', '.join(unknown)} "
-            "(README runtime table); the values in brackets there are used"
+            "(docs/runtimes.md); the values in brackets there are used"
         )
     if o.zero is not None and o.zero not in rt.value("zero_stages"):
         warnings.append(

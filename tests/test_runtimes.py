@@ -548,7 +548,7 @@ nothing in the model was set from them."""
 def test_torchtitan_8b_eager_compiled_fp8_follow_the_published_order():
     """Each torchtitan configuration through the CLI path: eager < compiled < compiled + fp8, as
     measured, and each within 20% of its measurement (the elementwise level moves eager from +37%
-    to +16%; README, Runtimes)."""
+    to +16%; docs/runtimes.md)."""
     base = ["--cluster", "h100-96g", "--num-gpus", "8", "--global-batch", "16", "--tp", "1", "--pp", "1"]
     base += ["--dp", "8", "--zero", "3", "--microbatch", "2", "--schedule", "1f1b", "--recompute", "selective"]
     flags = {"eager": [], "compiled": ["--compile"], "compiled_fp8": ["--compile", "--precision", "fp8"]}
