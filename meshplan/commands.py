@@ -172,6 +172,12 @@ def _check_local_procs(flag: str, count: int | None) -> None:
 def cmd_profile(args: argparse.Namespace) -> int:
     _check_positive(concurrent=args.concurrent)
     _check_local_procs("--concurrent", args.concurrent)
+    if args.device == "meta" and args.concurrent > 1:  # nothing is timed on meta
+        print(
+            f"meshplan profile: warning: ignored --concurrent {args.concurrent}: --device meta times "
+            "nothing; add --device cpu (or cuda) to time with that many processes busy",
+            file=sys.stderr,
+        )
     for b in args.microbatch or []:
         _check_positive(microbatch=b)
     from meshplan.inputs import build_profile

@@ -261,6 +261,7 @@ def test_at_least_forty_cases():
         ),
         (["plan", "--num-gpus", "2", "--tp", "1", "--sequence-parallel"], "warning: ignored --sequence-parallel"),
         (["plan", "--seq", "64"], "warning: --seq 64: gpt-tiny handles at most 32"),
+        (["profile", "--concurrent", "2"], "warning: ignored --concurrent 2: --device meta times nothing"),
     ],
 )
 def test_dropped_pins_are_a_warning_line(capsys, args, needle):
