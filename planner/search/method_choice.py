@@ -17,6 +17,7 @@ import math
 from meshplan import dp_methods, feasibility
 from meshplan.plan import MethodOption
 from meshplan.planner.context import Candidate, Context
+from meshplan.planner.methods.sync import straggler_trade
 from meshplan.planner.rank.dp_cost import comm_bytes_per_step
 from meshplan.planner.rank.layer_cost import CostTable
 from meshplan.planner.rank.stages import RankSolution
@@ -121,8 +122,6 @@ STRAGGLER = 2.0
 def _straggler_note(ctx, table, chosen, alt, alt_sols, sols) -> str:
     """DDP against DABMD with one replica STRAGGLER x slower (planner/methods/sync.py
     straggler_trade), from the two re-priced plans' compute, sync and optimizer step."""
-    from meshplan.planner.methods.sync import straggler_trade
-
     ddp = chosen.with_method("sync", "allreduce", {})
     _, ddp_sols, _ = tuning.tune(ctx, table, ddp, sols)
     d, a = max(ddp_sols, key=lambda s: s.cost_s), max(alt_sols, key=lambda s: s.cost_s)
