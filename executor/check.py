@@ -104,7 +104,7 @@ def run_warnings(plan: Plan) -> list[str]:
             f"plan.runtime_behaviours.elementwise = {level!r}: this executor runs its norms, rotary and SwiGLU "
             "as eager torch ops, so its step is slower than the prediction (re-plan without --elementwise/--compile)"
         )
-    out += _batch_norm_warnings(plan)
+    out += _model_warnings(plan)
     if plan.recompute_num_layers > 1:
         out.append(
             f"plan.recompute_num_layers = {plan.recompute_num_layers}: this executor checkpoints each block on "
@@ -113,25 +113,44 @@ def run_warnings(plan: Plan) -> list[str]:
     return out
 
 
-def _batch_norm_warnings(plan: Plan) -> list[str]:
-    """BatchNorm normalises over the batch a module sees: under microbatching each microbatch,
-    under data parallelism each replica's share (plain BatchNorm, not SyncBatchNorm), so its
-    statistics and the losses differ from one process on the whole batch."""
-    per_forward = plan.microbatch_size
-    if per_forward >= plan.global_batch_size or plan.model_name.startswith("analytic:"):
+def _model_warnings(plan: Plan) -> list[str]:
+    """What the model makes this run compute differently from one process, or waste."""
+    needs_bn = plan.microbatch_size < plan.global_batch_size
+    if not (needs_bn or plan.tensor_parallel_degree > 1) or plan.model_name.startswith("analytic:"):
         return []
     try:
         model = build_model_for_plan(plan, "meta")
     except MeshplanError:
         return []  # check_plan reports it
+    return (_batch_norm_warnings(plan, model) if needs_bn else []) + _tp_uncovered_warnings(plan, model)
+
+
+def _batch_norm_warnings(plan: Plan, model: nn.Module) -> list[str]:
+    """BatchNorm normalises over the batch a module sees: under microbatching each microbatch,
+    under data parallelism each replica's share (plain BatchNorm, not SyncBatchNorm), so its
+    statistics and the losses differ from one process on the whole batch."""
     found = sorted({type(m).__name__ for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)})
     if not found:
         return []
     return [
         f"{plan.model_name} has {', '.join(found)}: its batch statistics are taken over each forward's "
-        f"{per_forward} sample(s) (microbatch {plan.microbatch_size} x {plan.num_microbatches}, data parallel "
-        f"{plan.data_parallel_degree}), not the global batch of {plan.global_batch_size}, so the losses differ "
-        "from one process on the whole batch (use GroupNorm/LayerNorm, or SyncBatchNorm for the replicas)"
+        f"{plan.microbatch_size} sample(s) (microbatch {plan.microbatch_size} x {plan.num_microbatches}, data "
+        f"parallel {plan.data_parallel_degree}), not the global batch of {plan.global_batch_size}, so the losses "
+        "differ from one process on the whole batch (use GroupNorm/LayerNorm, or SyncBatchNorm for the replicas)"
+    ]
+
+
+def _tp_uncovered_warnings(plan: Plan, model) -> list[str]:
+    """Blocks without a tensor-parallel rule run whole on every TP rank (duplicated compute)."""
+    if plan.tensor_parallel_degree < 2:
+        return []
+    whole = [fqn for fqn, rule in tp_rules_for(model).items() if rule.kind == "none" and fqn.startswith("layers.")]
+    if not whole:
+        return []
+    return [
+        f"plan.tensor_parallel_degree = {plan.tensor_parallel_degree}: {len(whole)} of {len(model.layers)} blocks "
+        f"({whole[0]} .. {whole[-1]}) have no tensor-parallel rule for their modules and run whole on every TP "
+        "rank (their compute is duplicated, their weights replicated); only the layers with rules are split"
     ]
 
 

@@ -182,3 +182,55 @@ def test_set_beside_a_saved_profile_is_accepted_when_it_restates_it(tmp_path, ca
     assert main([*plan, "--set", "seq=16"]) == 0
     assert main([*plan, "--set", "seq=64"]) == 2
     assert "--set seq=64: the saved --profile has seq = 16" in capsys.readouterr().err
+
+
+def test_tp_on_blocks_without_rules_is_stated(tmp_path):
+    """Phi-3's fused qkv_proj / gate_up_proj have no rule the executor applies: under --tp 2
+    only embed and head are split, and the run says the blocks are whole on every TP rank."""
+    import json
+
+    from meshplan.executor.check import run_warnings
+    from meshplan.models.tp_rules import tp_rules
+
+    config = dict(model_type="phi3", num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                  num_key_value_heads=4, intermediate_size=128, vocab_size=256, max_position_embeddings=64,
+                  pad_token_id=0, seq=16)  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    spec = f"hf:{tmp_path / 'config.json'}"
+    plan = make_plan(spec, tp=2)
+    from meshplan.models.loader import load_model
+
+    assert {r.kind for fqn, r in tp_rules(load_model(spec)).items() if fqn.startswith("layers.")} == {"none"}
+    (text,) = [t for t in run_warnings(plan) if "tensor_parallel_degree" in t]
+    assert "2 of 2 blocks (layers.0 .. layers.1)" in text and "run whole on every TP rank" in text
+    assert not [t for t in run_warnings(make_plan("hf:tiny-llama", tp=2)) if "tensor_parallel_degree" in t]
+
+
+@pytest.mark.parametrize("arch", ["BertForSequenceClassification", "BertForMaskedLM"])
+def test_hf_task_targets_equal_the_models_own_loss(tmp_path, arch):
+    """An hf: config's own head decides the targets: a class per sequence for a classifier (not
+    next tokens: 'batch 8 vs 512'), masked positions for a masked LM; meshplan's loss on them
+    equals the model's own loss with those labels."""
+    import json
+
+    import transformers
+
+    from meshplan.models.hf import _config, build_from_config
+    from meshplan.models.loader import load_model
+
+    config = dict(model_type="bert", architectures=[arch], num_hidden_layers=2, hidden_size=32,
+                  num_attention_heads=4, intermediate_size=64, vocab_size=128, max_position_embeddings=64,
+                  num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, seq=16)  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    spec = f"hf:{tmp_path / 'config.json'}"
+    model = load_model(spec, None, "cpu")
+    x, y = model.example_batch(4, torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    plain = build_from_config(transformers, _config(transformers, spec[3:], {})[0])
+    assert type(plain).__name__ == arch
+    if arch.endswith("Classification"):
+        assert y.shape == (4,) and int(y.max()) < 3
+    else:
+        assert y.shape == x.shape and ((y == -100).sum(1) == 16 - 2).all()  # 15% of 16 = 2 per sequence
+    with torch.no_grad():
+        torch.testing.assert_close(model.loss(model(x), y), plain(input_ids=x, labels=y).loss)
