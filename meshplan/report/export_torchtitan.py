@@ -47,7 +47,8 @@ def _model_warnings(plan: Plan, warnings: list[str]) -> None:
     what = ec.architecture_text(arch) if arch else f"{plan.model_name} (family {plan.model_family or 'not recorded'})"
     warnings.append(
         f"torchtitan ships no model of this architecture and shape ({what}): the model section names a custom "
-        "model (register your model's spec as shown there); the stage module names below are meshplan's"
+        "model (register your model's spec as shown there); the stage module names below are torchtitan's decoder "
+        "names (tok_embeddings, layers.N, norm and the output layer): give your model's modules those names"
     )
 
 

@@ -2,7 +2,7 @@
 plan decisions hash ed30ac85ddf3f6d1; mesh pp=1 dp_replicate=2 dp_shard=1 cp=1 tp=2
 global batch 16 = micro 8 x accumulation 1 x data-parallel 2; seq_len 32
 predict it: meshplan estimate --import THIS_FILE --model gpt-tiny --cluster local-cpu --runtime meshplan
-WARNING: torchtitan ships no model of this architecture and shape (4 layers, hidden 64, 4 heads (4 kv), ffn 256, vocab 256, LayerNorm, gelu, learned_absolute positions, untied embeddings): the model section names a custom model (register your model's spec as shown there); the stage module names below are meshplan's
+WARNING: torchtitan ships no model of this architecture and shape (4 layers, hidden 64, 4 heads (4 kv), ffn 256, vocab 256, LayerNorm, gelu, learned_absolute positions, untied embeddings): the model section names a custom model (register your model's spec as shown there); the stage module names below are torchtitan's decoder names (tok_embeddings, layers.N, norm and the output layer): give your model's modules those names
 WARNING: ZeRO-1 (sharded optimizer states only) has no torchtitan setting: FSDP2 shards gradients and parameters too; the degrees below keep the plan's replicate/shard split, so the optimizer states stay replicated over data_parallel_replicate_degree
 WARNING: the prediction was made for runtime meshplan; torchtitan runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime torchtitan
 launch: one node of 4 devices

@@ -2,7 +2,7 @@
 plan decisions hash 74267898d934a36d; mesh pp=16 dp_replicate=8 dp_shard=2 cp=1 tp=4
 global batch 1536 = micro 1 x accumulation 96 x data-parallel 16; seq_len 2048
 predict it: meshplan estimate --import THIS_FILE --model gpt3-175b --cluster a100-80g --runtime meshplan --elementwise fused --fused-projections
-WARNING: torchtitan ships no model of this architecture and shape (96 layers, hidden 12288, 96 heads (96 kv), ffn 49152, vocab 51200, LayerNorm, gelu, learned_absolute positions, untied embeddings): the model section names a custom model (register your model's spec as shown there); the stage module names below are meshplan's
+WARNING: torchtitan ships no model of this architecture and shape (96 layers, hidden 12288, 96 heads (96 kv), ffn 49152, vocab 51200, LayerNorm, gelu, learned_absolute positions, untied embeddings): the model section names a custom model (register your model's spec as shown there); the stage module names below are torchtitan's decoder names (tok_embeddings, layers.N, norm and the output layer): give your model's modules those names
 WARNING: the prediction was made for runtime meshplan; torchtitan runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime torchtitan
 launch: run this on each of the 128 nodes (8 devices each) with NODE_RANK=0..127 and MASTER_ADDR=<node 0's address> set
 launch: torchrun --nnodes 128 --nproc-per-node 8 --node-rank "${NODE_RANK:-0}" --rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" -m torchtitan.train --module meshplan_torchtitan --config meshplan

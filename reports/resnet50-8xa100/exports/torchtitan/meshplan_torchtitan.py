@@ -2,7 +2,7 @@
 plan decisions hash cbb8ddb6b653b1cf; mesh pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1
 global batch 1024 = micro 128 x accumulation 1 x data-parallel 8; seq_len 1
 predict it: meshplan estimate --import THIS_FILE --model resnet50 --cluster a100-80g --runtime meshplan --elementwise fused --fused-projections
-WARNING: torchtitan ships no model of this architecture and shape (resnet50 (family resnet)): the model section names a custom model (register your model's spec as shown there); the stage module names below are meshplan's
+WARNING: torchtitan ships no model of this architecture and shape (resnet50 (family resnet)): the model section names a custom model (register your model's spec as shown there); the stage module names below are torchtitan's decoder names (tok_embeddings, layers.N, norm and the output layer): give your model's modules those names
 WARNING: the prediction was made for runtime meshplan; torchtitan runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime torchtitan
 launch: one node of 8 devices
 launch: torchrun --nnodes 1 --nproc-per-node 8 --node-rank "${NODE_RANK:-0}" --rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" -m torchtitan.train --module meshplan_torchtitan --config meshplan
