@@ -439,3 +439,21 @@ def test_materialized_attention_is_one_batched_gemm_and_flash_one_pair():
     mat, flash = _ctx(attention="materialized"), _ctx(attention="flash")
     four, one = (attention_efficiency(mat, mat.layers[1], b, 8, 1) for b in (4, 1))
     assert four > 1.1 * one and one > 1.2 * attention_efficiency(flash, flash.layers[1], 1, 8, 1)
+
+
+def test_a_flash_backward_recomputes_qk_and_a_materialised_one_does_not():
+    """A flash kernel keeps no scores: its backward runs QK^T again, half the core's forward FLOPs
+    (4s^2h per sample) at the attention efficiency, on top of the four model-FLOP GEMMs. Megatron-LM's
+    materialised core keeps the scores and pays nothing more."""
+    from meshplan.planner.cost.compute import attention_efficiency, flash_recompute_s, layer_compute_s
+
+    flash, mat = _ctx(attention="flash"), _ctx(attention="materialized")
+    b, t, cp = 2, 8, 2
+    block = flash.layers[1]
+    core_fwd = 4.0 * S * S * H  # QK^T and AV, per sample (Korthikanti et al. 2022 App. A)
+    rate = flash.peak_flops * attention_efficiency(flash, block, b, t, cp)
+    assert flash_recompute_s(flash, block, b, t, cp) == pytest.approx(0.5 * core_fwd * b / (t * cp) / rate, rel=1e-9)
+    assert flash_recompute_s(mat, mat.layers[1], b, t, cp) == 0.0
+    assert flash_recompute_s(flash, flash.layers[0], b, t, cp) == 0.0  # the embedding is no attention block
+    fwd, bwd, _ = layer_compute_s(flash, block, b, t, cp)
+    assert bwd - flash_recompute_s(flash, block, b, t, cp) == pytest.approx(2 * fwd, rel=0.02)

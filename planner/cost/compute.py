@@ -104,9 +104,27 @@ def layer_compute_s(ctx: Context, layer: LayerProfile, b: int, split: int, cp: i
     sel = layer.recompute_flops_selective * b / (split * cp) / attn_rate  # the attention core again
     return (
         _flops_time_s(ctx, layer, layer.forward_flops, b, split, cp) + overhead,
-        _flops_time_s(ctx, layer, layer.backward_flops, b, split, cp) + overhead,
+        _flops_time_s(ctx, layer, layer.backward_flops, b, split, cp)
+        + flash_recompute_s(ctx, layer, b, split, cp)
+        + overhead,
         sel,
     )
+
+
+def flash_recompute_s(ctx: Context, layer: LayerProfile, b: int, split: int, cp: int) -> float:
+    """Seconds a flash attention backward spends recomputing the scores S = QK^T, one microbatch,
+    one rank. A flash kernel keeps no s x s scores, so its backward runs five GEMMs per tile (S
+    again, dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q; Dao 2023, FlashAttention-2 Alg. 2)
+    where the profile's backward counts four, the model FLOPs (2x the core's forward, QK^T and
+    AV; profiler/flop_formulas.py): one more QK^T is half the core's forward FLOPs (a block's
+    forward FLOPs beyond its GEMMs, as _flops_time_s splits them), at the attention efficiency.
+    A core that materialises the scores (Megatron-LM's baddbmm) keeps them and pays nothing."""
+    prof = ctx.profile
+    if layer.tp.kind != "block" or not prof.heads or is_materialized(layer, prof.heads, ctx.seq):
+        return 0.0
+    core_fwd = max(layer.forward_flops - sum(2.0 * g[0] * g[1] * g[2] for g in layer.gemm_shapes), 0.0)
+    attn_rate = ctx.peak_flops * attention_efficiency(ctx, layer, b, split, cp)
+    return 0.5 * core_fwd * b / (split * cp) / attn_rate
 
 
 def recompute_overheads_s(ctx: Context, layer: LayerProfile, b: int) -> tuple[float, float]:
