@@ -142,7 +142,7 @@ def mesh_svg(plan: Plan) -> str:
     cell_w = min(110.0, (width - 40) / max(per_node, 1))
     detail = per_node <= 64
     parts = []
-    y = 24
+    y = 24.0
     parts.append(
         text(
             12,
