@@ -69,9 +69,16 @@ class RankResult:
 
 
 def train(
-    plan: Plan, options: TrainOptions, device: torch.device, on_step: Callable[[int], None] = lambda step: None
+    plan: Plan,
+    options: TrainOptions,
+    device: torch.device,
+    on_step: Callable[[int], None] = lambda step: None,
+    on_step_end: Callable[[dict], None] | None = None,
 ) -> RankResult:
-    """Train `plan` for options.steps steps (from the latest checkpoint if resuming)."""
+    """Train `plan` for options.steps steps (from the latest checkpoint if resuming). With
+    `on_step_end`, every rank calls it after each step with {"step", "loss", "step_time_s",
+    "peak_memory_bytes"} (the loss of the global batch: one small all-reduce after the step's
+    timing, only under plain data parallelism; None under a sync method with its own loop)."""
     mesh = build_mesh(plan, device.type)
     model = build_for_apply(plan, options.seed)
     par = apply(model, plan, mesh, seed=options.seed, device=device)
@@ -81,7 +88,7 @@ def train(
     slow = None if getattr(par.sync, "SLOWS_ITSELF", False) else straggler.install(torch.distributed.get_rank())
     completed = False
     try:
-        result = _train(par, plan, options, device, optimizers, model, on_step)
+        result = _train(par, plan, options, device, optimizers, model, on_step, on_step_end)
         completed = True
         return result
     finally:
@@ -93,7 +100,14 @@ def train(
 
 
 def _train(
-    par, plan: Plan, options: TrainOptions, device: torch.device, optimizers, model, on_step: Callable[[int], None]
+    par,
+    plan: Plan,
+    options: TrainOptions,
+    device: torch.device,
+    optimizers,
+    model,
+    on_step: Callable[[int], None],
+    on_step_end: Callable[[dict], None] | None = None,
 ) -> RankResult:
     seed = waves.data_seed(options.seed)  # waves=2: each wave its own data (executor/waves.py)
     batches = make_batches(model, plan, par.dims.dp_rank, par.dims.dp_degree, seed, options.data)
@@ -123,6 +137,8 @@ def _train(
         result.grad_norms.append(norm)
         if tracker is not None:
             result.peak_memory_bytes = tracker.peak_bytes
+        if on_step_end is not None:
+            on_step_end(_step_record(par, device, step, loss, result))
         if options.checkpoint_every and (step + 1) % options.checkpoint_every == 0:
             checkpoint.save(options.out_dir, step + 1, par.parts, optimizers, par.stage_ids, plan)
     if device.type == "cuda":
@@ -132,6 +148,13 @@ def _train(
     result.comm_bytes_per_step = par.comm_bytes.mean_after_first()
     result.method_notes = [line for codec in getattr(par.comm_bytes, "notes_from", []) for line in codec.notes()]
     return result
+
+
+def _step_record(par, device: torch.device, step: int, loss, result: RankResult) -> dict:
+    """What `meshplan run` logs after a step (torchtitan's per-step line)."""
+    value = par.global_losses([loss])[0] if par.sync is None else None  # every rank: one all-reduce
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else result.peak_memory_bytes
+    return {"step": step + 1, "loss": value, "step_time_s": result.step_times_s[-1], "peak_memory_bytes": peak}
 
 
 def _train_step(par, optimizers, batch, grad_clip: float) -> tuple[torch.Tensor, torch.Tensor]:

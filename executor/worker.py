@@ -49,6 +49,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def step_line(plan, record: dict, steps: int, variant: int | None = None) -> str:
+    """[meshplan] step 3/8  loss 5.5561  time 87.7 ms  tokens/s 2,918  memory 4.7 MiB"""
+    dt = record["step_time_s"]
+    tokens = plan.global_batch_size * plan.seq_len / dt if dt > 0 else 0.0
+    loss = "-" if record["loss"] is None else f"{record['loss']:.4f}"
+    memory = f"  memory {record['peak_memory_bytes'] / 2**20:,.1f} MiB" if record["peak_memory_bytes"] else ""
+    where = f" variant {variant}" if variant is not None else ""
+    return (
+        f"[meshplan]{where} step {record['step']}/{steps}  loss {loss}  time {dt * 1e3:,.1f} ms  "
+        f"tokens/s {tokens:,.0f}{memory}"
+    )
+
+
 def variant_dir(out_dir: str, index: int, count: int) -> Path:
     return Path(out_dir) if count == 1 else Path(out_dir) / f"variant{index}"
 
@@ -129,7 +142,11 @@ def run_variants(args: argparse.Namespace, status: Status, device: torch.device)
             _fault(rank, i, step)
             status.update(state="running", variant=i, step=step)
 
-        result = train(plan, options, device, on_step)
+        def on_step_end(record: dict, i=i, plan=plan, steps=options.steps) -> None:  # one line a step, rank 0
+            if rank == 0:
+                print(step_line(plan, record, steps, i if len(args.plan) > 1 else None), flush=True)
+
+        result = train(plan, options, device, on_step, on_step_end)
         write_text_atomic(
             out / f"rank{rank}.result.json", json.dumps({**result.to_json(), "run_id": args.run_id}) + "\n"
         )
