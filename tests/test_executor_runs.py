@@ -9,15 +9,13 @@ import time
 from pathlib import Path
 
 import pytest
-from executor_plans import make_plan, methods
+from executor_plans import make_plan
 
-from meshplan import dp_methods
 from meshplan.errors import MeshplanError, RunError
 from meshplan.executor import check_plan, launch_command, run_plan
 from meshplan.executor.checkpoint import latest_step
 from meshplan.executor.checkpoint_manifest import write_manifest
 from meshplan.executor.reference import reference_losses
-from meshplan.plan import MethodChoice
 from meshplan.run_result import RunResult
 from meshplan.schema import load
 
@@ -101,10 +99,6 @@ def test_hung_rank_ends_the_job_within_the_timeout(tmp_path, monkeypatch):
     assert time.monotonic() - start < 90
 
 
-def _waves(name: str) -> MethodChoice:
-    return MethodChoice(name=name, params=dp_methods.defaults_of("waves", name))
-
-
 def _with(plan, **changes):
     return dataclasses.replace(plan, **changes)
 
@@ -125,10 +119,6 @@ def _with(plan, **changes):
         (
             lambda: _with(make_plan(dp=2), context_parallel_degree=2, world_size=4),
             r"context_parallel_degree 2: the executor does not run context parallelism",
-        ),
-        (
-            lambda: _with(make_plan(dp=2), dp_methods=dataclasses.replace(methods(), waves=_waves("2"))),
-            r"^plan: waves=2: the executor does not run Wavelet's two waves",
         ),
         (
             lambda: make_plan(tp=2, dp=2, compression="powersgd", validate=False),
