@@ -1,6 +1,6 @@
 """meshplan plan -> DeepSpeed topology: gpt-tiny on 4 x local-cpu
-plan decisions hash ed30ac85ddf3f6d1; mesh pp=1 dp_replicate=2 dp_shard=1 cp=1 tp=2
-global batch 16 = micro 8 x accumulation 1 x data-parallel 2; seq_len 32
+plan decisions hash d0a9a2da9ae7f739; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
+global batch 16 = micro 4 x accumulation 1 x data-parallel 4; seq_len 32
 predict it: meshplan estimate --import THIS_FILE --model gpt-tiny --cluster local-cpu --runtime meshplan
 """
 
@@ -8,8 +8,8 @@ import deepspeed
 
 WORLD_SIZE = 4
 PIPELINE_PARALLEL_SIZE = 1
-TENSOR_PARALLEL_SIZE = 2
-DATA_PARALLEL_SIZE = 2  # what DeepSpeed derives: world / (tp x pp)
+TENSOR_PARALLEL_SIZE = 1
+DATA_PARALLEL_SIZE = 4  # what DeepSpeed derives: world / (tp x pp)
 LAYERS_PER_STAGE = [6]
 
 
