@@ -46,6 +46,11 @@ class Param:
     """Largest allowed value (inclusive); None = unbounded."""
     unit: str = ""
     doc: str = ""
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    """ZeRO stages the method runs with when this parameter is set off its default (offload=nvme
+    params=true pages fully sharded parameters: ZeRO-3 only); meshplan/feasibility.py refuses the rest."""
+    zero_stages_why: str = ""
+    """Why the other stages cannot run it, for the refusal's line."""
 
     def coerce(self, value: Any, where: str) -> Any:
         """`value` (a CLI string or a JSON value) as this parameter's type, range-checked; None
@@ -821,6 +826,8 @@ METHODS: tuple[Method, ...] = (
                 default=False,
                 doc="ZeRO-3 only: each rank's parameter shards in files too, read before each "
                 "all-gather and freed after it, written back by the host step",
+                zero_stages=(3,),
+                zero_stages_why="only fully sharded parameters are paged to NVMe",
             ),
         ),
         exports={"deepspeed": "offload_optimizer device nvme (nvme_path = --offload-dir)"},

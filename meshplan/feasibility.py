@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from meshplan import dp_methods
 
@@ -47,6 +48,8 @@ class Layout:
     seq_len: int
     methods: tuple[tuple[str, str], ...] = ()
     """(axis, name) of every axis's method (defaults may be left out)."""
+    method_params: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
+    """(axis, ((param, value), ...)) of the methods' parameters (defaults may be left out)."""
 
     @property
     def dp(self) -> int:
@@ -212,6 +215,27 @@ def _tensor_parallel(lay: Layout, divisors: dict[str, int] | None, kinds: Iterab
     return out + ([why] if why else [])
 
 
+def param_stage_reasons(axis: str, name: str, params: dict[str, Any], zero: int) -> list[str]:
+    """A method parameter set off its default on a ZeRO stage it does not run with
+    (Param.zero_stages): the search's reason, and the CLI's refusal of a pinned --zero."""
+    row = dp_methods.method(axis, name)
+    out = []
+    for p in row.params:
+        value = params.get(p.name, p.default)
+        if value != p.default and zero not in p.zero_stages:
+            stages = "/".join(map(str, p.zero_stages))
+            why = f" ({p.zero_stages_why})" if p.zero_stages_why else ""
+            out.append(
+                f"{row.label} {p.name}={_text(value)} with zero_stage {zero}: runs with zero_stage {stages} "
+                f"only{why}; use --zero {stages} or {p.name}={_text(p.default)}"
+            )
+    return out
+
+
+def _text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def _methods(lay: Layout) -> list[str]:
     out = []
     for axis, name in lay.methods:
@@ -228,6 +252,7 @@ def _methods(lay: Layout) -> list[str]:
                 f"{row.label} with zero_stage {lay.zero}: runs with zero_stage "
                 f"{'/'.join(map(str, row.zero_stages))} only"
             )
+        out += param_stage_reasons(axis, name, dict(dict(lay.method_params).get(axis, ())), lay.zero)
         if lay.tp > 1 and not row.tensor_parallel:
             out.append(
                 f"{row.label} with tensor_parallel_degree {lay.tp}: needs DDP, which cannot hold "

@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshplan import dp_methods, runtimes, schema
+from meshplan import dp_methods, feasibility, runtimes, schema
 from meshplan.cluster import ClusterSpec
 from meshplan.errors import MeshplanError
 from meshplan.model_profile import ModelProfile
@@ -260,6 +260,11 @@ def build_request(options: PlanOptions, cluster: ClusterSpec, warnings: list[str
     )
     precision = o.precision or ("fp32" if cluster.device.kind == "cpu" else "bf16")
     behaviours = runtime_behaviours(o, cluster, precision, warnings)
+    methods = _pinned_methods(o, warnings)
+    for axis, (name, params) in methods.items():  # a pinned --zero a pinned method's parameter refuses
+        refused = feasibility.param_stage_reasons(axis, name, params, o.zero) if o.zero is not None else []
+        if refused:
+            raise MeshplanError(refused[0])
     return PlanRequest(
         **behaviours,
         num_gpus=o.num_gpus,
@@ -278,7 +283,7 @@ def build_request(options: PlanOptions, cluster: ClusterSpec, warnings: list[str
         zero=o.zero,
         sequence_parallel=o.sequence_parallel,
         dp_shard=o.dp_shard,
-        methods=_pinned_methods(o, warnings),
+        methods=methods,
         allow=_allowed_methods(o, warnings),
         allow_cross_node_tp=_cross_node_tp(o, cluster, warnings),
         precision=precision,

@@ -388,6 +388,7 @@ class Plan:
             sequence_parallel=self.sequence_parallel,
             seq_len=self.seq_len,
             methods=tuple((axis, c.name) for axis, c in self.dp_methods.items()),
+            method_params=tuple((axis, tuple(sorted(c.params.items()))) for axis, c in self.dp_methods.items()),
         )
 
     def layout_label(self) -> str:

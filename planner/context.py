@@ -106,6 +106,7 @@ class Candidate:
             sequence_parallel=self.sequence_parallel,
             seq_len=seq_len,
             methods=tuple((a, n) for a, n, _ in self.methods),
+            method_params=tuple((a, tuple(params)) for a, _, params in self.methods),
         )
 
     @functools.cached_property

@@ -210,3 +210,20 @@ def test_json_stdout_is_only_json_when_the_model_prints(meshplan, tmp_path, monk
     done = meshplan("profile", "--model", "loud.py:f", "--json")
     assert done.returncode == 0 and json.loads(done.stdout)["model_name"]
     assert "hello at import" in done.stderr and "building" in done.stderr
+
+
+@pytest.mark.parametrize("verb", ["plan", "estimate"])
+def test_parameter_offload_below_zero_3_is_refused_in_one_line(meshplan, tmp_path, verb):
+    """--offload nvme:params=true pages ZeRO-3's parameter shards: with --zero 2 pinned it is refused
+    before any search, exit 2, naming both values and the fix; with --zero 3 it plans."""
+    args = ["--model", "gpt-tiny", "--cluster", "local-cpu", "--num-gpus", "2", "--global-batch", "8"]
+    if verb == "estimate":
+        args += "--microbatch 4 --tp 1 --pp 1 --dp 2 --schedule 1f1b --recompute none".split()
+    out = tmp_path / "plan.json"
+    proc = meshplan(verb, *args, "--zero", "2", "--offload", "nvme:params=true", "-o", out)
+    assert proc.returncode == 2
+    assert_one_line_error(proc, "offload=nvme params=true with zero_stage 2: runs with zero_stage 3 only")
+    assert "use --zero 3 or params=false" in proc.stderr and not out.exists()
+    if verb == "plan":
+        assert meshplan(verb, *args, "--zero", "3", "--offload", "nvme:params=true", "-o", out).returncode == 0
+        assert json.loads(out.read_text())["dp_methods"]["offload"]["params"] == {"params": True}

@@ -119,3 +119,31 @@ def test_an_approximate_method_that_was_not_allowed_is_never_chosen(profiles):
     assert allowed.prediction.step_time_s < plain.prediction.step_time_s
     options = {o.name: o for o in allowed.prediction.dp_method_options if o.axis == "compression"}
     assert set(options) == {"none", "powersgd"} and options["powersgd"].chosen and not options["powersgd"].exact
+
+
+def test_parameter_offload_to_nvme_is_planned_at_zero_3_only(profiles):
+    """ZeRO-Infinity pages fully sharded parameters: offload=nvme params=true below ZeRO-3 is
+    refused by the search (every candidate's reason names it), by Plan.validate and by check_plan;
+    unpinned, the search writes ZeRO-3 plans only, and params=false keeps every stage."""
+    import dataclasses
+
+    from meshplan.plan import MethodChoice
+
+    nvme = ("nvme", {"params": True})
+    req = PlanRequest(num_gpus=2, global_batch=8, precision="fp32", top_k=5, methods={"offload": nvme})
+    best = search(profiles["gpt-tiny"], local_cpu(2), req)
+    assert {p.zero_stage for p in [best] + best.search.alternatives} == {3}
+    rej = Rejects()
+    candidates(Context.build(profiles["gpt-tiny"], local_cpu(2), dataclasses.replace(req, zero=2)), rej)
+    why = "offload=nvme params=true with zero_stage 2: runs with zero_stage 3 only"
+    assert any(why in reason for _, reason in rej.infeasible)
+    with pytest.raises(InfeasibleError):
+        search(profiles["gpt-tiny"], local_cpu(2), dataclasses.replace(req, zero=2))
+    plain = dataclasses.replace(req, methods={"offload": ("nvme", {"params": False})}, zero=2)
+    assert search(profiles["gpt-tiny"], local_cpu(2), plain).zero_stage == 2
+    zero2 = dataclasses.replace(best, zero_stage=2)
+    zero2.dp_methods.offload = MethodChoice(name="nvme", params={"params": True})
+    with pytest.raises(MeshplanError, match=why):
+        zero2.validate()
+    with pytest.raises(MeshplanError, match=why):
+        check_plan(zero2)

@@ -510,9 +510,11 @@ def test_parameter_offload_trains_exactly_holds_less_and_reads_each_shard_four_t
 def test_parameter_offload_needs_zero_3_and_no_checkpoints():
     from meshplan.executor.check import check_run_options
 
-    zero2 = _with(make_plan(dp_shard=2, zero=2), "offload", "nvme", {"params": True})
+    zero2 = _with(make_plan(dp_shard=2, zero=2), "offload", "nvme", {"params": True}, validate=False)
     with pytest.raises(MeshplanError, match="needs ZeRO-3"):
         check_run_options(zero2, "adamw")
+    with pytest.raises(MeshplanError, match="params=true with zero_stage 2: runs with zero_stage 3 only"):
+        zero2.validate()  # the planner's rule (meshplan/feasibility.py): such a plan is never written
     zero3 = _with(make_plan(dp_shard=2, zero=3), "offload", "nvme", {"params": True})
     with pytest.raises(MeshplanError, match="--checkpoint-every"):
         check_run_options(zero3, "adamw", checkpoint_every=2)
