@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -36,6 +35,8 @@ from meshplan.executor import multinode, run_dir, run_history
 from meshplan.executor.check import check_plan, check_run_options
 from meshplan.executor.checkpoint import checkpoint_root, latest_step, saved_plan_path
 from meshplan.executor.checkpoint_manifest import resume_point
+from meshplan.executor.run_history import job_step_times, median_step_s
+from meshplan.executor.run_progress import RunJsonWriter, steps_path
 from meshplan.executor.worker import variant_dir
 from meshplan.plan import Plan
 from meshplan.run_result import RunResult
@@ -172,7 +173,7 @@ def run_plans(plans: list[Plan], opts: LaunchOptions, *, run_json: bool = False)
             _check_checkpoints(out, len(plans), opts, plans)
             earlier = run_history.earlier_run(run_path) if run_json and opts.resume else None
             launched = True
-            results = _launch(plans, opts, out, run_id)
+            results = _launch(plans, opts, out, run_id, run_path if run_json else None, earlier)
             for result in results if opts.nnodes > 1 else []:
                 nproc = plans[0].world_size // opts.nnodes
                 result.notes.append(
@@ -194,17 +195,33 @@ def run_plans(plans: list[Plan], opts: LaunchOptions, *, run_json: bool = False)
             lock.release(remove_dir=not launched)
 
 
-def _launch(plans: list[Plan], opts: LaunchOptions, out: Path, run_id: str) -> list[RunResult]:
+def _launch(
+    plans: list[Plan],
+    opts: LaunchOptions,
+    out: Path,
+    run_id: str,
+    run_path: Path | None = None,
+    earlier: RunResult | None = None,
+) -> list[RunResult]:
+    """Start torchrun on this node's ranks and collect their results; with `run_path`, run.json
+    is rewritten there after every step the ranks finish (executor/run_progress.py)."""
     paths = _write_plans(plans, out)
     nproc = plans[0].world_size // opts.nnodes
     ranks = list(range(opts.node_rank * nproc, (opts.node_rank + 1) * nproc))
     _clear_reports(out, len(plans), ranks)
     cmd = launch_command(plans[0], opts, plan_path=paths[0], extra_plans=paths[1:], run_id=run_id, out_dir=str(out))
+    writer = None
+    if run_path is not None:
+        vdir = variant_dir(str(out), 0, len(plans))
+        writer = RunJsonWriter(run_path, plans[0], vdir, ranks, run_id, earlier=earlier, device=device_kind())
     try:
-        rc, output = _supervise(cmd, out, ranks, run_id, opts)
+        rc, output = _supervise(cmd, out, ranks, run_id, opts, writer.poll if writer else None)
     except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM/SIGHUP through _interrupt_signals
         signum = getattr(exc, "signum", signal.SIGINT)
         raise RunInterrupted(signum, _interrupted_message(out, len(plans), len(ranks), signum)) from None
+    finally:
+        if writer is not None:  # the last steps a failed or stopped run did
+            writer.poll()
     return [
         _collect(plan, variant_dir(str(out), i, len(plans)), ranks, rc, opts, output, len(plans), run_id)
         for i, plan in enumerate(plans)
@@ -374,6 +391,7 @@ def _clear_reports(out: Path, count: int, ranks: list[int]) -> None:
         (out / "ranks" / f"rank{r}.status.json").unlink(missing_ok=True)
         for i in range(count):
             (variant_dir(str(out), i, count) / f"rank{r}.result.json").unlink(missing_ok=True)
+            steps_path(variant_dir(str(out), i, count), r).unlink(missing_ok=True)
 
 
 def _env(opts: LaunchOptions) -> dict:
@@ -449,9 +467,12 @@ class _Output:
         return [(int(r), c) for r, c in pairs] if start >= 0 else []
 
 
-def _supervise(cmd: list[str], out: Path, ranks: list[int], run_id: str, opts: LaunchOptions) -> tuple[int, _Output]:
+def _supervise(
+    cmd: list[str], out: Path, ranks: list[int], run_id: str, opts: LaunchOptions, on_poll=None
+) -> tuple[int, _Output]:
     """Run torchrun; kill it when no rank reported progress for timeout_s. Returns its exit code.
-    However this ends (success, failure, hang, signal), no process of the run outlives it."""
+    However this ends (success, failure, hang, signal), no process of the run outlives it.
+    `on_poll()` is called at every look at the ranks (run.json as the run goes)."""
     proc = subprocess.Popen(
         cmd,
         env=_env(opts),
@@ -466,6 +487,8 @@ def _supervise(cmd: list[str], out: Path, ranks: list[int], run_id: str, opts: L
     try:
         while proc.poll() is None:
             time.sleep(0.2)
+            if on_poll is not None:
+                on_poll()
             seen = _status_mtimes(out, ranks, run_id)
             if seen != last_seen:
                 last_change, last_seen = time.monotonic(), seen
@@ -649,15 +672,9 @@ def _node_failure_message(ranks: list[int], opts: LaunchOptions, output: _Output
     return multinode.peer_failure_message(st, opts.node_rank, _SECONDARY.search)
 
 
-def job_step_times(per_rank: list[list[float]]) -> list[float]:
-    """The job's duration of each step from every rank's own step durations: their mean.
-
-    Each rank's duration of a step includes its waits on the others, so the ranks advance at the
-    job's pace and any rank's durations sum to the job's wall time (to within one step's skew).
-    The max over ranks per step would add the ranks' jitter to every step — 30% on 4 ranks
-    sharing 2 CPU cores (28.7 ms of wall time per DDP step reported as 37.8 ms) — which the job's
-    throughput never pays."""
-    return [statistics.fmean(ts) for ts in zip(*per_rank)]
+def device_kind() -> str:
+    """What the ranks ran on: "cuda" where this host has a GPU (worker._device), else "cpu"."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def merge_results(plan: Plan, per_rank: list[dict], rc: int, opts: LaunchOptions, run_id: str = "") -> RunResult:
@@ -674,14 +691,11 @@ def merge_results(plan: Plan, per_rank: list[dict], rc: int, opts: LaunchOptions
         )
     if rc != 0:
         notes.append(f"torchrun exited with {rc} after every rank reported its result (shutdown crash ignored)")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = device_kind()
     if plan.precision == "bf16" and device == "cpu":
         notes.append("plan.precision bf16: ran in fp32 (bf16 autocast is used on GPU only)")
     step_times = job_step_times([r["step_times_s"] for r in per_rank])
-    # step 0 is warm-up; on CPU step 1 ran under the live-tensor tracker (executor/train.py)
-    skip = 2 if device == "cpu" and len(step_times) > 2 else 1
-    timed = step_times[skip:] if len(step_times) > skip else step_times
-    median_s = statistics.median(timed)
+    median_s = median_step_s(step_times, device)
     return RunResult(
         run_id=run_id,
         plan_hash=content_hash(plan),

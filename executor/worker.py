@@ -66,6 +66,27 @@ def variant_dir(out_dir: str, index: int, count: int) -> Path:
     return Path(out_dir) if count == 1 else Path(out_dir) / f"variant{index}"
 
 
+class StepLog:
+    """This rank's step records, one JSON line each, appended as each step ends
+    (<variant dir>/rank<R>.steps.jsonl): the launcher turns them into run.json while the run goes
+    (executor/run_progress.py), so a run that is killed keeps the steps it did. A line that cannot
+    be written (a full disk) stops the log, never the training."""
+
+    def __init__(self, path: Path, run_id: str = ""):
+        self.path, self.run_id, self.broken = path, run_id, False
+
+    def append(self, record: dict) -> None:
+        if self.broken:
+            return
+        line = json.dumps({**record, "run_id": self.run_id}) + "\n"  # a NaN loss stays NaN (diverged)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a") as f:  # one write of a whole line: a reader skips a partial tail
+                f.write(line)
+        except OSError:
+            self.broken = True
+
+
 class Status:
     """This rank's status file (atomic rewrites; its mtime is the launcher's heartbeat)."""
 
@@ -142,8 +163,11 @@ def run_variants(args: argparse.Namespace, status: Status, device: torch.device)
             _fault(rank, i, step)
             status.update(state="running", variant=i, step=step)
 
-        def on_step_end(record: dict, i=i, plan=plan, steps=options.steps) -> None:  # one line a step, rank 0
-            if rank == 0:
+        log = StepLog(out / f"rank{rank}.steps.jsonl", args.run_id)
+
+        def on_step_end(record: dict, i=i, plan=plan, steps=options.steps, log=log) -> None:
+            log.append(record)  # the launcher rewrites run.json from these as the run goes
+            if rank == 0:  # one line a step, rank 0
                 print(step_line(plan, record, steps, i if len(args.plan) > 1 else None), flush=True)
 
         result = train(plan, options, device, on_step, on_step_end)

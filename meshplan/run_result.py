@@ -47,6 +47,10 @@ class RunResult:
     """Each rank's mean per step after the first, by mesh axis (rank order)."""
     comm_bytes_by_step: list[dict[str, int]] = field(default_factory=list)
     """Rank 0's bytes in every step, by mesh axis (warm-up steps included)."""
+    complete: bool = True
+    """False in a run.json written while the run goes (after each step) and left so by a run that
+    was killed, failed or interrupted: `steps`, `losses` and `step_times_s` then hold the steps
+    done so far; the launcher writes the full result, complete, once every rank reported."""
     notes: list[str] = field(default_factory=list)
 
     def validate(self, path: str = "") -> None:

@@ -119,6 +119,11 @@ def measured_section(plan: Plan, run: RunResult) -> Section:
         f"{run.torch_version or 'unknown'}), {run.steps} steps; error = (predicted - measured) / "
         "measured. Step time is the median after warm-up."
     ]
+    if not run.complete:
+        items.append(
+            f"This run.json was written while the run went: the run is still going or was stopped "
+            f"after step {run.steps}; what follows is of the steps done."
+        )
     if run.plan_hash and run.plan_hash != content_hash(plan):
         items.append(
             f"Warning: this run was measured on plan {run.plan_hash}, not on this plan "
