@@ -29,9 +29,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from meshplan import dp_methods
 from meshplan.comm_bytes import ByteCounter
 from meshplan.executor import methods
-from meshplan.executor.methods.allreduce import ReplicaGradReducer, _local  # noqa: F401 (public here)
+from meshplan.executor.methods.allreduce import ReplicaGradReducer
 from meshplan.executor.methods.counting import count_fsdp, tensor_bytes
+from meshplan.executor.optimizers import optimizer_spec
 from meshplan.executor.parallel_dims import ParallelDims
+from meshplan.executor.shards import local_shard
 from meshplan.plan import Plan
 
 BUCKET_BYTES = dp_methods.method("comm_schedule", "buckets").resolve({}, "")["bucket_mb"] * 2**20
@@ -116,18 +118,6 @@ def replica_reducer(part: nn.Module, dims: ParallelDims, plan: Plan, counter: By
     )
 
 
-def make_optimizer(params: list[nn.Parameter], name: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    cls, kwargs = optimizer_spec(name, lr, weight_decay)
-    return cls(params, **kwargs)
-
-
-def optimizer_spec(name: str, lr: float, weight_decay: float) -> tuple[type, dict]:
-    if name == "sgd":  # with momentum, so checkpoints and ZeRO-1 carry optimizer state
-        return torch.optim.SGD, {"lr": lr, "momentum": 0.9}
-    assert name == "adamw", name
-    return torch.optim.AdamW, {"lr": lr, "weight_decay": weight_decay, "betas": (0.9, 0.95)}
-
-
 def build_optimizer(
     part: nn.Module,
     dims: ParallelDims,
@@ -201,7 +191,7 @@ class ZeroOverLocalShards(CountedBroadcasts, ZeroRedundancyOptimizer):
     def step(self, closure=None, **kwargs):
         for param, local in self.real_and_local:
             if local is not param:
-                local.grad = None if param.grad is None else _local(param.grad)
+                local.grad = None if param.grad is None else local_shard(param.grad)
         return super().step(closure, **kwargs)
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from meshplan.executor.data import synthetic_global_batch
-from meshplan.executor.data_parallel import make_optimizer
 from meshplan.executor.model import build_model_for_plan
+from meshplan.executor.optimizers import make_optimizer
 from meshplan.plan import Plan
 
 

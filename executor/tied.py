@@ -19,11 +19,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from meshplan.executor.materialize import clean_fqn
+from meshplan.executor.shards import local_shard
 from meshplan.plan import Plan
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t._local_tensor if isinstance(t, DTensor) else t
 
 
 def _layer_of(fqn: str, layers: list[str]) -> str:
@@ -69,7 +66,7 @@ class TiedGrads:
             for p in copies:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-                _local(p.grad).copy_(total)
+                local_shard(p.grad).copy_(total)
 
     @torch.no_grad()
     def scale_duplicates(self, coef: torch.Tensor) -> None:
@@ -77,17 +74,17 @@ class TiedGrads:
         for copies in self.groups:
             for p in copies:
                 if id(p) in self.duplicates and p.grad is not None:
-                    _local(p.grad).mul_(coef.to(p.grad.dtype))
+                    local_shard(p.grad).mul_(coef.to(p.grad.dtype))
 
     @staticmethod
     def _local_sum(copies: list[nn.Parameter]) -> torch.Tensor | None:
         if not copies:
             return None
-        total = torch.zeros_like(_local(copies[0]))
+        total = torch.zeros_like(local_shard(copies[0]))
         for p in copies:
             if p.grad is not None:
-                assert _local(p.grad).shape == total.shape, "tied copies must be sharded alike"
-                total += _local(p.grad)
+                assert local_shard(p.grad).shape == total.shape, "tied copies must be sharded alike"
+                total += local_shard(p.grad)
         return total
 
 

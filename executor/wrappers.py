@@ -14,9 +14,10 @@ module and imports nothing else of the executor (tests/test_layering.py holds it
 from __future__ import annotations
 
 from meshplan.executor.activation_checkpoint import apply_ac
-from meshplan.executor.data_parallel import BUCKET_BYTES, optimizer_spec
+from meshplan.executor.data_parallel import BUCKET_BYTES
 from meshplan.executor.grad_clip import clip_grad_norm
 from meshplan.executor.methods.codecs import CODECS, LoopbackComm, codec
+from meshplan.executor.optimizers import optimizer_spec
 from meshplan.executor.tensor_parallel import apply_tp
 
 __all__ = [

@@ -28,8 +28,8 @@ def _dataset_reference(plan, steps: int) -> list[float]:
     from executor_plans import token_dataset
     from torch.utils.data import DistributedSampler, default_collate
 
-    from meshplan.executor.data_parallel import make_optimizer
     from meshplan.executor.model import build_model_for_plan
+    from meshplan.executor.optimizers import make_optimizer
 
     data, dp = token_dataset(), plan.data_parallel_degree
     per = plan.global_batch_size // dp

@@ -143,13 +143,6 @@ PLANNER_LAYERS = {"cost": 1, "methods": 2, "rank": 3, "search": 4}
 """meshplan.planner's layers below its facade (planner/__init__.py); the modules directly in planner/
 (request, context and the profile transforms it applies) are the base layer, 0."""
 
-KNOWN_CYCLES: list[set[str]] = [
-    {"meshplan.executor.methods.host_optimizer", "meshplan.executor.methods.nvme_store"},
-    {"meshplan.executor.data_parallel", "meshplan.executor.methods", "meshplan.executor.methods.sync_crossbow"},
-]
-"""Cycles in the executor's method modules still being taken apart: tolerated as they are, never
-grown; delete an entry when its cycle is gone."""
-
 
 def package_of(name: str) -> str:
     for pkg in ("models", "planner", "profiler", "executor", "report", "validation", "inputs"):
@@ -251,7 +244,7 @@ def test_the_cycle_finder_sees_function_level_cycles(tmp_path):
 
 def test_no_module_reaches_itself_through_its_imports():
     found = cycles(graph(ALL_MODULES))
-    assert [sorted(c) for c in found if c not in KNOWN_CYCLES] == []
+    assert [sorted(c) for c in found] == []
 
 
 def test_planner_layers_import_only_downward():

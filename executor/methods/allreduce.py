@@ -18,6 +18,7 @@ from torch.distributed.tensor import DTensor
 
 from meshplan.comm_bytes import ByteCounter
 from meshplan.executor.methods.counting import tensor_bytes
+from meshplan.executor.shards import local_shard
 
 
 def comm_hook(group, params: dict, counter: ByteCounter, axis: str):
@@ -55,7 +56,7 @@ class ReplicaGradReducer:
             if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
                 # e.g. the vocab-parallel embedding's grad comes out Replicate/Partial: shard it as the param
                 p.grad = p.grad.redistribute(p.device_mesh, p.placements)
-        grads = [_local(p.grad) for p in self.params if p.grad is not None]
+        grads = [local_shard(p.grad) for p in self.params if p.grad is not None]
         for bucket in buckets(grads, self.bucket_bytes):
             flat = torch.cat([g.reshape(-1) for g in bucket])
             wire = flat.to(self.wire_dtype) if self.wire_dtype is not None else flat
@@ -66,10 +67,6 @@ class ReplicaGradReducer:
             for g in bucket:
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t._local_tensor if isinstance(t, DTensor) else t
 
 
 def buckets(tensors: list[torch.Tensor], bucket_bytes: int):

@@ -22,8 +22,9 @@ import torch.distributed as dist
 from torch import nn
 
 from meshplan.comm_bytes import ByteCounter
-from meshplan.executor.methods.allreduce import ReplicaGradReducer, _local, buckets
+from meshplan.executor.methods.allreduce import ReplicaGradReducer, buckets
 from meshplan.executor.methods.counting import tensor_bytes
+from meshplan.executor.shards import local_shard
 
 
 class DistComm:
@@ -122,8 +123,8 @@ class CompressedReplicaReducer(ReplicaGradReducer):
         for p in self.params:
             if getattr(p.grad, "placements", None) is not None and p.grad.placements != p.placements:
                 p.grad = p.grad.redistribute(p.device_mesh, p.placements)
-        held = {id(g): id(p) for p in self.params if p.grad is not None for g in (_local(p.grad),)}
-        grads = [_local(p.grad) for p in self.params if p.grad is not None]
+        held = {id(g): id(p) for p in self.params if p.grad is not None for g in (local_shard(p.grad),)}
+        grads = [local_shard(p.grad) for p in self.params if p.grad is not None]
         for bucket in buckets(grads, self.bucket_bytes):
             flats = [g.reshape(-1).float() for g in bucket]
             self.codec.exchange(self.comm, [(held[id(g)], f, tuple(g.shape)) for g, f in zip(bucket, flats)])

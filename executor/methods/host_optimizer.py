@@ -30,10 +30,7 @@ from meshplan.comm_bytes import ByteCounter
 from meshplan.executor.methods.counting import tensor_bytes
 from meshplan.executor.methods.nvme_store import NvmeStore
 from meshplan.executor.methods.param_pager import pager_of
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t._local_tensor if isinstance(t, DTensor) else t
+from meshplan.executor.shards import local_shard
 
 
 def _placed_like(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
@@ -65,7 +62,7 @@ class HostOptimizer(torch.optim.Optimizer):
         self._on_host = []  # master IS the parameter (CPU device, no DPU)
         for gi, group in enumerate(self.param_groups):
             for p in group["params"]:
-                local = _local(p).detach()
+                local = local_shard(p).detach()
                 on_host = local.device.type == "cpu" and not delayed
                 master = local if on_host else local.to("cpu", copy=True)
                 master = torch.nn.Parameter(master, requires_grad=False) if not on_host else master
@@ -83,9 +80,9 @@ class HostOptimizer(torch.optim.Optimizer):
         grads = []
         for (p, gi, master, inner), on_host in zip(self.entries, self._on_host):
             if on_host:  # ZeroRedundancyOptimizer re-points parameters into its buckets after init
-                master.data = _local(p).data
+                master.data = local_shard(p).data
             inner.param_groups[0].update({k: v for k, v in self.param_groups[gi].items() if k != "params"})
-            g = None if p.grad is None else _local(_placed_like(p.grad, p))
+            g = None if p.grad is None else local_shard(_placed_like(p.grad, p))
             if g is not None:
                 if g.device.type != "cpu":  # a copy that crosses devices (none on CPU ranks)
                     self.counter.add("host_device", "send_recv", 2, tensor_bytes(g))  # gradient down
@@ -141,7 +138,7 @@ class HostOptimizer(torch.optim.Optimizer):
 
     def _upload(self) -> None:
         for (p, _, master, _), on_host in zip(self.entries, self._on_host):
-            local = _local(p)
+            local = local_shard(p)
             if not on_host:  # parameters up, where they cross devices
                 self.counter.add("host_device", "send_recv", 2, tensor_bytes(local))
                 local.copy_(master)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from meshplan.errors import MeshplanError
+from meshplan.executor.shards import local_shard
 
 STATES_PER_PARAM = {"adamw": ("exp_avg", "exp_avg_sq"), "sgd": ("momentum_buffer",)}
 """Parameter-sized tensor states each optimizer keeps, in file order."""
@@ -123,9 +124,7 @@ def store_factory(folder: str | Path, optimizer: str):
     """params -> NvmeStore in `folder` for `optimizer` ("adamw" or "sgd")."""
 
     def make(params) -> NvmeStore:
-        from meshplan.executor.methods.host_optimizer import _local
-
-        locals_ = [_local(p) for p in params]
+        locals_ = [local_shard(p) for p in params]
         return NvmeStore(
             folder, [t.numel() for t in locals_], STATES_PER_PARAM[optimizer], [tuple(t.shape) for t in locals_]
         )

@@ -34,8 +34,8 @@ import torch.distributed as dist
 from torch.nn.utils import clip_grad_norm_
 
 from meshplan.errors import MeshplanError
-from meshplan.executor import data_parallel as dp_
 from meshplan.executor.methods.sync import SyncMethod, flat, tensor_bytes, trainable, unflat
+from meshplan.executor.optimizers import make_optimizer
 
 USES_DDP = False
 
@@ -85,7 +85,7 @@ class Crossbow(SyncMethod):
 
     def wrap_optimizers(self, optimizers, name, lr, weight_decay):
         self.optimizers = [optimizers] + [
-            [dp_.make_optimizer(trainable(m), name, lr, weight_decay)] for m in self.learners[1:]
+            [make_optimizer(trainable(m), name, lr, weight_decay)] for m in self.learners[1:]
         ]
         return optimizers
 
