@@ -286,3 +286,27 @@ def test_written_files_honour_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "plan.json").stat().st_mode & 0o777 == 0o640
+
+
+@pytest.mark.parametrize(
+    "pins",
+    [
+        ["--dp-shard", "2"],
+        ["--dp-shard", "4"],
+        ["--dp-shard", "2", "--zero", "3"],
+        ["--dp", "4", "--dp-shard", "2"],
+        ["--dp", "2", "--dp-shard", "2"],
+    ],
+    ids=" ".join,
+)
+def test_a_pinned_dp_shard_is_the_plans(tmp_path, pins):
+    """A pinned --dp-shard is every candidate's (planner/search/enumerate.py `_shards`): the plan
+    shards over it, with ZeRO-2/3, and never falls back to a replicated ZeRO-0/1 plan."""
+    out = tmp_path / "p.json"
+    assert main(["plan", "--num-gpus", "4", *pins, "-o", str(out), "--quiet"]) == 0
+    plan = json.loads(out.read_text())
+    assert plan["data_parallel_shard_degree"] == int(pins[pins.index("--dp-shard") + 1])
+    assert plan["zero_stage"] >= 2
+    if "--dp" in pins:
+        dp = plan["data_parallel_shard_degree"] * plan["data_parallel_replicate_degree"]
+        assert dp == int(pins[pins.index("--dp") + 1])

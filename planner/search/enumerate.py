@@ -136,6 +136,15 @@ def shard_degrees(ctx: Context, dp: int, cp: int, tp: int) -> list[int]:
     return sorted(set(out))
 
 
+def _shards(ctx: Context, zero: int, dp: int, cp: int, tp: int) -> list[int]:
+    """The shard degrees of one (zero, dp) candidate. A pinned --dp-shard is every candidate's,
+    so a ZeRO-0/1 or dp=1 candidate carries it and feasibility refuses it with its reason
+    (never a plan with data_parallel_shard_degree 1 for a pin of 2)."""
+    if ctx.request.dp_shard is not None:
+        return [ctx.request.dp_shard]
+    return shard_degrees(ctx, dp, cp, tp) if zero >= 2 and dp > 1 else [1]
+
+
 def base_methods(ctx: Context) -> tuple:
     """The pinned methods (--compression, --sync, ...) as Candidate.methods; unpinned axes keep
     the registry default here (the search prices the allowed alternatives per candidate)."""
@@ -176,7 +185,7 @@ def candidates(ctx: Context, rej: Rejects) -> list[Candidate]:
             )
             for sched, v in _schedules(ctx, pp, m, rej, f"pp={pp} dp={dp} cp={cp} tp={tp}"):
                 for zero in zeros:
-                    for shard in shard_degrees(ctx, dp, cp, tp) if zero >= 2 and dp > 1 else [1]:
+                    for shard in _shards(ctx, zero, dp, cp, tp):
                         if dp % shard:
                             rej.add(f"pp={pp} dp={dp} cp={cp} tp={tp}", f"dp_shard={shard} does not divide dp={dp}")
                             continue
