@@ -830,7 +830,10 @@ METHODS: tuple[Method, ...] = (
                 zero_stages_why="only fully sharded parameters are paged to NVMe",
             ),
         ),
-        exports={"deepspeed": "offload_optimizer device nvme (nvme_path = --offload-dir)"},
+        exports={
+            "deepspeed": "offload_optimizer device nvme (params=true: offload_param device nvme too; "
+            "nvme_path = --offload-dir)"
+        },
         unsupported="NVMe offload is not expressible; optimizer states stay in memory",
     ),
     # --- wave scheduling ----------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""The eight plans the export tests feed to the real tools, made through the CLI with the closed-form models
+"""The nine plans the export tests feed to the real tools, made through the CLI with the closed-form models
 (each plans in well under a second): GPT-3 175B on 1024 A100, Llama-3 70B on 64 H100 with --tp 8, Llama-3
-8B FSDP under torchtitan, GPT-3 13B ZeRO-3 + CPU offload under DeepSpeed, an interleaved Megatron-Core
+8B FSDP under torchtitan, GPT-3 13B ZeRO-3 + CPU offload and + NVMe parameter offload (ZeRO-Infinity)
+under DeepSpeed, an interleaved Megatron-Core
 estimate, a DeepSpeed ZeRO-2 plan, Llama-3 8B tp 2 under DeepSpeed, Llama-3 70B fp8 under Megatron-Core."""
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ PLAN_ARGS: dict[str, list[str]] = {
     "gpt3-13b-zero3-offload-deepspeed": ["plan", *GPT, "layers=40", "hidden=5120", "heads=40", *A100, "--num-gpus",
                                          "16", "--global-batch", "64", "--zero", "3", "--offload", "cpu",
                                          "--runtime", "deepspeed"],
+    "gpt3-13b-zero3-nvme-deepspeed": ["plan", *GPT, "layers=40", "hidden=5120", "heads=40", *A100, "--num-gpus",
+                                      "16", "--global-batch", "64", "--zero", "3", "--offload", "nvme:params=true",
+                                      "--runtime", "deepspeed"],
     "gpt3-6.7b-interleaved-megatron-core": ["estimate", *GPT, "layers=32", "hidden=4096", "heads=32", *H100,
                                             "--num-gpus", "32", "--global-batch", "64", "--tp", "2", "--pp", "4",
                                             "--dp", "4", "--microbatch", "1", "--schedule", "interleaved",

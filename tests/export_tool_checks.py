@@ -114,6 +114,8 @@ def check_deepspeed(directory: str) -> dict:
             zero_stage=cfg.zero_optimization_stage,
             offload_optimizer=_device(zero.offload_optimizer),
             offload_param=_device(zero.offload_param),
+            optimizer_nvme_path=str(getattr(zero.offload_optimizer, "nvme_path", None)),
+            param_nvme_path=str(getattr(zero.offload_param, "nvme_path", None)),
             bf16=bool(cfg.bfloat16_config.enabled),
             fp16=bool(cfg.float16_config.enabled),
             autotp_size=cfg.tensor_parallel_config.autotp_size,

@@ -116,9 +116,16 @@ def test_deepspeed_accepts_the_export_under_its_topology(name, plans, exported, 
         assert got["zero_stage"] == 1 and f"ZeRO-{plan.zero_stage} with pp={pp} is refused" in warns
     else:
         assert got["zero_stage"] == plan.zero_stage
-    offload = plan.dp_methods.offload.name == "cpu"
-    assert got["offload_optimizer"] == ("cpu" if offload else "none")
-    assert got["offload_param"] == ("cpu" if offload and plan.zero_stage == 3 else "none")
+    offload = plan.dp_methods.offload
+    host = offload.name in ("cpu", "nvme")  # DeepSpeed's offload devices, meshplan's names
+    assert got["offload_optimizer"] == (offload.name if host else "none")
+    paged = offload.name == "cpu" or offload.params.get("params", False)
+    assert got["offload_param"] == (offload.name if host and paged and got["zero_stage"] == 3 else "none")
+    nvme = "/local_nvme" if offload.name == "nvme" else "None"  # DeepSpeed's swappers refuse None
+    assert got["optimizer_nvme_path"] == nvme
+    assert got["param_nvme_path"] == (nvme if got["offload_param"] == "nvme" else "None")
+    if offload.name == "nvme":
+        assert "nvme_path /local_nvme: set it" in files["launch_deepspeed.sh"]
     assert got["bf16"] == (plan.precision in ("bf16", "fp8")) and not got["fp16"]
     assert ("precision fp8 has no DeepSpeed config setting" in warns) == (plan.precision == "fp8")
     assert got["activation_checkpointing"] == (ec.strongest_recompute(plan) != "none")

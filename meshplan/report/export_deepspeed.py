@@ -33,13 +33,36 @@ def _zero_stage(plan: Plan, warnings: list[str]) -> int:
     return plan.zero_stage
 
 
+NVME_PATH = "/local_nvme"
+"""nvme_path written for offload=nvme (DeepSpeed's ZeRO-Infinity tutorial's mount; its config refuses
+None, partition_parameters.py): the launch script says to point it at the folder `meshplan run
+--offload-dir` would use."""
+
+
+def _offload(plan: Plan, stage: int) -> dict[str, dict]:
+    """zero_optimization.offload_optimizer / offload_param (deepspeed/runtime/zero/offload_config.py):
+    offload=cpu puts the optimizer (and at ZeRO-3 FSDP2's CPUOffloadPolicy the parameters) on the host;
+    offload=nvme (ZeRO-Infinity) the optimizer states in files under nvme_path, and with params=true
+    (ZeRO-3 only: offload_param is "valid only with stage 3") the parameter shards too."""
+    choice = plan.dp_methods.offload
+    if choice.name == "cpu":
+        out = {"offload_optimizer": {"device": "cpu", "pin_memory": True}}
+        if stage == 3:
+            out["offload_param"] = {"device": "cpu", "pin_memory": True}
+        return out
+    if choice.name != "nvme":
+        return {}
+    nvme = {"device": "nvme", "nvme_path": NVME_PATH, "pin_memory": True}
+    out = {"offload_optimizer": dict(nvme)}
+    if stage == 3 and choice.params.get("params"):
+        out["offload_param"] = dict(nvme)
+    return out
+
+
 def _zero(plan: Plan, warnings: list[str]) -> dict:
     stage = _zero_stage(plan, warnings)
     zero: dict[str, object] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
-    if ec.offloads(plan):
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-        if stage == 3:
-            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    zero.update(_offload(plan, stage))
     if plan.data_parallel_replicate_degree > 1 and plan.data_parallel_shard_degree > 1:
         # MiCS (zero_optimization.mics_shard_size) was removed from DeepSpeed (its config class refuses
         # the key, tests/test_export_parsers.py); ZeRO++ hpZ shards a secondary copy only
@@ -198,6 +221,11 @@ def export_deepspeed(plan: Plan) -> dict[str, str]:
         )
     else:
         notes.append("in train.py: engine, *_ = meshplan_deepspeed.initialize(model) (builds the TP groups for tp > 1)")
+    if plan.dp_methods.offload.name == "nvme":
+        notes.append(
+            f"ds_config.json nvme_path {NVME_PATH}: set it to a folder on each node's local NVMe (what "
+            "`meshplan run --offload-dir` names); DeepSpeed's aio section keeps its defaults"
+        )
     launch = "#!/usr/bin/env bash\n" + ec.comment(
         ec.header_lines(plan, "DeepSpeed") + ec.warning_lines(warnings) + notes
     )
