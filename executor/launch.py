@@ -35,6 +35,7 @@ from meshplan.executor import multinode, run_dir, run_history
 from meshplan.executor.check import check_plan, check_run_options
 from meshplan.executor.checkpoint import checkpoint_root, latest_step, saved_plan_path
 from meshplan.executor.checkpoint_manifest import resume_point
+from meshplan.executor.output_filter import WarningDedupe
 from meshplan.executor.run_history import job_step_times, median_step_s
 from meshplan.executor.run_progress import RunJsonWriter, steps_path
 from meshplan.executor.worker import variant_dir
@@ -401,7 +402,8 @@ def _env(opts: LaunchOptions) -> dict:
 
 
 class _Output:
-    """Copies torchrun's output to out_dir/launch.log (and the terminal unless quiet), keeping
+    """Copies torchrun's output to out_dir/launch.log (and the terminal unless quiet, with each
+    framework warning once rather than once per rank: executor/output_filter.py), keeping
     the tail to find torchrun's "Root Cause" rank when a process dies."""
 
     def __init__(self, proc: subprocess.Popen, out: Path, quiet: bool, name: str = "launch.log"):
@@ -418,10 +420,11 @@ class _Output:
         self.thread.start()
 
     def _pump(self, stream) -> None:
+        dedupe = WarningDedupe()  # the terminal shows each framework warning once, not per rank
         for line in stream:
             self.tail.append(line)
             self._write_log(line)
-            if not self.quiet:
+            if not self.quiet and dedupe.keep(line):
                 try:
                     sys.stdout.write(line)
                     sys.stdout.flush()
