@@ -155,7 +155,7 @@ def runtime_group(p: argparse.ArgumentParser) -> None:
         dest="elementwise",
         action="store_const",
         const="compiled",
-        help="the runtime compiles the model (torchtitan training.compile): same as --elementwise compiled",
+        help="the runtime compiles the model (torchtitan [compile] enable): same as --elementwise compiled",
     )
 
 

@@ -514,8 +514,8 @@ RUNTIMES: dict[str, Runtime] = {
             ),
             "elementwise": Behaviour(
                 value="eager",
-                source="training.compile defaults to false (torchtitan JobConfig): RMSNorm, rotary, SwiGLU, "
-                "repeat_kv run as torch ops; --compile for a compiled run (the export writes training.compile)",
+                source="compile.enable defaults to false (torchtitan CompileConfig): RMSNorm, rotary, SwiGLU, "
+                "repeat_kv run as torch ops; --compile for a compiled run (the export writes [compile] enable)",
             ),
             "fused_projections": Behaviour(
                 value=False, source="torchtitan models/llama3/model.py: Attention wq, wk, wv; FeedForward w1, w2, w3"

@@ -9,7 +9,7 @@ same maths as separate torch ops moves more bytes; this module counts the extra,
 bytes, for GPT-style and gated (Llama-style) blocks (_widths):
 
 - "fused": nothing beyond the generic term.
-- "eager" (torch ops one by one: torchtitan without `training.compile`, meshplan's executor, an
+- "eager" (torch ops one by one: torchtitan without `compile.enable`, meshplan's executor, an
   HF model under DeepSpeed):
   - RMSNorm, 2 per Llama block, width h, TP-replicated unless sequence parallel. Eager it is
     cast to fp32 (r2 w4), pow (r4 w4), mean (r4), x * rsqrt (r4 w4), cast back (r4 w2) and
