@@ -6,7 +6,12 @@ and prints the table). Rows: torchtitan's benchmarks/llama3_h100_202412_torchtit
 8B / 70B / 405B on H100 96 GB HBM2e at 500 W, Grand Teton; torch, torchao, torchtitan of
 2024-12), each with `--runtime torchtitan` and what the row states (FSDP/TP/PP/CP degrees, local
 batch, activation checkpointing, torch.compile, Float8, async TP). PP rows are predicted with
-`--zero 2`: torchtitan's default reshard policy keeps parameters gathered under PP (README).
+`--zero 2`: torchtitan's default reshard policy keeps parameters gathered under PP (README). The
+rows state the local batch, not the microbatch: torchtitan then splits it into as many microbatches
+as there are stages in the pipeline (pipeline_parallel_microbatches unset: n_microbatches = pp x
+stages per rank, two per rank for a looped schedule such as Interleaved1F1B; torchtitan
+parallelisms/pipelining_utils.py), which `torchtitan_pp_pins` writes as --microbatch and
+--virtual-stages.
 """
 
 from __future__ import annotations
@@ -27,6 +32,19 @@ SHAPES = {
 }
 COMPILE, FP8 = "--compile", "--compile --precision fp8"
 FSDP_SEL = "--tp 1 --pp 1 --zero 3 --microbatch 2 --recompute selective --schedule 1f1b"
+LOOPED_STAGES_PER_RANK = 2
+"""torchtitan's stages per rank for a looped schedule when no split points are given
+(generate_split_points: num_stages_per_rank = 2 for a PipelineScheduleMulti, else 1)."""
+
+
+def torchtitan_pp_pins(local_batch: int, pp: int, schedule: str) -> str:
+    """--schedule, --virtual-stages and --microbatch as torchtitan runs a pipeline whose
+    microbatch count is left at its default: one microbatch per stage of the whole pipeline
+    (n_microbatches = pp x stages per rank), each local_batch / n_microbatches samples."""
+    stages_per_rank = LOOPED_STAGES_PER_RANK if schedule == "interleaved" else 1
+    n_microbatches = pp * stages_per_rank
+    assert local_batch % n_microbatches == 0, (local_batch, n_microbatches)  # torchtitan raises
+    return f"--schedule {schedule} --virtual-stages {stages_per_rank} --microbatch {local_batch // n_microbatches}"
 
 
 def _rows() -> list[dict]:
@@ -76,16 +94,16 @@ def _rows() -> list[dict]:
     tp2d = f"--tp 8 --pp 1 --dp 32 --zero 3 --microbatch 16 --recompute full --sequence-parallel --schedule 1f1b {FP8}"
     add(4, "2D", "70B", 8192, 256, 512, tp2d + " --no-overlap-tp-comm", 829, 71.9)
     add(4, "2D + AsyncTP", "70B", 8192, 256, 512, tp2d + " --overlap-tp-comm", 876, 67.6)
-    pp3d = f"--tp 8 --pp 8 --dp 8 --zero 2 --microbatch 1 --recompute full --sequence-parallel --overlap-tp-comm {FP8}"
-    add(5, "1F1B", "405B", 8192, 512, 256, pp3d + " --schedule 1f1b", 100, 82.5)
-    add(5, "Interleaved 1F1B", "405B", 8192, 512, 256, pp3d + " --schedule interleaved", 128, 72.7)
+    pp3d = f"--tp 8 --pp 8 --dp 8 --zero 2 --recompute full --sequence-parallel --overlap-tp-comm {FP8}"
+    add(5, "1F1B", "405B", 8192, 512, 256, f"{pp3d} {torchtitan_pp_pins(32, 8, '1f1b')}", 100, 82.5)
+    add(5, "Interleaved 1F1B", "405B", 8192, 512, 256, f"{pp3d} {torchtitan_pp_pins(32, 8, 'interleaved')}", 128, 72.7)
     for fsdp, cp, seq, tps, gib in (
         (8, 1, 32768, 76, 75.3),
         (4, 2, 65536, 47, 75.9),
         (2, 4, 131072, 31, 77.1),
         (1, 8, 262144, 16, 84.9),
     ):
-        pins = f"--tp 8 --pp 8 --dp {fsdp} --cp {cp} --zero 2 --microbatch 1 --recompute full --sequence-parallel"
+        pins = f"--tp 8 --pp 8 --dp {fsdp} --cp {cp} --zero 2 --recompute full --sequence-parallel"
         add(
             6,
             f"FSDP {fsdp} CP {cp}",
@@ -93,7 +111,7 @@ def _rows() -> list[dict]:
             seq,
             512,
             8 * fsdp,
-            f"{pins} --overlap-tp-comm --schedule 1f1b {FP8}",
+            f"{pins} --overlap-tp-comm {torchtitan_pp_pins(8, 8, '1f1b')} {FP8}",
             tps,
             gib,
         )
