@@ -86,6 +86,7 @@ class PlanOptions:
     elementwise: str | None = None
     fused_projections: bool | None = None
     zero3_prefetch_elems: int | None = None
+    zero3_gather: str | None = None
     fsdp_gather_dtype: str | None = None
     # output
     top: int = 5

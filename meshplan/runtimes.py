@@ -334,6 +334,18 @@ ROWS: tuple[Row, ...] = (
         ),
     ),
     Row(
+        name="zero3_gather",
+        meaning="ZeRO-3 parameter all-gathers: one per layer, reused by its recompute (layer), or one per "
+        "submodule holding parameters, again for the recompute (module)",
+        flags="--zero3-gather",
+        flag=Flag(
+            name="--zero3-gather",
+            choices=("layer", "module"),
+            help="ZeRO-3 parameter all-gathers: layer = one per wrapped layer, the recompute reuses it (FSDP2); "
+            "module = one per submodule with parameters, in forward, recompute and backward (DeepSpeed)",
+        ),
+    ),
+    Row(
         name="model_source",
         meaning="runtime: the runtime builds its own model of the profiled shape (a standard block is priced as "
         "its closed form); user: the profiled module runs",
@@ -455,6 +467,11 @@ RUNTIMES: dict[str, Runtime] = {
             "zero3_prefetch_elems": Behaviour(
                 value=0, source="FSDP2 fully_shard: the next layer's all-gather issued ahead (implicit prefetch)"
             ),
+            "zero3_gather": Behaviour(
+                value="layer",
+                source="FSDP2 fully_shard per block: one all-gather per block; under activation checkpointing the "
+                "pre-backward unshard already holds it when the recompute runs",
+            ),
             "model_source": Behaviour(value="user", source="executor: the profiled module itself, as built"),
             "free_stage_outputs": _HOLD_OUTPUTS,
             "offload_methods": Behaviour(
@@ -523,6 +540,11 @@ RUNTIMES: dict[str, Runtime] = {
             "zero3_prefetch_elems": Behaviour(
                 value=0, source="FSDP2 fully_shard: the next layer's all-gather issued ahead (implicit prefetch)"
             ),
+            "zero3_gather": Behaviour(
+                value="layer",
+                source="FSDP2 fully_shard per block: one all-gather per block; under activation checkpointing the "
+                "pre-backward unshard already holds it when the recompute runs",
+            ),
             "model_source": Behaviour(
                 value="runtime",
                 source="torchtitan builds its own model from the config (train_spec, models/llama3/model.py Transformer)",
@@ -579,6 +601,7 @@ RUNTIMES: dict[str, Runtime] = {
                 source="megatron/model/transformer.py: ParallelAttention query_key_value, one ColumnParallelLinear",
             ),
             "zero3_prefetch_elems": Behaviour(value=0, source="not applicable: no ZeRO-3"),
+            "zero3_gather": Behaviour(value="layer", source="not applicable: no ZeRO-3"),
             "model_source": Behaviour(
                 value="runtime",
                 source="pretrain_gpt.py model_provider: megatron.model.GPTModel from --num-layers, --hidden-size",
@@ -648,6 +671,7 @@ RUNTIMES: dict[str, Runtime] = {
                 source="megatron/core/transformer: linear_qkv; linear_fc1 holds gate and up (gated linear unit)",
             ),
             "zero3_prefetch_elems": Behaviour(value=0, source="not applicable: distributed optimizer (ZeRO-1) only"),
+            "zero3_gather": Behaviour(value="layer", source="not applicable: no ZeRO-3"),
             "model_source": Behaviour(
                 value="runtime",
                 source="pretrain_gpt.py model_provider: megatron.core.models.gpt.GPTModel with its transformer layer spec",
@@ -726,6 +750,12 @@ RUNTIMES: dict[str, Runtime] = {
                 value=50_000_000,
                 source="deepspeed/runtime/zero/config.py prefetch_bucket_size = 5e7 (stage3_prefetch_bucket_size: "
                 "'Maximum number of parameter elements to fetch ahead of use')",
+            ),
+            "zero3_gather": Behaviour(
+                value="module",
+                source="deepspeed/runtime/zero/partitioned_param_coordinator.py fetch_sub_module: each submodule's "
+                "parameters gathered in its pre-forward and pre-backward hooks and released after; "
+                "checkpointing's recompute runs the forward hooks again",
             ),
             "model_source": Behaviour(
                 value="user",

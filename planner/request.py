@@ -88,6 +88,10 @@ class PlanRequest:
     """ZeRO-3 parameter elements the runtime fetches ahead of use (DeepSpeed's
     stage3_prefetch_bucket_size); 0: a whole layer ahead, as FSDP2 prefetches the next layer. A
     layer's share beyond it waits on the critical path (planner/rank/dp_cost.py)."""
+    zero3_gather: str = "layer"
+    """ZeRO-3 all-gather granularity (planner/rank/dp_cost.py): "layer", one per wrapped layer,
+    reused by its recompute (FSDP2); "module", one per submodule holding parameters (the layer's TP
+    rule children), again for a full recompute's forward (DeepSpeed's parameter coordinator)."""
     elementwise: str = "fused"
     """How the runtime runs a block's memory-bound ops (planner/cost/elementwise.py): "fused" kernels (the
     calibration's: Megatron, Transformer Engine), "compiled" (torch.compile) or "eager" torch ops,

@@ -30,6 +30,8 @@ class RuntimeSpec:
     free_stage_outputs: bool
     zero3_prefetch_elems: int
     """ZeRO-3 parameter elements fetched ahead of use (0: the next layer whole, FSDP2)."""
+    zero3_gather: str
+    """"layer" (FSDP2) or "module" (DeepSpeed): ZeRO-3 all-gathers per layer and per recompute."""
     zero_stages: tuple[int, ...] | None
     offload_methods: tuple[str, ...] | None
     also_runs: tuple[str, ...]

@@ -55,11 +55,6 @@ def test_published_orderings(rows, figure):
     assert hit["holds"], hit["detail"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="at 384 GPUs DeepSpeed's ZeRO-3 (prefetch bound priced) is still predicted 188 TFLOP/s against "
-    "a published 144: per-collective latency of its per-parameter gathers is not modelled (docs/validation.md)",
-)
 def test_table2_ptdp_beats_zero3_at_384(rows):
     (hit,) = [r for r in rows if r["kind"] == "ordering" and r["name"].startswith("Table 2: GPT-3 175B on 384 ")]
     assert hit["holds"], hit["detail"]

@@ -35,7 +35,9 @@ def test_deepspeed_leaves_a_large_layers_gathers_exposed():
 def test_the_exposed_share_is_what_does_not_fit_the_prefetch_bound():
     """With a 1e9-element bound the 1.8e9-parameter block waits for 1 - 1e9/1.8e9 of its two gathers
     (forward, backward); the 6.3e8-parameter LM head fits the bound and hides behind compute."""
-    profile, cluster, request = _inputs("--runtime", "deepspeed", "--zero3-prefetch-elems", "1000000000")
+    profile, cluster, request = _inputs(
+        "--runtime", "deepspeed", "--zero3-prefetch-elems", "1000000000", "--zero3-gather", "layer"
+    )
     ctx = Context.build(profile, cluster, request)
     cand = Candidate(
         pp=1,

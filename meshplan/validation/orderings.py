@@ -8,8 +8,9 @@
   parallelism (microbatch 4 / 2 / 1 on 384 / 768 / 1536 GPUs): PTD-P is ahead by 6% on 384 GPUs and
   far ahead on 768 and 1536 (149 vs 88, 141 vs 44 TFLOP/s per GPU). ZeRO-3 is priced as
   --runtime deepspeed runs it: its 5e7-element prefetch bound leaves a 1.8e9-parameter block's
-  gathers on the critical path (runtime behaviour zero3_prefetch_elems), which reproduces 768 and
-  1536 GPUs; at 384 the model still has ZeRO-3 ahead (docs/validation.md).
+  gathers on the critical path (runtime behaviour zero3_prefetch_elems), and its per-submodule
+  all-gathers (zero3_gather module, again for the recompute) each pay a ring's latency over all
+  the ranks (docs/validation.md).
 - Fig. 17: 145B GPT (80 layers, 96 heads, hidden 12288) on 128 A100, (t, p) = (8, 16): with
   activation recompute a larger batch is reachable and its best throughput beats the best
   without recompute.

@@ -57,6 +57,23 @@ def _link(cluster: ClusterSpec, tier: str) -> LinkSpec:
     return cluster.intra_node if tier == "intra_node" else cluster.inter_node
 
 
+def ring_latency_s(cluster: ClusterSpec, collective: str, group: int, tier: str) -> float:
+    """The latency term of one ring collective: a chunk's way round the ring sums the latency of
+    each hop it takes, and of a ring over `group` ranks with k on each node only the hops between
+    nodes cross the network, the rest are NVLink hops (NCCL's own model, src/graph/tuning.cc:
+    latency = (nsteps - nInterSteps) x intra + nInterSteps x inter, nInterSteps = nNodes - 1 for
+    all-gather / reduce-scatter, twice that for all-reduce). A group inside one node: all NVLink."""
+    if group <= 1 or collective == "send_recv":
+        return _link(cluster, tier).latency_s if group > 1 else 0.0
+    _, steps = _RING[collective]
+    hops = steps * (group - 1)
+    if tier == "intra_node":
+        return hops * cluster.intra_node.latency_s
+    nodes = -(-group // getattr(tier, "ranks_per_node", 1))
+    inter = min(steps * (nodes - 1), hops)
+    return inter * cluster.inter_node.latency_s + (hops - inter) * cluster.intra_node.latency_s
+
+
 def collective_s(cluster: ClusterSpec, collective: str, group: int, buffer_bytes: float, tier: str) -> float:
     """Seconds for one collective over `group` ranks on a buffer of `buffer_bytes`."""
     if group <= 1 or buffer_bytes <= 0:
@@ -68,8 +85,19 @@ def collective_s(cluster: ClusterSpec, collective: str, group: int, buffer_bytes
     bw_bytes_s = _bandwidth_bytes_s(cluster, collective, tier)
     if collective == "send_recv":
         return link.latency_s + buffer_bytes / bw_bytes_s
-    factor, steps = _RING[collective]
-    return steps * (group - 1) * link.latency_s + factor * (group - 1) / group * buffer_bytes / bw_bytes_s
+    factor, _ = _RING[collective]
+    return ring_latency_s(cluster, collective, group, tier) + factor * (group - 1) / group * buffer_bytes / bw_bytes_s
+
+
+def collective_latency_s(cluster: ClusterSpec, collective: str, group: int, tier: str) -> float:
+    """The fixed part of one more collective of the same kind (a measured fit's alpha, else the
+    ring's latency): what splitting a buffer into several collectives adds per extra one."""
+    if group <= 1:
+        return 0.0
+    fit = cluster.fit(collective, group) if cluster.collectives else None
+    if fit is not None:
+        return fit.latency_s
+    return ring_latency_s(cluster, collective, group, tier)
 
 
 def all_reduce_s(cluster, group, buffer_bytes, tier, sequence_parallel: bool = False) -> float:

@@ -27,7 +27,7 @@ from fractions import Fraction
 from meshplan.comm_bytes import wire_bytes
 from meshplan.model_profile import LayerProfile
 from meshplan.planner.context import Candidate, Context
-from meshplan.planner.cost.comm import collective_s, group_tier
+from meshplan.planner.cost.comm import collective_latency_s, collective_s, group_tier
 from meshplan.planner.cost.in_place import in_place_overhead_s
 from meshplan.planner.cost.state import state_bytes
 from meshplan.planner.methods.comm_schedule import comm_schedule_cost
@@ -101,6 +101,10 @@ class LayerDP:
     exposed_s: float = 0.0
     """Part of comm_s no overlap hides: ZeRO-3 gathers of the layer's parameters beyond what the
     runtime fetches ahead of use (request.zero3_prefetch_elems; DeepSpeed's 5e7 elements)."""
+    recompute_gather_s: float = 0.0
+    """One more ZeRO-3 gather of the layer for a full recompute's forward (zero3_gather "module":
+    DeepSpeed's hooks fetch again), its exposed part in recompute_gather_exposed_s."""
+    recompute_gather_exposed_s: float = 0.0
 
 
 class DataParallelCost:
@@ -145,6 +149,7 @@ class DataParallelCost:
             local, weights, grads, optim
         )  # planner/methods/offload.py
         comm, measured, exposed = self._fsdp_comm_s(layer, split, local, b, m)
+        regather, regather_exposed = self._recompute_gather_s(layer, local, measured)
         layer = train  # what follows is gradient traffic and its compression
         zero01 = self.zero <= 1 and self.replicas > 1
         if zero01 and self.sync.replaces_ddp:  # planner/methods/sync.py: copies, buffers, Crossbow's learners
@@ -164,6 +169,8 @@ class DataParallelCost:
             optimizer_shard=self.cand.state_shard,
             host_step=self.offload_cost.host_step,
             exposed_s=exposed,
+            recompute_gather_s=regather,
+            recompute_gather_exposed_s=regather_exposed,
         )
 
     def _shards_weights(self) -> bool:
@@ -208,11 +215,36 @@ class DataParallelCost:
         measured = in_place_overhead_s(fw, f"zero3@{self.shard}", b) if self.zero == 3 and fw else None
         if measured is not None:
             return measured + scatter / m + offload, True, 0.0
-        gather = collective_s(ctx.cluster, "all_gather", self.shard, local * width, self.shard_tier)
+        gather = self._gather_s(layer, local)
         again = self.zero == 3 and (layer.num_params > layer.num_frozen_params or self._after_trainable(layer))
         gathers = (2 if again else 1) * gather
         exposed = gathers * self._unprefetched_share(local) if self.zero == 3 else 0.0
         return gathers + scatter / m + offload, False, exposed
+
+    def _gather_s(self, layer: LayerProfile, local: float) -> float:
+        """One ZeRO-3 gather of the layer's parameters. FSDP2 gathers a wrapped layer in one
+        all-gather; DeepSpeed (zero3_gather "module") gathers each submodule holding parameters
+        in its own (fetch_sub_module), so a layer pays the collective's latency once per submodule:
+        the children of its TP rule (q, k, v, o, the MLP's linears, the norms), at least one. At
+        hundreds of ranks that latency (a ring's hops, comm.ring_latency_s) is milliseconds."""
+        ctx = self.ctx
+        gather = collective_s(ctx.cluster, "all_gather", self.shard, local * fsdp_width(ctx), self.shard_tier)
+        if ctx.spec.zero3_gather != "module" or gather <= 0:
+            return gather
+        rule = layer.tp
+        submodules = max(len(rule.column) + len(rule.row) + len(rule.replicated), 1)
+        return gather + (submodules - 1) * collective_latency_s(ctx.cluster, "all_gather", self.shard, self.shard_tier)
+
+    def _recompute_gather_s(self, layer: LayerProfile, local: float, measured: bool) -> tuple[float, float]:
+        """(seconds, exposed seconds) of the gather DeepSpeed runs again for a full recompute: its
+        activation checkpointing re-runs the block's forward inside backward, whose pre-forward
+        hooks fetch the released parameters before the pre-backward hooks fetch them once more.
+        FSDP2 (zero3_gather "layer") unshards the block in its pre-backward hook, before the
+        recompute runs, and gathers nothing more."""
+        if self.zero != 3 or self.shard <= 1 or measured or self.ctx.spec.zero3_gather != "module":
+            return 0.0, 0.0
+        gather = self._gather_s(layer, local)
+        return gather, gather * self._unprefetched_share(local)
 
     def _unprefetched_share(self, local: float) -> float:
         """Share of a layer's ZeRO-3 gathers that cannot be fetched ahead of use: DeepSpeed

@@ -244,8 +244,10 @@ def layer_cost(
         fsdp_wrap = 0.0
     modes = {}
     for mode, (compute, extra, tp_s, act) in base.modes.items():
-        hideable = data.comm_s - data.exposed_s  # gathers beyond the runtime's prefetch wait in line
-        dp_s = data.exposed_s + max(0.0, hideable - dp_hidden * (compute + extra)) + fsdp_wrap
+        regather = data.recompute_gather_s if mode == "full" else 0.0  # DeepSpeed gathers for the recompute too
+        exposed = data.exposed_s + (data.recompute_gather_exposed_s if mode == "full" else 0.0)
+        hideable = data.comm_s + regather - exposed  # gathers beyond the runtime's prefetch wait in line
+        dp_s = exposed + max(0.0, hideable - dp_hidden * (compute + extra)) + fsdp_wrap
         modes[mode] = ModeCost(
             time_s=compute + extra + tp_s + dp_s + base.cp_s,
             act_bytes=act,
