@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: gpt-tiny on 4 x local-cpu
-# plan decisions hash d0a9a2da9ae7f739; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
-# global batch 16 = micro 4 x accumulation 1 x data-parallel 4; seq_len 32
+# plan decisions hash d72969d918f67af1; mesh pp=4 dp_replicate=1 dp_shard=1 cp=1 tp=1
+# global batch 16 = micro 4 x accumulation 4 x data-parallel 1; seq_len 32
 # predict it: meshplan estimate --import THIS_FILE --model gpt-tiny --cluster local-cpu --runtime meshplan
 # WARNING: the prediction was made for runtime meshplan; megatron runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime megatron-lm or megatron-core
 # launch: one node of 4 devices
-# Megatron derives data-parallel size = 4 / (tp x pp x cp) = 4 and gradient accumulation = 16 / (4 x 4) = 1
+# Megatron derives data-parallel size = 4 / (tp x pp x cp) = 1 and gradient accumulation = 16 / (4 x 1) = 4
 MESHPLAN_ARGS=(
     --tensor-model-parallel-size 1
-    --pipeline-model-parallel-size 1
+    --pipeline-model-parallel-size 4
     --context-parallel-size 1
     --micro-batch-size 4
     --global-batch-size 16
