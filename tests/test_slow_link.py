@@ -201,9 +201,11 @@ def test_framing_model_counts_headers_per_segment_and_up_to_one_ack_per_two():
 @pytest.mark.timeout(420)
 def test_kernel_counted_bytes_land_in_the_framed_prediction(netns):
     """The namespace's loopback counters (the kernel's, sharing no code with the cost model)
-    over two steady-state steps of DDP and QSGD on 2 gloo ranks: within the predicted payload
-    plus its TCP/IP framing (benchmarks/kernel_bytes.py), and QSGD well below DDP. A cost model
-    that priced QSGD's all-gather as an all-reduce (or counted one rank, not both) misses."""
+    over two steady-state steps of DDP and QSGD on 2 gloo ranks: the TCP payload the kernel
+    carried (its bytes less one header per counted packet) equals the predicted payload, the
+    bytes are at least the payload in full segments (benchmarks/kernel_bytes.py), and QSGD sits
+    well below DDP. A cost model that priced QSGD's all-gather as an all-reduce (or counted one
+    rank, not both) misses."""
     from benchmarks import kernel_bytes as kb
 
     methods = [m for m in kb.METHODS if m[0] in ("none", "qsgd")]
@@ -213,15 +215,21 @@ def test_kernel_counted_bytes_land_in_the_framed_prediction(netns):
         # what differs between the two launches besides the steps: the store's control traffic
         # (rendezvous, keep-alive; a few KiB, timing-dependent) and retransmissions
         slack = 0.005 * r["framed_high"] + 4096 / 2
-        # retransmitted segments (counted by the kernel, load-dependent) carry up to one MSS again
+        # retransmitted segments (counted by the kernel, load-dependent) carry up to one MSS again;
+        # the count is a difference of two launches, so it can come out negative (the shorter
+        # launch retransmitted more) and then widens the band downwards instead
         resent = r["retrans_segments"] * kb.MSS
-        # at most one pure ACK per data segment (small messages are each ACKed on their own)
-        packets_max = 2 * (r["data_segments"] + r["retrans_segments"])
-        assert r["kernel_bytes"] <= r["payload_bytes"] + resent + kb.HEADER_BYTES * packets_max + slack, r
+        resent_up, resent_down = max(resent, 0.0), min(resent, 0.0)
+        # the payload cannot travel in fewer full segments than ceil(W / MSS), each with its header;
+        # how many more packets it takes (a partial last segment and an ACK per message, delayed
+        # ACKs) depends on the message count and the receiver's timing, which the model does not
+        # state, so the packet count is bounded from below only
+        assert r["kernel_packets"] >= r["data_segments"] - slack / kb.MSS, r
+        assert r["kernel_bytes"] >= r["framed_low"] - slack, r
         # TCP payload the kernel carried: every counted packet has one 52-byte IPv4+TCP header,
         # however many segments it coalesced
         carried = r["kernel_bytes"] - kb.HEADER_BYTES * r["kernel_packets"]
-        assert r["payload_bytes"] - slack <= carried <= r["payload_bytes"] + resent + slack, r
+        assert r["payload_bytes"] + resent_down - slack <= carried <= r["payload_bytes"] + resent_up + slack, r
         assert r["kernel_bytes"] == r["kernel_rx_bytes"]  # loopback: every packet sent is received
     assert rows["qsgd"]["kernel_bytes"] < rows["none"]["kernel_bytes"] / 4
     assert not sl.list_namespaces() or not any(n.startswith(f"{sl.PREFIX}{os.getpid()}-") for n in sl.list_namespaces())
