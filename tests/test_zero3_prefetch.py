@@ -71,7 +71,7 @@ def _gather_s(dp: DataParallelCost, layer) -> float:
 
 def test_deepspeed_holds_a_submodule_not_two_blocks():
     """530B (5e9 parameters a block) under ZeRO-3 on 640 A100 (Narayanan et al. 2021 Table 2 ran it
-    with DeepSpeed): FSDP2's two gathered blocks (bf16 weights + fp32 grads, 60 GB) leave no room;
+    with DeepSpeed): FSDP2's gathered blocks (10 bytes a parameter, 50 GB) leave no room;
     DeepSpeed's running weight (fc1, 1.7e9) + prefetch, its 16-bit gradient and a 5e8 bucket fit."""
     shape = ["--set", "layers=105", "hidden=20480", "heads=128", "vocab=51200", "seq=2048"]
     argv = ["estimate", "--model", "analytic:gpt", *shape, "--cluster", "a100-80g", "--num-gpus", "640"]
@@ -82,9 +82,22 @@ def test_deepspeed_holds_a_submodule_not_two_blocks():
     fsdp2 = estimate(*cli_inputs([*argv, "--runtime", "deepspeed", "--zero3-prefetch-elems", "0"])).prediction
     block = 12 * 20480**2
     gib = 2**30
-    assert fsdp2.stage_memory[0].buffers_bytes >= 2 * 6 * block
+    fsdp2_unit = (3 * 2 + 4) * block  # block i's bf16 params and grads, i-1's gather, i+1's fp32 RS input
+    assert fsdp2.stage_memory[0].buffers_bytes >= fsdp2_unit
     weight = 4 * 20480**2  # fc1
     assert deepspeed.stage_memory[0].buffers_bytes == pytest.approx(
-        fsdp2.stage_memory[0].buffers_bytes - 2 * 6 * block + 2 * (weight + 5e7) + 2 * weight + 2 * 5e8, rel=1e-3
+        fsdp2.stage_memory[0].buffers_bytes - fsdp2_unit + 2 * (weight + 5e7) + 2 * weight + 2 * 5e8, rel=1e-3
     )
     assert deepspeed.peak_memory_bytes < 80 * gib < fsdp2.peak_memory_bytes
+
+
+def test_fsdp2_buffers_are_the_largest_unit_at_16_bytes_under_fp32():
+    """fp32 ZeRO-3 (the gloo runs): unit i's params and grads, unit i-1's all-gather output and unit
+    i+1's reduce-scatter input, 4 bytes each (planner/cost/memory.py fsdp2_unit_buffer_bytes); a
+    bf16-weight reading (2 bytes gathered) would under-price them by a quarter."""
+    shape = ["--set", "layers=4", "hidden=384", "heads=6", "vocab=256", "seq=32"]
+    argv = ["estimate", "--model", "gpt", *shape, "--cluster", "local-cpu", "--num-gpus", "4", "--precision", "fp32"]
+    argv += "--global-batch 8 --tp 1 --pp 1 --dp 4 --zero 3 --microbatch 2 --recompute none --schedule 1f1b".split()
+    got = estimate(*cli_inputs(argv)).prediction.stage_memory[0].buffers_bytes
+    block = 12 * 384**2 + 13 * 384  # a block's weights and biases
+    assert got == pytest.approx(16 * block, rel=0.01)

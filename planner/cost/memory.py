@@ -85,16 +85,31 @@ def _largest_tensor_elems(layer: LayerProfile, split: int) -> float:
     return min(max(sizes, default=float(layer.num_params)), float(layer.num_params)) / split
 
 
+FSDP2_REDUCE_BYTES = 4
+"""FSDP2's reduce-scatter input dtype: fp32 (torchtitan's mixed_precision_reduce, and the fp32 runs)."""
+
+
+def fsdp2_unit_buffer_bytes(gather_bytes: int) -> int:
+    """Bytes per element of the largest FSDP2 unit held at ZeRO-3's backward peak (torch 2.13
+    _fully_shard: _fsdp_param_group.pre_backward / post_backward, _fsdp_collectives.foreach_reduce),
+    the moment before unit i's post_backward: its unsharded parameters and their unsharded gradients
+    (both in the gather dtype), the all-gather output of unit i-1 (prefetched in i's pre_backward,
+    copied out only in i-1's), and the reduce-scatter input of unit i+1, kept by
+    comm_ctx.reduce_scatter_states (reduce_scatter_max_input_buffers = 1) until i's post_backward pops
+    it. 3 x gather + reduce: 16 under fp32, 10 under bf16 weights with fp32 reduction."""
+    return 3 * gather_bytes + FSDP2_REDUCE_BYTES
+
+
 def zero3_buffer_bytes(ctx: Context, layers: list[LayerProfile], split_of) -> float:
     """ZeRO-3's transient gathered weights and unsharded gradients on a rank. FSDP2 (prefetch 0:
-    a whole layer ahead) holds the largest layer's bf16 weights and fp32 gradients twice over (the
-    running layer and the prefetched one). DeepSpeed (request.zero3_prefetch_elems > 0) gathers per
+    a whole layer ahead) holds the largest layer's buffers of fsdp2_unit_buffer_bytes. DeepSpeed (request.zero3_prefetch_elems > 0) gathers per
     submodule: the running weight plus at most the prefetch bound in 16 bits, that weight's 16-bit
     gradient, and one reduce bucket of 16-bit gradients (DEEPSPEED_REDUCE_BUCKET_ELEMS); a block's
     other weights are released after their submodule runs."""
     ahead = ctx.spec.zero3_prefetch_elems
     if ahead <= 0:
-        return 2 * (2 + 4) * max(lp.num_params / split_of(lp) for lp in layers)
+        unit = max(lp.num_params / split_of(lp) for lp in layers)
+        return fsdp2_unit_buffer_bytes(ctx.spec.fsdp_gather_bytes) * unit
     weight = max(_largest_tensor_elems(lp, split_of(lp)) for lp in layers)
     layer = max(lp.num_params / split_of(lp) for lp in layers)
     return 2 * min(weight + ahead, layer) + 2 * weight + 2 * min(DEEPSPEED_REDUCE_BUCKET_ELEMS, layer)
