@@ -716,6 +716,7 @@ def merge_results(plan: Plan, per_rank: list[dict], rc: int, opts: LaunchOptions
         resumed_from_step=first["start_step"],
         notes=notes,
         **comm_bytes_fields(per_rank),
+        **run_history.phase_fields([r.get("phases_s_by_step", []) for r in per_rank], device),
     )
 
 

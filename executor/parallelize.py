@@ -45,6 +45,7 @@ from meshplan.executor.grad_clip import clip_grad_norm
 from meshplan.executor.materialize import init_source, materialize, state_source
 from meshplan.executor.model import tp_rules_for
 from meshplan.executor.parallel_dims import ParallelDims
+from meshplan.executor.phases import PhaseTimer, time_stages
 from meshplan.executor.pipeline import SPLIT_BACKWARD, build_schedule, schedule_step, split_stages
 from meshplan.executor.tensor_parallel import apply_tp
 from meshplan.executor.tied import TiedGrads
@@ -71,6 +72,8 @@ class Parallelized:
     """ReplicaGradReducer per part for DTensor stages under DDP/ZeRO-1 semantics."""
     autocast_dtype: torch.dtype | None = None
     comm_bytes: ByteCounter = field(default_factory=ByteCounter)
+    phases: PhaseTimer = field(default_factory=lambda: PhaseTimer(torch.device("cpu")))
+    """Per-phase step times (executor/phases.py): apply() gives it the device; train.py reads it."""
     """This rank's data-parallel bytes on the wire, per mesh axis, one entry per optimizer step."""
     offload_dir: str = "offload"
     """offload=nvme: this rank's folder for the optimizer-state files (one subfolder per part)."""
@@ -127,11 +130,16 @@ class Parallelized:
         if targets is None:  # models trained on their output alone: a chunkable placeholder
             targets = torch.empty(inputs.shape[0], 0)
         with self._autocast():
-            local = self._pipelined(inputs, targets) if self.schedule else self._accumulated(inputs, targets)
-        for reducer in self.reducers:
-            reducer.reduce()
-        if self.tied:
-            self.tied.reduce()
+            if self.schedule:
+                with self._phase("pipeline"):  # less its stages' forward and backward (time_stages)
+                    local = self._pipelined(inputs, targets)
+            else:
+                local = self._accumulated(inputs, targets)
+        with self._phase("dp_comm"):
+            for reducer in self.reducers:
+                reducer.reduce()
+            if self.tied:
+                self.tied.reduce()
         if not self.dims.is_loss_owner:
             return torch.zeros((), dtype=torch.float64, device=self.device)
         return local.detach().to(torch.float64)
@@ -152,10 +160,15 @@ class Parallelized:
         total = torch.zeros((), device=self.device)  # no host sync per microbatch on GPU
         for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
             with _grad_sync(model, last=i == n - 1):
-                loss = self.loss_fn(model(x.to(self.device)), y.to(self.device)) / n
-                loss.backward()
+                with self._phase("forward"):
+                    loss = self.loss_fn(model(x.to(self.device)), y.to(self.device)) / n
+                with self._phase("backward"):
+                    loss.backward()
             total += loss.detach().float()
         return total
+
+    def _phase(self, name: str):
+        return self.phases.phase(name)
 
     def _autocast(self):
         if self.autocast_dtype is None:
@@ -225,6 +238,8 @@ def apply(
     result.sync = sync.build(result, sync_params, counter) if hasattr(sync, "build") and dims.dp_degree > 1 else None
     if plan.pipeline_parallel_degree > 1 or len(plan.stages) > 1:  # 7
         result.schedule, result.stages = build_schedule(plan, stage_ids, parts, mesh["pp"], device, result.loss_fn)
+    result.phases = PhaseTimer(device)
+    time_stages(result.stages, result.phases)
     return result
 
 

@@ -104,6 +104,23 @@ def job_step_times(per_rank: list[list[float]]) -> list[float]:
 def median_step_s(step_times: list[float], device: str) -> float:
     """Median step time after warm-up: step 0 is warm-up; on CPU step 1 ran under the
     live-tensor tracker (executor/train.py), so it is left out too when there are more."""
-    skip = 2 if device == "cpu" and len(step_times) > 2 else 1
-    timed = step_times[skip:] if len(step_times) > skip else step_times
-    return statistics.median(timed)
+    return statistics.median(step_times[timed_steps(len(step_times), device)])
+
+
+def timed_steps(count: int, device: str) -> slice:
+    """The steps after warm-up that the step time is taken over (all of them if too few)."""
+    skip = 2 if device == "cpu" and count > 2 else 1
+    return slice(skip, None) if count > skip else slice(0, None)
+
+
+def phase_fields(per_rank: list[list[dict[str, float]]], device: str) -> dict:
+    """RunResult's per-phase seconds (executor/phases.py): each rank's mean per step over the
+    timed steps, and the job's: the mean over ranks (as job_step_times)."""
+    by_rank = []
+    for steps in per_rank:
+        timed = steps[timed_steps(len(steps), device)]
+        names = sorted({name for step in timed for name in step})
+        by_rank.append({n: statistics.fmean(step.get(n, 0.0) for step in timed) for n in names})
+    names = sorted({n for r in by_rank for n in r})
+    job = {n: statistics.fmean(r.get(n, 0.0) for r in by_rank) for n in names} if by_rank else {}
+    return {"phase_times_s": job, "phase_times_per_rank_s": by_rank}

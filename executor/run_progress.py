@@ -112,4 +112,5 @@ def partial_result(plan: Plan, per_rank: list[list[dict]], run_id: str, device: 
         resumed_from_step=start,
         complete=False,
         notes=notes,
+        **run_history.phase_fields([[r.get("phases_s", {}) for r in records] for records in per_rank], device),
     )

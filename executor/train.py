@@ -5,8 +5,10 @@ GPU, synthetic seeded data or a user dataset, DCP checkpoints every K steps and 
 Measured per rank: every step's wall time, the loss (identical on all ranks: the last pipeline
 stage's losses, all-reduced once after the last step so no step waits on the loss), and peak
 memory (CUDA max allocated; on CPU the live-tensor tracker watches step 1 — step 0 when it is
-the only one — which the median step time then leaves out), and the data-parallel bytes this
-rank sent per step and mesh axis (the methods' counters, closed after each optimizer step).
+the only one — which the median step time then leaves out), the seconds of each phase of each
+step (data, forward, backward, pipeline waits, optimizer...: executor/phases.py), and the
+data-parallel bytes this rank sent per step and mesh axis (the methods' counters, closed after
+each optimizer step).
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class RankResult:
     """Data-parallel bytes this rank put on the wire in each step, by mesh axis (comm_bytes.py)."""
     comm_bytes_per_step: dict[str, int] = field(default_factory=dict)
     """Its mean per step after the first (ByteCounter.mean_after_first), by mesh axis."""
+    phases_s_by_step: list[dict[str, float]] = field(default_factory=list)
+    """Seconds of each phase of each step (executor/phases.py: forward, backward, pipeline, ...)."""
     method_notes: list[str] = field(default_factory=list)
     """Lines the data-parallel methods report (e.g. Accordion's share of steps at each setting)."""
 
@@ -127,12 +131,16 @@ def _train(
     for step in range(start, options.steps):
         on_step(step)
         tracker = _tracker(par, optimizers, device) if options.track_memory and step == tracked else None
+        par.phases.end_step()  # nothing timed before the step counts in it
         t0 = time.perf_counter()
         with tracker or _null():
-            loss, norm = _train_step(par, optimizers, batches(step), options.grad_clip)
+            with par.phases.phase("data"):
+                batch = batches(step)
+            loss, norm = _train_step(par, optimizers, batch, options.grad_clip)
         _sync(device)
-        result.comm_bytes_by_step.append(par.comm_bytes.end_step())
         result.step_times_s.append(time.perf_counter() - t0)
+        result.phases_s_by_step.append(par.phases.end_step())
+        result.comm_bytes_by_step.append(par.comm_bytes.end_step())
         shares.append(loss)
         result.grad_norms.append(norm)
         if tracker is not None:
@@ -154,21 +162,32 @@ def _step_record(par, device: torch.device, step: int, loss, result: RankResult)
     """What `meshplan run` logs after a step (torchtitan's per-step line)."""
     value = par.global_losses([loss])[0] if par.sync is None else None  # every rank: one all-reduce
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else result.peak_memory_bytes
-    return {"step": step + 1, "loss": value, "step_time_s": result.step_times_s[-1], "peak_memory_bytes": peak}
+    return {
+        "step": step + 1,
+        "loss": value,
+        "step_time_s": result.step_times_s[-1],
+        "peak_memory_bytes": peak,
+        "phases_s": result.phases_s_by_step[-1],
+    }
 
 
 def _train_step(par, optimizers, batch, grad_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step; returns this rank's loss share (see Parallelized.step_local) and the
     global gradient norm before clipping. A sync method other than all-reduce runs its own step
     (local steps, master updates, learners, a time budget: executor/methods/sync.py)."""
+    timer = par.phases
     if par.sync is not None:
-        return par.sync.train_step(par, optimizers, batch, grad_clip)
-    for opt in optimizers:
-        opt.zero_grad(set_to_none=True)
+        with timer.phase("sync"):  # less its forward and backward (parallelize.py)
+            return par.sync.train_step(par, optimizers, batch, grad_clip)
+    with timer.phase("optimizer"):
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
     loss = par.step_local(*batch)
-    norm = par.clip_grad_norm_(grad_clip)
-    for opt in optimizers:
-        opt.step()
+    with timer.phase("grad_clip"):
+        norm = par.clip_grad_norm_(grad_clip)
+    with timer.phase("optimizer"):
+        for opt in optimizers:
+            opt.step()
     return loss, norm
 
 

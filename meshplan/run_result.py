@@ -47,6 +47,12 @@ class RunResult:
     """Each rank's mean per step after the first, by mesh axis (rank order)."""
     comm_bytes_by_step: list[dict[str, int]] = field(default_factory=list)
     """Rank 0's bytes in every step, by mesh axis (warm-up steps included)."""
+    phase_times_s: dict[str, float] = field(default_factory=dict)
+    """Seconds per step in each phase of the step (executor/phases.py: data, forward, backward,
+    pipeline, dp_comm, grad_clip, optimizer, sync), each rank's mean over the steps the step time
+    is taken over, then the mean over ranks; they add up to about the mean of those steps."""
+    phase_times_per_rank_s: list[dict[str, float]] = field(default_factory=list)
+    """Each rank's phase seconds (rank order), as phase_times_s before the mean over ranks."""
     complete: bool = True
     """False in a run.json written while the run goes (after each step) and left so by a run that
     was killed, failed or interrupted: `steps`, `losses` and `step_times_s` then hold the steps

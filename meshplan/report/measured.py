@@ -5,6 +5,7 @@ from __future__ import annotations
 from meshplan.plan import Plan
 from meshplan.report import fmt, svg
 from meshplan.report.document import Figure, Section, Table
+from meshplan.report.measured_phases import phase_items
 from meshplan.report.summary import throughput_unit
 from meshplan.run_result import RunResult
 from meshplan.schema import content_hash
@@ -48,9 +49,9 @@ def comparison_rows(plan: Plan, run: RunResult) -> list[list[str]]:
 
 
 def breakdown_items(plan: Plan, run: RunResult) -> list:
-    """Predicted vs measured per rank (peak memory) and per parallel axis (bytes per step): what
-    the run measured beyond the totals. The executor does not time the cost terms one by one, so
-    the step-time breakdown has no measured side."""
+    """Predicted vs measured per rank (peak memory), per parallel axis (bytes per step) and per
+    cost term and rank (the executor's phase times: report/measured_phases.py): what the run
+    measured beyond the totals."""
     from meshplan.report.mesh import layout
 
     pred = plan.prediction
@@ -96,10 +97,14 @@ def breakdown_items(plan: Plan, run: RunResult) -> list:
                 caption="Collective traffic per parallel axis, per rank and step",
             )
         )
-    out.append(
-        "The step-time terms (compute, bubble, communication, optimizer) are predicted, not timed one by "
-        "one by the executor; only their sum, the step time, is measured."
-    )
+    phases = phase_items(plan, run)
+    if phases:
+        out += phases
+    else:  # a run.json from before the executor timed its phases
+        out.append(
+            "This run.json has no phase times (an older meshplan run): the step-time terms (compute, "
+            "bubble, communication, optimizer) are predicted only; their sum, the step time, is measured."
+        )
     return out
 
 
