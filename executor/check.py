@@ -13,7 +13,7 @@ from torch import nn
 
 from meshplan import feasibility
 from meshplan.errors import MeshplanError
-from meshplan.executor.model import build_model_for_plan, tp_rules_for
+from meshplan.executor.model import build_model_for_plan, built_on_meta, check_real_layers, is_zoo_name, tp_rules_for
 from meshplan.executor.pipeline import SCHEDULE_CLASSES
 from meshplan.models.identity import num_params, structure_hash
 from meshplan.plan import Plan
@@ -55,12 +55,20 @@ def check_plan(plan: Plan, *, nnodes: int = 1) -> None:
             f"plan.layers: {bad!r} does not match the layers of {plan.model_name} "
             f"({names[0]} .. {names[-1]}, {len(names)} layers); re-plan for this model"
         )
+    if _factory_on_meta(plan, model):  # what the ranks build: the same layers, or refused here (not at step 0)
+        check_real_layers(plan, build_model_for_plan(plan, "cpu"))
     seq = getattr(model, "seq_len", 1)
     if seq > 1 and plan.seq_len > seq:
         raise MeshplanError(
             f"plan.seq_len = {plan.seq_len}: {plan.model_name} handles at most {seq} tokens; "
             "re-plan with a shorter sequence or a model with a longer context"
         )
+
+
+def _factory_on_meta(plan: Plan, model: nn.Module) -> bool:
+    """A user factory with a `device` parameter, built on meta here and on the CPU by every rank
+    (hf: models check their split on a CPU twin when profiled: models/hf_layers.py)."""
+    return not is_zoo_name(plan.model_name) and not plan.model_name.startswith("hf:") and built_on_meta(model)
 
 
 def _check_runnable_here(plan: Plan) -> None:

@@ -32,14 +32,27 @@ def build_for_apply(plan: Plan, seed: int = 0) -> LayeredModel:
     """What `apply` gets in the worker: zoo models on meta (weights from init_tensor), user and HF
     models built for real (their own init under torch.manual_seed(seed), identical on every rank)."""
     model = build_model_for_plan(plan, "meta" if is_zoo_name(plan.model_name) else "cpu", seed)
-    if plan.layers and model.layer_names() != plan.layers:  # a meta-device split the real weights do not reproduce
-        raise MeshplanError(
-            f"plan.layers: {plan.model_name} built on the CPU has layers {model.layer_names()[:4]}... "
-            f"({len(model.layer_names())}), the plan {len(plan.layers)} from its meta-device profile; the "
-            "split checked on meta shapes does not reproduce the model: profile it built on the CPU "
-            "(a factory without a `device` parameter) and re-plan"
-        )
+    check_real_layers(plan, model)
     return model
+
+
+def check_real_layers(plan: Plan, model: LayeredModel) -> None:
+    """Refuse `model` (built on the CPU) if its layers are not the plan's: a factory with a `device`
+    parameter was profiled and planned on meta, where a cut is checked on shapes only, and its
+    real weights split differently (one layer where the values do not reproduce the module)."""
+    names = model.layer_names()
+    if plan.layers and names != plan.layers:
+        raise MeshplanError(
+            f"plan.layers: {plan.model_name} built on the CPU has {len(names)} layer(s) ({names[0]} .. "
+            f"{names[-1]}), the plan {len(plan.layers)} from its meta-device profile: the split checked on "
+            "meta shapes does not reproduce the model; profile it on the CPU (a factory without a `device` "
+            "parameter) and re-plan"
+        )
+
+
+def built_on_meta(model: nn.Module) -> bool:
+    """Whether a build asked for on meta really is on meta (a factory without `device` builds on the CPU)."""
+    return any(p.is_meta for p in model.parameters())
 
 
 def build_named_model(

@@ -142,6 +142,31 @@ def test_unused_branches_are_named_in_a_warning():
     assert any(note.startswith("warning: ") and "mixers.conv" in note for note in profile.notes)
 
 
+def test_a_meta_split_the_cpu_build_does_not_reproduce_is_refused_before_launch(tmp_path, capsys):
+    """A factory with a `device` parameter profiles on meta, where a cut is checked on shapes
+    only: three layers, and a pp=2 plan of them. Built on the CPU, as every rank builds it, the
+    module is one layer (its buffer counts forward calls). check_plan refuses the plan before any
+    process starts, in one line naming both layer counts; `meshplan run` exits 2 on it."""
+    from meshplan.cli import main
+    from meshplan.errors import MeshplanError
+    from meshplan.executor.check import check_plan
+    from meshplan.models.loader import load_model
+    from meshplan.schema import dumps
+
+    spec = f"{REUSE}:warmup"
+    assert len(load_model(spec, device="meta").layer_names()) == 3
+    assert load_model(spec, device="cpu").layer_names() == ["layers.0"]
+    plan = make_plan(spec, pp=2, microbatches=2)
+    with pytest.raises(MeshplanError, match=r"built on the CPU has 1 layer\(s\).*the plan 3 from its meta-device"):
+        check_plan(plan)
+    check_plan(make_plan(f"{REUSE}:albert", pp=2, microbatches=2))  # a meta split the CPU reproduces
+    (tmp_path / "plan.json").write_text(dumps(plan))
+    assert main(["run", str(tmp_path / "plan.json"), "--steps", "1", "--out-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "meta-device profile" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
 def test_batchnorm_under_microbatching_is_stated():
     from meshplan.executor.check import run_warnings
 
