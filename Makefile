@@ -15,6 +15,17 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 
 install: $(STAMP)
 
+# torchvision for tests/test_stock_models.py only, in a folder of its own that no sys.path names:
+# PyPI's torchvision is a CUDA build whose C++ ops (libtorch_cuda) do not load beside the CPU torch,
+# and on sys.path it breaks `import transformers`. --no-deps keeps pip from touching the venv's torch;
+# the test fixture (tests/fixtures/user_models/stock_torchvision.py) imports the classifiers' pure-Python
+# code from here. Each torchvision release requires one torch release: 0.28.0 is 2.13.0's (constraints.txt).
+TORCHVISION_DIR := $(VENV)/torchvision
+TORCHVISION_STAMP := $(TORCHVISION_DIR)/.installed
+$(TORCHVISION_STAMP): $(STAMP) Makefile
+	$(BIN)/pip install -q --no-deps --upgrade --target $(TORCHVISION_DIR) torchvision==0.28.0 pillow
+	touch $(TORCHVISION_STAMP)
+
 # The real DeepSpeed, accelerate, Megatron-Core and torchtitan that tests/test_export_parsers.py feeds every
 # export to, in a venv of their own (their pins, tests/export-tools.txt, are not the project's dependencies);
 # torchtitan 0.2.2 beside it for the 0.2 TOML export. About a minute with a warm pip cache.
@@ -55,10 +66,10 @@ test-deps:
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-test: $(STAMP) $(EXPORT_STAMP)
+test: $(STAMP) $(EXPORT_STAMP) $(TORCHVISION_STAMP)
 	$(PYTEST) tests
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(TORCHVISION_STAMP)
 	$(PYTEST) -m "not slow" tests
 
 lint: $(STAMP)
