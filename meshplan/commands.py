@@ -47,14 +47,48 @@ def _console():
     return Console(stderr=True)
 
 
+def _interactive() -> bool:
+    """Progress bars only for a person at a terminal (stderr), never in a pipe or a CI log."""
+    return sys.stderr.isatty()
+
+
+def _no_tick(done: int, total: int, label: str | None = None) -> None:
+    pass
+
+
 @contextlib.contextmanager
-def _progress(args: argparse.Namespace, message: str) -> Iterator[None]:
-    """A rich spinner on stderr for people; nothing with --quiet or --json."""
+def _progress(args: argparse.Namespace, message: str) -> Iterator[Any]:
+    """A rich spinner on stderr for people; nothing with --quiet or --json. Yields `tick(done,
+    total, label=None)`: the work's count so far, which on a terminal turns the spinner into a bar
+    with the count, the elapsed time and an estimate of the time left (layers profiled,
+    candidates searched, rows validated); a no-op elsewhere."""
     if args.quiet or args.json:
-        yield
+        yield _no_tick
         return
-    with _console().status(message):
-        yield
+    if not _interactive():
+        with _console().status(message):
+            yield _no_tick
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
+    columns += [TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
+    with Progress(*columns, console=_console(), transient=True) as bar:
+        task = bar.add_task(message, total=None)  # no count yet: an indeterminate bar
+
+        def tick(done: int, total: int, label: str | None = None) -> None:
+            description = f"{message}: {label}" if label else message
+            bar.update(task, completed=min(done, total), total=max(total, 1), description=description)
+
+        yield tick
 
 
 def _print_table(args: argparse.Namespace, table) -> None:
@@ -295,8 +329,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     options, inputs = _inputs(args)
     from meshplan.planner.search import search
 
-    with _progress(args, f"searching plans for {inputs.request.num_gpus} x {inputs.cluster.name}"):
-        plan = search(inputs.profile, inputs.cluster, inputs.request)
+    with _progress(args, f"searching plans for {inputs.request.num_gpus} x {inputs.cluster.name}") as tick:
+        plan = search(inputs.profile, inputs.cluster, inputs.request, on_progress=lambda d, t: tick(d, t, "candidates"))
     _emit_plan(args, options, plan)
     if getattr(args, "imported", None):
         _compare_imported(args, plan)
@@ -570,8 +604,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     csv = args.csv or shipped
     if args.csv:
         _check_csv_header(args.csv, shipped)
-    with _progress(args, "predicting published runs"):
-        rows = validate_published(csv)
+    with _progress(args, "predicting published runs") as tick:
+        rows = validate_published(csv, on_row=lambda d, t: tick(d, t, "rows"))
     write_validation_report(rows, args.output)
     if args.json:
         _print_json(rows)

@@ -29,7 +29,8 @@ from meshplan.plan import Plan, schedule_name
 from meshplan.planner.request import PlanRequest
 
 Progress = Callable[[str], AbstractContextManager[Any]]
-"""A context manager factory that shows a message while long work runs (the CLI's spinner)."""
+"""A context manager factory that shows a message while long work runs (the CLI's spinner); what
+it yields, if callable, is told the work's count: tick(done, total, label) (the CLI's bar)."""
 
 
 def _no_progress(message: str) -> AbstractContextManager[Any]:
@@ -200,7 +201,7 @@ def build_profile(
         return hit
     from meshplan.profiler import profile_model
 
-    with progress(f"profiling {model} on {device}"):
+    with progress(f"profiling {model} on {device}") as tick:  # tick(done, total, label): layers
         profile = profile_model(
             model,
             values,
@@ -208,7 +209,7 @@ def build_profile(
             microbatch_sizes=microbatches,
             concurrent=concurrent,
             in_place=in_place,
-            progress=False,
+            progress=tick if callable(tick) else False,
         )
     if cacheable:
         profile_cache.store(model, values, profile)

@@ -9,6 +9,7 @@ reuse it. With device="cpu"/"cuda" the representatives are also timed (see timin
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -36,7 +37,7 @@ def profile_model(
     microbatch_sizes: list[int] | None = None,
     concurrent: int = 1,
     in_place: bool = True,
-    progress: bool = False,
+    progress: bool | Callable[[int, int, str], None] = False,
 ) -> ModelProfile:
     """Profile `model` (zoo name, family, file.py:factory, module:factory or hf:NAME).
 
@@ -95,7 +96,9 @@ class Analysis:
     captures: dict[str, LayerCapture]
 
 
-def analyse_model(model: LayeredModel, model_name: str, progress: bool = False) -> Analysis:
+def analyse_model(
+    model: LayeredModel, model_name: str, progress: bool | Callable[[int, int, str], None] = False
+) -> Analysis:
     """The device-independent part of the profile, captured on fake tensors."""
     rules = tp_rules(model)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)  # plain tensor attributes of user modules
@@ -287,9 +290,21 @@ def _model_profile(model: LayeredModel, name: str, layers: list[LayerProfile], n
     )
 
 
-def _progress(items: list[str], enabled: bool, label: str):
+def _progress(items: list[str], enabled: bool | Callable[[int, int, str], None], label: str):
+    """`items` as they are, under a rich bar (progress=True), or telling a callable
+    progress(done, total, label) the count after each (the CLI's own bar)."""
+    if callable(enabled):
+        return _counted(items, enabled, label)
     if not enabled:
         return items
     from rich.progress import track
 
     return track(items, description=label, transient=True)
+
+
+def _counted(items: list[str], tick: Callable[[int, int, str], None], label: str) -> Iterator[str]:
+    items = list(items)
+    tick(0, len(items), label)
+    for i, item in enumerate(items):
+        yield item
+        tick(i + 1, len(items), label)

@@ -31,3 +31,84 @@ def test_run_logs_every_step_once_with_the_losses_of_run_json(tmp_path, capfd):
     assert [int(s) for s, _ in steps] == [1, 2, 3]  # once per step: rank 0 only
     losses = json.loads((out / "run.json").read_text())["losses"]
     assert [float(v) for _, v in steps] == [round(x, 4) for x in losses]
+
+
+def _recorder(calls: list):
+    """A stand-in for commands._progress that records every tick."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def fake(args, message):
+        yield lambda done, total, label=None: calls.append((done, total, label))
+
+    return fake
+
+
+def test_a_bar_with_counts_on_a_terminal_and_nothing_when_piped(monkeypatch):
+    import argparse
+    import io
+
+    from rich.console import Console
+
+    from meshplan import commands
+
+    args = argparse.Namespace(quiet=False, json=False)
+    screen = io.StringIO()
+    monkeypatch.setattr(commands, "_console", lambda: Console(file=screen, force_terminal=True, width=160))
+    monkeypatch.setattr(commands, "_interactive", lambda: True)
+    with commands._progress(args, "searching plans") as tick:
+        tick(3, 7, "candidates")
+    assert "searching plans: candidates" in screen.getvalue() and "3/7" in screen.getvalue()
+    monkeypatch.setattr(commands, "_interactive", lambda: False)  # a pipe, a CI log: no bar, no count
+    screen.truncate(0)
+    with commands._progress(args, "searching plans") as tick:
+        tick(3, 7, "candidates")
+    assert "3/7" not in screen.getvalue()
+    monkeypatch.setattr(commands, "_interactive", lambda: True)
+    with commands._progress(argparse.Namespace(quiet=True, json=False), "searching plans") as tick:
+        tick(3, 7, "candidates")
+    assert "3/7" not in screen.getvalue()
+
+
+def test_plan_search_counts_candidates_to_the_total(tmp_path, monkeypatch):
+    from meshplan import commands
+    from meshplan.plan import Plan
+    from meshplan.schema import load
+
+    calls: list = []
+    monkeypatch.setattr(commands, "_progress", _recorder(calls))
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--num-gpus", "8", "--cluster", "a100-80g", "-o", str(out), "-q"]) == 0
+    ticks = [(d, t) for d, t, label in calls if label == "candidates"]
+    assert ticks and all(d <= t for d, t in ticks)
+    assert [d for d, _ in ticks] == sorted(d for d, _ in ticks)  # never backwards
+    done, total = ticks[-1]
+    search = load(Plan, out).search
+    assert done == total and total >= search.num_evaluated and any(d == search.num_evaluated for d, _ in ticks)
+
+
+def test_profile_counts_the_layers_it_analyses():
+    from meshplan.profiler import profile_model
+
+    calls: list = []
+    profile = profile_model("gpt-tiny", {}, device="meta", progress=lambda d, t, label: calls.append((d, t, label)))
+    layers = [(d, t) for d, t, label in calls if label == "analysing layers"]
+    assert layers[0] == (0, len(profile.layers)) and layers[-1] == (len(profile.layers), len(profile.layers))
+    assert len(layers) == len(profile.layers) + 1
+
+
+def test_validate_counts_the_rows_it_predicts(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from meshplan.validation import published
+
+    shipped = Path(published.__file__).parent.parent / "data" / "published-runs.csv"
+    lines = shipped.read_text().splitlines()
+    small = tmp_path / "runs.csv"
+    small.write_text("\n".join(lines[:4]) + "\n")  # header + 3 rows
+    monkeypatch.setattr(published, "validate_row", lambda row: {"row": row})
+    monkeypatch.setattr(published, "memory_checks", lambda rows: [])
+    monkeypatch.setattr("meshplan.validation.orderings.published_orderings", lambda: [])
+    calls: list = []
+    rows = published.validate_published(str(small), lambda d, t: calls.append((d, t)))
+    assert calls == [(1, 3), (2, 3), (3, 3)] and len(rows) == 3

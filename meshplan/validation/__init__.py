@@ -12,10 +12,10 @@ from __future__ import annotations
 __all__ = ["validate_published", "write_validation_report"]
 
 
-def validate_published(csv_path: str) -> list[dict]:
+def validate_published(csv_path: str, on_row=None) -> list[dict]:
     from meshplan.validation.published import validate_published as run
 
-    return run(csv_path)
+    return run(csv_path, on_row)
 
 
 def write_validation_report(rows: list[dict], md_path: str) -> None:

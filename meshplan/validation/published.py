@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import re
+from collections.abc import Callable
 
 from meshplan.errors import MeshplanError
 from meshplan.planner import estimate
@@ -341,11 +342,17 @@ def memory_checks(rows: list[dict]) -> list[dict]:
     return out
 
 
-def validate_published(csv_path: str) -> list[dict]:
-    """One dict per published row (throughput), then memory checks and orderings (kind key)."""
+def validate_published(csv_path: str, on_row: Callable[[int, int], None] | None = None) -> list[dict]:
+    """One dict per published row (throughput), then memory checks and orderings (kind key).
+    `on_row(done, total)` after each published row is predicted (the CLI's progress bar)."""
     with open(csv_path, newline="") as fh:
         rows = list(csv.DictReader(fh))
-    results = [{"kind": "throughput", **validate_row(row)} for row in with_source_software(with_source_degrees(rows))]
+    results = []
+    prepared = with_source_software(with_source_degrees(rows))
+    for i, row in enumerate(prepared):
+        results.append({"kind": "throughput", **validate_row(row)})
+        if on_row is not None:
+            on_row(i + 1, len(prepared))
     results += [{"kind": "memory", **m} for m in memory_checks(rows)]
     from meshplan.validation.orderings import published_orderings
 

@@ -14,6 +14,7 @@ import heapq
 import math
 import time
 from collections import Counter
+from collections.abc import Callable
 
 from meshplan.cluster import ClusterSpec
 from meshplan.errors import InfeasibleError
@@ -135,13 +136,19 @@ class Searcher:
         heapq.heapify(queue)
         return queue
 
-    def run(self, top_k: int) -> tuple[list[tuple[float, Candidate, tuple]], int]:
+    def run(
+        self, top_k: int, on_progress: Callable[[int, int], None] | None = None
+    ) -> tuple[list[tuple[float, Candidate, tuple]], int]:
         """The top_k (step_s, candidate, (rank solutions, stages)), best first; and the candidate count."""
         cands = candidates(self.ctx, self.rejects)
         bound = Bounds(self.ctx, self.table)
         queue = self._queue(cands, bound)
         best: list[tuple[float, Candidate, tuple]] = []  # sorted by (step, candidate)
+        total = len(queue)  # grows when an OOM candidate queues its tuned alternatives
         while queue:
+            if on_progress is not None:
+                total = max(total, self.num_evaluated + len(queue))
+                on_progress(self.num_evaluated, total)
             lb_time, refined, cand = heapq.heappop(queue)
             if len(best) >= top_k and lb_time >= best[-1][0] * (1 - 1e-12):
                 break  # every remaining candidate is bounded below by this
@@ -163,6 +170,8 @@ class Searcher:
             best.append((step, cand, (sols, stages)))
             best.sort(key=lambda item: (item[0], item[1]))
             del best[top_k:]
+        if on_progress is not None:  # the rest is pruned by the bound: settled too
+            on_progress(max(total, self.num_evaluated), max(total, self.num_evaluated))
         for lb_time, _, cand in queue:  # pruned by the bound: remember the family's best bound
             self.family_bound[cand.family] = min(lb_time, self.family_bound.get(cand.family, math.inf))
         self.family_size.update(c.family for c in cands)
@@ -203,12 +212,19 @@ class Searcher:
 
 
 @gc_paused
-def search(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) -> Plan:
-    """The best plan (with prediction and search summary) for `request` on `cluster`."""
+def search(
+    profile: ModelProfile,
+    cluster: ClusterSpec,
+    request: PlanRequest,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> Plan:
+    """The best plan (with prediction and search summary) for `request` on `cluster`.
+    `on_progress(settled, total)` is told how many candidates are settled (solved, or pruned by
+    the bound) of how many; it sees the search, never steers it (the CLI's progress bar)."""
     start = time.perf_counter()
     cluster = cluster if cluster.num_devices == request.num_gpus else cluster.with_num_devices(request.num_gpus)
     searcher = Searcher(profile, cluster, request)
-    ranked, num_candidates = searcher.run(max(request.top_k, 1))
+    ranked, num_candidates = searcher.run(max(request.top_k, 1), on_progress)
     offload_notes: list[str] = []
     if not ranked:  # offload only when nothing fits on the device (search/offload_search.py)
         if "offload" in request.methods:
