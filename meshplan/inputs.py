@@ -88,6 +88,7 @@ class PlanOptions:
     fused_projections: bool | None = None
     zero3_prefetch_elems: int | None = None
     zero3_gather: str | None = None
+    cp_kv_exchange: str | None = None
     fsdp_gather_dtype: str | None = None
     # output
     top: int = 5

@@ -346,6 +346,20 @@ ROWS: tuple[Row, ...] = (
         ),
     ),
     Row(
+        name="cp_kv_exchange",
+        meaning="how context parallelism moves K and V: ring = each step's block sent on while that step "
+        "computes, at the model's kv_heads; all_gather = every rank's K and V gathered at the first step, "
+        "waited for at the second, at the width the attention kernel takes them",
+        flags="--cp-kv-exchange",
+        flag=Flag(
+            name="--cp-kv-exchange",
+            choices=("ring", "all_gather"),
+            help="context parallel K/V exchange: ring (p2p per step, GQA K/V as they are; Megatron-Core / "
+            "Transformer Engine) or all_gather (torch context_parallel's default rotate method: gathered at the "
+            "first step, overlapping only it, at the width SDPA gets them)",
+        ),
+    ),
+    Row(
         name="model_source",
         meaning="runtime: the runtime builds its own model of the profiled shape (a standard block is priced as "
         "its closed form); user: the profiled module runs",
@@ -472,6 +486,11 @@ RUNTIMES: dict[str, Runtime] = {
                 source="FSDP2 fully_shard per block: one all-gather per block; under activation checkpointing the "
                 "pre-backward unshard already holds it when the recompute runs",
             ),
+            "cp_kv_exchange": Behaviour(
+                value="all_gather",
+                source="torch.distributed.tensor.experimental context_parallel: _cp_options.rotate_method = "
+                "ALL_GATHER (the default); the model repeats K and V to every head before SDPA (models/zoo Llama: repeat_interleave)",
+            ),
             "model_source": Behaviour(value="user", source="executor: the profiled module itself, as built"),
             "free_stage_outputs": _HOLD_OUTPUTS,
             "offload_methods": Behaviour(
@@ -545,6 +564,11 @@ RUNTIMES: dict[str, Runtime] = {
                 source="FSDP2 fully_shard per block: one all-gather per block; under activation checkpointing the "
                 "pre-backward unshard already holds it when the recompute runs",
             ),
+            "cp_kv_exchange": Behaviour(
+                value="all_gather",
+                source="torch.distributed.tensor.experimental context_parallel: _cp_options.rotate_method = "
+                "ALL_GATHER (the default); the model repeats K and V to every head before SDPA (torchtitan models/llama3/model.py: repeat_kv)",
+            ),
             "model_source": Behaviour(
                 value="runtime",
                 source="torchtitan builds its own model from the config (train_spec, models/llama3/model.py Transformer)",
@@ -602,6 +626,7 @@ RUNTIMES: dict[str, Runtime] = {
             ),
             "zero3_prefetch_elems": Behaviour(value=0, source="not applicable: no ZeRO-3"),
             "zero3_gather": Behaviour(value="layer", source="not applicable: no ZeRO-3"),
+            "cp_kv_exchange": Behaviour(value="ring", source="not applicable: no context parallelism"),
             "model_source": Behaviour(
                 value="runtime",
                 source="pretrain_gpt.py model_provider: megatron.model.GPTModel from --num-layers, --hidden-size",
@@ -672,6 +697,11 @@ RUNTIMES: dict[str, Runtime] = {
             ),
             "zero3_prefetch_elems": Behaviour(value=0, source="not applicable: distributed optimizer (ZeRO-1) only"),
             "zero3_gather": Behaviour(value="layer", source="not applicable: no ZeRO-3"),
+            "cp_kv_exchange": Behaviour(
+                value="ring",
+                source="Transformer Engine attention with --context-parallel-size: K/V blocks sent round the ring "
+                "by p2p each step, overlapped with that step's attention, at num_query_groups",
+            ),
             "model_source": Behaviour(
                 value="runtime",
                 source="pretrain_gpt.py model_provider: megatron.core.models.gpt.GPTModel with its transformer layer spec",
@@ -756,6 +786,9 @@ RUNTIMES: dict[str, Runtime] = {
                 source="deepspeed/runtime/zero/partitioned_param_coordinator.py fetch_sub_module: each submodule's "
                 "parameters gathered in its pre-forward and pre-backward hooks and released after; "
                 "checkpointing's recompute runs the forward hooks again",
+            ),
+            "cp_kv_exchange": Behaviour(
+                value="ring", known=False, source="not known: DeepSpeed's sequence parallelism (Ulysses) is all-to-all"
             ),
             "model_source": Behaviour(
                 value="user",

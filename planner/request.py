@@ -88,6 +88,11 @@ class PlanRequest:
     """ZeRO-3 parameter elements the runtime fetches ahead of use (DeepSpeed's
     stage3_prefetch_bucket_size); 0: a whole layer ahead, as FSDP2 prefetches the next layer. A
     layer's share beyond it waits on the critical path (planner/rank/dp_cost.py)."""
+    cp_kv_exchange: str = "ring"
+    """How context parallelism moves K and V (planner/rank/layer_cost.py _cp_comm_s): "ring", one
+    block per step, sent while the step computes, at the model's kv_heads (Megatron-Core, TE); or
+    "all_gather", every rank's K and V gathered at the first step and waited for at the second,
+    at all heads' width (torch context_parallel with a model that repeats K/V before SDPA)."""
     zero3_gather: str = "layer"
     """ZeRO-3 all-gather granularity (planner/rank/dp_cost.py): "layer", one per wrapped layer,
     reused by its recompute (FSDP2); "module", one per submodule holding parameters (the layer's TP

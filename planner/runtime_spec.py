@@ -32,6 +32,8 @@ class RuntimeSpec:
     """ZeRO-3 parameter elements fetched ahead of use (0: the next layer whole, FSDP2)."""
     zero3_gather: str
     """"layer" (FSDP2) or "module" (DeepSpeed): ZeRO-3 all-gathers per layer and per recompute."""
+    cp_kv_exchange: str
+    """"ring" (p2p per step at kv_heads) or "all_gather" (torch context_parallel, all heads)."""
     zero_stages: tuple[int, ...] | None
     offload_methods: tuple[str, ...] | None
     also_runs: tuple[str, ...]

@@ -84,18 +84,31 @@ def num_microbatches(ctx: Context, b: int, dp: int) -> int:
     return max(ctx.request.global_batch // (dp * b), 1)
 
 
-def _cp_comm_s(ctx: Context, layer: LayerProfile, b: int, tp: int, cp: int, compute_s: float) -> float:
-    """Exposed ring-attention traffic: K and V (GQA: kv_heads/heads of the hidden) circulate once
-    forward and twice backward, overlapped with the attention core's compute (Liu et al. 2023)."""
+def _cp_comm_s(
+    ctx: Context, layer: LayerProfile, b: int, tp: int, cp: int, fwd_s: float, bwd_s: float
+) -> tuple[float, float]:
+    """Exposed ring-attention traffic (forward, backward): K and V circulate once forward (again
+    for a full recompute's forward) and twice backward (K/V again, their gradients back). Runtime behaviour cp_kv_exchange says how:
+    - "ring" (Megatron-Core / Transformer Engine): one block sent to the next rank per step while
+      that step computes, so the whole pass's traffic hides behind the attention core (Liu et al.
+      2023), at the model's kv_heads (GQA K/V as they are);
+    - "all_gather" (torch context_parallel, rotate_method ALL_GATHER by default): every rank's K/V
+      gathered at the first step and waited for at the second, so each pass's gather overlaps only
+      that first step, 1/c of the core's work (with load balancing every step holds an equal
+      share); and the K/V are as wide as SDPA receives them: torchtitan's and the zoo's Llama
+      repeat them to every query head first (repeat_kv), heads/kv_heads times the GQA bytes."""
     if cp <= 1 or layer.tp.kind != "block":
-        return 0.0
+        return 0.0, 0.0
     heads = layer.tp.divisors.get("heads") or ctx.profile.heads or 1
-    kv_share = layer.tp.divisors.get("kv_heads", heads) / heads
+    gathered = ctx.spec.cp_kv_exchange == "all_gather"
+    kv_share = 1.0 if gathered else layer.tp.divisors.get("kv_heads", heads) / heads
     kv = 2 * layer.input_bytes * kv_share * b / tp  # K and V of the whole sequence, this rank's heads
-    comm = 3 * collective_s(ctx.cluster, "all_gather", cp, kv, group_tier(ctx.cluster, tp, cp))
+    one = collective_s(ctx.cluster, "all_gather", cp, kv, group_tier(ctx.cluster, tp, cp))
     gemm = sum(2.0 * g[0] * g[1] * g[2] for g in layer.gemm_shapes)
     attn_share = max(layer.forward_flops - gemm, 0.0) / layer.forward_flops if layer.forward_flops else 0.0
-    return max(0.0, comm - attn_share * compute_s)
+    if not gathered:
+        return max(0.0, one - attn_share * fwd_s), max(0.0, 2 * one - attn_share * bwd_s)
+    return max(0.0, one - attn_share * fwd_s / cp), max(0.0, 2 * one - attn_share * bwd_s / cp)
 
 
 FWD_PASSES, BWD_PASSES = 2, 3
@@ -195,7 +208,8 @@ class BaseCost:
     (forward+backward compute, recompute, tensor-parallel seconds, saved bytes)."""
 
     modes: dict[str, tuple[float, float, float, float]]
-    cp_s: float
+    cp_s: dict[str, float]
+    """Exposed context-parallel seconds per recompute mode (a full recompute gathers K/V again)."""
     backward_s: float
     split: int
 
@@ -205,7 +219,7 @@ def base_cost(ctx: Context, layer: LayerProfile, b: int, tp: int, sp: bool, cp: 
     fwd, bwd, sel = layer_compute_s(ctx, layer, b, split, cp)
     tp_fwd, tp_bwd = _tp_comm_s(ctx, layer, b, tp, cp, sp)
     tp_hidden = ctx.cluster.calibration.tp_overlap if ctx.spec.overlap_tp_comm else 0.0
-    cp_s = _cp_comm_s(ctx, layer, b, tp, cp, fwd + bwd)
+    cp_fwd, cp_bwd = _cp_comm_s(ctx, layer, b, tp, cp, fwd, bwd)
     mem_fwd, mem_bwd, mem_sel = _memory_bound_s(ctx, layer, b, split, cp, sp)
     fwd, bwd, sel = fwd + mem_fwd, bwd + mem_bwd, sel + mem_sel
     full_machinery, sel_machinery = recompute_overheads_s(ctx, layer, b)
@@ -220,6 +234,7 @@ def base_cost(ctx: Context, layer: LayerProfile, b: int, tp: int, sp: bool, cp: 
             else ((1 - tp_hidden) * (tp_fwd * (2 if mode == "full" else 1) + tp_bwd) + tp_wrap)
         )
         modes[mode] = (fwd + bwd, extra, tp_s, activation_bytes(ctx, layer, mode, b, split, cp, sp))
+    cp_s = {mode: cp_fwd * (2 if mode == "full" else 1) + cp_bwd for mode in modes}
     return BaseCost(modes=modes, cp_s=cp_s, backward_s=bwd, split=split)
 
 
@@ -249,13 +264,13 @@ def layer_cost(
         hideable = data.comm_s + regather - exposed  # gathers beyond the runtime's prefetch wait in line
         dp_s = exposed + max(0.0, hideable - dp_hidden * (compute + extra)) + fsdp_wrap
         modes[mode] = ModeCost(
-            time_s=compute + extra + tp_s + dp_s + base.cp_s,
+            time_s=compute + extra + tp_s + dp_s + base.cp_s[mode],
             act_bytes=act,
             compute_s=compute,
             recompute_s=extra,
             tp_s=tp_s,
             dp_s=dp_s,
-            cp_s=base.cp_s,
+            cp_s=base.cp_s[mode],
         )
     return LayerCost(
         modes=modes,
