@@ -1,16 +1,16 @@
 """meshplan plan -> DeepSpeed topology: gpt-tiny on 4 x local-cpu
-plan decisions hash d72969d918f67af1; mesh pp=4 dp_replicate=1 dp_shard=1 cp=1 tp=1
-global batch 16 = micro 4 x accumulation 4 x data-parallel 1; seq_len 32
+plan decisions hash 6abd433629dee8ba; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
+global batch 16 = micro 4 x accumulation 1 x data-parallel 4; seq_len 32
 predict it: meshplan estimate --import THIS_FILE --model gpt-tiny --cluster local-cpu --runtime meshplan
 """
 
 import deepspeed
 
 WORLD_SIZE = 4
-PIPELINE_PARALLEL_SIZE = 4
+PIPELINE_PARALLEL_SIZE = 1
 TENSOR_PARALLEL_SIZE = 1
-DATA_PARALLEL_SIZE = 1  # what DeepSpeed derives: world / (tp x pp)
-LAYERS_PER_STAGE = [2, 1, 1, 2]
+DATA_PARALLEL_SIZE = 4  # what DeepSpeed derives: world / (tp x pp)
+LAYERS_PER_STAGE = [6]
 
 
 def topology():
