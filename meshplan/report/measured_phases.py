@@ -81,6 +81,8 @@ def phase_items(plan: Plan, run: RunResult) -> list:
     for name, terms, phases in ROWS:
         p = mean[name] if name in per_stage[0] else None
         m = measured_row(run.phase_times_s, phases)
+        if not p and m is None:  # e.g. pipeline waits without a pipeline: nothing to compare
+            continue
         rows.append([name, terms, _cell(p), _cell(m), _error(p, m)])
     p_sum = sum(v for name, v in mean.items() if name in per_stage[0])
     m_sum = sum(run.phase_times_s.values())
@@ -103,7 +105,12 @@ def _rank_table(plan: Plan, run: RunResult, per_stage: list[dict[str, float]]) -
     per_rank = run.phase_times_per_rank_s
     if not per_rank or lay.world != len(per_rank):
         return []
-    shown = [name for name, _, _ in ROWS if name in per_stage[0]]
+    shown = [
+        name
+        for name, _, names in ROWS
+        if name in per_stage[0]
+        and (any(s[name] for s in per_stage) or any(measured_row(r, names) is not None for r in per_rank))
+    ]
     rows = []
     for r, phases in enumerate(per_rank[:MAX_RANK_ROWS]):
         stage = lay.coords(r)["pp"]
