@@ -252,7 +252,9 @@ def _methods(lay: Layout) -> list[str]:
                 f"{row.label} with zero_stage {lay.zero}: runs with zero_stage "
                 f"{'/'.join(map(str, row.zero_stages))} only"
             )
-        out += param_stage_reasons(axis, name, dict(dict(lay.method_params).get(axis, ())), lay.zero)
+        params = {**dp_methods.defaults_of(axis, name), **dict(dict(lay.method_params).get(axis, ()))}
+        out += param_stage_reasons(axis, name, params, lay.zero)
+        out += _param_layout_reasons(name, params, lay)
         if lay.tp > 1 and not row.tensor_parallel:
             out.append(
                 f"{row.label} with tensor_parallel_degree {lay.tp}: needs DDP, which cannot hold "
@@ -288,4 +290,38 @@ def _methods(lay: Layout) -> list[str]:
             out.append(
                 f"{row.label} with {lay.schedule}: its hooks miss the split weight-gradient pass; use Interleaved1F1B"
             )
+    return out
+
+
+def _param_layout_reasons(name: str, p: dict[str, Any], lay: Layout) -> list[str]:
+    """A method's parameters that the layout (its replicas, its local batch) or each other rule
+    out: the executor's own refusals (executor/methods/sync_localsgd.py, sync_crossbow.py,
+    sync_dabmd.py), found here so the search never writes such a plan."""
+    out = []
+    if name == "local-sgd" and 0 < p["group_size"] < lay.dp:
+        g, gp, period = p["group_size"], p["group_period"], p["period"]
+        if lay.dp % g:
+            fits = ", ".join(str(d) for d in range(2, lay.dp) if lay.dp % d == 0)
+            out.append(
+                f"sync=local-sgd group_size={g} with data-parallel degree {lay.dp}: groups of consecutive "
+                f"replicas must divide the {lay.dp} replicas; use group_size={fits + ' or ' if fits else ''}0 (flat)"
+            )
+        if period % gp or gp >= period:
+            out.append(
+                f"sync=local-sgd group_period={gp} with period={period}: a group averages every group_period "
+                "steps, which must divide period and be smaller; use group_period=1 or a larger period"
+            )
+    local = lay.microbatch * lay.num_microbatches
+    if name == "crossbow" and p["learners"] and local % p["learners"]:
+        fits = ", ".join(str(k) for k in range(1, min(local, 8) + 1) if local % k == 0)
+        out.append(
+            f"sync=crossbow learners={p['learners']} with a local batch of {local} samples: each learner "
+            f"takes an equal share; use learners={fits} (dividing global batch / data-parallel degree) "
+            "or learners=0 (auto)"
+        )
+    if name == "dabmd" and p["entropy"] and p["gradient_allreduce"]:
+        out.append(
+            "sync=dabmd entropy=true with gradient_allreduce=true: the exact variant steps the plan's "
+            "optimizer (Euclidean); drop one of them"
+        )
     return out

@@ -147,3 +147,31 @@ def test_parameter_offload_to_nvme_is_planned_at_zero_3_only(profiles):
         zero2.validate()
     with pytest.raises(MeshplanError, match=why):
         check_plan(zero2)
+
+
+@pytest.mark.parametrize(
+    "name, params, why",
+    [
+        ("local-sgd", {"group_size": 3}, "sync=local-sgd group_size=3 with data-parallel degree 4"),
+        ("local-sgd", {"group_size": 2, "group_period": 4}, "group_period=4 with period=4"),
+        ("crossbow", {"learners": 3}, "sync=crossbow learners=3 with a local batch of 4 samples"),
+        ("dabmd", {"entropy": True, "gradient_allreduce": True}, "entropy=true with gradient_allreduce=true"),
+    ],
+)
+def test_method_parameters_the_layout_rules_out_are_never_planned(profiles, name, params, why):
+    """The executor refuses these (executor/methods/sync_*.py); the search refuses every such
+    candidate with that reason, check_plan says the same, and a fitting value is planned."""
+    import dataclasses
+
+    sync = ("sync", (name, dp_methods.method("sync", name).resolve(params, "--sync")))
+    req = PlanRequest(num_gpus=4, global_batch=16, dp=4, zero=0, precision="fp32", methods=dict([sync]))
+    with pytest.raises(InfeasibleError, match=why):
+        search(profiles["gpt-tiny"], local_cpu(4), req)
+    rej = Rejects()
+    assert not candidates(Context.build(profiles["gpt-tiny"], local_cpu(4), req), rej)
+    assert rej.infeasible and all(why in reason for _, reason in rej.infeasible)
+    with pytest.raises(MeshplanError, match=why):
+        check_plan(_plan_of(Context.build(profiles["gpt-tiny"], local_cpu(4), req), rej.infeasible[0][0]))
+    fitting = {"local-sgd": {"group_size": 2}, "crossbow": {"learners": 2}, "dabmd": {"entropy": False}}[name]
+    ok = dataclasses.replace(req, methods={"sync": (name, dp_methods.method("sync", name).resolve(fitting, "s"))})
+    assert search(profiles["gpt-tiny"], local_cpu(4), ok).dp_methods.sync.name == name
