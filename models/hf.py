@@ -403,8 +403,8 @@ class HFLayered(CausalLM):
         impl = getattr(model.config, "_attn_implementation", None)
         if impl == "eager":
             self.notes.append(
-                f"{type(model).__name__} runs eager attention (transformers offers no SDPA for it): the s x s "
-                "attention probabilities are saved for backward and counted in activation_bytes"
+                f"{type(model).__name__} runs eager attention: the s x s attention probabilities are saved "
+                "for backward, counted in activation_bytes and freed by selective recompute"
             )
 
     def example_batch(self, batch_size, generator=None, device="cpu"):

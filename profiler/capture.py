@@ -58,6 +58,8 @@ class _OpTracker(TorchDispatchMode):
         self.producer: dict[int, object] = {}
         self.gemm_shapes: list[list[int]] = []
         self.record_gemms = True
+        self.eager_core_flops = 0
+        """Forward FLOPs of the bmm's that make or read an s x s score matrix (eager attention)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -69,7 +71,30 @@ class _OpTracker(TorchDispatchMode):
                 self.producer[_key(t)] = func  # a new storage (views keep theirs)
         if self.record_gemms and func in _GEMM_OPS:
             self.gemm_shapes.append(_gemm_shape(func, args))
+            if func is aten.bmm.default and (_scores_shaped(out) or _scores_shaped(args[0])):
+                m, n, k = self.gemm_shapes[-1]
+                self.eager_core_flops += 2 * m * n * k  # QK^T (out s x s) or PV (in s x s)
         return out
+
+
+EAGER_CORE_OPS = {
+    aten.bmm.default,
+    aten._softmax.default,
+    aten.native_dropout.default,
+    aten._to_copy.default,
+    aten.mul.Tensor,
+    aten.div.Tensor,
+    aten.add.Tensor,
+    aten.masked_fill.Scalar,
+    aten.where.self,
+}
+"""Ops of an eager attention core (scores QK^T, scale, mask, softmax, dropout, PV): under a block's
+rule, what they produce and alone save with an s x s trailing shape is the core's s^2 memory."""
+
+
+def _scores_shaped(t) -> bool:
+    """(..., s, s) with s > 1 and at least a batch or head dim: an attention score matrix."""
+    return isinstance(t, torch.Tensor) and t.dim() >= 3 and t.shape[-1] == t.shape[-2] > 1
 
 
 def _gemm_shape(func, args) -> list[int]:
@@ -115,6 +140,7 @@ class _SavedTensors:
         self.modules: dict[int, set[str]] = {}  # storage -> FQNs (relative to the layer) saving it
         self.stack: list[str] = [""]
         self.keep: list[torch.Tensor] = []  # hold them so storage keys stay unique
+        self.scores: set[int] = set()  # storages saved as (..., s, s) tensors
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         key = _key(t)
@@ -122,6 +148,8 @@ class _SavedTensors:
             self.keep.append(t)
             entry = self.saved.setdefault(key, (t.untyped_storage().nbytes(), set(), str(t.dtype)))
             entry[1].add(self.tracker.last_op)
+            if _scores_shaped(t):
+                self.scores.add(key)
             self.modules.setdefault(key, set()).add(self.stack[-1])
         return t
 
@@ -160,6 +188,16 @@ class _SavedTensors:
             n for key, (n, savers, _) in self.saved.items() if savers <= core and self.tracker.producer.get(key) in core
         )
 
+    def eager_core_bytes(self) -> int:
+        """The s x s scores and probabilities an eager attention core makes and alone keeps
+        (Korthikanti et al. 2022 Eq. 1's softmax output; here also its fp32 copy), or 0."""
+        core = EAGER_CORE_OPS
+        return sum(
+            n
+            for key, (n, savers, _) in self.saved.items()
+            if key in self.scores and savers <= core and self.tracker.producer.get(key) in core
+        )
+
     def by_dtype(self) -> dict[str, int]:
         totals: dict[str, int] = {}
         for n, _, dtype in self.saved.values():
@@ -188,6 +226,8 @@ def capture_layer(layer: nn.Module, x: torch.Tensor | tuple, fake_mode, rule=Non
         _backward(y)
         out = _detached(y)
     dropped = saved.attention_core_only_bytes()
+    if rule is not None and rule.kind == "block" and saved.eager_core_bytes():  # eager attention: s^2 memory
+        dropped, core_flops = dropped + saved.eager_core_bytes(), core_flops + tracker.eager_core_flops
     return LayerCapture(
         forward_flops=float(forward_flops),
         backward_flops=float(flops.get_total_flops() - forward_flops),

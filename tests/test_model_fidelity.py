@@ -198,6 +198,28 @@ def test_eager_attention_layers_are_causal_and_equal_the_models_own_loss():
         torch.testing.assert_close(model(changed)[:, :-1], out[:, :-1], rtol=0, atol=0)
 
 
+def test_eager_attention_prices_its_s2_probabilities_and_sdpa_does_not():
+    """One Llama under eager attention and under SDPA: the eager profile's blocks keep the s x s
+    probabilities (>= 2as^2 bytes per sample more than SDPA's), count them as the attention core
+    selective recompute frees (with the 4s^2h FLOPs of QK^T and PV to redo), so the planner sees
+    them as materialised and does not add them again when re-targeting to that kind; SDPA's core
+    is its log-sum-exp only."""
+    from meshplan.planner.attention import is_materialized, with_attention
+
+    eager, sdpa = profile_model(f"{REUSE}:hf_eager"), profile_model(f"{REUSE}:hf_sdpa")
+    a, s, h = eager.heads, eager.seq_len, eager.hidden
+    assert (a, s, h) == (sdpa.heads, sdpa.seq_len, sdpa.hidden) == (4, 16, 32)
+    for e, f in [(e, f) for e, f in zip(eager.layers, sdpa.layers) if e.tp.kind == "block"]:
+        assert e.activation_bytes - f.activation_bytes >= 2 * a * s * s
+        assert e.activation_bytes - e.selective_activation_bytes >= 2 * a * s * s
+        assert e.recompute_flops_selective >= 4 * s * s * h
+        assert is_materialized(e, a, s) and not is_materialized(f, a, s)
+        assert f.activation_bytes - f.selective_activation_bytes == 4 * a * s  # fp32 log-sum-exp
+    assert with_attention(eager, "materialized") is eager and with_attention(sdpa, "flash") is sdpa
+    assert any("runs eager attention" in n for n in eager.notes)
+    assert not any("runs eager attention" in n for n in sdpa.notes)
+
+
 def test_set_beside_a_saved_profile_is_accepted_when_it_restates_it(tmp_path, capsys):
     from meshplan.cli import main
 
