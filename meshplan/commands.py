@@ -294,7 +294,7 @@ def _emit_plan(args: argparse.Namespace, options, plan: Plan) -> None:
     from meshplan.inputs import dropped_pins
     from meshplan.views import describe, plan_table, plan_view
 
-    for text in dropped_pins(options, plan):
+    for text in [*dropped_pins(options, plan), *plan.warnings]:
         print(f"meshplan {args.verb}: warning: {text}", file=sys.stderr)
     if getattr(args, "job_file", None):  # the plan records the job file it came from
         plan.provenance = dataclasses.replace(plan.provenance, config=dict(args.job_file))

@@ -292,6 +292,10 @@ class Plan:
     provenance: Provenance = field(default_factory=Provenance)
     search: SearchSummary | None = None
     """Present on plans chosen by `meshplan plan`; absent on `estimate` and on alternatives."""
+    warnings: list[str] = field(default_factory=list, metadata={"omit_empty": True})
+    """What the layout leaves undone that its degrees suggest, one line each (blocks without a
+    tensor-parallel rule run whole on every TP rank); absent when there is none, so plans written
+    before this field load unchanged."""
 
     @property
     def data_parallel_degree(self) -> int:

@@ -73,6 +73,8 @@ def plan_view(plan: Plan, with_search: bool = True) -> dict[str, Any]:
             "recompute_per_layer": dict(plan.recompute),
         }
     )
+    if plan.warnings:  # only when there are some: the view of every other plan is unchanged
+        view["warnings"] = list(plan.warnings)
     if with_search and plan.search is not None:
         s = plan.search
         view.update(

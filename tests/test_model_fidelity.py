@@ -253,6 +253,31 @@ def test_tp_on_blocks_without_rules_is_stated(tmp_path):
     assert not [t for t in run_warnings(make_plan("hf:tiny-llama", tp=2)) if "tensor_parallel_degree" in t]
 
 
+def test_plan_names_the_blocks_tp_does_not_split(tmp_path, capsys):
+    """`meshplan plan --tp 2` of a Phi-3 config says before any run which blocks TP leaves whole:
+    on stderr and in plan.json's `warnings` (absent from a Llama plan, whose blocks all split, and
+    from a plan at tp 1), and the plan loads back with it."""
+    import json
+
+    from meshplan.cli import main
+    from meshplan.plan import Plan
+    from meshplan.schema import load
+
+    config = dict(model_type="phi3", num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                  num_key_value_heads=4, intermediate_size=128, vocab_size=256, max_position_embeddings=64,
+                  pad_token_id=0, seq=16)  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    args = ["plan", "--cluster", "local-cpu", "--num-gpus", "2", "--global-batch", "4"]
+    assert main([*args, "--model", f"hf:{tmp_path / 'config.json'}", "--tp", "2", "-o", str(tmp_path / "p.json")]) == 0
+    err = capsys.readouterr().err
+    (text,) = load(Plan, tmp_path / "p.json").warnings
+    assert "2 of 2 blocks (layers.0 .. layers.1)" in text and "run whole on every TP rank" in text
+    assert f"meshplan plan: warning: {text}" in err
+    for extra in (["--model", "hf:tiny-llama", "--tp", "2"], ["--model", "hf:tiny-llama"]):
+        assert main([*args, *extra, "-o", str(tmp_path / "q.json")]) == 0
+        assert "warnings" not in json.loads((tmp_path / "q.json").read_text())
+
+
 @pytest.mark.parametrize("arch", ["BertForSequenceClassification", "BertForMaskedLM"])
 def test_hf_task_targets_equal_the_models_own_loss(tmp_path, arch):
     """An hf: config's own head decides the targets: a class per sequence for a classifier (not

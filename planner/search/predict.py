@@ -132,7 +132,24 @@ def build_plan(
     modes = {i: mode for s in sols for i, mode in s.modes.items()}
     plan = plan_of(ctx, cand, stages, modes)
     plan.prediction, plan.provenance = prediction(ctx, cand, sols), prov
+    plan.warnings = tp_uncovered_warnings(ctx.profile, plan)
     return plan
+
+
+def tp_uncovered_warnings(profile: ModelProfile, plan: Plan) -> list[str]:
+    """Blocks whose profiled TP rule is "none" (no rule for their modules, Phi-3's fused qkv_proj
+    for one): under tp > 1 they run whole on every TP rank, their compute duplicated."""
+    if plan.tensor_parallel_degree < 2:
+        return []
+    blocks = [lp.name for lp in profile.layers if lp.name.startswith("layers.")]
+    whole = [lp.name for lp in profile.layers if lp.name.startswith("layers.") and lp.tp.kind == "none"]
+    if not whole:
+        return []
+    return [
+        f"tensor_parallel_degree = {plan.tensor_parallel_degree}: {len(whole)} of {len(blocks)} blocks "
+        f"({whole[0]} .. {whole[-1]}) have no tensor-parallel rule for their modules and run whole on every TP "
+        "rank (their compute is duplicated, their weights replicated); only the layers with rules are split"
+    ]
 
 
 def plan_of(ctx: Context, cand: Candidate, stages: list[list[int]], modes: dict[int, str]) -> Plan:
