@@ -116,26 +116,50 @@ def _measured(name: str, params: dict, n: int, result) -> dict:
     }
 
 
-def inner(rate: str, steps: int, timeout_s: float) -> dict:
-    """Inside the namespace (or on the plain loopback): the links, then the three launches;
-    measurements only (predicted afterwards, outside: `predict`)."""
+def _merge(runs: list[list[dict]]) -> list[dict]:
+    """One row per plan from the interleaved repeats: the median of the repeats' median step times
+    (each repeat's value kept), bytes and loss from the first (they do not depend on the host)."""
+    out = []
+    for rows in zip(*runs):
+        row = dict(rows[0])
+        row["measured_step_s_repeats"] = [r["measured_step_s"] for r in rows]
+        row["measured_step_s"] = statistics.median(row["measured_step_s_repeats"])
+        out.append(row)
+    return out
+
+
+def inner(rate: str, steps: int, timeout_s: float, repeats: int = 1) -> dict:
+    """Inside the namespace (or on the plain loopback): the links, then the three launches,
+    `repeats` times in turn (interleaved: every plan once per repeat); measurements only
+    (predicted afterwards, outside: `predict`)."""
     from benchmarks.compression_slow_link import _profile_links
 
     start = time.perf_counter()
+    share = timeout_s / (2 * repeats)
+    runs: list[list[dict]] = []
+    scaling_runs: list[list[list[dict]]] = [[] for _ in SCALING]
     with tempfile.TemporaryDirectory() as tmp:
         links = os.path.join(tmp, "links.json")
         _profile_links(links, rate, timeout_s)
         links_s = time.perf_counter() - start
-        results = _launch([_plan(n, p, 4) for n, p in METHODS], steps, timeout_s / 2, os.path.join(tmp, "ws4"))
-        rows = [_measured(n, p, 4, r) for (n, p), r in zip(METHODS, results)]
-        scaling = []
-        for n in SCALING:
-            pair = [("allreduce", {}), ("master", {})]
-            got = _launch([_plan(m, p, n) for m, p in pair], steps, timeout_s / 4, os.path.join(tmp, f"ws{n}"))
-            scaling.append([_measured(m, p, n, r) for (m, p), r in zip(pair, got)])
+        for rep in range(repeats):
+            results = _launch([_plan(n, p, 4) for n, p in METHODS], steps, share, os.path.join(tmp, f"ws4-{rep}"))
+            runs.append([_measured(n, p, 4, r) for (n, p), r in zip(METHODS, results)])
+            for k, n in enumerate(SCALING):
+                pair = [("allreduce", {}), ("master", {})]
+                got = _launch([_plan(m, p, n) for m, p in pair], steps, share / 2, os.path.join(tmp, f"ws{n}-{rep}"))
+                scaling_runs[k].append([_measured(m, p, n, r) for (m, p), r in zip(pair, got)])
         with open(links) as f:
             links_json = f.read()
-    return {"rate": rate, "methods": rows, "scaling": scaling, "links_json": links_json, "links_s": links_s}
+    scaling = [_merge(r) for r in scaling_runs]
+    return {
+        "rate": rate,
+        "methods": _merge(runs),
+        "scaling": scaling,
+        "links_json": links_json,
+        "links_s": links_s,
+        "repeats": repeats,
+    }
 
 
 def predict(block: dict, profile_path: str) -> dict:
@@ -175,10 +199,10 @@ def _against_ddp(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def outer(rate: str, steps: int, timeout_s: float) -> dict:
+def outer(rate: str, steps: int, timeout_s: float, repeats: int = 1) -> dict:
     """Run `inner`, inside a slow-link namespace unless rate is "none"."""
     cmd = [sys.executable, "-m", "benchmarks.sync_methods", "--inner", rate, "--steps", str(steps)]
-    return run_at_rate([*cmd, "--timeout-s", str(timeout_s)], rate, timeout_s)
+    return run_at_rate([*cmd, "--timeout-s", str(timeout_s), "--repeats", str(repeats)], rate, timeout_s)
 
 
 def profile_cpu(path: str) -> float:
@@ -222,14 +246,19 @@ def master_prediction_to_1024() -> list[dict]:
     return rows
 
 
-def run_bench(steps: int = 13, rate: str = "1gbit", timeout_s: float = 600, say=print) -> dict:
+def run_bench(steps: int = 13, rate: str = "1gbit", timeout_s: float = 600, say=print, repeats: int = 1) -> dict:
     """The benchmark (module docstring); wall seconds in `runtime_s`. `block` keeps the raw
     measurements (predict(block, profile) again to re-price them)."""
     start = time.perf_counter()
-    say(f"  rate {rate}: profile-links, {len(METHODS)} plans x {steps} steps on 4 ranks, master on 2 and 3")
-    block = outer(rate, steps, timeout_s)
+    load_start = os.getloadavg()
+    say(
+        f"  rate {rate}: profile-links, {len(METHODS)} plans x {steps} steps on 4 ranks, master on 2 and 3, "
+        f"{repeats} interleaved repeat(s)"
+    )
+    block = outer(rate, steps, timeout_s * repeats, repeats)
     measured_s = time.perf_counter() - start
-    result: dict = {"steps": steps, "block": block, "measured_s": measured_s}
+    result: dict = {"steps": steps, "block": block, "measured_s": measured_s, "repeats": repeats}
+    result["load_avg"] = {"start": list(load_start), "after_measuring": list(os.getloadavg())}
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "profile.json")
         say("  profiling gpt-tiny on this CPU (4 ranks' share)")
@@ -242,7 +271,7 @@ def run_bench(steps: int = 13, rate: str = "1gbit", timeout_s: float = 600, say=
 
 def bench_section(quick: bool, say) -> dict:
     """benchmarks/run.py's section: the plain loopback and 5 steps when quick, else 1 Gbit/s and 13."""
-    return run_bench(5 if quick else 13, "none" if quick else "1gbit", say=say)
+    return run_bench(5 if quick else 13, "none" if quick else "1gbit", say=say, repeats=1 if quick else 3)
 
 
 def _ms(s: float) -> str:
@@ -252,19 +281,38 @@ def _ms(s: float) -> str:
 def markdown(result: dict) -> str:
     """The result as markdown: the methods against DDP, master against DDP as N grows, the model to 1024."""
     block = result["run"]
+    load = result.get("load_avg")
     head = (
         f"{result['steps']} steps per plan at rate {block['rate']}; whole run {result.get('runtime_s', 0):.0f} s "
         f"(CPU profile {result.get('profile_s', 0):.0f} s). Predicted: estimate() on the links measured in "
         "the namespace, with the CPU profile."
+        + (
+            f" Measured: the median of {result['repeats']} interleaved repeats (every plan once per repeat)."
+            if result.get("repeats", 1) > 1
+            else ""
+        )
+        + (
+            f" 1-min load average {load['start'][0]:.1f} at the start, {load['after_measuring'][0]:.1f} after "
+            "measuring (2 cores)."
+            if load
+            else ""
+        )
     )
     if "error" in block:
         return f"{head}\n\nthe run failed: {block['error']}"
     rows = block["methods"]
     held = sum(r["ordering_holds"] for r in rows[1:])
     mape = statistics.fmean(abs(r["error_pct"]) for r in rows)
+    base = rows[0]["measured_step_s"] - rows[0]["predicted_step_s"]
+    extra = ", ".join(
+        f"{r['method']} {1e3 * (r['measured_step_s'] - r['predicted_step_s'] - base):+.0f}" for r in rows[1:]
+    )
     lines = [
         head,
-        f"\nStep-time MAPE {mape:.0f}%; predicted faster/slower than DDP holds for {held}/{len(rows) - 1}.\n",
+        f"\nStep-time MAPE {mape:.0f}%; predicted faster/slower than DDP holds for {held}/{len(rows) - 1}. "
+        f"Where the gap sits: DDP's own (measured - predicted: the layers and the dense all-reduce, in every row) "
+        f"{1e3 * base:+.0f} ms ({base / rows[0]['measured_step_s']:+.0%} of its step); each method's gap beyond "
+        f"it, in ms (its own exchange and step): {extra}.\n",
         "| method | measured ms | predicted ms | measured / DDP | predicted / DDP | bytes/step/rank (measured, predicted) | loss | loss / DDP |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -310,12 +358,13 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout-s", type=float, default=600, help="the namespace: profile-links + the launches")
     ap.add_argument("--out", default="")
     ap.add_argument("--markdown", action="store_true", help="print the tables instead of the JSON")
+    ap.add_argument("--repeats", type=int, default=1, help="interleaved repeats of every launch (the median is kept)")
     ap.add_argument("--inner", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.inner:
-        result = inner(args.inner, args.steps, args.timeout_s)
+        result = inner(args.inner, args.steps, args.timeout_s, args.repeats)
     else:
-        result = run_bench(args.steps, args.rate, args.timeout_s)
+        result = run_bench(args.steps, args.rate, args.timeout_s, repeats=args.repeats)
     text = json.dumps(result, indent=1)
     if args.out:
         with open(args.out, "w") as f:

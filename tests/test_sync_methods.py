@@ -575,3 +575,19 @@ def test_run_refuses_a_hand_written_crossbow_plan_with_learners_left_to_the_plan
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "crossbow with learners=0 (auto) is unresolved" in err and "--sync crossbow:learners=K" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_benchmark_keeps_the_median_of_interleaved_repeats():
+    """benchmarks/sync_methods.py `_merge`: one row per plan, the median of the repeats' step times
+    (a slow repeat on a shared host does not move it), every repeat kept beside it."""
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from benchmarks import sync_methods as bench
+
+    runs = [[{"method": "a", "measured_step_s": s, "loss_last": 1.0}, {"method": "b", "measured_step_s": 2 * s}]
+            for s in (0.1, 0.5, 0.2)]  # fmt: skip
+    merged = bench._merge(runs)
+    assert [r["method"] for r in merged] == ["a", "b"]
+    assert merged[0]["measured_step_s"] == 0.2 and merged[1]["measured_step_s"] == 0.4
+    assert merged[0]["measured_step_s_repeats"] == [0.1, 0.5, 0.2] and merged[0]["loss_last"] == 1.0
