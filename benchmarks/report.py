@@ -1,6 +1,10 @@
-"""reports/benchmarks.md from the results dict of benchmarks.run (a pure function of it)."""
+"""reports/benchmarks.md from the results dict of benchmarks.run (a pure function of it and of the
+hand-written readings in benchmarks/notes.json, each tied to the run it reads)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 MS = 1e3
 MB = 1e6
@@ -89,7 +93,23 @@ def _methods(r: dict) -> list[str]:
             continue
         body = importlib.import_module(module).markdown(section)
         lines += (body.splitlines() if isinstance(body, str) else list(body)) + [""]
+        lines += _reading(name, r)
     return lines
+
+
+NOTES = Path(__file__).resolve().parent / "notes.json"
+"""Hand-written readings of a method section's run: {section: {"started_utc", "text"}}. A reading
+is shown only under the run it was written about (the section's `section_runs` start time), so a
+re-measured section drops it until someone reads the new numbers."""
+
+
+def _reading(name: str, r: dict) -> list[str]:
+    notes = json.loads(NOTES.read_text()) if NOTES.exists() else {}
+    note = notes.get(name)
+    run = r.get("section_runs", {}).get(name, {})
+    if not note or not run.get("started_utc") or note.get("started_utc") != run["started_utc"]:
+        return []
+    return [f"Reading (written after this run): {note['text']}", ""]
 
 
 def _verdicts(r: dict) -> dict[str, bool]:

@@ -346,3 +346,19 @@ def test_unknown_section_is_one_line():
 
     with pytest.raises(SystemExit, match="unknown section \\['nope'\\]; choose from local"):
         run.main(["--sections", "local,nope"])
+
+
+def test_a_reading_is_shown_only_under_the_run_it_was_written_about(tmp_path, monkeypatch):
+    """benchmarks/notes.json: a section's hand-written reading names the run it reads; once the
+    section is measured again (another start time) the reading is dropped, not left under new numbers."""
+    import json
+
+    from benchmarks import report
+
+    notes = tmp_path / "notes.json"
+    notes.write_text(json.dumps({"sync": {"started_utc": "2026-12-02 03:00:00", "text": "the all-reduce misses"}}))
+    monkeypatch.setattr(report, "NOTES", notes)
+    same = {"section_runs": {"sync": {"started_utc": "2026-12-02 03:00:00"}}}
+    later = {"section_runs": {"sync": {"started_utc": "2026-12-03 03:00:00"}}}
+    assert report._reading("sync", same) == ["Reading (written after this run): the all-reduce misses", ""]
+    assert report._reading("sync", later) == [] and report._reading("offload", same) == []
