@@ -27,6 +27,14 @@ class InfeasibleError(MeshplanError):
     exit_code = 3
 
 
+class ConflictError(InfeasibleError):
+    """No plan fits because every layout breaks a validity rule (meshplan/feasibility.py): the
+    inputs contradict each other (`--zero 3 --compression powersgd`), which is a mistake in the
+    input (exit 2), not a cluster too small. The message is the rule the pins break."""
+
+    exit_code = 2
+
+
 class RunError(MeshplanError):
     """A launched job failed (a rank died, hung, or returned an error)."""
 

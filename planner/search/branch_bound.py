@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from meshplan.cluster import ClusterSpec
-from meshplan.errors import InfeasibleError
+from meshplan.errors import ConflictError, InfeasibleError
 from meshplan.model_profile import ModelProfile
 from meshplan.plan import Plan, Rejection, SearchSummary
 from meshplan.planner.context import Candidate, Context
@@ -27,7 +27,7 @@ from meshplan.planner.rank.layer_cost import CostTable
 from meshplan.planner.request import PlanRequest
 from meshplan.planner.search import offload_search, tuning
 from meshplan.planner.search.enumerate import Rejects, candidates
-from meshplan.planner.search.explain import infeasible_message
+from meshplan.planner.search.explain import infeasible_message, rule_conflict
 from meshplan.planner.search.gc_pause import gc_paused
 from meshplan.planner.search.method_choice import best_method, method_options
 from meshplan.planner.search.partition import solve
@@ -226,6 +226,9 @@ def search(
     searcher = Searcher(profile, cluster, request)
     ranked, num_candidates = searcher.run(max(request.top_k, 1), on_progress)
     offload_notes: list[str] = []
+    conflict = rule_conflict(searcher.ctx) if not ranked and not num_candidates else ""
+    if conflict:  # every layout breaks a rule: the inputs contradict each other (exit 2)
+        raise ConflictError(conflict)
     if not ranked:  # offload only when nothing fits on the device (search/offload_search.py)
         if "offload" in request.methods:
             raise InfeasibleError(
@@ -237,7 +240,7 @@ def search(
         )
         if found is None:
             raise InfeasibleError(
-                infeasible_message(searcher, profile, cluster, request) + " " + "; ".join(offload_notes) + "."
+                infeasible_message(searcher, profile, cluster, request) + "; " + "; ".join(offload_notes) + "."
             )
         searcher = found
     prov = provenance(profile, cluster)

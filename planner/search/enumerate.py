@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections import Counter
 
 from meshplan import dp_methods, feasibility
-from meshplan.plan import schedule_name
+from meshplan.errors import MeshplanError
+from meshplan.plan import INTERLEAVED, schedule_name
 from meshplan.planner.context import Candidate, Context
 
 VIRTUAL_STAGES = (2, 3, 4, 6, 8)
@@ -217,3 +218,45 @@ def candidates(ctx: Context, rej: Rejects) -> list[Candidate]:
                             else:
                                 out.append(cand)
     return out
+
+
+def pinned_candidate(ctx: Context) -> Candidate:
+    """The layout the request pins, the rest at its simplest (tp, pp, cp 1, dp filling the devices,
+    microbatch 1, ZeRO-0, 1F1B): what `estimate` predicts, and what an infeasible search names
+    when every layout breaks a rule (planner/search/explain.py). MeshplanError where the pins
+    do not multiply or divide."""
+    req = ctx.request
+    tp, pp, cp = req.tp or 1, req.pp or 1, req.cp or 1
+    dp = req.dp or max(req.num_gpus // (tp * pp * cp), 1)  # the data-parallel degree fills the rest
+    if tp * pp * dp * cp != req.num_gpus:
+        raise MeshplanError(
+            f"--tp {tp} x --pp {pp} x --dp {dp} x --cp {cp} = {tp * pp * dp * cp} "
+            f"but --num-gpus is {req.num_gpus}; make the degrees multiply to it"
+        )
+    zero = req.zero or 0
+    shard = req.dp_shard or (dp if zero >= 2 else 1)
+    if dp % shard:
+        raise MeshplanError(f"--dp-shard {shard} does not divide the data-parallel degree {dp}; use a divisor of it")
+    b = req.microbatch or 1
+    if req.global_batch % (dp * b):
+        raise MeshplanError(
+            f"--global-batch {req.global_batch} is not divisible by dp x microbatch = {dp * b}; pick a batch that is"
+        )
+    sched = schedule_name(req.schedule) if req.schedule else "1F1B"
+    v = (req.virtual_stages or 2) if sched in INTERLEAVED else 1
+    if pp == 1:
+        sched, v = ("1F1B" if sched in INTERLEAVED else sched), 1
+    return Candidate(
+        pp=pp,
+        dp_replicate=dp // shard,
+        dp_shard=shard,
+        cp=cp,
+        tp=tp,
+        microbatch=b,
+        num_microbatches=req.global_batch // (dp * b),
+        schedule=sched,
+        virtual_stages=v,
+        zero=zero,
+        sequence_parallel=bool(req.sequence_parallel) and tp > 1,
+        methods=base_methods(ctx),
+    )

@@ -11,63 +11,25 @@ from meshplan import feasibility
 from meshplan.cluster import ClusterSpec
 from meshplan.errors import MeshplanError
 from meshplan.model_profile import ModelProfile
-from meshplan.plan import INTERLEAVED, Plan, schedule_name
-from meshplan.planner.context import Candidate, Context
+from meshplan.plan import Plan
+from meshplan.planner.context import Context
 from meshplan.planner.cost.pipeline import p2p_per_microbatch_s
 from meshplan.planner.rank import waves
 from meshplan.planner.rank.layer_cost import CostTable
 from meshplan.planner.rank.stages import RankModel
 from meshplan.planner.request import PlanRequest
 from meshplan.planner.search import tuning
-from meshplan.planner.search.enumerate import base_methods, tp_divisors, tp_kinds
+from meshplan.planner.search.enumerate import pinned_candidate, tp_divisors, tp_kinds
 from meshplan.planner.search.method_choice import method_options
 from meshplan.planner.search.partition import balanced_stages
 from meshplan.planner.search.predict import build_plan, provenance
-
-
-def _candidate(ctx: Context) -> Candidate:
-    req = ctx.request
-    tp, pp, cp = req.tp or 1, req.pp or 1, req.cp or 1
-    dp = req.dp or max(req.num_gpus // (tp * pp * cp), 1)  # the data-parallel degree fills the rest
-    if tp * pp * dp * cp != req.num_gpus:
-        raise MeshplanError(
-            f"--tp {tp} x --pp {pp} x --dp {dp} x --cp {cp} = {tp * pp * dp * cp} "
-            f"but --num-gpus is {req.num_gpus}; make the degrees multiply to it"
-        )
-    zero = req.zero or 0
-    shard = req.dp_shard or (dp if zero >= 2 else 1)
-    if dp % shard:
-        raise MeshplanError(f"--dp-shard {shard} does not divide the data-parallel degree {dp}; use a divisor of it")
-    b = req.microbatch or 1
-    if req.global_batch % (dp * b):
-        raise MeshplanError(
-            f"--global-batch {req.global_batch} is not divisible by dp x microbatch = {dp * b}; pick a batch that is"
-        )
-    sched = schedule_name(req.schedule) if req.schedule else "1F1B"
-    v = (req.virtual_stages or 2) if sched in INTERLEAVED else 1
-    if pp == 1:
-        sched, v = ("1F1B" if sched in INTERLEAVED else sched), 1
-    return Candidate(
-        pp=pp,
-        dp_replicate=dp // shard,
-        dp_shard=shard,
-        cp=cp,
-        tp=tp,
-        microbatch=b,
-        num_microbatches=req.global_batch // (dp * b),
-        schedule=sched,
-        virtual_stages=v,
-        zero=zero,
-        sequence_parallel=bool(req.sequence_parallel) and tp > 1,
-        methods=base_methods(ctx),
-    )
 
 
 def estimate(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) -> Plan:
     """Prediction of the configuration the request pins (degrees, microbatch, schedule, ...)."""
     cluster = cluster if cluster.num_devices == request.num_gpus else cluster.with_num_devices(request.num_gpus)
     ctx = Context.build(profile, cluster, request)
-    cand = _candidate(ctx)
+    cand = pinned_candidate(ctx)
     invalid = [
         r.text
         for r in feasibility.reasons(

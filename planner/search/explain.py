@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from meshplan import feasibility
+from meshplan.errors import MeshplanError
+from meshplan.planner.context import Context
 from meshplan.planner.cost.memory import GIB
+from meshplan.planner.search.enumerate import pinned_candidate, tp_divisors, tp_kinds
 
 PIN_FIELDS = (
     "tp",
@@ -58,3 +62,24 @@ def infeasible_message(searcher, profile, cluster, request) -> str:
     if fewest:
         return f"{head}; fewest {cluster.device.name} that fit: {fewest} (try --num-gpus {fewest})"
     return f"{head}; no count up to {MAX_GPUS} GPUs fits: lower --seq or --global-batch, or a larger-memory device"
+
+
+def rule_conflict(ctx: Context) -> str:
+    """When no layout passes the rules: the rule the request's own layout breaks (the pins, the
+    rest at its simplest: enumerate.pinned_candidate), or why the pins do not fit together;
+    "" if that layout passes. Not the most frequent reason among all candidates, which names
+    layouts the user never asked for ("dp=1: no replicas" for a pinned --compression)."""
+    try:
+        cand = pinned_candidate(ctx)
+    except MeshplanError as exc:
+        return str(exc)
+    found = feasibility.reasons(
+        cand.layout(ctx.seq),
+        num_layers=len(ctx.layers),
+        tp_divisors=tp_divisors(ctx),
+        tp_kinds=tp_kinds(ctx),
+        also_runs=ctx.spec.also_runs,
+    )
+    if not found:
+        return ""
+    return f"{found[0].text} (no layout on {ctx.request.num_gpus} devices runs; e.g. {cand.label()})"
