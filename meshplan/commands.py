@@ -79,13 +79,20 @@ def _progress(args: argparse.Namespace, message: str) -> Iterator[Any]:
         TimeRemainingColumn,
     )
 
-    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
-    columns += [TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
-    with Progress(*columns, console=_console(), transient=True) as bar:
-        task = bar.add_task(message, total=None)  # no count yet: an indeterminate bar
+    # the count first: on a narrow terminal the description is what gets cut
+    columns = [SpinnerColumn(), MofNCompleteColumn(), BarColumn(bar_width=24), TimeElapsedColumn()]
+    columns += [TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.description}")]
+    console = _console()
+    room = max(20, console.width - 64)  # what the count, bar and times leave on one line
+
+    def fit(text: str) -> str:
+        return text if len(text) <= room else text[: room - 1] + "…"
+
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(fit(message), total=None)  # no count yet: an indeterminate bar
 
         def tick(done: int, total: int, label: str | None = None) -> None:
-            description = f"{message}: {label}" if label else message
+            description = fit(f"{label}: {message}" if label else message)
             bar.update(task, completed=min(done, total), total=max(total, 1), description=description)
 
         yield tick
@@ -251,11 +258,11 @@ def cmd_profile_links(args: argparse.Namespace) -> int:
     _check_local_procs("--nproc", args.nproc)
     if args.disk_mib < 0:
         raise MeshplanError(f"--disk-mib {args.disk_mib}: must be >= 0 (0 skips the disk probe)")
-    with _progress(args, f"measuring collectives, host memory and disk on {args.nproc} local ranks"):
+    with _progress(args, f"measuring collectives, host memory and disk on {args.nproc} local ranks") as tick:
         spec = profile_links(
             args.nproc,
             max_bytes=args.max_bytes,
-            progress=False,
+            progress=tick,  # collectives measured
             disk_dir=args.disk_dir or "",
             disk_bytes=args.disk_mib * 2**20,
         )

@@ -19,14 +19,20 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from meshplan.cluster import COLLECTIVES, ClusterSpec, CollectiveFit, DeviceSpec, LinkSpec
 from meshplan.errors import MeshplanError, RunError
+
+Progress = bool | Callable[[int, int, str], None]
+"""False: quiet; True: the ranks' progress lines on stderr; a callable: told (done, total, label)."""
 
 LARGE_BYTES = 32 * 2**20
 """Messages at least this big get fewer repeats (each call is already long and stable)."""
@@ -83,7 +89,7 @@ def measure(
     *,
     repeats: int = 5,
     timeout_s: float = 600,
-    progress: bool = False,
+    progress: Progress = False,
     device: str = "auto",
     host: dict | None = None,
 ) -> dict:
@@ -95,7 +101,7 @@ def measure(
         "repeats_small": repeats,
         "repeats_large": min(repeats, max(3, repeats // 2)),
         "large_bytes": LARGE_BYTES,
-        "progress": progress,
+        "progress": bool(progress),
         "device": device,
         "pg_timeout_s": max(60, int(timeout_s)),
     }
@@ -121,25 +127,58 @@ def measure(
     raise RunError(f"profile-links on {nproc} ranks failed (exit {rc}): {tail}")
 
 
-def _launch(cmd: list[str], timeout_s: float, progress: bool) -> tuple[int, str]:
-    """Run torchrun in its own session (so a timeout kills every rank); return (rc, error tail)."""
+_MEASURED = re.compile(r"^profile-links: pass \d+/\d+ done, (\d+)/(\d+) collectives measured$")
+
+
+def _launch(cmd: list[str], timeout_s: float, progress: Progress) -> tuple[int, str]:
+    """Run torchrun in its own session (so a timeout kills every rank); return (rc, error tail).
+    A callable `progress(done, total, label)` is told the collectives measured (rank 0's lines);
+    True lets the ranks' stderr through to the terminal."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(
         cmd,
         env=env,
         stdout=subprocess.PIPE,
-        stderr=None if progress else subprocess.PIPE,
+        stderr=None if progress is True else subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
+    err_lines: list[str] = []
+    reader = None
+    if callable(progress) and proc.stderr is not None:
+        reader = threading.Thread(target=_count_lines, args=(proc.stderr, progress, err_lines), daemon=True)
+        reader.start()
     try:
-        out, err = proc.communicate(timeout=timeout_s)
+        out, err = proc.communicate(timeout=timeout_s) if reader is None else (_wait(proc, timeout_s), None)
     except subprocess.TimeoutExpired:
         _kill_tree(proc)
         return -1, f"timed out after {timeout_s:.0f} s; raise timeout_s or lower max_bytes"
+    if reader is not None:
+        reader.join(timeout=10)
+        err = "".join(err_lines)
     lines = [ln for ln in ((err or "") + (out or "")).splitlines() if ln.strip()]
     errors = [ln for ln in lines if "Error" in ln or "error" in ln]
     return proc.returncode, (errors[-1] if errors else lines[-1] if lines else "no output").strip()[:300]
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float) -> str:
+    """stdout of `proc` once it exits (stderr is read by another thread)."""
+    out = []
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.read() if proc.stdout else ""), daemon=True)
+    reader.start()
+    proc.wait(timeout=timeout_s)
+    reader.join(timeout=10)
+    return "".join(out)
+
+
+def _count_lines(stream, progress: Callable[[int, int, str], None], keep: list[str]) -> None:
+    """Tick `progress` at each of rank 0's counts; keep every other line for the error tail."""
+    for line in stream:
+        found = _MEASURED.match(line.strip())
+        if found:
+            progress(int(found[1]), int(found[2]), "collectives")
+        else:
+            keep.append(line)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -333,7 +372,7 @@ def profile_links(
     repeats: int = 5,
     group_sizes: list[int] | None = None,
     timeout_s: float = 600,
-    progress: bool = False,
+    progress: Progress = False,
     host: bool = True,
     disk_dir: str | None = "",
     disk_bytes: int = 64 * 2**20,

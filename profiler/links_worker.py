@@ -130,17 +130,23 @@ def sweep(cfg: dict, world: int, device: torch.device) -> list[list]:
     plan = [_passes_of(c, cfg) for c in cases]
     local: list[list[float]] = [[] for _ in cases]
     meta: list[tuple[int, int]] = [(0, 0)] * len(cases)
+    total, done = sum(len(p) for p in plan), 0
     for pass_index in range(cfg["repeats_small"]):
         for i, case in enumerate(cases):
             if pass_index not in plan[i]:
                 continue
+            done += 1
             op, group_size, message_bytes = _case_op(case, world, device)
             meta[i] = (group_size, message_bytes)
             if op is not None and not local[i]:
                 op()  # warm-up: connection set-up and first touch of the buffers
             local[i].append(_time_sample(op, _iters(case[2], device.type == "cuda"), case[0] == "send_recv", device))
-        if dist.get_rank() == 0 and cfg.get("progress"):
-            print(f"profile-links: pass {pass_index + 1}/{cfg['repeats_small']} done", file=sys.stderr, flush=True)
+        if dist.get_rank() == 0 and cfg.get("progress"):  # links.py's reader counts these
+            print(
+                f"profile-links: pass {pass_index + 1}/{cfg['repeats_small']} done, {done}/{total} collectives measured",
+                file=sys.stderr,
+                flush=True,
+            )
     flat = torch.tensor([x for xs in local for x in xs], dtype=torch.float64)
     dist.all_reduce(flat, op=dist.ReduceOp.MAX)  # the slowest rank decides when a collective is done
     out, pos = [], 0

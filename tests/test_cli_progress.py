@@ -58,7 +58,7 @@ def test_a_bar_with_counts_on_a_terminal_and_nothing_when_piped(monkeypatch):
     monkeypatch.setattr(commands, "_interactive", lambda: True)
     with commands._progress(args, "searching plans") as tick:
         tick(3, 7, "candidates")
-    assert "searching plans: candidates" in screen.getvalue() and "3/7" in screen.getvalue()
+    assert "candidates: searching plans" in screen.getvalue() and "3/7" in screen.getvalue()
     monkeypatch.setattr(commands, "_interactive", lambda: False)  # a pipe, a CI log: no bar, no count
     screen.truncate(0)
     with commands._progress(args, "searching plans") as tick:

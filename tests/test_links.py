@@ -183,6 +183,7 @@ def test_disk_probe_folder_errors_are_one_line(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_profile_links_end_to_end_on_two_ranks(tmp_path):
+    ticks: list = []  # the CLI's progress bar: collectives measured, one count per pass
     spec = profile_links(
         2,
         min_bytes=4096,
@@ -192,7 +193,10 @@ def test_profile_links_end_to_end_on_two_ranks(tmp_path):
         timeout_s=300,
         disk_dir=str(tmp_path),
         disk_bytes=8 * MIB,
+        progress=lambda done, total, label: ticks.append((done, total, label)),
     )
+    assert len(ticks) == 3 and {label for *_, label in ticks} == {"collectives"}
+    assert [d for d, *_ in ticks] == sorted(d for d, *_ in ticks) and ticks[-1][0] == ticks[-1][1] > ticks[0][0] > 0
     # the host tiers: measured host memory and disk, no file left behind
     assert spec.host_memory_gbps > 0 and spec.host_device is None and list(tmp_path.iterdir()) == []
     assert spec.nvme.latency_s > 0 and f"measured under {tmp_path}" in spec.source
