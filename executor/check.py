@@ -8,6 +8,8 @@ can tell (the layer list, the context length, GPUs per node) is checked here."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -17,6 +19,28 @@ from meshplan.executor.model import build_model_for_plan, built_on_meta, check_r
 from meshplan.executor.pipeline import SCHEDULE_CLASSES
 from meshplan.models.identity import num_params, structure_hash
 from meshplan.plan import Plan
+
+
+def check_model_file(plan: Plan, plan_path: str) -> None:
+    """A plan of `--model path/to/file.py:factory` (or `hf:config.json`) keeps the path as it was
+    given; run from another directory, a relative one is not found. Said in one line, with the
+    directory to run from, before the model is imported."""
+    name = plan.model_name
+    target = name[3:] if name.startswith("hf:") else name.rpartition(":")[0]
+    is_file = target.endswith((".py", ".json")) or "/" in target
+    if not is_file or os.path.isabs(target) or os.path.exists(target):
+        return
+    beside = os.path.join(os.path.dirname(os.path.abspath(plan_path)), target)
+    fix = (
+        f"run it from {os.path.dirname(os.path.abspath(plan_path))}, where {target!r} is"
+        if os.path.exists(beside)
+        else "run it from the directory it was planned in, or re-plan with an absolute --model path"
+    )
+    raise MeshplanError(
+        f"plan.model_name = {name!r}: {target!r} is not found from {os.getcwd()}; a plan keeps the model "
+        f"file's path as --model gave it (relative to where `meshplan plan` ran): {fix}",
+        field="plan.model_name",
+    )
 
 
 def local_device_count() -> int:

@@ -388,6 +388,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_run_flags(args)
     plan = _load_plan(args.plan)
     from meshplan.executor import LaunchOptions, check_plan, launch_command, run_plan
+    from meshplan.executor.check import check_model_file
+
+    check_model_file(plan, args.plan)
 
     if getattr(args, "waves", None):  # --waves overrides the plan's wave scheduling
         from meshplan.plan import MethodChoice

@@ -75,6 +75,9 @@ def make_inputs(root: Path) -> None:
     (root / "ckfile").mkdir()
     (root / "ckfile" / "checkpoints").write_text("mine")
     (root / "lockdir" / ".meshplan.lock").mkdir(parents=True)
+    (root / "planned").mkdir()  # a plan of a model file given relative to the folder it was planned in
+    (root / "planned" / "mm.py").write_text("def f():\n    pass\n")
+    (root / "planned" / "rel.json").write_text(text.replace('"model_name": "gpt-tiny"', '"model_name": "mm.py:f"'))
 
 
 CASES = [
@@ -213,6 +216,7 @@ CASES = [
     (["run", "good.json", "--out-dir", "ckfile"], "is not the checkpoint directory"),
     (["run", "good.json", "--out-dir", "lockdir"], "its lock file .meshplan.lock is a directory"),
     (["run", "good.json", "--out-dir", "/proc/r"], "--out-dir /proc/r: cannot create it"),
+    (["run", "planned/rel.json", "--print-launch"], "planned, where 'mm.py' is"),
     # pins every layout breaks: the rule they break, not another layout's ("dp=1: no replicas")
     (["plan", "--zero", "3", "--compression", "powersgd"], "compression=powersgd with zero_stage 3: runs with"),
     (["plan", "--tp", "2", "--sync", "master"], "sync=master with tensor_parallel_degree 2: needs DDP"),
