@@ -54,12 +54,10 @@ def check_run_options(plan: Plan, optimizer: str, checkpoint_every: int = 0) -> 
     offload=nvme params=true needs ZeRO-3 and no checkpoints (executor/methods/offload_nvme.py)."""
     from meshplan.executor import methods
 
-    module, params = methods.method(plan, "compression")
-    if hasattr(module, "check_optimizer"):
-        module.check_optimizer(params, optimizer)
-    module, params = methods.method(plan, "offload")
-    if hasattr(module, "check"):
-        module.check(params, plan.zero_stage, checkpoint_every)
+    compression, params = methods.compression_of(plan)
+    compression.check_optimizer(params, optimizer)
+    offload, params = methods.offload_of(plan)
+    offload.check(params, plan.zero_stage, checkpoint_every)
 
 
 def check_plan(plan: Plan, *, nnodes: int = 1) -> None:

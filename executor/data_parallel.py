@@ -45,7 +45,7 @@ def apply_fsdp(
 ) -> nn.Module:
     """ZeRO-2/3: shard each held layer, then the stage root (which takes embed/head leftovers);
     the offload method adds its policy, and every sharded module counts its collectives."""
-    offload, params = methods.method(plan, "offload")
+    offload, params = methods.offload_of(plan)
     kwargs = {
         "mesh": dims.fsdp_mesh(),
         "reshard_after_forward": plan.zero_stage == 3,
@@ -72,49 +72,40 @@ def apply_ddp(part: nn.Module, dims: ParallelDims, plan: Plan, device: torch.dev
     """DDP over the data-parallel (dp_replicate) group: the comm_schedule method's buckets, then
     the compression method's comm hook (which counts what it sends)."""
     group = dims.dp_mesh().get_group()
-    schedule, schedule_params = methods.method(plan, "comm_schedule")
-    if hasattr(schedule, "wrap"):  # comm_schedule=bytescheduler replaces DDP's reducer
-        return schedule.wrap(part, group, schedule_params, counter)
+    schedule, schedule_params = methods.comm_schedule_of(plan)
+    replaced = schedule.wrap(part, group, schedule_params, counter)  # comm_schedule=bytescheduler's reducer
+    if replaced is not None:
+        return replaced
     ddp = DDP(
         part,
         process_group=group,
         device_ids=[device.index] if device.type == "cuda" else None,
-        bucket_cap_mb=schedule.bucket_cap_mb(schedule_params),
+        bucket_cap_mb=schedule.bucket_bytes(schedule_params) // 2**20,
         # under a pipeline schedule every microbatch's backward marks the params ready again
         # and DDP's one-time bucket rebuild double-counts them (INTERNAL ASSERT); the rebuild
         # is skipped when find_unused_parameters is set
         find_unused_parameters=plan.pipeline_parallel_degree > 1,
     )
-    compression, params = methods.method(plan, "compression")
-    sync, sync_params = methods.method(plan, "sync")
-    if hasattr(sync, "ddp_comm_hook"):  # sync=local-sgd: torch's post-local SGD hook (no compression)
-        ddp.register_comm_hook(*sync.ddp_comm_hook(group, sync_params, counter, "dp_replicate"))
-        return ddp
-    ddp.register_comm_hook(*compression.comm_hook(group, params, counter, "dp_replicate"))
+    compression, params = methods.compression_of(plan)
+    sync, sync_params = methods.sync_of(plan)
+    hook = sync.ddp_comm_hook(group, sync_params, counter, "dp_replicate")  # sync=local-sgd: post-local SGD
+    ddp.register_comm_hook(*(hook or compression.comm_hook(group, params, counter, "dp_replicate")))
     return ddp
 
 
 def replica_reducer(part: nn.Module, dims: ParallelDims, plan: Plan, counter: ByteCounter) -> ReplicaGradReducer:
     """DDP's arithmetic for DTensor (tensor-parallel) replicas and zero-bubble schedules: the
-    comm_schedule method's bucket size, the compression method's wire dtype (fp16 or as is)."""
-    schedule, schedule_params = methods.method(plan, "comm_schedule")
-    compression, compression_params = methods.method(plan, "compression")
-    if hasattr(compression, "replica_reducer"):  # a codec (executor/methods/compressed.py)
-        return compression.replica_reducer(
-            list(part.parameters()),
-            dims.dp_mesh().get_group(),
-            counter=counter,
-            axis="dp_replicate",
-            bucket_bytes=schedule.bucket_bytes(schedule_params),
-            method_params=compression_params,
-        )
-    return ReplicaGradReducer(
+    comm_schedule method's bucket size, the compression method's exchange (a codec, or the dense
+    all-reduce with fp16 or the gradients' own dtype on the wire)."""
+    schedule, schedule_params = methods.comm_schedule_of(plan)
+    compression, compression_params = methods.compression_of(plan)
+    return compression.replica_reducer(
         list(part.parameters()),
         dims.dp_mesh().get_group(),
         counter=counter,
         axis="dp_replicate",
         bucket_bytes=schedule.bucket_bytes(schedule_params),
-        wire_dtype=getattr(compression, "WIRE_DTYPE", None),
+        method_params=compression_params,
     )
 
 
@@ -136,16 +127,13 @@ def build_optimizer(
         return FrozenOptimizer()
     counter = counter if counter is not None else ByteCounter()
     cls, kwargs = optimizer_spec(name, lr, weight_decay)
-    compression, compression_params = methods.method(plan, "compression")
-    if hasattr(compression, "optimizer_kwargs"):  # top-k's DGC momentum correction: no momentum
-        kwargs = compression.optimizer_kwargs(compression_params, name, kwargs)
-    offload, offload_params = methods.method(plan, "offload")
-    if hasattr(offload, "prepare_part"):  # offload=nvme params=true: the shards to NVMe
-        offload.prepare_part(part, offload_params, zero=plan.zero_stage, counter=counter, folder=offload_dir)
-    if hasattr(offload, "optimizer_class"):
-        cls = offload.optimizer_class(
-            cls, offload_params, zero=plan.zero_stage, counter=counter, folder=offload_dir, optimizer=name
-        )
+    compression, compression_params = methods.compression_of(plan)
+    kwargs = compression.optimizer_kwargs(compression_params, name, kwargs)  # top-k's DGC: no momentum
+    offload, offload_params = methods.offload_of(plan)
+    offload.prepare_part(part, offload_params, zero=plan.zero_stage, counter=counter, folder=offload_dir)  # nvme
+    cls = offload.optimizer_class(
+        cls, offload_params, zero=plan.zero_stage, counter=counter, folder=offload_dir, optimizer=name
+    )
     if plan.zero_stage != 1 or dims.dp_degree == 1:
         return cls(params, **kwargs)
     group = dims.dp_mesh().get_group()

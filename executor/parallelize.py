@@ -43,6 +43,7 @@ from meshplan.executor import methods
 from meshplan.executor.activation_checkpoint import apply_ac
 from meshplan.executor.grad_clip import clip_grad_norm
 from meshplan.executor.materialize import init_source, materialize, state_source
+from meshplan.executor.methods.sync import SyncMethod
 from meshplan.executor.model import tp_rules_for
 from meshplan.executor.parallel_dims import ParallelDims
 from meshplan.executor.phases import PhaseTimer, time_stages
@@ -79,7 +80,7 @@ class Parallelized:
     """offload=nvme: this rank's folder for the optimizer-state files (one subfolder per part)."""
     tied: TiedGrads | None = None
     """Keeps the copies of tied weights equal (executor/tied.py); None when the model has none."""
-    sync: object | None = None
+    sync: SyncMethod | None = None
     """The sync method's SyncMethod (executor/methods/sync.py: it runs the step); None for
     sync=allreduce, whose gradients DDP / the reducers average."""
 
@@ -234,8 +235,8 @@ def apply(
         comm_bytes=counter,
     )
     result.tied = TiedGrads(plan, tied, parts, mesh) if tied else None
-    sync, sync_params = methods.method(plan, "sync")  # 8
-    result.sync = sync.build(result, sync_params, counter) if hasattr(sync, "build") and dims.dp_degree > 1 else None
+    sync, sync_params = methods.sync_of(plan)  # 8
+    result.sync = sync.build(result, sync_params, counter) if dims.dp_degree > 1 else None
     if plan.pipeline_parallel_degree > 1 or len(plan.stages) > 1:  # 7
         result.schedule, result.stages = build_schedule(plan, stage_ids, parts, mesh["pp"], device, result.loss_fn)
     result.phases = PhaseTimer(device)
@@ -253,11 +254,11 @@ def _parallelize_part(
     if data_parallel and plan.zero_stage >= 2:  # 4
         dp_.apply_fsdp(part, dims, plan, device, counter)
     # FSDP2 CPU offload keeps the sharded parameters in host memory (torchtitan does the same)
-    offload, offload_params = methods.method(plan, "offload")
+    offload, offload_params = methods.offload_of(plan)
     materialize(part, offload.shard_device(offload_params, device, plan.zero_stage), full_value)  # 5
     _retie_plain(part, tied)  # one weight again where nothing sharded it (DDP then sees it once)
     if data_parallel and plan.zero_stage <= 1 and any(p.requires_grad for p in part.parameters()):  # 6
-        if not getattr(methods.method(plan, "sync")[0], "USES_DDP", True):
+        if not methods.sync_of(plan)[0].USES_DDP:
             return part, None  # a sync method on plain replicas (executor/methods/sync.py)
         if dp_.has_dtensor_params(part) or plan.pipeline_schedule in SPLIT_BACKWARD:
             return part, dp_.replica_reducer(part, dims, plan, counter)

@@ -89,7 +89,7 @@ def train(
     base = options.offload_dir or os.environ.get("MESHPLAN_OFFLOAD_DIR") or f"{options.out_dir}/offload"
     par.offload_dir = f"{base}/rank{torch.distributed.get_rank()}"  # `meshplan run --offload-dir` sets the env
     optimizers = par.make_optimizers(options.optimizer, options.lr, options.weight_decay)
-    slow = None if getattr(par.sync, "SLOWS_ITSELF", False) else straggler.install(torch.distributed.get_rank())
+    slow = None if par.sync is not None and par.sync.SLOWS_ITSELF else straggler.install(torch.distributed.get_rank())
     completed = False
     try:
         result = _train(par, plan, options, device, optimizers, model, on_step, on_step_end)

@@ -6,6 +6,8 @@
   split weight-gradient pass DDP's autograd hooks miss: `ReplicaGradReducer`, one bucketed
   all-reduce of the local gradient shards after backward (DDP's arithmetic; fp16 on the wire
   for compression=fp16).
+The members every other compression or sync module without a need of its own shares: no optimizer
+check, no codec to time; sync=allreduce is DDP itself (no hook of its own, no SyncMethod).
 """
 
 from __future__ import annotations
@@ -67,6 +69,46 @@ class ReplicaGradReducer:
             for g in bucket:
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
+
+
+def dense_replica_reducer(wire_dtype: torch.dtype | None = None):
+    """A `replica_reducer` (axes.Compression) that all-reduces the buckets as DDP does, cast to
+    `wire_dtype` on the wire (None: as they are)."""
+
+    def build(params, group, *, counter: ByteCounter, axis: str, bucket_bytes: int, method_params: dict):
+        return ReplicaGradReducer(
+            params, group, counter=counter, axis=axis, bucket_bytes=bucket_bytes, wire_dtype=wire_dtype
+        )
+
+    return build
+
+
+replica_reducer = dense_replica_reducer()
+
+TIMED_CODEC = None
+"""The plain all-reduce has no codec to time."""
+
+
+def check_optimizer(params: dict, optimizer: str) -> None:
+    """Any optimizer: the gradients are exchanged whatever steps on them."""
+
+
+def optimizer_kwargs(params: dict, optimizer: str, kwargs: dict) -> dict:
+    return kwargs
+
+
+USES_DDP = True
+"""sync=allreduce: DDP (or the replica reducer) is the synchronisation."""
+
+
+def ddp_comm_hook(group, params: dict, counter: ByteCounter, axis: str) -> None:
+    """No hook of its own: DDP runs the compression method's."""
+    return None
+
+
+def build(par, params: dict, counter: ByteCounter) -> None:
+    """No SyncMethod: train.py's own step."""
+    return None
 
 
 def buckets(tensors: list[torch.Tensor], bucket_bytes: int):

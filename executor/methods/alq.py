@@ -5,7 +5,7 @@ NUQSGD's exponential levels. Bit-packed and all-gathered (quantize.py)."""
 
 from __future__ import annotations
 
-from meshplan.executor.methods import levels, quantize
+from meshplan.executor.methods import allreduce, levels, quantize
 
 
 class ALQ(quantize.Quantizer):
@@ -19,3 +19,6 @@ class ALQ(quantize.Quantizer):
 
 
 comm_hook, replica_reducer = quantize.module_hook(ALQ)
+check_optimizer = allreduce.check_optimizer
+optimizer_kwargs = allreduce.optimizer_kwargs
+TIMED_CODEC = ALQ

@@ -5,7 +5,7 @@ variance on the gathered histogram of normalised magnitudes (levels.fit_amq); p 
 
 from __future__ import annotations
 
-from meshplan.executor.methods import levels, quantize
+from meshplan.executor.methods import allreduce, levels, quantize
 
 
 class AMQ(quantize.Quantizer):
@@ -23,3 +23,6 @@ class AMQ(quantize.Quantizer):
 
 
 comm_hook, replica_reducer = quantize.module_hook(AMQ)
+check_optimizer = allreduce.check_optimizer
+optimizer_kwargs = allreduce.optimizer_kwargs
+TIMED_CODEC = AMQ

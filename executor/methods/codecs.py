@@ -1,14 +1,14 @@
 """The compressors' codecs by registry name, and a stand-in group, for timing them off a run
 (`meshplan profile`: profiler/codecs.py, through executor/wrappers.py).
 
-`codec(name, params, world)` builds the codec the executor runs for compression=name (the
-codec classes of topk.py, accordion.py, quantize.py's subclasses), with two stand-ins where the
-executor calls a torch hook instead of a codec of its own:
+`codec(name, params, world)` builds the codec the executor runs for compression=name (each
+compression module's TIMED_CODEC: the codec classes of topk.py, accordion.py, quantize.py's
+subclasses), with two stand-ins where the executor calls a torch hook instead of a codec of its own:
 - powersgd runs torch's `powerSGD_hook` (powersgd.py), which needs a process group: timed as
   lowrank.LowRank, the same algorithm per tensor (Vogels et al. 2019 Alg. 1: P = M Q, QR,
   Q = M^T P, M ~ P Q^T, error feedback, warm start); torch orthogonalises by Gram-Schmidt and
   batches the bucket's tensors, so this is its compute up to those two choices;
-- fp16 runs torch's `fp16_compress_hook` (fp16.py): `Fp16Cast` does the hook's tensor work
+- fp16 runs torch's `fp16_compress_hook` (fp16.py): its `Fp16Cast` does the hook's tensor work
   (cast to fp16, divide by the group size, cast back) around the all-reduce.
 
 `LoopbackComm(world)` answers the collectives locally: `all_gather` returns `world` copies of
@@ -21,41 +21,13 @@ from __future__ import annotations
 
 import torch
 
-from meshplan.executor.methods import compressed
-from meshplan.executor.methods.accordion import AccordionPowerSGD, AccordionTopK
-from meshplan.executor.methods.alq import ALQ
-from meshplan.executor.methods.amq import AMQ
-from meshplan.executor.methods.lowrank import LowRank
-from meshplan.executor.methods.nuqsgd import NUQSGD
-from meshplan.executor.methods.qsgd import QSGD
-from meshplan.executor.methods.topk import TopK
-
-
-class Fp16Cast(compressed.Codec):
-    """fp16_compress_hook's tensor work per bucket: fp32 -> fp16, / world, all-reduce, -> fp32."""
-
-    def exchange(self, comm, items) -> None:
-        flat = torch.cat([g for _, g, _ in items])
-        wire = flat.to(torch.float16).div_(comm.world)
-        comm.all_reduce(wire)
-        offset = 0
-        for _, g, _ in items:
-            g.copy_(wire[offset : offset + g.numel()])
-            offset += g.numel()
-
+from meshplan.executor.methods import MODULES, compressed
 
 CODECS: dict[str, type[compressed.Codec]] = {
-    "fp16": Fp16Cast,
-    "powersgd": LowRank,
-    "topk": TopK,
-    "accordion": AccordionPowerSGD,
-    "accordion_topk": AccordionTopK,
-    "qsgd": QSGD,
-    "nuqsgd": NUQSGD,
-    "alq": ALQ,
-    "amq": AMQ,
+    name: module.TIMED_CODEC for name, module in MODULES.compression.items() if module.TIMED_CODEC is not None
 }
-"""Registry name -> the codec class timed for it (module docstring for the two stand-ins)."""
+"""Registry name -> the codec class timed for it: each compression module's TIMED_CODEC (the
+registry's, executor/methods/__init__.py; module docstring for the two stand-ins)."""
 
 
 def codec(name: str, params: dict, world: int) -> compressed.Codec:

@@ -4,7 +4,7 @@ normalised coordinates lie (near 0). Bit-packed and all-gathered (quantize.py)."
 
 from __future__ import annotations
 
-from meshplan.executor.methods import levels, quantize
+from meshplan.executor.methods import allreduce, levels, quantize
 
 
 class NUQSGD(quantize.Quantizer):
@@ -13,3 +13,6 @@ class NUQSGD(quantize.Quantizer):
 
 
 comm_hook, replica_reducer = quantize.module_hook(NUQSGD)
+check_optimizer = allreduce.check_optimizer
+optimizer_kwargs = allreduce.optimizer_kwargs
+TIMED_CODEC = NUQSGD

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.fsdp import CPUOffloadPolicy
 
+from meshplan.executor.methods import device as on_device
 from meshplan.executor.methods.host_optimizer import host_optimizer_class
 
 
@@ -38,3 +39,7 @@ def optimizer_class(cls: type, params: dict, *, zero: int, counter, folder: str,
     if _policy(params, zero):
         return cls
     return host_optimizer_class(cls, counter=counter, delayed=bool(params.get("delayed_update")))
+
+
+check = on_device.check
+prepare_part = on_device.prepare_part

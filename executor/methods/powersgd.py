@@ -18,7 +18,9 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
 from meshplan.comm_bytes import ByteCounter
+from meshplan.executor.methods import allreduce
 from meshplan.executor.methods.counting import counting_dist, tensor_bytes
+from meshplan.executor.methods.lowrank import LowRank
 
 
 def comm_hook(group, params: dict, counter: ByteCounter, axis: str):
@@ -42,3 +44,13 @@ def comm_hook(group, params: dict, counter: ByteCounter, axis: str):
         return powerSGD_hook.powerSGD_hook(state, bucket)
 
     return state, powersgd_counted
+
+
+replica_reducer = allreduce.dense_replica_reducer()
+"""Where DDP does not run (a split-backward schedule; tensor parallelism is refused for powersgd):
+the replica reducer's plain all-reduce."""
+check_optimizer = allreduce.check_optimizer
+optimizer_kwargs = allreduce.optimizer_kwargs
+TIMED_CODEC = LowRank
+"""torch's hook needs a process group: `meshplan profile` times LowRank, the same algorithm per
+tensor (executor/methods/codecs.py)."""

@@ -6,7 +6,7 @@ on CPU ranks: this is meshplan's own. Variance per bucket <= min(d / s^2, sqrt(d
 
 from __future__ import annotations
 
-from meshplan.executor.methods import levels, quantize
+from meshplan.executor.methods import allreduce, levels, quantize
 
 
 class QSGD(quantize.Quantizer):
@@ -15,3 +15,6 @@ class QSGD(quantize.Quantizer):
 
 
 comm_hook, replica_reducer = quantize.module_hook(QSGD)
+check_optimizer = allreduce.check_optimizer
+optimizer_kwargs = allreduce.optimizer_kwargs
+TIMED_CODEC = QSGD

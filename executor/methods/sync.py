@@ -38,6 +38,9 @@ benchmarks."""
 class SyncMethod:
     """Base class: the plain local step (no gradient exchange) and no-op hooks."""
 
+    SLOWS_ITSELF = False
+    """True: the method applies MESHPLAN_SLOW_RANK itself (executor/straggler.py)."""
+
     def __init__(self, par, params: dict, counter: ByteCounter):
         self.par, self.params, self.counter = par, params, counter
         self.group = par.dims.dp_mesh().get_group()
@@ -64,6 +67,11 @@ class SyncMethod:
             os.makedirs(directory, exist_ok=True)
             with open(os.path.join(directory, stats_name(self.par.plan.dp_methods.sync, dist.get_rank())), "w") as f:
                 json.dump(self.stats, f)
+
+
+def no_ddp_comm_hook(group, params: dict, counter: ByteCounter, axis: str) -> None:
+    """`ddp_comm_hook` (axes.Sync) of the methods that run without DDP (USES_DDP False)."""
+    return None
 
 
 def stats_name(choice, rank: int) -> str:

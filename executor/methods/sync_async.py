@@ -42,9 +42,10 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from meshplan.executor.methods.sync import SyncMethod, flat, tensor_bytes, trainable, unflat
+from meshplan.executor.methods.sync import SyncMethod, flat, no_ddp_comm_hook, tensor_bytes, trainable, unflat
 
 USES_DDP = False
+ddp_comm_hook = no_ddp_comm_hook
 GRACE_S = 5.0
 """How long past the group's timeout a wait on the thread lasts before it is given up."""
 

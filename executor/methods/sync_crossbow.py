@@ -34,10 +34,11 @@ import torch.distributed as dist
 from torch.nn.utils import clip_grad_norm_
 
 from meshplan.errors import MeshplanError
-from meshplan.executor.methods.sync import SyncMethod, flat, tensor_bytes, trainable, unflat
+from meshplan.executor.methods.sync import SyncMethod, flat, no_ddp_comm_hook, tensor_bytes, trainable, unflat
 from meshplan.executor.optimizers import make_optimizer
 
 USES_DDP = False
+ddp_comm_hook = no_ddp_comm_hook
 
 
 def sma_update(

@@ -43,9 +43,10 @@ import torch.distributed as dist
 
 from meshplan.errors import MeshplanError
 from meshplan.executor import straggler
-from meshplan.executor.methods.sync import SyncMethod, flat, tensor_bytes, trainable, unflat
+from meshplan.executor.methods.sync import SyncMethod, flat, no_ddp_comm_hook, tensor_bytes, trainable, unflat
 
 USES_DDP = False
+ddp_comm_hook = no_ddp_comm_hook
 SLOW_ENV = straggler.SLOW_ENV
 SEED = 20200712
 """The time-varying ring's seed (round t draws permutation t of it), the same on every rank."""

@@ -17,9 +17,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from meshplan.executor.methods.sync import SyncMethod, flat, tensor_bytes, trainable, unflat
+from meshplan.executor.methods.sync import SyncMethod, flat, no_ddp_comm_hook, tensor_bytes, trainable, unflat
 
 USES_DDP = False
+ddp_comm_hook = no_ddp_comm_hook
 
 
 class MasterAggregation(SyncMethod):

@@ -115,3 +115,4 @@ def comm_hook(group, params: dict, counter: ByteCounter, axis: str):
 
 
 replica_reducer = compressed.replica_reducer(TopK, warmup_param="warmup_steps")
+TIMED_CODEC = TopK
