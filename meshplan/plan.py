@@ -298,6 +298,20 @@ class Plan:
     before this field load unchanged."""
 
     @property
+    def predicted(self) -> Prediction:
+        """`prediction`, where only a predicted plan can be (the report's sections, validation)."""
+        if self.prediction is None:
+            raise ValueError("the plan has no prediction: make it with `meshplan plan` or `meshplan estimate`")
+        return self.prediction
+
+    @property
+    def searched(self) -> SearchSummary:
+        """`search`, where only a searched plan can be (the report's search sections)."""
+        if self.search is None:
+            raise ValueError("the plan has no search summary: make it with `meshplan plan`")
+        return self.search
+
+    @property
     def data_parallel_degree(self) -> int:
         return self.data_parallel_replicate_degree * self.data_parallel_shard_degree
 

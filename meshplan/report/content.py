@@ -47,7 +47,7 @@ def build_document(plan: Plan, run: RunResult | None = None, title: str | None =
         )
     )
     doc.sections.append(layout_section(plan))
-    doc.sections.append(Section(title="Why this plan", anchor="why", items=why_paragraphs(plan)))
+    doc.sections.append(Section(title="Why this plan", anchor="why", items=[*why_paragraphs(plan)]))
     if plan.prediction is not None:
         doc.sections += [timeline_section(plan), memory_section(plan), breakdown_section(plan)]
     doc.sections.append(dp_methods_section(plan, run))
@@ -82,7 +82,7 @@ def layout_section(plan: Plan) -> Section:
 
 def timeline_section(plan: Plan) -> Section:
     tl = simulate(plan)
-    pred = plan.prediction
+    pred = plan.predicted
     pp, v, m = plan.pipeline_parallel_degree, plan.virtual_stages, plan.num_microbatches
     rows = []
     for r in range(pp):
@@ -132,7 +132,7 @@ def timeline_section(plan: Plan) -> Section:
 
 
 def memory_section(plan: Plan) -> Section:
-    mem = plan.prediction.stage_memory
+    mem = plan.predicted.stage_memory
     parts = ("params", "grads", "optimizer", "activations", "buffers")
     # bars on their own range: MiB when the stages are far below a GiB; a capacity far above the
     # bars is said in the caption instead of squashing them to nothing
@@ -182,7 +182,7 @@ def memory_section(plan: Plan) -> Section:
 
 
 def breakdown_section(plan: Plan) -> Section:
-    pred = plan.prediction
+    pred = plan.predicted
     terms = breakdown_rows(pred)
     total_s = sum(v for _, v in terms)
     step_s = max(pred.step_time_s, 1e-12)

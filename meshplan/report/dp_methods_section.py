@@ -58,7 +58,7 @@ def status_text(option: MethodOption, capacity: float) -> str:
 
 
 def option_rows(plan: Plan) -> list[list[str]]:
-    pred = plan.prediction
+    pred = plan.predicted
     step_s = pred.step_time_s
     rows = []
     for o in pred.dp_method_options:
@@ -81,7 +81,7 @@ def option_rows(plan: Plan) -> list[list[str]]:
 
 def options_table(plan: Plan) -> Table:
     rows = option_rows(plan)
-    chosen = [i for i, o in enumerate(plan.prediction.dp_method_options) if o.chosen]
+    chosen = [i for i, o in enumerate(plan.predicted.dp_method_options) if o.chosen]
     return Table(
         headers=[
             "",
@@ -168,11 +168,13 @@ def measured_items(plan: Plan, run: RunResult) -> list:
             fmt.ratio(m / p) if p and m is not None else "-",
         ]
         if band:
-            lo, hi = band.get(axis, (None, None))
-            inside = lo is not None and m is not None and lo <= m <= hi
-            row.append(
-                f"{fmt.nbytes(lo)} .. {fmt.nbytes(hi)}: {'inside' if inside else 'outside'}" if lo is not None else "-"
-            )
+            span = band.get(axis)
+            if span is None:
+                row.append("-")
+            else:
+                lo, hi = span
+                inside = m is not None and lo <= m <= hi
+                row.append(f"{fmt.nbytes(lo)} .. {fmt.nbytes(hi)}: {'inside' if inside else 'outside'}")
         rows.append(row)
     headers = ["mesh axis", "predicted", "measured", "measured / predicted"] + (["band"] if band else [])
     return [Table(headers=headers, rows=rows, caption="Data-parallel bytes per step and rank, predicted vs measured")]

@@ -149,7 +149,9 @@ def measured_section(plan: Plan, run: RunResult) -> Section:
         )
     items += breakdown_items(plan, run)
     if run.losses:
-        pts = [(run.first_loss_step + i + 1, v) for i, v in enumerate(run.losses) if v is not None]
+        pts: list[tuple[float, float]] = [
+            (run.first_loss_step + i + 1, v) for i, v in enumerate(run.losses) if v is not None
+        ]
         items.append(
             Figure(
                 name="loss",

@@ -56,7 +56,7 @@ def _knobs(p: Plan) -> list[tuple[str, object]]:
 
 def tie_break(plan: Plan, runner_up: Plan) -> str:
     """Why the chosen plan beat the runner-up: the rule, and the runner-up's margin."""
-    a, b = plan.prediction, runner_up.prediction
+    a, b = plan.predicted, runner_up.predicted
     margin_s = b.step_time_s - a.step_time_s
     lean = a.peak_memory_bytes - b.peak_memory_bytes
     rel = margin_s / a.step_time_s if a.step_time_s > 0 else 0.0
@@ -99,11 +99,11 @@ def why_paragraphs(plan: Plan) -> list[str]:
     alts = [a for a in search.alternatives if a.prediction is not None]
     if alts and plan.prediction is not None:
         step_s = plan.prediction.step_time_s
-        nxt = min(alts, key=lambda a: a.prediction.step_time_s)
-        slower = (nxt.prediction.step_time_s - step_s) / step_s if step_s > 0 else 0.0
+        nxt = min(alts, key=lambda a: a.predicted.step_time_s)
+        slower = (nxt.predicted.step_time_s - step_s) / step_s if step_s > 0 else 0.0
         out.append(
             f"The runner-up ({_differences(plan, nxt)}) is predicted {fmt.signed_pct(slower)} in step "
-            f"time at {fmt.gib(nxt.prediction.peak_memory_bytes)} peak memory per {device_word(plan)}."
+            f"time at {fmt.gib(nxt.predicted.peak_memory_bytes)} peak memory per {device_word(plan)}."
         )
         out.append(tie_break(plan, nxt))
     if search.rejected:
@@ -113,7 +113,7 @@ def why_paragraphs(plan: Plan) -> list[str]:
 
 
 def _alt_row(rank: str, p: Plan) -> list[str]:
-    pred = p.prediction
+    pred = p.predicted
     return [
         rank,
         short_label(p),
@@ -129,24 +129,24 @@ def _alt_row(rank: str, p: Plan) -> list[str]:
 
 
 def _terms_row(rank: str, p: Plan) -> list[str]:
-    return [rank, *(fmt.seconds(p.prediction.breakdown.get(t, 0.0)) for t in TERMS)]
+    return [rank, *(fmt.seconds(p.predicted.breakdown.get(t, 0.0)) for t in TERMS)]
 
 
 def alternatives_section(plan: Plan) -> Section:
     ranked = [("chosen", plan)] + [
-        (f"#{i + 2}", a) for i, a in enumerate(plan.search.alternatives) if a.prediction is not None
+        (f"#{i + 2}", a) for i, a in enumerate(plan.searched.alternatives) if a.prediction is not None
     ]
     if plan.prediction is None:
         ranked = ranked[1:]
-    peak = max((p.prediction.peak_memory_bytes for _, p in ranked), default=0.0)
+    peak = max((p.predicted.peak_memory_bytes for _, p in ranked), default=0.0)
     scale, unit = (GIB, "GiB") if peak >= 0.5 * GIB else (2**20, "MiB")
     points = [
         (
-            p.prediction.peak_memory_bytes / scale,
-            p.prediction.tokens_per_s_per_gpu,
+            p.predicted.peak_memory_bytes / scale,
+            p.predicted.tokens_per_s_per_gpu,
             name,
             name == "chosen",
-            f"{name}: {short_label(p)}, {fmt.seconds(p.prediction.step_time_s)}",
+            f"{name}: {short_label(p)}, {fmt.seconds(p.predicted.step_time_s)}",
         )
         for name, p in ranked
     ]
@@ -184,12 +184,12 @@ def alternatives_section(plan: Plan) -> Section:
         caption="Their step-time breakdowns (seconds per term)",
         highlight_row=table.highlight_row,
     )
-    items = [figure, table, terms] if ranked else ["The search kept no alternatives."]
+    items: list[str | Table | Figure] = [figure, table, terms] if ranked else ["The search kept no alternatives."]
     return Section(title="Alternatives", anchor="alternatives", items=items)
 
 
 def rejected_section(plan: Plan) -> Section:
-    rejected = sorted(plan.search.rejected, key=lambda r: (-r.count, r.family, r.reason))
+    rejected = sorted(plan.searched.rejected, key=lambda r: (-r.count, r.family, r.reason))
     if not rejected:
         return Section(title="Rejected families", anchor="rejected", items=["No candidate family was rejected."])
     rows = [[r.family, r.reason, f"{r.count:,}"] for r in rejected[:MAX_REJECTED_ROWS]]
@@ -209,7 +209,7 @@ def rejected_section(plan: Plan) -> Section:
             Table(
                 headers=["family", "reason", "candidates"],
                 rows=rows,
-                caption=f"{plan.search.num_rejected:,} candidates rejected in all",
+                caption=f"{plan.searched.num_rejected:,} candidates rejected in all",
             )
         ],
     )

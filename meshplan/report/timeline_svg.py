@@ -110,7 +110,7 @@ def _arrow(src: Block, dst: Block, scale: float) -> str:
 
 def _binned_runs(blocks: list[Block], scale: float, num_px: int) -> list[tuple[str, int, int]]:
     """Run-length encoded pixel columns: (kind, x0, x1) with kind by what covers each column."""
-    cover = [dict() for _ in range(num_px)]
+    cover: list[dict[str, float]] = [{} for _ in range(num_px)]
     for b in blocks:
         x0, x1 = b.start_s * scale, b.end_s * scale
         for px in range(int(x0), min(int(x1) + 1, num_px)):
@@ -133,7 +133,7 @@ def _column_kind(kinds: dict[str, float], around: list[dict[str, float]]) -> str
         return "idle"
     comm = {k: v for k, v in kinds.items() if k in ("DP", "OPT")}
     if comm and sum(comm.values()) >= 0.5:
-        return max(comm, key=comm.get)
+        return max(comm, key=lambda k: comm[k])
     near = {k for column in around for k, v in column.items() if v > 0}
     if "F" in near and "B" in near:
         return "FB"

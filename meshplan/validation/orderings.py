@@ -19,6 +19,8 @@ Runs are the Megatron-LM of 2021 (see published.py): interleaved schedule, no Ze
 
 from __future__ import annotations
 
+from typing import Any
+
 from meshplan.errors import MeshplanError
 from meshplan.models.analytic import gpt_profile
 from meshplan.planner import PlanRequest
@@ -36,7 +38,7 @@ def _best(profile, n: int, **pins) -> float | None:
     """Best tokens/s/GPU with the pins (None when nothing fits)."""
     req = PlanRequest(num_gpus=n, **{**MEGATRON_2021, **pins})
     try:
-        return search(profile, cluster_preset("a100-80g", n), req).prediction.tokens_per_s_per_gpu
+        return search(profile, cluster_preset("a100-80g", n), req).predicted.tokens_per_s_per_gpu
     except MeshplanError:
         return None
 
@@ -50,11 +52,11 @@ def fig13_tensor_vs_pipeline() -> list[dict]:
             for p, t in ((2, 32), (4, 16), (8, 8), (16, 4), (32, 2))
         }
         feasible = {k: v for k, v in tput.items() if v}
-        winner = max(feasible, key=feasible.get) if feasible else None
+        winner = max(feasible, key=lambda k: feasible[k]) if feasible else None
         out.append(
             {
                 "name": f"Fig. 13: 162B GPT on 64 A100, batch {batch}: t = 8 beats every other (p, t)",
-                "holds": bool(winner) and winner[1] == 8,
+                "holds": winner is not None and winner[1] == 8,
                 "detail": ", ".join(
                     f"(p={p},t={t}) {v:.1f}" if v else f"(p={p},t={t}) OOM" for (p, t), v in tput.items()
                 )
@@ -115,11 +117,11 @@ def table2_ptdp_vs_zero3() -> list[dict]:
     prof = gpt_profile(layers=96, hidden=12288, heads=96, vocab=51200, seq=2048)
     out = []
     for n, b, published in ((384, 4, "153 vs 144"), (768, 2, "149 vs 88"), (1536, 1, "141 vs 44")):
-        common = dict(num_gpus=n, global_batch=1536, recompute="full", state_layout="megatron")
+        common: dict[str, Any] = dict(num_gpus=n, global_batch=1536, recompute="full", state_layout="megatron")
         deepspeed = {**request_behaviours("deepspeed", {}), "runtime": "deepspeed", **common}
         zero3 = estimate(  # DeepSpeed's ZeRO-3 (Narayanan et al. 2021 Sec 5.2), as --runtime deepspeed runs it
             prof, cluster_preset("a100-80g", n), PlanRequest(tp=1, pp=1, dp=n, microbatch=b, zero=3, **deepspeed)
-        ).prediction.hardware_tflops_per_gpu
+        ).predicted.hardware_tflops_per_gpu
         ptdp = estimate(
             prof,
             cluster_preset("a100-80g", n),
@@ -133,7 +135,7 @@ def table2_ptdp_vs_zero3() -> list[dict]:
                 overlap_dp_comm=False,
                 **common,
             ),
-        ).prediction.hardware_tflops_per_gpu
+        ).predicted.hardware_tflops_per_gpu
         out.append(
             {
                 "name": f"Table 2: GPT-3 175B on {n} A100: PTD-P beats ZeRO-3 (published {published} TFLOP/s)",

@@ -79,7 +79,7 @@ def with_source_degrees(rows: list[dict]) -> list[dict]:
     architecture that states them, when they divide the row's GPU count (the Megatron-LM README's
     strong-scaling 177B runs are the weak-scaling table's 177B model, stated there as tp 8, pp 6).
     The search would otherwise report the best split under the model, an optimistic bias."""
-    stated = {}
+    stated: dict[tuple, tuple[str, str]] = {}
     for row in rows:
         if row["tp"].strip() and row["pp"].strip():
             stated.setdefault(_source_and_model(row), (row["tp"], row["pp"]))
@@ -183,7 +183,7 @@ def row_argv(row: dict, verb: str = "plan", model: str = "analytic:gpt") -> list
     }
     for flag, value in pins.items():
         if value is not None:
-            argv += [flag, {"Interleaved1F1B": "interleaved", "1F1B": "1f1b"}.get(value, str(value))]
+            argv += [flag, {"Interleaved1F1B": "interleaved", "1F1B": "1f1b"}.get(str(value), str(value))]
     if sp is not None:
         argv.append("--sequence-parallel" if sp else "--no-sequence-parallel")
     return argv + (["--top", "1"] if verb == "plan" else [])
@@ -232,7 +232,10 @@ def measured_tokens_per_s(row: dict, profile, peak_flops: float) -> tuple[float,
     tflops = _float(row["measured_tflops_per_gpu"])
     if tflops:
         return tflops * 1e12 / flops_per_token, "from measured TFLOP/s (Eq. 7 model FLOPs)"
-    return _float(row["mfu_pct"]) / 100 * peak_flops / flops_per_token, "from MFU (Eq. 7 model FLOPs)"
+    mfu_pct = _float(row["mfu_pct"])
+    if mfu_pct is None:
+        raise ValueError(f"published row {row['source']!r} states no tokens/s, TFLOP/s or MFU")
+    return mfu_pct / 100 * peak_flops / flops_per_token, "from MFU (Eq. 7 model FLOPs)"
 
 
 def validate_row(row: dict) -> dict:
@@ -255,7 +258,7 @@ def validate_row(row: dict) -> dict:
         plan = search(profile, cluster, req)
     except MeshplanError as exc:
         return {**out, "error": str(exc), "predicted_tokens_per_s_per_gpu": None, "rel_error": None}
-    pr = plan.prediction
+    pr = plan.predicted
     return {
         **out,
         **_captured(row, measured),
@@ -276,11 +279,11 @@ def _captured(row: dict, measured: float) -> dict:
         plan = search(*cli_inputs(row_argv(row, model=CAPTURED_MODEL)))
     except MeshplanError as exc:
         return {"captured_error": str(exc), "captured_tokens_per_s_per_gpu": None, "captured_rel_error": None}
-    tps = plan.prediction.tokens_per_s_per_gpu
+    tps = plan.predicted.tokens_per_s_per_gpu
     return {
         "captured_tokens_per_s_per_gpu": tps,
         "captured_rel_error": tps / measured - 1,
-        "captured_peak_memory_gib": plan.prediction.peak_memory_bytes / GIB,
+        "captured_peak_memory_gib": plan.predicted.peak_memory_bytes / GIB,
         "captured_command": command_line(row, model=CAPTURED_MODEL),
     }
 
@@ -324,7 +327,7 @@ def memory_checks(rows: list[dict]) -> list[dict]:
             }
             profile, cluster, req = cli_inputs(row_argv(pinned))
             plan = estimate(profile, cluster, req)
-            st = plan.prediction.stage_memory[0]
+            st = plan.predicted.stage_memory[0]
             pairs = [(key, st.activations_bytes / GIB)]
             if key == "act_none":
                 pairs.append(("params_opt", (st.params_bytes + st.grads_bytes + st.optimizer_bytes) / GIB))
