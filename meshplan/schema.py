@@ -379,6 +379,14 @@ def check_output(output: str | os.PathLike, *, folder: bool = False, inputs: dic
         os.unlink(probe)
     except OSError as exc:
         raise MeshplanError(
-            f"cannot write {str(output)!r}: {str(target)!r} is not writable ({os_error_text(exc)}); "
+            f"cannot write {str(output)!r}: {str(target)!r} is not writable ({_unwritable_why(target, exc)}); "
             f"give another {kind} path"
         ) from None
+
+
+def _unwritable_why(folder: Path, exc: OSError) -> str:
+    """Why a probe file could not be made in an existing folder: /proc answers 'No such file or
+    directory' for a folder that is plainly there, which reads as nonsense."""
+    if exc.errno == errno.ENOENT and folder.is_dir():
+        return "it accepts no new files: a kernel filesystem such as /proc or /sys"
+    return os_error_text(exc)

@@ -95,7 +95,9 @@ CASES = [
     (["plan", "--profile", "prof.json", "--num-gpus", "2", "-o", "./prof.json"], "is the --profile input"),
     (["plan", "-o", "fifo"], "it is a FIFO with no reader"),
     (["plan", "-o", "/dev/full"], "the disk is full"),
-    (["profile", "-o", "/proc/x/p.json"], "'/proc' is not writable"),
+    (["profile", "-o", "/proc/x/p.json"], "'/proc' is not writable (it accepts no new files: a kernel filesystem"),
+    (["profile", "-o", "/proc/p.json"], "'/proc' is not writable (it accepts no new files: a kernel filesystem"),
+    (["profile-links", "-o", "/proc/self/c.json"], "'/proc/self' is not writable (it accepts no new files"),
     # files that are not what they should be
     (["report", "bin.json", "-o", "out"], "not UTF-8"),
     (["plan", "--profile", "bin.json", "-o", "p.json"], "not UTF-8"),
