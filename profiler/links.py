@@ -120,8 +120,9 @@ def measure(
             str(out_path),
         ]
         rc, tail = _launch(cmd, timeout_s, progress)
-        # A rank may abort at exit after the results are written (torch-gloo.md gotcha 16):
-        # a complete result file is trusted whatever the exit status.
+        # A rank may abort at exit after the results are written (an intermittent SIGABRT after
+        # destroy_process_group on gloo, a few launches in a hundred): a complete result file is
+        # trusted whatever the exit status.
         if out_path.exists():
             return json.loads(out_path.read_text())
     raise RunError(f"profile-links on {nproc} ranks failed (exit {rc}): {tail}")

@@ -106,7 +106,7 @@ def _results() -> dict:
     }
 
 
-def test_report_has_the_issue_keys_and_says_no_gpu(tmp_path):
+def test_report_has_the_documented_keys_and_says_no_gpu(tmp_path):
     write(_results(), tmp_path)
     data = json.loads((tmp_path / "benchmarks.json").read_text())
     assert {

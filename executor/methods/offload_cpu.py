@@ -2,7 +2,8 @@
 
 - ZeRO-2/3: FSDP2 CPUOffloadPolicy: the sharded parameters, gradients and the optimizer step
   live on the host; each gather copies the shard to the device first. Pinned host memory needs
-  an accelerator (torch-gloo.md 3c), so it is pinned only on CUDA; the shards are materialised
+  an accelerator (CPUOffloadPolicy() on a CPU-only run fails: "Cannot access accelerator
+  device"), so it is pinned only on CUDA; the shards are materialised
   on the host (torchtitan does the same). The collectives and their bytes are FSDP2's.
 - ZeRO-0/1 and tensor-parallel replicas, where the policy does not fit (it belongs to
   fully_shard), and every stage with delayed_update: meshplan's own HostOptimizer

@@ -25,8 +25,8 @@ from meshplan.executor.methods.lowrank import LowRank
 
 def comm_hook(group, params: dict, counter: ByteCounter, axis: str):
     """(PowerSGDState, hook) for DDP.register_comm_hook, every all-reduce counted."""
-    # torch requires start_powerSGD_iter >= 2 with error feedback / warm start (torch-gloo.md 1e);
-    # the registry's start_iter range already says so
+    # torch requires start_powerSGD_iter >= 2 with error feedback / warm start (PowerSGDState
+    # raises ValueError otherwise); the registry's start_iter range already says so
     state = powerSGD_hook.PowerSGDState(
         process_group=group,
         matrix_approximation_rank=params["rank"],
