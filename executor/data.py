@@ -113,6 +113,20 @@ def _check_tokens(spec: str, i: int, name: str, value, seq_len: int, vocab) -> N
         )
 
 
+IGNORE_INDEX = -100
+"""The label cross-entropy skips (torch's default ignore_index; transformers' masked positions)."""
+
+
+def counted_targets(targets) -> int | None:
+    """The global batch's labels the loss counts, where some are IGNORE_INDEX (else None): the
+    loss is then the mean over those labels of the whole batch, whatever microbatch or replica
+    holds them, as the model's own loss over the batch is (executor/parallelize.py)."""
+    if not isinstance(targets, torch.Tensor) or targets.is_floating_point() or targets.dim() == 0:
+        return None
+    ignored = int((targets == IGNORE_INDEX).sum())
+    return int(targets.numel()) - ignored if ignored else None
+
+
 def make_batches(model: LayeredModel, plan: Plan, dp_rank: int, dp_degree: int, seed: int, data: str | None) -> Batches:
     """Function step -> this replica's (inputs, targets)."""
     per_replica = plan.global_batch_size // dp_degree
@@ -121,8 +135,10 @@ def make_batches(model: LayeredModel, plan: Plan, dp_rank: int, dp_degree: int, 
         def synthetic(step: int):
             x, y = synthetic_global_batch(model, plan, seed, step)
             rows = slice(dp_rank * per_replica, (dp_rank + 1) * per_replica)
+            synthetic.num_targets = counted_targets(y)  # type: ignore[attr-defined]
             return x[rows], None if y is None else y[rows]
 
+        synthetic.num_targets = None  # type: ignore[attr-defined]
         return synthetic
     dataset = load_dataset(data)
     sampler: DistributedSampler = DistributedSampler(

@@ -41,6 +41,7 @@ from meshplan.errors import MeshplanError
 from meshplan.executor import data_parallel as dp_
 from meshplan.executor import methods
 from meshplan.executor.activation_checkpoint import apply_ac
+from meshplan.executor.data import IGNORE_INDEX
 from meshplan.executor.grad_clip import clip_grad_norm
 from meshplan.executor.materialize import init_source, materialize, state_source
 from meshplan.executor.methods.sync import SyncMethod
@@ -229,7 +230,7 @@ def apply(
         device=device,
         parts=parts,
         stage_ids=stage_ids,
-        loss_fn=_loss_fn(model),
+        loss_fn=_loss_fn(model, plan, dims.dp_degree),
         reducers=reducers,
         autocast_dtype=_autocast_dtype(plan, device),
         comm_bytes=counter,
@@ -285,13 +286,33 @@ def _tied_source(full_value, groups: list[list[str]]):
     return value
 
 
-def _loss_fn(model: LayeredModel):
-    """model.loss, with the empty placeholder target (no targets) passed on as None."""
+class _LossFn:
+    """model.loss, with the empty placeholder target (no targets) passed on as None.
 
-    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return model.loss(output, None if target.numel() == 0 and target.dim() == 2 else target)
+    Token weighting: when some labels of the step's global batch are ignored (-100: masked-LM
+    positions, padding), each microbatch's mean loss is weighted by its share of the counted
+    labels, `counted_mb * n * dp / counted_global`, so that after the 1/n of gradient
+    accumulation (or the pipeline schedule's) and the 1/dp of the data-parallel mean the step's
+    loss and gradients are those of the mean over all counted labels of the batch, as the model's
+    own loss over the whole batch is. With equal counts the weight is exactly 1."""
 
-    return loss
+    def __init__(self, model: LayeredModel, plan: Plan, dp_degree: int):
+        self.model, self.per_replica_parts = model, plan.num_microbatches * dp_degree
+        self.num_targets: int | None = None
+        """Counted labels of the step's global batch (None: no label is ignored, no weighting)."""
+
+    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss = self.model.loss(output, None if target.numel() == 0 and target.dim() == 2 else target)
+        if not self.num_targets or target.is_floating_point():
+            return loss
+        counted = int((target != IGNORE_INDEX).sum())
+        if counted == 0:  # nothing counted here: no contribution, the graph kept for backward
+            return output.sum() * 0.0
+        return loss * (counted * self.per_replica_parts / self.num_targets)
+
+
+def _loss_fn(model: LayeredModel, plan: Plan, dp_degree: int) -> _LossFn:
+    return _LossFn(model, plan, dp_degree)
 
 
 def _default_device(mesh: DeviceMesh) -> torch.device:

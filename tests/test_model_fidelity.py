@@ -167,6 +167,33 @@ def test_a_meta_split_the_cpu_build_does_not_reproduce_is_refused_before_launch(
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
+def test_uneven_ignored_labels_weigh_by_token(tmp_path):
+    """Labels with a different number of ignored (-100) positions per row, one row all ignored:
+    under DP with accumulation (4 microbatches of 1 row over 2 replicas), DP alone and a 2-stage
+    pipeline, the loss is the model's own cross-entropy over the whole batch (the mean over its
+    counted labels), not the mean of per-microbatch means."""
+    name, keys = "uneven_masks", ["dp_accum", "dp", "pp"]
+    plans = [
+        make_plan(f"{REUSE}:{name}", dp=2, microbatch=1, microbatches=2),
+        make_plan(f"{REUSE}:{name}", dp=2),
+        make_plan(f"{REUSE}:{name}", **PP),
+    ]
+    opts = LaunchOptions(
+        steps=STEPS, out_dir=str(tmp_path / "run"), quiet=True, timeout_s=300, optimizer="sgd", lr=LR, grad_clip=CLIP
+    )
+    ref = plain_losses(name, 4)
+    torch.manual_seed(0)
+    module, (x, y) = _factory(name)()
+    with torch.no_grad():
+        out = module(x)
+        per_row = [F.cross_entropy(out[i], y[i]) for i in range(3)]  # row 3 counts nothing
+    assert abs(sum(per_row) / 3 - ref[0]) > 1e-3  # a mean of means would differ
+    for key, result in zip(keys, run_plans(plans, opts)):
+        rel = max(abs(a - b) / abs(b) for a, b in zip(result.losses, ref))
+        assert len(result.losses) == STEPS and rel <= REL_TOL, f"{key}: {result.losses} vs plain PyTorch {ref}"
+
+
 def test_batchnorm_under_microbatching_is_stated():
     from meshplan.executor.check import run_warnings
 
