@@ -254,54 +254,25 @@ def peak_table() -> dict[str, dict[str, tuple[float | None, str]]]:
     return out
 
 
+def _ampere(name: str, row: str) -> ClusterSpec:
+    """An A100 part: MAMF plateau 0.869, NVLink 0.78, DGX A100 inter-node fractions; no fp8."""
+    return _gpu(name, **_sheet(row), plateau=0.869, nvlink_eff=0.78, internode_eff=A100_INTERNODE_EFFICIENCY)
+
+
+def _hopper(name: str, row: str, mamf: str) -> ClusterSpec:
+    """An H100/H800/H200 part: MAMF plateau 0.803, NVLink 0.81, the Hopper GEMM curve, fp8 from
+    the `mamf` chip's fractions."""
+    return _gpu(name, **_sheet(row), plateau=0.803, nvlink_eff=0.81, fp8=_fp8(row, mamf), hopper=True)
+
+
 def _gpu_presets() -> dict[str, ClusterSpec]:
     return {
-        "a100-40g": _gpu(
-            "a100-40g",
-            **_sheet(PRESET_ROWS["a100-40g"]),
-            plateau=0.869,
-            nvlink_eff=0.78,
-            internode_eff=A100_INTERNODE_EFFICIENCY,
-        ),
-        "a100-80g": _gpu(
-            "a100-80g",
-            **_sheet(PRESET_ROWS["a100-80g"]),
-            plateau=0.869,
-            nvlink_eff=0.78,
-            internode_eff=A100_INTERNODE_EFFICIENCY,
-        ),
-        "h100-80g": _gpu(
-            "h100-80g",
-            **_sheet(PRESET_ROWS["h100-80g"]),
-            plateau=0.803,
-            nvlink_eff=0.81,
-            fp8=_fp8(PRESET_ROWS["h100-80g"], "h100"),
-            hopper=True,
-        ),
-        "h100-96g": _gpu(
-            "h100-96g",
-            **_sheet(H100_96G),
-            plateau=0.803,
-            nvlink_eff=0.81,
-            fp8=_fp8(H100_96G, "h100"),
-            hopper=True,
-        ),
-        "h800-80g": _gpu(
-            "h800-80g",
-            **_sheet(PRESET_ROWS["h800-80g"]),
-            plateau=0.803,
-            nvlink_eff=0.81,
-            fp8=_fp8(PRESET_ROWS["h800-80g"], "h100"),
-            hopper=True,
-        ),
-        "h200-141g": _gpu(
-            "h200-141g",
-            **_sheet(PRESET_ROWS["h200-141g"]),
-            plateau=0.803,
-            nvlink_eff=0.81,
-            fp8=_fp8(PRESET_ROWS["h200-141g"], "h200"),
-            hopper=True,
-        ),
+        "a100-40g": _ampere("a100-40g", PRESET_ROWS["a100-40g"]),
+        "a100-80g": _ampere("a100-80g", PRESET_ROWS["a100-80g"]),
+        "h100-80g": _hopper("h100-80g", PRESET_ROWS["h100-80g"], "h100"),
+        "h100-96g": _hopper("h100-96g", H100_96G, "h100"),
+        "h800-80g": _hopper("h800-80g", PRESET_ROWS["h800-80g"], "h100"),
+        "h200-141g": _hopper("h200-141g", PRESET_ROWS["h200-141g"], "h200"),
         "b200-180g": _gpu(
             "b200-180g",
             **_sheet(PRESET_ROWS["b200-180g"]),
