@@ -106,55 +106,43 @@ class StateLayout:
         return self.weight_bytes, self.grad_bytes, self.optimizer_bytes
 
 
+def _layout(
+    name: str,
+    weights: int,
+    grads: int,
+    optimizer: int,
+    step: int,
+    *,
+    megatron: bool = False,
+    torch_buffers: bool = True,
+    zero2_shards_weights: bool = True,
+) -> StateLayout:
+    """One state layout (the field docs above say where each number comes from): `megatron` for
+    Megatron-LM's loss, distributed optimizer, sequence-parallel regather and pipeline
+    scatter-gather, torch's otherwise; `torch_buffers` for FSDP2's unsharded fp32 accumulation
+    and DDP's bucket copy (False: Megatron's grad buffer, DeepSpeed's own)."""
+    return StateLayout(
+        name=name,
+        weight_bytes=weights,
+        grad_bytes=grads,
+        optimizer_bytes=optimizer,
+        optimizer_step_bytes=step,
+        loss_passes=(9.5, 3.5) if megatron else (6.5, 5.0),
+        loss_transients=1 if megatron else 2,
+        zero1_grad_collective="reduce_scatter" if megatron else "all_reduce",
+        zero1_param_bytes=2 if megatron else 4,
+        sp_regather=megatron,
+        pp_scatter_gather=megatron,
+        zero2_shards_weights=zero2_shards_weights,
+        fsdp_full_grad_accumulation=torch_buffers,
+        ddp_bucket_copy=torch_buffers,
+    )
+
+
 STATE_LAYOUTS: dict[str, StateLayout] = {
-    "torch": StateLayout(
-        name="torch",
-        weight_bytes=4,
-        grad_bytes=4,
-        optimizer_bytes=8,
-        optimizer_step_bytes=28,
-        loss_passes=(6.5, 5.0),
-        loss_transients=2,
-        zero1_grad_collective="all_reduce",
-        zero1_param_bytes=4,
-        sp_regather=False,
-        pp_scatter_gather=False,
-        zero2_shards_weights=True,
-        fsdp_full_grad_accumulation=True,
-        ddp_bucket_copy=True,
-    ),
-    "megatron": StateLayout(
-        name="megatron",
-        weight_bytes=2,
-        grad_bytes=4,
-        optimizer_bytes=12,
-        optimizer_step_bytes=42,
-        loss_passes=(9.5, 3.5),
-        loss_transients=1,
-        zero1_grad_collective="reduce_scatter",
-        zero1_param_bytes=2,
-        sp_regather=True,
-        pp_scatter_gather=True,
-        zero2_shards_weights=True,
-        fsdp_full_grad_accumulation=False,
-        ddp_bucket_copy=False,
-    ),
-    "zero": StateLayout(
-        name="zero",
-        weight_bytes=2,
-        grad_bytes=2,
-        optimizer_bytes=12,
-        optimizer_step_bytes=28,
-        loss_passes=(6.5, 5.0),
-        loss_transients=2,
-        zero1_grad_collective="all_reduce",
-        zero1_param_bytes=4,
-        sp_regather=False,
-        pp_scatter_gather=False,
-        zero2_shards_weights=False,
-        fsdp_full_grad_accumulation=False,
-        ddp_bucket_copy=False,
-    ),
+    "torch": _layout("torch", 4, 4, 8, 28),
+    "megatron": _layout("megatron", 2, 4, 12, 42, megatron=True, torch_buffers=False),
+    "zero": _layout("zero", 2, 2, 12, 28, torch_buffers=False, zero2_shards_weights=False),
 }
 """The state layouts (--state-layout): torch = fp32 weights, fp32 grads, Adam m, v (4 + 4 + 8 B;
 AMP / FSDP2 mixed precision); megatron = bf16 weights, fp32 main grads, fp32 master + Adam
