@@ -12,6 +12,7 @@ parameter pager) tells the trackers with `storage_freed(tensor)`.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterable
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -31,7 +32,7 @@ def storage_freed(t: torch.Tensor) -> None:
 class LiveTensorTracker(TorchDispatchMode):
     """`with LiveTensorTracker(existing) as t: ...; t.peak_bytes`."""
 
-    def __init__(self, existing: list[torch.Tensor] = ()):
+    def __init__(self, existing: Iterable[torch.Tensor] = ()):
         super().__init__()
         _TRACKERS.add(self)
         self.live: dict[int, int] = {}

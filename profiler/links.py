@@ -306,7 +306,7 @@ def fit_samples(samples: list[list]) -> list[CollectiveFit]:
 def link_tier(fits: list[CollectiveFit], nproc: int) -> LinkSpec:
     """A link tier from the fits: send/recv gives the point-to-point bandwidth and latency;
     each collective's efficiency is its bus bandwidth (at the largest group) over that."""
-    largest = {}
+    largest: dict[str, CollectiveFit] = {}
     for f in fits:
         if f.group_size >= largest.get(f.collective, f).group_size:
             largest[f.collective] = f

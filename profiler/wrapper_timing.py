@@ -118,7 +118,8 @@ def paired_extra_s(
 
     for _ in range(warmup):
         pass_cpu_s(plain), pass_cpu_s(wrapped)
-    diffs, t0 = [], time.perf_counter()
+    diffs: list[float] = []
+    t0 = time.perf_counter()
     while len(diffs) < min_pairs or (time.perf_counter() - t0 < window_s and len(diffs) < max_pairs):
         base = pass_cpu_s(plain)
         diffs.append(pass_cpu_s(wrapped) - base)

@@ -38,6 +38,7 @@ import queue
 import threading
 import warnings
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -167,7 +168,7 @@ class AsyncAverager:
     def __enter__(self) -> AsyncAverager:
         return self
 
-    def __exit__(self, kind, exc, tb) -> bool:
+    def __exit__(self, kind, exc, tb) -> Literal[False]:
         self.close(None, aborted=True)
         return False
 

@@ -69,7 +69,7 @@ class ViT(LayeredModel):
         block_cfg = GPTConfig(
             layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, vocab=1, seq=cfg.seq, ffn_hidden=cfg.ffn_hidden
         )
-        blocks = [Block(block_cfg, causal=False) for _ in range(cfg.layers)]
+        blocks: list[nn.Module] = [Block(block_cfg, causal=False) for _ in range(cfg.layers)]
         super().__init__(PatchEmbedding(cfg), blocks, ClassifierHead(cfg))
         self.config = cfg
 
