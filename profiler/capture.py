@@ -226,7 +226,11 @@ def capture_layer(layer: nn.Module, x: torch.Tensor | tuple, fake_mode, rule=Non
         _backward(y)
         out = _detached(y)
     dropped = saved.attention_core_only_bytes()
-    if rule is not None and rule.kind == "block" and saved.eager_core_bytes():  # eager attention: s^2 memory
+    # eager attention (no fused SDPA op ran): its s x s scores are the core. Where SDPA ran, a saved
+    # (..., n, n) tensor is no score matrix (the hidden states when seq == hidden, as in Llama-3 70B
+    # at 8192 tokens)
+    eager = core_flops == 0 and saved.eager_core_bytes()
+    if rule is not None and rule.kind == "block" and eager:
         dropped, core_flops = dropped + saved.eager_core_bytes(), core_flops + tracker.eager_core_flops
     return LayerCapture(
         forward_flops=float(forward_flops),

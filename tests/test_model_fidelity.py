@@ -247,6 +247,18 @@ def test_eager_attention_prices_its_s2_probabilities_and_sdpa_does_not():
     assert not any("runs eager attention" in n for n in sdpa.notes)
 
 
+def test_sdpa_blocks_with_seq_equal_to_hidden_keep_only_the_log_sum_exp_as_core():
+    """Under SDPA the hidden states are (b, s, h): with s == h (Llama-3 70B at 8192 tokens) they
+    are square like a score matrix, yet selective recompute frees only SDPA's log-sum-exp; an
+    eager-core test by shape alone counted them (and flipped the 70B example's plan)."""
+    a, s = 4, 64
+    prof = profile_model("llama", overrides=dict(layers=1, hidden=s, heads=a, kv_heads=2, seq=s, vocab=128))
+    blocks = [layer for layer in prof.layers if layer.tp.kind == "block"]
+    assert blocks
+    for layer in blocks:
+        assert layer.activation_bytes - layer.selective_activation_bytes == 4 * a * s  # fp32 log-sum-exp
+
+
 def test_set_beside_a_saved_profile_is_accepted_when_it_restates_it(tmp_path, capsys):
     from meshplan.cli import main
 
