@@ -417,6 +417,14 @@ _SP_DTENSOR = Behaviour(
         "the state layout's sp_regather; the kept input's memory is not counted)"
     ),
 )
+_FSDP2_PREFETCH = Behaviour(
+    value=0, source="FSDP2 fully_shard: the next layer's all-gather issued ahead (implicit prefetch)"
+)
+_FSDP2_GATHER = Behaviour(
+    value="layer",
+    source="FSDP2 fully_shard per block: one all-gather per block; under activation checkpointing the "
+    "pre-backward unshard already holds it when the recompute runs",
+)
 _SEL = Behaviour(value="attention core", source=f"{_KORTH} Sec 5 (selective activation recomputation)")
 _ALLREDUCE_ONLY = Behaviour(value=("allreduce",), source="synchronous data parallelism only")
 _HOLD_OUTPUTS = Behaviour(
@@ -466,14 +474,8 @@ RUNTIMES: dict[str, Runtime] = {
             "fused_projections": Behaviour(
                 value=False, source="models/zoo: wq, wk, wv and w1, w3 are separate nn.Linear"
             ),
-            "zero3_prefetch_elems": Behaviour(
-                value=0, source="FSDP2 fully_shard: the next layer's all-gather issued ahead (implicit prefetch)"
-            ),
-            "zero3_gather": Behaviour(
-                value="layer",
-                source="FSDP2 fully_shard per block: one all-gather per block; under activation checkpointing the "
-                "pre-backward unshard already holds it when the recompute runs",
-            ),
+            "zero3_prefetch_elems": _FSDP2_PREFETCH,
+            "zero3_gather": _FSDP2_GATHER,
             "cp_kv_exchange": Behaviour(
                 value="all_gather",
                 source="torch.distributed.tensor.experimental context_parallel: _cp_options.rotate_method = "
@@ -544,14 +546,8 @@ RUNTIMES: dict[str, Runtime] = {
             "fused_projections": Behaviour(
                 value=False, source="torchtitan models/llama3/model.py: Attention wq, wk, wv; FeedForward w1, w2, w3"
             ),
-            "zero3_prefetch_elems": Behaviour(
-                value=0, source="FSDP2 fully_shard: the next layer's all-gather issued ahead (implicit prefetch)"
-            ),
-            "zero3_gather": Behaviour(
-                value="layer",
-                source="FSDP2 fully_shard per block: one all-gather per block; under activation checkpointing the "
-                "pre-backward unshard already holds it when the recompute runs",
-            ),
+            "zero3_prefetch_elems": _FSDP2_PREFETCH,
+            "zero3_gather": _FSDP2_GATHER,
             "cp_kv_exchange": Behaviour(
                 value="all_gather",
                 source="torch.distributed.tensor.experimental context_parallel: _cp_options.rotate_method = "
