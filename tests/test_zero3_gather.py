@@ -5,9 +5,10 @@ over all the data-parallel ranks, of which only the hops between nodes cross the
 from __future__ import annotations
 
 import pytest
+from planner_profiles import candidate
 
 from meshplan.planner import estimate
-from meshplan.planner.context import Candidate, Context
+from meshplan.planner.context import Context
 from meshplan.planner.cost.comm import collective_latency_s, collective_s, group_tier, ring_latency_s
 from meshplan.planner.rank.dp_cost import DataParallelCost
 from meshplan.presets import cluster_preset
@@ -38,19 +39,7 @@ def test_a_ring_pays_the_network_latency_only_between_nodes():
 def _dp(*extra: str):
     profile, cluster, request = cli_inputs(["estimate", *GPT3, *PINS.split(), "--recompute", "full", *extra])
     ctx = Context.build(profile, cluster, request)
-    cand = Candidate(
-        pp=1,
-        dp_replicate=1,
-        dp_shard=384,
-        cp=1,
-        tp=1,
-        microbatch=4,
-        num_microbatches=1,
-        schedule="1F1B",
-        virtual_stages=1,
-        zero=3,
-        sequence_parallel=False,
-    )
+    cand = candidate(dp_shard=384, microbatch=4, zero=3)
     return DataParallelCost(ctx, cand), ctx
 
 

@@ -5,9 +5,10 @@ path; FSDP2 (meshplan, torchtitan) issues the next layer's all-gather whole and 
 from __future__ import annotations
 
 import pytest
+from planner_profiles import candidate
 
 from meshplan.planner import estimate
-from meshplan.planner.context import Candidate, Context
+from meshplan.planner.context import Context
 from meshplan.planner.rank.dp_cost import DataParallelCost
 from meshplan.validation.published import cli_inputs
 
@@ -39,19 +40,7 @@ def test_the_exposed_share_is_what_does_not_fit_the_prefetch_bound():
         "--runtime", "deepspeed", "--zero3-prefetch-elems", "1000000000", "--zero3-gather", "layer"
     )
     ctx = Context.build(profile, cluster, request)
-    cand = Candidate(
-        pp=1,
-        dp_replicate=1,
-        dp_shard=384,
-        cp=1,
-        tp=1,
-        microbatch=4,
-        num_microbatches=1,
-        schedule="1F1B",
-        virtual_stages=1,
-        zero=3,
-        sequence_parallel=False,
-    )
+    cand = candidate(dp_shard=384, microbatch=4, zero=3)
     dp = DataParallelCost(ctx, cand)
     block, head = ctx.layers[1], ctx.layers[-1]
     assert head.num_params < 1e9 < block.num_params
