@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Sequence
 
 import torch
 from torch import fx, nn
 
 
-def fx_layers(module: nn.Module, inputs: torch.Tensor) -> list[nn.Module] | None:
+def fx_layers(module: nn.Module, inputs: torch.Tensor) -> list[fx.GraphModule] | None:
     if any(p.is_meta for p in module.parameters()):  # a factory's `device` = meta: run on meta shapes
         inputs = inputs.to("meta")
     gm = _trace(module)
@@ -118,9 +119,12 @@ def _segment(gm: fx.GraphModule, nodes: list[fx.Node], live_in: list[fx.Node], l
         env[node] = graph.node_copy(node, lambda a: env[a])
     graph.output(env[live_out[0]] if len(live_out) == 1 else tuple(env[v] for v in live_out))
     layer = fx.GraphModule(gm, graph, class_name="FxLayer")
-    layer.fx_inputs = tuple(v.name for v in live_in)
-    layer.fx_outputs = tuple(v.name for v in live_out)
-    layer.fx_uses = tuple(v.name for v in live_in if any(u in inside for u in v.users))
+    # plain attributes: nn.Module.__setattr__'s stub types every value as Tensor | Module
+    vars(layer).update(
+        fx_inputs=tuple(v.name for v in live_in),
+        fx_outputs=tuple(v.name for v in live_out),
+        fx_uses=tuple(v.name for v in live_in if any(u in inside for u in v.users)),
+    )
     return layer
 
 
@@ -131,6 +135,7 @@ def _in_place(gm: fx.GraphModule, node: fx.Node, value: fx.Node) -> bool:
     pipeline stage, and autograd refuses to write into such a leaf: the layer clones it first
     (one copy of the input; the user's modules stay as they are)."""
     if node.op == "call_module":
+        assert isinstance(node.target, str)  # a call_module node's target is the submodule's path
         return bool(getattr(gm.get_submodule(node.target), "inplace", False)) and node.args[:1] == (value,)
     if node.kwargs.get("inplace") is True:
         return True
@@ -237,6 +242,8 @@ def _unit(gm: fx.GraphModule, node: fx.Node) -> str:
 
 
 def _has_params(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether a call_module or get_attr node (whose target is a path) holds parameters."""
+    assert isinstance(node.target, str)
     target = gm.get_submodule(node.target) if node.op == "call_module" else None
     if target is not None:
         return any(True for _ in target.parameters())
@@ -251,7 +258,7 @@ def getattr_path(root: nn.Module, path: str):
 
 
 @torch.no_grad()
-def _reproduces(module: nn.Module, layers: list[nn.Module], inputs: torch.Tensor) -> bool:
+def _reproduces(module: nn.Module, layers: Sequence[nn.Module], inputs: torch.Tensor) -> bool:
     try:
         torch.manual_seed(0)
         expected = module(inputs)

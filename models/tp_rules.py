@@ -12,17 +12,24 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 from torch import nn
 
 from meshplan.model_profile import TPRule
+from meshplan.models.zoo.base import LayeredModel
 
 ZOO_MODULES = ("gpt", "llama", "bert", "vit", "moe", "resnet")
 
-_RULES: dict[type, Callable[[nn.Module], TPRule]] = {}
+_RULES: dict[type, Callable[[Any], TPRule]] = {}
+"""Layer class -> its rule; a rule is called only on layers of its key's class (layer_tp_rule)."""
+_zoo_loaded = False
+"""Whether the zoo modules' TP_RULES are in _RULES (loaded on the first lookup)."""
+
+Layer = TypeVar("Layer", bound=nn.Module)
 
 
-def register_tp_rule(cls: type, rule: Callable[[nn.Module], TPRule]) -> None:
+def register_tp_rule(cls: type[Layer], rule: Callable[[Layer], TPRule]) -> None:
     """Use `rule(layer) -> TPRule` for layers of class `cls` (and its subclasses)."""
     _RULES[cls] = rule
 
@@ -36,19 +43,17 @@ def layer_tp_rule(layer: nn.Module) -> TPRule:
     return TPRule(kind="none")
 
 
-def tp_rules(model: nn.Module) -> dict[str, TPRule]:
+def tp_rules(model: LayeredModel) -> dict[str, TPRule]:
     """TPRule per layer FQN of a LayeredModel (embed, layers.i, head), in execution order."""
     return {fqn: layer_tp_rule(model.get_submodule(fqn)) for fqn in model.layer_names()}
 
 
 def _load_zoo_rules() -> None:
-    if _load_zoo_rules.done:
+    global _zoo_loaded
+    if _zoo_loaded:
         return
-    _load_zoo_rules.done = True
+    _zoo_loaded = True
     for name in ZOO_MODULES:
         module = importlib.import_module(f"meshplan.models.zoo.{name}")
         for cls, rule in getattr(module, "TP_RULES", {}).items():
             _RULES.setdefault(cls, rule)
-
-
-_load_zoo_rules.done = False

@@ -12,6 +12,8 @@ however it shards or splits the model, the same starting weights as the single-p
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -22,7 +24,7 @@ class LayeredModel(nn.Module):
 
     family = "layered"
 
-    def __init__(self, embed: nn.Module | None, layers: list[nn.Module], head: nn.Module | None):
+    def __init__(self, embed: nn.Module | None, layers: Sequence[nn.Module], head: nn.Module | None):
         super().__init__()
         self.embed = embed
         self.layers = nn.ModuleDict({str(i): layer for i, layer in enumerate(layers)})
@@ -65,8 +67,17 @@ class LayeredModel(nn.Module):
         return 1
 
 
+class LMShape(Protocol):
+    """What a causal LM's config holds for its batches: sequence length and vocabulary size."""
+
+    seq: int
+    vocab: int
+
+
 class CausalLM(LayeredModel):
     """A next-token language model: `config` has `seq` and `vocab`; batches are random tokens."""
+
+    config: LMShape
 
     @property
     def seq_len(self) -> int:

@@ -7,6 +7,7 @@ it keeps loss-equality tests exact), so activation memory has no dropout-mask te
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -105,7 +106,14 @@ class GPT(CausalLM):
         self.config = cfg
 
 
-def block_rule(block: nn.Module) -> TPRule:
+class AttentionMLPBlock(Protocol):
+    """A block built from this file's Attention and MLP (GPT's Block, BERT's BertBlock)."""
+
+    attn: Attention
+    mlp: MLP
+
+
+def block_rule(block: AttentionMLPBlock) -> TPRule:
     """Shoeybi et al. 2019 §3: QKV and fc1 column-parallel, out-proj and fc2 row-parallel.
     Any block built from this file's Attention and MLP with norms ln1/ln2 (GPT, BERT)."""
     return TPRule(

@@ -63,7 +63,8 @@ class Bottleneck(nn.Module):
         self.norm2 = _norm(width, groups)
         self.conv3 = nn.Conv2d(width, out_ch, 1, bias=False)
         self.norm3 = _norm(out_ch, groups)
-        self.down_conv = self.down_norm = None
+        self.down_conv: nn.Conv2d | None = None
+        self.down_norm: nn.Module | None = None
         if stride != 1 or in_ch != out_ch:
             self.down_conv = nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False)
             self.down_norm = _norm(out_ch, groups)
@@ -72,7 +73,7 @@ class Bottleneck(nn.Module):
         y = F.relu(self.norm1(self.conv1(x)))
         y = F.relu(self.norm2(self.conv2(y)))
         y = self.norm3(self.conv3(y))
-        skip = x if self.down_conv is None else self.down_norm(self.down_conv(x))
+        skip = x if self.down_conv is None or self.down_norm is None else self.down_norm(self.down_conv(x))
         return F.relu(y + skip)
 
 
