@@ -147,7 +147,7 @@ def _in_place(gm: fx.GraphModule, node: fx.Node, value: fx.Node) -> bool:
 _IN_PLACE_OPERATORS = {"iadd", "isub", "imul", "itruediv", "ifloordiv", "ipow", "iand", "ior", "ixor"}
 
 
-def graph_edges(layers: list[nn.Module]) -> list[tuple[int, int, str, int]]:
+def graph_edges(layers: Sequence[nn.Module]) -> list[tuple[int, int, str, int]]:
     """(producer layer, consumer layer, value name, position in the producer's outputs) of every
     value crossing a cut: a skip from layer i to layer j is the edge (i, j), whatever passes it on."""
     producer: dict[str, tuple[int, int]] = {}

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from meshplan.errors import MeshplanError
-from meshplan.models.hf_layers import HFBlock, HFEmbed, HFHead, HFWhole, split, split_note  # noqa: F401 (public here)
+from meshplan.models.hf_layers import HFBlock, HFEmbed, HFHead, HFWhole, hf_config, split, split_note  # noqa: F401 (public here)
 from meshplan.models.zoo.base import CausalLM
 
 _LLAMA31_ROPE = {
@@ -201,7 +201,7 @@ def load_hf_model(name: str, overrides: dict[str, Any] | None, device: str, seed
 def wrap_hf_model(model: nn.Module, seq: int, batch: tuple | None = None) -> HFLayered:
     """A built transformers model (from hf:NAME or a user factory) as layers; `batch` is a
     factory's own (inputs, targets), trained on instead of the task's synthetic batches."""
-    config = model.config
+    config = hf_config(model)
     shape = HFShape(
         layers=_get(config, "num_hidden_layers", "num_layers", "n_layer"),
         hidden=_get(config, "hidden_size", "d_model", "n_embd"),
@@ -441,6 +441,7 @@ def _task(model: nn.Module) -> str:
     name = type(model).__name__
     if name in set(auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.values()):
         return "classification"
-    if name in set(auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES.values()) and not getattr(model.config, "is_decoder", False):
-        return "masked" if not model.config.is_encoder_decoder else "causal"
+    config = hf_config(model)
+    if name in set(auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES.values()) and not getattr(config, "is_decoder", False):
+        return "masked" if not config.is_encoder_decoder else "causal"
     return "causal"

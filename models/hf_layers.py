@@ -25,7 +25,7 @@ the layers are not given — is one layer (`HFWhole`) that returns the model's l
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -153,22 +153,33 @@ def split_note(model: nn.Module) -> str:
     return _NOTES.get(id(model), "")
 
 
-def split(model: nn.Module) -> tuple[nn.Module | None, list[nn.Module], nn.Module | None]:
+Parts = tuple[nn.Module | None, list[nn.Module], nn.Module | None]
+"""(embed, layers, head); embed and head None when the model is one HFWhole layer."""
+SplitParts = tuple[nn.Module, list[nn.Module], nn.Module]
+"""(embed, layers, head) of a model split into layers."""
+
+
+def hf_config(model: nn.Module) -> Any:
+    """A transformers model's PretrainedConfig (untyped here: nn.Module's stubs have no `config`)."""
+    return cast(Any, model).config
+
+
+def split(model: nn.Module) -> Parts:
     """(embed, layers, head) of a transformers model; (None, [HFWhole(model)], None) when its
     layout is not recognised or the split would not compute the model (module docstring)."""
     parts, why = _split(model)
     if parts is not None:
         why = _unplaced(model, parts) or _differs(model, parts)
-    if why:
+    if parts is None or why:
         _NOTES[id(model)] = why
         return None, [HFWhole(model)], None
     return parts
 
 
-def _split(model: nn.Module) -> tuple[tuple | None, str]:
-    config = model.config
-    base = getattr(model, "base_model", model)
-    body = base.decoder if hasattr(base, "decoder") and not config.is_encoder_decoder else base
+def _split(model: nn.Module) -> tuple[SplitParts | None, str]:
+    config = hf_config(model)
+    base: Any = getattr(model, "base_model", model)  # a transformers module: its attributes untyped
+    body: Any = base.decoder if hasattr(base, "decoder") and not config.is_encoder_decoder else base
     blocks = _layer_list(body)
     head_modules = [m for n, m in model.named_children() if m is not base]
     if config.is_encoder_decoder:
@@ -181,10 +192,10 @@ def _split(model: nn.Module) -> tuple[tuple | None, str]:
     rotary = getattr(body, "rotary_emb", None)
     types = list(getattr(config, "layer_types", None) or [])
     causal = _is_causal(blocks[0])
-    blocks = [HFBlock(b, rotary, config, causal, types[i] if i < len(types) else "") for i, b in enumerate(blocks)]
+    layers = [HFBlock(b, rotary, config, causal, types[i] if i < len(types) else "") for i, b in enumerate(blocks)]
     plan = dict(getattr(config, "base_model_tp_plan", None) or {})
-    for block in blocks:
-        block.tp_plan = plan
+    for layer in layers:
+        layer.tp_plan = plan
     norm = _final_norm(body)
     embeddings = getattr(body, "embeddings", None)
     if isinstance(embeddings, nn.Module) and isinstance(getattr(embeddings, "word_embeddings", None), nn.Embedding):
@@ -192,7 +203,7 @@ def _split(model: nn.Module) -> tuple[tuple | None, str]:
     else:
         pos = getattr(body, "wpe", None) or getattr(body, "embed_positions", None)
         embed = HFEmbed(body.get_input_embeddings(), pos, getattr(body, "project_in", None))
-    return (embed, blocks, HFHead(norm, head_modules[0], getattr(body, "project_out", None), config)), ""
+    return (embed, list(layers), HFHead(norm, head_modules[0], getattr(body, "project_out", None), config)), ""
 
 
 def _final_norm(body: nn.Module) -> nn.Module | None:
@@ -240,7 +251,7 @@ def _required_unknown(block: nn.Module) -> list[str]:
     ]
 
 
-def _unplaced(model: nn.Module, parts: tuple) -> str:
+def _unplaced(model: nn.Module, parts: SplitParts) -> str:
     """Parameters of the model outside embed, the layers and head (used by its own forward)."""
     embed, blocks, head = parts
     placed = {id(p) for part in (embed, *blocks, head) for p in part.parameters()}
@@ -250,16 +261,18 @@ def _unplaced(model: nn.Module, parts: tuple) -> str:
     return f"{len(missing)} parameter(s) outside its layers ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})"
 
 
-def _differs(model: nn.Module, parts: tuple) -> str:
+def _differs(model: nn.Module, parts: SplitParts) -> str:
     """ "" when the chained parts give the model's own logits on a probe (see module docstring)."""
     if any(p.is_meta for p in model.parameters()):
         twin = _twin(model)
         if twin is None:
             return ""  # too large to build here: the structural checks only
         twin_parts, why = _split(twin)
-        return why or _unplaced(twin, twin_parts) or _differs(twin, twin_parts)
-    vocab = int(getattr(model.config, "vocab_size", 0) or 0)
-    seq = min(8, int(getattr(model.config, "max_position_embeddings", 8) or 8))
+        if twin_parts is None:
+            return why
+        return _unplaced(twin, twin_parts) or _differs(twin, twin_parts)
+    vocab = int(getattr(hf_config(model), "vocab_size", 0) or 0)
+    seq = min(8, int(getattr(hf_config(model), "max_position_embeddings", 8) or 8))
     if vocab < 2:
         return "no vocabulary to probe"
     ids = torch.randint(0, vocab, (2, seq), generator=torch.Generator().manual_seed(0))
@@ -284,11 +297,12 @@ def _twin(model: nn.Module) -> nn.Module | None:
     """The model rebuilt on the CPU from its config, when small enough (VERIFY_MAX_PARAMS)."""
     if sum(p.numel() for p in model.parameters()) > VERIFY_MAX_PARAMS:
         return None
-    config = model.config
+    config = hf_config(model)
     state = torch.random.get_rng_state()
     try:
         with torch.device("cpu"):
-            return type(model)._from_config(config, attn_implementation=config._attn_implementation)
+            model_class: Any = type(model)  # a transformers PreTrainedModel subclass
+            return model_class._from_config(config, attn_implementation=config._attn_implementation)
     finally:
         torch.random.set_rng_state(state)
 

@@ -16,9 +16,12 @@ full state and a hash of its structure.
 from __future__ import annotations
 
 import hashlib
+from typing import TypeVar
 
 import torch
 from torch import nn
+
+M = TypeVar("M", bound=nn.Module)
 
 
 def tied_groups(model: nn.Module) -> list[list[str]]:
@@ -49,7 +52,7 @@ def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def retie(model: nn.Module, groups: list[list[str]]) -> nn.Module:
+def retie(model: M, groups: list[list[str]]) -> M:
     """Make every FQN of each group point at the first one's Parameter again (after .to())."""
     for names in groups:
         owner = model.get_parameter(names[0])

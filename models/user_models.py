@@ -24,7 +24,7 @@ import inspect
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from meshplan.errors import MeshplanError
 from meshplan.models.fx_layers import fx_layers, graph_edges
 from meshplan.models.identity import num_params, retie, tied_groups
 from meshplan.models.user_inputs import DictInputs, OutputTensor, pack
-from meshplan.models.zoo.base import LayeredModel
+from meshplan.models.zoo.base import LayeredModel, Output
 
 
 def load_user_model(spec: str, overrides: dict[str, Any] | None, device: str, seed: int = 0) -> LayeredModel:
@@ -91,13 +91,15 @@ def _import_target(target: str, spec: str):
         if module_name in sys.modules:
             return sys.modules[module_name]
         loader_spec = importlib.util.spec_from_file_location(module_name, path)
+        assert loader_spec is not None and loader_spec.loader is not None  # a .py file has a source loader
+        loader = loader_spec.loader
         module = importlib.util.module_from_spec(loader_spec)
         sys.modules[module_name] = module
         folder = str(path.resolve().parent)  # `import helpers` beside the file works, as in `python file.py`
         if folder not in sys.path:
             sys.path.insert(0, folder)
         _run_import(
-            lambda: loader_spec.loader.exec_module(module),
+            lambda: loader.exec_module(module),
             target,
             spec,
             on_fail=lambda: sys.modules.pop(module_name, None),
@@ -203,12 +205,13 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-def wrap_module(module: nn.Module, batch: Any, spec: str) -> UserModel:
+def wrap_module(module: nn.Module, batch: Any, spec: str) -> LayeredModel:
     """UserModel over the module's children if they form a chain, else over the whole module."""
     inputs, targets = _split_batch(batch, spec)
     special = _wrap_special(module, inputs, targets)
     if special is not None:
         return special
+    assert isinstance(inputs, torch.Tensor)  # _wrap_special took dict inputs
     on_meta = any(p.is_meta for p in module.parameters())
     if not on_meta:
         _check_trainable(module, inputs, spec)
@@ -220,7 +223,7 @@ def wrap_module(module: nn.Module, batch: Any, spec: str) -> UserModel:
     layers = None if _is_transformers_model(module) else fx_layers(module, inputs)
     if layers:  # cut from the torch.fx graph where one tensor is live (models/fx_layers.py)
         return _warn_unplaced(UserModel(layers, inputs, targets, chained=True), module, spec)
-    if _is_transformers_model(module) or not isinstance(inputs, torch.Tensor):
+    if _is_transformers_model(module):
         module = OutputTensor(module)
     return UserModel([module], inputs, targets, chained=False)
 
@@ -249,7 +252,7 @@ class UnusedParametersWarning(UserWarning):
     """A user module's parameters that its traced forward does not use (see _warn_unplaced)."""
 
 
-def _wrap_special(module: nn.Module, inputs, targets) -> LayeredModel | None:
+def _wrap_special(module: nn.Module, inputs: torch.Tensor | dict, targets: torch.Tensor | None) -> LayeredModel | None:
     """Dict inputs: one DictInputs layer (models/user_inputs.py). A raw transformers model on token
     ids: its own layers (models/hf_layers.py), trained on next-token targets."""
     if isinstance(inputs, dict):
@@ -331,7 +334,7 @@ class UserModel(LayeredModel):
 
     family = "user"
 
-    def __init__(self, layers: list[nn.Module], inputs: torch.Tensor, targets: torch.Tensor | None, chained: bool):
+    def __init__(self, layers: Sequence[nn.Module], inputs: torch.Tensor, targets: torch.Tensor | None, chained: bool):
         super().__init__(None, layers, None)
         self._inputs, self._targets = inputs.detach().cpu(), None if targets is None else targets.detach().cpu()
         self.chained = chained
@@ -340,7 +343,7 @@ class UserModel(LayeredModel):
         wide = any(len(getattr(layer, "fx_outputs", ())) > 1 for layer in layers)
         self._edges = edges if wide or any(dst != src + 1 for src, dst, _, _ in edges) else []
 
-    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+    def forward(self, *xs: torch.Tensor) -> Output:
         """The layers in order; a layer cut from the fx graph may take and return a tuple of the
         tensors crossing its cuts (models/fx_layers.py). A pipeline stage holding some of the
         layers receives the crossing tensors as positional arguments and returns its last

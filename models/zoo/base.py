@@ -18,6 +18,10 @@ from typing import Protocol
 import torch
 from torch import nn
 
+Output = torch.Tensor | tuple[torch.Tensor, ...]
+"""What a model or a pipeline stage of it returns: a tensor, or the tensors crossing a cut of a
+user model's fx graph when a stage ends there (models/user_models.py)."""
+
 
 class LayeredModel(nn.Module):
     """embed -> layers.0 .. layers.L-1 -> head; any part may be absent on a pipeline stage."""
@@ -34,7 +38,7 @@ class LayeredModel(nn.Module):
         self.notes: list[str] = []
         """How the model was taken (attention implementation, why it is one layer): profile notes."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> Output:
         if self.embed is not None:
             x = self.embed(x)
         for layer in self.layers.values():
