@@ -182,7 +182,11 @@ def check_accelerate(directory: str) -> dict:
             getattr(args, "rdzv_endpoint", "") or f"{getattr(args, 'master_addr', None)}:{args.main_process_port}"
         )
         assert "None" not in endpoint, f"rendezvous endpoint {endpoint}"
+    from transformers import LlamaConfig  # the tp_plan accelerate's TP applies to a Llama (transformers' own)
+
+    styles = set(LlamaConfig.base_model_tp_plan.values())
     values = {
+        "tp_plan_sequence_parallel": any("sequence" in style for style in styles),
         "num_processes": cfg.num_processes,
         "num_machines": cfg.num_machines,
         "mixed_precision": str(cfg.mixed_precision),

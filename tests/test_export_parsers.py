@@ -161,6 +161,9 @@ def test_accelerate_accepts_the_export(name, plans, exported, tool):
         assert "pipeline_parallel_degree" in warns and "not expressible" in warns
     if plan.tensor_parallel_degree > 1 and pure_replication:
         assert "refused by accelerate's ParallelismConfig" in warns
+    # transformers' TP plans shard no norm or residual activations: the plan's sequence parallelism is said, not kept
+    sp_lost = plan.tensor_parallel_degree > 1 and plan.sequence_parallel and not got["tp_plan_sequence_parallel"]
+    assert ("sequence parallel with TP is not expressible" in warns) == sp_lost
     assert got["mixed_precision"] == ("bf16" if plan.precision in ("bf16", "fp8") else "no")
     assert ("precision fp8 has no accelerate config setting" in warns) == (plan.precision == "fp8")
 

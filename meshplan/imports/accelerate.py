@@ -55,7 +55,7 @@ def read(path: Path, text: str, world: int | None = None) -> Imported:
     precision = str(cfg.get("mixed_precision", "no")).lower()
     values["precision"] = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8"}.get(precision, "fp32")
     values["recompute"] = "full" if fsdp.get("fsdp_activation_checkpointing") else "none"
-    values["sequence_parallel"] = tp > 1
+    values["sequence_parallel"] = False  # transformers' tp_plans keep norm activations replicated
     batch = path.parent / "accelerate_batch.py"
     consts = dict(re.findall(r"^(\w+) = (\d+)", batch.read_text(), re.M)) if batch.is_file() else {}
     if "PER_DEVICE_TRAIN_BATCH_SIZE" in consts:

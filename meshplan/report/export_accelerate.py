@@ -129,7 +129,14 @@ def _accelerate_warnings(plan: Plan, lay: AccelerateLayout, warnings: list[str])
             f"recompute ({ec.recompute_text(plan)}) has no {lay.distributed_type} setting in accelerate: call "
             "model.gradient_checkpointing_enable() (or torch.utils.checkpoint) on those blocks in the training script"
         )
-    if plan.tensor_parallel_degree > 1 and not plan.sequence_parallel:
+    if plan.tensor_parallel_degree > 1 and plan.sequence_parallel:
+        # transformers' tp_plans (e.g. LlamaConfig.base_model_tp_plan) shard the attention and MLP linears only
+        warnings.append(
+            "sequence parallel with TP is not expressible: accelerate applies the model's own TP plan (transformers "
+            "tp_plan: column/row-parallel linears, norms and residual activations replicated over the TP ranks), so "
+            "activation memory is higher and TP communication an all-reduce instead of reduce-scatter + all-gather"
+        )
+    elif plan.tensor_parallel_degree > 1:
         warnings.append(
             "accelerate's tensor parallelism applies the model's own TP plan (transformers tp_plan), which may "
             "differ from the plan's (sequence parallel off): activation memory can differ from the prediction"
