@@ -20,7 +20,7 @@ from meshplan.model_profile import LayerProfile, ModelProfile
 from meshplan.models.identity import structure_hash
 from meshplan.models.loader import check_device, load_model
 from meshplan.models.tp_rules import tp_rules
-from meshplan.models.zoo.base import LayeredModel
+from meshplan.models.zoo.base import LayeredModel, Output
 from meshplan.profiler.capture import LayerCapture, capture_layer, fake_copy
 from meshplan.profiler.moe_flops import expert_flops
 from meshplan.profiler.runner import InputSpec
@@ -103,9 +103,11 @@ def analyse_model(
     rules = tp_rules(model)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)  # plain tensor attributes of user modules
     inputs, _ = model.example_batch(1, torch.Generator().manual_seed(0))
-    x = _to_fake(inputs, fake_mode)
+    x: Output = _to_fake(inputs, fake_mode)
     seen: dict[tuple, str] = {}
-    analysis = Analysis(profile=None, rep_of={}, inputs={}, captures={})
+    rep_of: dict[str, str] = {}
+    specs: dict[str, InputSpec] = {}
+    captures: dict[str, LayerCapture] = {}
     layers: list[LayerProfile] = []
     counted: set[int] = set()  # parameters already counted by an earlier layer (tied weights)
     for i, fqn in enumerate(_progress(model.layer_names(), progress, "analysing layers")):
@@ -113,18 +115,19 @@ def analyse_model(
         key = _signature(module, x)
         if key not in seen:
             seen[key] = fqn
-            analysis.inputs[fqn] = _input_spec(x, first=i == 0)
-            analysis.captures[fqn] = _capture(fqn, module, x, fake_mode, rules[fqn])
-        rep = analysis.rep_of[fqn] = seen[key]
-        layers.append(_layer_profile(fqn, module, analysis.captures[rep], rules[fqn], counted))
-        x = analysis.captures[rep].output
+            specs[fqn] = _input_spec(x, first=i == 0)
+            captures[fqn] = _capture(fqn, module, x, fake_mode, rules[fqn])
+        rep = rep_of[fqn] = seen[key]
+        layers.append(_layer_profile(fqn, module, captures[rep], rules[fqn], counted))
+        x = captures[rep].output
     notes = [
         *getattr(model, "notes", []),
         *(f"warning: {w}" for w in getattr(model, "warnings", [])),
         *_reuse_notes(model, seen.values()),
     ]
-    analysis.profile = _model_profile(model, model_name, layers, notes)
-    _graph_edges(analysis.profile, model, analysis)
+    profile = _model_profile(model, model_name, layers, notes)
+    analysis = Analysis(profile=profile, rep_of=rep_of, inputs=specs, captures=captures)
+    _graph_edges(profile, model, analysis)
     return analysis
 
 
@@ -133,7 +136,7 @@ def _graph_edges(profile: ModelProfile, model: LayeredModel, analysis: Analysis)
     a cut (models/fx_layers.py): one edge per (producer, consumer) pair of layers, carrying each
     tensor's bytes per sample as the producer's fake output holds it (a skip from layer i to
     layer j is the edge i -> j, whatever layers pass it on). A chain keeps no edges."""
-    found = model.graph_edges() if hasattr(model, "graph_edges") else []
+    found = model.graph_edges()
     names = model.layer_names()
     merged: dict[tuple[str, str], dict[str, float]] = {}
     for src, dst, value, pos in found:
@@ -156,7 +159,7 @@ def _first(x: torch.Tensor | tuple) -> torch.Tensor:
     return x[0] if isinstance(x, tuple) else x
 
 
-def _capture(fqn: str, module: torch.nn.Module, x: torch.Tensor, fake_mode: FakeTensorMode, rule) -> LayerCapture:
+def _capture(fqn: str, module: torch.nn.Module, x: Output, fake_mode: FakeTensorMode, rule) -> LayerCapture:
     try:
         cap = capture_layer(fake_copy(module, fake_mode, ACTIVATION_DTYPE), x, fake_mode, rule)
     except Exception as exc:  # unsupported op in the user's forward: name the layer and the op
@@ -207,7 +210,7 @@ def _to_fake(x: torch.Tensor, fake_mode: FakeTensorMode) -> torch.Tensor:
         return fake.to(ACTIVATION_DTYPE).requires_grad_() if fake.is_floating_point() else fake
 
 
-def _signature(module: torch.nn.Module, x: torch.Tensor) -> tuple:
+def _signature(module: torch.nn.Module, x: Output) -> tuple:
     """Layers with equal signatures cost the same: class, structure (repr: strides, eps, ...),
     parameter shapes/dtypes and input shape."""
     params = tuple((n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters())
@@ -268,7 +271,9 @@ def _reuse_notes(model: LayeredModel, representatives) -> list[str]:
 def _model_profile(model: LayeredModel, name: str, layers: list[LayerProfile], notes: list[str]) -> ModelProfile:
     config = getattr(model, "config", None)
     # the config as `--set` keys: load_model(name, model_config) rebuilds the same model
-    config_dict: dict[str, Any] = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}
+    config_dict: dict[str, Any] = (
+        dataclasses.asdict(config) if dataclasses.is_dataclass(config) and not isinstance(config, type) else {}
+    )
     dtypes = {d for layer in layers for d in layer.param_bytes}
     return ModelProfile(
         model_name=name,

@@ -37,6 +37,9 @@ class LayerCapture:
     recompute_flops_selective: float
     input_bytes: int
     output_bytes: int
+    output: torch.Tensor | tuple[torch.Tensor, ...]
+    """The fake output tensor (detached), the next layer's input; a tuple for a layer returning
+    the several tensors crossing its cut."""
     gemm_shapes: list[list[int]] = field(default_factory=list)
     tp_replicated_bytes: int = 0
     """Saved bytes tensor parallelism leaves whole on every rank (see `replicated_bytes`)."""
@@ -44,9 +47,6 @@ class LayerCapture:
     """activation_bytes split by dtype (to rescale to another run precision)."""
     largest_saved: tuple[int, str] = (0, "")
     """(bytes, dtype) of the largest single saved storage."""
-    output: object = None
-    """The fake output tensor (detached), the next layer's input; a tuple for a layer returning
-    the several tensors crossing its cut."""
 
 
 class _OpTracker(TorchDispatchMode):

@@ -52,11 +52,12 @@ def _worker(spec: str, overrides: dict | None, device: str, commands, acks, log_
 
     torch.set_num_threads(1)
     model = load_model(spec, overrides, "meta")
-    work = None
+    work: tuple | None = None  # the (layer, input) this worker repeats while no command waits
     while True:
         try:
             cmd = commands.get(block=work is None, timeout=None)
         except queue.Empty:
+            assert work is not None  # get() waits while there is no work
             forward_backward(*work)
             if not device.startswith("cuda"):
                 time.sleep(SYNC_PAUSE_S)  # a rank waits on its peers between units of work

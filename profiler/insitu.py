@@ -216,7 +216,8 @@ class Case:
             loss,
             split,
         )
-        self.times: dict[str, list[tuple[float, float]]] = {"wrapped": [], "plain": []}
+        self.times: dict[str, list[tuple[float, ...]]] = {"wrapped": [], "plain": []}
+        """Per pass: (forward_s, backward_s), or (step_s,) for an optimizer case."""
 
     def run(self, iters: int, keep: bool = True) -> None:
         import torch.distributed as dist
@@ -227,7 +228,7 @@ class Case:
             if keep:
                 self.times[name] += out
 
-    def timed(self, module) -> tuple[float, float]:
+    def timed(self, module) -> tuple[float, ...]:
         return _pass(module, self.x, self.loss)
 
     def raw_overheads(self) -> dict[str, float]:
@@ -304,7 +305,7 @@ class OptimizerCase(Case):
     def __init__(self, owner: str, key: str, wrapped, plain, split: int = 1):
         super().__init__(owner, key, wrapped, plain, x=None, split=split)
 
-    def timed(self, optimizer) -> tuple[float]:
+    def timed(self, optimizer) -> tuple[float, ...]:
         t0 = time.perf_counter()
         optimizer.step()
         return (time.perf_counter() - t0,)
@@ -352,7 +353,7 @@ class StepCase(OptimizerCase):
         self.state = {id(opt): _grads_of(opt) for opt in (wrapped, plain)}
         self.clip = clip
 
-    def timed(self, optimizer) -> tuple[float]:
+    def timed(self, optimizer) -> tuple[float, ...]:
         from meshplan.profiler.step_timing import clip_step_zero
 
         params, grads = self.state[id(optimizer)]
@@ -389,6 +390,7 @@ def _layer_step_case(model, rep: str, rule, spec, b: int, kind: str, degree: int
     over the rank's 1/degree share); None if the wrapper cannot take the layer (on any rank)."""
     import torch
     import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
 
     from meshplan.profiler.runner import make_input, materialise_layer
 
@@ -399,6 +401,7 @@ def _layer_step_case(model, rep: str, rule, spec, b: int, kind: str, degree: int
     if agreed.item() < 1:
         return None
     if kind == "zero3":
+        assert isinstance(wrapped, FSDPModule)  # fully_shard made it one (_wrap)
         wrapped.set_requires_gradient_sync(True)
     x = make_input(model, spec, b, "cpu", seed=1)
     for module in (wrapped, plain):

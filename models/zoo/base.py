@@ -53,6 +53,11 @@ class LayeredModel(nn.Module):
         names += [f"layers.{k}" for k in self.layers.keys()]
         return names + (["head"] if self.head is not None else [])
 
+    def graph_edges(self) -> list[tuple[int, int, str, int]]:
+        """(producer, consumer, value, position) of tensors crossing the cuts between layers other
+        than the one each layer hands the next: [] for a chain (a user model's fx cuts may have some)."""
+        return []
+
     def layer(self, fqn: str) -> nn.Module:
         return self.get_submodule(fqn)
 
