@@ -11,7 +11,7 @@ from meshplan.planner import estimate
 from meshplan.planner.context import Context
 from meshplan.planner.cost.comm import collective_s, group_tier
 from meshplan.planner.cost.compute import layer_compute_s
-from meshplan.planner.rank.layer_cost import _cp_comm_s, base_cost
+from meshplan.planner.rank.layer_cost import _cp_comm_s, _ring_merge_s, base_cost
 from meshplan.validation.published import cli_inputs
 
 LLAMA_405B = "layers=8 hidden=16384 heads=128 kv_heads=8 ffn_hidden=53248 vocab=128256 seq=262144"
@@ -47,7 +47,8 @@ def test_a_full_recompute_gathers_kv_again():
     fwd, bwd, _ = layer_compute_s(ctx, block, 1, 8, 8)
     cp_fwd, cp_bwd = _cp_comm_s(ctx, block, 1, 8, 8, fwd, bwd)
     costs = base_cost(ctx, block, 1, 8, True, 8)
-    assert costs.cp_s["full"] == pytest.approx(2 * cp_fwd + cp_bwd)
+    merge_fwd, merge_bwd = _ring_merge_s(ctx, block, 1, 8, 8)
+    assert costs.cp_s["full"] == pytest.approx(2 * (cp_fwd + merge_fwd) + cp_bwd + merge_bwd)
 
 
 def test_it_reaches_the_step():
@@ -55,3 +56,23 @@ def test_it_reaches_the_step():
     ring = estimate(*cli_inputs([*ARGV, "--cp-kv-exchange", "ring"])).prediction
     assert gathered.breakdown["cp_comm"] > 0 == ring.breakdown["cp_comm"]
     assert gathered.step_time_s > ring.step_time_s
+
+
+def test_torch_ring_attention_merges_and_copies_cost_hbm_time_per_step():
+    """torch's ring attention upcasts, merges and concatenates outside SDPA (layer_cost.RING_MERGE_*):
+    bytes per element of the rank's query block, once per call plus per later ring step; Megatron-Core's
+    ring (Transformer Engine) pays none of it."""
+    from meshplan.planner.rank.layer_cost import RING_MERGE_BYTES
+
+    ctx = _ctx()
+    block = next(lp for lp in ctx.layers if lp.tp.kind == "block")
+    elems = block.input_bytes / 2 / (8 * 8)  # b = 1, s / cp, this TP rank's 16 of 128 heads
+    hbm = ctx.cluster.device.hbm_gbps * 1e9
+    fwd, bwd = _ring_merge_s(ctx, block, 1, 8, 8)
+    (f_once, f_step), (b_once, b_step) = RING_MERGE_BYTES["eager"]  # torchtitan without --compile
+    assert fwd == pytest.approx((f_once + 7 * f_step) * elems / hbm)
+    assert bwd == pytest.approx((b_once + 7 * b_step) * elems / hbm)
+    compiled = _ring_merge_s(_ctx("--compile"), block, 1, 8, 8)
+    assert 0 < compiled[0] < fwd and 0 < compiled[1] < bwd  # inductor fuses the merges, drops dead copies
+    assert _ring_merge_s(ctx, block, 1, 8, 4)[0] < fwd  # fewer steps, fewer merges
+    assert _ring_merge_s(_ctx("--cp-kv-exchange", "ring"), block, 1, 8, 8) == (0.0, 0.0)

@@ -111,6 +111,51 @@ def _cp_comm_s(
     return max(0.0, one - attn_share * fwd_s / cp), max(0.0, 2 * one - attn_share * bwd_s / cp)
 
 
+RING_MERGE_BYTES = {"eager": ((20.0, 40.5), (84.0, 58.5)), "compiled": ((14.0, 9.5), (44.0, 28.5))}
+"""HBM bytes per element of a rank's query block (b x s/c x the rank's heads x head_dim) that
+torch's ring attention (torch/distributed/tensor/experimental/_attention.py, _cp_options
+convert_to_f32 = True, enable_load_balance = True) moves outside the SDPA kernels, per elementwise
+level: ((forward once per call, per ring step after the first), (backward once, per later step)).
+On average over ranks half the later steps run the whole query block against half the K/V and
+half run half the queries against all of it (_is_causal_behavior, the round-robin load balance),
+so a later step's output averages 3/4 of the block.
+- "eager": forward (_templated_ring_attention, _SDPAMerger): K and V made contiguous (8: read +
+  write, bf16, both), each step's output upcast to fp32 (6 per element it covers: read 2, write
+  4), the merge out - sigmoid(lse_b - lse) * (out - out_b) in fp32 (32: three binary kernels at
+  12, 8, 12), a partial step's fp32 output rebuilt whole by torch.cat (_partial_update: 8, every
+  second step), K/V concatenated again before every step but the last (8), the result cast back
+  (6): 8 + 6 + 6 once, 8 + 0.75 x (6 + 32) + 0.5 x 8 per later step. Backward
+  (_templated_ring_attention_backward): three fp32 zero accumulators (12), K and V made
+  contiguous (8), step 0's dK, dV and dQ added in fp32 (10 each: read 4 + 2, write 4), dK, dV
+  concatenated in fp32 to send on (16), dQ cast back (6), the received dK, dV cast back (12): 84
+  once; per later step dK, dV accumulated (20, or a half-size add plus a whole-tensor torch.cat:
+  26; 23 on average), dQ (10 or 13: 11.5), the fp32 dK, dV concatenated to send (16), K/V
+  concatenated again (8): 58.5.
+- "compiled" (inductor traces the ring into the block's graph: one fused kernel per merge, the
+  concatenations whose result only the first all-gather reads eliminated as dead code): forward
+  K/V made contiguous into the gather buffer (8) and the last merge writing bf16 (6) once, per
+  later step a merge reading the fp32 running output and the step's bf16 one and writing fp32
+  (10, on 3/4 of the block) plus a partial step's copy of the untouched half (8 on half the
+  block, every second step): 14, 9.5. Backward: K/V into the gather buffer (8), step 0's bf16
+  gradients written as fp32 accumulators (6 each, 18), dQ and the received dK, dV cast back (6 +
+  12): 44 once; per later step dK, dV read as received (8) with the step's bf16 ones (4, or 2)
+  and written fp32 to send (8): 19 on average, dQ 10 or 9: 28.5.
+"fused" runtimes price as "compiled". Megatron-Core's ring (Transformer Engine, cp_kv_exchange
+"ring") merges inside its attention kernels and is not charged."""
+
+
+def _ring_merge_s(ctx: Context, layer: LayerProfile, b: int, split: int, cp: int) -> tuple[float, float]:
+    """(forward, backward) seconds of torch ring attention's merges and copies (RING_MERGE_BYTES)
+    on one rank, one microbatch, at the HBM bandwidth; only where the runtime's context parallel is
+    torch's (cp_kv_exchange "all_gather", its default rotate method) and the layer is a block."""
+    if cp <= 1 or layer.tp.kind != "block" or ctx.spec.cp_kv_exchange != "all_gather":
+        return 0.0, 0.0
+    elems = layer.input_bytes / (ctx.profile.activation_dtype_bytes or 2) * b / (cp * split)
+    hbm = ctx.cluster.device.hbm_gbps * 1e9
+    (f_once, f_step), (b_once, b_step) = RING_MERGE_BYTES["eager" if ctx.spec.elementwise == "eager" else "compiled"]
+    return (f_once + f_step * (cp - 1)) * elems / hbm, (b_once + b_step * (cp - 1)) * elems / hbm
+
+
 FWD_PASSES, BWD_PASSES = 2, 3
 """Memory-bound (non-GEMM) kernels move each byte a layer saves for backward about twice in
 forward (written, then read by the next kernel) and three times in backward (the saved tensor
@@ -220,6 +265,8 @@ def base_cost(ctx: Context, layer: LayerProfile, b: int, tp: int, sp: bool, cp: 
     tp_fwd, tp_bwd = _tp_comm_s(ctx, layer, b, tp, cp, sp)
     tp_hidden = ctx.cluster.calibration.tp_overlap if ctx.spec.overlap_tp_comm else 0.0
     cp_fwd, cp_bwd = _cp_comm_s(ctx, layer, b, tp, cp, fwd, bwd)
+    merge_fwd, merge_bwd = _ring_merge_s(ctx, layer, b, split, cp)
+    cp_fwd, cp_bwd = cp_fwd + merge_fwd, cp_bwd + merge_bwd
     mem_fwd, mem_bwd, mem_sel = _memory_bound_s(ctx, layer, b, split, cp, sp)
     fwd, bwd, sel = fwd + mem_fwd, bwd + mem_bwd, sel + mem_sel
     full_machinery, sel_machinery = recompute_overheads_s(ctx, layer, b)
