@@ -99,6 +99,12 @@ class StateLayout:
     ddp_bucket_copy: bool
     """PyTorch DDP allocates its buckets for every gradient when built (Reducer::initialize_buckets):
     a second fp32 copy of the gradients. Megatron's contiguous grad buffer is the main grads."""
+    fsdp_reduce_bytes: int
+    """Bytes per element of the ZeRO-2/3 gradient reduce-scatter (and HSDP's all-reduce of the
+    shards); 0: the gather width. FSDP2 reduces in fp32 (torch: torchtitan's MixedPrecisionPolicy
+    reduce_dtype = training.mixed_precision_reduce, whose only choice is "float32" in its
+    config_manager; meshplan's executor trains fp32 parameters; the memory model's
+    FSDP2_REDUCE_BYTES); DeepSpeed reduces its 16-bit gradients (communication_data_type unset)."""
 
     @property
     def state_bytes(self) -> tuple[int, int, int]:
@@ -136,6 +142,7 @@ def _layout(
         zero2_shards_weights=zero2_shards_weights,
         fsdp_full_grad_accumulation=torch_buffers,
         ddp_bucket_copy=torch_buffers,
+        fsdp_reduce_bytes=4 if torch_buffers else 0,
     )
 
 

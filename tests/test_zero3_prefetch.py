@@ -28,7 +28,7 @@ def _dp_comm_s(*extra: str) -> float:
 def test_deepspeed_leaves_a_large_layers_gathers_exposed():
     deepspeed = _dp_comm_s("--runtime", "deepspeed")
     prefetched = _dp_comm_s("--runtime", "deepspeed", "--zero3-prefetch-elems", "0")
-    fsdp2 = _dp_comm_s("--runtime", "torchtitan")
+    fsdp2 = _dp_comm_s("--runtime", "torchtitan", "--state-layout", "zero")  # its reduce-scatter in 16 bits too
     assert deepspeed > 5 * prefetched  # 1.8e9-element blocks: 97% of each gather waits
     assert fsdp2 == pytest.approx(prefetched, rel=0.2)
 

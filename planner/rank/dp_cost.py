@@ -65,6 +65,12 @@ def fsdp_width(ctx: Context) -> int:
     return ctx.spec.fsdp_gather_bytes
 
 
+def reduce_width(ctx: Context) -> int:
+    """Bytes per element of the ZeRO-2/3 gradient reduce-scatter and HSDP's replica all-reduce: the
+    state layout's (StateLayout.fsdp_reduce_bytes: fp32 under FSDP2), else the gather width."""
+    return ctx.spec.state.fsdp_reduce_bytes or fsdp_width(ctx)
+
+
 def padded_shard_elems(layer: LayerProfile, split: int, shard: int) -> int:
     """One rank's FSDP2 shard of a layer: each parameter split on dim 0 into `shard` equal
     chunks, dim 0 padded up to a multiple of `shard` (FSDP2 FSDPParam); the layer as one flat
@@ -204,7 +210,7 @@ class DataParallelCost:
         (_unprefetched_share)."""
         if self.zero < 2 or self.shard <= 1:
             return 0.0, False, 0.0
-        ctx, width = self.ctx, fsdp_width(self.ctx)
+        ctx, width = self.ctx, reduce_width(self.ctx)
         grad_local = trainable(layer).num_params / split  # frozen weights are gathered, never reduced
         scatter = collective_s(ctx.cluster, "reduce_scatter", self.shard, grad_local * width, self.shard_tier)
         scatter += collective_s(
@@ -346,8 +352,8 @@ class DataParallelCost:
                     "broadcast", self.replicas, sum(4 * lp.num_params // s for lp, s in layers)
                 )
         elif self.zero >= 2 and self.shard > 1:
-            width = fsdp_width(self.ctx)
-            shard_bytes = sum(width * padded_shard_elems(lp, s, self.shard) for lp, s in layers)
+            width, reduce = fsdp_width(self.ctx), reduce_width(self.ctx)
+            shard_bytes = sum(reduce * padded_shard_elems(lp, s, self.shard) for lp, s in layers)
             gathers = [m * (1 + (self.zero == 3 and again)) for again in self._gathered_in_backward(gathered)]
             gather_bytes = sum(n * width * gathered_elems(lp, s, self.shard) for n, (lp, s) in zip(gathers, gathered))
             paged = sum(n * padded_shard_elems(lp, s, self.shard) for n, (lp, s) in zip(gathers, gathered))
