@@ -52,6 +52,8 @@ def read(path: Path, text: str, world: int | None = None) -> Imported:
     ds = cfg.get("deepspeed_config") or {}
     if fsdp.get("fsdp_offload_params") or ds.get("offload_optimizer_device") == "cpu":
         values["offload"] = "cpu"
+    elif ds.get("offload_optimizer_device") == "nvme":  # the DeepSpeed plugin's ZeRO-Infinity
+        values["offload"] = "nvme:params=true" if ds.get("offload_param_device") == "nvme" and zero == 3 else "nvme"
     precision = str(cfg.get("mixed_precision", "no")).lower()
     values["precision"] = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8"}.get(precision, "fp32")
     values["recompute"] = "full" if fsdp.get("fsdp_activation_checkpointing") else "none"

@@ -29,6 +29,17 @@ def _beside(path: Path, name: str) -> str:
     return other.read_text() if other.is_file() else ""
 
 
+def _offload(zero: dict, stage: int, values: dict[str, Any]) -> None:
+    """zero_optimization.offload_optimizer / offload_param as meshplan's offload method: cpu, or NVMe
+    (ZeRO-Infinity) with params=true when the parameters are swapped too (ZeRO-3 only)."""
+    device = str((zero.get("offload_optimizer") or {}).get("device", "none"))
+    param = str((zero.get("offload_param") or {}).get("device", "none"))
+    if device == "cpu":
+        values["offload"] = "cpu"
+    elif device == "nvme":
+        values["offload"] = "nvme:params=true" if param == "nvme" and stage == 3 else "nvme"
+
+
 def read(path: Path, text: str, world: int | None = None) -> Imported:
     data = json.loads(text)
     values: dict[str, Any] = {}
@@ -63,8 +74,7 @@ def read(path: Path, text: str, world: int | None = None) -> Imported:
     values.setdefault("num_gpus", dp * tp * pp)
     if stage >= 2:
         values["dp_shard"] = dp
-    if str(zero.get("offload_optimizer", {}).get("device", "none")) == "cpu":
-        values["offload"] = "cpu"
+    _offload(zero, stage, values)
     bf16, fp16 = data.get("bf16", {}).get("enabled", False), data.get("fp16", {}).get("enabled", False)
     values["precision"] = "bf16" if bf16 is True or fp16 is True else "fp32"
     if fp16 is True:
