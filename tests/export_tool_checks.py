@@ -23,11 +23,51 @@ logging.disable(logging.WARNING)
 warnings.simplefilter("ignore")
 
 
-def launch_world(text: str) -> tuple[int, int]:
-    """(nodes, processes per node) from a torchrun or deepspeed launch line in `text`."""
-    nodes = re.search(r"--(?:nnodes|num_nodes)[ =](\d+)", text)
-    per = re.search(r"--(?:nproc[-_]per[-_]node|num_gpus)[ =](\d+)", text)
-    return int(nodes[1]) if nodes else 1, int(per[1]) if per else 1
+NODE_ENV = {"NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "HOSTFILE": "hostfile"}
+"""The environment a launch line is read under: the second node of the job, node 0 at 10.0.0.1."""
+
+
+def _launch_argv(text: str, command: str) -> list[str]:
+    """The words of the line of `text` that starts with `command` (a script line or a `# launch:` comment), its
+    ${VAR} and ${VAR:-default} expanded from NODE_ENV."""
+    lines = [x.split("launch: ", 1)[-1] for x in text.splitlines()]
+    line = next(x for x in lines if x.startswith(command + " "))
+    line = re.sub(r"\$\{(\w+)(?::-[^}]*)?\}", lambda m: NODE_ENV[m[1]], line)
+    return shlex.split(line)[1:]
+
+
+def torchrun_world(text: str) -> dict:
+    """torchrun's own parser (torch.distributed.run) on the export's launch line: the nodes, processes per node
+    and rendezvous endpoint it would start with, and the world they make."""
+    from torch.distributed.run import config_from_args, parse_args
+
+    saved = os.environ.get("OMP_NUM_THREADS")
+    config, _, _ = config_from_args(parse_args(_launch_argv(text, "torchrun")))
+    os.environ.pop("OMP_NUM_THREADS", None) if saved is None else os.environ.__setitem__("OMP_NUM_THREADS", saved)
+    assert config.min_nodes == config.max_nodes, f"elastic node range {config.min_nodes}:{config.max_nodes}"
+    return {
+        "nodes": config.max_nodes,
+        "nproc_per_node": config.nproc_per_node,
+        "endpoint": config.rdzv_endpoint,
+        "world": config.max_nodes * config.nproc_per_node,
+    }
+
+
+def deepspeed_launcher_world(text: str, directory: Path) -> dict:
+    """DeepSpeed's launcher (deepspeed.launcher.runner) on the launch line: its arguments, and on many nodes the
+    hosts and slots it keeps from a hostfile of the line's node count (every host with one slot per device)."""
+    from deepspeed.launcher import runner
+
+    args = runner.parse_args(_launch_argv(text, "deepspeed"))
+    if args.num_nodes <= 1:  # the local devices, no hostfile
+        return {"nodes": 1, "nproc_per_node": args.num_gpus, "world": args.num_gpus, "master_addr": None}
+    hostfile = directory / NODE_ENV["HOSTFILE"]
+    hostfile.write_text("".join(f"node{i} slots={args.num_gpus}\n" for i in range(args.num_nodes)))
+    pool = runner.fetch_hostfile(str(hostfile))
+    active = runner.parse_inclusion_exclusion(pool, args.include, args.exclude)
+    active = runner.apply_num_nodes_and_gpus(active, args.num_nodes, args.num_gpus)
+    slots = [len(v) for v in active.values()]
+    return {"nodes": len(slots), "nproc_per_node": max(slots), "world": sum(slots), "master_addr": args.master_addr}
 
 
 @contextlib.contextmanager
@@ -79,14 +119,15 @@ def check_deepspeed(directory: str) -> dict:
 
     d = Path(directory)
     config = json.loads((d / "ds_config.json").read_text())
-    nodes, per_node = launch_world((d / "launch_deepspeed.sh").read_text())
-    world = nodes * per_node
+    launch = deepspeed_launcher_world((d / "launch_deepspeed.sh").read_text(), d)
+    nodes, world = launch["nodes"], launch["world"]
     with fake_world(world):
         _reset_deepspeed_groups()
         deepspeed.init_distributed(dist_backend="fake", dist_init_required=False)
         mod = load_module(directory, "meshplan_deepspeed")
         pp, tp = mod.PIPELINE_PARALLEL_SIZE, mod.TENSOR_PARALLEL_SIZE
-        values: dict = {"world_size": world, "nodes": nodes}
+        values: dict = {"world_size": world, "nodes": nodes, "nproc_per_node": launch["nproc_per_node"],
+                        "master_addr": launch["master_addr"]}  # fmt: skip
         if pp > 1:
             topo = mod.topology()
             values.update(topology_pipe=topo.get_dim("pipe"), topology_model=topo.get_dim("model"))
@@ -153,10 +194,7 @@ class _TopologyMPU:
 
 
 def _accelerate_launch_argv(text: str, path: Path) -> list[str]:
-    line = next(x for x in text.splitlines() if x.startswith("# launch: accelerate launch"))
-    env = {"NODE_RANK": "0", "MASTER_ADDR": "10.0.0.1"}
-    argv = shlex.split(re.sub(r"\$\{(\w+)\}", lambda m: env[m[1]], line.split("launch: ", 1)[1]))
-    argv = argv[2:]  # drop "accelerate launch"
+    argv = _launch_argv(text, "accelerate")[1:]  # after "accelerate launch"
     argv[argv.index("--config_file") + 1] = str(path)
     return argv
 
@@ -295,8 +333,8 @@ def check_megatron(directory: str) -> dict:
     import megatron_rules
 
     text = (Path(directory) / "megatron_args.sh").read_text()
-    nodes, per_node = launch_world(text)
-    derived = megatron_rules.validate(text, nodes * per_node)
+    launch = torchrun_world(text)
+    derived = megatron_rules.validate(text, launch["world"])
     args = derived["args"]
     unknown = [f for f in args if f not in MEGATRON_FIELDS and f not in MEGATRON_DDP and f not in MEGATRON_OPT
                and f not in MEGATRON_TRAINING]  # fmt: skip
@@ -322,7 +360,8 @@ def check_megatron(directory: str) -> dict:
                                            n in {x.name for x in dataclasses.fields(DistributedDataParallelConfig)}})  # fmt: skip
     OptimizerConfig(**{n: _typed(args[f]) for f, n in MEGATRON_OPT.items() if f in args})
     return {
-        "world_size": nodes * per_node,
+        "world_size": launch["world"],
+        "launch": launch,
         "tp": tc.tensor_model_parallel_size,
         "pp": tc.pipeline_model_parallel_size,
         "cp": tc.context_parallel_size,
@@ -405,8 +444,8 @@ def check_torchtitan(directory: str) -> dict:
     # the float8 converter refuses devices before SM89; the export is for H100s: check it as on one
     titan_float8.has_cuda_capability = lambda major, minor: (major, minor) <= (9, 0)
     d = Path(directory)
-    nodes, per_node = launch_world((d / "run_torchtitan.sh").read_text())
-    world = nodes * per_node
+    launch = torchrun_world((d / "run_torchtitan.sh").read_text())
+    world = launch["world"]
     custom = "MESHPLAN_MODEL_MODULE" in (d / "meshplan_torchtitan.py").read_text()
     if custom:
         _stub_model_module(directory)
@@ -418,7 +457,7 @@ def check_torchtitan(directory: str) -> dict:
     finally:
         sys.path.remove(directory)
         os.environ.pop("MESHPLAN_MODEL_MODULE", None)
-    values = _titan_values(cfg, world, "0.3")
+    values = {**_titan_values(cfg, world, "0.3"), "launch": launch}
     with fake_world(world):
         dims = ParallelDims.from_config(cfg.parallelism, world)  # degrees multiply to the world
         dims.build_mesh()
@@ -451,9 +490,9 @@ def check_torchtitan_02(directory: str) -> dict:
     from torchtitan.config.manager import ConfigManager
 
     d = Path(directory)
-    nodes, per_node = launch_world((d / "run_torchtitan.sh").read_text())
+    launch = torchrun_world((d / "run_torchtitan.sh").read_text())
     cfg = ConfigManager().parse_args(["--job.config_file", str(d / "meshplan.toml")])
-    values = _titan_values(cfg, nodes * per_node, "0.2")
+    values = {**_titan_values(cfg, launch["world"], "0.2"), "launch": launch}
     par = cfg.parallelism
     dp_shard = par.data_parallel_shard_degree
     others = par.data_parallel_replicate_degree * par.context_parallel_degree * par.tensor_parallel_degree * par.pipeline_parallel_degree  # fmt: skip

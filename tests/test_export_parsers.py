@@ -91,6 +91,12 @@ def accepted(tool, name: str, target: str) -> dict:
     return result["values"]
 
 
+def assert_torchrun_launch(launch: dict, plan: Plan) -> None:
+    """What torchrun's own parser made of the export's launch line, on the second of the job's nodes."""
+    assert (launch["nodes"], launch["nproc_per_node"]) == (ec.num_nodes(plan), ec.devices_per_node(plan))
+    assert launch["world"] == plan.world_size and launch["endpoint"] == "10.0.0.1:29500"  # node 0, not localhost
+
+
 # --- DeepSpeed ---------------------------------------------------------------------------------------
 
 
@@ -99,7 +105,10 @@ def test_deepspeed_accepts_the_export_under_its_topology(name, plans, exported, 
     plan, (_, files) = plans[name], exported[(name, "deepspeed")]
     got = accepted(tool, name, "deepspeed")
     warns = warnings_in(files)
+    # DeepSpeed's launcher kept this many hosts and slots of a hostfile with the line's node count
     assert got["world_size"] == plan.world_size and got["nodes"] == ec.num_nodes(plan)
+    assert got["nproc_per_node"] == ec.devices_per_node(plan)
+    assert got["master_addr"] == ("10.0.0.1" if got["nodes"] > 1 else None)
     # DeepSpeed's own batch check passed with the data-parallel size it derived
     assert got["data_parallel"] == plan.data_parallel_degree
     assert (got["train_batch_size"], got["micro_batch"], got["accumulation"]) == (
@@ -185,6 +194,7 @@ def test_accelerate_yaml_quotes_no(plans):
 def test_megatron_core_accepts_the_export(name, plans, exported, tool):
     plan, (_, files) = plans[name], exported[(name, "megatron")]
     got = accepted(tool, name, "megatron")
+    assert_torchrun_launch(got["launch"], plan)
     arch = ec.architecture(plan)
     assert arch is not None
     assert (got["tp"], got["pp"], got["cp"]) == (
@@ -312,6 +322,7 @@ def test_torchtitan_accepts_the_export(name, target, plans, exported, tool):
     warns = warnings_in(files)
     version = got["version"]
     pp, m = plan.pipeline_parallel_degree, plan.num_microbatches
+    assert_torchrun_launch(got["launch"], plan)
     assert got["world_size"] == plan.world_size
     assert (got["pp"], got["dp_replicate"], got["dp_shard"], got["cp"], got["tp"]) == plan.mesh_shape
     assert got["batch_degree"] == plan.data_parallel_degree and got["global_batch"] == plan.global_batch_size
