@@ -7,11 +7,12 @@ and prints the table). Rows: torchtitan's benchmarks/llama3_h100_202412_torchtit
 2024-12), each with `--runtime torchtitan` and what the row states (FSDP/TP/PP/CP degrees, local
 batch, activation checkpointing, torch.compile, Float8, async TP). PP rows are predicted with
 `--zero 2`: torchtitan's default reshard policy keeps parameters gathered under PP (README). The
-rows state the local batch, not the microbatch: torchtitan then splits it into as many microbatches
-as there are stages in the pipeline (pipeline_parallel_microbatches unset: n_microbatches = pp x
-stages per rank, two per rank for a looped schedule such as Interleaved1F1B; torchtitan
-parallelisms/pipelining_utils.py), which `torchtitan_pp_pins` writes as --microbatch and
---virtual-stages.
+rows state the local batch, not the microbatch: torchtitan at the benchmarks' commit (9dec370,
+2024-12-26) splits it into pipeline_parallel_degree microbatches when
+pipeline_parallel_microbatches is unset, whatever the schedule (parallelisms/pipelining_utils.py
+build_pipeline_schedule; one per stage of the whole pipeline only from 90567fc, 2025-01-07), and
+runs two stages per rank for a looped schedule such as Interleaved1F1B (generate_split_points),
+which `torchtitan_pp_pins` writes as --microbatch and --virtual-stages.
 """
 
 from __future__ import annotations
@@ -38,11 +39,11 @@ LOOPED_STAGES_PER_RANK = 2
 
 
 def torchtitan_pp_pins(local_batch: int, pp: int, schedule: str) -> str:
-    """--schedule, --virtual-stages and --microbatch as torchtitan runs a pipeline whose
-    microbatch count is left at its default: one microbatch per stage of the whole pipeline
-    (n_microbatches = pp x stages per rank), each local_batch / n_microbatches samples."""
+    """--schedule, --virtual-stages and --microbatch as torchtitan (9dec370) runs a pipeline whose
+    microbatch count is left at its default: pp microbatches (n_microbatches =
+    pipeline_parallel_degree), each local_batch / pp samples, for any schedule."""
     stages_per_rank = LOOPED_STAGES_PER_RANK if schedule == "interleaved" else 1
-    n_microbatches = pp * stages_per_rank
+    n_microbatches = pp
     assert local_batch % n_microbatches == 0, (local_batch, n_microbatches)  # torchtitan raises
     return f"--schedule {schedule} --virtual-stages {stages_per_rank} --microbatch {local_batch // n_microbatches}"
 
