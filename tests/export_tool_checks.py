@@ -115,6 +115,7 @@ def _reset_deepspeed_groups() -> None:
 def check_deepspeed(directory: str) -> dict:
     import deepspeed
     import torch
+    from deepspeed import checkpointing as ds_checkpointing
     from deepspeed.runtime.config import DeepSpeedConfig
 
     d = Path(directory)
@@ -131,16 +132,28 @@ def check_deepspeed(directory: str) -> dict:
         if pp > 1:
             topo = mod.topology()
             values.update(topology_pipe=topo.get_dim("pipe"), topology_model=topo.get_dim("model"))
+            interval = mod.ACTIVATION_CHECKPOINT_INTERVAL
             if world <= 128:  # the PipelineModule itself (its grid builds every group: minutes at 1024 ranks)
                 layers = [torch.nn.Identity() for _ in range(pp)]
-                mpu = mod.pipeline_module(layers).mpu()
+                module = mod.pipeline_module(layers)
+                mpu, interval = module.mpu(), module.activation_checkpoint_interval
             else:  # the grid's data-parallel size is the topology's data axis (pipe/topology.py)
                 mpu = _TopologyMPU(topo)
+            values["checkpoint_interval"] = interval
         elif tp > 1:
             mpu = mod.tensor_parallel_mpu()  # deepspeed.utils.groups with the AutoTP mesh built
         else:
             mpu = None
         cfg = DeepSpeedConfig(config, mpu=mpu)  # _batch_assertion against the derived data-parallel world
+        if pp == 1:  # the blocks checkpoint_blocks() puts under deepspeed.checkpointing.checkpoint
+            blocks = [torch.nn.Linear(1, 1) for _ in range(sum(mod.LAYERS_PER_STAGE))]
+            mod.checkpoint_blocks(blocks)
+            wrapped = [
+                i for i, b in enumerate(blocks) if getattr(b.forward, "func", None) is ds_checkpointing.checkpoint
+            ]
+            values["checkpointed_blocks"] = wrapped
+        if "activation_checkpointing" in config and world <= 128:  # what initialize() calls with the engine's mpu
+            ds_checkpointing.configure(mod.checkpointing_mpu(mpu), deepspeed_config=config)
         if pp > 1:  # deepspeed/runtime/pipe/engine.py PipelineEngine.__init__
             assert cfg.zero_optimization_stage < 2, "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
             assert cfg.train_batch_size == cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * (

@@ -138,6 +138,15 @@ def test_deepspeed_accepts_the_export_under_its_topology(name, plans, exported, 
     assert got["bf16"] == (plan.precision in ("bf16", "fp8")) and not got["fp16"]
     assert ("precision fp8 has no DeepSpeed config setting" in warns) == (plan.precision == "fp8")
     assert got["activation_checkpointing"] == (ec.strongest_recompute(plan) != "none")
+    # recompute happens where the engine is told: PipelineModule's interval (pp > 1), else the wrapped blocks
+    modes, uniform = ec.recompute_modes(plan), ec.uniform_recompute(plan)
+    if pp > 1:
+        interval = plan.recompute_num_layers if uniform == "full" else int(uniform != "none")
+        assert got["checkpoint_interval"] == interval
+        assert ("not expressible in a PipelineModule" in warns) == (uniform is None and "none" in modes)
+    else:
+        assert got["checkpointed_blocks"] == [i for i, mode in enumerate(modes) if mode != "none"]
+    assert ("selective (op-level) recompute has no DeepSpeed setting" in warns) == ("selective" in modes)
 
 
 # --- accelerate --------------------------------------------------------------------------------------

@@ -96,15 +96,38 @@ def rank_layers(plan: Plan) -> list[int]:
     return [sum(len(s) for i, s in enumerate(plan.stages) if i % pp == r) for r in range(pp)]
 
 
-def _activation_checkpointing(plan: Plan, warnings: list[str]) -> dict | None:
-    if ec.strongest_recompute(plan) == "none":
-        return None
-    if ec.uniform_recompute(plan) is None or "selective" in ec.recompute_modes(plan):
+def recompute_blocks(plan: Plan) -> list[int]:
+    """Indices of the transformer blocks the plan recomputes: what checkpoint_blocks() wraps (pp = 1)."""
+    return [i for i, mode in enumerate(ec.recompute_modes(plan)) if mode != "none"]
+
+
+def checkpoint_interval(plan: Plan, warnings: list[str]) -> int:
+    """PipelineModule(activation_checkpoint_interval=k) for pp > 1 (deepspeed/runtime/pipe/module.py: every layer,
+    checkpointed in chunks of k; 0 = none); 0 for pp = 1, where checkpoint_blocks() recomputes per block."""
+    modes = ec.recompute_modes(plan)
+    if "selective" in modes:
         warnings.append(
-            f"recompute ({ec.recompute_text(plan)}) is chosen in model code with "
-            "deepspeed.checkpointing.checkpoint; DeepSpeed has no selective (op-level) recompute, "
-            "so checkpoint the listed blocks fully"
+            f"selective (op-level) recompute has no DeepSpeed setting: the {modes.count('selective')} selective "
+            "blocks are recomputed fully with deepspeed.checkpointing (slower than predicted, never more memory)"
         )
+    if plan.pipeline_parallel_degree == 1 or not recompute_blocks(plan):
+        return 0
+    if ec.uniform_recompute(plan) == "full":
+        return plan.recompute_num_layers
+    if len(recompute_blocks(plan)) < len(modes):
+        warnings.append(
+            f"per-layer recompute ({ec.recompute_text(plan)}) is not expressible in a PipelineModule, which "
+            "checkpoints every layer (activation_checkpoint_interval): exported interval 1, every block recomputed "
+            "(slower than predicted, never more memory)"
+        )
+    return 1
+
+
+def _activation_checkpointing(plan: Plan) -> dict | None:
+    """The config's activation_checkpointing section: read by deepspeed.checkpointing.configure, which
+    meshplan_deepspeed.initialize() calls when the plan recomputes (the engine itself never does)."""
+    if not recompute_blocks(plan):
+        return None
     return {
         "partition_activations": plan.tensor_parallel_degree > 1,
         "contiguous_memory_optimization": False,
@@ -146,7 +169,7 @@ def deepspeed_config(plan: Plan, warnings: list[str]) -> dict:
         config["communication_data_type"] = "fp16"
     _pipeline_warnings(plan, warnings)
     warnings.extend(ec.method_warnings(plan, "deepspeed"))
-    checkpointing = _activation_checkpointing(plan, warnings)
+    checkpointing = _activation_checkpointing(plan)
     if checkpointing:
         config["activation_checkpointing"] = checkpointing
     return config
@@ -160,6 +183,8 @@ PIPELINE_PARALLEL_SIZE = {pp}
 TENSOR_PARALLEL_SIZE = {tp}
 DATA_PARALLEL_SIZE = {dp}  # what DeepSpeed derives: world / (tp x pp)
 LAYERS_PER_STAGE = {sizes}
+RECOMPUTE_BLOCKS = {recompute}  # transformer blocks the plan recomputes in backward (pp = 1)
+ACTIVATION_CHECKPOINT_INTERVAL = {interval}  # PipelineModule: checkpoint every layer in chunks of this many (pp > 1)
 
 
 def topology():
@@ -176,7 +201,20 @@ def pipeline_module(layers, **kwargs):
     from deepspeed.pipe import PipelineModule
 
     kwargs.setdefault("partition_method", "uniform")
+    kwargs.setdefault("activation_checkpoint_interval", ACTIVATION_CHECKPOINT_INTERVAL)
     return PipelineModule(layers=layers, topology=topology(), **kwargs)
+
+
+def checkpoint_blocks(blocks):
+    """Recompute the plan's blocks in backward (pp = 1): each listed block's forward runs under
+    deepspeed.checkpointing.checkpoint. `blocks` is your model's list of transformer blocks."""
+    import functools
+
+    from deepspeed import checkpointing
+
+    for i in RECOMPUTE_BLOCKS:
+        blocks[i].forward = functools.partial(checkpointing.checkpoint, blocks[i].forward)
+    return len(RECOMPUTE_BLOCKS)
 
 
 def tensor_parallel_mpu():
@@ -192,11 +230,33 @@ def initialize(model, config="ds_config.json", **kwargs):
     """deepspeed.initialize with the plan's topology: pass pipeline_module(...) as model for pp > 1."""
     if PIPELINE_PARALLEL_SIZE == 1 and TENSOR_PARALLEL_SIZE > 1:
         kwargs.setdefault("mpu", tensor_parallel_mpu())
-    return deepspeed.initialize(model=model, config=config, **kwargs)
+    out = deepspeed.initialize(model=model, config=config, **kwargs)
+    if RECOMPUTE_BLOCKS or ACTIVATION_CHECKPOINT_INTERVAL:  # the config's activation_checkpointing section
+        deepspeed.checkpointing.configure(checkpointing_mpu(out[0].mpu), deepspeed_config=config)
+    return out
+
+
+class _PipelineGridGroups:
+    """A PipelineParallelGrid as deepspeed.checkpointing.configure reads an mpu: the grid has the tensor-parallel
+    rank and size but names the group get_slice_parallel_group (configure asks for get_tensor_model_parallel_group)."""
+
+    def __init__(self, grid):
+        self.grid = grid
+
+    def __getattr__(self, name):
+        return getattr(self.grid, name)
+
+    def get_tensor_model_parallel_group(self):
+        return self.grid.get_slice_parallel_group()
+
+
+def checkpointing_mpu(mpu):
+    """The engine's model-parallel groups for deepspeed.checkpointing.configure."""
+    return _PipelineGridGroups(mpu) if PIPELINE_PARALLEL_SIZE > 1 else mpu
 '''
 
 
-def _topology_py(plan: Plan) -> str:
+def _topology_py(plan: Plan, interval: int) -> str:
     head = '"""' + "\n".join(ec.header_lines(plan, "DeepSpeed topology")) + '\n"""\n'
     sizes = rank_layers(plan)
     return head + TOPOLOGY.format(
@@ -205,21 +265,30 @@ def _topology_py(plan: Plan) -> str:
         tp=plan.tensor_parallel_degree,
         dp=deepspeed_dp(plan),
         sizes=sizes,
+        recompute=recompute_blocks(plan) if plan.pipeline_parallel_degree == 1 else [],
+        interval=interval,
     )
 
 
 def export_deepspeed(plan: Plan) -> dict[str, str]:
     warnings = ec.common_warnings(plan)
     config = deepspeed_config(plan, warnings)
+    interval = checkpoint_interval(plan, warnings)
     dp, nodes = deepspeed_dp(plan), ec.num_nodes(plan)
     notes = ec.launch_notes(plan)
     if plan.pipeline_parallel_degree > 1:
         notes.append(
             "in train.py: model = meshplan_deepspeed.pipeline_module(layers); engine, *_ = "
             "meshplan_deepspeed.initialize(model) (PipeModelDataParallelTopology "
-            f"pp={plan.pipeline_parallel_degree} tp={plan.tensor_parallel_degree} dp={dp})"
+            f"pp={plan.pipeline_parallel_degree} tp={plan.tensor_parallel_degree} dp={dp}"
+            + (f", activation_checkpoint_interval={interval})" if interval else ")")
         )
     else:
+        if recompute_blocks(plan):
+            notes.append(
+                "in train.py: meshplan_deepspeed.checkpoint_blocks(model.layers) recomputes the plan's "
+                f"{len(recompute_blocks(plan))} of {len(ec.recompute_modes(plan))} blocks (deepspeed.checkpointing)"
+            )
         notes.append("in train.py: engine, *_ = meshplan_deepspeed.initialize(model) (builds the TP groups for tp > 1)")
     if plan.dp_methods.offload.name == "nvme":
         notes.append(
@@ -244,5 +313,5 @@ def export_deepspeed(plan: Plan) -> dict[str, str]:
     return {
         "ds_config.json": json.dumps(config, indent=2) + "\n",
         "launch_deepspeed.sh": launch,
-        "meshplan_deepspeed.py": _topology_py(plan),
+        "meshplan_deepspeed.py": _topology_py(plan, interval),
     }
