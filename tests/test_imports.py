@@ -14,6 +14,7 @@ import yaml
 from export_plans import PLAN_ARGS, make_plan
 
 from meshplan.cli import main
+from meshplan.errors import MeshplanError
 from meshplan.imports import read_config
 from meshplan.report import export_plan
 
@@ -147,6 +148,21 @@ def test_hand_written_deepspeed_accelerate_torchtitan(tmp_path):
     assert estimate(FIXTURES / "llama3_8b.toml", tmp_path, "--cluster", "h100-80g", "--num-gpus", "8") > 0
     assert estimate(FIXTURES / "titan_config_registry.py", tmp_path, "--cluster", "h100-80g", "--num-gpus", "64") > 0
     assert estimate(FIXTURES / "pretrain_llama3_8b.sh", tmp_path, "--cluster", "h100-80g") > 0
+
+
+def test_torchtitan_config_function(tmp_path):
+    """A config_registry module holds many configs: the one torchtitan's --config names (the file's own, or
+    FILE:FUNCTION), after the functions it builds on; never a mix of them all."""
+    path = FIXTURES / "titan_config_registry.py"
+    tp4 = read_config(f"{path}:my_70b_tp4", world=64).values
+    assert (tp4["tp"], tp4["dp"], tp4["microbatch"], tp4["global_batch"], tp4["recompute"]) == (4, 16, 4, 64, "full")
+    assert "layers=80" in tp4["overrides"]  # my_70b's model_registry("70B")
+    assert read_config(str(path), world=64).values["tp"] == 8  # the module's docstring names --config my_70b
+    (tmp_path / "two.py").write_text(path.read_text().replace("--config", "config"))
+    with pytest.raises(MeshplanError, match="several config functions .* --import .*:FUNCTION"):
+        read_config(str(tmp_path / "two.py"), world=64)
+    with pytest.raises(MeshplanError, match="no function 'nope'"):
+        read_config(f"{path}:nope", world=64)
 
 
 def test_a_flag_overrides_the_file(tmp_path):

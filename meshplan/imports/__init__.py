@@ -18,7 +18,10 @@ from meshplan.imports.common import Imported
 
 def read_config(path: str, world: int | None = None) -> Imported:
     """The options of the config at `path`, by its format; `world` (--num-gpus) where the file has no launch line."""
-    p = Path(path)
+    p, function = Path(path), None
+    if not p.is_file() and ":" in path:  # FILE:FUNCTION, a torchtitan config_registry function (its --config)
+        head, _, function = path.rpartition(":")
+        p = Path(head)
     if not p.is_file():
         raise MeshplanError(
             f"--import {path}: no such file; give a DeepSpeed JSON, accelerate YAML, torchtitan config or Megatron script"
@@ -29,6 +32,10 @@ def read_config(path: str, world: int | None = None) -> Imported:
         raise MeshplanError(f"--import {path}: cannot read it as text ({exc})") from exc
     from meshplan.imports import accelerate, deepspeed, megatron, torchtitan
 
+    if function is not None:
+        if not (torchtitan.recognises(p, text) and p.suffix.lower() == ".py"):
+            raise MeshplanError(f"--import {path}: :{function} names a function of a torchtitan 0.3 config module only")
+        return torchtitan.read(p, text, world, function)
     for reader in (deepspeed, accelerate, torchtitan, megatron):
         if reader.recognises(p, text):
             return reader.read(p, text, world)

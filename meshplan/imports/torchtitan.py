@@ -28,16 +28,50 @@ def recognises(path: Path, text: str) -> bool:
     )
 
 
-def _python_sections(text: str, path: Path) -> tuple[dict[str, dict], dict[str, Any]]:
-    """(sections, extras) of a 0.3 config module: literal assignments and config-class keyword arguments."""
+def _config_function(tree: ast.Module, text: str, path: Path, function: str | None) -> list[ast.FunctionDef]:
+    """The config_registry function `--config` names (FILE:FUNCTION, else the file's or its launcher's `--config
+    NAME`, else the module's only function), after the module's functions it builds on (`config = base()`)."""
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    launcher = path.parent / "run_torchtitan.sh"
+    named = re.search(r"--config[ =](\w+)", text + (launcher.read_text() if launcher.is_file() else ""))
+    candidates = [n for n in functions if n != "model_spec"]
+    name = function or (named[1] if named else candidates[0] if len(candidates) == 1 else None)
+    if not functions:
+        return []
+    if name not in functions:
+        raise MeshplanError(
+            f"--import {path}: {'no function ' + repr(name) if name else 'several config functions'} in the module "
+            f"({', '.join(candidates)}); name one as --import {path}:FUNCTION (torchtitan's --config)"
+        )
+    chain, seen = [], set()
+
+    def visit(fn: ast.FunctionDef) -> None:
+        seen.add(fn.name)
+        for node in ast.walk(fn):  # the local functions it calls come first: it overrides what they set
+            callee = ast.unparse(node.func) if isinstance(node, ast.Call) else ""
+            if callee in functions and callee not in seen and callee != "model_spec":
+                visit(functions[callee])
+        chain.append(fn)
+
+    visit(functions[name])
+    return chain
+
+
+def _python_sections(text: str, path: Path, function: str | None = None) -> tuple[dict[str, dict], dict[str, Any]]:
+    """(sections, extras) of a 0.3 config module's config function: literal assignments and config-class
+    keyword arguments, in the order they run."""
     try:
         tree = ast.parse(text)
     except SyntaxError as exc:
         raise MeshplanError(f"--import {path}: not valid Python ({exc.msg}, line {exc.lineno})") from exc
+    chain = _config_function(tree, text, path, function)
+    body = [*chain, *(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "model_spec")]
+    source = "\n".join(ast.get_source_segment(text, fn) or "" for fn in body) if chain else text
     sections: dict[str, dict] = {"parallelism": {}, "training": {}}
     extras: dict[str, Any] = {}
     calls = {"ParallelismConfig": "parallelism", "TrainingConfig": "training"}
-    for node in ast.walk(tree):
+    statements = [stmt for fn in chain for stmt in fn.body] if chain else tree.body
+    for node in (n for stmt in statements for n in ast.walk(stmt)):  # in the order they run: later ones win
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute):
             target = ast.unparse(node.targets[0]).split(".")
             if len(target) == 3 and target[1] in sections:
@@ -52,7 +86,7 @@ def _python_sections(text: str, path: Path) -> tuple[dict[str, dict], dict[str, 
             if name in calls:
                 for kw in node.keywords:
                     try:
-                        sections[calls[name]].setdefault(kw.arg, ast.literal_eval(kw.value))
+                        sections[calls[name]][kw.arg] = ast.literal_eval(kw.value)
                     except ValueError:
                         pass
             for kw in node.keywords:
@@ -60,9 +94,9 @@ def _python_sections(text: str, path: Path) -> tuple[dict[str, dict], dict[str, 
                     extras["ac"] = ast.unparse(kw.value)
             if name == "CompileConfig":
                 extras["compile"] = any(kw.arg == "enable" and ast.unparse(kw.value) == "True" for kw in node.keywords)
-    flavor = re.search(r"model_registry\(\s*['\"](\w+)['\"]", text) or re.search(r"llama3_(\d+b)\(\)", text)
-    extras["flavor"] = flavor[1].upper() if flavor else None
-    extras["fp8"] = "Float8LinearConverter.Config(" in text
+    flavors = re.findall(r"model_registry\(\s*['\"](\w+)['\"]", source) or re.findall(r"llama3_(\d+b)\(\)", source)
+    extras["flavor"] = flavors[-1].upper() if flavors else None
+    extras["fp8"] = "Float8LinearConverter.Config(" in source
     return sections, extras
 
 
@@ -83,7 +117,7 @@ def _recompute(ac: str | None, values: dict[str, Any], notes: list[str]) -> None
         values["recompute"] = "none" if text in ("none", "") else "full"
 
 
-def read(path: Path, text: str, world: int | None = None) -> Imported:
+def read(path: Path, text: str, world: int | None = None, function: str | None = None) -> Imported:
     values: dict[str, Any] = {}
     notes: list[str] = []
     meshplan_header(text, values)
@@ -101,7 +135,7 @@ def read(path: Path, text: str, world: int | None = None) -> Imported:
         fp8 = any("float8" in c for c in model.get("converters", []))
         compiled = bool(data.get("compile", {}).get("enable")) or bool(sections["training"].get("compile"))
     else:
-        sections, extras = _python_sections(text, path)
+        sections, extras = _python_sections(text, path, function)
         ac_text, flavor, fp8, compiled = extras.get("ac"), extras["flavor"], extras["fp8"], extras.get("compile", False)
     par, tr = sections["parallelism"], sections["training"]
     launcher = path.parent / "run_torchtitan.sh"
