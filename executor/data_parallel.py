@@ -34,6 +34,7 @@ from meshplan.executor.methods.counting import count_fsdp, tensor_bytes
 from meshplan.executor.optimizers import optimizer_spec
 from meshplan.executor.parallel_dims import ParallelDims
 from meshplan.executor.shards import local_shard
+from meshplan.models.zoo.base import LayeredModel
 from meshplan.plan import Plan
 
 BUCKET_BYTES = dp_methods.method("comm_schedule", "buckets").resolve({}, "")["bucket_mb"] * 2**20
@@ -41,7 +42,7 @@ BUCKET_BYTES = dp_methods.method("comm_schedule", "buckets").resolve({}, "")["bu
 
 
 def apply_fsdp(
-    part: nn.Module, dims: ParallelDims, plan: Plan, device: torch.device, counter: ByteCounter
+    part: LayeredModel, dims: ParallelDims, plan: Plan, device: torch.device, counter: ByteCounter
 ) -> nn.Module:
     """ZeRO-2/3: shard each held layer, then the stage root (which takes embed/head leftovers);
     the offload method adds its policy, and every sharded module counts its collectives."""
@@ -51,16 +52,11 @@ def apply_fsdp(
         "reshard_after_forward": plan.zero_stage == 3,
         **offload.fsdp_kwargs(params, device, plan.zero_stage),
     }
-    sharded = [
-        getattr(part, name)
-        for name in ("embed", "head")
-        if getattr(part, name, None) is not None and any(True for _ in getattr(part, name).parameters())
-    ]
+    sharded = [m for m in (part.embed, part.head) if m is not None and any(True for _ in m.parameters())]
     sharded += list(part.layers.values()) + [part]
     replicate = dims.mesh["dp_replicate"].get_group() if dims.size("dp_replicate") > 1 else None
     for module in sharded:
-        fully_shard(module, **kwargs)
-        count_fsdp(module, counter, replicate)
+        count_fsdp(fully_shard(module, **kwargs), counter, replicate)  # the module, now an FSDPModule
     return part
 
 
@@ -144,21 +140,26 @@ def build_optimizer(
     return ZeroOverLocalShards(params, optimizer_class=cls, process_group=group, counter=counter, **kwargs)
 
 
-class CountedBroadcasts:
-    """ZeroRedundancyOptimizer mixin: after each step every rank broadcasts the parameters it
+class CountedBroadcasts(ZeroRedundancyOptimizer):
+    """A ZeroRedundancyOptimizer whose each step every rank broadcasts the parameters it
     updated (`_broadcast_params_from_rank`, once per source rank); each broadcast is counted on
     "dp_replicate" as the bucket (parameters_as_bucket_view) or the parameters it sends."""
 
+    counter: ByteCounter
+
+    # torch's zero_redundancy_optimizer.pyi leaves out the private methods its .py defines and
+    # these override or call (_broadcast_params_from_rank, _partition_parameters)
     def _broadcast_params_from_rank(self, rank: int):
         if self.parameters_as_bucket_view:
             payload = sum(tensor_bytes(dev_buckets[rank]) for dev_buckets in self._buckets)
         else:
-            payload = sum(tensor_bytes(p) for g in self._partition_parameters()[rank] for p in g["params"])
+            groups = self._partition_parameters()[rank]  # type: ignore[attr-defined]  # not in the stub
+            payload = sum(tensor_bytes(p) for g in groups for p in g["params"])
         self.counter.add("dp_replicate", "broadcast", self.world_size, payload)
-        return super()._broadcast_params_from_rank(rank)
+        return super()._broadcast_params_from_rank(rank)  # type: ignore[misc]  # not in the stub
 
 
-class CountedZero(CountedBroadcasts, ZeroRedundancyOptimizer):
+class CountedZero(CountedBroadcasts):
     """torch's ZeroRedundancyOptimizer with its parameter broadcasts counted."""
 
     def __init__(self, params, *, counter: ByteCounter, **kwargs):
@@ -166,7 +167,7 @@ class CountedZero(CountedBroadcasts, ZeroRedundancyOptimizer):
         super().__init__(params, **kwargs)
 
 
-class ZeroOverLocalShards(CountedBroadcasts, ZeroRedundancyOptimizer):
+class ZeroOverLocalShards(CountedBroadcasts):
     """ZeRO-1 for tensor-parallel (DTensor) parameters, which ZeroRedundancyOptimizer cannot
     broadcast: it optimises plain Parameters viewing each DTensor's local shard (same storage),
     copies the DTensor gradients' local shards onto them before each step, and clears both."""

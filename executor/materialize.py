@@ -12,6 +12,7 @@ every rank slices its shard locally, with no communication.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -19,22 +20,29 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from meshplan.models.zoo.base import init_tensor
 
-FullValue = Callable[[str, torch.Size, torch.dtype], torch.Tensor]
+
+@dataclass(frozen=True)
+class FullValue:
+    """Where each parameter's and buffer's full (unsharded) initial value comes from."""
+
+    value: Callable[[str, torch.Size, torch.dtype], torch.Tensor]
+    """(fqn, shape, dtype) -> the full tensor."""
+    state: dict[str, torch.Tensor] = field(default_factory=dict)
+    """A real model's state dict, if the values come from one: its buffers are then copied as
+    they are (running stats included)."""
+
+    def __call__(self, fqn: str, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        return self.value(fqn, shape, dtype)
 
 
 def init_source(seed: int) -> FullValue:
     """Full initial values from the zoo's init rule."""
-    return lambda fqn, shape, dtype: init_tensor(fqn, shape, seed, dtype)
+    return FullValue(value=lambda fqn, shape, dtype: init_tensor(fqn, shape, seed, dtype))
 
 
 def state_source(state: dict[str, torch.Tensor]) -> FullValue:
     """Full initial values from a real model's state dict (apply() on a materialised model)."""
-
-    def value(fqn: str, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-        return state[fqn].to(dtype)
-
-    value.state = state  # buffers are then copied as they are (running stats included)
-    return value
+    return FullValue(value=lambda fqn, shape, dtype: state[fqn].to(dtype), state=state)
 
 
 def clean_fqn(fqn: str) -> str:
@@ -66,7 +74,7 @@ def _fill(param: torch.Tensor, full: torch.Tensor) -> None:
 
 
 def _fill_buffer(fqn: str, buf: torch.Tensor, full_value: FullValue) -> None:
-    if fqn in getattr(full_value, "state", {}):
+    if fqn in full_value.state:
         _fill(buf, full_value(fqn, buf.shape, buf.dtype))
     elif fqn.endswith("running_var"):
         buf.fill_(1.0)

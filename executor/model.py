@@ -1,9 +1,8 @@
 """Rebuild the plan's model (on the meta device) and look up its tensor-parallel rules.
 
 Zoo names go through `meshplan.models.zoo.build_model`; user models ("file.py:factory",
-"module:factory", "hf:NAME") through the profiler's loader. `tp_rules_for` is the single place the
-executor learns how to split a layer; it defers to the profiler's `tp_rules` and falls back to the
-GPT naming (attn.wq/wk/wv, mlp.fc1 column; attn.wo, mlp.fc2 row) if that module is absent.
+"module:factory", "hf:NAME") through the models' loader. `tp_rules_for` is the single place the
+executor learns how to split a layer: the models' `tp_rules` (models/tp_rules.py).
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from torch import nn
 
 from meshplan.errors import MeshplanError
 from meshplan.model_profile import TPRule
+from meshplan.models.tp_rules import tp_rules
 from meshplan.models.zoo.base import LayeredModel
 from meshplan.plan import Plan
 
@@ -77,32 +77,6 @@ def build_named_model(
     return model
 
 
-def tp_rules_for(model: nn.Module) -> dict[str, TPRule]:
+def tp_rules_for(model: LayeredModel) -> dict[str, TPRule]:
     """TPRule per layer FQN (embed, layers.i, head)."""
-    try:
-        from meshplan.models.tp_rules import tp_rules
-    except ImportError:
-        return _gpt_rules(model)
     return tp_rules(model)
-
-
-def _gpt_rules(model: nn.Module) -> dict[str, TPRule]:
-    rules = {}
-    for fqn in model.layer_names():
-        if fqn == "embed":
-            rules[fqn] = TPRule(row=["tok"], replicated=["pos"], kind="embedding")
-        elif fqn == "head":
-            rules[fqn] = TPRule(column=["proj"], replicated=["norm"], kind="head")
-        else:
-            layer = model.get_submodule(fqn)
-            rules[fqn] = TPRule(
-                column=["attn.wq", "attn.wk", "attn.wv", "mlp.fc1"],
-                row=["attn.wo", "mlp.fc2"],
-                replicated=["ln1", "ln2"],
-                kind="block",
-                divisors={
-                    "heads": layer.attn.wq.out_features // layer.attn.head_dim,
-                    "ffn": layer.mlp.fc1.out_features,
-                },
-            )
-    return rules

@@ -18,6 +18,7 @@ import os
 import re
 import secrets
 from pathlib import Path
+from typing import Any
 
 from meshplan.errors import MeshplanError
 
@@ -44,7 +45,7 @@ def check_ranks_agree(args, plan_hashes: list[str]) -> None:
     import torch.distributed as dist
 
     mine = {"plan": plan_hashes, **{k: getattr(args, k) for k in SAME_FLAGS}}
-    every = [None] * dist.get_world_size()
+    every: list[Any] = [None] * dist.get_world_size()  # each rank's `mine`
     dist.all_gather_object(every, mine)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     for rank, theirs in enumerate(every):

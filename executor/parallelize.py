@@ -29,6 +29,7 @@ import contextlib
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -43,7 +44,7 @@ from meshplan.executor import methods
 from meshplan.executor.activation_checkpoint import apply_ac
 from meshplan.executor.data import IGNORE_INDEX
 from meshplan.executor.grad_clip import clip_grad_norm
-from meshplan.executor.materialize import init_source, materialize, state_source
+from meshplan.executor.materialize import FullValue, init_source, materialize, state_source
 from meshplan.executor.methods.sync import SyncMethod
 from meshplan.executor.model import tp_rules_for
 from meshplan.executor.parallel_dims import ParallelDims
@@ -51,6 +52,7 @@ from meshplan.executor.phases import PhaseTimer, time_stages
 from meshplan.executor.pipeline import SPLIT_BACKWARD, build_schedule, schedule_step, split_stages
 from meshplan.executor.tensor_parallel import apply_tp
 from meshplan.executor.tied import TiedGrads
+from meshplan.model_profile import TPRule
 from meshplan.models.identity import full_state, retie, tied_groups
 from meshplan.models.zoo.base import LayeredModel
 from meshplan.plan import MESH_AXES, Plan
@@ -112,7 +114,7 @@ class Parallelized:
         norm = clip_grad_norm(
             [p for p in self.parameters() if id(p) not in skip], max_norm, self.dims.pp_group, self.device
         )
-        if skip and max_norm > 0:  # ... and all its copies are scaled alike
+        if self.tied and skip and max_norm > 0:  # ... and all its copies are scaled alike
             self.tied.scale_duplicates((max_norm / (norm + 1e-6)).clamp(max=1.0))
         return norm
 
@@ -178,11 +180,19 @@ class Parallelized:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
 
+@runtime_checkable
+class GradientSyncToggle(Protocol):
+    """A module that reduces gradients only when told to (FSDP2's FSDPModule, ByteScheduler's
+    wrapper): off for all but the last microbatch of a step."""
+
+    def set_requires_gradient_sync(self, flag: bool, /) -> None: ...
+
+
 def _grad_sync(model: nn.Module, last: bool):
     """No gradient reduction on all but the last microbatch (DDP no_sync / FSDP2 flag)."""
     if isinstance(model, dp_.DDP):
         return contextlib.nullcontext() if last else model.no_sync()
-    if hasattr(model, "set_requires_gradient_sync"):
+    if isinstance(model, GradientSyncToggle):
         model.set_requires_gradient_sync(last)
     return contextlib.nullcontext()
 
@@ -220,10 +230,10 @@ def apply(
     full_value = _tied_source(full_value, tied)
     meta = model if on_meta else copy.deepcopy(model).to("meta")
     rules = tp_rules_for(meta) if plan.tensor_parallel_degree > 1 else {}
-    stage_ids, parts = split_stages(meta, plan, dims.pp_rank)  # 1
+    stage_ids, stage_parts = split_stages(meta, plan, dims.pp_rank)  # 1
     counter = ByteCounter()
-    parts, reducers = [_parallelize_part(p, plan, dims, rules, device, full_value, counter, tied) for p in parts], []
-    parts, reducers = [p for p, _ in parts], [r for _, r in parts if r is not None]
+    wrapped = [_parallelize_part(p, plan, dims, rules, device, full_value, counter, tied) for p in stage_parts]
+    parts, reducers = [p for p, _ in wrapped], [r for _, r in wrapped if r is not None]
     result = Parallelized(
         plan=plan,
         dims=dims,
@@ -246,8 +256,15 @@ def apply(
 
 
 def _parallelize_part(
-    part, plan: Plan, dims: ParallelDims, rules, device, full_value, counter: ByteCounter, tied: list[list[str]] = ()
-):
+    part: LayeredModel,
+    plan: Plan,
+    dims: ParallelDims,
+    rules: dict[str, TPRule],
+    device: torch.device,
+    full_value: FullValue,
+    counter: ByteCounter,
+    tied: list[list[str]],
+) -> tuple[nn.Module, dp_.ReplicaGradReducer | None]:
     if plan.tensor_parallel_degree > 1:  # 2
         apply_tp(part, rules, dims.mesh["tp"], plan.sequence_parallel)
     apply_ac(part, plan.recompute)  # 3
@@ -276,14 +293,14 @@ def _retie_plain(part: nn.Module, groups: list[list[str]]) -> None:
             retie(part, [held])
 
 
-def _tied_source(full_value, groups: list[list[str]]):
+def _tied_source(full_value: FullValue, groups: list[list[str]]) -> FullValue:
     """Every FQN of a tied group starts from its first FQN's value (one weight, equal copies)."""
     first = {fqn: names[0] for names in groups for fqn in names[1:]}
     if not first:
         return full_value
-    value = lambda fqn, shape, dtype: full_value(first.get(fqn, fqn), shape, dtype)  # noqa: E731
-    value.state = getattr(full_value, "state", {})
-    return value
+    return FullValue(
+        value=lambda fqn, shape, dtype: full_value(first.get(fqn, fqn), shape, dtype), state=full_value.state
+    )
 
 
 class _LossFn:

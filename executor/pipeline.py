@@ -22,6 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import (
     PipelineScheduleMulti,
+    PipelineScheduleSingle,
     Schedule1F1B,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
@@ -33,7 +34,7 @@ from meshplan.models.user_models import ContiguousGrad
 from meshplan.models.zoo.base import LayeredModel
 from meshplan.plan import Plan
 
-SCHEDULE_CLASSES = {
+SCHEDULE_CLASSES: dict[str, type[PipelineScheduleSingle] | type[PipelineScheduleMulti]] = {
     "GPipe": ScheduleGPipe,
     "1F1B": Schedule1F1B,
     "Interleaved1F1B": ScheduleInterleaved1F1B,
@@ -87,7 +88,8 @@ def build_schedule(
     stages = [PipelineStage(part, s, num_stages, device, group=group) for s, part in zip(stage_ids, parts)]
     cls = SCHEDULE_CLASSES[plan.pipeline_schedule]
     if issubclass(cls, PipelineScheduleMulti):
-        return cls(stages, n_microbatches=plan.num_microbatches, loss_fn=loss_fn), stages
+        # a list of the stages' base class, as the schedule is typed (lists are invariant)
+        return cls(list(stages), n_microbatches=plan.num_microbatches, loss_fn=loss_fn), stages
     assert len(stages) == 1, f"{plan.pipeline_schedule} runs one stage per rank"
     return cls(stages[0], n_microbatches=plan.num_microbatches, loss_fn=loss_fn), stages
 

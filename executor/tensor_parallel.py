@@ -34,6 +34,7 @@ from torch.distributed.tensor.parallel import (
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from meshplan.model_profile import TPRule
+from meshplan.models.hf_layers import HFBlock
 
 
 def apply_tp(stage: nn.Module, rules: dict[str, TPRule], tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
@@ -46,7 +47,7 @@ def apply_tp(stage: nn.Module, rules: dict[str, TPRule], tp_mesh: DeviceMesh, se
         if layer is None:
             continue
         plan = _layer_plan(rule, sequence_parallel)
-        if sequence_parallel and hasattr(layer, "seq_shards"):
+        if sequence_parallel and isinstance(layer, HFBlock):
             layer.seq_shards = tp_mesh.size()  # HF layers: RoPE angles for the whole sequence
         if plan:
             parallelize_module(layer, tp_mesh, plan)
@@ -55,8 +56,9 @@ def apply_tp(stage: nn.Module, rules: dict[str, TPRule], tp_mesh: DeviceMesh, se
             parallelize_module(layer, tp_mesh, outer)
 
 
-def _layer_plan(rule: TPRule, sp: bool) -> dict:
+def _layer_plan(rule: TPRule, sp: bool) -> dict[str, ParallelStyle]:
     seq = Shard(1)
+    plan: dict[str, ParallelStyle]
     if rule.kind == "block":
         plan = {
             c: ColwiseParallel(input_layouts=seq) if sp and "." not in c else ColwiseParallel() for c in rule.column

@@ -58,10 +58,12 @@ class TiedGrads:
             if len(copies) < 2 and not collective:
                 continue
             for p in copies:  # a DTensor's gradient may come in another layout (embedding: Replicate)
-                if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+                if isinstance(p, DTensor) and isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
                     p.grad = p.grad.redistribute(p.device_mesh, p.placements)
             total = self._local_sum(copies)
-            if collective and total is not None:
+            if total is None:  # no copy on this rank
+                continue
+            if collective:
                 dist.all_reduce(total, group=group)
             for p in copies:
                 if p.grad is None:

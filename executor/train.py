@@ -124,7 +124,8 @@ def _train(
         start_step=start,
         grad_norms=[],
     )
-    shares = []
+    shares: list[torch.Tensor] = []  # this rank's loss share per step, summed over ranks at the end
+    norms: list[torch.Tensor] = []  # the global gradient norm per step, read at the end
     # CPU memory is tracked on the second step when there is one: by then the optimizer states
     # exist, so the measured peak holds what the cost model predicts (states + grads + activations).
     tracked = start + 1 if options.steps > start + 1 else start
@@ -144,7 +145,7 @@ def _train(
         result.phases_s_by_step.append(par.phases.end_step())
         result.comm_bytes_by_step.append(par.comm_bytes.end_step())
         shares.append(loss)
-        result.grad_norms.append(norm)
+        norms.append(norm)
         if tracker is not None:
             result.peak_memory_bytes = tracker.peak_bytes
         if on_step_end is not None:
@@ -154,7 +155,7 @@ def _train(
     if device.type == "cuda":
         result.peak_memory_bytes = torch.cuda.max_memory_allocated(device)
     result.losses = par.global_losses(shares) if shares else []  # one all-reduce for all steps
-    result.grad_norms = [float(n) for n in result.grad_norms]
+    result.grad_norms = [float(n) for n in norms]
     result.comm_bytes_per_step = par.comm_bytes.mean_after_first()
     result.method_notes = [line for codec in getattr(par.comm_bytes, "notes_from", []) for line in codec.notes()]
     return result

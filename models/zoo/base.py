@@ -61,8 +61,10 @@ class LayeredModel(nn.Module):
     def layer(self, fqn: str) -> nn.Module:
         return self.get_submodule(fqn)
 
-    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy; output (B, T, V) or (B, C), target (B, T) or (B,)."""
+    def loss(self, output: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
+        """Mean cross-entropy; output (B, T, V) or (B, C), target (B, T) or (B,). None is the
+        target of a batch without targets, which only a user model's batches may be."""
+        assert target is not None, f"{type(self).__name__} trains on targets"
         return nn.functional.cross_entropy(output.flatten(0, -2), target.flatten())
 
     def example_batch(

@@ -91,7 +91,8 @@ class Bert(LayeredModel):
         targets = tokens.masked_fill(~masked, IGNORE_INDEX)
         return inputs.to(device), targets.to(device)
 
-    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    def loss(self, output: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
+        assert target is not None, "BERT trains on masked tokens"
         return F.cross_entropy(output.flatten(0, -2), target.flatten(), ignore_index=IGNORE_INDEX)
 
 
