@@ -157,7 +157,7 @@ def _train(
     result.losses = par.global_losses(shares) if shares else []  # one all-reduce for all steps
     result.grad_norms = [float(n) for n in norms]
     result.comm_bytes_per_step = par.comm_bytes.mean_after_first()
-    result.method_notes = [line for codec in getattr(par.comm_bytes, "notes_from", []) for line in codec.notes()]
+    result.method_notes = [line for method in par.comm_bytes.notes_from for line in method.notes()]
     return result
 
 

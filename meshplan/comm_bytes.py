@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from fractions import Fraction
+from typing import Protocol
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv")
 DP_AXES = ("dp_replicate", "dp_shard")
@@ -38,6 +39,14 @@ def wire_bytes(collective: str, group: int, payload_bytes: int | float) -> Fract
     raise ValueError(f"unknown collective {collective!r}")
 
 
+class Notes(Protocol):
+    """A method's object that says what it did over the run (a codec, ByteScheduler's wrapper)."""
+
+    def notes(self) -> list[str]:
+        """Lines for the run's notes (RankResult.method_notes)."""
+        ...
+
+
 class ByteCounter:
     """Accumulates one rank's counted collectives; `end_step()` closes a step."""
 
@@ -50,6 +59,8 @@ class ByteCounter:
         self.period = 1
         """Steps after which the traffic repeats (local SGD averages every `period` steps): the
         steady state is the mean over a whole number of periods."""
+        self.notes_from: list[Notes] = []
+        """The methods' objects whose notes() the run reports, as they were built."""
 
     def add(self, axis: str, collective: str, group: int, payload_bytes: int) -> None:
         self.current[axis] += wire_bytes(collective, group, payload_bytes)

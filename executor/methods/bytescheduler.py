@@ -164,7 +164,7 @@ class ScheduledReplica(nn.Module):
         self.scheduler: PriorityScheduler | None = None
         self.steps: list[dict] = []
         self.totals = {"steps": 0, "rounds": 0, "overtakes": 0, "chunks": 0}
-        counter.notes_from = getattr(counter, "notes_from", []) + [self]  # type: ignore[attr-defined]
+        counter.notes_from.append(self)
         self.params = [p for p in module.parameters() if p.requires_grad]
         directory = os.environ.get(STATS_DIR_ENV)
         self.stats_path = os.path.join(directory, f"bytescheduler.rank{dist.get_rank()}.json") if directory else None

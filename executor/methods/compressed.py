@@ -87,7 +87,7 @@ def comm_hook(make_codec, group, params: dict, counter: ByteCounter, axis: str):
     each bucket's gradients; the codec is DDP's hook state."""
     codec = make_codec(params, dist.get_world_size(group), dist.get_rank(group))
     comm = DistComm(group, counter, axis)
-    counter.notes_from = getattr(counter, "notes_from", []) + [codec]
+    counter.notes_from.append(codec)
 
     def compressed_hook(state, bucket):  # no annotations: DDP checks them against the class
         state.exchange(comm, split_bucket(bucket))
@@ -116,7 +116,7 @@ class CompressedReplicaReducer(ReplicaGradReducer):
         super().__init__(params, group, counter=counter, axis=axis, bucket_bytes=bucket_bytes)
         self.codec = make_codec(method_params, self.world, dist.get_rank(group))
         self.comm = DistComm(group, counter, axis)
-        counter.notes_from = getattr(counter, "notes_from", []) + [self.codec]
+        counter.notes_from.append(self.codec)
 
     @torch.no_grad()
     def reduce(self) -> None:
