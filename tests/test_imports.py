@@ -123,6 +123,27 @@ def test_hand_written_megatron_script():
     assert got["sequence_parallel"] and got["precision"] == "bf16" and got["runtime"] == "megatron-core"
 
 
+def test_megatron_script_with_shell_variables(tmp_path):
+    """Launch scripts set their sizes in shell variables (N=8, ${PP:-2}, $((a*b))) and pass them in arrays: read
+    after substituting them, the launch line's world included; --num-gpus overrides that world."""
+    path = FIXTURES / "train_llama3_70b_vars.sh"
+    got = read_config(str(path)).values
+    assert (got["tp"], got["pp"], got["cp"], got["dp"], got["num_gpus"]) == (4, 2, 1, 4, 32)
+    assert (got["microbatch"], got["global_batch"], got["recompute"], got["recompute_num_layers"]) == (
+        1,
+        128,
+        "full",
+        1,
+    )
+    assert (got["precision"], got["zero"], got["sequence_parallel"]) == ("fp8", 1, True)
+    assert got["model"] == "analytic:llama" and {"layers=80", "hidden=8192", "kv_heads=8"} <= set(got["overrides"])
+    assert read_config(str(path), world=64).values["dp"] == 8
+    assert estimate(path, tmp_path, "--cluster", "h100-80g") > 0
+    (tmp_path / "no_world.sh").write_text(path.read_text().replace("--nnodes $NUM_NODES", "--nnodes $NODES"))
+    with pytest.raises(MeshplanError, match="no world size .* give --num-gpus"):
+        read_config(str(tmp_path / "no_world.sh"))
+
+
 def test_hand_written_deepspeed_accelerate_torchtitan(tmp_path):
     ds = read_config(str(FIXTURES / "ds_zero2.json")).values
     assert (ds["dp"], ds["microbatch"], ds["global_batch"], ds["zero"], ds["dp_shard"]) == (8, 4, 256, 2, 8)

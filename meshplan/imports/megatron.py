@@ -17,6 +17,43 @@ def recognises(path: Path, text: str) -> bool:
     return sum(flag in text for flag in SIGNS) >= 2
 
 
+ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?([A-Za-z_]\w*)=([^(\s].*|)$")
+REFERENCE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}|\$(\w+)")
+ARITHMETIC = re.compile(r"\$\(\(([\d\s+*/()-]+)\)\)")
+
+
+def expand(text: str) -> str:
+    """The script with its plain shell variables substituted, as launch scripts write them (GPUS_PER_NODE=8,
+    TP=${TP:-2}, WORLD_SIZE=$(($GPUS_PER_NODE*$NUM_NODES)), then --nnodes $NUM_NODES ...): each assignment in
+    order, a reference to an unset variable takes its default or stays as written."""
+    known: dict[str, str] = {}
+
+    def sub(line: str) -> str:
+        def one(m: re.Match) -> str:
+            name = m[1] or m[3]
+            return known.get(name, m[2] if m[2] is not None else m[0])
+
+        return ARITHMETIC.sub(arithmetic, REFERENCE.sub(one, line))
+
+    def arithmetic(m: re.Match) -> str:  # integers and + - * / ( ) only (ARITHMETIC); no powers
+        if "**" in m[1]:
+            return m[0]
+        try:
+            return str(int(eval(m[1], {"__builtins__": {}})))
+        except (ArithmeticError, SyntaxError):
+            return m[0]
+
+    out = []
+    for line in text.splitlines():
+        line = sub(line)
+        hit = ASSIGNMENT.match(line)
+        if hit:
+            value = hit[2].split(" #", 1)[0].strip()
+            known[hit[1]] = shlex.split(value)[0] if value and value[0] in "'\"" else value
+        out.append(line)
+    return "\n".join(out)
+
+
 def flags(text: str) -> dict[str, str | bool]:
     """Every --flag [value] in the script (continuation lines joined, comments dropped)."""
     body = re.sub(r"\\\n", " ", text)
@@ -24,9 +61,11 @@ def flags(text: str) -> dict[str, str | bool]:
     for line in body.splitlines():
         line = line.split("#", 1)[0] if not line.lstrip().startswith("#") else ""
         try:
-            tokens += shlex.split(line.replace("(", " ").replace(")", " "))
+            words = shlex.split(line.replace("(", " ").replace(")", " "))
         except ValueError:
             continue
+        for word in words:  # "--fp8-format hybrid" quoted as one array element is a flag and its value
+            tokens += word.split() if word.startswith("--") else [word]
     out: dict[str, str | bool] = {}
     for i, tok in enumerate(tokens):
         if tok.startswith("--"):
@@ -77,6 +116,7 @@ def _model(args: dict, values: dict[str, Any]) -> None:
 
 
 def read(path: Path, text: str, world: int | None = None) -> Imported:
+    text = expand(text)
     args = flags(text)
     values: dict[str, Any] = {}
     notes: list[str] = []
@@ -101,7 +141,13 @@ def read(path: Path, text: str, world: int | None = None) -> Imported:
         values["seq"] = _int(args, "--seq-length")
     nodes = re.search(r"--nnodes[ =](\d+)", text)
     per_node = re.search(r"--nproc[-_]per[-_]node[ =](\d+)", text)
-    world = int(nodes[1]) * int(per_node[1]) if nodes and per_node else values.get("num_gpus")
+    launched = int(nodes[1]) * int(per_node[1]) if nodes and per_node else None
+    world = world or launched or values.get("num_gpus")  # --num-gpus, else the launch line, else the header
+    if world is None:
+        raise MeshplanError(
+            f"--import {path}: no world size (a torchrun line with numeric --nnodes and --nproc-per-node): give --num-gpus"
+        )
+    values["num_gpus"] = world
     degrees(values, world, str(path))
     granularity = args.get("--recompute-granularity")
     values["recompute"] = {"selective": "selective", "full": "full"}.get(str(granularity), "none")
