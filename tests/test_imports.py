@@ -123,6 +123,34 @@ def test_hand_written_megatron_script():
     assert got["sequence_parallel"] and got["precision"] == "bf16" and got["runtime"] == "megatron-core"
 
 
+def test_deepspeed_batch_is_completed_as_deepspeed_does(tmp_path):
+    """DeepSpeed fills in the one of train_batch_size, micro and accumulation a config leaves out from the other two
+    and the data-parallel size: so does the import, with --num-gpus; "auto" leaves the batch to the flags."""
+    zero = {"zero_optimization": {"stage": 2}}
+    cases = [
+        ({"train_batch_size": 256, "train_micro_batch_size_per_gpu": 4}, (8, 4, 256)),  # accumulation 8
+        ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8}, (8, 4, 256)),
+        ({"train_batch_size": 256, "gradient_accumulation_steps": 8}, (8, 4, 256)),
+        ({"train_batch_size": 64}, (8, 8, 64)),
+    ]
+    for i, (batch, expected) in enumerate(cases):
+        (tmp_path / f"ds{i}.json").write_text(json.dumps({**batch, **zero}))
+        got = read_config(str(tmp_path / f"ds{i}.json"), world=8).values
+        assert (got["dp"], got["microbatch"], got["global_batch"]) == expected, batch
+    (tmp_path / "bad.json").write_text(json.dumps({**cases[0][0], "gradient_accumulation_steps": 2, **zero}))
+    with pytest.raises(MeshplanError, match=r"256 is not micro 4 x accumulation 2 x dp 8"):
+        read_config(str(tmp_path / "bad.json"), world=8)
+    auto = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", **zero}
+    (tmp_path / "auto.json").write_text(json.dumps(auto))
+    imported = read_config(str(tmp_path / "auto.json"), world=8)
+    assert "microbatch" not in imported.values and "give --microbatch and --global-batch" in imported.notes[-1]
+    gpt = ["--model", "analytic:gpt", "--set", "layers=4", "hidden=256", "heads=4", "seq=128", "--cluster", "a100-80g"]
+    assert (
+        estimate(tmp_path / "auto.json", tmp_path, *gpt, "--num-gpus", "8", "--microbatch", "2", "--global-batch", "64")
+        > 0
+    )
+
+
 def test_megatron_script_with_shell_variables(tmp_path):
     """Launch scripts set their sizes in shell variables (N=8, ${PP:-2}, $((a*b))) and pass them in arrays: read
     after substituting them, the launch line's world included; --num-gpus overrides that world."""

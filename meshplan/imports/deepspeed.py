@@ -40,6 +40,43 @@ def _offload(zero: dict, stage: int, values: dict[str, Any]) -> None:
         values["offload"] = "nvme:params=true" if param == "nvme" and stage == 3 else "nvme"
 
 
+def _number(data: dict, key: str) -> int | None:
+    value = data.get(key)
+    return None if value in (None, "auto") else int(value)
+
+
+def _batch(data: dict, dp: int | None, values: dict[str, Any], notes: list[str], path: Path) -> int | None:
+    """train_batch_size = micro x gradient_accumulation_steps x dp, the rule DeepSpeed completes from any two and
+    the data-parallel size (runtime/config.py _set_batch_related_parameters; "auto" is the trainer's to fill in):
+    microbatch and global_batch where the file and the world (--num-gpus or the launch line) fix them; the dp."""
+    total, micro = _number(data, "train_batch_size"), _number(data, "train_micro_batch_size_per_gpu")
+    accumulation = _number(data, "gradient_accumulation_steps")
+    if total and micro and accumulation:
+        if total % (micro * accumulation) or (dp and total != micro * accumulation * dp):
+            raise MeshplanError(
+                f"--import {path}: train_batch_size {total} is not micro {micro} x accumulation {accumulation} x dp"
+                + (f" {dp} (world / (tp x pp))" if dp else "")
+            )
+        dp = total // (micro * accumulation)
+    elif dp and total and (micro or accumulation):
+        micro, accumulation = (micro, total // (micro * dp)) if micro else (total // (accumulation * dp), accumulation)
+    elif dp and micro:
+        total = micro * (accumulation or 1) * dp
+    elif dp and total:
+        micro = total // dp
+    elif total and micro and not dp:
+        dp = total // micro
+        notes.append("gradient_accumulation_steps not given and no world size: predicted with 1 (give --num-gpus)")
+    if not (total and micro):
+        notes.append(
+            "the batch is not fixed by the file ('auto', or too few of train_batch_size, micro and accumulation with "
+            "the world): give --microbatch and --global-batch"
+        )
+        return dp
+    values.update(microbatch=micro, global_batch=total)
+    return dp
+
+
 def read(path: Path, text: str, world: int | None = None) -> Imported:
     data = json.loads(text)
     values: dict[str, Any] = {}
@@ -48,19 +85,6 @@ def read(path: Path, text: str, world: int | None = None) -> Imported:
     meshplan_header(launch or topology, values)
     if world:
         values.setdefault("num_gpus", world)
-    micro = data.get("train_micro_batch_size_per_gpu")
-    accumulation = data.get("gradient_accumulation_steps", 1)
-    total = data.get("train_batch_size")
-    if micro in (None, "auto") or total in (None, "auto") or accumulation == "auto":
-        raise MeshplanError(
-            f"--import {path}: train_batch_size, train_micro_batch_size_per_gpu and gradient_accumulation_steps must be "
-            "numbers ('auto' is filled in by the trainer); write them, or give --microbatch and --global-batch"
-        )
-    if total % (micro * accumulation):
-        raise MeshplanError(
-            f"--import {path}: train_batch_size {total} is not micro {micro} x accumulation {accumulation} x dp"
-        )
-    dp = total // (micro * accumulation)
     tp = int(data.get("tensor_parallel", {}).get("autotp_size", 0) or 0) or 1
     hit = re.search(r"PIPELINE_PARALLEL_SIZE = (\d+)", topology)
     pp = int(hit[1]) if hit else 1
@@ -70,9 +94,12 @@ def read(path: Path, text: str, world: int | None = None) -> Imported:
         notes.append("a DeepSpeed JSON names no pipeline stages: predicted with pp=1 (give --pp for a PipelineModule)")
     zero = data.get("zero_optimization", {})
     stage = int(zero.get("stage", 0))
-    values.update(tp=tp, pp=pp, dp=dp, microbatch=micro, global_batch=total, zero=stage, schedule="1f1b")
-    values.setdefault("num_gpus", dp * tp * pp)
-    if stage >= 2:
+    dp = _batch(data, (world or values.get("num_gpus") or 0) // (tp * pp) or None, values, notes, path)
+    values.update(tp=tp, pp=pp, zero=stage, schedule="1f1b")
+    if dp:
+        values["dp"] = dp
+        values.setdefault("num_gpus", dp * tp * pp)
+    if stage >= 2 and dp:
         values["dp_shard"] = dp
     _offload(zero, stage, values)
     bf16, fp16 = data.get("bf16", {}).get("enabled", False), data.get("fp16", {}).get("enabled", False)
