@@ -58,8 +58,10 @@ def _batch(data: dict, dp: int | None, values: dict[str, Any], notes: list[str],
                 + (f" {dp} (world / (tp x pp))" if dp else "")
             )
         dp = total // (micro * accumulation)
-    elif dp and total and (micro or accumulation):
-        micro, accumulation = (micro, total // (micro * dp)) if micro else (total // (accumulation * dp), accumulation)
+    elif dp and total and micro:
+        accumulation = total // (micro * dp)
+    elif dp and total and accumulation:
+        micro = total // (accumulation * dp)
     elif dp and micro:
         total = micro * (accumulation or 1) * dp
     elif dp and total:
