@@ -151,6 +151,28 @@ def test_deepspeed_batch_is_completed_as_deepspeed_does(tmp_path):
     )
 
 
+def test_accelerate_fsdp1_sharding_strategies(tmp_path):
+    """accelerate's FSDP1 configs name a sharding strategy (fsdp_reshard_after_forward, or the older
+    fsdp_sharding_strategy, by name or number) where FSDP2's say true/false: ZeRO-2 for SHARD_GRAD_OP, and
+    HYBRID_SHARD shards within each machine and replicates across them."""
+    base = yaml.safe_load((FIXTURES / "accelerate_fsdp.yaml").read_text())
+    cases = {
+        "SHARD_GRAD_OP": (2, 16, 16),
+        "FULL_SHARD": (3, 16, 16),
+        "HYBRID_SHARD": (3, 16, 8),
+        "HYBRID_SHARD_ZERO2": (2, 16, 8),
+        4: (3, 16, 8),  # fsdp_sharding_strategy's number for HYBRID_SHARD
+    }
+    for strategy, (zero, dp, dp_shard) in cases.items():
+        key = "fsdp_sharding_strategy" if isinstance(strategy, int) else "fsdp_reshard_after_forward"
+        fsdp = {"fsdp_version": 1, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", key: strategy}
+        (tmp_path / "fsdp1.yaml").write_text(
+            yaml.safe_dump({**base, "num_machines": 2, "num_processes": 16, "fsdp_config": fsdp})
+        )
+        got = read_config(str(tmp_path / "fsdp1.yaml")).values
+        assert (got["zero"], got["dp"], got["dp_shard"]) == (zero, dp, dp_shard), strategy
+
+
 def test_megatron_script_with_shell_variables(tmp_path):
     """Launch scripts set their sizes in shell variables (N=8, ${PP:-2}, $((a*b))) and pass them in arrays: read
     after substituting them, the launch line's world included; --num-gpus overrides that world."""

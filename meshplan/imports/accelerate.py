@@ -17,6 +17,23 @@ def recognises(path: Path, text: str) -> bool:
     return path.suffix.lower() in (".yaml", ".yml") and "distributed_type" in text
 
 
+STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+"""FSDP1's sharding strategies as accelerate names and numbers them (accelerate/utils/constants.py, from 1)."""
+
+
+def _fsdp_strategy(fsdp: dict) -> tuple[int, bool]:
+    """(ZeRO stage, sharded within each machine only) of an fsdp_config: FSDP2's fsdp_reshard_after_forward
+    true/false, or FSDP1's strategy in that key or the older fsdp_sharding_strategy (a name or its number)."""
+    value = fsdp.get("fsdp_reshard_after_forward", fsdp.get("fsdp_sharding_strategy", True))
+    text = str(value).upper()
+    if text.isdigit() and 1 <= int(text) <= len(STRATEGIES):
+        text = STRATEGIES[int(text) - 1]
+    if text in ("TRUE", "FALSE"):
+        return (3 if text == "TRUE" else 2), False
+    zero = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 0, "HYBRID_SHARD": 3, "HYBRID_SHARD_ZERO2": 2}
+    return zero.get(text, 3), text.startswith("HYBRID")
+
+
 def read(path: Path, text: str, world: int | None = None) -> Imported:
     try:
         cfg = yaml.safe_load(text) or {}
@@ -38,9 +55,10 @@ def read(path: Path, text: str, world: int | None = None) -> Imported:
     kind = str(cfg.get("distributed_type", "NO"))
     fsdp = cfg.get("fsdp_config") or {}
     if kind == "FSDP":
-        zero = 3 if fsdp.get("fsdp_reshard_after_forward", True) in (True, "FULL_SHARD", "true") else 2
+        zero, hybrid = _fsdp_strategy(fsdp)
         if not par:
-            dpr, dps = 1, world
+            machines = int(cfg.get("num_machines", 1))
+            dpr, dps = (machines, world // machines) if hybrid else (world, 1) if zero == 0 else (1, world)
     elif kind == "DEEPSPEED":
         zero = int((cfg.get("deepspeed_config") or {}).get("zero_stage", 0))
     else:
