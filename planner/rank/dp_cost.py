@@ -137,6 +137,9 @@ class DataParallelCost:
         """The sync method's cost object (planner/methods/sync.py); all but allreduce replace DDP's sync."""
         self.schedule = comm_schedule_cost(self, *cand.method("comm_schedule"))
         """The communication schedule's (planner/methods/comm_schedule.py): bytescheduler replaces DDP's buckets."""
+        self.pipeline_deferred = cand.zero >= 2 and cand.pp > 1 and ctx.spec.state.fsdp_full_grad_accumulation
+        """FSDP2 under torch.distributed.pipelining: the stage's gradient reduce-scatter runs after
+        its last backward, not during it (_deferred_scatter_s)."""
 
     # --- per layer ------------------------------------------------------------------------
     def layer(self, layer: LayerProfile, split: int, b: int, m: int) -> LayerDP:
@@ -210,12 +213,9 @@ class DataParallelCost:
         (_unprefetched_share)."""
         if self.zero < 2 or self.shard <= 1:
             return 0.0, False, 0.0
-        ctx, width = self.ctx, reduce_width(self.ctx)
         grad_local = trainable(layer).num_params / split  # frozen weights are gathered, never reduced
-        scatter = collective_s(ctx.cluster, "reduce_scatter", self.shard, grad_local * width, self.shard_tier)
-        scatter += collective_s(
-            ctx.cluster, "all_reduce", self.replicas, grad_local * width / self.shard, self.replica_tier
-        )
+        scatter = 0.0 if self.pipeline_deferred else self._scatter_s(grad_local)  # then once per step
+        ctx = self.ctx
         offload = self._offload_s(local) if self.offload else 0.0
         fw = layer.framework_overhead_s if ctx.measured else {}
         measured = in_place_overhead_s(fw, f"zero3@{self.shard}", b) if self.zero == 3 and fw else None
@@ -226,6 +226,26 @@ class DataParallelCost:
         gathers = (2 if again else 1) * gather
         exposed = gathers * self._unprefetched_share(local) if self.zero == 3 else 0.0
         return gathers + scatter / m + offload, False, exposed
+
+    def _scatter_s(self, grad_params: float) -> float:
+        """The ZeRO-2/3 gradient reduce-scatter of `grad_params` unsharded gradients over the shard
+        group at the reduce width, and HSDP's all-reduce of the resulting shard over the replicas."""
+        ctx, width = self.ctx, reduce_width(self.ctx)
+        return collective_s(
+            ctx.cluster, "reduce_scatter", self.shard, grad_params * width, self.shard_tier
+        ) + collective_s(ctx.cluster, "all_reduce", self.replicas, grad_params * width / self.shard, self.replica_tier)
+
+    def _deferred_scatter_s(self, local_params: float) -> float:
+        """Exposed once per step under torch.distributed.pipelining with FSDP2: the stage runs every
+        backward with gradient sync off and calls FSDP's post_backward for the whole stage only
+        after its last microbatch's backward (torch/distributed/pipelining/stage.py
+        backward_maybe_with_nosync, last_backward), so the stage's reduce-scatters follow its last
+        backward instead of overlapping it. The rank finishing last (rank 0, on the critical path)
+        waits for its last chunk's: 1/v of its gradients (an interleaved rank's other chunks
+        finished p backward steps earlier and hide theirs behind them)."""
+        if not self.pipeline_deferred or self.shard * self.replicas <= 1:
+            return 0.0
+        return self._scatter_s(local_params / self.cand.virtual_stages)
 
     def _gather_s(self, layer: LayerProfile, local: float) -> float:
         """One ZeRO-3 gather of the layer's parameters. FSDP2 gathers a wrapped layer in one
@@ -292,7 +312,9 @@ class DataParallelCost:
         """Exposed gradient sync of one rank (ZeRO-0/1): bucketed all-reduce of the payload behind
         the last microbatch's backward except the last bucket, plus ZeRO-1's parameter broadcast
         and what a busy CPU's DDP adds (measured in place)."""
-        if self.zero >= 2 or self.replicas <= 1:
+        if self.zero >= 2:
+            return self._deferred_scatter_s(local_params)
+        if self.replicas <= 1:
             return 0.0
         if self.sync.replaces_ddp:  # planner/methods/sync.py: master, local SGD, Crossbow, DABMD, gossip, async
             return self.sync.sync_s(local_params, backward_window_s) + compress_s
