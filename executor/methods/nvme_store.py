@@ -17,6 +17,7 @@ import functools
 import os
 import shutil
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -87,7 +88,7 @@ class NvmeStore:
     def _path(self, i: int) -> Path:
         return self.folder / f"param{i:05d}.bin"
 
-    def _map(self, i: int, mode: str) -> np.memmap:
+    def _map(self, i: int, mode: Literal["r", "r+"]) -> np.memmap:
         return np.memmap(self._path(i), dtype=np.float32, mode=mode, shape=(len(self.keys), self.numels[i]))
 
     def read(self, i: int, count: bool = True) -> dict[str, torch.Tensor]:
