@@ -21,7 +21,7 @@ nothing is counted; on a GPU the gradients down and parameters up are counted on
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -102,12 +102,13 @@ class HostOptimizer(torch.optim.Optimizer):
         """Each parameter's optimizer step on its master, its states paged in from the store
         (prefetching the next parameter's) when offload=nvme."""
         live = [i for i, g in enumerate(grads) if g is not None]
-        ahead = self._prefetch(live[0]) if self.store is not None and live else None
+        ahead = self._prefetch(self.store, live[0]) if self.store is not None and live else None
         for n, i in enumerate(live):
             _, _, master, inner = self.entries[i]
             if self.store is not None:
+                assert ahead is not None  # each live parameter's states were prefetched
                 states = ahead.result()
-                ahead = self._prefetch(live[n + 1]) if n + 1 < len(live) else None
+                ahead = self._prefetch(self.store, live[n + 1]) if n + 1 < len(live) else None
                 inner.state[master].update(states)
             paged = pager_of(self.entries[i][0])  # offload=nvme params=true: the shard from its file
             if paged is not None:
@@ -118,21 +119,21 @@ class HostOptimizer(torch.optim.Optimizer):
             if paged is not None:
                 paged[0].page_out(paged[1])
             if self.store is not None:
-                self._page_out(i, inner.state[master])
+                self._page_out(self.store, i, inner.state[master])
 
-    def _prefetch(self, i: int):
-        return self._pool_io().submit(self.store.read, i)
+    def _prefetch(self, store: NvmeStore, i: int) -> Future:
+        return self._pool_io().submit(store.read, i)
 
     def _pool_io(self) -> ThreadPoolExecutor:
         if not hasattr(self, "_io"):
             self._io = ThreadPoolExecutor(max_workers=1)
         return self._io
 
-    def _page_out(self, i: int, state: dict, count: bool = True) -> None:
+    def _page_out(self, store: NvmeStore, i: int, state: dict, count: bool = True) -> None:
         """Write the parameter-sized states to the store and drop them from memory."""
         master = self.entries[i][2]
         big = {k: v for k, v in state.items() if torch.is_tensor(v) and v.shape == master.shape}
-        self.store.write(i, big, count)
+        store.write(i, big, count)
         for k in big:
             del state[k]
 
@@ -167,7 +168,7 @@ class HostOptimizer(torch.optim.Optimizer):
             self._pending = self._done()
         inner.state[master] = self.state[self.entries[i][0]] = state
         if self.store is not None:
-            self._page_out(i, state, count=False)
+            self._page_out(self.store, i, state, count=False)
 
     def init_states(self) -> None:
         """Create every parameter's state as torch creates a template to load into: one inner step
@@ -181,7 +182,7 @@ class HostOptimizer(torch.optim.Optimizer):
             inner.step()
             master.grad, inner.param_groups[0]["lr"] = None, lr
             if self.store is not None:
-                self._page_out(i, inner.state[master], count=False)
+                self._page_out(self.store, i, inner.state[master], count=False)
 
     def state_dict(self) -> dict:
         """torch.optim's layout (states by parameter index, in param_groups order) over entry_state."""
