@@ -60,6 +60,7 @@ class MasterAggregation(SyncMethod):
             for r, buf in enumerate(inbox, start=1)
         ]
         for w in works:
+            assert w is not None  # None only on a rank outside the group
             w.wait()
         self.received_bytes += sum(tensor_bytes(b) for b in inbox)
         total = grads.clone()
@@ -77,6 +78,7 @@ class MasterAggregation(SyncMethod):
                 self.counter.add("dp_replicate", "send_recv", self.world, tensor_bytes(vector))
                 works.append(dist.isend(vector, dst=dist.get_global_rank(self.group, r), group=self.group))
             for w in works:
+                assert w is not None  # None only on a rank outside the group
                 w.wait()
             return
         vector = flat(params)
