@@ -55,7 +55,7 @@ class ReplicaGradReducer:
     @torch.no_grad()
     def reduce(self) -> None:
         for p in self.params:
-            if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+            if isinstance(p, DTensor) and isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
                 # e.g. the vocab-parallel embedding's grad comes out Replicate/Partial: shard it as the param
                 p.grad = p.grad.redistribute(p.device_mesh, p.placements)
         grads = [local_shard(p.grad) for p in self.params if p.grad is not None]
@@ -113,7 +113,8 @@ def build(par, params: dict, counter: ByteCounter) -> None:
 
 def buckets(tensors: list[torch.Tensor], bucket_bytes: int):
     """Consecutive runs of one dtype of at most `bucket_bytes` (a larger tensor alone)."""
-    bucket, size = [], 0
+    bucket: list[torch.Tensor] = []
+    size = 0
     for t in tensors:
         if bucket and (size + tensor_bytes(t) > bucket_bytes or t.dtype != bucket[0].dtype):
             yield bucket
