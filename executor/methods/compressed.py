@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from meshplan.comm_bytes import ByteCounter
 from meshplan.executor.methods.allreduce import ReplicaGradReducer, buckets
@@ -121,7 +122,7 @@ class CompressedReplicaReducer(ReplicaGradReducer):
     @torch.no_grad()
     def reduce(self) -> None:
         for p in self.params:
-            if getattr(p.grad, "placements", None) is not None and p.grad.placements != p.placements:
+            if isinstance(p, DTensor) and isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
                 p.grad = p.grad.redistribute(p.device_mesh, p.placements)
         held = {id(g): id(p) for p in self.params if p.grad is not None for g in (local_shard(p.grad),)}
         grads = [local_shard(p.grad) for p in self.params if p.grad is not None]
