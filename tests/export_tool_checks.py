@@ -479,8 +479,7 @@ def check_torchtitan(directory: str) -> dict:
     assert global_batch % (local * batch_degree) == 0, "global batch size must be multiple of local batch size times data-parallel degree"  # fmt: skip
     spec = cfg.model_spec
     model = spec.model
-    converters = [type(c).__qualname__ for c in getattr(cfg, "converters", [])]
-    layer = model.layers[0] if getattr(model, "layers", None) else None
+    built = _built_model(cfg)
     values.update(
         batch_degree=batch_degree,
         accumulation=global_batch // (local * batch_degree),
@@ -491,11 +490,31 @@ def check_torchtitan(directory: str) -> dict:
         n_layers=len(model.layers),
         vocab=model.vocab_size,
         tied=bool(getattr(model, "enable_weight_tying", False)),
-        float8="Float8Linear" in repr(layer) or "float8" in repr(model).lower() or bool(converters),
+        float8=built["float8_linears"] > 0,
+        **built,
         ac=type(cfg.activation_checkpoint).__qualname__ if cfg.activation_checkpoint is not None else None,
         compile=cfg.compile.enable,
     )
     return values
+
+
+def _built_model(cfg) -> dict:
+    """The model the trainer builds from this config (Trainer.__init__: update_from_config, build on the meta device,
+    the module protocol check): its parameters, its float8 linears, and the stage module names it lacks."""
+    import torch
+
+    model_config = cfg.model_spec.model
+    model_config.update_from_config(config=cfg)
+    with torch.device("meta"):
+        model = model_config.build()
+    model.verify_module_protocol()
+    names = {name for name, _ in model.named_modules()}
+    parts = cfg.parallelism.module_fqns_per_model_part or []
+    return {
+        "num_params": sum(p.numel() for p in model.parameters()),
+        "float8_linears": sum(type(m).__name__.startswith("Float8") for m in model.modules()),
+        "missing_fqns": [fqn for part in parts for fqn in part if fqn not in names],
+    }
 
 
 def check_torchtitan_02(directory: str) -> dict:

@@ -358,11 +358,17 @@ def test_torchtitan_accepts_the_export(name, target, plans, exported, tool):
             layers, dim, *_, vocab = LLAMA3_FLAVORS[shipped[1]]
             assert (got["n_layers"], got["dim"], got["vocab"], got["tied"]) == (layers, dim, vocab, False)
             assert (got["n_layers"], got["dim"]) == (len(ec.blocks(plan)), plan.model_config["hidden"])
+            # the model torchtitan builds: the plan's parameters (the closed-form Llama counts a bias on the final
+            # norm, one hidden's worth more) and every stage module name
+            assert got["num_params"] == pytest.approx(plan.model_num_params, abs=plan.model_config["hidden"])
+            assert got["missing_fqns"] == []
     else:
         assert "torchtitan ships no model of this architecture" in warns
         assert got.get("custom_model", got["model_name"] == "custom")
-    if version == "0.3":
+    if version == "0.3":  # torchao's Float8Linear in the built model: every block's linears at least
         assert got["float8"] == (plan.precision == "fp8")
+        if plan.precision == "fp8":
+            assert got["float8_linears"] >= 5 * len(ec.blocks(plan))
     else:
         assert (got["converters"] == ["quantize.linear.float8"]) == (plan.precision == "fp8")
     uniform = ec.uniform_recompute(plan)
