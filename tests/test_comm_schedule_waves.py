@@ -17,7 +17,7 @@ from meshplan.model_profile import LayerProfile, ModelProfile, TPRule
 from meshplan.models.analytic import gpt_profile
 from meshplan.planner import PlanRequest
 from meshplan.planner.context import Candidate, Context
-from meshplan.planner.methods.comm_schedule import CHUNK_MB, CREDIT_CHUNKS, MIB, _simulate
+from meshplan.planner.methods.comm_schedule import CHUNK_MB, CREDIT_CHUNKS, GLOO_THREADS, MIB, _simulate
 from meshplan.planner.methods.waves import two_wave_peak
 from meshplan.planner.rank.dp_cost import DataParallelCost
 from meshplan.planner.rank.tail import last_bucket_params
@@ -339,12 +339,27 @@ def test_search_equals_brute_force_with_bytescheduler(layers, mem_gib):
 
 def test_on_cpu_devices_every_chunk_pays_its_fixed_cost_in_series():
     """HOST_MESSAGE_COST: on a CPU device each chunk's latency is added to the exposed sync (the
-    scheduler and gloo take backward's cores); on GPUs it is not."""
+    scheduler and gloo take backward's cores), shared by the chunks in flight, at most
+    GLOO_THREADS of them; on GPUs it is not."""
     ctx = context(chain([2**20] * 4))  # 4 layers of 4 MiB: 16 chunks of 1 MiB
     sched = DataParallelCost(
         ctx, ddp_candidate(comm_schedule=("bytescheduler", {"chunk_mb": 1.0, "credit_mb": 4.0}))
     ).schedule
     assert not sched.host_messages  # an A100 cluster
-    gpu = sched.exposed_s(1.0, 4.0, 1e-3)
+    stop_and_wait = sched.exposed_s(1.0, 1.0, 1e-3)  # credit of one chunk: nothing overlaps
     sched.host_messages = True
-    assert sched.exposed_s(1.0, 4.0, 1e-3) == pytest.approx(gpu + 16 * sched.latency_s, rel=1e-12)
+    assert sched.exposed_s(1.0, 1.0, 1e-3) == pytest.approx(stop_and_wait + 16 * sched.latency_s, rel=1e-12)
+    # credit of 4 chunks: gloo progresses two at once, so 16 chunks pay 8 latencies in series
+    ready = [0.0] * 4
+    landed = max(_simulate(sched.chunks(1.0), ready, 4.0 * MIB, sched.latency_s, sched.beta_s, GLOO_THREADS))
+    assert sched.exposed_s(1.0, 4.0, 0.0) == pytest.approx(landed + 9 * sched.latency_s, rel=1e-12)
+
+
+def test_gloo_overlaps_at_most_two_chunks_whatever_the_credit():
+    """GLOO_THREADS: ProcessGroupGloo's two worker threads; a credit of 2 or of 8 chunks lands
+    the same on gloo, while without the cap more credit overlaps more latency."""
+    layers, ready, a, beta = [(16.0, 16)], [0.0], 1.0, 0.0
+    # a chunk every a / k, the last one landing a after its service began
+    assert max(_simulate(layers, ready, 2.0, a, beta, GLOO_THREADS)) == pytest.approx(16 * a / 2 + a / 2)
+    assert max(_simulate(layers, ready, 8.0, a, beta, GLOO_THREADS)) == pytest.approx(16 * a / 2 + a / 2)
+    assert max(_simulate(layers, ready, 8.0, a, beta)) == pytest.approx(16 * a / 8 + 7 * a / 8)

@@ -37,11 +37,21 @@ ByteScheduler, as modelled (one rank, all layers, layer i = priority i, the inpu
 - Host message cost (HOST_MESSAGE_COST), CPU devices only: there the scheduler thread (which
   holds the interpreter lock while it issues and waits) and gloo's work for each message take
   the cores backward computes on, so each chunk's fixed cost a is paid in series with backward
-  instead of behind it: n_chunks x a is added to the exposed sync (DDP sends one message per
-  25 MiB bucket, ByteScheduler one per chunk, at least one per tensor). On GPUs NCCL's kernels
-  and a host thread do not take the compute's cores, and the term is off. benchmarks/
-  dp_paper_methods.py measures it: without the term the model put ByteScheduler level with DDP
-  on gpt h256 x 4 (2 gloo ranks) while it ran 11% (4 MiB chunks) and 37% (0.25 MiB) slower.
+  instead of behind it: n_chunks x a / k is added to the exposed sync, k the chunks the credit
+  keeps in flight, at most GLOO_THREADS (DDP sends one message per 25 MiB bucket,
+  ByteScheduler one per chunk, at least one per tensor). On GPUs NCCL's kernels and a host
+  thread do not take the compute's cores, and the term is off. benchmarks/dp_paper_methods.py
+  measures it: without the term the model put ByteScheduler level with DDP on gpt h256 x 4 (2
+  gloo ranks) while it ran 11% (4 MiB chunks) and 37% (0.25 MiB) slower.
+- Chunks in flight on gloo (GLOO_THREADS): ProcessGroupGloo runs asynchronous collectives on a
+  pool of two worker threads (its Options' default), so however many chunks the credit admits,
+  at most two progress at once and overlap their fixed costs: on CPU devices k is capped at 2,
+  in the link's sliding window (_simulate) and in the host message cost. Measured on 4 gloo
+  ranks of a 2-core host (32 all-reduces of 8 KiB, medians of 12 repeats): one at a time 5.0 ms
+  each, with 2, 4, 8 or 32 in flight 3.9, 3.8, 3.6, 3.8 ms each (nothing gained past two); 16 of
+  0.25 MiB: 6.0 ms each alone, 4.3 with 4 in flight. Without the cap the host message cost
+  charged every chunk a whole a, and the offload section's ByteScheduler (69 tensors, 4 ranks)
+  was priced 2.2-2.6x DDP's step against 1.45-1.5x measured.
 - Memory: no DDP bucket copy (chunks are views of the gradients, all-reduced in place).
 A fluid simulation over the layers (O(L) events, not per chunk); the optimizer step between
 backward and forward is not counted as overlap (conservative).
@@ -73,6 +83,8 @@ DEFAULT = {"chunk_mb": 4.0, "credit_mb": 16.0}
 """The registry's default (preferred on a tie)."""
 NEGOTIATION = "one all-reduce latency after backward (module docstring)"
 HOST_MESSAGE_COST = "one all-reduce latency per chunk on CPU devices (module docstring)"
+GLOO_THREADS = 2
+"""Collectives gloo progresses at once: ProcessGroupGloo's worker threads (module docstring)."""
 EXECUTOR_EARLY_FORWARD = False
 """Whether the executor starts the next forward's layer i as soon as layer i's chunks land (module
 docstring): not yet, so the planner charges the wait for the last chunk."""
@@ -142,11 +154,12 @@ class ByteScheduler(Buckets):
             t -= h * backward_window_s * share
         credit = max(credit_mb, chunk_mb) * MIB
         chunks = self.chunks(chunk_mb)
-        landed = _simulate(chunks, ready, credit, self.latency_s, self.beta_s)
+        cap = GLOO_THREADS if self.host_messages else None
+        landed = _simulate(chunks, ready, credit, self.latency_s, self.beta_s, cap)
         start = clock = h * backward_window_s
         agree = self.latency_s  # the round that agrees on the last gradients (NEGOTIATION)
         if self.host_messages:  # HOST_MESSAGE_COST: every chunk's fixed cost taken from backward
-            agree += self.latency_s * sum(n for _, n in chunks)
+            agree += self.latency_s * sum(n / _in_flight(b / n, credit, cap) for b, n in chunks if b > 0)
         if not (EXECUTOR_EARLY_FORWARD if early_forward is None else early_forward):
             return max(0.0, max(landed, default=start) - start) + agree
         for share, arrival in zip(self.fwd_share, landed):
@@ -168,9 +181,18 @@ class ByteScheduler(Buckets):
         )
 
 
-def _simulate(layers: list[tuple[float, int]], ready: list[float], credit: float, a: float, beta: float) -> list[float]:
+def _in_flight(chunk_bytes: float, credit: float, cap: int | None) -> int:
+    """Chunks of this size the credit keeps in flight, at most `cap` (GLOO_THREADS on gloo)."""
+    k = max(1, math.floor(credit / chunk_bytes))
+    return min(k, cap) if cap else k
+
+
+def _simulate(
+    layers: list[tuple[float, int]], ready: list[float], credit: float, a: float, beta: float, cap: int | None = None
+) -> list[float]:
     """When each layer's last chunk lands: a fluid model of the committed FIFO (<= credit bytes)
-    fed from a priority heap of ready, uncommitted bytes (module docstring)."""
+    fed from a priority heap of ready, uncommitted bytes (module docstring); at most `cap`
+    chunks overlap their latency (GLOO_THREADS), else as many as the credit holds."""
     num = len(layers)
     landed = [-math.inf] * num
     rate, tail, left = [0.0] * num, [0.0] * num, [0.0] * num
@@ -178,7 +200,7 @@ def _simulate(layers: list[tuple[float, int]], ready: list[float], credit: float
         if nbytes <= 0:
             continue
         s = nbytes / n
-        k = max(1, math.floor(credit / s))
+        k = _in_flight(s, credit, cap)
         tau = max(beta * s, (a + beta * s) / k)
         rate[i], tail[i], left[i] = (s / tau if tau > 0 else math.inf), a + beta * s - tau, nbytes
     order = sorted((r, i) for i, r in enumerate(ready) if left[i] > 0)  # ready order: L-1 first
