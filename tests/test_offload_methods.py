@@ -519,3 +519,33 @@ def test_parameter_offload_needs_zero_3_and_no_checkpoints():
     with pytest.raises(MeshplanError, match="--checkpoint-every"):
         check_run_options(zero3, "adamw", checkpoint_every=2)
     check_run_options(zero3, "adamw")
+
+
+def test_host_optimizer_on_cpu_ranks_pays_part_of_an_optimizer_call_per_tensor():
+    """On CPU ranks the host is the device, but HostOptimizer steps each parameter tensor with an
+    optimizer of its own: offload=cpu (ZeRO-0) costs DDP's step plus HOST_TENSOR_CALL_SHARE of the
+    profile's optimizer call per tensor beyond the first, exactly; FSDP2's policy (ZeRO-3) none."""
+    import dataclasses
+
+    from planner_profiles import small_gpt
+
+    from meshplan.planner import PlanRequest, estimate
+    from meshplan.planner.methods.offload import HOST_TENSOR_CALL_SHARE
+    from meshplan.presets import local_cpu
+
+    profile = small_gpt(2)
+    profile.device = "cpu"
+    for layer in profile.layers:
+        layer.param_shapes = [[layer.num_params]] if layer.num_params else []
+    tensors = sum(len(layer.param_shapes) for layer in profile.layers)
+
+    def step(call_s: float, offload: str, zero: int = 0) -> float:
+        for layer in profile.layers:
+            layer.framework_overhead_s["optimizer_call"] = call_s
+        req = PlanRequest(num_gpus=2, global_batch=4, precision="fp32", tp=1, pp=1, dp=2, microbatch=1, zero=zero)
+        req = dataclasses.replace(req, methods={"offload": (offload, {})} if offload != "none" else {})
+        return estimate(profile, local_cpu(2), req).prediction.step_time_s
+
+    extra = step(0.01, "cpu") - step(0.01, "none")
+    assert tensors >= 3 and extra == pytest.approx((tensors - 1) * HOST_TENSOR_CALL_SHARE * 0.01, rel=1e-6)
+    assert step(0.01, "cpu", zero=3) == pytest.approx(step(0.01, "none", zero=3), rel=1e-9)

@@ -19,9 +19,12 @@ parameter tensor, each synced on write; profile-links measures the latency on 4 
 m, v and writes parameter, m, v: 28 bytes per fp32 parameter) at cluster.host_memory_gbps.
 delayed_update runs all of it behind the next step's compute: only the excess over the
 forward+backward window (backward x 1.5) shows. On a CPU cluster the host is the device: PCIe
-and the host step cost nothing beyond the device's own optimizer step (which stays in the layer
-costs), and offload=cpu saves no memory; offload=nvme still moves the states to disk, and no
-host_device bytes are counted (no copy crosses devices).
+and the host step's memory traffic cost nothing beyond the device's own optimizer step (which
+stays in the layer costs), but HostOptimizer steps each parameter tensor with an optimizer of its
+own and handles each tensor in Python (gradient placement, its group's settings, the master),
+so part of an optimizer call's fixed cost is paid once per tensor (CpuOffload._calls_s,
+HOST_TENSOR_CALL_SHARE); offload=cpu saves no memory; offload=nvme still moves the states to
+disk, and no host_device bytes are counted (no copy crosses devices).
 offload=nvme params=true (ZeRO-3, ZeRO-Infinity's parameter tier): the weight shards leave the
 device too; each layer's shard is read from disk before each gather (forward and backward, per
 microbatch, exposed) and read + written again by the host step: 4 bytes per shard element each.
@@ -33,11 +36,19 @@ from fractions import Fraction
 
 from meshplan.comm_bytes import wire_bytes
 from meshplan.planner.context import Candidate, Context
+from meshplan.planner.cost.optimizer import optimizer_call_s
 from meshplan.planner.cost.state import state_bytes
 from meshplan.planner.methods.axes import OffloadCost
 
 CPU_ADAM_BYTES_PER_PARAM = 28
 """fp32 Adam step traffic per parameter: read p, g, m, v (16 B), write p, m, v (12 B)."""
+HOST_TENSOR_CALL_SHARE = 0.53
+"""What HostOptimizer adds per parameter tensor, as a share of the profile's optimizer call
+(framework_overhead_s["optimizer_call"]: clip + AdamW + zero_grad's fixed cost), both measured on
+one idle core of this host, on gpt h384 x 4 (69 tensors): HostOptimizer(AdamW).step over the
+model minus AdamW.step over it, median of 30 interleaved pairs, 0.36 ms per extra tensor; the
+profiler's optimizer_call 0.67 / 0.69 ms in two profiles. Both are host Python, so contention
+scales them alike and the share carries to the profile's contended call."""
 FORWARD_OVER_BACKWARD = 0.5
 """Forward time over backward time (2 vs 4 FLOPs per parameter and token), for DPU's window."""
 
@@ -111,8 +122,30 @@ class CpuOffload(Offload):
     def _io_s(self, params: float) -> float:
         return 0.0
 
+    def _calls_s(self) -> float:
+        """HostOptimizer's step calls on CPU ranks: it builds one inner torch optimizer per
+        parameter tensor it steps (host_optimizer.py), so where the host is the device the fixed
+        cost of an optimizer call (the profile's framework_overhead_s["optimizer_call"], scaled
+        like the layers' steps) is paid once per tensor instead of once per step. FSDP2's policy
+        steps one optimizer over its shards and pays nothing here; on accelerators the host's
+        calls run beside the device's and are not counted."""
+        if self.policy or not self.on_cpu:
+            return 0.0
+        return max(0.0, self._files() - 1) * HOST_TENSOR_CALL_SHARE * optimizer_call_s(self.ctx)
+
+    def _files(self) -> float:
+        """Parameter tensors one step handles one by one: one inner optimizer (and with
+        offload=nvme one state file) per trainable parameter tensor the rank steps: its pipeline
+        stage's share of the model's tensors (layers spread evenly; a tensor-parallel or FSDP
+        shard of every one of them), a ZeRO-1 partition 1/dp of those; 1 where the profile lists
+        no parameter shapes."""
+        tensors = sum(len(layer.param_shapes) for layer in self.ctx.profile.layers) / self.cand.pp
+        return max(1.0, tensors / self.cand.dp if self.zero == 1 else tensors)
+
     def step_s(self, local_params: float, backward_window_s: float) -> float:
         host = self._host_params(local_params)
+        if self.on_cpu:  # the device's own step is in the layer costs; one call per tensor is extra
+            return self._calls_s()
         hidden = self.ctx.cluster.calibration.dp_overlap * backward_window_s
         down = self._pcie_s(4 * host)
         up = 0.0 if self.policy else self._pcie_s(4 * host)  # the policy's copies up are per gather
@@ -157,14 +190,6 @@ class NvmeOffload(CpuOffload):
             return 0.0
         return 2 * (link.latency_s + 4 * local / self.shard / (link.effective_gbps("read") * 1e9))
 
-    def _files(self) -> float:
-        """State files one step reads and writes: executor/methods/nvme_store.py keeps one per
-        trainable parameter tensor the rank steps: its pipeline stage's share of the model's
-        tensors (layers spread evenly; a tensor-parallel or FSDP shard of every one of them), a
-        ZeRO-1 partition 1/dp of those; 1 where the profile lists no parameter shapes."""
-        tensors = sum(len(layer.param_shapes) for layer in self.ctx.profile.layers) / self.cand.pp
-        return max(1.0, tensors / self.cand.dp if self.zero == 1 else tensors)
-
     def _io_s(self, params: float) -> float:
         """Each file's latency twice (a synced write, a read: the link's latency is profile-links'
         4 KiB write + fsync and cold read, averaged) plus the states read and written at the
@@ -182,7 +207,7 @@ class NvmeOffload(CpuOffload):
     def step_s(self, local_params: float, backward_window_s: float) -> float:
         base = super().step_s(local_params, backward_window_s)
         if self.on_cpu:  # the device's own step is in the layer costs; the disk traffic is extra
-            return self._io_s(self._host_params(local_params))
+            return self._io_s(self._host_params(local_params)) + self._calls_s()
         return base
 
     def bytes_per_step(self, local_elems: float, paged_elems: float = 0.0) -> dict[str, float | Fraction]:
