@@ -154,6 +154,9 @@ class WaveRank:
                 p.copy_(x[offset : offset + p.numel()].view_as(p).to(p.dtype))
                 offset += p.numel()
             self.averaged += 1
+        # a gloo send's work holds its tensor until dropped: keep only the sends still in flight,
+        # or every step's model copy stays resident to the end of the run
+        self.sends = [work for work in self.sends if not work.is_completed()]
         self.sends.append(self.pg.send([x.clone()], self.partner, 0))  # type: ignore[attr-defined]
 
     def _receive(self, numel: int) -> None:
