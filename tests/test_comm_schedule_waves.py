@@ -291,10 +291,32 @@ def estimated(profile: ModelProfile, waves: str, microbatch: int = 4):
     )
 
 
-def test_wavelet_peak_with_zero_activations_equals_one_wave():
+def test_wavelet_without_activations_holds_two_replicas_and_the_cross_wave_copies():
+    """Each wave is a process with its own replica (weights, gradients, optimizer states, DDP's
+    buckets); each holds CROSS_WAVE_HELD fp32 model copies between steps and one wave at a time
+    CROSS_WAVE_TRANSIENT more while it averages (executor/waves.py)."""
+    from meshplan.planner.rank.waves import CROSS_WAVE_HELD, CROSS_WAVE_TRANSIENT
+
     profile = no_activations(gpt_profile(layers=4, hidden=256, heads=4, seq=128, vocab=1024))
+    one, two = estimated(profile, "1", microbatch=2), estimated(profile, "2")  # a wave runs b/2
+    copies = (2 * CROSS_WAVE_HELD + CROSS_WAVE_TRANSIENT) * 4 * profile.num_params
+    assert two.prediction.peak_memory_bytes == pytest.approx(2 * one.prediction.peak_memory_bytes + copies, rel=1e-9)
+
+
+def test_wavelet_pays_a_second_optimizer_step_and_both_waves_averaging():
+    """Without activations or compute differences, two waves cost one wave's step plus its
+    optimizer step again plus two cross-wave averagings (memory passes and the model sent)."""
+    from meshplan.planner.cost.comm import p2p_s
+    from meshplan.planner.rank.waves import CROSS_WAVE_TRAFFIC_BYTES
+
+    profile = gpt_profile(layers=4, hidden=256, heads=4, seq=128, vocab=1024)
     one, two = estimated(profile, "1"), estimated(profile, "2")
-    assert two.prediction.peak_memory_bytes == pytest.approx(one.prediction.peak_memory_bytes, rel=1e-12)
+    assert two.prediction.breakdown["optimizer"] == pytest.approx(2 * one.prediction.breakdown["optimizer"], rel=1e-9)
+    cluster = cluster_preset("a100-80g", 4)
+    local = profile.num_params
+    bandwidth = (cluster.host_memory_gbps or cluster.device.hbm_gbps) * 1e9
+    cross = local * CROSS_WAVE_TRAFFIC_BYTES / bandwidth + p2p_s(cluster, 4 * local, "intra_node")
+    assert two.prediction.breakdown["dp_comm"] >= 2 * cross > one.prediction.breakdown["dp_comm"]
 
 
 def test_wavelet_interleaves_activations_and_runs_on_data_parallel_layouts_only():

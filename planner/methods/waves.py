@@ -7,8 +7,8 @@ once per step, so the updates are those of one wave of b. meshplan's executor (e
 runs the paper's job instead, 2N tasks of b/2 (the same global batch, the same per-device work
 and activations, so this cost model applies to it), each wave all-reducing within itself and
 the waves averaging models without waiting (approximate); it does not hold the half-period
-offset once the two tasks share a core (it reports the drift), and its cross-wave exchange (one
-parameter copy a step each way) is not in this model. Data-parallel layouts only
+offset once the two tasks share a core (it reports the drift); its second replica and
+cross-wave exchange (one parameter copy a step each way) are priced in planner/rank/waves.py. Data-parallel layouts only
 (feasibility.WAVES_NOT_RUN).
 
 - Memory timeline (per rank, one wave period T = forward + backward of a half microbatch): layer
@@ -16,15 +16,20 @@ parameter copy a step each way) is not in this model. Data-parallel layouts only
   to the end of its backward, F_L + sum_{j>=i} g_j (backward runs L-1 .. 0); the peak is
   max_t sum_i a_i (held_i(t) + held_i(t - T/2)) over one period: a sweep over the intervals'
   ends. One wave's peak is sum_i a_i (at the end of forward); two interleaved half waves reach
-  sum_i a_i + what the other wave holds then (~ A_peak + A_valley, Sec 3.1). Weights, gradients
-  and optimizer states are held once (the waves share them): with no activations the peak is
-  one wave's. Pipelines: the in-flight count of the schedule times the two-wave peak.
+  sum_i a_i + what the other wave holds then (~ A_peak + A_valley, Sec 3.1). The executor's
+  waves are processes of their own, so weights, gradients, optimizer states and DDP's buckets
+  are held twice, plus each wave's cross-wave model copies (planner/rank/waves.py CROSS_WAVE_*:
+  three fp32 copies held, two more while one wave averages). Pipelines: the in-flight count of
+  the schedule times the two-wave peak.
 - Throughput: the device is shared, work-conserving: a microbatch costs both halves' compute,
   2 C (C = compute + recompute of one half wave at b/2's efficiency), and one wave's
   communication (tensor/context parallel, ZeRO gathers, pipeline p2p: X) runs behind the other
   wave's compute (Sec 3.2): max(2 C, 2 X) per microbatch. Once per step the tick starts alone
   and the tock ends alone (min(C, X) exposed, counted with the sync), and the summed gradients
   are all-reduced behind the tock's last backward (DDP's rule over one half wave's backward).
+  Each wave process also steps its own optimizer and averages its model with its partner's once
+  a step (memory passes over the parameters and the fp32 model sent across): on the shared
+  device both are paid in series, twice a step.
 """
 
 from __future__ import annotations
