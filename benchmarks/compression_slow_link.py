@@ -8,8 +8,10 @@ DDP and each compressor at one or two settings, at each rate: inside a fresh slo
 (benchmarks/slow_link.py; "none" = the plain loopback) it first measures the links there with
 `meshplan profile-links --nproc 4` and then runs every plan in one launch, so the prediction
 (estimate() on that measured ClusterSpec) and the measurement see the same wire. The model is
-profiled once beforehand on this CPU (`profile_model(device="cpu", concurrent=4)`: layer timings
-with 3 busy neighbours, and the compressors' codecs timed by profiler/codecs.py). Each row is
+profiled on this CPU right before each rate's launch and right after it
+(`profile_model(device="cpu", concurrent=4)`: layer timings with 3 busy neighbours, and the
+compressors' codecs timed by profiler/codecs.py; PROFILES), and each prediction is the mean of
+the two. Each row is
 predicted four ways: "meta" (layer compute from FLOPs, codecs modelled: the planner without a
 timed profile), "meta+codecs" (layers from FLOPs, the codecs measured: what timing the codecs
 alone changes), "cpu" (the CPU profile's layer timings, codecs modelled) and "cpu+codecs" (the
@@ -71,6 +73,10 @@ def _plans():
 
 PREDICTIONS = ("meta", "meta+codecs", "cpu", "cpu+codecs")
 """How each row is predicted (module docstring)."""
+PROFILES = "before and after each rate's launch; each prediction the mean of the two"
+"""The host's load moves over the minutes a rate takes: the CPU profile is taken right before
+each rate's launch and right after it (the next rate's \"before\"), so the calibration brackets
+the load the runs saw instead of one moment of it."""
 
 
 def _profiles(profile_path: str) -> dict:
@@ -150,24 +156,50 @@ def inner(rate: str, steps: int, timeout_s: float, profile_path: str) -> dict:
                 env={"PYTHONPATH": ROOT},
             ),
         )
-        cluster, profiles = load_cluster(links, 4), _profiles(profile_path)
+        cluster = load_cluster(links, 4)
+        sets = [_profiles(path) for path in profile_path.split(",")]  # PROFILES: before and after
         rows = []
         for (name, params), plan, result in zip(METHODS, plans, results):
-            predicted = {k: _predict(plan, cluster, profiles[k]) for k in PREDICTIONS}
+            each = [{k: _predict(plan, cluster, profiles[k]) for k in PREDICTIONS} for profiles in sets]
+            predicted = each[0]
             rows.append(
                 {
                     "method": name + "".join(f":{k}={v}" for k, v in params.items()),
                     "measured_step_s": statistics.median(result.step_times_s[2:]),
                     "measured_mean_step_s": statistics.fmean(result.step_times_s[2:]),
-                    "predicted_step_s": {k: v[0] for k, v in predicted.items()},
+                    "predicted_step_s": {k: statistics.fmean(e[k][0] for e in each) for k in PREDICTIONS},
+                    "predicted_step_s_profiles": [e["cpu+codecs"][0] for e in each],
                     "measured_bytes": result.comm_bytes_per_step.get("dp_replicate", 0),
                     "predicted_bytes": predicted["cpu+codecs"][1].get("dp_replicate", 0),
                     "loss_last": result.losses[-1],
                     "notes": [n for n in result.notes if "accordion" in n],
                 }
             )
-        links_fit = json.load(open(links)).get("collectives", [])
-    return {"rate": rate, "rows": summarise(rows), "links": links_fit}
+        links_json = open(links).read()
+    return {
+        "rate": rate,
+        "rows": summarise(rows),
+        "links": json.loads(links_json).get("collectives", []),
+        "links_json": links_json,
+    }
+
+
+def reprice(block: dict, profile_paths: str) -> None:
+    """Predict a measured rate's rows again (in place) with the profiles at `profile_paths`
+    (comma-separated: the mean of their predictions), on the links measured with it."""
+    from meshplan.presets import load_cluster
+
+    with tempfile.TemporaryDirectory() as tmp:
+        links = os.path.join(tmp, "links.json")
+        with open(links, "w") as f:
+            f.write(block["links_json"])
+        cluster = load_cluster(links, 4)
+        sets = [_profiles(path) for path in profile_paths.split(",")]
+        for row, plan in zip(block["rows"], _plans()):
+            each = [{k: _predict(plan, cluster, profiles[k]) for k in PREDICTIONS} for profiles in sets]
+            row["predicted_step_s"] = {k: statistics.fmean(e[k][0] for e in each) for k in PREDICTIONS}
+            row["predicted_step_s_profiles"] = [e["cpu+codecs"][0] for e in each]
+    summarise(block["rows"])
 
 
 def summarise(rows: list[dict]) -> list[dict]:
@@ -205,19 +237,34 @@ def profile_cpu(path: str) -> float:
 
 
 def run_bench(rates=("none", "100mbit", "1gbit"), steps: int = 8, timeout_s: float = 600, say=print) -> dict:
-    """The benchmark (module docstring): profile once, then each rate; wall seconds in `runtime_s`."""
+    """The benchmark (module docstring): a profile before each rate and one after the last, each
+    rate predicted with the two around it (PROFILES); wall seconds in `runtime_s`."""
     import time
 
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "profile.json")
+        paths = [os.path.join(tmp, f"profile{i}.json") for i in range(len(rates) + 1)]
         say("  profiling gpt-tiny on this CPU (4 ranks' share, codecs timed)")
-        profile_s = profile_cpu(path)
+        profile_s = profile_cpu(paths[0])
+        loads = [os.getloadavg()[0]]
         blocks = []
-        for rate in rates:
+        for i, rate in enumerate(rates):
             say(f"  rate {rate}: profile-links, then {len(METHODS)} plans x {steps} steps")
-            blocks.append(outer(rate, steps, timeout_s, path))
-    return {"steps": steps, "rates": blocks, "profile_s": profile_s, "runtime_s": time.perf_counter() - start}
+            block = outer(rate, steps, timeout_s, paths[i])  # measures; priced below
+            say("  profiling gpt-tiny on this CPU again")
+            profile_s += profile_cpu(paths[i + 1])
+            loads.append(os.getloadavg()[0])
+            if "error" not in block:
+                reprice(block, f"{paths[i]},{paths[i + 1]}")
+            blocks.append(block)
+    return {
+        "steps": steps,
+        "rates": blocks,
+        "profile_s": profile_s,
+        "profiles": PROFILES,
+        "profile_loads_avg_1min": loads,
+        "runtime_s": time.perf_counter() - start,
+    }
 
 
 def bench_section(quick: bool, say) -> dict:
@@ -233,7 +280,14 @@ def markdown(result: dict) -> str:
     """The result as markdown: per rate, MAPE and ordering per prediction, then one table."""
     lines = [
         f"{result['steps']} steps per plan; whole run {result.get('runtime_s', 0):.0f} s (CPU profile "
-        f"{result.get('profile_s', 0):.0f} s). Predicted step time: meta = layers from FLOPs, codecs "
+        f"{result.get('profile_s', 0):.0f} s"
+        + (
+            f", taken {result['profiles']}; 1-min load average after each "
+            + ", ".join(f"{x:.1f}" for x in result.get("profile_loads_avg_1min", []))
+            if result.get("profiles")
+            else ""
+        )
+        + "). Predicted step time: meta = layers from FLOPs, codecs "
         "modelled; meta+codecs = codecs measured; cpu = CPU layer timings, codecs modelled; "
         "cpu+codecs = both measured."
     ]

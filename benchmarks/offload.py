@@ -48,6 +48,11 @@ PLANS = [
     ("bytescheduler", {"dp": NUM_RANKS}, {"comm_schedule": ("bytescheduler", {})}),
 ]
 QUICK = ("ddp", "offload=cpu", "offload=nvme")
+PROFILES = "before and after the launches"
+"""The host is shared and its load moves over the minutes the launches take: the CPU profile is
+taken right before them and again right after, and each row is predicted with both (the mean is
+`predicted_step_s`, the two `predicted_step_s_profiles`), so the calibration brackets the load the
+runs saw instead of one moment of it."""
 
 
 def _plan(kwargs: dict, methods: dict):
@@ -125,13 +130,15 @@ def _run(plan, steps: int, out: Path, timeout_s: float):
     return result, sorted(rss.peaks.values())
 
 
-def _row(label, plan, result, rss, prediction, steps) -> dict:
+def _row(label, plan, result, rss, prediction, steps, predicted_steps: list[float] | None = None) -> dict:
     pred = prediction.prediction
     times = result.step_times_s[2:] if len(result.step_times_s) > 2 else result.step_times_s
+    predicted_steps = predicted_steps or [pred.step_time_s]
     return {
         "method": label,
         "measured_step_s": statistics.median(times),
-        "predicted_step_s": pred.step_time_s,
+        "predicted_step_s": statistics.fmean(predicted_steps),
+        "predicted_step_s_profiles": predicted_steps,
         "measured_tensor_peak_bytes": result.peak_memory_bytes,
         "predicted_peak_bytes": pred.peak_memory_bytes,
         "rss_peak_bytes": max(rss) if rss else 0,
@@ -172,14 +179,24 @@ def run_bench(steps: int = 6, quick: bool = False, out: str | None = None, say=p
     cluster, links_s = _links(root, say)
     profile, profile_s = _profile(say)
     profile_load = os.getloadavg()[0]  # the host is shared: a profile taken under load predicts slow steps
-    rows = []
+    runs = []
     for label, kwargs, methods in PLANS:
         if quick and label not in QUICK:
             continue
         plan = _plan(kwargs, methods)
         say(f"  {label}: {steps} steps on {NUM_RANKS} ranks")
         result, rss = _run(plan, steps, root / label.replace(" ", "_").replace("=", "-"), timeout_s)
-        rows.append(_row(label, plan, result, rss, _predict(plan, profile, cluster), steps))
+        runs.append((label, plan, result, rss, os.getloadavg()[0]))
+    # the launches ran between two profiles: each prediction is the mean of the two (PROFILES)
+    after, after_s = _profile(say)
+    profile_loads = [profile_load, os.getloadavg()[0]]
+    rows = []
+    for label, plan, result, rss, load in runs:
+        predictions = [_predict(plan, p, cluster) for p in (profile, after)]
+        row = _row(label, plan, result, rss, predictions[0], steps, [p.prediction.step_time_s for p in predictions])
+        row["load_avg_1min"] = load
+        rows.append(row)
+    profile_s += after_s
     left = [str(p) for p in root.rglob("*.bin")]
     return {
         "steps": steps,
@@ -198,6 +215,7 @@ def run_bench(steps: int = 6, quick: bool = False, out: str | None = None, say=p
         "links_s": links_s,
         "profile_s": profile_s,
         "profile_load_avg_1min": profile_load,
+        "profile_loads_avg_1min": profile_loads,
         "cpu_count": os.cpu_count(),
         "runtime_s": time.perf_counter() - start,
     }
@@ -216,11 +234,17 @@ def markdown(result: dict) -> str:
     """The result as markdown: the measured links, then one row per method."""
     links, m = result["links"], result["model"]
     ddp = next((r for r in result["rows"] if r["method"] == "ddp"), None)
+    loads = result.get("profile_loads_avg_1min")
+    when = (
+        f"taken {PROFILES}, 1-min load average after each {', '.join(f'{x:.1f}' for x in loads)}"
+        if loads
+        else f"1-min load average after it {result.get('profile_load_avg_1min', 0):.1f}"
+    )
     lines = [
         f"gpt h{m['hidden']} x {m['layers']} blocks ({m['num_params']:,} parameters), AdamW, microbatch "
         f"{m['microbatch']}, {result['ranks']} gloo ranks, {result['steps']} steps per plan, one launch each; "
         f"whole run {result['runtime_s']:.0f} s (links {result['links_s']:.0f} s, CPU profile "
-        f"{result['profile_s']:.0f} s, 1-min load average after it {result.get('profile_load_avg_1min', 0):.1f} "
+        f"{result['profile_s']:.0f} s, {when} "
         f"on {result.get('cpu_count', '?')} cores). Links measured by profile_links: host memory "
         f"{links['host_memory_gbps']:.2f} GB/s per rank, disk write {links['disk_write_gbps']:.3f} / read "
         f"{links['disk_read_gbps']:.3f} GB/s per rank, latency {links['disk_latency_s'] * 1e3:.1f} ms "

@@ -8,9 +8,11 @@ rank, the fixed 64-sample token dataset (tests/executor_plans.py). Inside a fres
 namespace of --rate (benchmarks/slow_link.py; "none" = the plain loopback) the links are
 measured (`meshplan profile-links --nproc 4`), then DDP and every sync method run in one 4-rank
 launch, DDP and master in one 2-rank and one 3-rank launch. Outside, gpt-tiny is profiled on
-this CPU as 4 ranks share it (microbatch 1, 3 busy neighbours) and each run is predicted by
-estimate() on the ClusterSpec measured in the namespace with that CPU profile, so prediction and
-measurement see the same wire and the same CPU (`predict` re-prices a saved `block`). Per method: median step time after the first two steps, the
+this CPU as 4 ranks share it (microbatch 1, 3 busy neighbours), once right before the launches
+and once right after (the host's load moves over the minutes they take), and each run is
+predicted by estimate() on the ClusterSpec measured in the namespace with each CPU profile, the
+mean of the two, so prediction and measurement see the same wire and the CPU under the load the
+runs saw (`predict` re-prices a saved `block`). Per method: median step time after the first two steps, the
 prediction, both as a ratio to DDP's, counted and predicted bytes per step and rank, the loss
 after --steps steps and its ratio to DDP's. Master aggregation against DDP at 2, 3 and 4 ranks
 (the 4-rank rows are the methods launch's). Then the model's prediction of both for gpt-tiny
@@ -162,21 +164,27 @@ def inner(rate: str, steps: int, timeout_s: float, repeats: int = 1) -> dict:
     }
 
 
-def predict(block: dict, profile_path: str) -> dict:
-    """Every measured row beside estimate() on the links measured with it and the CPU profile."""
+def predict(block: dict, profile_path: str | list[str]) -> dict:
+    """Every measured row beside estimate() on the links measured with it and the CPU profile;
+    with several profiles (taken before and after the launches) the mean of their predictions,
+    each kept in `predicted_step_s_profiles`."""
     from meshplan.model_profile import ModelProfile
     from meshplan.presets import load_cluster
     from meshplan.schema import load
 
-    profile = load(ModelProfile, profile_path, "profile")
+    paths = [profile_path] if isinstance(profile_path, str) else profile_path
+    profiles = [load(ModelProfile, path, "profile") for path in paths]
     with tempfile.TemporaryDirectory() as tmp:
         links = os.path.join(tmp, "links.json")
         with open(links, "w") as f:
             f.write(block["links_json"])
         for row in block["methods"] + [r for pair in block["scaling"] for r in pair]:
             plan = _plan(row["name"], row["params"], row["workers"])
-            row["predicted_step_s"], pred_bytes = _predict(plan, load_cluster(links, row["workers"]), profile)
-            row["predicted_bytes"] = pred_bytes.get("dp_replicate", 0)
+            cluster = load_cluster(links, row["workers"])
+            predicted = [_predict(plan, cluster, profile) for profile in profiles]
+            row["predicted_step_s_profiles"] = [step for step, _ in predicted]
+            row["predicted_step_s"] = statistics.fmean(row["predicted_step_s_profiles"])
+            row["predicted_bytes"] = predicted[0][1].get("dp_replicate", 0)
     rows = block["methods"]
     scaling = [(pair[0]["workers"], *pair) for pair in block["scaling"]] + [(4, rows[0], rows[1])]
     return {
@@ -251,19 +259,27 @@ def run_bench(steps: int = 13, rate: str = "1gbit", timeout_s: float = 600, say=
     measurements (predict(block, profile) again to re-price them)."""
     start = time.perf_counter()
     load_start = os.getloadavg()
-    say(
-        f"  rate {rate}: profile-links, {len(METHODS)} plans x {steps} steps on 4 ranks, master on 2 and 3, "
-        f"{repeats} interleaved repeat(s)"
-    )
-    block = outer(rate, steps, timeout_s * repeats, repeats)
-    measured_s = time.perf_counter() - start
-    result: dict = {"steps": steps, "block": block, "measured_s": measured_s, "repeats": repeats}
-    result["load_avg"] = {"start": list(load_start), "after_measuring": list(os.getloadavg())}
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "profile.json")
-        say("  profiling gpt-tiny on this CPU (4 ranks' share)")
-        result["profile_s"] = profile_cpu(path)
-        result["run"] = block if "error" in block else predict(json.loads(json.dumps(block)), path)
+        before, after = os.path.join(tmp, "before.json"), os.path.join(tmp, "after.json")
+        say("  profiling gpt-tiny on this CPU (4 ranks' share), before the launches")
+        profile_s = profile_cpu(before)
+        load_profiled = os.getloadavg()
+        say(
+            f"  rate {rate}: profile-links, {len(METHODS)} plans x {steps} steps on 4 ranks, master on 2 and 3, "
+            f"{repeats} interleaved repeat(s)"
+        )
+        block = outer(rate, steps, timeout_s * repeats, repeats)
+        measured_s = time.perf_counter() - start - profile_s
+        result: dict = {"steps": steps, "block": block, "measured_s": measured_s, "repeats": repeats}
+        result["load_avg"] = {
+            "start": list(load_start),
+            "after_profile": list(load_profiled),
+            "after_measuring": list(os.getloadavg()),
+        }
+        say("  profiling gpt-tiny again, after the launches")
+        result["profile_s"] = profile_s + profile_cpu(after)
+        result["profiles"] = "before and after the launches; each prediction the mean of the two"
+        result["run"] = block if "error" in block else predict(json.loads(json.dumps(block)), [before, after])
     result["master_prediction"] = master_prediction_to_1024()
     result["runtime_s"] = time.perf_counter() - start
     return result
@@ -285,7 +301,8 @@ def markdown(result: dict) -> str:
     head = (
         f"{result['steps']} steps per plan at rate {block['rate']}; whole run {result.get('runtime_s', 0):.0f} s "
         f"(CPU profile {result.get('profile_s', 0):.0f} s). Predicted: estimate() on the links measured in "
-        "the namespace, with the CPU profile."
+        "the namespace, with the CPU profile"
+        + (f" ({result['profiles']})." if result.get("profiles") else ".")
         + (
             f" Measured: the median of {result['repeats']} interleaved repeats (every plan once per repeat)."
             if result.get("repeats", 1) > 1

@@ -548,7 +548,16 @@ def test_benchmark_prices_measured_rows_and_renders_the_tables(tmp_path):
     methods = [row(n, p, 4, 0.2 + 0.01 * i) for i, (n, p) in enumerate(bench.METHODS)]
     scaling = [[row("allreduce", {}, n, 0.1), row("master", {}, n, 0.12)] for n in bench.SCALING]
     block = {"rate": "1gbit", "methods": methods, "scaling": scaling, "links_json": dumps(local_cpu(4)), "links_s": 1.0}
-    run = bench.predict(block, str(profile))
+    slower = tmp_path / "slower.json"  # the profile after the launches: the host got busier
+    busy = json.loads(dumps(tiny_profile()))
+    for layer in busy["layers"]:
+        layer["forward_flops"], layer["backward_flops"] = 3 * layer["forward_flops"], 3 * layer["backward_flops"]
+    slower.write_text(json.dumps(busy))
+    one = bench.predict(json.loads(json.dumps(block)), str(profile))["methods"][0]["predicted_step_s"]
+    run = bench.predict(block, [str(profile), str(slower)])
+    ddp = run["methods"][0]
+    assert ddp["predicted_step_s_profiles"][0] == pytest.approx(one) and ddp["predicted_step_s_profiles"][1] > one
+    assert ddp["predicted_step_s"] == pytest.approx(sum(ddp["predicted_step_s_profiles"]) / 2)
     assert [r["predicted_bytes"] for r in run["methods"]] == [r["measured_bytes"] for r in methods]
     assert run["methods"][0]["measured_vs_ddp"] == 1.0 and run["methods"][1]["measured_vs_ddp"] == pytest.approx(1.05)
     assert [s["workers"] for s in run["master_scaling"]] == [2, 3, 4]
