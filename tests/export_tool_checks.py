@@ -403,7 +403,48 @@ def check_megatron(directory: str) -> dict:
         "fp8": args.get("--fp8-format"),
         "cuda_device_max_connections": derived["env"].get("CUDA_DEVICE_MAX_CONNECTIONS"),
         "layout": str(tc.pipeline_model_parallel_layout) if tc.pipeline_model_parallel_layout else None,
+        "num_params": _megatron_num_params(tc, args) if "--vocab-size" in args else None,
     }
+
+
+def _megatron_num_params(tc, args: dict) -> int:
+    """Parameters of the GPTModel pretrain_gpt.py builds from these flags: Megatron-Core's local layer spec on the
+    meta device at tp = pp = 1, with one and two blocks (the embedding and head once, each further block alike),
+    the vocabulary padded as Megatron pads it for the export's tp (training/tokenizer _vocab_size_with_padding)."""
+    import dataclasses
+
+    import torch
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    multiple = int(args.get("--make-vocab-size-divisible-by", 128)) * tc.tensor_model_parallel_size
+    padded = -(-int(args["--vocab-size"]) // multiple) * multiple
+    single = dict(tensor_model_parallel_size=1, pipeline_model_parallel_size=1, context_parallel_size=1,
+                  sequence_parallel=False, tp_comm_overlap=False, virtual_pipeline_model_parallel_size=None,
+                  pipeline_model_parallel_layout=None, num_layers_in_first_pipeline_stage=None,
+                  num_layers_in_last_pipeline_stage=None, account_for_embedding_in_pipeline_split=False,
+                  account_for_loss_in_pipeline_split=False, use_cpu_initialization=True,
+                  perform_initialization=False)  # fmt: skip
+    counts = []
+    with fake_world(1):
+        parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
+        try:
+            for blocks in (1, 2):
+                with torch.device("meta"):
+                    model = GPTModel(
+                        config=dataclasses.replace(tc, num_layers=blocks, **single),
+                        transformer_layer_spec=get_gpt_layer_local_spec(normalization=tc.normalization),
+                        vocab_size=padded,
+                        max_sequence_length=int(args["--max-position-embeddings"]),
+                        share_embeddings_and_output_weights="--untie-embeddings-and-output-weights" not in args,
+                        position_embedding_type=args.get("--position-embedding-type", "learned_absolute"),
+                        rotary_base=int(args.get("--rotary-base", 10000)),
+                    )
+                counts.append(sum(p.numel() for p in model.parameters()))
+        finally:
+            parallel_state.destroy_model_parallel()
+    return counts[0] + (tc.num_layers - 1) * (counts[1] - counts[0])
 
 
 def _typed(value):

@@ -221,6 +221,10 @@ def test_megatron_core_accepts_the_export(name, plans, exported, tool):
     for key in ("hidden", "ffn_hidden", "heads", "kv_heads", "vocab"):
         assert got[key] == arch[key], key
     assert got["num_layers"] == arch["layers"]
+    # the GPTModel Megatron-Core builds from these flags has the plan's parameters: without the Llama flags it
+    # would be a GELU/LayerNorm model with tied embeddings, 1.9 B short of Llama-3 8B (the closed-form Llama counts
+    # a final-norm bias: one hidden's worth)
+    assert got["num_params"] == pytest.approx(plan.model_num_params, abs=arch["hidden"])
     assert got["normalization"] == arch["norm"]
     assert got["gated_linear_unit"] == (arch["activation"] == "swiglu")
     assert got["add_bias_linear"] == arch["bias"]
@@ -244,17 +248,27 @@ def _script(plans, name: str) -> str:
 
 
 def test_megatron_virtual_stages_are_the_plans(plans):
-    """arguments.py derives v = num_layers / pp / --num-layers-per-virtual-pipeline-stage; the GPT-3 175B plan's
-    4 virtual stages of 1-2 blocks are written as an explicit layout, never a per-stage count giving 6."""
-    plan = plans["gpt3-175b-1024xa100"]
+    """arguments.py derives v = num_layers / pp / --num-layers-per-virtual-pipeline-stage, which needs even stages:
+    interleaved plans with uneven stages are written as an explicit layout, from which Megatron derives the plan's
+    virtual stages (the old per-stage count made Megatron build 6 where the GPT-3 175B plan had 4)."""
+    interleaved = [name for name, plan in plans.items() if plan.virtual_stages > 1]
+    assert "gpt3-175b-1024xa100" in interleaved
+    for name in interleaved:
+        plan = plans[name]
+        args, _ = megatron_rules.parse_script(_script(plans, name))
+        assert megatron_rules.virtual_stages(args) == plan.virtual_stages, name
+        if len(set(ec.blocks_per_stage(plan))) > 1:  # no one per-stage count can say it
+            assert "--num-layers-per-virtual-pipeline-stage" not in args, name
+            assert "--pipeline-model-parallel-layout" in args or "--num-virtual-stages-per-pipeline-rank" in args
     args, _ = megatron_rules.parse_script(_script(plans, "gpt3-175b-1024xa100"))
-    assert megatron_rules.virtual_stages(args) == plan.virtual_stages == 4
-    assert "--num-layers-per-virtual-pipeline-stage" not in args
-    old = {**args, "--num-layers-per-virtual-pipeline-stage": "1"}
-    del old["--pipeline-model-parallel-layout"]
-    assert megatron_rules.virtual_stages(old) == 6  # what the old export made Megatron build
     with pytest.raises(AssertionError, match="No more than one"):
         megatron_rules.virtual_stages({**args, "--num-virtual-stages-per-pipeline-rank": "4"})
+    even = {
+        "--pipeline-model-parallel-size": "16",
+        "--num-layers": "96",
+        "--num-layers-per-virtual-pipeline-stage": "1",
+    }
+    assert megatron_rules.virtual_stages(even) == 6  # 96 / 16 / 1
 
 
 def test_megatron_fsdp2_exports_untie_and_leave_connections(plans):
