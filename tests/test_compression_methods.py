@@ -385,3 +385,27 @@ def test_topk_at_a_tenth_of_a_percent_without_error_feedback_falls_outside(ddp_l
     start, ddp = ddp_loss
     _, got = least_squares("topk", density=0.001, error_feedback=False)
     assert abs(got - ddp) > 10 * TOLERANCE * start
+
+
+@pytest.mark.parametrize("name", ["powersgd", "accordion"])
+def test_low_rank_exchange_pays_a_second_round_latency(name, monkeypatch):
+    """Q = M^T P needs the all-reduced P: PowerSGD and Accordion exchange in two all-reduces one
+    after the other, so their sync is one all-reduce latency (the link fit's alpha) above the
+    same bytes in one round; the quantizers' and top-k's single all-gather pays none."""
+    import dataclasses
+
+    from meshplan.planner import PlanRequest, estimate
+    from meshplan.planner.cost.comm import collective_latency_s
+    from meshplan.planner.methods import compression, compression_quant
+    from meshplan.presets import local_cpu
+    from meshplan.profiler import profile_model
+
+    profile, cluster = profile_model("gpt-tiny", {}, device="meta"), local_cpu(4)
+    req = PlanRequest(num_gpus=4, global_batch=16, precision="fp32", dp=4, tp=1, pp=1, microbatch=4, zero=0)
+    req = dataclasses.replace(req, methods={"compression": (name, dp_methods.defaults_of("compression", name))})
+    two = estimate(profile, cluster, req).prediction.breakdown["dp_comm"]
+    cls = compression.PowerSGD if name == "powersgd" else compression_quant.Accordion
+    monkeypatch.setattr(cls, "rounds", 1)
+    one = estimate(profile, cluster, req).prediction.breakdown["dp_comm"]
+    assert two - one == pytest.approx(collective_latency_s(cluster, "all_reduce", 4, "intra_node"), rel=1e-6)
+    assert compression_quant.QSGD.rounds == compression_quant.TopK.rounds == 1

@@ -26,6 +26,9 @@ class CompressionCost(Protocol):
     """Ranks exchanging (DataParallelCost sets it)."""
     banded: bool
     """The bytes vary between steps (Accordion): priced as a band as well."""
+    rounds: int
+    """Collectives one after another per step (PowerSGD's P then Q: 2); each beyond the first
+    adds a latency."""
 
     def payload_bytes(self, layer: LayerProfile, split: int) -> float:
         """Bytes one rank contributes per step for this layer's tensor-parallel shard."""

@@ -71,6 +71,9 @@ class Compressor:
     """Ranks exchanging (planner/rank/dp_cost.py sets it): the gathered buffers of all-gather compressors."""
     banded = False
     """True where the bytes vary between steps (Accordion): priced as a band as well."""
+    rounds = 1
+    """Collectives one after another per step (the second waits for the first's result): each
+    round beyond the first adds the collective's latency (planner/rank/dp_cost.py)."""
 
     def __init__(self, **params):
         self.params = params
@@ -120,9 +123,12 @@ class Fp16(Compressor):
 class PowerSGD(Compressor):
     """Vogels et al. 2019 Alg. 1, as torch's powerSGD_hook runs it: each n x m gradient matrix
     with (n + m) r' x min_compression_rate < n m (r' = min(n, m, rank)) is sent as P (n x r')
-    and Q (m x r'), two all-reduces; vectors and small matrices go uncompressed in a third."""
+    and Q (m x r'), two all-reduces; vectors and small matrices go uncompressed in a third.
+    Q = M^T P needs the all-reduced P, so P's and Q's all-reduces run one after the other (the
+    uncompressed one is issued before P's and overlaps it): two rounds, two latencies."""
 
     name = "powersgd"
+    rounds = 2
 
     def _split(self, layer: LayerProfile, split: int) -> tuple[int, list[tuple[int, int, int]]]:
         """(uncompressed elements, [(n, m, r')] of the compressed matrices)."""

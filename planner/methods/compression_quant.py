@@ -141,6 +141,8 @@ class Accordion(Compressor):
 
     name = "accordion"
     banded = True
+    rounds = 2
+    """lowrank.py: P's (with the uncompressed tensors) all-reduce, then Q's."""
     """Bytes vary between steps: planner/rank/dp_cost.comm_bytes_band prices both ends."""
 
     def _at(self, rank: int) -> PowerSGD:

@@ -328,8 +328,9 @@ class DataParallelCost:
         wire = 1
         if self.compressor.collective == "all_gather":  # per-rank payloads: the gathered buffer is N x
             grads, wire = "all_gather", group
-        comm = collective_s(ctx.cluster, grads, group, wire * payload_bytes, tier) + compress_s
-        last = collective_s(ctx.cluster, grads, group, wire * tail_bytes, tier)
+        rounds = (self.compressor.rounds - 1) * collective_latency_s(ctx.cluster, grads, group, tier)
+        comm = collective_s(ctx.cluster, grads, group, wire * payload_bytes, tier) + compress_s + rounds
+        last = collective_s(ctx.cluster, grads, group, wire * tail_bytes, tier) + rounds
         sync = self._contention_s(group) + max(comm - hidden * backward_window_s, last if hidden else comm, 0.0)
         if self.zero == 1:
             sync += self._zero1_broadcast_s(local_params, hidden)
