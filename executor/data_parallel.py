@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from meshplan import dp_methods
 from meshplan.comm_bytes import ByteCounter
 from meshplan.executor import methods
+from meshplan.executor.methods import axes
 from meshplan.executor.methods.allreduce import ReplicaGradReducer
 from meshplan.executor.methods.counting import count_fsdp, tensor_bytes
 from meshplan.executor.optimizers import optimizer_spec
@@ -37,8 +38,16 @@ from meshplan.executor.shards import local_shard
 from meshplan.models.zoo.base import LayeredModel
 from meshplan.plan import Plan
 
-BUCKET_BYTES = dp_methods.method("comm_schedule", "buckets").resolve({}, "")["bucket_mb"] * 2**20
-"""The default DDP gradient bucket (comm_schedule=buckets' default bucket_mb, 25 MiB)."""
+
+def bucket_cap_mb(schedule: axes.CommSchedule, params: dict) -> int:
+    """DDP's bucket_cap_mb under the comm_schedule method `schedule` with its `params`."""
+    return schedule.bucket_bytes(params) // 2**20
+
+
+DEFAULT_BUCKET_CAP_MB = bucket_cap_mb(
+    methods.MODULES.comm_schedule[dp_methods.DEFAULTS["comm_schedule"]], dp_methods.default_params("comm_schedule")
+)
+"""DDP's bucket_cap_mb under the default comm_schedule (buckets, bucket_mb 25): the profiler's DDP case."""
 
 
 def apply_fsdp(
@@ -76,7 +85,7 @@ def apply_ddp(part: nn.Module, dims: ParallelDims, plan: Plan, device: torch.dev
         part,
         process_group=group,
         device_ids=[device.index] if device.type == "cuda" else None,
-        bucket_cap_mb=schedule.bucket_bytes(schedule_params) // 2**20,
+        bucket_cap_mb=bucket_cap_mb(schedule, schedule_params),
         # under a pipeline schedule every microbatch's backward marks the params ready again
         # and DDP's one-time bucket rebuild double-counts them (INTERNAL ASSERT); the rebuild
         # is skipped when find_unused_parameters is set

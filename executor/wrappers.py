@@ -6,7 +6,7 @@ module and imports nothing else of the executor (tests/test_layering.py holds it
 - apply_ac(stage, recompute): activation checkpointing per layer ("full" / "selective")
 - optimizer_spec(name, lr, weight_decay) -> (optimizer class, kwargs), as the executor builds it
 - clip_grad_norm(params, max_norm, pp_group, device): global-norm clipping over DTensor grads
-- BUCKET_BYTES: the DDP gradient bucket size
+- DEFAULT_BUCKET_CAP_MB: DDP's bucket_cap_mb under the default comm_schedule method
 - codec(name, params, world), LoopbackComm(world), CODECS: the gradient compressors' codecs and a
   local stand-in group, timed by profiler/codecs.py (executor/methods/codecs.py)
 """
@@ -14,7 +14,7 @@ module and imports nothing else of the executor (tests/test_layering.py holds it
 from __future__ import annotations
 
 from meshplan.executor.activation_checkpoint import apply_ac
-from meshplan.executor.data_parallel import BUCKET_BYTES
+from meshplan.executor.data_parallel import DEFAULT_BUCKET_CAP_MB
 from meshplan.executor.grad_clip import clip_grad_norm
 from meshplan.executor.methods.codecs import CODECS, LoopbackComm, codec
 from meshplan.executor.optimizers import optimizer_spec
@@ -25,7 +25,7 @@ __all__ = [
     "apply_ac",
     "optimizer_spec",
     "clip_grad_norm",
-    "BUCKET_BYTES",
+    "DEFAULT_BUCKET_CAP_MB",
     "codec",
     "LoopbackComm",
     "CODECS",

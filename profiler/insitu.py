@@ -276,15 +276,15 @@ def _recompute_case(model, rep: str, spec, b: int, mode: str) -> Case:
 
 def _ddp_cases(model, batches: list[int], degree: int, mesh) -> list[Case]:
     """DDP on the whole model (as executor/data_parallel wraps it: one process group per replica
-    set, 25 MiB buckets), forward with the loss + backward, all groups at once; one case per
+    set, the default comm_schedule's buckets), forward with the loss + backward, all groups at once; one case per
     microbatch size, sharing the wrapped model and its plain copy."""
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from meshplan.executor.wrappers import BUCKET_BYTES
+    from meshplan.executor.wrappers import DEFAULT_BUCKET_CAP_MB
 
     plain = copy.deepcopy(model)  # DDP's gradient hooks live on the wrapped model's parameters
-    wrapped = DDP(model, process_group=mesh.get_group(), bucket_cap_mb=BUCKET_BYTES // 2**20)
+    wrapped = DDP(model, process_group=mesh.get_group(), bucket_cap_mb=DEFAULT_BUCKET_CAP_MB)
     cases = []
     for b in batches:
         x, y = model.example_batch(b, torch.Generator().manual_seed(1))
