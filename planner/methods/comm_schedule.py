@@ -68,6 +68,7 @@ import heapq
 import math
 from collections import deque
 
+from meshplan import dp_methods
 from meshplan.planner.cost.comm import collective_s
 from meshplan.planner.methods.axes import ScheduleCost
 
@@ -79,8 +80,10 @@ moves around them. 256 KiB for the small models of CPU clusters."""
 CREDIT_CHUNKS = (1, 2, 4)
 """Credit in chunks: 1 = stop-and-wait (every latency exposed, finest preemption), 4 =
 ByteScheduler's PS default (credit 4M = 4 partitions)."""
-DEFAULT = {"chunk_mb": 4.0, "credit_mb": 16.0}
-"""The registry's default (preferred on a tie)."""
+DEFAULT = dp_methods.defaults_of("comm_schedule", "bytescheduler")
+"""The registry's default chunk and credit, {"chunk_mb": 4.0, "credit_mb": 16.0} (preferred on a tie)."""
+DDP_BUCKET_MB: int = dp_methods.defaults_of("comm_schedule", "buckets")["bucket_mb"]
+"""PyTorch DDP's default bucket_cap_mb, 25 (the registry's comm_schedule=buckets default)."""
 NEGOTIATION = "one all-reduce latency after backward (module docstring)"
 HOST_MESSAGE_COST = "one all-reduce latency per chunk on CPU devices (module docstring)"
 GLOO_THREADS = 2

@@ -30,15 +30,15 @@ from meshplan.planner.context import Candidate, Context
 from meshplan.planner.cost.comm import collective_latency_s, collective_s, group_tier
 from meshplan.planner.cost.in_place import in_place_overhead_s
 from meshplan.planner.cost.state import state_bytes
-from meshplan.planner.methods.comm_schedule import comm_schedule_cost
+from meshplan.planner.methods.comm_schedule import DDP_BUCKET_MB, comm_schedule_cost
 from meshplan.planner.methods.compression import shard_shapes
 from meshplan.planner.methods.compression_quant import band_params
 from meshplan.planner.methods.compressors import compressor
 from meshplan.planner.methods.offload import offload_cost
 from meshplan.planner.methods.sync import sync_cost
 
-DDP_BUCKET_BYTES = 25 * 1024**2
-"""PyTorch DDP's default bucket_cap_mb (the comm_schedule=buckets default)."""
+DDP_BUCKET_BYTES = DDP_BUCKET_MB * 1024**2
+"""PyTorch DDP's default bucket (the comm_schedule=buckets default)."""
 
 
 def trainable(layer: LayerProfile) -> LayerProfile:
@@ -129,7 +129,7 @@ class DataParallelCost:
         self.compressor.group = self.replicas
         self.replica_tier = group_tier(ctx.cluster, cand.tp * (self.shard if cand.zero >= 2 else 1), self.replicas)
         self.shard_tier = group_tier(ctx.cluster, cand.tp, self.shard)  # dp_shard x cp, stride tp
-        self.bucket_bytes = cand.method("comm_schedule")[1].get("bucket_mb", 25) * 1024**2
+        self.bucket_bytes = cand.method("comm_schedule")[1].get("bucket_mb", DDP_BUCKET_MB) * 1024**2
         self.offload = cand.method("offload")[0] != "none"
         self.offload_cost = offload_cost(ctx, cand)
         """Where the states live and what moving them costs (planner/methods/offload.py)."""
