@@ -223,9 +223,10 @@ class NvmeOffload(CpuOffload):
         return out
 
 
-_COSTS = {"none": Offload, "cpu": CpuOffload, "nvme": NvmeOffload}
+OFFLOADS = {"none": Offload, "cpu": CpuOffload, "nvme": NvmeOffload}
+"""The offload axis' cost objects by registry name."""
 
 
 def offload_cost(ctx: Context, cand: Candidate) -> OffloadCost:
     name, params = cand.method("offload")
-    return _COSTS[name](ctx, cand, params)
+    return OFFLOADS[name](ctx, cand, params)
