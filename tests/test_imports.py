@@ -86,6 +86,9 @@ def test_what_an_export_reads_back_as(plans, tmp_path):
         plan.microbatch_size, 1536, 1024, "a100-80g",
     )  # fmt: skip
     assert got["zero"] == min(plan.zero_stage, 1)  # ZeRO-1/2: Megatron's distributed optimizer
+    if plan.data_parallel_replicate_degree > 1 and plan.data_parallel_shard_degree > 1:  # partial distributed optimizer
+        notes = read_config(str(folder / "megatron_args.sh")).notes
+        assert any("--num-distributed-optimizer-instances" in note for note in notes), notes
     assert got["model"] == "analytic:gpt" and "layers=96" in got["overrides"]
 
 

@@ -163,6 +163,12 @@ def read(path: Path, text: str, world: int | None = None) -> Imported:
             values["dp_shard"] = values["dp"]
     else:
         values["zero"] = 1 if "--use-distributed-optimizer" in args else 0
+        instances = _int(args, "--num-distributed-optimizer-instances", 1) or 1
+        if values["zero"] and instances > 1:
+            notes.append(
+                f"--num-distributed-optimizer-instances {instances} (optimizer states sharded within each of {instances} "
+                "data-parallel subgroups): meshplan's ZeRO-1 shards over the whole group; predicted that way"
+            )
     if "--optimizer-cpu-offload" in args:
         values["offload"] = "cpu"
     values["precision"] = (
