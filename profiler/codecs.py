@@ -12,7 +12,8 @@ REFIT_REPEATS rounds, one more exchange at a group of 1 that re-fits the levels 
   refit_s  = t_refit - t_1                   one re-fit, paid every refit_every steps
 the differences taken within each round (same host state), each term the median over the
 rounds, decode_s clamped to [0, t_1] and refit_s at zero. CPU: process CPU time x the host share
-(wall / CPU over the timed exchanges, at least the profile's ranks / cores, as timing.py does).
+a rank will see (`rank_share`: the wall / CPU of the timed exchanges, which saw the host's other
+load but not the other ranks, plus the other ranks' demand; at least the profile's ranks / cores).
 CUDA: wall time between synchronisations. A codec that cannot run on the device (an error) is
 left untimed with a note; the planner then models it (planner/compression.py).
 Cost: gpt-tiny on this 2-core host about 1-2 s for the nine compressors.
@@ -55,12 +56,26 @@ def time_codecs(profile: ModelProfile, device: str) -> None:
             first = (str(exc).strip().splitlines() or [""])[0][:160]
             profile.notes.append(f"codec {name} not timed on {device} ({type(exc).__name__}: {first}): modelled")
             continue
-        timed[name] = _timing(params, per_shape, groups, 1.0 if cuda else share.factor)
+        timed[name] = _timing(params, per_shape, groups, 1.0 if cuda else rank_share(share, profile.concurrent))
     profile.codec_timings = timed
+    factor = 1.0 if cuda else rank_share(share, profile.concurrent)
     profile.notes.append(
         f"timed {len(timed)} gradient compressors' codecs at their default settings on {len(groups)} "
-        f"distinct layer shape set(s) (profiler/codecs.py; host share {share.factor:.2f})"
+        f"distinct layer shape set(s) (profiler/codecs.py; host share {factor:.2f}, measured alone "
+        f"{share.factor:.2f})"
     )
+
+
+def rank_share(share: HostShare, ranks: int) -> float:
+    """Wall seconds per CPU second a rank's codec will see: the codecs are timed in one process
+    with no busy neighbours, so its wall / CPU, m, saw only the host's other load L (m = (1 + L) / C
+    on C cores once 1 + L > C). The ranks run theirs all at once beside that load: (R + L) / C =
+    m + (R - 1) / C. On an otherwise idle host (m = 1) the R ranks alone: R / C. At least 1."""
+    cores = cores_available()
+    measured = share.wall_s / share.cpu_s if share.cpu_s > 0 else 1.0
+    if measured <= 1.0:
+        return max(1.0, ranks / cores)
+    return max(1.0, ranks / cores, measured + (ranks - 1) / cores)
 
 
 def _distinct_layers(profile: ModelProfile) -> dict[tuple, list[str]]:

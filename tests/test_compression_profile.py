@@ -167,3 +167,18 @@ def test_the_benchmarks_summary_and_markdown():
     text = markdown({"steps": 8, "rates": [{"rate": "100mbit", "rows": rows}, {"rate": "1gbit", "error": "exit 1"}]})
     assert "100mbit: meta MAPE 133%, ordering 1/2" in text and "| topk | 0.500 | 2.000 |" in text
     assert "1gbit: exit 1" in text
+
+
+def test_codec_host_share_adds_the_other_ranks_to_the_hosts_own_load(monkeypatch):
+    """Codecs are timed in one process without busy neighbours: its wall / CPU m saw the host's
+    other load only (m = (1 + L) / C), while R ranks run their codecs at once beside it:
+    (R + L) / C = m + (R - 1) / C; an idle host (m = 1) gives R / C."""
+    from meshplan.profiler import codecs
+    from meshplan.profiler.step_timing import HostShare
+
+    monkeypatch.setattr(codecs, "cores_available", lambda: 2)
+    idle, loaded = HostShare(), HostShare()
+    idle.add(1.0, 1.0)
+    loaded.add(1.5, 1.0)  # L = 2 other runnable tasks on 2 cores
+    assert codecs.rank_share(idle, 4) == 2.0 and codecs.rank_share(idle, 1) == 1.0
+    assert codecs.rank_share(loaded, 4) == pytest.approx((4 + 2) / 2)
