@@ -319,3 +319,19 @@ def test_torchtitan_names_a_shipped_model_with_its_flavour():
         "torchtitan ships no model of this architecture" in export_plan(other, "torchtitan")["meshplan_torchtitan.py"]
     )
     assert shipped_model(known_gpt(gpt_plan(blocks=32))) is None  # GPT: LayerNorm, GELU, learned positions
+
+
+def test_an_unrecorded_architecture_is_said_so():
+    """An HF config's plan keeps layers/hidden/heads/vocab only: the exports say the architecture is not recorded
+    (so torchtitan's own Llama cannot be matched and Megatron would build its default GPT), not that it is none."""
+    hf = dataclasses.replace(
+        gpt_plan(blocks=32),
+        model_name="hf:meta-llama/Llama-3.1-8B",
+        model_family="hf",
+        model_config={"layers": 32, "hidden": 4096, "heads": 32, "vocab": 128256, "seq": 8192},
+    )
+    titan = export_plan(hf, "torchtitan")["meshplan_torchtitan.py"]
+    assert "does not record the decoder architecture of hf:meta-llama/Llama-3.1-8B" in titan
+    assert "torchtitan ships no model" not in titan
+    megatron = export_plan(hf, "megatron")["megatron_args.sh"]
+    assert "Megatron builds its default GPT" in megatron and "--swiglu" not in megatron

@@ -218,8 +218,10 @@ def _architecture_flags(plan: Plan, warnings: list[str]) -> list[str]:
     cfg = plan.model_config
     if arch is None:
         warnings.append(
-            f"the architecture of {plan.model_name} (family {plan.model_family or 'not recorded'}) is not a GPT or "
-            "Llama decoder meshplan knows: only its shape is written; give Megatron's architecture flags yourself"
+            f"the plan does not record the decoder architecture of {plan.model_name} (family "
+            f"{plan.model_family or 'not recorded'}; meshplan knows its GPT and Llama): only its shape is written, "
+            "so Megatron builds its default GPT (LayerNorm, GELU, ffn 4 x hidden, no grouped-query attention, tied "
+            "embeddings); give Megatron's architecture flags yourself"
         )
         flags = ["--num-layers", str(len(ec.blocks(plan)))] if ec.is_transformer(plan) else []
         for key, flag in MODEL_FLAGS.items():

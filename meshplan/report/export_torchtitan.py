@@ -44,11 +44,18 @@ def _model_warnings(plan: Plan, warnings: list[str]) -> None:
     if shipped_model(plan) is not None:
         return
     arch = ec.architecture(plan)
-    what = ec.architecture_text(arch) if arch else f"{plan.model_name} (family {plan.model_family or 'not recorded'})"
+    if arch:
+        said = f"torchtitan ships no model of this architecture and shape ({ec.architecture_text(arch)})"
+    else:  # e.g. an HF config: the profile keeps layers/hidden/heads/vocab, not norm, activation or kv heads
+        said = (
+            f"the plan does not record the decoder architecture of {plan.model_name} (family "
+            f"{plan.model_family or 'not recorded'}), so it cannot be matched to a model torchtitan ships (a Llama "
+            "3.1 8B/70B/405B is llama3 with that flavour: name it in model_spec() instead)"
+        )
     warnings.append(
-        f"torchtitan ships no model of this architecture and shape ({what}): the model section names a custom "
-        "model (register your model's spec as shown there); the stage module names below are torchtitan's decoder "
-        "names (tok_embeddings, layers.N, norm and the output layer): give your model's modules those names"
+        f"{said}: the model section names a custom model (register your model's spec as shown there); the stage "
+        "module names below are torchtitan's decoder names (tok_embeddings, layers.N, norm and the output layer): "
+        "give your model's modules those names"
     )
 
 
