@@ -77,19 +77,9 @@ class PlanOptions:
     # runtime
     runtime: str = runtimes.DEFAULT
     precision: str | None = None
-    state_layout: str | None = None
-    overlap_dp_comm: bool | None = None
-    overlap_tp_comm: bool | None = None
-    attention: str | None = None
-    dropout: bool | None = None
-    uniform_stages: bool | None = None
-    free_stage_outputs: bool | None = None
-    elementwise: str | None = None
-    fused_projections: bool | None = None
-    zero3_prefetch_elems: int | None = None
-    zero3_gather: str | None = None
-    cp_kv_exchange: str | None = None
-    fsdp_gather_dtype: str | None = None
+    behaviours: Mapping[str, Any] = field(default_factory=dict)
+    """The runtime behaviour flags given, by their dest (--state-layout: state_layout; one per
+    flag of meshplan/runtimes.py BEHAVIOUR_FLAGS); a behaviour not here is the runtime's."""
     # output
     top: int = 5
     runnable: bool = False
@@ -101,8 +91,9 @@ class PlanOptions:
         `output` sets `runnable`, the rest (json, quiet, config) are not inputs."""
         if not isinstance(values, Mapping):
             values = vars(values)
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in values.items() if k in names and v is not None}
+        names = {f.name for f in dataclasses.fields(cls)} - {"behaviours"}
+        kw: dict[str, Any] = {k: v for k, v in values.items() if k in names and v is not None}
+        kw["behaviours"] = {d: values[d] for d in runtimes.BEHAVIOUR_DESTS if values.get(d) is not None}
         if "overrides" in kw:
             kw["overrides"] = tuple(kw["overrides"])
         if values.get("output"):
@@ -161,7 +152,8 @@ def build_profile_for(options: PlanOptions, request: PlanRequest, progress: Prog
     from meshplan.models.analytic import as_runtime_builds, from_spec
 
     rt = runtimes.runtime(options.runtime)
-    dropout = bool(options.dropout if options.dropout is not None else rt.value("dropout"))
+    given = options.behaviours.get("dropout")
+    dropout = bool(given if given is not None else rt.value("dropout"))
     flash = request.attention != "materialized"
     if options.model.startswith("analytic:") and not options.profile:
         return from_spec(options.model, parse_overrides(options.overrides), flash=flash, dropout=dropout)
@@ -323,7 +315,7 @@ def runtime_behaviours(o: PlanOptions, cluster: ClusterSpec, precision: str, war
     by its own flag; a warning where the model does not know a behaviour, a pin leaves the
     runtime's range, or a knob is ignored."""
     rt = runtimes.runtime(o.runtime)
-    flags = runtimes.flag_overrides(o)  # each behaviour row's own flag (meshplan/runtimes.py ROWS)
+    flags = runtimes.flag_overrides(o.behaviours)  # each behaviour row's own flag (meshplan/runtimes.py ROWS)
     out = runtimes.request_behaviours(rt.name, flags)
     unknown = [k for k in rt.unknown() if k in (*runtimes.REQUEST_FIELDS, "dropout") and flags.get(k) is None]
     if o.recompute != "selective":  # said only when the user asks for it
@@ -353,7 +345,11 @@ def runtime_behaviours(o: PlanOptions, cluster: ClusterSpec, precision: str, war
             )
         if "fp8" not in cluster.device.peak_flops:
             warnings.append(f"--precision fp8: {cluster.device.name} has no fp8 tensor cores; GEMMs stay bf16")
-    if o.dropout is not None and rt.value("model_source") == "user" and not o.model.startswith("analytic:"):
+    if (
+        o.behaviours.get("dropout") is not None
+        and rt.value("model_source") == "user"
+        and not o.model.startswith("analytic:")
+    ):
         warnings.append(f"--dropout: runtime {rt.name} runs the profiled module, whose dropout it keeps; ignored")
     return out
 

@@ -12,6 +12,7 @@ Torch-free: the planner, the CLI, the report and the exports read it.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from meshplan import dp_methods
@@ -403,13 +404,15 @@ FLAGS = {row.name: row.flags for row in ROWS}
 """Behaviour name -> how the CLI sets it."""
 BEHAVIOUR_FLAGS = tuple(row.flag for row in ROWS if row.flag is not None)
 """The behaviours' own flags, in the table's order (meshplan/options.py adds them)."""
+BEHAVIOUR_DESTS = tuple(flag.dest for flag in BEHAVIOUR_FLAGS)
+"""Their parsed values' names (--state-layout: state_layout; --compile sets elementwise too)."""
 
 
-def flag_overrides(options: object) -> dict[str, object]:
-    """PlanRequest behaviour values the parsed flags give (an object with the flags' dest
-    attributes, e.g. argparse's namespace); None where a flag is not given."""
+def flag_overrides(given: Mapping[str, object]) -> dict[str, object]:
+    """PlanRequest behaviour values the parsed flags give (their values by dest, as
+    inputs.PlanOptions.behaviours holds them); None where a flag is not given."""
     return {
-        row.name: row.flag.request_value(getattr(options, row.flag.dest, None))
+        row.name: row.flag.request_value(given.get(row.flag.dest))
         for row in ROWS
         if row.request and row.flag is not None
     }

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from meshplan import inputs, options
+from meshplan import inputs, options, runtimes
 from meshplan.inputs import PlanOptions, from_argv, resolve
 from tests.test_layering import ALL_MODULES, imports
 
@@ -22,8 +22,8 @@ def test_every_option_is_an_input_field_or_an_output(verb):
     """A flag added to meshplan/options.py without a PlanOptions field would be silently dropped."""
     dests = {a.dest for a in options.plan_parser(verb)._actions if a.dest != "help"}
     fields = {f.name for f in dataclasses.fields(PlanOptions)}
-    assert dests - fields - inputs.NOT_INPUTS == set()
-    assert fields - dests <= {"runnable", "top", "allow_cross_node_tp"}  # estimate has no search knobs
+    assert dests - fields - inputs.NOT_INPUTS - set(runtimes.BEHAVIOUR_DESTS) == set()  # behaviours: a mapping
+    assert fields - dests <= {"runnable", "top", "allow_cross_node_tp", "behaviours"}  # estimate: no search knobs
 
 
 def test_nothing_below_the_cli_imports_it():

@@ -73,6 +73,7 @@ def test_every_behaviour_flag_comes_from_its_row_and_reaches_the_request():
     """The CLI's behaviour flags are the table's rows (meshplan/runtimes.py ROWS): each parses and
     lands in the PlanRequest field of its row, converted where the row says."""
     from meshplan import runtimes
+    from meshplan.inputs import PlanOptions
     from meshplan.options import plan_parser
 
     parser = plan_parser("plan")
@@ -89,7 +90,7 @@ def test_every_behaviour_flag_comes_from_its_row_and_reaches_the_request():
         if flag.to_request:
             want = flag.to_request[str(want)]
         ns = parser.parse_args(["--model", "gpt2-small", "--cluster", "h100-80g", "--global-batch", "8", *argv])
-        assert runtimes.flag_overrides(ns)[row.name] == want, row.name
+        assert runtimes.flag_overrides(PlanOptions.of(ns).behaviours)[row.name] == want, row.name
     assert runtimes.REQUEST_FIELDS == tuple(r.name for r in runtimes.ROWS if r.request)
     assert set(runtimes.REQUEST_FIELDS) <= {f.name for f in dataclasses.fields(PlanRequest)}
 
