@@ -71,11 +71,13 @@ def profile_model(
             concurrent=concurrent,
             progress=lambda items, label: _progress(items, progress, label),
         )
-        from meshplan.profiler.codecs import time_codecs
+        from meshplan.profiler.codecs import codec_neighbours, time_codecs
         from meshplan.profiler.timing import rank_threads
 
-        with rank_threads(device):  # the compressors' codecs, as every rank runs them
-            time_codecs(analysis.profile, device)
+        # the compressors' codecs, as every rank runs them: beside the other ranks, kept busy
+        with codec_neighbours(analysis, model, overrides, device, concurrent, microbatch_sizes or [1]) as busy:
+            with rank_threads(device):
+                time_codecs(analysis.profile, device, neighbours=busy)
     if device == "cpu" and concurrent > 1 and in_place:  # wrappers on real ranks: see profiler/insitu.py
         from meshplan.profiler.insitu import measure_in_place
 

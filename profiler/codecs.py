@@ -12,8 +12,10 @@ REFIT_REPEATS rounds, one more exchange at a group of 1 that re-fits the levels 
   refit_s  = t_refit - t_1                   one re-fit, paid every refit_every steps
 the differences taken within each round (same host state), each term the median over the
 rounds, decode_s clamped to [0, t_1] and refit_s at zero. CPU: process CPU time x the host share
-a rank will see (`rank_share`: the wall / CPU of the timed exchanges, which saw the host's other
-load but not the other ranks, plus the other ranks' demand; at least the profile's ranks / cores).
+a rank will see: with `profile --concurrent N` the codecs are timed beside N - 1 busy neighbour
+processes running the model's largest layer (codec_neighbours, as the layers are timed), and the
+share is the timed exchanges' wall / CPU; timed alone, `rank_share` adds the other ranks' demand
+to the host's load that wall / CPU saw. At least the profile's ranks / cores.
 CUDA: wall time between synchronisations. A codec that cannot run on the device (an error) is
 left untimed with a note; the planner then models it (planner/compression.py).
 Cost: gpt-tiny on this 2-core host about 1-2 s for the nine compressors.
@@ -21,6 +23,7 @@ Cost: gpt-tiny on this 2-core host about 1-2 s for the nine compressors.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 
@@ -40,29 +43,51 @@ REFIT_REPEATS = 2
 ADAPTIVE = ("alq", "amq")
 
 
-def time_codecs(profile: ModelProfile, device: str) -> None:
-    """Fill `profile.codec_timings` for every compressor the executor has a codec for."""
+@contextlib.contextmanager
+def codec_neighbours(analysis, spec: str, overrides: dict | None, device: str, concurrent: int, sizes: list[int]):
+    """On CPU with concurrent > 1: concurrent - 1 busy neighbour processes (concurrency.py)
+    running the model's largest layer at the largest microbatch while the codecs are timed, so the
+    timing's wall / CPU sees the other ranks as well as the host's own load; yields how many."""
+    if device.startswith("cuda") or concurrent <= 1:
+        yield 0
+        return
+    from meshplan.profiler.concurrency import BusyNeighbours
+
+    reps = list(dict.fromkeys(analysis.rep_of.values()))
+    by_name = {lp.name: lp for lp in analysis.profile.layers}
+    rep = max(reps, key=lambda r: by_name[r].forward_flops if r in by_name else 0.0)
+    with BusyNeighbours(concurrent - 1, spec, overrides, device) as busy:
+        busy.run(rep, max(sizes), analysis.inputs[rep])
+        yield concurrent - 1
+
+
+def time_codecs(profile: ModelProfile, device: str, neighbours: int = 0) -> None:
+    """Fill `profile.codec_timings` for every compressor the executor has a codec for; with
+    `neighbours` busy processes running beside the timing (codec_neighbours), the measured host
+    share is what a rank sees, else rank_share adds the other ranks to it."""
     cuda = device.startswith("cuda")
     share = HostShare(floor=1.0 if cuda else max(1.0, profile.concurrent / cores_available()))
     groups = _distinct_layers(profile)
     timed: dict[str, CodecTiming] = {}
+    per_shape_of: dict[str, dict] = {}
     for name in dp_methods.names("compression"):
         if name not in CODECS:
             continue
         params = _timed_params(name)
         try:
-            per_shape = {shapes: _time_layer(name, params, shapes, device, share) for shapes in groups}
+            per_shape_of[name] = {shapes: _time_layer(name, params, shapes, device, share) for shapes in groups}
         except Exception as exc:  # e.g. a codec's CPU generator on a CUDA device
             first = (str(exc).strip().splitlines() or [""])[0][:160]
             profile.notes.append(f"codec {name} not timed on {device} ({type(exc).__name__}: {first}): modelled")
             continue
-        timed[name] = _timing(params, per_shape, groups, 1.0 if cuda else rank_share(share, profile.concurrent))
+    factor = 1.0 if cuda else (share.factor if neighbours else rank_share(share, profile.concurrent))
+    for name, per_shape in per_shape_of.items():
+        timed[name] = _timing(_timed_params(name), per_shape, groups, factor)
     profile.codec_timings = timed
-    factor = 1.0 if cuda else rank_share(share, profile.concurrent)
     profile.notes.append(
         f"timed {len(timed)} gradient compressors' codecs at their default settings on {len(groups)} "
-        f"distinct layer shape set(s) (profiler/codecs.py; host share {factor:.2f}, measured alone "
-        f"{share.factor:.2f})"
+        f"distinct layer shape set(s) (profiler/codecs.py; host share {factor:.2f}, measured "
+        f"{share.factor:.2f} with {neighbours} busy neighbour(s))"
     )
 
 
