@@ -7,7 +7,19 @@ export OMP_NUM_THREADS ?= 1
 
 .PHONY: install export-tools demo test-deps test test-fast lint typecheck reports bench bench-quick validate clean
 
-$(STAMP): pyproject.toml setup.py constraints.txt
+# What pip installs from: pyproject.toml less its [tool.ruff], [tool.mypy] and [tool.pytest] tables,
+# setup.py and constraints.txt. Their digest is rewritten only when it changes, so editing the lint,
+# type-check or test configuration does not reinstall the venv.
+INSTALL_INPUTS := $(VENV)/.install-inputs
+$(INSTALL_INPUTS): pyproject.toml setup.py constraints.txt
+	mkdir -p $(VENV)
+	$(PY) -c 'import hashlib, json, tomllib; d = tomllib.load(open("pyproject.toml", "rb")); \
+	  [d.get("tool", {}).pop(k, None) for k in ("ruff", "mypy", "pytest")]; \
+	  t = json.dumps(d, sort_keys=True) + open("setup.py").read() + open("constraints.txt").read(); \
+	  print(hashlib.sha256(t.encode()).hexdigest())' > $@.new
+	if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
+
+$(STAMP): $(INSTALL_INPUTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
