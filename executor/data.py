@@ -19,7 +19,18 @@ from meshplan.errors import MeshplanError
 from meshplan.models.zoo.base import LayeredModel
 from meshplan.plan import Plan
 
-Batches = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
+
+class Batches:
+    """Step -> this replica's (inputs, targets), from `batch_of`. `num_targets`: the labels the
+    loss counts in the last global batch given, where some are IGNORE_INDEX (None: none is, or a
+    dataset's batches, which are not counted); the loss weights by it (executor/parallelize.py)."""
+
+    def __init__(self, batch_of: Callable[[int], tuple[torch.Tensor, torch.Tensor | None]]):
+        self.batch_of = batch_of
+        self.num_targets: int | None = None
+
+    def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.batch_of(step)
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -135,11 +146,11 @@ def make_batches(model: LayeredModel, plan: Plan, dp_rank: int, dp_degree: int, 
         def synthetic(step: int):
             x, y = synthetic_global_batch(model, plan, seed, step)
             rows = slice(dp_rank * per_replica, (dp_rank + 1) * per_replica)
-            synthetic.num_targets = counted_targets(y)  # type: ignore[attr-defined]
+            batches.num_targets = counted_targets(y)
             return x[rows], None if y is None else y[rows]
 
-        synthetic.num_targets = None  # type: ignore[attr-defined]
-        return synthetic
+        batches = Batches(synthetic)
+        return batches
     dataset = load_dataset(data)
     sampler: DistributedSampler = DistributedSampler(
         dataset, num_replicas=dp_degree, rank=dp_rank, shuffle=True, seed=seed, drop_last=True
@@ -157,4 +168,4 @@ def make_batches(model: LayeredModel, plan: Plan, dp_rank: int, dp_degree: int, 
         x, y = default_collate([dataset[i] for i in indices])
         return x, y
 
-    return from_dataset
+    return Batches(from_dataset)

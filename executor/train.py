@@ -138,7 +138,7 @@ def _train(
             with par.phases.phase("data"):
                 batch = batches(step)
             if par.sync is None:  # token weighting (parallelize.py); sync methods split the batch their own way
-                par.loss_fn.num_targets = getattr(batches, "num_targets", None)
+                par.loss_fn.num_targets = batches.num_targets
             loss, norm = _train_step(par, optimizers, batch, options.grad_clip)
         _sync(device)
         result.step_times_s.append(time.perf_counter() - t0)
