@@ -136,6 +136,63 @@ class CodecTiming:
     """Layer FQN -> seconds of one re-fit of its adaptive levels (ALQ/AMQ; paid every refit_every steps)."""
 
 
+NORMS = ("LayerNorm", "RMSNorm")
+ACTIVATIONS = ("gelu", "swiglu", "geglu", "relu")
+POSITIONS = ("learned_absolute", "rope")
+
+
+@dataclass(kw_only=True)
+class ModelArchitecture:
+    """A decoder's architecture beyond its shape (layers, hidden, heads and vocab are in model_config): what a
+    trainer that builds its own model must be told to build this one (Megatron's architecture flags,
+    torchtitan's model flavour). Names are Megatron's where it has them."""
+
+    model_type: str
+    """Which decoder: the zoo or closed-form family ("gpt", "llama") or the HF config's model_type
+    ("llama", "gpt2", "mistral")."""
+    kv_heads: int
+    """Key/value heads: the attention heads, or fewer for grouped-query attention."""
+    ffn_hidden: int
+    """Width of the MLP's inner layer (of each of the gate and up projections when gated)."""
+    norm: str
+    """The blocks' and the final norm: "LayerNorm" or "RMSNorm"."""
+    norm_eps: float
+    """The norms' epsilon."""
+    activation: str
+    """The MLP: "gelu", "relu", or gated: "swiglu" (SiLU, Llama), "geglu" (GELU)."""
+    position: str
+    """Position embedding: "learned_absolute" (an embedding table per position) or "rope" (rotary)."""
+    rope_theta: float = 0.0
+    """Rotary base; 0 without rope."""
+    bias: bool
+    """Whether every linear layer of the blocks carries a bias (GPT) or none does (Llama)."""
+    tied: bool
+    """Whether the output layer is the input embedding's weight (GPT-2) or has its own (Llama 3.1 8B)."""
+    qk_norm: bool = False
+    """Whether queries and keys are normalised per head before attention (Qwen3; Megatron's --qk-layernorm)."""
+
+    def validate(self, path: str = "") -> None:
+        p = f"{path}." if path else ""
+        check(self.kv_heads >= 1, f"{p}kv_heads", self.kv_heads, "must be >= 1")
+        check(self.ffn_hidden >= 1, f"{p}ffn_hidden", self.ffn_hidden, "must be >= 1")
+        check(self.norm in NORMS, f"{p}norm", self.norm, f"must be one of {', '.join(NORMS)}")
+        check(self.norm_eps > 0, f"{p}norm_eps", self.norm_eps, "must be > 0")
+        check(
+            self.activation in ACTIVATIONS,
+            f"{p}activation",
+            self.activation,
+            f"must be one of {', '.join(ACTIVATIONS)}",
+        )
+        check(self.position in POSITIONS, f"{p}position", self.position, f"must be one of {', '.join(POSITIONS)}")
+        rope = self.position == "rope"
+        check(
+            (self.rope_theta > 0) == rope,
+            f"{p}rope_theta",
+            self.rope_theta,
+            "must be > 0 with rope positions and 0 without",
+        )
+
+
 @dataclass(kw_only=True)
 class ModelProfile:
     schema_version: int = PROFILE_SCHEMA_VERSION
@@ -182,6 +239,9 @@ class ModelProfile:
     minus the plain model's, on D-rank groups, at microbatch B; "zero1@D" = ZeRO-1's optimizer
     step (ZeroRedundancyOptimizer: its 1/D of the update and the parameter broadcast) minus the
     plain optimizer step / D. Empty when not measured."""
+    architecture: ModelArchitecture | None = field(default=None, metadata={"omit_empty": True})
+    """The decoder's architecture beyond its shape, as built (models/zoo, models/analytic, models/hf_arch.py);
+    absent for other models, decoders meshplan cannot name, and profiles written before it."""
     codec_timings: dict[str, CodecTiming] = field(default_factory=dict)
     """Compressor name -> its codec's measured compute (profiler/codecs.py); empty on meta and in
     profiles written before it existed (the planner then models the compute)."""

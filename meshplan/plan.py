@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshplan import dp_methods, feasibility
+from meshplan.model_profile import ModelArchitecture
 from meshplan.schema import check
 
 PLAN_SCHEMA_VERSION = 2
@@ -241,6 +242,10 @@ class Plan:
     model_family: str = ""
     """The profile's model family (gpt, llama, bert, vit, moe, resnet, user, hf): exports take the
     architecture (norm, activation, position embedding, biases) from it; "" in plans written before it."""
+    model_architecture: ModelArchitecture | None = field(default=None, metadata={"omit_empty": True})
+    """The profile's architecture (kv heads, ffn, norm, activation, positions, biases, tied output), which
+    the exports write (Megatron's flags, torchtitan's flavour); absent where the profile has none (then the
+    exports take it from model_family, or say it is not recorded)."""
     model_num_params: int = 0
     """Unique parameters of the profiled model (tied weights once); `meshplan run` rebuilds the
     model from model_name + model_config and refuses it if the count differs (0: not checked)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from meshplan.model_profile import LayerProfile, ModelProfile, TPRule
+from meshplan.model_profile import LayerProfile, ModelArchitecture, ModelProfile, TPRule
 
 
 def _block(
@@ -131,6 +131,42 @@ def gpt_profile(
         vocab,
         [_embed(seq, hidden, vocab, True, dropout)] + blocks + [_head(seq, hidden, vocab)],
         {"layers": layers, "hidden": hidden, "heads": heads, "vocab": vocab, "seq": seq, "ffn_hidden": f},
+        gpt_architecture(heads, f),
+    )
+
+
+def gpt_architecture(heads: int, ffn_hidden: int) -> ModelArchitecture:
+    """Megatron-LM's GPT (and meshplan's zoo GPT): pre-LN LayerNorm blocks, GELU MLP, learned absolute
+    positions, biased linears, an output layer of its own."""
+    return ModelArchitecture(
+        model_type="gpt",
+        kv_heads=heads,
+        ffn_hidden=ffn_hidden,
+        norm="LayerNorm",
+        norm_eps=1e-5,
+        activation="gelu",
+        position="learned_absolute",
+        bias=True,
+        tied=False,
+    )
+
+
+def llama_architecture(
+    kv_heads: int, ffn_hidden: int, rope_theta: float = 500000.0, norm_eps: float = 1e-5
+) -> ModelArchitecture:
+    """Llama 3 (Dubey et al. 2024; meshplan's zoo Llama): RMSNorm, SwiGLU, rotary positions, no biases,
+    an untied output layer."""
+    return ModelArchitecture(
+        model_type="llama",
+        kv_heads=kv_heads,
+        ffn_hidden=ffn_hidden,
+        norm="RMSNorm",
+        norm_eps=norm_eps,
+        activation="swiglu",
+        position="rope",
+        rope_theta=rope_theta,
+        bias=False,
+        tied=False,
     )
 
 
@@ -172,10 +208,11 @@ def llama_profile(
             "seq": seq,
             "ffn_hidden": ffn_hidden,
         },
+        llama_architecture(kv_heads, ffn_hidden),
     )
 
 
-def _assemble(name, family, seq, hidden, heads, vocab, layer_list, config) -> ModelProfile:
+def _assemble(name, family, seq, hidden, heads, vocab, layer_list, config, architecture) -> ModelProfile:
     return ModelProfile(
         model_name=name,
         model_config=config,
@@ -189,6 +226,7 @@ def _assemble(name, family, seq, hidden, heads, vocab, layer_list, config) -> Mo
         vocab=vocab,
         device="meta",
         layers=layer_list,
+        architecture=architecture,
         notes=["closed-form profile (meshplan.models.analytic)"],
     )
 

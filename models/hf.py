@@ -25,6 +25,8 @@ import torch
 from torch import nn
 
 from meshplan.errors import MeshplanError
+from meshplan.model_profile import ModelArchitecture
+from meshplan.models.hf_arch import hf_architecture
 from meshplan.models.hf_layers import HFBlock, HFEmbed, HFHead, HFWhole, hf_config, split, split_note  # noqa: F401 (public here)
 from meshplan.models.zoo.base import CausalLM
 
@@ -398,6 +400,7 @@ class HFLayered(CausalLM):
         self.hf_config = model.config
         self.task = _task(model)
         self._batch = None if batch is None else tuple(t.detach().cpu() for t in batch)
+        self._architecture = hf_architecture(model.config, embed, list(blocks), head) if self.task == "causal" else None
         if split_note(model):
             self.notes.append(f"{type(model).__name__} is one layer ({split_note(model)}): no pipeline split")
         impl = getattr(model.config, "_attn_implementation", None)
@@ -406,6 +409,11 @@ class HFLayered(CausalLM):
                 f"{type(model).__name__} runs eager attention: the s x s attention probabilities are saved "
                 "for backward, counted in activation_bytes and freed by selective recompute"
             )
+
+    def architecture(self) -> ModelArchitecture | None:
+        """From the config and the built modules (models/hf_arch.py); None for encoders, classifiers and
+        decoders whose architecture these names do not describe."""
+        return self._architecture
 
     def example_batch(self, batch_size, generator=None, device="cpu"):
         if self._batch is not None:  # the factory's (ids, labels), tiled to batch_size

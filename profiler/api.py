@@ -294,6 +294,7 @@ def _model_profile(model: LayeredModel, name: str, layers: list[LayerProfile], n
         device="meta",
         layers=layers,
         notes=notes,
+        architecture=model.architecture(),
     )
 
 

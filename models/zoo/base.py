@@ -18,6 +18,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from meshplan.model_profile import ModelArchitecture
+
 Output = torch.Tensor | tuple[torch.Tensor, ...]
 """What a model or a pipeline stage of it returns: a tensor, or the tensors crossing a cut of a
 user model's fx graph when a stage ends there (models/user_models.py)."""
@@ -46,6 +48,11 @@ class LayeredModel(nn.Module):
         if self.head is not None:
             x = self.head(x)
         return x
+
+    def architecture(self) -> ModelArchitecture | None:
+        """The decoder's architecture beyond its shape (ModelProfile.architecture); None when the model is
+        not a decoder meshplan can name."""
+        return None
 
     def layer_names(self) -> list[str]:
         """Layer FQNs in execution order (the profile's nodes, the plan's stage units)."""

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from meshplan.model_profile import TPRule
+from meshplan.model_profile import ModelArchitecture, TPRule
+from meshplan.models.analytic import gpt_architecture
 from meshplan.models.zoo.base import CausalLM
 
 
@@ -104,6 +105,11 @@ class GPT(CausalLM):
     def __init__(self, cfg: GPTConfig):
         super().__init__(Embedding(cfg), [Block(cfg) for _ in range(cfg.layers)], Head(cfg))
         self.config = cfg
+
+    def architecture(self) -> ModelArchitecture | None:
+        cfg = self.config
+        assert isinstance(cfg, GPTConfig)
+        return gpt_architecture(cfg.heads, cfg.ffn_hidden)
 
 
 class AttentionMLPBlock(Protocol):

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from meshplan.model_profile import TPRule
+from meshplan.model_profile import ModelArchitecture, TPRule
+from meshplan.models.analytic import llama_architecture
 from meshplan.models.zoo.base import CausalLM
 
 
@@ -128,6 +129,11 @@ class Llama(CausalLM):
     def __init__(self, cfg: LlamaConfig):
         super().__init__(LlamaEmbedding(cfg), [LlamaBlock(cfg) for _ in range(cfg.layers)], LlamaHead(cfg))
         self.config = cfg
+
+    def architecture(self) -> ModelArchitecture:
+        c = self.config
+        assert isinstance(c, LlamaConfig)
+        return llama_architecture(c.kv_heads, c.ffn_hidden, c.rope_theta, c.norm_eps)
 
 
 def _block_rule(block: LlamaBlock) -> TPRule:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from meshplan.model_profile import TPRule
+from meshplan.model_profile import ModelArchitecture, TPRule
 from meshplan.models.zoo.gpt import GPT, Attention, GPTConfig
 
 
@@ -91,6 +91,9 @@ class MoE(GPT):
         for i in range(cfg.layers):
             self.layers[str(i)] = MoEBlock(cfg)
         self.config = cfg
+
+    def architecture(self) -> ModelArchitecture | None:
+        return None  # experts: not a decoder the exports can name
 
 
 def _block_rule(block: MoEBlock) -> TPRule:

@@ -160,6 +160,7 @@ def plan_of(ctx: Context, cand: Candidate, stages: list[list[int]], modes: dict[
         model_name=ctx.profile.model_name,
         model_config=dict(ctx.profile.model_config),
         model_family=ctx.profile.family,
+        model_architecture=ctx.profile.architecture,
         model_num_params=ctx.profile.num_params,
         model_structure_hash=ctx.profile.structure_hash,
         cluster_name=ctx.cluster.name,
