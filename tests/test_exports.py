@@ -321,9 +321,44 @@ def test_torchtitan_names_a_shipped_model_with_its_flavour():
     assert shipped_model(known_gpt(gpt_plan(blocks=32))) is None  # GPT: LayerNorm, GELU, learned positions
 
 
+def hf_llama_plan(**facts) -> Plan:
+    """A plan of hf:meta-llama/Llama-3.1-8B as the profile records it: family hf, the shape in model_config, the
+    architecture in model_architecture (with `facts` changed)."""
+    from meshplan.models.analytic import llama_architecture
+
+    return dataclasses.replace(
+        gpt_plan(blocks=32),
+        model_name="hf:meta-llama/Llama-3.1-8B",
+        model_family="hf",
+        model_config={"layers": 32, "hidden": 4096, "heads": 32, "vocab": 128256, "seq": 8192},
+        model_architecture=dataclasses.replace(llama_architecture(8, 14336), **facts),
+    )
+
+
+def test_a_recorded_hf_architecture_is_exported():
+    """An HF Llama's recorded architecture: torchtitan's llama3 8B, and Megatron's Llama flags."""
+    from meshplan.report.export_torchtitan import shipped_model
+
+    plan = hf_llama_plan()
+    assert shipped_model(plan) == ("llama3", "8B")
+    args = megatron_args(export_plan(plan, "megatron")["megatron_args.sh"])
+    for flag in ("--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights"):
+        assert args[flag] is True
+    assert (args["--num-query-groups"], args["--ffn-hidden-size"], args["--rotary-base"]) == ("8", "14336", "500000")
+    assert (args["--normalization"], args["--position-embedding-type"]) == ("RMSNorm", "rope")
+    assert "WARNING: the plan does not record" not in export_plan(plan, "megatron")["megatron_args.sh"]
+    # what torchtitan's llama3 is not: another model type, per-head q/k norms, another rotary base
+    for facts in ({"model_type": "mistral"}, {"qk_norm": True}, {"rope_theta": 10000.0}):
+        assert shipped_model(hf_llama_plan(**facts)) is None, facts
+    assert "--qk-layernorm" in export_plan(hf_llama_plan(qk_norm=True), "megatron")["megatron_args.sh"]
+    geglu = export_plan(hf_llama_plan(activation="geglu"), "megatron")["megatron_args.sh"]
+    assert "WARNING: the MLP's geglu has no Megatron flag" in geglu and "--swiglu" not in megatron_args(geglu)
+
+
 def test_an_unrecorded_architecture_is_said_so():
-    """An HF config's plan keeps layers/hidden/heads/vocab only: the exports say the architecture is not recorded
-    (so torchtitan's own Llama cannot be matched and Megatron would build its default GPT), not that it is none."""
+    """An HF model meshplan cannot name (Qwen2's q/k/v biases, GPT-NeoX's parallel blocks), or a plan written before
+    model_architecture, keeps only its shape: the exports say the architecture is not recorded (so torchtitan's own
+    Llama cannot be matched and Megatron would build its default GPT), not that it is none."""
     hf = dataclasses.replace(
         gpt_plan(blocks=32),
         model_name="hf:meta-llama/Llama-3.1-8B",

@@ -7,7 +7,7 @@ import re
 from meshplan import dp_methods
 from meshplan.errors import MeshplanError
 from meshplan.plan import Plan
-from meshplan.schema import content_hash
+from meshplan.schema import content_hash, to_dict
 
 BLOCK = re.compile(r"^layers\.(\d+)$")
 
@@ -123,8 +123,6 @@ def estimate_line(plan: Plan) -> str:
 def plan_hash(plan: Plan) -> str:
     """content_hash of the plan's decisions: without the search summary (search_time_s is measured)
     and the prediction (cost-model floats), so it names what would be run."""
-    from meshplan.schema import to_dict
-
     data = to_dict(plan)
     for key in ("search", "prediction"):
         data.pop(key, None)
@@ -196,29 +194,34 @@ ARCHITECTURES = {
     # Llama-3 (models/zoo/llama.py, llama_profile): RMSNorm, SwiGLU, rotary, no biases, untied output
     "llama": {"norm": "RMSNorm", "activation": "swiglu", "position": "rope", "bias": False, "tied": False},
 }
-"""Model family -> architecture facts the decoder-only trainers need beyond the shape."""
+"""Model family -> architecture facts, for plans written before Plan.model_architecture recorded them."""
 
 
 def architecture(plan: Plan) -> dict | None:
-    """The plan's decoder architecture (ARCHITECTURES row plus the shape), or None when the family is not a
-    GPT/Llama decoder meshplan knows (bert, vit, moe, resnet, user, hf, or a plan written without family)."""
-    family = plan.model_family
-    row = ARCHITECTURES.get(family)
+    """The plan's decoder architecture and shape: the one the profile recorded (Plan.model_architecture: zoo,
+    closed-form and HF decoders), else the ARCHITECTURES row of its family (older plans); None for a model
+    without one (bert, vit, moe, resnet, user, an HF model meshplan cannot name)."""
     cfg = plan.model_config
-    if row is None or not is_transformer(plan) or not all(k in cfg for k in ("hidden", "heads", "vocab")):
+    if not is_transformer(plan) or not all(k in cfg for k in ("hidden", "heads", "vocab")):
         return None
     hidden, heads = int(cfg["hidden"]), int(cfg["heads"])
+    shape = {"layers": len(blocks(plan)), "hidden": hidden, "heads": heads, "vocab": int(cfg["vocab"])}
+    recorded = plan.model_architecture
+    if recorded is not None:
+        facts = {k: v for k, v in to_dict(recorded).items() if k != "model_type"}
+        return {**facts, "family": recorded.model_type, **shape}
+    row = ARCHITECTURES.get(plan.model_family)
+    if row is None:
+        return None
     return {
         **row,
-        "family": family,
-        "layers": len(blocks(plan)),
-        "hidden": hidden,
-        "heads": heads,
+        "family": plan.model_family,
+        **shape,
         "kv_heads": int(cfg.get("kv_heads", heads)),
         "ffn_hidden": int(cfg.get("ffn_hidden", 4 * hidden)),
-        "vocab": int(cfg["vocab"]),
         "rope_theta": float(cfg.get("rope_theta", 500000.0)),
         "norm_eps": float(cfg.get("norm_eps", 1e-5)),
+        "qk_norm": False,
     }
 
 

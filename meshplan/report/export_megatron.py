@@ -219,7 +219,8 @@ def _architecture_flags(plan: Plan, warnings: list[str]) -> list[str]:
     if arch is None:
         warnings.append(
             f"the plan does not record the decoder architecture of {plan.model_name} (family "
-            f"{plan.model_family or 'not recorded'}; meshplan knows its GPT and Llama): only its shape is written, "
+            f"{plan.model_family or 'not recorded'}; meshplan records it for the decoders it can name, docs/models.md): "
+            "only its shape is written, "
             "so Megatron builds its default GPT (LayerNorm, GELU, ffn 4 x hidden, no grouped-query attention, tied "
             "embeddings); give Megatron's architecture flags yourself"
         )
@@ -252,6 +253,13 @@ def _architecture_flags(plan: Plan, warnings: list[str]) -> list[str]:
         flags += ["--rotary-base", str(int(arch["rope_theta"]))]
     if arch["activation"] == "swiglu":
         flags.append("--swiglu")
+    elif arch["activation"] != "gelu":
+        warnings.append(
+            f"the MLP's {arch['activation']} has no Megatron flag (it has --swiglu, and GELU by default): Megatron "
+            "builds a GELU MLP of the same width; set its activation_func in your model provider"
+        )
+    if arch["qk_norm"]:
+        flags.append("--qk-layernorm")
     if not arch["bias"]:
         flags.append("--disable-bias-linear")
     if not arch["tied"]:

@@ -28,13 +28,26 @@ LLAMA3_FLAVORS = {
 }
 """Llama 3.1 flavours torchtitan ships (1B and 3B tie their embeddings: not meshplan's untied Llama)."""
 
+LLAMA3_ARCHITECTURE = {
+    "family": "llama",
+    "norm": "RMSNorm",
+    "activation": "swiglu",
+    "position": "rope",
+    "rope_theta": 500000.0,
+    "bias": False,
+    "tied": False,
+    "qk_norm": False,
+}
+"""torchtitan's llama3 beyond the shape (torchtitan/models/llama3: RMSNorm, SwiGLU, rotary base 500000, no
+biases, its own output layer)."""
+
 HEAD_FQNS = {"0.3": ["norm", "lm_head"], "0.2": ["norm", "output"]}
 
 
 def shipped_model(plan: Plan) -> tuple[str, str] | None:
     """(torchtitan model name, flavour) when the plan's architecture and shape are one torchtitan ships."""
     arch = ec.architecture(plan)
-    if arch is None or arch["family"] != "llama" or arch["tied"]:
+    if arch is None or {k: arch[k] for k in LLAMA3_ARCHITECTURE} != LLAMA3_ARCHITECTURE:
         return None
     shape = (arch["layers"], arch["hidden"], arch["heads"], arch["kv_heads"], arch["ffn_hidden"], arch["vocab"])
     return next((("llama3", flavor) for flavor, dims in LLAMA3_FLAVORS.items() if dims == shape), None)
@@ -46,7 +59,7 @@ def _model_warnings(plan: Plan, warnings: list[str]) -> None:
     arch = ec.architecture(plan)
     if arch:
         said = f"torchtitan ships no model of this architecture and shape ({ec.architecture_text(arch)})"
-    else:  # e.g. an HF config: the profile keeps layers/hidden/heads/vocab, not norm, activation or kv heads
+    else:  # a model meshplan cannot name (docs/models.md), or a plan written before model_architecture
         said = (
             f"the plan does not record the decoder architecture of {plan.model_name} (family "
             f"{plan.model_family or 'not recorded'}), so it cannot be matched to a model torchtitan ships (a Llama "
