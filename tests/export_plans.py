@@ -45,12 +45,24 @@ PLAN_ARGS: dict[str, list[str]] = {
                                      "--precision", "fp8", "--runtime", "megatron-core"],
 }  # fmt: skip
 
+HF_PLAN_ARGS: dict[str, list[str]] = {
+    # the Llama-3 8B FSDP plan above, of the HF config: its profile records the architecture, so its exports are
+    # the closed-form Llama's (torchtitan's llama3 8B, Megatron's Llama flags); 25 s to profile on meta
+    "llama3.1-8b-hf-fsdp-torchtitan": ["plan", "--model", "hf:meta-llama/Llama-3.1-8B", *H100, "--num-gpus", "8",
+                                       "--global-batch", "32", "--zero", "3", "--pp", "1", "--tp", "1",
+                                       "--runtime", "torchtitan"],
+}  # fmt: skip
+"""Plans of HF configs, exported to the real tools by tests/test_export_parsers.py (not re-estimated by
+tests/test_imports.py: an HF model is profiled again on every --import)."""
+
+ALL_PLAN_ARGS = {**PLAN_ARGS, **HF_PLAN_ARGS}
+
 
 def make_plan(name: str, out_dir: Path) -> Plan:
     """Plan `name` through `meshplan plan/estimate ... -o`; the Plan as the file holds it."""
     path = Path(out_dir) / f"{name}.json"
     if not path.exists():
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            code = main([*PLAN_ARGS[name], "--quiet", "-o", str(path)])
-        assert code == 0, f"meshplan {' '.join(PLAN_ARGS[name])} exited {code}"
+            code = main([*ALL_PLAN_ARGS[name], "--quiet", "-o", str(path)])
+        assert code == 0, f"meshplan {' '.join(ALL_PLAN_ARGS[name])} exited {code}"
     return schema.load(Plan, path, "plan")

@@ -110,6 +110,9 @@ def _reset_deepspeed_groups() -> None:
     import deepspeed.comm.comm as ds_comm
 
     ds_comm.cdb = None
+    from deepspeed.runtime.activation_checkpointing import checkpointing
+
+    checkpointing.mpu = None  # configure(None, ...) keeps the last case's: its data-parallel size would be used
 
 
 def check_deepspeed(directory: str) -> dict:

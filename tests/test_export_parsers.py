@@ -1,4 +1,4 @@
-"""Every export of eight real plans fed to the target tool's own validation, with the world size and topology
+"""Every export of ten real plans (nine of the closed-form models, one of an HF config) fed to the target tool's own validation, with the world size and topology
 its launch line builds, and every value the tool derives compared with the plan (tests/export_tool_checks.py
 runs inside the tools' venv, `make export-tools`: DeepSpeed with ops not built, accelerate, Megatron-Core,
 torchtitan). `make test` builds that venv first, so in CI these never skip; elsewhere, without it, they skip
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import megatron_rules
 import pytest
-from export_plans import PLAN_ARGS, make_plan
+from export_plans import ALL_PLAN_ARGS, make_plan
 
 from meshplan.plan import Plan
 from meshplan.report import export_common as ec
@@ -25,7 +25,7 @@ from meshplan.report import export_plan
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS_PYTHON = ROOT / ".venv-exports" / "bin" / "python"
 TARGETS = ("deepspeed", "accelerate", "megatron", "torchtitan", "torchtitan-0.2")
-PLANS = list(PLAN_ARGS)
+PLANS = list(ALL_PLAN_ARGS)
 
 
 def warnings_in(files: dict[str, str]) -> str:
@@ -304,14 +304,36 @@ def test_megatron_llama_architecture_flags(plans):
             "--group-query-attention",
             "--untie-embeddings-and-output-weights",
         }
-        if plan.model_family == "llama":
+        arch = ec.architecture(plan)
+        assert arch is not None, name
+        if arch["family"] == "llama":  # the closed-form Llama's, or the HF config's model_type
             assert llama <= set(args), name
             assert (args["--normalization"], args["--position-embedding-type"]) == ("RMSNorm", "rope")
-            assert args["--num-query-groups"] == str(plan.model_config["kv_heads"])
+            assert args["--num-query-groups"] == str(arch["kv_heads"]) == "8"
             assert args["--rotary-base"] == "500000"
         else:
             assert not ({"--swiglu", "--disable-bias-linear", "--group-query-attention"} & set(args)), name
             assert (args["--normalization"], args["--position-embedding-type"]) == ("LayerNorm", "learned_absolute")
+
+
+def without_model_name(text: str) -> list[str]:
+    """An export's lines but those naming the model: the header's title, decisions hash and estimate line."""
+    named = ("meshplan plan -> ", "plan decisions hash ", "predict it: meshplan estimate")
+    return [line for line in text.splitlines() if not any(n in line for n in named)]
+
+
+def test_an_hf_llama_exports_as_the_closed_form_llama(plans, exported):
+    """The HF config's profile records its architecture (kv heads, ffn, RMSNorm, SwiGLU, rope and its base, no
+    biases, untied): every file of its five exports is the closed-form Llama-3 8B plan's but for the lines naming
+    the model; torchtitan names llama3 8B, Megatron gets the Llama flags (the tools count the parameters above)."""
+    hf, closed = "llama3.1-8b-hf-fsdp-torchtitan", "llama3-8b-fsdp-torchtitan"
+    assert plans[hf].model_family == "hf" and plans[hf].model_architecture == plans[closed].model_architecture
+    for target in TARGETS:
+        files, same = exported[(hf, target)][1], exported[(closed, target)][1]
+        assert files.keys() == same.keys(), target
+        for fname, text in files.items():
+            assert without_model_name(text) == without_model_name(same[fname]), (target, fname)
+    assert "WARNING: the plan does not record" not in "".join(exported[(hf, "megatron")][1].values())
 
 
 def test_megatron_batch_rule(plans):
