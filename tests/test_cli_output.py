@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import pytest
 
@@ -18,7 +19,7 @@ GPT175 += ["--num-gpus", "1024", "--global-batch", "1536", "--top", "2"]
 def test_a_piped_table_keeps_every_number_and_plain_is_tsv(capsys):
     assert main(["plan", *GPT175]) == 0  # capsys: stdout is not a terminal
     out = capsys.readouterr().out
-    assert "…" not in out and "Interleaved1F1B v4" in out
+    assert "…" not in out and re.search(r"Interleaved1F1B v\d+ ", out)
     row = next(line for line in out.splitlines() if "best" in line)
     assert main(["plan", *GPT175, "--plain"]) == 0
     lines = capsys.readouterr().out.splitlines()
