@@ -157,6 +157,7 @@ class WaveRank:
         # a gloo send's work holds its tensor until dropped: keep only the sends still in flight,
         # or every step's model copy stays resident to the end of the run
         self.sends = [work for work in self.sends if not work.is_completed()]
+        # the Backend stub has no send/recv, which ProcessGroupGloo's binding has
         self.sends.append(self.pg.send([x.clone()], self.partner, 0))  # type: ignore[attr-defined]
 
     def _receive(self, numel: int) -> None:
@@ -164,7 +165,7 @@ class WaveRank:
         assert self.pg is not None
         for _ in range(self.messages):
             buf = torch.empty(numel)
-            self.pg.recv([buf], self.partner, 0).wait()  # type: ignore[attr-defined]
+            self.pg.recv([buf], self.partner, 0).wait()  # type: ignore[attr-defined]  # Backend stub: no recv
             with self.lock:
                 self.newest = buf
                 self.received += 1

@@ -16,6 +16,7 @@ from meshplan.errors import MeshplanError
 from meshplan.executor.launch import run_plans
 from meshplan.executor.waves import ALONE_ENV, DIR_ENV, MALLOC_ENV, STEPS_ENV, STORE_ENV, WAVE_ENV
 from meshplan.plan import MethodChoice, Plan
+from meshplan.run_result import RunResult
 
 
 def check(plan: Plan) -> None:
@@ -58,7 +59,7 @@ def run(plan: Plan, opts, *, baseline: bool = True) -> dict:
     out = Path(opts.out_dir)
     half = wave_plan(plan)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=600))
-    results: dict[int, object] = {}
+    results: dict[int, RunResult] = {}
     errors: dict[int, BaseException] = {}
 
     def launch(w: int) -> None:
@@ -83,7 +84,7 @@ def run(plan: Plan, opts, *, baseline: bool = True) -> dict:
     if errors:
         raise next(iter(errors.values()))
     report = summarise(out / "timelines", plan, half)
-    report["losses"] = {f"wave{w}": results[w].losses for w in (0, 1)}  # type: ignore[attr-defined]
+    report["losses"] = {f"wave{w}": results[w].losses for w in (0, 1)}
     if baseline:
         one = run_one_wave(plan, opts, out)
         report["one_wave"] = one

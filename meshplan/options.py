@@ -149,7 +149,7 @@ def runtime_group(p: argparse.ArgumentParser) -> None:
         "device's fp8 peak and curve (H100/H200/B200; bf16 elsewhere), the rest bf16",
     )
     for flag in runtimes.BEHAVIOUR_FLAGS:  # one per behaviour row with a flag (meshplan/runtimes.py ROWS)
-        g.add_argument(flag.name, **flag.argparse_kwargs())  # type: ignore[arg-type]
+        g.add_argument(flag.name, **flag.argparse_kwargs())
     g.add_argument(
         "--compile",
         dest="elementwise",

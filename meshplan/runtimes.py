@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from meshplan import dp_methods
 
@@ -177,7 +178,7 @@ class Flag:
         """The parsed option's attribute name (argparse's)."""
         return self.name.lstrip("-").replace("-", "_")
 
-    def argparse_kwargs(self) -> dict[str, object]:
+    def argparse_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ArgumentParser.add_argument; default None: the runtime's value."""
         if self.choices:
             return {"choices": self.choices, "default": None, "help": self.help}

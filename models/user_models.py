@@ -26,7 +26,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch import nn
@@ -121,10 +121,10 @@ def _no_hard_exit() -> Iterator[None]:
     """os._exit in the user's import or factory would end meshplan at once with that code (0: a
     'success' that wrote nothing); while their code runs it raises instead."""
 
-    def refuse(code: int = 0) -> None:
-        raise _HardExit(code)
+    def refuse(status: int = 0) -> NoReturn:  # os._exit's signature
+        raise _HardExit(status)
 
-    saved, os._exit = os._exit, refuse  # type: ignore[assignment]
+    saved, os._exit = os._exit, refuse
     try:
         yield
     finally:

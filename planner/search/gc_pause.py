@@ -31,4 +31,4 @@ def gc_paused(fn: F) -> F:
             if was_on:
                 gc.enable()
 
-    return run  # type: ignore[return-value]
+    return run  # type: ignore[return-value]  # functools.wraps types it as a _Wrapped, not as F
