@@ -82,8 +82,9 @@ def _embed(s: int, h: int, vocab: int, learned_pos: bool, dropout: bool) -> Laye
     )
 
 
-def _head(s: int, h: int, vocab: int) -> LayerProfile:
-    params = vocab * h + 2 * h
+def _head(s: int, h: int, vocab: int, rms_norm: bool = False) -> LayerProfile:
+    """The final norm (LayerNorm: weight and bias; RMSNorm: weight only) and the output projection."""
+    params = vocab * h + (h if rms_norm else 2 * h)
     fwd = 2 * s * h * vocab
     return LayerProfile(
         name="head",
@@ -198,7 +199,7 @@ def llama_profile(
         hidden,
         heads,
         vocab,
-        [_embed(seq, hidden, vocab, False, False)] + blocks + [_head(seq, hidden, vocab)],
+        [_embed(seq, hidden, vocab, False, False)] + blocks + [_head(seq, hidden, vocab, rms_norm=True)],
         {
             "layers": layers,
             "hidden": hidden,

@@ -457,3 +457,14 @@ def test_a_flash_backward_recomputes_qk_and_a_materialised_one_does_not():
     assert flash_recompute_s(flash, flash.layers[0], b, t, cp) == 0.0  # the embedding is no attention block
     fwd, bwd, _ = layer_compute_s(flash, block, b, t, cp)
     assert bwd - flash_recompute_s(flash, block, b, t, cp) == pytest.approx(2 * fwd, rel=0.02)
+
+
+def test_the_closed_form_llama_has_the_published_parameter_counts():
+    """Llama 3.1 8B, 70B and 405B as Meta counts them: RMSNorm has a weight and no bias, the final one too (the
+    closed form once counted a LayerNorm's bias there, one hidden more)."""
+    from meshplan.models.analytic import LLAMA3_405B, llama_profile
+
+    llama = dict(kv_heads=8, vocab=128256, seq=8192)
+    assert llama_profile(layers=32, hidden=4096, heads=32, ffn_hidden=14336, **llama).num_params == 8_030_261_248
+    assert llama_profile(layers=80, hidden=8192, heads=64, ffn_hidden=28672, **llama).num_params == 70_553_706_496
+    assert llama_profile(**LLAMA3_405B).num_params == 405_853_388_800
