@@ -298,6 +298,18 @@ ROWS: tuple[Row, ...] = (
         flags="(--runtime; --recompute selective)",
     ),
     Row(
+        name="recompute_assignments",
+        meaning="which recompute assignments over the blocks the runtime runs: any mode per block, or one mode on every block",
+        flags="--recompute-assignments",
+        flag=Flag(
+            name="--recompute-assignments",
+            choices=("per-layer", "uniform"),
+            help="per-layer: the search picks none/selective/full per layer; uniform: one mode on every block "
+            "(and none elsewhere), as torchtitan's activation checkpointing runs",
+            to_request={"per-layer": "per_layer", "uniform": "uniform"},
+        ),
+    ),
+    Row(
         name="elementwise",
         meaning="memory-bound ops (norms, rotary, SwiGLU, GQA repeat): fused kernels, torch.compile, or eager ops",
         flags="--elementwise, --compile",
@@ -465,6 +477,9 @@ RUNTIMES: dict[str, Runtime] = {
             "attention": Behaviour(value="flash", source="models/zoo: F.scaled_dot_product_attention"),
             "dropout": Behaviour(value=False, source="models/zoo/gpt.py: no dropout"),
             "uniform_stages": Behaviour(value=False, source="executor: stage boundaries are the plan's FQN lists"),
+            "recompute_assignments": Behaviour(
+                value="per_layer", source="executor: checkpoint_wrapper per layer, from the plan's recompute map"
+            ),
             "zero_stages": Behaviour(
                 value=(0, 1, 2, 3), source="executor: DDP, ZeroRedundancyOptimizer, FSDP2 fully_shard"
             ),
@@ -529,6 +544,11 @@ RUNTIMES: dict[str, Runtime] = {
             "uniform_stages": Behaviour(
                 value=False,
                 source="torchtitan parallelism.pipeline_parallel_split_points (the export writes the plan's)",
+            ),
+            "recompute_assignments": Behaviour(
+                value="uniform",
+                source="torchtitan 0.3 activation_checkpoint: one mode (none, full, selective op) applied to every "
+                "transformer block; 0.2's selective k (every k-th block full) is not searched",
             ),
             "zero_stages": Behaviour(
                 value=(0, 2, 3),
@@ -605,6 +625,12 @@ RUNTIMES: dict[str, Runtime] = {
                 value=True, source="megatron/arguments.py --attention-dropout 0.1 --hidden-dropout 0.1"
             ),
             "uniform_stages": Behaviour(value=True, source="Megatron-LM: num_layers divisible by pp x v, equal chunks"),
+            "recompute_assignments": Behaviour(
+                value="per_layer",
+                known=False,
+                source="not modelled: --recompute-granularity is one mode, --recompute-method block the first N "
+                "blocks per stage; the export says where a plan's per-layer choice is not expressible",
+            ),
             "zero_stages": Behaviour(value=(0,), source="no distributed optimizer before 2022 (Narayanan 2021 Sec 5)"),
             "fsdp_gather_bytes": Behaviour(value=None, source="not applicable: no ZeRO-2/3"),
             "fp8": Behaviour(value=False, source="no Transformer Engine before Megatron-Core"),
@@ -674,6 +700,12 @@ RUNTIMES: dict[str, Runtime] = {
                 value=True, source="megatron/training/arguments.py --attention-dropout 0.1 --hidden-dropout 0.1"
             ),
             "uniform_stages": Behaviour(value=True, source="even split by default (uneven first/last stage is opt-in)"),
+            "recompute_assignments": Behaviour(
+                value="per_layer",
+                known=False,
+                source="not modelled: --recompute-granularity is one mode, --recompute-method block the first N "
+                "blocks per stage; the export says where a plan's per-layer choice is not expressible",
+            ),
             "zero_stages": Behaviour(value=(0, 1), source="DDP or --use-distributed-optimizer (ZeRO-1 style)"),
             "fsdp_gather_bytes": Behaviour(value=None, source="not applicable: the search tries ZeRO-0/1 only"),
             "fp8": Behaviour(value=True, source="--fp8-format hybrid (Transformer Engine)"),
@@ -747,6 +779,12 @@ RUNTIMES: dict[str, Runtime] = {
                     "not known: PipelineModule partition_method 'parameters' balances parameter counts, "
                     "not time; the search's boundaries are used"
                 ),
+            ),
+            "recompute_assignments": Behaviour(
+                value="per_layer",
+                known=False,
+                source="not modelled: the user's module checkpoints what it wraps (the export wraps the plan's "
+                "full blocks, checkpoint_blocks); PipelineModule's activation_checkpoint_interval is one interval",
             ),
             "zero_stages": Behaviour(value=(0, 1, 2, 3), source="zero_optimization.stage 0-3"),
             "fsdp_gather_bytes": Behaviour(value=2, source="ZeRO-3 gathers the bf16/fp16 parameters"),

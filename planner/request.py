@@ -59,6 +59,10 @@ class PlanRequest:
     """Split the blocks evenly over the pp x v stages instead of searching the boundaries (the
     embedding on the first stage, the head on the last), as Megatron-LM does (it requires the
     layer count to divide evenly); per-layer recompute is still solved."""
+    recompute_assignments: str = "per_layer"
+    """"per_layer": each layer's recompute mode is searched on its own (meshplan's executor runs any);
+    "uniform": one mode on every transformer block and none elsewhere, the search's best over the modes
+    (torchtitan's activation checkpointing). A --recompute pin is one such mode either way."""
     runtime: str = "meshplan"
     """The software that will execute the plan (meshplan/runtimes.py); the CLI fills the
     behaviour fields above and below from it unless a behaviour's own flag is given."""

@@ -25,6 +25,8 @@ class RuntimeSpec:
     """Bytes per element of the ZeRO-2/3 gathers and reduce-scatters: the runtime's, else 2 under
     bf16 / fp8 and 4 under fp32."""
     selective_recompute: str
+    recompute_assignments: str
+    """"per_layer" or "uniform" (one mode on every block): which recompute assignments the search may pick."""
     elementwise: str
     fused_projections: bool
     free_stage_outputs: bool

@@ -66,7 +66,7 @@ def test_an_export_read_back_predicts_the_plan(plans, tmp_path):
             got = estimate(folder / fname, tmp_path)
             assert got == pytest.approx(plan.prediction.step_time_s, rel=0.005), (name, target)
             checked.append((name, target))
-    # which exports express their plan whole follows the plans the planner makes (six or seven of the forty-five
+    # which exports express their plan whole follows the plans the planner makes (ten of the forty-five
     # of late); every target has at least one
     assert {t for _, t in checked} == set(MAIN_FILE), checked
 

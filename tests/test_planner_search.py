@@ -27,6 +27,20 @@ CASES = [
         14.0,
         dict(global_batch=16, recompute="selective", zero=1, sequence_parallel=False),
     ),
+    (
+        "gpt 8 GPUs, tight memory, one recompute mode on every block",
+        small_gpt(6),
+        8,
+        10.0,
+        dict(global_batch=8, zero=0, recompute_assignments="uniform"),
+    ),
+    (
+        "llama 16 GPUs, one recompute mode on every block",
+        small_llama(4),
+        16,
+        10.0,
+        dict(global_batch=32, sequence_parallel=True, zero=2, recompute_assignments="uniform"),
+    ),
     ("cnn chain 4 GPUs", cnn_chain(), 4, 6.0, dict(global_batch=32, zero=3)),
     ("cnn chain 8 GPUs, any zero", cnn_chain(), 8, 4.0, dict(global_batch=16)),
 ]
@@ -258,3 +272,17 @@ def test_allowed_methods_stay_exact_against_brute_force(name, profile, n, mem_gi
         for c in (cand, *tuning.searched(ctx, table, cand), *alternatives(ctx, cand))
     )
     assert got == pytest.approx(best, rel=1e-9)
+
+
+def test_one_recompute_mode_on_every_block_when_the_runtime_runs_only_that():
+    """torchtitan runs one activation-checkpointing mode on every block: under recompute_assignments "uniform" the
+    plan's blocks share one mode (none elsewhere), and it is never faster than the per-layer search, which
+    meshplan's own executor keeps."""
+    spec, profile = cluster(8, 30.0), small_gpt(6)
+    pins = dict(num_gpus=8, global_batch=32, zero=0, microbatch=4, tp=1, pp=2, schedule="1F1B")
+    per_layer = search(profile, spec, PlanRequest(**pins))
+    uniform = search(profile, spec, PlanRequest(**pins, recompute_assignments="uniform"))
+    blocks = {mode for fqn, mode in uniform.recompute.items() if fqn.startswith("layers.")}
+    assert len(blocks) == 1 and all(m == "none" for f, m in uniform.recompute.items() if not f.startswith("layers."))
+    assert len({m for f, m in per_layer.recompute.items() if f.startswith("layers.")}) > 1  # the case is mixed
+    assert uniform.prediction.step_time_s > per_layer.prediction.step_time_s

@@ -14,6 +14,7 @@ excess is exposed.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from meshplan.model_profile import LayerProfile
@@ -245,6 +246,28 @@ def allowed_modes(ctx: Context, layer: LayerProfile) -> tuple[str, ...]:
     if pin is None:
         return modes
     return (pin,) if pin in modes else ("none",)
+
+
+def recompute_policies(ctx: Context) -> tuple[str | None, ...]:
+    """The recompute assignments the search chooses among: (None,) is each layer its own mode (allowed_modes);
+    under a runtime that runs one mode on every block (RuntimeSpec.recompute_assignments "uniform",
+    torchtitan), each mode a block allows, in RECOMPUTE_ORDER: that mode on every block, none elsewhere."""
+    if ctx.spec.recompute_assignments != "uniform":
+        return (None,)
+    modes = {m for layer in ctx.layers if layer.tp.kind == "block" for m in allowed_modes(ctx, layer)}
+    return tuple(m for m in ("none", "selective", "full") if m in modes) or ("none",)
+
+
+def restrict(ctx: Context, costs: list[LayerCost], policy: str | None) -> list[LayerCost]:
+    """`costs` with only the mode `policy` assigns each layer (recompute_policies; None: all of them)."""
+    if policy is None:
+        return costs
+    out = []
+    for layer, cost in zip(ctx.layers, costs):
+        mode = policy if layer.tp.kind == "block" and policy in cost.modes else "none"
+        mode = mode if mode in cost.modes else next(iter(cost.modes))  # a pinned layer keeps its pin
+        out.append(dataclasses.replace(cost, modes={mode: cost.modes[mode]}))
+    return out
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 The plan space of a request is, for every outer candidate of `enumerate.candidates`, every
 contiguous split of the L profile layers into pp x v stages (stage s on rank s mod pp) and every
-per-layer recompute choice (`layer_cost.allowed_modes`), each candidate also with ByteScheduler
+per-layer recompute choice (`layer_cost.allowed_modes`; under a runtime that runs one mode on every block, only
+those assignments: `layer_cost.recompute_policies`), each candidate also with ByteScheduler
 at its tuned chunk and credit where it composes (the search prices it by default:
 planner/methods/comm_schedule.py). Brute force visits every plan of that space and takes its step time
 as the slowest rank's cost (`RankModel.finish`, the cost function
@@ -16,7 +17,8 @@ plan that contains it, so a plan costs one comparison once its ranks' costs are 
     brute_force_best(profile, cluster, request)                 (best step, {candidate: its best})
 
 Size of the space (exact, in integers; it overflows any float for large models):
-    sum over candidates of C(L - 1, pp*v - 1) x prod over layers of |recompute modes|,
+    sum over candidates of C(L - 1, pp*v - 1) x prod over layers of |recompute modes|
+    (x |modes| instead of the product when one mode runs on every block),
 C(L - 1, k - 1) being the number of compositions of L layers into k non-empty contiguous stages.
 """
 
@@ -32,7 +34,7 @@ from meshplan.model_profile import ModelProfile
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.cost.memory import fits
 from meshplan.planner.cost.pipeline import p2p_per_microbatch_s
-from meshplan.planner.rank.layer_cost import CostTable, allowed_modes
+from meshplan.planner.rank.layer_cost import CostTable, allowed_modes, recompute_policies, restrict
 from meshplan.planner.rank.stages import RankModel
 from meshplan.planner.request import PlanRequest
 from meshplan.planner.search import tuning
@@ -102,7 +104,9 @@ def count_plans(ctx: Context, cands: list[Candidate] | None = None) -> int:
     """Exact number of plans in the space (a Python int, astronomically large for big models)."""
     cands = candidates(ctx, Rejects()) if cands is None else cands
     cands = cands + [alt for c in cands if (alt := tuning.variant(ctx, c)) is not None]
-    num_layers, per_split = len(ctx.layers), math.prod(layer_mode_counts(ctx))
+    policies = recompute_policies(ctx)
+    per_split = math.prod(layer_mode_counts(ctx)) if policies == (None,) else len(policies)
+    num_layers = len(ctx.layers)
     return per_split * sum(math.comb(num_layers - 1, c.pp * c.virtual_stages - 1) for c in cands)
 
 
@@ -175,19 +179,20 @@ def _p2p_s(model: RankModel, ctx: Context, cand: Candidate, rank: int, layers: l
 def brute_force_candidate(ctx: Context, cand: Candidate, table: CostTable, clock: _Clock | None = None) -> float:
     """Least step time over every split and recompute assignment of one candidate (inf if none fits)."""
     clock = clock or _Clock(None)
-    model = RankModel(ctx, cand, table.for_candidate(cand))
-    p, v = cand.pp, cand.virtual_stages
-    rank_costs: dict[tuple, _RankCosts] = {}
     best_s = math.inf
-    for stages in compositions(len(ctx.layers), p * v):
-        tables = []
-        for r in range(p):
-            layers = sorted(i for s in range(r, p * v, p) for i in stages[s])  # stage s runs on rank s mod p
-            key = (r, tuple(layers))
-            if key not in rank_costs:
-                rank_costs[key] = _RankCosts(model, r, layers, _p2p_s(model, ctx, cand, r, layers))
-            tables.append(rank_costs[key])
-        best_s = _walk(tables, 0, 0.0, clock, best_s)
+    for policy in recompute_policies(ctx):  # (None,): every per-layer assignment; else one mode on every block
+        model = RankModel(ctx, cand, restrict(ctx, table.for_candidate(cand), policy))
+        p, v = cand.pp, cand.virtual_stages
+        rank_costs: dict[tuple, _RankCosts] = {}
+        for stages in compositions(len(ctx.layers), p * v):
+            tables = []
+            for r in range(p):
+                layers = sorted(i for s in range(r, p * v, p) for i in stages[s])  # stage s runs on rank s mod p
+                key = (r, tuple(layers))
+                if key not in rank_costs:
+                    rank_costs[key] = _RankCosts(model, r, layers, _p2p_s(model, ctx, cand, r, layers))
+                tables.append(rank_costs[key])
+            best_s = _walk(tables, 0, 0.0, clock, best_s)
     return best_s
 
 

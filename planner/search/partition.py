@@ -13,7 +13,7 @@ import math
 from meshplan.errors import MeshplanError
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.cost.pipeline import in_flight, p2p_per_microbatch_s
-from meshplan.planner.rank.layer_cost import LayerCost
+from meshplan.planner.rank.layer_cost import LayerCost, recompute_policies, restrict
 from meshplan.planner.rank.stages import RankModel, RankSolution
 from meshplan.planner.rank.tail import last_bucket_params, tail_s
 from meshplan.planner.search.recompute import modes_of, pareto_frontier, solve_frontier, solve_identical
@@ -256,7 +256,28 @@ def solve_general(ctx: Context, cand: Candidate, costs: list[LayerCost], cache: 
 
 def solve(ctx: Context, cand: Candidate, costs: list[LayerCost], cache: dict | None = None):
     """(rank solutions, stages as layer-index lists, 0.0), or (None, tightest rank, excess_bytes)
-    where excess_bytes > 0 is the memory overflow of the leanest balanced split (-1 if unknown)."""
+    where excess_bytes > 0 is the memory overflow of the leanest balanced split (-1 if unknown).
+    Under a runtime that runs one recompute mode on every block, the best of the modes (layer_cost.
+    recompute_policies): the one whose slowest rank is fastest, the objective of each solve; none fitting,
+    the leanest mode's overflow."""
+    policies = recompute_policies(ctx)
+    if policies == (None,):
+        return _solve(ctx, cand, costs, cache)
+    best, best_cost, failed = None, math.inf, None
+    for policy in policies:
+        sub = None if cache is None else cache.setdefault(("recompute policy", policy), {})
+        got = _solve(ctx, cand, restrict(ctx, costs, policy), sub)
+        if got[0] is None:
+            failed = got
+            continue
+        cost = max(sol.cost_s for sol in got[0])
+        if cost < best_cost:
+            best, best_cost = got, cost
+    assert best is not None or failed is not None
+    return best if best is not None else failed
+
+
+def _solve(ctx: Context, cand: Candidate, costs: list[LayerCost], cache: dict | None = None):
     if ctx.body is not None:
         split = UniformSplit(ctx, cand, costs)
         counts = split.balanced_counts() if ctx.spec.uniform_stages else split.solve()
