@@ -41,7 +41,14 @@ _LLAMA31_ROPE = {
 
 
 def _llama(
-    layers: int, hidden: int, heads: int, ffn: int, seq: int = 8192, vocab: int = 128256, kv_heads: int = 8
+    layers: int,
+    hidden: int,
+    heads: int,
+    ffn: int,
+    seq: int = 8192,
+    vocab: int = 128256,
+    kv_heads: int = 8,
+    tied: bool = False,
 ) -> dict:
     return dict(
         model_type="llama",
@@ -55,6 +62,7 @@ def _llama(
         max_position_embeddings=131072,
         rope_parameters=dict(_LLAMA31_ROPE),
         rms_norm_eps=1e-5,
+        tie_word_embeddings=tied,
     )
 
 
@@ -157,7 +165,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "gpt2-medium": _gpt2(24, 1024, 16),
     "gpt2-large": _gpt2(36, 1280, 20),
     "gpt2-xl": _gpt2(48, 1600, 25),
-    "meta-llama/Llama-3.2-1B": _llama(16, 2048, 32, 8192),
+    "meta-llama/Llama-3.2-1B": _llama(16, 2048, 32, 8192, tied=True),  # its config.json ties the output head
     "meta-llama/Llama-3.1-8B": _llama(32, 4096, 32, 14336),
     "meta-llama/Llama-3.1-70B": _llama(80, 8192, 64, 28672),
     "meta-llama/Llama-3.1-405B": _llama(126, 16384, 128, 53248),

@@ -89,7 +89,9 @@ def test_hf_parameter_counts_match_the_published_shapes():
     assert gpt2.num_params == 124_439_808  # published GPT-2 small: the LM head is the tied embedding
     assert gpt2.layer("head").num_tied_params == 50257 * 768
     llama = profile_model("hf:meta-llama/Llama-3.1-8B")
-    assert llama.num_params == pytest.approx(8.03e9, rel=0.005)
+    assert llama.num_params == 8_030_261_248  # Meta's model card: untied output head
+    small = profile_model("hf:meta-llama/Llama-3.2-1B")
+    assert small.num_params == 1_235_814_400  # Llama 3.2 1B ties its output head to the embedding
     block = llama.layer("layers.0")
     assert block.tp.kind == "block" and block.tp.divisors == {"heads": 32, "kv_heads": 8, "ffn": 14336}
     s, h = 8192, 4096  # GQA: k/v projections are 1/4 of q; SwiGLU three h x f GEMMs
