@@ -391,12 +391,12 @@ def main(argv: list[str] | None = None) -> int:
         if not args.verb:
             build_parser().print_help()
             return 0
-        from meshplan import commands
+        from meshplan.commands import dispatch, output
 
         if as_json and (sys.stdout is None or not _fd_open(1)):
             raise MeshplanError("--json: stdout is closed, so the JSON has nowhere to go; redirect it to a file")
-        with _json_stdout(commands) if as_json else contextlib.nullcontext():
-            code = commands.dispatch(args)
+        with output.json_stdout() if as_json else contextlib.nullcontext():
+            code = dispatch(args)
         sys.stdout.flush()  # a full disk or a closed pipe is found here, not at interpreter exit
         return code
     except (MeshplanError, UsageError) as exc:
@@ -423,18 +423,6 @@ def _fd_open(fd: int) -> bool:
         return True
     except OSError:
         return False
-
-
-@contextlib.contextmanager
-def _json_stdout(commands):
-    """--json: stdout carries the JSON only; anything else printed meanwhile (a model file that
-    prints at import, a factory's progress) goes to stderr."""
-    commands.JSON_OUT = sys.stdout
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        commands.JSON_OUT = None
 
 
 def _stdout_broken() -> bool:

@@ -34,7 +34,7 @@ def test_run_logs_every_step_once_with_the_losses_of_run_json(tmp_path, capfd):
 
 
 def _recorder(calls: list):
-    """A stand-in for commands._progress that records every tick."""
+    """A stand-in for commands.output.progress that records every tick."""
     import contextlib
 
     @contextlib.contextmanager
@@ -50,22 +50,22 @@ def test_a_bar_with_counts_on_a_terminal_and_nothing_when_piped(monkeypatch):
 
     from rich.console import Console
 
-    from meshplan import commands
+    from meshplan.commands import output
 
     args = argparse.Namespace(quiet=False, json=False)
     screen = io.StringIO()
-    monkeypatch.setattr(commands, "_console", lambda: Console(file=screen, force_terminal=True, width=160))
-    monkeypatch.setattr(commands, "_interactive", lambda: True)
-    with commands._progress(args, "searching plans") as tick:
+    monkeypatch.setattr(output, "console", lambda: Console(file=screen, force_terminal=True, width=160))
+    monkeypatch.setattr(output, "interactive", lambda: True)
+    with output.progress(args, "searching plans") as tick:
         tick(3, 7, "candidates")
     assert "candidates: searching plans" in screen.getvalue() and "3/7" in screen.getvalue()
-    monkeypatch.setattr(commands, "_interactive", lambda: False)  # a pipe, a CI log: no bar, no count
+    monkeypatch.setattr(output, "interactive", lambda: False)  # a pipe, a CI log: no bar, no count
     screen.truncate(0)
-    with commands._progress(args, "searching plans") as tick:
+    with output.progress(args, "searching plans") as tick:
         tick(3, 7, "candidates")
     assert "3/7" not in screen.getvalue()
-    monkeypatch.setattr(commands, "_interactive", lambda: True)
-    with commands._progress(argparse.Namespace(quiet=True, json=False), "searching plans") as tick:
+    monkeypatch.setattr(output, "interactive", lambda: True)
+    with output.progress(argparse.Namespace(quiet=True, json=False), "searching plans") as tick:
         tick(3, 7, "candidates")
     assert "3/7" not in screen.getvalue()
 
@@ -76,7 +76,7 @@ def test_plan_search_counts_candidates_to_the_total(tmp_path, monkeypatch):
     from meshplan.schema import load
 
     calls: list = []
-    monkeypatch.setattr(commands, "_progress", _recorder(calls))
+    monkeypatch.setattr(commands, "progress", _recorder(calls))  # where cmd_plan looks it up
     out = tmp_path / "plan.json"
     assert main(["plan", "--num-gpus", "8", "--cluster", "a100-80g", "-o", str(out), "-q"]) == 0
     ticks = [(d, t) for d, t, label in calls if label == "candidates"]

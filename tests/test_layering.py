@@ -138,6 +138,7 @@ PACKAGE_RANKS = {
 """Top-level packages, bottom first: a package imports only packages of a lower rank (never one of
 its own rank: the planner does not read the models, nor the models the planner)."""
 DRIVER_MODULES = ("meshplan.cli", "meshplan.commands", "meshplan.demo", "meshplan.examples", "meshplan.__main__")
+"""The drivers' modules; meshplan.commands is a package: its modules are drivers too."""
 
 PLANNER_LAYERS = {"cost": 1, "methods": 2, "rank": 3, "search": 4}
 """meshplan.planner's layers below its facade (planner/__init__.py); the modules directly in planner/
@@ -148,7 +149,7 @@ def package_of(name: str) -> str:
     for pkg in ("models", "planner", "profiler", "executor", "report", "validation", "inputs"):
         if under(name, [f"meshplan.{pkg}"]):
             return pkg
-    return "drivers" if name in DRIVER_MODULES else "contracts"
+    return "drivers" if under(name, DRIVER_MODULES) else "contracts"
 
 
 def planner_layer(name: str) -> int:

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from meshplan import schema
+from meshplan.commands.output import json_file, print_json, print_table, progress, say, warn
 from meshplan.errors import MeshplanError
 from meshplan.plan import Plan
 
@@ -36,108 +35,6 @@ def dispatch(args: argparse.Namespace) -> int:
 
 
 _INPUT_FLAGS = ("profile", "cluster", "plan", "run", "csv")
-
-
-# ---------------------------------------------------------------- helpers
-
-
-def _console():
-    from rich.console import Console
-
-    return Console(stderr=True)
-
-
-def _interactive() -> bool:
-    """Progress bars only for a person at a terminal (stderr), never in a pipe or a CI log."""
-    return sys.stderr.isatty()
-
-
-def _no_tick(done: int, total: int, label: str | None = None) -> None:
-    pass
-
-
-@contextlib.contextmanager
-def _progress(args: argparse.Namespace, message: str) -> Iterator[Any]:
-    """A rich spinner on stderr for people; nothing with --quiet or --json. Yields `tick(done,
-    total, label=None)`: the work's count so far, which on a terminal turns the spinner into a bar
-    with the count, the elapsed time and an estimate of the time left (layers profiled,
-    candidates searched, rows validated); a no-op elsewhere."""
-    if args.quiet or args.json:
-        yield _no_tick
-        return
-    if not _interactive():
-        with _console().status(message):
-            yield _no_tick
-        return
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    # the count first: on a narrow terminal the description is what gets cut
-    columns = [SpinnerColumn(), MofNCompleteColumn(), BarColumn(bar_width=24), TimeElapsedColumn()]
-    columns += [TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.description}")]
-    console = _console()
-    room = max(20, console.width - 64)  # what the count, bar and times leave on one line
-
-    def fit(text: str) -> str:
-        return text if len(text) <= room else text[: room - 1] + "…"
-
-    with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task(fit(message), total=None)  # no count yet: an indeterminate bar
-
-        def tick(done: int, total: int, label: str | None = None) -> None:
-            description = fit(f"{label}: {message}" if label else message)
-            bar.update(task, completed=min(done, total), total=max(total, 1), description=description)
-
-        yield tick
-
-
-def _print_table(args: argparse.Namespace, table) -> None:
-    """A table on stdout: boxed on a terminal, full width when piped (a log keeps every number),
-    tab-separated values with --plain."""
-    if getattr(args, "plain", False):
-        from meshplan.views import table_tsv
-
-        if table.title:
-            print(f"# {table.title}")
-        sys.stdout.write(table_tsv(table))
-        return
-    from rich.console import Console
-
-    if sys.stdout.isatty():
-        Console().print(table)
-    else:  # never cut to 80 columns: as wide as the table needs
-        Console(width=100_000, no_color=True, highlight=False).print(table)
-
-
-JSON_OUT: Any = None
-"""Where --json output goes (cli.main points it at the real stdout; other prints go to stderr)."""
-
-
-def _print_json(obj: Any) -> None:
-    print(json.dumps(schema.to_dict(obj), indent=2, allow_nan=False), file=JSON_OUT or sys.stdout)
-
-
-def _say(args: argparse.Namespace, text: str) -> None:
-    if not args.json and not args.quiet:
-        _console().print(text, highlight=False)
-
-
-def _check_positive(**values: int | None) -> None:
-    from meshplan.inputs import check_positive
-
-    check_positive(**values)
-
-
-def _warn(args: argparse.Namespace, text: str) -> None:
-    """A warning line on stderr; --quiet silences progress, not warnings."""
-    print(f"meshplan {args.verb}: warning: {text}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------- verbs
@@ -166,7 +63,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
             "inter_node_gbps": spec.inter_node.bandwidth_gbps,
         }
     if args.json:
-        _print_json({"models": models, "families": sorted(FAMILIES), "clusters": clusters})
+        print_json({"models": models, "families": sorted(FAMILIES), "clusters": clusters})
         return 0
     from rich.table import Table
 
@@ -191,14 +88,14 @@ def cmd_presets(args: argparse.Namespace) -> int:
             f"{c['intra_node_gbps']:g}",
             f"{c['inter_node_gbps']:g}",
         )
-    _print_table(args, table)
-    _print_table(args, ctable)
+    print_table(args, table)
+    print_table(args, ctable)
     sources = Table(title="peak sources (meshplan/data/hardware.csv)", show_lines=True)
     for col in ("name", "bf16 dense", "fp8 dense"):
         sources.add_column(col)
     for name, c in clusters.items():
         sources.add_row(name, c["peak_sources"]["bf16"], c["peak_sources"]["fp8"])
-    _print_table(args, sources)
+    print_table(args, sources)
     return 0
 
 
@@ -211,7 +108,9 @@ def _check_local_procs(flag: str, count: int | None) -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    _check_positive(concurrent=args.concurrent)
+    from meshplan.inputs import build_profile, check_positive
+
+    check_positive(concurrent=args.concurrent)
     _check_local_procs("--concurrent", args.concurrent)
     if args.device == "meta" and args.concurrent > 1:  # nothing is timed on meta
         print(
@@ -220,9 +119,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     for b in args.microbatch or []:
-        _check_positive(microbatch=b)
-    from meshplan.inputs import build_profile
-
+        check_positive(microbatch=b)
     profile = build_profile(
         args.model,
         args.overrides,
@@ -230,23 +127,23 @@ def cmd_profile(args: argparse.Namespace) -> int:
         microbatches=args.microbatch,
         concurrent=args.concurrent,
         in_place=args.in_place,
-        progress=lambda message: _progress(args, message),
+        progress=lambda message: progress(args, message),
     )
     if args.output:
         schema.save(profile, args.output)
     if args.json:
-        _print_json(profile)
+        print_json(profile)
         return 0
-    _say(
+    say(
         args,
         f"[bold]{profile.model_name}[/]: {profile.num_params:,} parameters, "
         f"{profile.forward_flops_per_sample:.3g} forward FLOPs/sample, {profile.num_layers} blocks, "
         f"{len(profile.layers)} graph nodes, timed on {profile.device}",
     )
     for note in profile.notes:
-        _say(args, f"  note: {note}")
+        say(args, f"  note: {note}")
     if args.output:
-        _say(args, f"wrote {args.output}")
+        say(args, f"wrote {args.output}")
     return 0
 
 
@@ -258,7 +155,7 @@ def cmd_profile_links(args: argparse.Namespace) -> int:
     _check_local_procs("--nproc", args.nproc)
     if args.disk_mib < 0:
         raise MeshplanError(f"--disk-mib {args.disk_mib}: must be >= 0 (0 skips the disk probe)")
-    with _progress(args, f"measuring collectives, host memory and disk on {args.nproc} local ranks") as tick:
+    with progress(args, f"measuring collectives, host memory and disk on {args.nproc} local ranks") as tick:
         spec = profile_links(
             args.nproc,
             max_bytes=args.max_bytes,
@@ -269,10 +166,10 @@ def cmd_profile_links(args: argparse.Namespace) -> int:
     if args.output:
         schema.save(spec, args.output)
     if args.json:
-        _print_json(spec)
+        print_json(spec)
         return 0
     for fit in spec.collectives:
-        _say(
+        say(
             args,
             f"{fit.collective:15s} n={fit.group_size}: latency {fit.latency_s * 1e6:8.1f} us, "
             f"bandwidth {fit.bandwidth_gbps:7.3f} GB/s",
@@ -280,9 +177,9 @@ def cmd_profile_links(args: argparse.Namespace) -> int:
     from meshplan.profiler.host_links import describe
 
     for line in describe(spec):
-        _say(args, line)
+        say(args, line)
     if args.output:
-        _say(args, f"wrote {args.output}")
+        say(args, f"wrote {args.output}")
     return 0
 
 
@@ -291,9 +188,9 @@ def _inputs(args: argparse.Namespace):
     from meshplan.inputs import PlanOptions, resolve
 
     options = PlanOptions.of(args)
-    inputs = resolve(options, progress=lambda message: _progress(args, message))
+    inputs = resolve(options, progress=lambda message: progress(args, message))
     for text in inputs.warnings:
-        _warn(args, text)
+        warn(args, text)
     return options, inputs
 
 
@@ -308,10 +205,10 @@ def _emit_plan(args: argparse.Namespace, options, plan: Plan) -> None:
     if args.output:
         schema.save(plan, args.output)
     if args.json:
-        _print_json(plan_view(plan))
+        print_json(plan_view(plan))
         return
     if not args.quiet:
-        _print_table(args, plan_table(plan))
+        print_table(args, plan_table(plan))
     pred = plan.prediction
     print(f"{'recommended' if plan.search is not None else 'configuration'}: {describe(plan)}")
     if pred is not None:
@@ -321,22 +218,22 @@ def _emit_plan(args: argparse.Namespace, options, plan: Plan) -> None:
         )
     if plan.search is not None and not args.quiet:
         s = plan.search
-        _say(
+        say(
             args,
             f"searched {s.num_candidates:,} candidates in {s.search_time_s:.3f} s "
             f"({s.num_evaluated:,} costed, {s.num_rejected:,} rejected)",
         )
         for rej in s.rejected[:8]:
-            _say(args, f"  rejected {rej.family}: {rej.reason}" + (f" (x{rej.count})" if rej.count > 1 else ""))
+            say(args, f"  rejected {rej.family}: {rej.reason}" + (f" (x{rej.count})" if rej.count > 1 else ""))
     if args.output:
-        _say(args, f"wrote {args.output}")
+        say(args, f"wrote {args.output}")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     options, inputs = _inputs(args)
     from meshplan.planner.search import search
 
-    with _progress(args, f"searching plans for {inputs.request.num_gpus} x {inputs.cluster.name}") as tick:
+    with progress(args, f"searching plans for {inputs.request.num_gpus} x {inputs.cluster.name}") as tick:
         plan = search(inputs.profile, inputs.cluster, inputs.request, on_progress=lambda d, t: tick(d, t, "candidates"))
     _emit_plan(args, options, plan)
     if getattr(args, "imported", None):
@@ -384,7 +281,9 @@ def _load_plan(path: str) -> Plan:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    _check_positive(steps=args.steps, nnodes=args.nnodes)
+    from meshplan.inputs import check_positive
+
+    check_positive(steps=args.steps, nnodes=args.nnodes)
     _check_run_flags(args)
     plan = _load_plan(args.plan)
     from meshplan.executor import LaunchOptions, check_plan, launch_command, run_plan
@@ -422,10 +321,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if args.print_launch:
         return _print_launch(args, plan, launch_command(plan, opts, plan_path=args.plan))
-    with _progress(args, f"running {args.steps} steps on {plan.world_size} ranks"):
+    with progress(args, f"running {args.steps} steps on {plan.world_size} ranks"):
         result = run_plan(plan, opts)
     if args.json:
-        _print_json(result)
+        print_json(result)
         return 0
     print(f"losses: {' '.join(f'{x:.4f}' for x in result.losses)}")
     print(
@@ -437,7 +336,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"predicted {plan.prediction.step_time_s:.4g} s/step: measured is {err:+.1%} off")
     from meshplan.executor.multinode import node_file
 
-    _say(args, f"wrote {Path(args.out_dir) / node_file('run.json', args.node_rank, args.nnodes)}")
+    say(args, f"wrote {Path(args.out_dir) / node_file('run.json', args.node_rank, args.nnodes)}")
     return 0
 
 
@@ -461,10 +360,10 @@ def _run_waves(args: argparse.Namespace, plan: Plan) -> int:
         timeout_s=args.timeout,
         quiet=args.quiet or args.json,
     )
-    with _progress(args, f"running {args.steps} steps of two waves on {plan.world_size} devices"):
+    with progress(args, f"running {args.steps} steps of two waves on {plan.world_size} devices"):
         report = waves.run(plan, opts)
     if args.json:
-        print(json.dumps({k: v for k, v in report.items()}, indent=1), file=JSON_OUT or sys.stdout)
+        print(json.dumps({k: v for k, v in report.items()}, indent=1), file=json_file())
         return 0
     one = report["one_wave"]
     for d in report["devices"]:
@@ -483,7 +382,7 @@ def _run_waves(args: argparse.Namespace, plan: Plan) -> int:
             f"the plan's prediction ({plan.dp_methods.waves.name} wave(s) as planned): "
             f"{plan.prediction.step_time_s:.4g} s/step, peak {plan.prediction.peak_memory_bytes / 2**20:.1f} MiB/rank"
         )
-    _say(args, f"wrote {Path(args.out_dir) / 'waves.json'}")
+    say(args, f"wrote {Path(args.out_dir) / 'waves.json'}")
     return 0
 
 
@@ -512,7 +411,7 @@ def _print_launch(args: argparse.Namespace, plan: Plan, cmd: list[str]) -> int:
 
     warning = _host_warning(plan, args.nnodes)
     if warning:
-        _warn(args, warning)
+        warn(args, warning)
     if args.json:
         view = {
             "argv": cmd,
@@ -525,7 +424,7 @@ def _print_launch(args: argparse.Namespace, plan: Plan, cmd: list[str]) -> int:
             "rdzv_endpoint": args.rdzv_endpoint,
             "warnings": [warning] if warning else [],
         }
-        _print_json(view)
+        print_json(view)
     else:
         print(shlex.join(cmd))
     return 0
@@ -581,10 +480,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         schema.write_text_atomic(args.trace, trace_json(plan))
         paths.append(Path(args.trace))
     if args.json:
-        _print_json({"files": [str(p) for p in paths]})
+        print_json({"files": [str(p) for p in paths]})
     else:
         for path in paths:
-            _say(args, f"wrote {path}")
+            say(args, f"wrote {path}")
     return 0
 
 
@@ -597,30 +496,30 @@ def cmd_export(args: argparse.Namespace) -> int:
         for name, text in files.items():
             schema.write_text_atomic(Path(args.output) / name, text)
     if args.json:
-        _print_json(files)
+        print_json(files)
     elif not args.output:
         for name, text in files.items():
             print(f"# ---- {name}\n{text}")
     else:
         for name in files:
-            _say(args, f"wrote {Path(args.output) / name}")
+            say(args, f"wrote {Path(args.output) / name}")
     return 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from meshplan.validation import validate_published, write_validation_report
 
-    shipped = str(Path(__file__).parent / "data" / "published-runs.csv")
+    shipped = str(Path(__file__).parent.parent / "data" / "published-runs.csv")
     csv = args.csv or shipped
     if args.csv:
         _check_csv_header(args.csv, shipped)
-    with _progress(args, "predicting published runs") as tick:
+    with progress(args, "predicting published runs") as tick:
         rows = validate_published(csv, on_row=lambda d, t: tick(d, t, "rows"))
     write_validation_report(rows, args.output)
     if args.json:
-        _print_json(rows)
+        print_json(rows)
     else:
-        _say(args, f"wrote {args.output} ({len(rows)} rows)")
+        say(args, f"wrote {args.output} ({len(rows)} rows)")
     return 0
 
 
