@@ -2,7 +2,7 @@
 
 Verbs: presets, profile, profile-links, plan, estimate, run, report, export, validate. The
 options of plan and estimate are declared in meshplan/options.py (shared with the job file and
-meshplan/inputs.py); the verbs themselves live in meshplan/commands.py. Every verb takes --json (machine output on stdout) and --quiet (no progress); user mistakes are
+meshplan/inputs.py); the verbs themselves live in meshplan/commands/. Every verb takes --json (machine output on stdout) and --quiet (no progress); user mistakes are
 one line on stderr and a non-zero exit, never a traceback (meshplan.errors.MeshplanError).
 """
 

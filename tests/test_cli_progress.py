@@ -71,12 +71,12 @@ def test_a_bar_with_counts_on_a_terminal_and_nothing_when_piped(monkeypatch):
 
 
 def test_plan_search_counts_candidates_to_the_total(tmp_path, monkeypatch):
-    from meshplan import commands
+    from meshplan.commands import planning
     from meshplan.plan import Plan
     from meshplan.schema import load
 
     calls: list = []
-    monkeypatch.setattr(commands, "progress", _recorder(calls))  # where cmd_plan looks it up
+    monkeypatch.setattr(planning, "progress", _recorder(calls))  # where cmd_plan looks it up
     out = tmp_path / "plan.json"
     assert main(["plan", "--num-gpus", "8", "--cluster", "a100-80g", "-o", str(out), "-q"]) == 0
     ticks = [(d, t) for d, t, label in calls if label == "candidates"]
