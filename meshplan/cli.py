@@ -1,9 +1,10 @@
 """The `meshplan` command line: a few verbs, each returning an exit code.
 
 Verbs: presets, profile, profile-links, plan, estimate, run, report, export, validate. The
-options of plan and estimate are declared in meshplan/options.py (shared with the job file and
-meshplan/inputs.py); the verbs themselves live in meshplan/commands/. Every verb takes --json (machine output on stdout) and --quiet (no progress); user mistakes are
-one line on stderr and a non-zero exit, never a traceback (meshplan.errors.MeshplanError).
+options of plan, estimate, run and report are declared in meshplan/options.py (shared with the
+job file and meshplan/inputs.py); the verbs themselves live in meshplan/commands/. Every verb takes
+--json (machine output on stdout) and --quiet (no progress); user mistakes are one line on stderr
+and a non-zero exit, never a traceback (meshplan.errors.MeshplanError).
 """
 
 from __future__ import annotations
@@ -29,29 +30,6 @@ also read them from a job file (--config job.toml, docs/config.md)."""
 
 def _common(p: argparse.ArgumentParser) -> None:
     options.output_group(p)
-
-
-def _job_file(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--config",
-        metavar="JOB.toml",
-        help="read the options from a job file (its sections follow the groups below; flags override it)",
-    )
-    p.add_argument(
-        "--save-config",
-        metavar="JOB.toml",
-        help="write this command line's options to a job file, then run the command",
-    )
-
-
-def _import_flag(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument(
-        "--import",
-        dest="import_path",
-        metavar="PATH",
-        help="an existing DeepSpeed JSON, accelerate YAML, torchtitan config or Megatron script: its model, degrees, "
-        f"batch, recompute, precision and ZeRO are the options (flags override them); {what} (docs/exports.md)",
-    )
 
 
 def _apply_import(sub: argparse.ArgumentParser, argv: list[str], verb: str) -> dict | None:
@@ -149,8 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
         "pins that choice.",
     )
     options.add_plan_options(p, "plan")
-    _job_file(p)
-    _import_flag(p, "search from it and say how much faster the best plan is than it")
+    options.job_file_options(p)
+    options.import_option(p, "search from it and say how much faster the best plan is than it")
 
     p = sub.add_parser(
         "estimate",
@@ -158,8 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Predict step time, memory, MFU/HFU of one fully given configuration (no search over degrees).",
     )
     options.add_plan_options(p, "estimate")
-    _job_file(p)
-    _import_flag(p, "predict it")
+    options.job_file_options(p)
+    options.import_option(p, "predict it")
 
     p = sub.add_parser(
         "run",
@@ -168,49 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
         "train for --steps with synthetic seeded data (or --data module:fn), and "
         "write run.json: per-step loss, step time, tokens/s, peak memory per rank.",
     )
-    g = p.add_argument_group("run", "what to train and where it writes ([run])")
-    g.add_argument("plan", help="plan.json from `meshplan plan -o`")
-    g.add_argument("--steps", type=int, default=5, help="optimizer steps to train (default 5)")
-    g.add_argument("--data", help="module:fn returning a torch Dataset of (input, target) pairs")
-    g.add_argument("--out-dir", default="runs/latest", help="where run.json and checkpoints go")
-    g.add_argument("--checkpoint-every", type=int, default=0, help="save a DCP checkpoint every K steps")
-    g.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out-dir")
-    g.add_argument(
-        "--waves",
-        choices=("1", "2"),
-        help="2: run Wavelet's two waves (2N tasks of half the microbatch, the second half an iteration "
-        "late, two ranks a device), then one wave for comparison, and write waves.json",
-    )
-    g.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="start afresh in an --out-dir that holds an earlier run's checkpoint (deletes it)",
-    )
-    g.add_argument(
-        "--optimizer",
-        choices=("adamw", "sgd"),
-        default="adamw",
-        help="adamw (default) or sgd (momentum 0.9; none under DGC's momentum correction)",
-    )
-    g.add_argument(
-        "--offload-dir",
-        help="offload=nvme: folder for the optimizer-state files on local NVMe "
-        "(default: <out-dir>/offload; removed at the end of the run)",
-    )
-    g = p.add_argument_group("launch", "hosts, rendezvous and the watchdog ([launch])")
-    g.add_argument(
-        "--nnodes", type=int, default=1, help="hosts the job spans; run the same command on each (default 1)"
-    )
-    g.add_argument("--node-rank", type=int, default=0, help="this host's index, 0..--nnodes-1 (default 0)")
-    g.add_argument("--rdzv-endpoint", help="host:port for multi-node rendezvous")
-    g.add_argument("--timeout", type=float, default=600, help="seconds before a hung job is ended")
-    g.add_argument(
-        "--print-launch",
-        action="store_true",
-        help="print the torchrun command (with --json: a JSON object per node) and exit",
-    )
+    options.run_group(p)
+    options.launch_group(p)
     _common(p)
-    _job_file(p)
+    options.job_file_options(p)
 
     p = sub.add_parser(
         "report",
@@ -219,17 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
         "timeline, memory per stage, alternatives, rejected families, and the "
         "measured run beside the prediction when --run is given.",
     )
-    g = p.add_argument_group("report", "what to report on ([report])")
-    g.add_argument("plan", help="plan.json from `meshplan plan -o` or `meshplan estimate -o`")
-    g.add_argument("--run", help="run.json from `meshplan run`")
-    g.add_argument(
-        "--trace",
-        metavar="TRACE.json",
-        help="also write the predicted step as a Chrome/Perfetto trace (chrome://tracing, ui.perfetto.dev): "
-        "one track per pipeline rank, one slice per forward, backward and transfer",
-    )
+    options.report_group(p)
     options.output_group(p, write_help="output folder (default reports/latest)", write_default="reports/latest")
-    _job_file(p)
+    options.job_file_options(p)
 
     p = sub.add_parser(
         "export",

@@ -1,9 +1,9 @@
 """Job files: every option of `meshplan plan`, `estimate`, `run` and `report` as a key of a TOML
 file (`--config job.toml`), and the file of a command line (`--save-config job.toml`).
 
-The sections and keys are read off the verb's own argparse groups (meshplan/options.py and
-meshplan/cli.py): a group titled "model" is the [model] section, an option --num-gpus is the key
-num_gpus. There is no second list of options: a flag added to a group is a key of its section.
+The sections and keys are read off the verb's own argparse groups (meshplan/options.py): a group
+titled "model" is the [model] section, an option --num-gpus is the key num_gpus. There is no
+second list of options: a flag added to a group is a key of its section.
 Flags given on the command line override the file. An unknown section or key, or a value of the
 wrong type, is one MeshplanError line naming the key (exit 2). docs/config.md has examples.
 """

@@ -1,8 +1,9 @@
-"""The options of `meshplan plan` and `meshplan estimate`, in the argument groups that are also the
-sections of a job file (meshplan/config.py): model, cluster, batch, parallelism, methods, runtime,
-output. One table: the CLI (meshplan/cli.py) adds these groups to its verbs, meshplan/inputs.py
-parses a command line with them (validation and benchmarks go through it), and the job file's
-sections and keys are read off the same groups.
+"""The options of the verbs that read a job file, in the argument groups that are also the sections
+of a job file (meshplan/config.py): `meshplan plan` and `estimate` (model, cluster, batch,
+parallelism, methods, runtime, output), `run` (run, launch) and `report` (report), with --config,
+--save-config and --import. One table: the CLI (meshplan/cli.py) adds these groups to its verbs,
+meshplan/inputs.py parses a plan command line with them (validation and benchmarks go through it),
+and the job file's sections and keys are read off the same groups.
 
 Nothing here imports torch or the planner.
 """
@@ -191,6 +192,94 @@ def add_plan_options(p: argparse.ArgumentParser, verb: str) -> None:
     runtime_group(p)
     what = "the Plan JSON (input of run/report/export)" if verb == "plan" else "the Plan JSON"
     output_group(p, write_help=f"write {what} here", top=verb == "plan")
+
+
+def run_group(p: argparse.ArgumentParser) -> None:
+    """`meshplan run`: the plan, what to train and where it writes."""
+    g = p.add_argument_group("run", "what to train and where it writes ([run])")
+    g.add_argument("plan", help="plan.json from `meshplan plan -o`")
+    g.add_argument("--steps", type=int, default=5, help="optimizer steps to train (default 5)")
+    g.add_argument("--data", help="module:fn returning a torch Dataset of (input, target) pairs")
+    g.add_argument("--out-dir", default="runs/latest", help="where run.json and checkpoints go")
+    g.add_argument("--checkpoint-every", type=int, default=0, help="save a DCP checkpoint every K steps")
+    g.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out-dir")
+    g.add_argument(
+        "--waves",
+        choices=("1", "2"),
+        help="2: run Wavelet's two waves (2N tasks of half the microbatch, the second half an iteration "
+        "late, two ranks a device), then one wave for comparison, and write waves.json",
+    )
+    g.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh in an --out-dir that holds an earlier run's checkpoint (deletes it)",
+    )
+    g.add_argument(
+        "--optimizer",
+        choices=("adamw", "sgd"),
+        default="adamw",
+        help="adamw (default) or sgd (momentum 0.9; none under DGC's momentum correction)",
+    )
+    g.add_argument(
+        "--offload-dir",
+        help="offload=nvme: folder for the optimizer-state files on local NVMe "
+        "(default: <out-dir>/offload; removed at the end of the run)",
+    )
+
+
+def launch_group(p: argparse.ArgumentParser) -> None:
+    """`meshplan run`: hosts, rendezvous and the watchdog."""
+    g = p.add_argument_group("launch", "hosts, rendezvous and the watchdog ([launch])")
+    g.add_argument(
+        "--nnodes", type=int, default=1, help="hosts the job spans; run the same command on each (default 1)"
+    )
+    g.add_argument("--node-rank", type=int, default=0, help="this host's index, 0..--nnodes-1 (default 0)")
+    g.add_argument("--rdzv-endpoint", help="host:port for multi-node rendezvous")
+    g.add_argument("--timeout", type=float, default=600, help="seconds before a hung job is ended")
+    g.add_argument(
+        "--print-launch",
+        action="store_true",
+        help="print the torchrun command (with --json: a JSON object per node) and exit",
+    )
+
+
+def report_group(p: argparse.ArgumentParser) -> None:
+    """`meshplan report`: the plan, the run beside it and the trace."""
+    g = p.add_argument_group("report", "what to report on ([report])")
+    g.add_argument("plan", help="plan.json from `meshplan plan -o` or `meshplan estimate -o`")
+    g.add_argument("--run", help="run.json from `meshplan run`")
+    g.add_argument(
+        "--trace",
+        metavar="TRACE.json",
+        help="also write the predicted step as a Chrome/Perfetto trace (chrome://tracing, ui.perfetto.dev): "
+        "one track per pipeline rank, one slice per forward, backward and transfer",
+    )
+
+
+def job_file_options(p: argparse.ArgumentParser) -> None:
+    """--config and --save-config, of the verbs that read a job file (meshplan/config.py)."""
+    p.add_argument(
+        "--config",
+        metavar="JOB.toml",
+        help="read the options from a job file (its sections follow the groups below; flags override it)",
+    )
+    p.add_argument(
+        "--save-config",
+        metavar="JOB.toml",
+        help="write this command line's options to a job file, then run the command",
+    )
+
+
+def import_option(p: argparse.ArgumentParser, what: str) -> None:
+    """--import of plan and estimate: another tool's configuration as the options; `what` says what the verb
+    does with it."""
+    p.add_argument(
+        "--import",
+        dest="import_path",
+        metavar="PATH",
+        help="an existing DeepSpeed JSON, accelerate YAML, torchtitan config or Megatron script: its model, degrees, "
+        f"batch, recompute, precision and ZeRO are the options (flags override them); {what} (docs/exports.md)",
+    )
 
 
 def plan_parser(verb: str) -> argparse.ArgumentParser:
