@@ -32,29 +32,6 @@ def _common(p: argparse.ArgumentParser) -> None:
     options.output_group(p)
 
 
-def _apply_import(sub: argparse.ArgumentParser, argv: list[str], verb: str) -> dict | None:
-    """--import PATH: the file's options become defaults (`plan` takes only its model, cluster, batch, precision
-    and runtime, and searches the rest); returns the file's values for the comparison."""
-    from meshplan import config
-    from meshplan.errors import MeshplanError
-    from meshplan.imports import read_config
-
-    path = _option_path(argv, "--import")
-    if path is None:
-        return None
-    world = _option_path(argv, "--num-gpus")
-    imported = read_config(path, int(world) if world and world.isdigit() else None)
-    values = dict(imported.values)
-    for flag, key in (("--model", "model"), ("--cluster", "cluster")):
-        if key not in values and flag not in argv:
-            raise MeshplanError(f"--import {path}: the file names no {key}; give {flag}")
-    config.apply(sub, values if verb == "estimate" else imported.fixed())
-    for note in imported.notes:
-        if "--quiet" not in argv and "-q" not in argv:
-            print(f"meshplan {verb}: warning: --import {path}: {note}", file=sys.stderr)
-    return {"path": path, "format": imported.format, "values": values}
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="meshplan", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -221,55 +198,13 @@ def verb_parser(parser: argparse.ArgumentParser, verb: str) -> argparse.Argument
     return sub.choices[verb]
 
 
-def _option_path(argv: list[str], flag: str) -> str | None:
-    for i, token in enumerate(argv):
-        if token == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if token.startswith(flag + "="):
-            return token.partition("=")[2]
-    return None
-
-
-def _config_path(argv: list[str]) -> str | None:
-    return _option_path(argv, "--config")
-
-
-def _refuse_conflicting_flags(sub: argparse.ArgumentParser, argv: list[str]) -> None:
-    """Two flags that set one value differently (--compile and --elementwise fused,
-    --fused-projections and --no-fused-projections): one line, not 'the last one wins'."""
-    from meshplan.errors import MeshplanError
-
-    given: dict[str, dict[str, str]] = {}
-    for i, token in enumerate(argv):
-        flag, eq, inline = token.partition("=")
-        action = sub._option_string_actions.get(flag) if flag.startswith("--") else None
-        if action is not None and action.dest == "overrides":  # --set K=V ...: each key once
-            items = argv[i + 1 :]
-            for item in items[: next((j for j, t in enumerate(items) if t.startswith("-")), len(items))]:
-                key = item.partition("=")[0].strip()
-                given.setdefault(f"--set {key}", {})[item] = f"--set {item}"
-            continue
-        if action is None or action.nargs not in (None, 0):
-            continue
-        if isinstance(action, argparse.BooleanOptionalAction):
-            value = str(not flag.startswith("--no-"))
-        elif action.nargs == 0:
-            value = str(action.const)
-        else:
-            value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-        given.setdefault(action.dest, {})[value] = flag if action.nargs == 0 else f"{flag} {value}"
-    for flags in given.values():
-        if len(flags) > 1:
-            raise MeshplanError(f"{' and '.join(flags.values())} contradict each other; give one of them")
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
     """The command line, with a --config job file's values as defaults (flags override them)."""
     from meshplan import config
 
     parser = build_parser()
     verb = next((t for t in argv if not t.startswith("-")), None)
-    path = _config_path(argv) if verb in config.VERBS else None
+    path = config.option_value(argv, "--config") if verb in config.VERBS else None
     if verb not in config.VERBS:
         args = parser.parse_args(argv)
         args.job_file = None
@@ -280,10 +215,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if path is not None:
         values, table = config.load(path, sub)
         config.apply(sub, values)
-    imported = _apply_import(sub, argv, verb) if verb in ("plan", "estimate") else None
+    imported = config.apply_import(sub, argv, verb) if verb in ("plan", "estimate") else None
     args = parser.parse_args(argv)
     args.imported = imported
-    _refuse_conflicting_flags(sub, argv)
+    options.refuse_conflicts(sub, argv)
     if path is not None:
         config.merge_lists(args, sub, values)  # --set on the command line wins over the file's set
     for action in sub._actions:  # a positional neither given nor in the file

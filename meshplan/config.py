@@ -1,5 +1,6 @@
 """Job files: every option of `meshplan plan`, `estimate`, `run` and `report` as a key of a TOML
-file (`--config job.toml`), and the file of a command line (`--save-config job.toml`).
+file (`--config job.toml`), and the file of a command line (`--save-config job.toml`); and another
+tool's configuration read as the options of plan and estimate (`--import`, meshplan/imports/).
 
 The sections and keys are read off the verb's own argparse groups (meshplan/options.py): a group
 titled "model" is the [model] section, an option --num-gpus is the key num_gpus. There is no
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -182,3 +184,34 @@ def _toml(value: Any) -> str:
 
 def _bare(key: str) -> str:
     return key if key and all(c.isalnum() or c in "_-" for c in key) else json.dumps(key)
+
+
+def option_value(argv: list[str], flag: str) -> str | None:
+    """The value given to `flag` on a command line not yet parsed (`--flag V` or `--flag=V`), or None."""
+    for i, token in enumerate(argv):
+        if token == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if token.startswith(flag + "="):
+            return token.partition("=")[2]
+    return None
+
+
+def apply_import(sub: argparse.ArgumentParser, argv: list[str], verb: str) -> dict | None:
+    """--import PATH: the file's options become defaults (`plan` takes only its model, cluster, batch, precision
+    and runtime, and searches the rest); returns the file's values for the comparison."""
+    from meshplan.imports import read_config
+
+    path = option_value(argv, "--import")
+    if path is None:
+        return None
+    world = option_value(argv, "--num-gpus")
+    imported = read_config(path, int(world) if world and world.isdigit() else None)
+    values = dict(imported.values)
+    for flag, key in (("--model", "model"), ("--cluster", "cluster")):
+        if key not in values and flag not in argv:
+            raise MeshplanError(f"--import {path}: the file names no {key}; give {flag}")
+    apply(sub, values if verb == "estimate" else imported.fixed())
+    for note in imported.notes:
+        if "--quiet" not in argv and "-q" not in argv:
+            print(f"meshplan {verb}: warning: --import {path}: {note}", file=sys.stderr)
+    return {"path": path, "format": imported.format, "values": values}

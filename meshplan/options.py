@@ -291,6 +291,33 @@ def plan_parser(verb: str) -> argparse.ArgumentParser:
     return p
 
 
+def refuse_conflicts(sub: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Two flags that set one value differently (--compile and --elementwise fused,
+    --fused-projections and --no-fused-projections): one line, not 'the last one wins'."""
+    given: dict[str, dict[str, str]] = {}
+    for i, token in enumerate(argv):
+        flag, eq, inline = token.partition("=")
+        action = sub._option_string_actions.get(flag) if flag.startswith("--") else None
+        if action is not None and action.dest == "overrides":  # --set K=V ...: each key once
+            items = argv[i + 1 :]
+            for item in items[: next((j for j, t in enumerate(items) if t.startswith("-")), len(items))]:
+                key = item.partition("=")[0].strip()
+                given.setdefault(f"--set {key}", {})[item] = f"--set {item}"
+            continue
+        if action is None or action.nargs not in (None, 0):
+            continue
+        if isinstance(action, argparse.BooleanOptionalAction):
+            value = str(not flag.startswith("--no-"))
+        elif action.nargs == 0:
+            value = str(action.const)
+        else:
+            value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        given.setdefault(action.dest, {})[value] = flag if action.nargs == 0 else f"{flag} {value}"
+    for flags in given.values():
+        if len(flags) > 1:
+            raise MeshplanError(f"{' and '.join(flags.values())} contradict each other; give one of them")
+
+
 def parse_overrides(items) -> dict[str, Any]:
     """--set KEY=VALUE ... -> {key: int|float|bool|str}."""
     out: dict[str, Any] = {}
