@@ -39,6 +39,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"meshplan {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", title="verbs")
 
+    for add_verb in (  # in the order `meshplan --help` lists them
+        _presets_verb,
+        _profile_verb,
+        _profile_links_verb,
+        _plan_verb,
+        _estimate_verb,
+        _run_verb,
+        _report_verb,
+        _export_verb,
+        _validate_verb,
+    ):
+        add_verb(sub)
+    return parser
+
+
+def _presets_verb(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "presets",
         help="list built-in models and cluster presets",
@@ -46,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(p)
 
+
+def _profile_verb(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "profile",
         help="profile a model layer by layer",
@@ -77,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="write the ModelProfile JSON here")
     _common(p)
 
+
+def _profile_links_verb(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "profile-links",
         help="measure collective bandwidth on local devices",
@@ -95,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="write the ClusterSpec JSON here")
     _common(p)
 
+
+def _plan_verb(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "plan",
         help="search for the fastest plan that fits",
@@ -107,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     options.job_file_options(p)
     options.import_option(p, "search from it and say how much faster the best plan is than it")
 
+
+def _estimate_verb(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "estimate",
         help="predict one given configuration",
@@ -116,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     options.job_file_options(p)
     options.import_option(p, "predict it")
 
+
+def _run_verb(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run",
         help="execute a plan with torchrun",
@@ -128,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     options.job_file_options(p)
 
+
+def _report_verb(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report",
         help="write the plan report",
@@ -139,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     options.output_group(p, write_help="output folder (default reports/latest)", write_default="reports/latest")
     options.job_file_options(p)
 
+
+def _export_verb(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "export",
         help="export a plan to another framework's settings",
@@ -162,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="folder to write the files into (default: print)")
     _common(p)
 
+
+def _validate_verb(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "validate",
         help="check predictions against published runs",
@@ -171,7 +203,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", help="published-runs CSV (default: the shipped table)")
     p.add_argument("-o", "--output", default="reports/validation.md", help="the Markdown table to write")
     _common(p)
-    return parser
 
 
 class UsageError(Exception):
