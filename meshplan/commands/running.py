@@ -8,11 +8,15 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from meshplan import schema
 from meshplan.commands.output import json_file, print_json, progress, say, warn
 from meshplan.errors import MeshplanError
 from meshplan.plan import Plan
+
+if TYPE_CHECKING:  # the executor imports torch: loaded only when a run starts
+    from meshplan.executor import LaunchOptions
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -21,7 +25,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_positive(steps=args.steps, nnodes=args.nnodes)
     _check_run_flags(args)
     plan = schema.load(Plan, args.plan, "plan")
-    from meshplan.executor import LaunchOptions, check_plan, launch_command, run_plan
+    from meshplan.executor import check_plan, launch_command, run_plan
     from meshplan.executor.check import check_model_file
 
     check_model_file(plan, args.plan)
@@ -40,20 +44,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"meshplan run: warning: {text}", file=sys.stderr)
     if args.offload_dir:  # offload=nvme's state files; the ranks read it (executor/train.py)
         os.environ["MESHPLAN_OFFLOAD_DIR"] = os.path.abspath(args.offload_dir)
-    opts = LaunchOptions(
-        steps=args.steps,
-        data=args.data,
-        out_dir=args.out_dir,
-        checkpoint_every=args.checkpoint_every,
-        resume=args.resume,
-        overwrite=args.overwrite,
-        nnodes=args.nnodes,
-        node_rank=args.node_rank,
-        rdzv_endpoint=args.rdzv_endpoint,
-        optimizer=args.optimizer,
-        timeout_s=args.timeout,
-        quiet=args.quiet or args.json,
-    )
+    opts = _launch_options(args)
     if args.print_launch:
         return _print_launch(args, plan, launch_command(plan, opts, plan_path=args.plan))
     with progress(args, f"running {args.steps} steps on {plan.world_size} ranks"):
@@ -75,6 +66,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _launch_options(args: argparse.Namespace) -> LaunchOptions:
+    """The launcher's options from `meshplan run`'s flags (one record for run_plan, launch_command
+    and the waves launcher)."""
+    from meshplan.executor import LaunchOptions
+
+    return LaunchOptions(
+        steps=args.steps,
+        data=args.data,
+        out_dir=args.out_dir,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        rdzv_endpoint=args.rdzv_endpoint,
+        optimizer=args.optimizer,
+        timeout_s=args.timeout,
+        quiet=args.quiet or args.json,
+    )
+
+
 def _check_run_flags(args: argparse.Namespace) -> None:
     if args.checkpoint_every < 0:
         raise MeshplanError(f"--checkpoint-every {args.checkpoint_every}: must be >= 0 (0: no checkpoints)")
@@ -92,7 +104,7 @@ def _check_run_flags(args: argparse.Namespace) -> None:
 
 def _run_waves(args: argparse.Namespace, plan: Plan) -> int:
     """meshplan run --waves 2 (executor/waves.py): both waves, then one wave; waves.json."""
-    from meshplan.executor import LaunchOptions, check_plan
+    from meshplan.executor import check_plan
     from meshplan.executor import waves_launch as waves
 
     if args.nnodes > 1 or args.resume or args.checkpoint_every or args.print_launch:
@@ -101,15 +113,7 @@ def _run_waves(args: argparse.Namespace, plan: Plan) -> int:
         )
     waves.check(plan)
     check_plan(waves.wave_plan(plan))
-    opts = LaunchOptions(
-        steps=args.steps,
-        data=args.data,
-        out_dir=args.out_dir,
-        overwrite=args.overwrite,
-        optimizer=args.optimizer,
-        timeout_s=args.timeout,
-        quiet=args.quiet or args.json,
-    )
+    opts = _launch_options(args)
     with progress(args, f"running {args.steps} steps of two waves on {plan.world_size} devices"):
         report = waves.run(plan, opts)
     if args.json:
