@@ -8,8 +8,8 @@ rank, the fixed 64-sample token dataset (tests/executor_plans.py). Inside a fres
 namespace of --rate (benchmarks/slow_link.py; "none" = the plain loopback) the links are
 measured (`meshplan profile-links --nproc 4`), then DDP and every sync method run in one 4-rank
 launch, DDP and master in one 2-rank and one 3-rank launch. Outside, gpt-tiny is profiled on
-this CPU as 4 ranks share it (microbatch 1, 3 busy neighbours), once right before the launches
-and once right after (the host's load moves over the minutes they take), and each run is
+this CPU as each launch's ranks share it (microbatch 1; 4, 3 and 2 ranks: RANKS_SHARE), once right
+before the launches and once right after (the host's load moves over the minutes they take), and each run is
 predicted by estimate() on the ClusterSpec measured in the namespace with each CPU profile, the
 mean of the two, so prediction and measurement see the same wire and the CPU under the load the
 runs saw (`predict` re-prices a saved `block`). Per method: median step time after the first two steps, the
@@ -50,6 +50,10 @@ METHODS = [
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests")
 SCALING = (2, 3)
+RANKS_SHARE = "each launch priced with profiles timed as its own number of ranks share the CPU"
+"""The 2- and 3-rank launches of master against DDP share the 2 cores differently from the 4-rank
+one (2 ranks: a core each; 4: half a core each); a profile timed with 3 busy neighbours priced
+their layers twice as slow as they ran (DDP at 2 workers 28.9 ms measured, 65.5 predicted)."""
 """Worker counts of the extra DDP / master launches (4 is the methods launch)."""
 TO_1024 = (8, 64, 256, 1024)
 
@@ -164,16 +168,20 @@ def inner(rate: str, steps: int, timeout_s: float, repeats: int = 1) -> dict:
     }
 
 
-def predict(block: dict, profile_path: str | list[str]) -> dict:
+def predict(block: dict, profile_path: str | list[str] | dict[int, list[str]]) -> dict:
     """Every measured row beside estimate() on the links measured with it and the CPU profile;
     with several profiles (taken before and after the launches) the mean of their predictions,
-    each kept in `predicted_step_s_profiles`."""
+    each kept in `predicted_step_s_profiles`; with {workers: paths}, each row priced with the
+    profiles taken as that many ranks share the CPU (4's where its count has none)."""
     from meshplan.model_profile import ModelProfile
     from meshplan.presets import load_cluster
     from meshplan.schema import load
 
-    paths = [profile_path] if isinstance(profile_path, str) else profile_path
-    profiles = [load(ModelProfile, path, "profile") for path in paths]
+    by_workers = profile_path if isinstance(profile_path, dict) else {4: profile_path}
+    loaded = {
+        n: [load(ModelProfile, path, "profile") for path in ([paths] if isinstance(paths, str) else paths)]
+        for n, paths in by_workers.items()
+    }
     with tempfile.TemporaryDirectory() as tmp:
         links = os.path.join(tmp, "links.json")
         with open(links, "w") as f:
@@ -181,6 +189,7 @@ def predict(block: dict, profile_path: str | list[str]) -> dict:
         for row in block["methods"] + [r for pair in block["scaling"] for r in pair]:
             plan = _plan(row["name"], row["params"], row["workers"])
             cluster = load_cluster(links, row["workers"])
+            profiles = loaded.get(row["workers"]) or loaded[max(loaded)]
             predicted = [_predict(plan, cluster, profile) for profile in profiles]
             row["predicted_step_s_profiles"] = [step for step, _ in predicted]
             row["predicted_step_s"] = statistics.fmean(row["predicted_step_s_profiles"])
@@ -213,14 +222,14 @@ def outer(rate: str, steps: int, timeout_s: float, repeats: int = 1) -> dict:
     return run_at_rate([*cmd, "--timeout-s", str(timeout_s), "--repeats", str(repeats)], rate, timeout_s)
 
 
-def profile_cpu(path: str) -> float:
-    """gpt-tiny profiled on this CPU as 4 ranks share it (microbatch 1, 3 busy neighbours),
-    written to `path`; returns the seconds it took."""
+def profile_cpu(path: str, ranks: int = 4) -> float:
+    """gpt-tiny profiled on this CPU as `ranks` ranks share it (microbatch 1, ranks - 1 busy
+    neighbours), written to `path`; returns the seconds it took."""
     from meshplan.profiler import profile_model
     from meshplan.schema import dumps, write_text_atomic
 
     start = time.perf_counter()
-    profile = profile_model("gpt-tiny", {}, device="cpu", microbatch_sizes=[1], concurrent=4, in_place=False)
+    profile = profile_model("gpt-tiny", {}, device="cpu", microbatch_sizes=[1], concurrent=ranks, in_place=False)
     write_text_atomic(path, dumps(profile))
     return time.perf_counter() - start
 
@@ -259,10 +268,11 @@ def run_bench(steps: int = 13, rate: str = "1gbit", timeout_s: float = 600, say=
     measurements (predict(block, profile) again to re-price them)."""
     start = time.perf_counter()
     load_start = os.getloadavg()
+    counts = (4, *SCALING)  # each launch's ranks share the 2 cores: a profile per count (RANKS_SHARE)
     with tempfile.TemporaryDirectory() as tmp:
-        before, after = os.path.join(tmp, "before.json"), os.path.join(tmp, "after.json")
-        say("  profiling gpt-tiny on this CPU (4 ranks' share), before the launches")
-        profile_s = profile_cpu(before)
+        paths = {n: [os.path.join(tmp, f"{when}{n}.json") for when in ("before", "after")] for n in counts}
+        say(f"  profiling gpt-tiny on this CPU as {', '.join(map(str, counts))} ranks share it, before the launches")
+        profile_s = sum(profile_cpu(paths[n][0], n) for n in counts)
         load_profiled = os.getloadavg()
         say(
             f"  rate {rate}: profile-links, {len(METHODS)} plans x {steps} steps on 4 ranks, master on 2 and 3, "
@@ -277,9 +287,11 @@ def run_bench(steps: int = 13, rate: str = "1gbit", timeout_s: float = 600, say=
             "after_measuring": list(os.getloadavg()),
         }
         say("  profiling gpt-tiny again, after the launches")
-        result["profile_s"] = profile_s + profile_cpu(after)
-        result["profiles"] = "before and after the launches; each prediction the mean of the two"
-        result["run"] = block if "error" in block else predict(json.loads(json.dumps(block)), [before, after])
+        result["profile_s"] = profile_s + sum(profile_cpu(paths[n][1], n) for n in counts)
+        result["profiles"] = (
+            "before and after the launches, each as the launch's ranks share the CPU; each prediction the mean of the two"
+        )
+        result["run"] = block if "error" in block else predict(json.loads(json.dumps(block)), paths)
     result["master_prediction"] = master_prediction_to_1024()
     result["runtime_s"] = time.perf_counter() - start
     return result
