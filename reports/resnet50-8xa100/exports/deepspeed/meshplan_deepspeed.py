@@ -1,5 +1,5 @@
 """meshplan plan -> DeepSpeed topology: resnet50 on 8 x a100-80g
-plan decisions hash 72409245394ab8cd; mesh pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1
+plan decisions hash 5a61cad9c9ce2180; mesh pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1
 global batch 1024 = micro 128 x accumulation 1 x data-parallel 8; seq_len 1
 predict it: meshplan estimate --import THIS_FILE --model resnet50 --cluster a100-80g --runtime meshplan --elementwise fused --fused-projections
 """
@@ -11,6 +11,8 @@ PIPELINE_PARALLEL_SIZE = 1
 TENSOR_PARALLEL_SIZE = 1
 DATA_PARALLEL_SIZE = 8  # what DeepSpeed derives: world / (tp x pp)
 LAYERS_PER_STAGE = [18]
+RECOMPUTE_BLOCKS = []  # transformer blocks the plan recomputes in backward (pp = 1)
+ACTIVATION_CHECKPOINT_INTERVAL = 0  # PipelineModule: checkpoint every layer in chunks of this many (pp > 1)
 
 
 def topology():
@@ -27,7 +29,20 @@ def pipeline_module(layers, **kwargs):
     from deepspeed.pipe import PipelineModule
 
     kwargs.setdefault("partition_method", "uniform")
+    kwargs.setdefault("activation_checkpoint_interval", ACTIVATION_CHECKPOINT_INTERVAL)
     return PipelineModule(layers=layers, topology=topology(), **kwargs)
+
+
+def checkpoint_blocks(blocks):
+    """Recompute the plan's blocks in backward (pp = 1): each listed block's forward runs under
+    deepspeed.checkpointing.checkpoint. `blocks` is your model's list of transformer blocks."""
+    import functools
+
+    from deepspeed import checkpointing
+
+    for i in RECOMPUTE_BLOCKS:
+        blocks[i].forward = functools.partial(checkpointing.checkpoint, blocks[i].forward)
+    return len(RECOMPUTE_BLOCKS)
 
 
 def tensor_parallel_mpu():
@@ -43,4 +58,26 @@ def initialize(model, config="ds_config.json", **kwargs):
     """deepspeed.initialize with the plan's topology: pass pipeline_module(...) as model for pp > 1."""
     if PIPELINE_PARALLEL_SIZE == 1 and TENSOR_PARALLEL_SIZE > 1:
         kwargs.setdefault("mpu", tensor_parallel_mpu())
-    return deepspeed.initialize(model=model, config=config, **kwargs)
+    out = deepspeed.initialize(model=model, config=config, **kwargs)
+    if RECOMPUTE_BLOCKS or ACTIVATION_CHECKPOINT_INTERVAL:  # the config's activation_checkpointing section
+        deepspeed.checkpointing.configure(checkpointing_mpu(out[0].mpu), deepspeed_config=config)
+    return out
+
+
+class _PipelineGridGroups:
+    """A PipelineParallelGrid as deepspeed.checkpointing.configure reads an mpu: the grid has the tensor-parallel
+    rank and size but names the group get_slice_parallel_group (configure asks for get_tensor_model_parallel_group)."""
+
+    def __init__(self, grid):
+        self.grid = grid
+
+    def __getattr__(self, name):
+        return getattr(self.grid, name)
+
+    def get_tensor_model_parallel_group(self):
+        return self.grid.get_slice_parallel_group()
+
+
+def checkpointing_mpu(mpu):
+    """The engine's model-parallel groups for deepspeed.checkpointing.configure."""
+    return _PipelineGridGroups(mpu) if PIPELINE_PARALLEL_SIZE > 1 else mpu

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: resnet50 on 8 x a100-80g
-# plan decisions hash 72409245394ab8cd; mesh pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1
+# plan decisions hash 5a61cad9c9ce2180; mesh pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1
 # global batch 1024 = micro 128 x accumulation 1 x data-parallel 8; seq_len 1
 # predict it: meshplan estimate --import THIS_FILE --model resnet50 --cluster a100-80g --runtime meshplan --elementwise fused --fused-projections
-# WARNING: the architecture of resnet50 (family resnet) is not a GPT or Llama decoder meshplan knows: only its shape is written; give Megatron's architecture flags yourself
+# WARNING: the plan does not record the decoder architecture of resnet50 (family resnet; meshplan records it for the decoders it can name, docs/models.md): only its shape is written, so Megatron builds its default GPT (LayerNorm, GELU, ffn 4 x hidden, no grouped-query attention, tied embeddings); give Megatron's architecture flags yourself
 # WARNING: ZeRO-2 maps to --use-distributed-optimizer, which shards optimizer states and reduce-scatters gradients but keeps a full gradient buffer (ZeRO-1 gradient memory)
 # WARNING: the prediction was made for runtime meshplan; megatron runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime megatron-lm or megatron-core
 # launch: one node of 8 devices
