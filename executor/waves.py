@@ -20,7 +20,11 @@ tock wave launched half a forward-backward cycle after the tick wave, so one wav
   optimizer step a task sends its parameters to its partner (a 2-rank gloo group of its own)
   and averages with the newest partner model that has arrived, x <- (x + y) / 2. Blocking on the
   partner would realign the waves every step and undo the offset; so the models agree only
-  approximately (registry: waves=2 is not exact).
+  approximately (registry: waves=2 is not exact). Staleness is bounded: a task that has taken
+  k steps waits for its partner's model of step k - MAX_LAG before it sends. In steady state the
+  tock is half a step behind and nothing waits; a wave the scheduler starves cannot fall further
+  back than that (unbounded, one wave ran 8 steps behind the other on a quiet host, and the
+  two barely overlapped).
 - Every rank samples its memory (CPU: the resident set, /proc/self/statm, with glibc's mmap
   threshold at 64 KiB so freed tensors leave it; CUDA: memory_allocated) every MEM_PERIOD_S, and its step
   ends; waves_launch.run sums each device's two timelines on the common clock over the window where both
@@ -49,6 +53,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 WAVE_ENV, STORE_ENV, DIR_ENV = "MESHPLAN_WAVE", "MESHPLAN_WAVE_STORE", "MESHPLAN_WAVE_DIR"
 STEPS_ENV, ALONE_ENV = "MESHPLAN_WAVE_STEPS", "MESHPLAN_WAVE_ALONE"
 MEM_PERIOD_S = 0.002
+MAX_LAG = 2
+"""Steps a task may run ahead of its partner's newest model (two: the late start needs one)."""
 DATA_SEED_OFFSET = 7_919
 """Added to the run's seed for the tock wave's data (not its model: both waves start equal)."""
 
@@ -100,7 +106,7 @@ class WaveRank:
             self.pg = dist.ProcessGroupGloo(pair, wave_index, 2, timedelta(seconds=600))
         self.received = 0
         self.newest: torch.Tensor | None = None
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
         self.receiver: threading.Thread | None = None
         self.samples: list[tuple[float, int]] = []
         self.step_ends: list[float] = []
@@ -146,6 +152,8 @@ class WaveRank:
             self.receiver = threading.Thread(target=self._receive, args=(x.numel(),), daemon=True)
             self.receiver.start()
         with self.lock:
+            if not self.lock.wait_for(lambda: self.received >= len(self.step_ends) - MAX_LAG, timeout=600):
+                raise RuntimeError(f"waves=2: no model from the partner wave for step {len(self.step_ends) - MAX_LAG}")
             newest, self.newest = self.newest, None
         if newest is not None:
             x = (x + newest) / 2
@@ -169,6 +177,7 @@ class WaveRank:
             with self.lock:
                 self.newest = buf
                 self.received += 1
+                self.lock.notify_all()
 
     def close(self, out_dir: str) -> None:
         """Stop sampling; receive the partner's remaining models (so both sides' sends land:

@@ -149,6 +149,11 @@ def summarise(directory: Path, plan: Plan, half: Plan) -> dict:
         ticks = [(s, m) for s, m in tick["samples"]]
         tocks = [(s, m) for s, m in tock["samples"]]
         summed = [(t, _step_value(ticks, t) + _step_value(tocks, t)) for t in times]
+        if not summed:
+            raise MeshplanError(
+                f"waves=2: on device {rank} the two waves never trained at the same time (the tock's second "
+                "step ended after the tick's last); run more steps"
+            )
         own = {w: [m for s, m in (ticks if w == 0 else tocks) if lo <= s <= hi] for w in (0, 1)}
         steps = sum(1 for e in tick["step_ends"] + tock["step_ends"] if lo < e <= hi)
         peak = max(m for _, m in summed)
