@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from meshplan.schema import check
 
 CLUSTER_SCHEMA_VERSION = 1
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "gather")
+"""What a measured fit may name; "gather" is a fan-in to one root (profiler/links_worker.py)."""
 
 
 @dataclass(kw_only=True)
@@ -84,7 +85,7 @@ class CollectiveFit:
     """A measured alpha-beta fit: time(bytes) = latency_s + bytes / (bandwidth_gbps * 1e9)."""
 
     collective: str
-    """One of all_reduce, all_gather, reduce_scatter, all_to_all, send_recv."""
+    """One of COLLECTIVES; a gather's bytes are each sender's message."""
     group_size: int
     tier: str = "intra_node"
     latency_s: float

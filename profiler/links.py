@@ -43,6 +43,7 @@ BUS_FACTOR = {
     "reduce_scatter": lambda n: (n - 1) / n,
     "all_to_all": lambda n: (n - 1) / n,
     "send_recv": lambda n: 1.0,
+    "gather": lambda n: n - 1,
 }
 """Bytes each device moves per message byte in a ring/pairwise algorithm (nccl-tests
 PERFORMANCE.md "bus bandwidth"); algorithm bandwidth x factor = bus (link) bandwidth."""
@@ -307,7 +308,8 @@ def link_tier(fits: list[CollectiveFit], nproc: int) -> LinkSpec:
     """A link tier from the fits: send/recv gives the point-to-point bandwidth and latency;
     each collective's efficiency is its bus bandwidth (at the largest group) over that."""
     largest: dict[str, CollectiveFit] = {}
-    for f in fits:
+    spread = [f for f in fits if f.collective != "gather"]  # a fan-in loads one rank's link only
+    for f in spread or fits:
         if f.group_size >= largest.get(f.collective, f).group_size:
             largest[f.collective] = f
     bus = {c: f.bandwidth_gbps * BUS_FACTOR[c](f.group_size) for c, f in largest.items()}

@@ -9,7 +9,10 @@ config, profiler/host_probe.py, or null).
 Group size g splits the world into floor(N/g) disjoint groups of consecutive ranks that run the
 collective at the same time (as tensor- or data-parallel groups do in training); ranks left over
 stay idle. Message size is the whole buffer: the input of all_reduce, reduce_scatter and
-all_to_all, the output of all_gather; send/recv is a ping-pong inside pairs, reported one-way.
+all_to_all, the output of all_gather; send/recv is a ping-pong inside pairs, reported one-way;
+gather is a fan-in, every other rank of the group sending one message of that size to the
+group's first rank at once (posted receives, as master aggregation's workers send their
+gradients), so the root's link carries (g - 1) messages.
 One sample = the mean over a few back-to-back calls, the max over ranks (the slowest rank
 decides when a collective is done); samples are taken in round-robin passes over all cases. Rank 0 writes {"device", "backend", "world_size",
 "samples": [[collective, group_size, bytes, [seconds, ...]], ...]}.
@@ -83,7 +86,25 @@ def _make_op(collective: str, numel: int, group, ranks: list[int], device: torch
                 dist.send(buf, peer)
 
         return ping_pong
+    if collective == "gather":
+        return _fan_in(numel, ranks, device)
     raise ValueError(f"unknown collective {collective!r}")  # the parent validated the names
+
+
+def _fan_in(numel: int, ranks: list[int], device: torch.device):
+    """Every rank but ranks[0] sends one message to ranks[0], which has posted a receive for each
+    and waits for all of them: the flows run at the same time and share the root's link."""
+    if dist.get_rank() != ranks[0]:
+        buf = torch.ones(numel, device=device)
+        return lambda: dist.send(buf, ranks[0])
+    inbox = [torch.zeros(numel, device=device) for _ in ranks[1:]]
+
+    def receive_all():
+        works = [dist.irecv(b, src) for b, src in zip(inbox, ranks[1:])]
+        for w in works:
+            w.wait()
+
+    return receive_all
 
 
 def _time_sample(op, iters: int, one_way: bool, device: torch.device) -> float:
@@ -106,7 +127,10 @@ def _case_op(case: list, world: int, device: torch.device):
     collective, group_size, message_bytes = case
     if collective == "send_recv":
         group_size = 2
-    numel = max(group_size, message_bytes // ELEMENT_BYTES // group_size * group_size)
+    if collective == "gather":  # each sender's message: no split over the group
+        numel = max(1, message_bytes // ELEMENT_BYTES)
+    else:
+        numel = max(group_size, message_bytes // ELEMENT_BYTES // group_size * group_size)
     mine = _groups(world, group_size)
     op = _make_op(collective, numel, mine[0], mine[1], device) if mine else None
     return op, group_size, numel * ELEMENT_BYTES

@@ -102,6 +102,17 @@ def test_cluster_from_measurement_is_a_measured_local_cpu_spec(tmp_path):
     assert schema.load(ClusterSpec, path).collectives == spec.collectives
 
 
+def test_a_gather_fit_is_kept_but_does_not_set_the_link_tier():
+    """A fan-in's algorithm bandwidth times g - 1 is what the root's link took in, not what every
+    rank's link carries: the tier stays what the spread collectives say, the fit is still there."""
+    raw = _raw()
+    sizes = message_sizes(1024, 16 * MIB)
+    raw["samples"] += [["gather", 4, s, [t, t, t]] for s, t in zip(sizes, _synthetic(2e-4, 1.5, sizes))]
+    spec = cluster_from_measurement(raw, 4)
+    assert spec.intra_node.bandwidth_gbps == pytest.approx(2.0, rel=1e-3)  # not 3 x 1.5
+    assert spec.fit("gather", 4).bandwidth_gbps == pytest.approx(1.5, rel=1e-3)
+
+
 def test_link_tier_without_send_recv_uses_ring_steps():
     fits = [f for f in cluster_from_measurement(_raw(), 4).collectives if f.collective != "send_recv"]
     tier = link_tier(fits, 4)
@@ -209,6 +220,14 @@ def test_profile_links_end_to_end_on_two_ranks(tmp_path):
     schema.save(spec, tmp_path / "cluster.json")
     loaded = schema.load(ClusterSpec, tmp_path / "cluster.json")
     assert loaded.intra_node == spec.intra_node and loaded.nvme == spec.nvme
+
+
+@pytest.mark.slow
+def test_a_gather_is_measured_as_a_fan_in_on_three_ranks():
+    raw = measure(3, sweep_cases(("gather",), [3], [64 * 1024, MIB]), repeats=3, timeout_s=120)
+    assert [(c, g, b) for c, g, b, _ in raw["samples"]] == [("gather", 3, 64 * 1024), ("gather", 3, MIB)]
+    assert all(len(secs) == 3 and min(secs) > 0 for *_, secs in raw["samples"])
+    assert cluster_from_measurement(raw, 3).fit("gather", 3).bandwidth_gbps > 0
 
 
 @pytest.mark.slow

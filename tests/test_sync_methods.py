@@ -208,6 +208,34 @@ def test_planner_prices_master_against_all_reduce_as_n_grows():
     assert step(2, "master") / step(2, "allreduce") < step(4, "master") / step(4, "allreduce")
 
 
+def test_master_is_priced_as_two_fan_ins_from_the_measured_gather_fit():
+    """The N - 1 flows into (and out of) the master run at once: its sync is two gathers at the
+    measured fan-in rate, not 2(N - 1) one-flow transfers. Halving the gather fit's bandwidth adds
+    exactly 2 x 4P x (1/0.5 - 1/1) GB/s of time; the send/recv fit no longer matters."""
+    from meshplan.cluster import CollectiveFit
+    from meshplan.planner import PlanRequest, estimate
+    from meshplan.presets import local_cpu
+
+    profile = tiny_profile()
+    params = sum(layer.num_params for layer in profile.layers)
+
+    def step(gather_gbps, p2p_gbps=0.1):
+        cluster = local_cpu(4)
+        cluster.collectives = [
+            CollectiveFit(collective="gather", group_size=4, latency_s=1e-4, bandwidth_gbps=gather_gbps),
+            CollectiveFit(collective="send_recv", group_size=2, latency_s=1e-4, bandwidth_gbps=p2p_gbps),
+            CollectiveFit(collective="all_reduce", group_size=4, latency_s=1e-4, bandwidth_gbps=1.0),
+        ]
+        methods = {"sync": ("master", dp_methods.defaults_of("sync", "master"))}
+        req = PlanRequest(
+            num_gpus=4, global_batch=8, precision="fp32", dp=4, tp=1, pp=1, microbatch=2, zero=0, methods=methods
+        )
+        return estimate(profile, cluster, req).prediction.step_time_s
+
+    assert step(0.5) - step(1.0) == pytest.approx(2 * 4 * params * (1 / 0.5e9 - 1 / 1e9), rel=1e-6)
+    assert step(1.0, p2p_gbps=0.01) == pytest.approx(step(1.0, p2p_gbps=1.0), rel=1e-9)
+
+
 # --- fast: Crossbow's learner count and asynchronous averaging's exposed time -----------------
 
 

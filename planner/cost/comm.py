@@ -3,8 +3,10 @@ link tiers (bandwidth x per-collective efficiency) with ring algorithms.
 
 Ring volumes per rank for a buffer of B bytes over g ranks (Thakur et al. 2005; Narayanan et al.
 2021 Sec 3.3): all-reduce `2(g-1)/g B` in 2(g-1) steps, all-gather / reduce-scatter `(g-1)/g B`
-in g-1 steps, send/recv B in one step. Measured fits (meshplan profile-links) give
-time = latency + B / algbw for the full buffer B, which already includes the algorithm.
+in g-1 steps, send/recv B in one step, a gather (fan-in: g-1 senders of B each to one root at
+once) (g-1) B through the root's link. Measured fits (meshplan profile-links) give
+time = latency + B / algbw for the full buffer B (a gather's: each sender's message), which
+already includes the algorithm.
 
 A group that spans nodes with k of its ranks on each node crosses the network on k NICs at once:
 NCCL lays one ring (channel) per NIC, so each carries 1/k of the ring volume over the network
@@ -49,7 +51,7 @@ def _bandwidth_bytes_s(cluster: ClusterSpec, collective: str, tier: str) -> floa
     if tier == "intra_node":
         return cluster.intra_node.effective_gbps(collective) * 1e9
     nic = cluster.inter_node.effective_gbps(collective) * 1e9
-    k = 1 if collective == "send_recv" else getattr(tier, "ranks_per_node", 1)
+    k = 1 if collective in ("send_recv", "gather") else getattr(tier, "ranks_per_node", 1)
     return min(k * nic, cluster.intra_node.effective_gbps(collective) * 1e9) if k > 1 else nic
 
 
@@ -63,7 +65,7 @@ def ring_latency_s(cluster: ClusterSpec, collective: str, group: int, tier: str)
     nodes cross the network, the rest are NVLink hops (NCCL's own model, src/graph/tuning.cc:
     latency = (nsteps - nInterSteps) x intra + nInterSteps x inter, nInterSteps = nNodes - 1 for
     all-gather / reduce-scatter, twice that for all-reduce). A group inside one node: all NVLink."""
-    if group <= 1 or collective == "send_recv":
+    if group <= 1 or collective in ("send_recv", "gather"):
         return _link(cluster, tier).latency_s if group > 1 else 0.0
     _, steps = _RING[collective]
     hops = steps * (group - 1)
@@ -85,6 +87,8 @@ def collective_s(cluster: ClusterSpec, collective: str, group: int, buffer_bytes
     bw_bytes_s = _bandwidth_bytes_s(cluster, collective, tier)
     if collective == "send_recv":
         return link.latency_s + buffer_bytes / bw_bytes_s
+    if collective == "gather":  # group - 1 senders at once, all through the root's link
+        return link.latency_s + (group - 1) * buffer_bytes / bw_bytes_s
     factor, _ = _RING[collective]
     return ring_latency_s(cluster, collective, group, tier) + factor * (group - 1) / group * buffer_bytes / bw_bytes_s
 

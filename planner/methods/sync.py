@@ -5,8 +5,9 @@ DataParallelCost (planner/rank/dp_cost.py) delegates to the candidate's object: 
 pricing; the others run on plain replicas (executor/methods/sync_*.py), so their exchange is not
 overlapped with backward. S = 4 x the rank's parameters (one flat fp32 vector), N = replicas;
 bytes are meshplan/comm_bytes.py's ring volumes, the executor's counting convention:
-- master:    a worker sends S, the master S to each worker: (N-1) S on its link each way, serial
-             (Dean et al. 2012's parameter server without sharding); time 2 (N-1) (alpha + S/B)
+- master:    a worker sends S, the master S to each worker: (N-1) S on its link each way, the
+             N-1 flows at once (Dean et al. 2012's parameter server without sharding); time two
+             fan-ins, 2 gather(N, S): measured, or 2 (alpha + (N-1) S/B) through the root's link
 - local-sgd: all-reduce of S every `period` steps (/ H); hierarchical: groups of g every
              group_period, all N every period, only the larger where both fall (torch's
              HierarchicalModelAverager): 2(N-1)/N S / H + 2(g-1)/g S (1/H1 - 1/H)
@@ -80,10 +81,16 @@ class AllReduce:
 
 
 class Master(AllReduce):
+    """The workers' gradients go to the master at once (a fan-in of N - 1 flows into its link),
+    then the parameters come back the same way (N - 1 sends from it): two gathers' time, from the
+    measured "gather" fit where profile-links took one, else (N - 1) messages through the root's
+    link. The flows overlap: a link that one TCP flow cannot fill (a rate-limited medium) is
+    filled by several, which N - 1 transfers priced one after another missed."""
+
     name, replaces_ddp, ddp_buckets = "master", True, False
 
     def sync_s(self, params: float, backward_window_s: float) -> float:
-        return 2 * (self.group - 1) * self._p2p(FP32 * params)
+        return 2 * collective_s(self.ctx.cluster, "gather", self.group, FP32 * params, self.tier)
 
     def bytes(self, params: int) -> Fraction:
         return (self.group - 1) * wire_bytes("send_recv", 2, FP32 * params)
