@@ -815,7 +815,7 @@ METHODS: tuple[Method, ...] = (
         name="nvme",
         axis="offload",
         exact=True,
-        summary="ZeRO-Infinity: optimizer states in memory-mapped files on local NVMe (meshplan run "
+        summary="ZeRO-Infinity: optimizer states in files on local NVMe, page cache bypassed (meshplan run "
         "--offload-dir), prefetched one parameter ahead and streamed through the host step; with "
         "params=true (ZeRO-3) the parameter shards too, read before each gather",
         source="Rajbhandari et al., ZeRO-Infinity, SC 2021; DeepSpeed offload_optimizer/offload_param device nvme",

@@ -83,6 +83,45 @@ def test_nvme_states_are_on_disk_between_steps(tmp_path):
     assert not folder.exists()
 
 
+def _storage_io() -> tuple[int, int]:
+    """(read_bytes, write_bytes) the kernel counted for this process's storage I/O."""
+    fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+    return int(fields["read_bytes"]), int(fields["write_bytes"])
+
+
+def test_nvme_states_move_through_the_disk_as_the_kernel_counts_it(tmp_path):
+    """The kernel's per-process storage counters (no code shared with the store or the planner)
+    see every state byte written to and read back from the device: a read served by the page
+    cache, as a memory-mapped store's would be a step after its write, counts 0 there."""
+    if not Path("/proc/self/io").exists():
+        pytest.skip("no /proc/self/io on this system: the kernel's storage I/O counters are Linux's")
+    mounts = [line.split()[1:3] for line in Path("/proc/mounts").read_text().splitlines()]
+    here = str(tmp_path.resolve())
+    fstype = max((m for m in mounts if here == m[0] or here.startswith(m[0].rstrip("/") + "/")), key=lambda m: len(m[0]))[1]
+    if fstype in ("tmpfs", "ramfs"):
+        pytest.skip(f"{tmp_path} is on {fstype}: its pages are the storage, nothing reaches a device")
+    shapes = [(256, 256), (512, 128), (65536,)]  # whole 4 KiB pages: the kernel counts pages
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+    store = store_factory(tmp_path / "states", "adamw")(params)
+    states = [{"exp_avg": torch.randn(s), "exp_avg_sq": torch.rand(s)} for s in shapes]
+    store.take_bytes()
+    r0, w0 = _storage_io()
+    for _ in range(3):
+        for i, st in enumerate(states):
+            store.write(i, st)
+        for i, st in enumerate(states):
+            back = store.read(i)
+            assert all(torch.equal(back[k], st[k]) for k in st)
+    r1, w1 = _storage_io()
+    moved = store.take_bytes()
+    if r1 - r0 == 0 and w1 - w0 == 0:
+        pytest.skip("the kernel counted no storage I/O at all here (a file system without block accounting)")
+    assert moved == 3 * 2 * 2 * 4 * sum(p.numel() for p in params)  # 3 rounds, read + write, 2 states
+    assert 0.95 * moved / 2 <= r1 - r0 <= 1.1 * moved / 2, (r1 - r0, moved / 2)
+    assert 0.95 * moved / 2 <= w1 - w0 <= 1.5 * moved / 2, (w1 - w0, moved / 2)
+    store.remove()
+
+
 def test_a_full_disk_is_one_clear_error_and_leaves_no_files(tmp_path, monkeypatch):
     def full(fd, offset, length):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -10,8 +10,8 @@ nothing is counted; on a GPU the gradients down and parameters up are counted on
 "host_device" axis, which is what the cost model predicts (planner/methods/offload.py).
 
 - offload=nvme: every tensor state of the size of its parameter (Adam's exp_avg / exp_avg_sq,
-  SGD's momentum) lives in an `NvmeStore` file, memory-mapped only while that parameter is
-  stepped; the next parameter's states are read ahead on a thread while this one computes
+  SGD's momentum) lives in an `NvmeStore` file, read from the disk (not the page cache) when that
+  parameter is stepped and written through after; the next parameter's states are read ahead on a thread while this one computes
   (prefetch), so host memory holds about two parameters' states at a time. Bytes read and
   written are counted on the "nvme" axis.
 - delayed_update (DPU, Ren et al. 2021 Sec 5): the host step of step t runs on a thread during

@@ -1,6 +1,6 @@
-"""offload=nvme's state files: one preallocated file per parameter on local disk, memory-mapped
-only while that parameter's states are read or written (ZeRO-Infinity's NVMe tier, with numpy's
-memmap standing in for DeepSpeed's async I/O).
+"""offload=nvme's state files: one preallocated file per parameter on local disk, read and
+written around the page cache (cold_io.py: written through to the device, read back from it, as
+ZeRO-Infinity's O_DIRECT async I/O does), so the states cost the disk's rates, not memory's.
 
 Each file holds a parameter's tensor states back to back in a fixed order (Adam: exp_avg then
 exp_avg_sq; SGD: momentum_buffer). The whole footprint is allocated up front with
@@ -17,12 +17,11 @@ import functools
 import os
 import shutil
 from pathlib import Path
-from typing import Literal
 
-import numpy as np
 import torch
 
 from meshplan.errors import MeshplanError
+from meshplan.executor.methods.cold_io import read_cold, write_through
 from meshplan.executor.shards import local_shard
 
 STATES_PER_PARAM = {"adamw": ("exp_avg", "exp_avg_sq"), "sgd": ("momentum_buffer",)}
@@ -88,30 +87,22 @@ class NvmeStore:
     def _path(self, i: int) -> Path:
         return self.folder / f"param{i:05d}.bin"
 
-    def _map(self, i: int, mode: Literal["r", "r+"]) -> np.memmap:
-        return np.memmap(self._path(i), dtype=np.float32, mode=mode, shape=(len(self.keys), self.numels[i]))
-
     def read(self, i: int, count: bool = True) -> dict[str, torch.Tensor]:
         """Parameter i's states as fresh in-memory tensors ({} before its first step); a
         checkpoint's read (count=False) is not training traffic."""
         if not self.written[i]:
             return {}
-        mm = self._map(i, "r")
-        out = {k: torch.from_numpy(np.array(mm[j])).view(self.shapes[i]) for j, k in enumerate(self.keys)}
-        del mm  # unmapped: the pages leave this process
-        self.moved_bytes += self.numels[i] * 4 * len(self.keys) if count else 0
+        out = {k: torch.empty(self.shapes[i], dtype=torch.float32) for k in self.keys}
+        moved = read_cold(self._path(i), list(out.values()))
+        self.moved_bytes += moved if count else 0
         return out
 
     def write(self, i: int, states: dict[str, torch.Tensor], count: bool = True) -> None:
         missing = [k for k in self.keys if k not in states]
         assert not missing, f"optimizer state {missing} not kept for parameter {i}"
-        mm = self._map(i, "r+")
-        for j, k in enumerate(self.keys):
-            mm[j] = states[k].reshape(-1).numpy()
-        mm.flush()
-        del mm
+        moved = write_through(self._path(i), [states[k].to(torch.float32).contiguous() for k in self.keys])
         self.written[i] = True
-        self.moved_bytes += self.numels[i] * 4 * len(self.keys) if count else 0
+        self.moved_bytes += moved if count else 0
 
     def take_bytes(self) -> int:
         moved, self.moved_bytes = self.moved_bytes, 0

@@ -1,5 +1,5 @@
-"""offload=nvme (ZeRO-Infinity's NVMe tier): the optimizer states in preallocated, memory-mapped
-files under `meshplan run --offload-dir DIR` (default: <out-dir>/offload), one folder per rank
+"""offload=nvme (ZeRO-Infinity's NVMe tier): the optimizer states in preallocated files, read and
+written around the page cache (cold_io.py), under `meshplan run --offload-dir DIR` (default: <out-dir>/offload), one folder per rank
 and model part, prefetched one parameter ahead and streamed through the host optimizer step
 (host_optimizer.py, nvme_store.py). Parameters and gradients stay on the device, as DeepSpeed's
 offload_optimizer device nvme; every ZeRO stage (FSDP2 shards are stepped shard by shard).

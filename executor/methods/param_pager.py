@@ -2,7 +2,8 @@
 
 Each rank's FSDP2 parameter shards (`FSDPParam._sharded_param_data`, the padded flat local
 shard the all-gather reads) live in one preallocated file per parameter under the rank's
-offload folder; in memory a shard exists only while it is used:
+offload folder, read and written around the page cache (cold_io.py); in memory a shard exists
+only while it is used:
 - before a unit's all-gather (`FSDPParamGroup.unshard`: forward, its prefetch, and backward's
   re-gather) the unit's shards are read from their files into their storage;
 - after the unit reshards (after forward; after backward's reduce-scatter) the storage is freed
@@ -30,6 +31,7 @@ import torch
 from meshplan.comm_bytes import ByteCounter
 from meshplan.errors import MeshplanError
 from meshplan.executor.memory import storage_freed
+from meshplan.executor.methods.cold_io import read_cold, write_through
 
 PAGERS: dict[int, ParamPager] = {}
 """id(sharded parameter) -> its pager, for the host optimizer's step."""
@@ -109,7 +111,7 @@ class ParamPager:
             return
         data = self.data[i]
         data.untyped_storage().resize_(data.numel() * data.element_size())
-        data.copy_(torch.from_file(str(self._file(i)), shared=False, size=data.numel(), dtype=data.dtype))
+        read_cold(self._file(i), [data])
         self.counter.add("nvme", "send_recv", 2, data.numel() * data.element_size())
 
     def page_out(self, i: int) -> None:
@@ -120,10 +122,9 @@ class ParamPager:
         self._free(i)
 
     def _write(self, i: int) -> None:
-        """Shard i into its file through a shared mapping (numpy would pin the storage's size)."""
-        data = self.data[i]
-        if data.numel():
-            torch.from_file(str(self._file(i)), shared=True, size=data.numel(), dtype=data.dtype).copy_(data.detach())
+        """Shard i into its file, through to the device (cold_io.py)."""
+        if self.data[i].numel():
+            write_through(self._file(i), [self.data[i]])
 
     def _free(self, i: int) -> None:
         storage_freed(self.data[i])  # the CPU peak tracker (executor/memory.py) sees no resize_
