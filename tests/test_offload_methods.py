@@ -97,7 +97,9 @@ def test_nvme_states_move_through_the_disk_as_the_kernel_counts_it(tmp_path):
         pytest.skip("no /proc/self/io on this system: the kernel's storage I/O counters are Linux's")
     mounts = [line.split()[1:3] for line in Path("/proc/mounts").read_text().splitlines()]
     here = str(tmp_path.resolve())
-    fstype = max((m for m in mounts if here == m[0] or here.startswith(m[0].rstrip("/") + "/")), key=lambda m: len(m[0]))[1]
+    fstype = max(
+        (m for m in mounts if here == m[0] or here.startswith(m[0].rstrip("/") + "/")), key=lambda m: len(m[0])
+    )[1]
     if fstype in ("tmpfs", "ramfs"):
         pytest.skip(f"{tmp_path} is on {fstype}: its pages are the storage, nothing reaches a device")
     shapes = [(256, 256), (512, 128), (65536,)]  # whole 4 KiB pages: the kernel counts pages
