@@ -4,8 +4,8 @@
     python -m benchmarks.slow_link --all-reduce-mib 16 [--nproc 2]     # time all_reduce here
 
 The namespace (`mpslow-<pid>-<n>`) holds only its own loopback: MTU 1500 (tbf drops packets
-larger than its burst, and lo's MTU is 65536), brought up, with a tbf qdisc (rate R, burst
-256 kb, latency 50 ms) or, when a delay is asked for, netem (rate R, delay D). CMD runs as
+larger than its burst, and lo's MTU is 65536), brought up, with a tbf qdisc (rate R, a burst of
+2 ms at rate R, at least 16 KiB; latency 50 ms) or, when a delay is asked for, netem (rate R, delay D). CMD runs as
 `ip netns exec NAME env GLOO_SOCKET_IFNAME=lo CMD`, bounded by a timeout; every process left in
 the namespace is killed and the namespace deleted afterwards, also on failure, timeout, SIGINT
 or SIGTERM. Only 127.0.0.1 is ever used: no veth, no other address.
@@ -38,7 +38,13 @@ EXIT_TIMEOUT = 124
 """Exit status when the command ran past its timeout (as coreutils `timeout` exits)."""
 DEFAULT_TIMEOUT_S = 600.0
 PREFIX = "mpslow-"
-BURST = "256kb"  # tc's "kb" is kilobytes; must exceed the MTU (1500 B), see the module docstring
+BURST_S = 0.002
+"""tbf's bucket holds this long at the line rate. A NIC has no bucket: a payload that fits in one
+goes out at loopback speed, so a bucket of fixed bytes makes small payloads faster than the rate at
+low rates only (256 KB is 2 ms at 1 Gbit/s but 20 ms at 100 Mbit/s, where it let PowerSGD's and
+top-k's few hundred KB a step through 14-22 ms faster than the rate allows)."""
+MIN_BURST_BYTES = 16 * 1024
+"""Floor of the bucket: well above the MTU (tbf drops a packet larger than its burst)."""
 MTU_BYTES = 1500
 _counter = itertools.count()
 
@@ -78,7 +84,8 @@ def qdisc_args(rate_bits: float, delay_ms: float) -> list[str]:
     rate = f"{rate_bits:.0f}bit"
     if delay_ms > 0:
         return ["netem", "rate", rate, "delay", f"{delay_ms * 1e3:.0f}us"]
-    return ["tbf", "rate", rate, "burst", BURST, "latency", "50ms"]
+    burst = max(MIN_BURST_BYTES, round(rate_bits / 8 * BURST_S))
+    return ["tbf", "rate", rate, "burst", f"{burst}b", "latency", "50ms"]
 
 
 def _pids_in(name: str) -> list[int]:

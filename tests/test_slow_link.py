@@ -52,7 +52,9 @@ def test_rates_and_qdiscs():
     assert sl.parse_rate_bits("200mbit") == 2e8
     with pytest.raises(ValueError, match="gbit"):
         sl.parse_rate_bits("1 GB/s")
-    assert sl.qdisc_args(2e8, 0) == ["tbf", "rate", "200000000bit", "burst", "256kb", "latency", "50ms"]
+    assert sl.qdisc_args(2e8, 0) == ["tbf", "rate", "200000000bit", "burst", "50000b", "latency", "50ms"]
+    assert sl.qdisc_args(1e8, 0)[4] == "25000b" and sl.qdisc_args(1e9, 0)[4] == "250000b"  # 2 ms of line rate
+    assert sl.qdisc_args(1e6, 0)[4] == "16384b"  # never below 16 KiB (> the 1500 B MTU)
     assert sl.qdisc_args(1e9, 0.1)[:5] == ["netem", "rate", "1000000000bit", "delay", "100us"]
 
 
@@ -142,8 +144,8 @@ def test_all_reduce_in_a_throttled_namespace_takes_at_least_the_wire_time(netns)
 @pytest.mark.timeout(90)
 def test_profile_links_inside_the_namespace_measures_the_slow_link(netns, tmp_path):
     """At 1 Gbit/s shared by 2 ranks an all_reduce's algorithm bandwidth is at most
-    1e9 / 8 / (2(n-1)) = 0.0625 GB/s (plain loopback here: ~0.4 GB/s); the 256 kb burst lets
-    small messages through faster, hence the 1.5x."""
+    1e9 / 8 / (2(n-1)) = 0.0625 GB/s (plain loopback here: ~0.4 GB/s); the burst (2 ms of line rate)
+    lets small messages through faster, hence the 1.5x."""
     from meshplan import schema
     from meshplan.cluster import ClusterSpec
 
