@@ -6,7 +6,10 @@ device at the registry's default settings on every distinct layer's real paramet
 Per layer (its trainable tensors exchanged as one bucket, DDP's unit of a hook call), after
 WARMUP rounds, REPEATS rounds each time one exchange at a group of 1 and one at a group of GROUP
 (LoopbackComm: GROUP payloads decoded, nothing sent), and for adaptive level sets, in the last
-REFIT_REPEATS rounds, one more exchange at a group of 1 that re-fits the levels (refit_every = 1):
+REFIT_REPEATS rounds, one more exchange at a group of 1 that re-fits the levels (refit_every = 1;
+warmed in the warm-up rounds too, so each timed re-fit starts from the last fit, as every re-fit of
+a run but its first does: the coordinate descent from a cold start takes several sweeps, from the
+last levels one or two; timed cold, ALQ and AMQ were over-priced by 20-70 ms a step on gpt-tiny):
   decode_s = (t_GROUP - t_1) / (GROUP - 1)   per rank of the group (all-gather compressors)
   encode_s = t_1 - decode_s                  compression + what does not grow with the group
   refit_s  = t_refit - t_1                   one re-fit, paid every refit_every steps
@@ -144,8 +147,8 @@ def _time_layer(name: str, params: dict, shapes: tuple, device: str, share: Host
     for i in range(rounds):
         got = {}
         for key, (c, comm) in runs.items():
-            if key == "refit" and i < rounds - REFIT_REPEATS:  # its first call warms nothing up that
-                continue  # the re-fit (every step here) would not dwarf
+            if key == "refit" and WARMUP <= i < rounds - REFIT_REPEATS:
+                continue  # warmed once like the others: a re-fit starts from the last fit (below)
             items = [(j, g.clone(), shape) for j, (g, shape) in enumerate(zip(grads, shapes))]
             got[key] = _exchange_s(c, comm, items, device, share)
         if i >= WARMUP:
