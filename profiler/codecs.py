@@ -4,7 +4,9 @@ device at the registry's default settings on every distinct layer's real paramet
 (LayerProfile.param_shapes), one intra-op thread on CPU like the layer timings.
 
 Per layer (its trainable tensors exchanged as one bucket, DDP's unit of a hook call), after
-WARMUP rounds, REPEATS rounds each time one exchange at a group of 1 and one at a group of GROUP
+WARMUP rounds, REPEATS rounds (round-robin over the codecs: each round times every codec on every
+layer before the next round starts, so a drift of the shared host's speed lands on all codecs
+alike rather than on whichever was being timed), each time one exchange at a group of 1 and one at a group of GROUP
 (LoopbackComm: GROUP payloads decoded, nothing sent), and for adaptive level sets, in the last
 REFIT_REPEATS rounds, one more exchange at a group of 1 that re-fits the levels (refit_every = 1;
 warmed in the warm-up rounds too, so each timed re-fit starts from the last fit, as every re-fit of
@@ -38,7 +40,7 @@ from meshplan.model_profile import CodecTiming, ModelProfile
 from meshplan.profiler.step_timing import HostShare, cores_available
 
 WARMUP = 1
-REPEATS = 3
+REPEATS = 5
 GROUP = 2
 """Group size of the second timing (decoding GROUP payloads); any > 1 separates the two terms."""
 REFIT_REPEATS = 2
@@ -72,17 +74,22 @@ def time_codecs(profile: ModelProfile, device: str, neighbours: int = 0) -> None
     share = HostShare(floor=1.0 if cuda else max(1.0, profile.concurrent / cores_available()))
     groups = _distinct_layers(profile)
     timed: dict[str, CodecTiming] = {}
-    per_shape_of: dict[str, dict] = {}
+    timers: dict[str, dict[tuple, _LayerTimer]] = {}
     for name in dp_methods.names("compression"):
-        if name not in CODECS:
-            continue
-        params = _timed_params(name)
-        try:
-            per_shape_of[name] = {shapes: _time_layer(name, params, shapes, device, share) for shapes in groups}
-        except Exception as exc:  # e.g. a codec's CPU generator on a CUDA device
-            first = (str(exc).strip().splitlines() or [""])[0][:160]
-            profile.notes.append(f"codec {name} not timed on {device} ({type(exc).__name__}: {first}): modelled")
-            continue
+        if name in CODECS:
+            try:
+                timers[name] = {shapes: _LayerTimer(name, _timed_params(name), shapes, device) for shapes in groups}
+            except Exception as exc:  # e.g. a codec's CPU generator on a CUDA device
+                _untimed(profile, name, device, exc)
+    for i in range(WARMUP + REPEATS):  # round-robin: a drift of the host's speed hits every codec alike
+        for name, per in list(timers.items()):
+            try:
+                for timer in per.values():
+                    timer.round(i, share)
+            except Exception as exc:
+                _untimed(profile, name, device, exc)
+                del timers[name]
+    per_shape_of = {name: {shapes: t.result() for shapes, t in per.items()} for name, per in timers.items()}
     factor = 1.0 if cuda else (share.factor if neighbours else rank_share(share, profile.concurrent))
     for name, per_shape in per_shape_of.items():
         timed[name] = _timing(_timed_params(name), per_shape, groups, factor)
@@ -132,32 +139,45 @@ def _timing(params: dict, per_shape: dict, groups: dict, factor: float) -> Codec
     return out
 
 
-@torch.no_grad()
-def _time_layer(name: str, params: dict, shapes: tuple, device: str, share: HostShare) -> tuple:
-    """(encode_s, decode_s, refit_s or None) of one layer's tensors (module docstring)."""
-    gen = torch.Generator().manual_seed(0)
-    grads = [torch.randn(s, generator=gen).reshape(-1).to(device) for s in shapes]
-    runs = {
-        "one": (codec(name, params, 1), LoopbackComm(1)),
-        "group": (codec(name, params, GROUP), LoopbackComm(GROUP)),
-    }
-    if name in ADAPTIVE:
-        runs["refit"] = (codec(name, {**params, "refit_every": 1}, 1), LoopbackComm(1))
-    rounds, timed = WARMUP + REPEATS, []
-    for i in range(rounds):
-        got = {}
-        for key, (c, comm) in runs.items():
+def _untimed(profile: ModelProfile, name: str, device: str, exc: Exception) -> None:
+    first = (str(exc).strip().splitlines() or [""])[0][:160]
+    profile.notes.append(f"codec {name} not timed on {device} ({type(exc).__name__}: {first}): modelled")
+
+
+class _LayerTimer:
+    """One codec on one layer's tensors: a round at a time (time_codecs interleaves the codecs
+    round by round), then (encode_s, decode_s, refit_s or None) (module docstring)."""
+
+    def __init__(self, name: str, params: dict, shapes: tuple, device: str):
+        gen = torch.Generator().manual_seed(0)
+        self.shapes, self.device = shapes, device
+        self.grads = [torch.randn(s, generator=gen).reshape(-1).to(device) for s in shapes]
+        self.runs = {
+            "one": (codec(name, params, 1), LoopbackComm(1)),
+            "group": (codec(name, params, GROUP), LoopbackComm(GROUP)),
+        }
+        if name in ADAPTIVE:
+            self.runs["refit"] = (codec(name, {**params, "refit_every": 1}, 1), LoopbackComm(1))
+        self.timed: list[dict[str, float]] = []
+
+    @torch.no_grad()
+    def round(self, i: int, share: HostShare) -> None:
+        rounds, got = WARMUP + REPEATS, {}
+        for key, (c, comm) in self.runs.items():
             if key == "refit" and WARMUP <= i < rounds - REFIT_REPEATS:
-                continue  # warmed once like the others: a re-fit starts from the last fit (below)
-            items = [(j, g.clone(), shape) for j, (g, shape) in enumerate(zip(grads, shapes))]
-            got[key] = _exchange_s(c, comm, items, device, share)
+                continue  # warmed once like the others: a re-fit starts from the last fit
+            items = [(j, g.clone(), shape) for j, (g, shape) in enumerate(zip(self.grads, self.shapes))]
+            got[key] = _exchange_s(c, comm, items, self.device, share)
         if i >= WARMUP:
-            timed.append(got)
-    # differences within a round (the same host state), then the median over the rounds
-    one = statistics.median(t["one"] for t in timed)
-    decode = min(one, max(0.0, statistics.median((t["group"] - t["one"]) / (GROUP - 1) for t in timed)))
-    refits = [t["refit"] - t["one"] for t in timed if "refit" in t]
-    return one - decode, decode, (max(0.0, statistics.median(refits)) if refits else None)
+            self.timed.append(got)
+
+    def result(self) -> tuple[float, float, float | None]:
+        """Differences within a round (the same host state), then the median over the rounds."""
+        timed = self.timed
+        one = statistics.median(t["one"] for t in timed)
+        decode = min(one, max(0.0, statistics.median((t["group"] - t["one"]) / (GROUP - 1) for t in timed)))
+        refits = [t["refit"] - t["one"] for t in timed if "refit" in t]
+        return one - decode, decode, (max(0.0, statistics.median(refits)) if refits else None)
 
 
 def _exchange_s(c, comm, items, device: str, share: HostShare) -> float:
