@@ -156,7 +156,7 @@ class WaveRank:
                 raise RuntimeError(f"waves=2: no model from the partner wave for step {len(self.step_ends) - MAX_LAG}")
             newest, self.newest = self.newest, None
         if newest is not None:
-            x = (x + newest) / 2
+            x.add_(newest).mul_(0.5)  # in place: no model-sized temporaries beside x
             offset = 0
             for p in params:
                 p.copy_(x[offset : offset + p.numel()].view_as(p).to(p.dtype))
@@ -165,8 +165,10 @@ class WaveRank:
         # a gloo send's work holds its tensor until dropped: keep only the sends still in flight,
         # or every step's model copy stays resident to the end of the run
         self.sends = [work for work in self.sends if not work.is_completed()]
+        # x is this step's own flat copy, never written again: it is sent as it is (a clone would be
+        # one more model-sized transient at every step end, the memory timeline's largest term)
         # the Backend stub has no send/recv, which ProcessGroupGloo's binding has
-        self.sends.append(self.pg.send([x.clone()], self.partner, 0))  # type: ignore[attr-defined]
+        self.sends.append(self.pg.send([x], self.partner, 0))  # type: ignore[attr-defined]
 
     def _receive(self, numel: int) -> None:
         """The partner's models, one a step, as they land; the step takes the newest."""
