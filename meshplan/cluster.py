@@ -14,6 +14,9 @@ from meshplan.schema import check
 CLUSTER_SCHEMA_VERSION = 1
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "gather")
 """What a measured fit may name; "gather" is a fan-in to one root (profiler/links_worker.py)."""
+EFFICIENCY_LIKE = {"gather": "send_recv"}
+"""A collective without an efficiency of its own on a link takes this one's: a fan-in is N - 1
+point-to-point flows into one link, not a collective over every rank's."""
 
 
 @dataclass(kw_only=True)
@@ -67,7 +70,8 @@ class LinkSpec:
     latency_s: float
     """Per-message latency (alpha) in seconds."""
     efficiency: dict[str, float] = field(default_factory=dict)
-    """Achieved fraction of bandwidth_gbps by collective (missing: use "default" or 1.0)."""
+    """Achieved fraction of bandwidth_gbps by collective (missing: its EFFICIENCY_LIKE stand-in's,
+    else "default", else 1.0)."""
 
     def validate(self, path: str = "") -> None:
         check(self.bandwidth_gbps > 0, f"{path}.bandwidth_gbps", self.bandwidth_gbps, "must be > 0 GB/s")
@@ -76,7 +80,9 @@ class LinkSpec:
             check(0 < eff <= 1, f"{path}.efficiency.{name}", eff, "must be in (0, 1]")
 
     def effective_gbps(self, collective: str) -> float:
-        eff = self.efficiency.get(collective, self.efficiency.get("default", 1.0))
+        default = self.efficiency.get("default", 1.0)
+        like = EFFICIENCY_LIKE.get(collective)
+        eff = self.efficiency.get(collective, self.efficiency.get(like, default) if like else default)
         return self.bandwidth_gbps * eff
 
 

@@ -243,3 +243,15 @@ def test_a_timeout_is_a_run_error_and_leaves_no_rank_behind():
     with pytest.raises(RunError, match="timed out after 6 s"):
         measure(2, cases, repeats=50, timeout_s=6)
     assert sorted(set(_descendants(os.getpid())) - before) == []
+
+
+def test_a_gather_without_its_own_efficiency_takes_send_recvs():
+    """A fan-in is point-to-point flows into one link: where a tier states no gather efficiency
+    (every preset), it is send/recv's, not the collectives' default (A100 at scale: 0.74, not 0.34)."""
+    from meshplan.cluster import LinkSpec
+
+    link = LinkSpec(bandwidth_gbps=25.0, latency_s=2e-5, efficiency={"default": 0.34, "send_recv": 0.74})
+    assert link.effective_gbps("gather") == pytest.approx(25.0 * 0.74)
+    assert link.effective_gbps("all_gather") == pytest.approx(25.0 * 0.34)
+    assert LinkSpec(bandwidth_gbps=25.0, latency_s=0, efficiency={"gather": 0.5}).effective_gbps("gather") == 12.5
+    assert LinkSpec(bandwidth_gbps=25.0, latency_s=0, efficiency={"default": 0.9}).effective_gbps("gather") == 22.5

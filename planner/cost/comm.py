@@ -88,8 +88,6 @@ def collective_s(cluster: ClusterSpec, collective: str, group: int, buffer_bytes
     if collective == "send_recv":
         return link.latency_s + buffer_bytes / bw_bytes_s
     if collective == "gather":  # group - 1 point-to-point flows at once, all through the root's link
-        if "gather" not in link.efficiency:
-            bw_bytes_s = _bandwidth_bytes_s(cluster, "send_recv", tier)
         return link.latency_s + (group - 1) * buffer_bytes / bw_bytes_s
     factor, _ = _RING[collective]
     return ring_latency_s(cluster, collective, group, tier) + factor * (group - 1) / group * buffer_bytes / bw_bytes_s
