@@ -35,21 +35,31 @@ def _bytes_of(t: torch.Tensor) -> memoryview:
     return memoryview((ctypes.c_char * nbytes).from_address(t.data_ptr())).cast("B")
 
 
+def _move(fd: int, tensors: list[torch.Tensor], offset: int, step, path: str | Path) -> int:
+    """Each tensor's bytes through `step(fd, view, position)` (a pwrite or a pread, which may move
+    fewer bytes than asked), back to back from byte `offset`; returns the bytes moved."""
+    pos = offset
+    for t in tensors:
+        view = _bytes_of(t)
+        done = 0
+        while done < len(view):
+            got = step(fd, view[done:], pos + done)
+            if got == 0:
+                raise EOFError(f"{path}: {len(view) - done} bytes short at offset {pos + done}")
+            done += got
+        pos += len(view)
+    return pos - offset
+
+
 def write_through(path: str | Path, tensors: list[torch.Tensor], offset: int = 0) -> int:
     """Write `tensors` back to back from byte `offset` of the existing file `path`, flush them to
     the device and evict their pages; returns the bytes written."""
     fd = os.open(path, os.O_WRONLY)
     try:
-        pos = offset
-        for t in tensors:
-            view = _bytes_of(t)
-            done = 0
-            while done < len(view):
-                done += os.pwrite(fd, view[done:], pos + done)
-            pos += len(view)
+        moved = _move(fd, tensors, offset, os.pwrite, path)
         os.fdatasync(fd)
-        os.posix_fadvise(fd, offset, pos - offset, os.POSIX_FADV_DONTNEED)
-        return pos - offset
+        os.posix_fadvise(fd, offset, moved, os.POSIX_FADV_DONTNEED)
+        return moved
     finally:
         os.close(fd)
 
@@ -60,17 +70,8 @@ def read_cold(path: str | Path, tensors: list[torch.Tensor], offset: int = 0) ->
     fd = os.open(path, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        pos = offset
-        for t in tensors:
-            view = _bytes_of(t)
-            done = 0
-            while done < len(view):
-                got = os.preadv(fd, [view[done:]], pos + done)
-                if got == 0:
-                    raise EOFError(f"{path}: {len(view) - done} bytes short at offset {pos + done}")
-                done += got
-            pos += len(view)
-        os.posix_fadvise(fd, offset, pos - offset, os.POSIX_FADV_DONTNEED)  # the copy is in the tensor now
-        return pos - offset
+        moved = _move(fd, tensors, offset, lambda f, view, pos: os.preadv(f, [view], pos), path)
+        os.posix_fadvise(fd, offset, moved, os.POSIX_FADV_DONTNEED)  # the copy is in the tensor now
+        return moved
     finally:
         os.close(fd)
