@@ -5,10 +5,10 @@
 
 The namespace (`mpslow-<pid>-<n>`) holds only its own loopback: MTU 1500 (tbf drops packets
 larger than its burst, and lo's MTU is 65536), brought up, with a tbf qdisc (rate R, a burst of
-2 ms at rate R, at least 16 KiB; latency 50 ms) or, when a delay is asked for, netem (rate R, delay D). CMD runs as
-`ip netns exec NAME env GLOO_SOCKET_IFNAME=lo CMD`, bounded by a timeout; every process left in
-the namespace is killed and the namespace deleted afterwards, also on failure, timeout, SIGINT
-or SIGTERM. Only 127.0.0.1 is ever used: no veth, no other address.
+2 ms at rate R, at least 16 KiB; latency 50 ms) or, when a delay is asked for, netem (rate R,
+delay D). CMD runs as `ip netns exec NAME env GLOO_SOCKET_IFNAME=lo CMD`, bounded by a
+timeout; every process left in the namespace is killed and the namespace deleted afterwards,
+also on failure, timeout, SIGINT or SIGTERM. Only 127.0.0.1 is ever used: no veth, no other address.
 
 Every byte between every pair of ranks passes the one loopback qdisc, so the namespace is a
 *shared* medium of rate R (both directions and all ranks together), not a per-rank NIC.

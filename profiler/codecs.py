@@ -6,12 +6,12 @@ device at the registry's default settings on every distinct layer's real paramet
 Per layer (its trainable tensors exchanged as one bucket, DDP's unit of a hook call), after
 WARMUP rounds, REPEATS rounds (round-robin over the codecs: each round times every codec on every
 layer before the next round starts, so a drift of the shared host's speed lands on all codecs
-alike rather than on whichever was being timed), each time one exchange at a group of 1 and one at a group of GROUP
-(LoopbackComm: GROUP payloads decoded, nothing sent), and for adaptive level sets, in the last
-REFIT_REPEATS rounds, one more exchange at a group of 1 that re-fits the levels (refit_every = 1;
-warmed in the warm-up rounds too, so each timed re-fit starts from the last fit, as every re-fit of
-a run but its first does: the coordinate descent from a cold start takes several sweeps, from the
-last levels one or two; timed cold, ALQ and AMQ were over-priced by 20-70 ms a step on gpt-tiny):
+alike rather than on whichever was being timed), each time one exchange at a group of 1 and one
+at a group of GROUP (LoopbackComm: GROUP payloads decoded, nothing sent), and for adaptive level
+sets, in the last REFIT_REPEATS rounds, one more exchange at a group of 1 that re-fits the levels
+(refit_every = 1; warmed in the warm-up rounds too, so each timed re-fit starts from the last fit,
+as every re-fit of a run but its first does: ALQ's coordinate descent takes about 8 ms a tensor
+from a cold start, 1-2 ms from the last levels):
   decode_s = (t_GROUP - t_1) / (GROUP - 1)   per rank of the group (all-gather compressors)
   encode_s = t_1 - decode_s                  compression + what does not grow with the group
   refit_s  = t_refit - t_1                   one re-fit, paid every refit_every steps

@@ -11,8 +11,9 @@ nothing is counted; on a GPU the gradients down and parameters up are counted on
 
 - offload=nvme: every tensor state of the size of its parameter (Adam's exp_avg / exp_avg_sq,
   SGD's momentum) lives in an `NvmeStore` file, read from the disk (not the page cache) when that
-  parameter is stepped and written through after; the next parameter's states are read ahead on a thread while this one computes
-  (prefetch), so host memory holds about two parameters' states at a time. Bytes read and
+  parameter is stepped and written through after; the next parameter's states are read ahead on
+  a thread while this one computes (prefetch), so host memory holds about two parameters' states
+  at a time. Bytes read and
   written are counted on the "nvme" axis.
 - delayed_update (DPU, Ren et al. 2021 Sec 5): the host step of step t runs on a thread during
   step t+1 and its result is copied to the device at the end of step t+1, so
