@@ -78,17 +78,23 @@ def calibrate_links(quick: bool, say) -> tuple[object, dict]:
     return cluster, info
 
 
-def calibrate_model(model: str, calibration: dict, say):
+def calibrate_model(model: str, calibration: dict, say, when: str = "before"):
     """One CPU profile of `model` with NUM_RANKS ranks busy, taken right before its launch (the
-    host's speed drifts over minutes); its timings are recorded in `calibration`."""
+    host's speed drifts over minutes) or, `when="after"`, right after it (benchmarks/calibration.py
+    combines the two); its timings are recorded in `calibration` (the after-launch ones under
+    keys ending in "_after")."""
     from meshplan.profiler import profile_model
 
+    suffix = "" if when == "before" else f"_{when}"
     start = time.perf_counter()
     profile = profile_model(model, None, device="cpu", microbatch_sizes=MICROBATCHES, concurrent=NUM_RANKS)
-    calibration[f"profile_{model}_s"] = round(time.perf_counter() - start, 1)
-    calibration["layer_timings_s"][model] = _timings(profile)
-    calibration["step_overhead_s"][model] = dict(profile.step_overhead_s)
-    say(f"  profiled {model} on the CPU ({calibration[f'profile_{model}_s']} s, {NUM_RANKS} ranks busy)")
+    calibration[f"profile_{model}{suffix}_s"] = round(time.perf_counter() - start, 1)
+    calibration.setdefault(f"layer_timings{suffix}_s", {})[model] = _timings(profile)
+    calibration.setdefault(f"step_overhead{suffix}_s", {})[model] = dict(profile.step_overhead_s)
+    say(
+        f"  profiled {model} on the CPU {when} its launch ({calibration[f'profile_{model}{suffix}_s']} s, "
+        f"{NUM_RANKS} ranks busy)"
+    )
     return profile
 
 
@@ -105,6 +111,32 @@ def request(pins: dict):
     from meshplan.planner import PlanRequest
 
     return PlanRequest(num_gpus=NUM_RANKS, global_batch=GLOBAL_BATCH, precision="fp32", **pins)
+
+
+def pins_of(plan) -> dict:
+    """The estimate() pins of a searched plan's configuration (degrees, microbatch, schedule,
+    sequence parallelism, one recompute mode for every block, data-parallel methods), so that
+    another calibration can price the plan that ran. A plan whose blocks recompute differently
+    cannot be pinned that way: ValueError."""
+    body = {mode for name, mode in plan.recompute.items() if name not in (plan.layers[0], plan.layers[-1])}
+    if len(body) > 1:
+        raise ValueError(f"plan recomputes its blocks differently ({sorted(body)}): not expressible as pins")
+    pins: dict = dict(
+        tp=plan.tensor_parallel_degree,
+        pp=plan.pipeline_parallel_degree,
+        dp=plan.data_parallel_degree,
+        cp=plan.context_parallel_degree,
+        zero=plan.zero_stage,
+        microbatch=plan.microbatch_size,
+        sequence_parallel=plan.sequence_parallel,
+        recompute=body.pop() if body else "none",
+        methods={axis: (choice.name, dict(choice.params)) for axis, choice in plan.dp_methods.items()},
+    )
+    if plan.data_parallel_shard_degree > 1 and plan.data_parallel_replicate_degree > 1:
+        pins["dp_shard"] = plan.data_parallel_shard_degree
+    if plan.pipeline_parallel_degree > 1:
+        pins.update(schedule=plan.pipeline_schedule, virtual_stages=plan.virtual_stages)
+    return pins
 
 
 def predict_grid(profile, cluster, grid: list[tuple[str, dict]]) -> tuple[list[tuple[str, object]], list[str]]:
@@ -182,25 +214,27 @@ def measure_round(
     return [by_index[i] for i in range(len(plans))], info
 
 
-def plan_row(name: str, pairs: list[tuple[object, object]]) -> dict:
+def plan_row(name: str, pairs: list[tuple]) -> dict:
     """Predicted beside measured for one named plan over the repetitions: each pair is (the plan
-    as predicted by that repetition's calibration, its RunResult or None). Medians over pairs;
-    the breakdowns are those of the round with the median prediction; `rounds` keeps each round's
-    [predicted, measured or None] pair; seconds and bytes."""
-    plan = sorted((p for p, _ in pairs), key=lambda p: p.prediction.step_time_s)[(len(pairs) - 1) // 2]
-    runs = [r for _, r in pairs if r is not None]
-    predicted = [p.prediction.step_time_s for p, _ in pairs]
+    as predicted by that repetition's calibration, its RunResult or None[, the plan as predicted
+    from the profile before the launch alone]). Medians over pairs; the breakdowns are those of
+    the round with the median prediction; `rounds` keeps each round's [predicted, measured or
+    None] pair; `predicted_before_s` the one-profile prediction; seconds and bytes."""
+    plan = sorted((p[0] for p in pairs), key=lambda p: p.prediction.step_time_s)[(len(pairs) - 1) // 2]
+    runs = [p[1] for p in pairs if p[1] is not None]
+    predicted = [p[0].prediction.step_time_s for p in pairs]
+    before = [p[2].prediction.step_time_s for p in pairs if len(p) > 2]
     medians = [r.step_time_s for r in runs]
     steps = [t for r in runs for t in r.step_times_s[1:]]
     peak = max(plan.prediction.stage_memory, key=lambda m: m.total_bytes, default=None)
     row = {
         "name": name,
-        "config": " | ".join(dict.fromkeys(describe(p) for p, _ in pairs)),
+        "config": " | ".join(dict.fromkeys(describe(p[0]) for p in pairs)),
         "predicted_s": statistics.median(predicted),
         "predicted_runs_s": predicted,
-        "rounds": [[p.prediction.step_time_s, r.step_time_s if r is not None else None] for p, r in pairs],
+        "rounds": [[p[0].prediction.step_time_s, p[1].step_time_s if p[1] is not None else None] for p in pairs],
         "breakdown_s": dict(plan.prediction.breakdown),
-        "predicted_memory_bytes": statistics.median(p.prediction.peak_memory_bytes for p, _ in pairs),
+        "predicted_memory_bytes": statistics.median(p[0].prediction.peak_memory_bytes for p in pairs),
         "runs": len(runs),
         "predicted_memory_breakdown": {
             k: getattr(peak, k)
@@ -227,6 +261,10 @@ def plan_row(name: str, pairs: list[tuple[object, object]]) -> dict:
             measured_memory_bytes=statistics.median(r.peak_memory_bytes for r in runs),
             error=row["predicted_s"] / measured - 1,
         )
+    if before:
+        row["predicted_before_s"] = statistics.median(before)
+        if runs:
+            row["error_before"] = row["predicted_before_s"] / row["measured_s"] - 1
     return row
 
 
@@ -253,8 +291,14 @@ def summarize(rows: list[dict]) -> dict:
     choice = next((r for r in done if r["name"] == PLANNER_ROW), None) or min(done, key=lambda r: r["predicted_s"])
     best = min(done, key=lambda r: r["measured_s"])
     pooled = pooled_measured_s(done)
+    before = [r for r in done if "predicted_before_s" in r]
     return {
         "mape": mape(pred, meas),
+        **(
+            {"mape_before": mape([r["predicted_before_s"] for r in before], [r["measured_s"] for r in before])}
+            if before
+            else {}
+        ),
         "kendall_tau": kendall_tau(pred, meas),
         "top1_regret": pooled[choice["config"]] / min(pooled.values()),
         "top1_regret_unpooled": top1_regret(pred, meas),

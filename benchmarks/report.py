@@ -141,6 +141,11 @@ def _summary(r: dict) -> list[str]:
             f"| top-1 regret (worst model) | {la['top1_regret']:.3f} | <= {t.get('top1_regret')} | "
             f"{met['top1_regret']} |",
         ]
+        if "mape_before" in la:
+            lines.append(
+                f"| step-time MAPE priced from the profile before each launch alone | "
+                f"{la['mape_before'] * 100:.1f}% | - | - |"
+            )
     if mem.get("mape") is not None:
         lines.append(f"| peak memory error (MAPE), {mem['num_plans']} plans | {mem['mape'] * 100:.1f}% | - | - |")
     ratio = r.get("executor_overhead", {}).get("ratio")
@@ -165,16 +170,17 @@ def _model_table(name: str, m: dict) -> list[str]:
         )
         + f"), {m['num_plans']} plans measured.",
         "",
-        "| plan | configuration | predicted ms | measured ms | error | spread over launches | step min..max ms | measured (bar) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| plan | configuration | predicted ms | measured ms | error | error, profile before only | "
+        "spread over launches | step min..max ms | measured (bar) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(rows, key=lambda r: r.get("measured_s", float("inf"))):
         if "measured_s" not in r:
-            lines.append(f"| {r['name']} | {r['config']} | {r['predicted_s'] * MS:.1f} | failed | | | | |")
+            lines.append(f"| {r['name']} | {r['config']} | {r['predicted_s'] * MS:.1f} | failed | | | | | |")
             continue
         lines.append(
             f"| {r['name']} | {r['config']} | {r['predicted_s'] * MS:.1f} | {r['measured_s'] * MS:.1f} | "
-            f"{_pct(r['error'])} | {r['spread_runs'] * 100:.0f}% ({r['runs']} runs) | "
+            f"{_pct(r['error'])} | {_pct(r.get('error_before'))} | {r['spread_runs'] * 100:.0f}% ({r['runs']} runs) | "
             f"{r['step_min_s'] * MS:.0f}..{r['step_max_s'] * MS:.0f} | {_bar(r['measured_s'], scale)} |"
         )
     if m.get("skipped"):
@@ -188,12 +194,16 @@ def _local(r: dict) -> list[str]:
     if "models" not in la:
         return lines
     cal = {
-        k: v for k, v in la.get("calibration", {}).items() if k not in ("layer_timings_s", "links", "step_overhead_s")
+        k: v
+        for k, v in la.get("calibration", {}).items()
+        if k not in ("layer_timings_s", "links", "step_overhead_s", "layer_timings_after_s", "step_overhead_after_s")
     }
     lines += [
         f'Cost model calibrated only from `profile_model(device="cpu", concurrent=4)` and '
         f"`profile_links(4)`, re-measured in each of the {la.get('repeats')} round(s): the links at "
-        "the round's start, each model's profile right before its launch "
+        "the round's start, each model's profile right before its launch and again right after it, "
+        "each plan priced from the two profiles' middle (benchmarks/calibration.py; the plans run are "
+        "chosen from the profile before, and the column 'profile before only' prices them from it alone) "
         f"(first round: {cal}; per-layer timings, in-place step overheads, link fits and load of every round are in "
         "benchmarks.json under local_accuracy.calibrations); never fitted to the grid. Global batch "
         f"{la.get('global_batch')}; per round one launch per model runs every plan, each plan's time "
@@ -205,10 +215,15 @@ def _local(r: dict) -> list[str]:
         lines += [f"{what} was skipped: `{failed['error']}`", ""]
     loads = [
         f"{x['model']} #{x['repetition'] + 1}: {x['wall_s']:.0f} s, load {x['load_average'][0]:.1f}"
+        + (f", layers x{x['drift']:.2f} after" if "drift" in x else "")
         for x in la.get("launches", [])
     ]
     if loads:
-        lines += ["Launches (wall time, 1-minute load average after): " + "; ".join(loads) + ".", ""]
+        lines += [
+            "Launches (wall time, 1-minute load average after, the model's layer time in the profile after "
+            "the launch over the one before): " + "; ".join(loads) + ".",
+            "",
+        ]
     for name, m in la["models"].items():
         lines += _model_table(name, m)
     return lines

@@ -25,6 +25,7 @@ import traceback
 from pathlib import Path
 
 from benchmarks import baselines, memory_accuracy
+from benchmarks import calibration as bracket
 from benchmarks import local_accuracy as la
 from benchmarks.common import git_state, machine_info, mape
 from benchmarks.diagnostics import diagnose
@@ -45,6 +46,37 @@ def _predict_model(model: str, profile, cluster, grid: list, say) -> tuple[list,
     named.append(("planner-search", baselines.planner_choice(profile, cluster)))
     say(f"  {model}: {len(named)} plans predicted ({len(skipped)} skipped)")
     return named, skipped
+
+
+def _bracketed(model: str, before, plans: list, cluster, calibration: dict, info: dict, say) -> list:
+    """The launch's plans priced from `before` and a profile taken right after the launch,
+    combined (benchmarks/calibration.py); `info` gets the launch's drift, after over before. A
+    plan whose pins do not reproduce its own prediction from `before`, or a failed second
+    profile, keeps its one-profile prediction (said in `info`)."""
+    from meshplan.planner import estimate
+
+    try:
+        after = la.calibrate_model(model, calibration, say, when="after")
+    except MeshplanError as exc:
+        info["bracket_error"] = str(exc)
+        say(f"  {model}: no profile after the launch ({exc}); its plans keep the profile before")
+        return [plan for _, plan in plans]
+    info["drift"] = bracket.layer_drift(before, after)
+    both = bracket.combine_profiles([before, after])
+    priced, kept = [], []
+    for name, plan in plans:
+        try:
+            pins = la.pins_of(plan)
+            again = estimate(before, cluster, la.request(pins)).prediction.step_time_s
+            if abs(again / plan.prediction.step_time_s - 1) > 1e-6:
+                raise ValueError(f"its pins price it at {again:.6f} s, not {plan.prediction.step_time_s:.6f} s")
+            priced.append(estimate(both, cluster, la.request(pins)))
+        except (MeshplanError, ValueError) as exc:
+            kept.append(f"{name}: {exc}")
+            priced.append(plan)
+    if kept:
+        info["kept_one_profile"] = kept
+    return priced
 
 
 def local_sections(quick: bool, say) -> tuple[dict, dict, dict]:
@@ -74,9 +106,10 @@ def local_sections(quick: bool, say) -> tuple[dict, dict, dict]:
                     say(f"  round {rep + 1}, {model} skipped: {exc}")
                     continue
                 results, info = la.measure_round(model, plans, rep, steps, Path(tmp), say)
+                priced = _bracketed(model, profile, plans, cluster, calibration, info, say)
                 launches.append(info)
-                for (name, plan), result in zip(plans, results):
-                    pairs.setdefault(model, {}).setdefault(name, []).append((plan, result))
+                for (name, plan), bracket, result in zip(plans, priced, results):
+                    pairs.setdefault(model, {}).setdefault(name, []).append((bracket, result, plan))
     if not pairs:
         raise MeshplanError(f"every round failed: {failed_rounds}")
     models, rows_by_model, speedups = {}, {}, {}
@@ -107,10 +140,17 @@ def local_sections(quick: bool, say) -> tuple[dict, dict, dict]:
 
 
 def _overall(models: dict) -> dict:
-    """Pooled MAPE; Kendall tau averaged over models; top-1 regret the worst model's."""
+    """Pooled MAPE (and the one-profile MAPE, `mape_before`); Kendall tau averaged over models;
+    top-1 regret the worst model's."""
     rows = [r for m in models.values() for r in m["rows"] if "measured_s" in r]
+    before = [r for r in rows if "predicted_before_s" in r]
     return {
         "mape": mape([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]),
+        **(
+            {"mape_before": mape([r["predicted_before_s"] for r in before], [r["measured_s"] for r in before])}
+            if before
+            else {}
+        ),
         "kendall_tau": statistics.fmean(m["kendall_tau"] for m in models.values()),
         "top1_regret": max(m["top1_regret"] for m in models.values()),
         "num_plans": len(rows),

@@ -235,7 +235,8 @@ def test_a_failed_calibration_round_is_skipped_and_recorded(monkeypatch):
 
     monkeypatch.setattr(run.la, "MODELS", ("m",))
     monkeypatch.setattr(run.la, "calibrate_links", calibrate_links)
-    monkeypatch.setattr(run.la, "calibrate_model", lambda model, calibration, say: None)
+    monkeypatch.setattr(run.la, "calibrate_model", lambda model, calibration, say, when="before": None)
+    monkeypatch.setattr(run, "_bracketed", lambda model, before, plans, *a: [p for _, p in plans])
     monkeypatch.setattr(
         run,
         "_predict_model",
