@@ -16,7 +16,10 @@ Each check returns a finding {"check", "value", "text"} or None when it does not
 - launch drift: per model and round, the launch's common factor (median predicted / measured
   over its plans: the host's speed then moves every plan of the launch alike) and the MAPE left
   when each plan's ratio is divided by its launch's factor — the error between plans, which a
-  host-wide speed change cannot cause. A decomposition of the headline MAPE, not a replacement.
+  host-wide speed change cannot cause. A decomposition of the headline MAPE, not a replacement;
+- bracket drift: per launch, the model's layer time in the profile taken right after it over the
+  one taken right before (benchmarks/calibration.py), and the step-time MAPE priced from the
+  profile before alone beside the bracketed headline.
 """
 
 from __future__ import annotations
@@ -180,6 +183,23 @@ def launch_drift(rows_by_model: dict[str, list[dict]]) -> dict | None:
     }
 
 
+def bracket_drift(local: dict) -> dict | None:
+    """Each launch's after/before layer-time ratio and the one-profile MAPE beside the bracketed one."""
+    drifts = [(x["model"], x.get("repetition", 0), x["drift"]) for x in local.get("launches", []) if "drift" in x]
+    if not drifts or "mape_before" not in local:
+        return None
+    worst = max(drifts, key=lambda d: max(d[2], 1 / d[2]))
+    shown = "; ".join(f"{m} #{rep + 1} x{d:.2f}" for m, rep, d in drifts)
+    return {
+        "check": "bracket_drift",
+        "value": {"drifts": [d for _, _, d in drifts], "mape_before": local["mape_before"], "mape": local["mape"]},
+        "text": f"the model's layer time profiled right after each launch over right before it: {shown} "
+        f"(largest x{worst[2]:.2f}, {worst[0]} #{worst[1] + 1}); priced from the profile before each "
+        f"launch alone the step-time MAPE is {local['mape_before'] * 100:.1f}%, from the two profiles' "
+        f"middle {local['mape'] * 100:.1f}% (the headline).",
+    }
+
+
 def diagnose(local: dict, memory: dict) -> list[dict]:
     by_model = {name: m.get("rows", []) for name, m in local.get("models", {}).items()}
     rows = [r for model_rows in by_model.values() for r in model_rows]
@@ -191,5 +211,6 @@ def diagnose(local: dict, memory: dict) -> list[dict]:
         profile_outliers(local.get("calibration", {}).get("layer_timings_s", {})),
         calibration_drift(local.get("calibrations", [])),
         launch_drift(by_model),
+        bracket_drift(local),
     ]
     return [c for c in checks if c is not None]

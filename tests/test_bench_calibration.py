@@ -127,3 +127,21 @@ def test_plan_rows_keep_the_one_profile_prediction_beside_the_bracketed_one():
         "zero3", [(plan(4.0), NS(step_time_s=4.0, step_times_s=[4.0, 4.0], peak_memory_bytes=1e6), plan(4.0))]
     )
     assert la.summarize([row, other])["mape_before"] == pytest.approx(0.25)
+
+
+def test_bracket_drift_names_the_largest_move_and_both_mapes():
+    from benchmarks.diagnostics import bracket_drift
+
+    local = {
+        "mape": 0.08,
+        "mape_before": 0.15,
+        "launches": [
+            {"model": "a", "repetition": 0, "drift": 1.1},
+            {"model": "b", "repetition": 0, "drift": 0.5},
+            {"model": "a", "repetition": 1},
+        ],
+    }
+    found = bracket_drift(local)
+    assert found["value"] == {"drifts": [1.1, 0.5], "mape_before": 0.15, "mape": 0.08}
+    assert "largest x0.50, b #1" in found["text"] and "15.0%" in found["text"] and "8.0%" in found["text"]
+    assert bracket_drift({"mape": 0.1, "launches": [{"model": "a", "drift": 1.0}]}) is None
