@@ -98,9 +98,10 @@ def _methods(r: dict) -> list[str]:
 
 
 NOTES = Path(__file__).resolve().parent / "notes.json"
-"""Hand-written readings of a method section's run: {section: {"started_utc", "text"}}. A reading
-is shown only under the run it was written about (the section's `section_runs` start time), so a
-re-measured section drops it until someone reads the new numbers."""
+"""Hand-written readings of a section's run (section 1 and the methods' sections): {section:
+{"started_utc", "text"}}. A reading is shown only under the run it was written about (the
+section's `section_runs` start time), so a re-measured section drops it until someone reads the
+new numbers."""
 
 
 def _reading(name: str, r: dict) -> list[str]:
@@ -226,7 +227,7 @@ def _local(r: dict) -> list[str]:
         ]
     for name, m in la["models"].items():
         lines += _model_table(name, m)
-    return lines
+    return lines + _reading("local", r)
 
 
 def _baselines(r: dict) -> list[str]:

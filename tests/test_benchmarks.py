@@ -363,3 +363,6 @@ def test_a_reading_is_shown_only_under_the_run_it_was_written_about(tmp_path, mo
     later = {"section_runs": {"sync": {"started_utc": "2026-12-03 03:00:00"}}}
     assert report._reading("sync", same) == ["Reading (written after this run): the all-reduce misses", ""]
     assert report._reading("sync", later) == [] and report._reading("offload", same) == []
+    notes.write_text(json.dumps({"local": {"started_utc": "2026-12-02 03:00:00", "text": "llama's layers drift"}}))
+    local = {"local_accuracy": {"models": {}}, "section_runs": {"local": {"started_utc": "2026-12-02 03:00:00"}}}
+    assert report._local(local)[-2:] == ["Reading (written after this run): llama's layers drift", ""]
