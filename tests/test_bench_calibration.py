@@ -100,35 +100,6 @@ def test_a_launchs_plans_are_priced_from_both_profiles(monkeypatch):
     assert kept == [p for _, p in plans] and info["bracket_error"] == "busy workers timed out"
 
 
-def test_plan_rows_keep_the_one_profile_prediction_beside_the_bracketed_one():
-    from types import SimpleNamespace as NS
-
-    def plan(t):
-        return NS(
-            pipeline_parallel_degree=1,
-            data_parallel_degree=4,
-            tensor_parallel_degree=1,
-            zero_stage=0,
-            microbatch_size=4,
-            num_microbatches=1,
-            pipeline_schedule="1F1B",
-            sequence_parallel=False,
-            recompute={},
-            prediction=NS(step_time_s=t, breakdown={}, peak_memory_bytes=1e6, stage_memory=[]),
-        )
-
-    result = NS(step_time_s=2.0, step_times_s=[9.0, 2.0], peak_memory_bytes=1e6)
-    row = la.plan_row("ddp", [(plan(2.2), result, plan(3.0)), (plan(1.8), result, plan(1.0))])
-    assert row["predicted_s"] == pytest.approx(2.0) and row["error"] == pytest.approx(0.0)
-    assert row["predicted_before_s"] == pytest.approx(2.0)  # the median of 3.0 and 1.0
-    row = la.plan_row("ddp", [(plan(2.2), result, plan(3.0))])
-    assert row["error_before"] == pytest.approx(0.5) and row["error"] == pytest.approx(0.1)
-    other = la.plan_row(
-        "zero3", [(plan(4.0), NS(step_time_s=4.0, step_times_s=[4.0, 4.0], peak_memory_bytes=1e6), plan(4.0))]
-    )
-    assert la.summarize([row, other])["mape_before"] == pytest.approx(0.25)
-
-
 def test_bracket_drift_names_the_largest_move_and_both_mapes():
     from benchmarks.diagnostics import bracket_drift
 

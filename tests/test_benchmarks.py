@@ -205,25 +205,45 @@ def test_calibration_drift_is_the_worst_ratio_of_one_layer_over_rounds():
     assert "layers.0 mb 4" in found["text"]
 
 
+def fake_plan(t: float):
+    """A stand-in Plan (a DDP configuration predicted at `t` seconds) for the row logic."""
+    from types import SimpleNamespace as NS
+
+    return NS(
+        pipeline_parallel_degree=1,
+        data_parallel_degree=4,
+        tensor_parallel_degree=1,
+        zero_stage=0,
+        microbatch_size=4,
+        num_microbatches=1,
+        pipeline_schedule="1F1B",
+        sequence_parallel=False,
+        recompute={},
+        prediction=NS(step_time_s=t, breakdown={}, peak_memory_bytes=1e6, stage_memory=[]),
+    )
+
+
+def test_plan_rows_keep_the_one_profile_prediction_beside_the_bracketed_one():
+    from types import SimpleNamespace as NS
+
+    result = NS(step_time_s=2.0, step_times_s=[9.0, 2.0], peak_memory_bytes=1e6)
+    row = la.plan_row("ddp", [(fake_plan(2.2), result, fake_plan(3.0)), (fake_plan(1.8), result, fake_plan(1.0))])
+    assert row["predicted_s"] == pytest.approx(2.0) and row["error"] == pytest.approx(0.0)
+    assert row["predicted_before_s"] == pytest.approx(2.0)  # the median of 3.0 and 1.0
+    row = la.plan_row("ddp", [(fake_plan(2.2), result, fake_plan(3.0))])
+    assert row["error_before"] == pytest.approx(0.5) and row["error"] == pytest.approx(0.1)
+    exact = NS(step_time_s=4.0, step_times_s=[4.0, 4.0], peak_memory_bytes=1e6)
+    other = la.plan_row("zero3", [(fake_plan(4.0), exact, fake_plan(4.0))])
+    assert la.summarize([row, other])["mape_before"] == pytest.approx(0.25)
+
+
 def test_a_failed_calibration_round_is_skipped_and_recorded(monkeypatch):
     from types import SimpleNamespace as NS
 
     from benchmarks import run
     from meshplan.errors import MeshplanError
 
-    def plan(t):
-        return NS(
-            pipeline_parallel_degree=1,
-            data_parallel_degree=4,
-            tensor_parallel_degree=1,
-            zero_stage=0,
-            microbatch_size=4,
-            num_microbatches=1,
-            pipeline_schedule="1F1B",
-            sequence_parallel=False,
-            recompute={},
-            prediction=NS(step_time_s=t, breakdown={}, peak_memory_bytes=1e6, stage_memory=[]),
-        )
+    plan = fake_plan
 
     calls = iter([None, MeshplanError("busy workers timed out")] + [None] * 10)
 
