@@ -282,6 +282,15 @@ def pooled_measured_s(done: list[dict]) -> dict[str, float]:
     return {config: statistics.median(values) for config, values in runs.items()}
 
 
+def mape_before(rows: list[dict]) -> dict:
+    """{"mape_before": the step-time MAPE of the measured rows priced from the profile before their
+    launch alone}, or {} when no row has that price."""
+    before = [r for r in rows if "predicted_before_s" in r and "measured_s" in r]
+    if not before:
+        return {}
+    return {"mape_before": mape([r["predicted_before_s"] for r in before], [r["measured_s"] for r in before])}
+
+
 def summarize(rows: list[dict]) -> dict:
     """MAPE, Kendall tau and top-1 regret over the measured rows of one model. Top-1 regret is
     the measured time of the planner's choice (its search result; else the grid plan it predicts
@@ -291,14 +300,9 @@ def summarize(rows: list[dict]) -> dict:
     choice = next((r for r in done if r["name"] == PLANNER_ROW), None) or min(done, key=lambda r: r["predicted_s"])
     best = min(done, key=lambda r: r["measured_s"])
     pooled = pooled_measured_s(done)
-    before = [r for r in done if "predicted_before_s" in r]
     return {
         "mape": mape(pred, meas),
-        **(
-            {"mape_before": mape([r["predicted_before_s"] for r in before], [r["measured_s"] for r in before])}
-            if before
-            else {}
-        ),
+        **mape_before(done),
         "kendall_tau": kendall_tau(pred, meas),
         "top1_regret": pooled[choice["config"]] / min(pooled.values()),
         "top1_regret_unpooled": top1_regret(pred, meas),

@@ -108,8 +108,8 @@ def local_sections(quick: bool, say) -> tuple[dict, dict, dict]:
                 results, info = la.measure_round(model, plans, rep, steps, Path(tmp), say)
                 priced = _bracketed(model, profile, plans, cluster, calibration, info, say)
                 launches.append(info)
-                for (name, plan), bracket, result in zip(plans, priced, results):
-                    pairs.setdefault(model, {}).setdefault(name, []).append((bracket, result, plan))
+                for (name, plan), repriced, result in zip(plans, priced, results):
+                    pairs.setdefault(model, {}).setdefault(name, []).append((repriced, result, plan))
     if not pairs:
         raise MeshplanError(f"every round failed: {failed_rounds}")
     models, rows_by_model, speedups = {}, {}, {}
@@ -143,14 +143,9 @@ def _overall(models: dict) -> dict:
     """Pooled MAPE (and the one-profile MAPE, `mape_before`); Kendall tau averaged over models;
     top-1 regret the worst model's."""
     rows = [r for m in models.values() for r in m["rows"] if "measured_s" in r]
-    before = [r for r in rows if "predicted_before_s" in r]
     return {
         "mape": mape([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]),
-        **(
-            {"mape_before": mape([r["predicted_before_s"] for r in before], [r["measured_s"] for r in before])}
-            if before
-            else {}
-        ),
+        **la.mape_before(rows),
         "kendall_tau": statistics.fmean(m["kendall_tau"] for m in models.values()),
         "top1_regret": max(m["top1_regret"] for m in models.values()),
         "num_plans": len(rows),
