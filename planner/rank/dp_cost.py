@@ -321,7 +321,7 @@ class DataParallelCost:
         if self.schedule.replaces_ddp:  # planner/methods/comm_schedule.py: ByteScheduler's priority chunks
             return self._contention_s(self.replicas) + self.schedule.sync_s(local_params, backward_window_s)
         ctx, tier, group = self.ctx, self.replica_tier, self.replicas
-        hidden = ctx.cluster.calibration.dp_overlap if ctx.spec.overlap_dp_comm else 0.0
+        hidden = ctx.cluster.calibration.dp_overlap if self._sync_overlaps_backward() else 0.0
         share = payload_bytes / (local_params * 4) if local_params else 0.0
         tail_bytes = min(last_bucket, local_params) * 4 * share
         grads = ctx.spec.state.zero1_grad_collective if self.zero == 1 else "all_reduce"
@@ -335,6 +335,13 @@ class DataParallelCost:
         if self.zero == 1:
             sync += self._zero1_broadcast_s(local_params, hidden)
         return sync
+
+    def _sync_overlaps_backward(self) -> bool:
+        """Whether the ZeRO-0/1 gradient all-reduce runs during backward: the runtime overlaps it,
+        and it does not wait for backward to end because DDP cannot take tensor-parallel replicas
+        (StateLayout.tp_replica_sync_after_backward)."""
+        spec = self.ctx.spec
+        return spec.overlap_dp_comm and not (self.cand.tp > 1 and spec.state.tp_replica_sync_after_backward)
 
     def _zero1_broadcast_s(self, local_params: float, hidden: float) -> float:
         """ZeRO-1's parameter broadcast as measured in place between busy ranks (step_overhead_s

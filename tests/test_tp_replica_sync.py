@@ -1,0 +1,41 @@
+"""The ZeRO-0/1 gradient all-reduce of tensor-parallel replicas under torch's DDP semantics
+(StateLayout.tp_replica_sync_after_backward): DDP cannot take DTensor parameters, so meshplan's
+executor all-reduces the local shards after backward (executor/methods/allreduce.py) and nothing of
+the sync hides; Megatron's grad buffer overlaps it with backward as for any replica."""
+
+from __future__ import annotations
+
+from planner_profiles import candidate, small_gpt
+
+from meshplan.planner import PlanRequest
+from meshplan.planner.context import Context
+from meshplan.planner.rank.dp_cost import DataParallelCost
+from meshplan.planner.rank.tail import last_bucket_params
+from meshplan.presets import cluster_preset
+
+
+def exposed_sync_s(tp: int, layout: str, overlap: bool = True) -> float:
+    """One rank's exposed gradient sync of the whole model, dp 4 x tp, a long backward window."""
+    profile = small_gpt()
+    ctx = Context.build(
+        profile,
+        cluster_preset("a100-80g", 4 * tp),
+        PlanRequest(num_gpus=4 * tp, global_batch=8, state_layout=layout, overlap_dp_comm=overlap),
+    )
+    local = profile.num_params / tp
+    last = last_bucket_params("block", local)
+    return DataParallelCost(ctx, candidate(dp_replicate=4, tp=tp)).sync_s(local, 4 * local, 0.0, 10.0, last)
+
+
+def test_tensor_parallel_replicas_sync_after_backward_under_torch_ddp():
+    """Under the torch layout a tp 2 plan pays the whole all-reduce, as with overlap off; a tp 1
+    plan (plain DDP) hides all but its last bucket behind the backward window."""
+    whole = exposed_sync_s(2, "torch", overlap=False)
+    assert whole > 0
+    assert exposed_sync_s(2, "torch") == whole
+    assert exposed_sync_s(1, "torch") < 0.5 * exposed_sync_s(1, "torch", overlap=False)
+
+
+def test_megatron_grad_buffer_overlaps_tensor_parallel_replicas():
+    """Megatron's DDP buckets the local shards during backward: the tp 2 sync hides as tp 1's does."""
+    assert exposed_sync_s(2, "megatron") < 0.5 * exposed_sync_s(2, "megatron", overlap=False)
