@@ -200,6 +200,25 @@ def bracket_drift(local: dict) -> dict | None:
     }
 
 
+def pass_drift(local: dict) -> dict | None:
+    """Each launch's second pass over its first (median over its plans: benchmarks.local_accuracy
+    .measure_round runs the plans A B ... B A)."""
+    passes = [
+        (x["model"], x.get("repetition", 0), x["pass_ratio"]) for x in local.get("launches", []) if x.get("pass_ratio")
+    ]
+    if not passes:
+        return None
+    worst = max(passes, key=lambda d: max(d[2], 1 / d[2]))
+    shown = "; ".join(f"{m} #{rep + 1} x{d:.2f}" for m, rep, d in passes)
+    return {
+        "check": "pass_drift",
+        "value": {"ratios": [d for _, _, d in passes]},
+        "text": f"each plan runs twice per launch in mirrored order; median step time of the second run over "
+        f"the first: {shown} (largest x{worst[2]:.2f}, {worst[0]} #{worst[1] + 1}) — the host's move within a "
+        "launch, which the mirrored order spreads over all its plans alike.",
+    }
+
+
 def diagnose(local: dict, memory: dict) -> list[dict]:
     by_model = {name: m.get("rows", []) for name, m in local.get("models", {}).items()}
     rows = [r for model_rows in by_model.values() for r in model_rows]
@@ -212,5 +231,6 @@ def diagnose(local: dict, memory: dict) -> list[dict]:
         calibration_drift(local.get("calibrations", [])),
         launch_drift(by_model),
         bracket_drift(local),
+        pass_drift(local),
     ]
     return [c for c in checks if c is not None]

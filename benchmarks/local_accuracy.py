@@ -4,8 +4,8 @@ For each model (gpt-tiny and llama-tiny: RMSNorm, SwiGLU, grouped-query attentio
 plans spanning DP, ZeRO-3, TP, PP (GPipe and 1F1B), hybrids, microbatch sizes and recompute is
 predicted by `meshplan.planner.estimate` with a cost model calibrated ONLY from
 `profile_model(..., device="cpu", concurrent=4)` and `profile_links(4)`; nothing is fitted to
-the grid. Every plan is run with the executor (torchrun, 4 gloo ranks, one thread each): the
-median of the steps after the warm-up step. This repeats `repeats` times, each round as a user
+the grid. Every plan is run with the executor (torchrun, 4 gloo ranks, one thread each), twice
+per launch in mirrored order (A B ... B A): the median of both runs' steps after warm-up. This repeats `repeats` times, each round as a user
 would work: measure the links (profile-links), then per model profile it, predict, and run every
 plan in one launch right after its profile (plan order rotated per round). The host is shared
 and its speed moves by up to 2x over minutes, so a calibration taken once and used for a quarter
@@ -194,24 +194,60 @@ def _run_batch(plans: list, steps: int, work: Path, say) -> list:
 def measure_round(
     model: str, plans: list[tuple[str, object]], rep: int, steps: int, work: Path, say
 ) -> tuple[list, dict]:
-    """One launch running every plan of `model` (order rotated by `rep`, so that slow drift of the
-    host spreads over the plans); (RunResult or None per plan in the given order, launch info)."""
+    """One launch running every plan of `model` twice, in mirrored passes (order rotated by
+    `rep`, then the same order reversed: A B C ... C B A), `steps` steps each time. A plan's
+    step time is the median of its timed steps of both passes (merge_passes), so every plan's
+    measurement is centred on the middle of the launch, where the bracketing profiles' middle
+    is too, and a host whose speed drifts during the launch moves all plans alike instead of
+    the early plans one way and the late ones the other. (RunResult or None per plan in the
+    given order, launch info with `pass_ratio`: the median over plans of second-pass over
+    first-pass step time, how far the host moved within the launch.)"""
     k = rep * 5 % len(plans)
     order = list(range(k, len(plans))) + list(range(k))
+    sequence = order + order[::-1]
     start = time.perf_counter()
-    results = _run_batch([plans[i][1] for i in order], steps, work / f"{model}-{rep}", say)
-    by_index = dict(zip(order, results))
+    results = _run_batch([plans[i][1] for i in sequence], steps, work / f"{model}-{rep}", say)
+    first, second = dict(zip(order, results[: len(order)])), dict(zip(order[::-1], results[len(order) :]))
+    merged = [merge_passes(first[i], second[i]) for i in range(len(plans))]
+    ratios = [second[i].step_time_s / first[i].step_time_s for i in order if first[i] and second[i]]
     info = {
         "model": model,
         "repetition": rep,
         "wall_s": round(time.perf_counter() - start, 1),
         "load_average": list(os.getloadavg()),
+        "pass_ratio": statistics.median(ratios) if ratios else None,
     }
     say(
-        f"  repetition {rep + 1}: {model}, {len(plans)} plans ({info['wall_s']:.0f} s, "
+        f"  repetition {rep + 1}: {model}, {len(plans)} plans x 2 passes ({info['wall_s']:.0f} s, "
         f"load {info['load_average'][0]:.1f})"
     )
-    return [by_index[i] for i in range(len(plans))], info
+    return merged, info
+
+
+def merge_passes(first, second):
+    """One RunResult of a plan run twice in a launch: the step time is the median of both runs'
+    timed steps (each run's warm-up left out: executor/run_history.timed_steps), the peak memory
+    the larger, the phases the mean; None if either run failed."""
+    import dataclasses
+
+    from meshplan.executor.run_history import timed_steps
+
+    if first is None or second is None:
+        return None
+    timed = [t for r in (first, second) for t in r.step_times_s[timed_steps(len(r.step_times_s), r.device)]]
+    phases = {
+        name: (first.phase_times_s.get(name, 0.0) + second.phase_times_s.get(name, 0.0)) / 2
+        for name in {**first.phase_times_s, **second.phase_times_s}
+    }
+    step = statistics.median(timed)
+    return dataclasses.replace(
+        first,
+        step_time_s=step,
+        step_times_s=first.step_times_s[: timed_steps(len(first.step_times_s), first.device).start] + timed,
+        tokens_per_s=first.tokens_per_s * first.step_time_s / step,
+        peak_memory_bytes=max(first.peak_memory_bytes, second.peak_memory_bytes),
+        phase_times_s=phases,
+    )
 
 
 def plan_row(name: str, pairs: list[tuple]) -> dict:

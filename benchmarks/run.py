@@ -83,7 +83,7 @@ def local_sections(quick: bool, say) -> tuple[dict, dict, dict]:
     """Sections 1, 2 and 4, which share the rounds of calibration, prediction and measurement.
     Per round: the links once, then per model its profile, predictions and launch back to back."""
     grid = [g for g in la.GRID if g[0] in la.QUICK_GRID] if quick else la.GRID
-    repeats, steps = (1, 6) if quick else (5, 10)
+    repeats, steps = (1, 4) if quick else (5, 6)  # steps per pass; each plan runs two passes (la.measure_round)
     pairs: dict[str, dict[str, list]] = {}
     calibrations, launches = [], []
     failed_rounds, skipped = [], {}

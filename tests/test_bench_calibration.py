@@ -116,3 +116,68 @@ def test_bracket_drift_names_the_largest_move_and_both_mapes():
     assert found["value"] == {"drifts": [1.1, 0.5], "mape_before": 0.15, "mape": 0.08}
     assert "largest x0.50, b #1" in found["text"] and "15.0%" in found["text"] and "8.0%" in found["text"]
     assert bracket_drift({"mape": 0.1, "launches": [{"model": "a", "drift": 1.0}]}) is None
+
+
+def _result(times: list[float], peak: int = 100):
+    from meshplan.executor.run_history import median_step_s
+    from meshplan.run_result import RunResult
+
+    return RunResult(
+        world_size=4,
+        steps=len(times),
+        losses=[1.0] * len(times),
+        step_time_s=median_step_s(times, "cpu"),
+        step_times_s=times,
+        tokens_per_s=1.0,
+        peak_memory_bytes=peak,
+        phase_times_s={"forward": times[-1] / 2},
+    )
+
+
+def test_a_plan_run_twice_is_timed_over_both_runs_steps_after_warm_up():
+    """Each run's warm-up and tracker steps (the first two on CPU) are left out; the median is
+    over the timed steps of both runs, the peak the larger, the phases the mean."""
+    merged = la.merge_passes(_result([9.0, 8.0, 1.0, 2.0], 100), _result([7.0, 6.0, 3.0, 5.0], 300))
+    assert merged.step_time_s == pytest.approx(2.5)  # median of 1, 2, 3, 5
+    assert merged.step_times_s == [9.0, 8.0, 1.0, 2.0, 3.0, 5.0]
+    assert merged.peak_memory_bytes == 300
+    assert merged.phase_times_s == {"forward": pytest.approx(1.75)}
+    assert la.merge_passes(None, _result([1.0, 1.0, 1.0])) is None
+
+
+def test_a_round_runs_its_plans_in_mirrored_passes(monkeypatch, tmp_path):
+    """A B C then C B A in one launch; each plan's result merges its own two runs, whatever the
+    rotation, and the launch reports the second pass over the first (the host moving within it)."""
+    launched = []
+
+    def run_batch(plans, steps, work, say):
+        launched.append(list(plans))
+        slow = {p: 2.0 for p in plans}  # every plan's second run twice as slow
+        seen = set()
+        out = []
+        for p in plans:
+            t = p * (slow[p] if p in seen else 1.0)
+            seen.add(p)
+            out.append(_result([9.0, 9.0, t, t]))
+        return out
+
+    monkeypatch.setattr(la, "_run_batch", run_batch)
+    plans = [("a", 1.0), ("b", 10.0), ("c", 100.0)]
+    results, info = la.measure_round("m", plans, 1, 4, tmp_path, lambda *_: None)
+    assert launched == [[100.0, 1.0, 10.0, 10.0, 1.0, 100.0]]  # rotated by 5 % 3 = 2, then mirrored
+    assert [r.step_time_s for r in results] == [pytest.approx(1.5), pytest.approx(15.0), pytest.approx(150.0)]
+    assert info["pass_ratio"] == pytest.approx(2.0)
+
+
+def test_pass_drift_names_the_launch_that_moved_most():
+    from benchmarks.diagnostics import pass_drift
+
+    local = {
+        "launches": [
+            {"model": "a", "repetition": 0, "pass_ratio": 1.1},
+            {"model": "b", "repetition": 1, "pass_ratio": 0.7},
+        ]
+    }
+    check = pass_drift(local)
+    assert check["value"]["ratios"] == [1.1, 0.7] and "largest x0.70, b #2" in check["text"]
+    assert pass_drift({"launches": [{"model": "a"}]}) is None
