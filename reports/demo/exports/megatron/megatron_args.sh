@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: gpt-tiny on 4 x local-cpu
-# plan decisions hash be444688f4526673; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
+# plan decisions hash a404d71d15ae7488; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
 # global batch 16 = micro 4 x accumulation 1 x data-parallel 4; seq_len 32
 # predict it: meshplan estimate --import THIS_FILE --model gpt-tiny --cluster local-cpu --runtime meshplan
 # WARNING: the prediction was made for runtime meshplan; megatron runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime megatron-lm or megatron-core
@@ -24,5 +24,6 @@ MESHPLAN_ARGS=(
     --norm-epsilon 1e-05
     --position-embedding-type learned_absolute
     --untie-embeddings-and-output-weights
+    --use-distributed-optimizer
 )
 torchrun --nnodes 1 --nproc-per-node 4 --node-rank "${NODE_RANK:-0}" --rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" pretrain_gpt.py "${MESHPLAN_ARGS[@]}" "$@"

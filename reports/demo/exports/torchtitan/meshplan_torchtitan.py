@@ -1,8 +1,9 @@
 """meshplan plan -> torchtitan 0.3: gpt-tiny on 4 x local-cpu
-plan decisions hash be444688f4526673; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
+plan decisions hash a404d71d15ae7488; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
 global batch 16 = micro 4 x accumulation 1 x data-parallel 4; seq_len 32
 predict it: meshplan estimate --import THIS_FILE --model gpt-tiny --cluster local-cpu --runtime meshplan
 WARNING: torchtitan ships no model of this architecture and shape (4 layers, hidden 64, 4 heads (4 kv), ffn 256, vocab 256, LayerNorm, gelu, learned_absolute positions, untied embeddings): the model section names a custom model (register your model's spec as shown there); the stage module names below are torchtitan's decoder names (tok_embeddings, layers.N, norm and the output layer): give your model's modules those names
+WARNING: ZeRO-1 (sharded optimizer states only) has no torchtitan setting: FSDP2 shards gradients and parameters too; the degrees below keep the plan's replicate/shard split, so the optimizer states stay replicated over data_parallel_replicate_degree
 WARNING: the prediction was made for runtime meshplan; torchtitan runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime torchtitan
 launch: one node of 4 devices
 launch: torchrun --nnodes 1 --nproc-per-node 4 --node-rank "${NODE_RANK:-0}" --rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" -m torchtitan.train --module meshplan_torchtitan --config meshplan

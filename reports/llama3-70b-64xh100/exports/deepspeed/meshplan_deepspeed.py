@@ -1,5 +1,5 @@
 """meshplan plan -> DeepSpeed topology: llama3-70b on 64 x h100-80g
-plan decisions hash 1c2698c98291b0c4; mesh pp=8 dp_replicate=2 dp_shard=1 cp=1 tp=4
+plan decisions hash 6995b955475ab7ec; mesh pp=8 dp_replicate=1 dp_shard=2 cp=1 tp=4
 global batch 128 = micro 1 x accumulation 64 x data-parallel 2; seq_len 8192
 predict it: meshplan estimate --import THIS_FILE --model llama3-70b --cluster h100-80g --runtime meshplan --elementwise fused --fused-projections
 """
@@ -10,7 +10,7 @@ WORLD_SIZE = 64
 PIPELINE_PARALLEL_SIZE = 8
 TENSOR_PARALLEL_SIZE = 4
 DATA_PARALLEL_SIZE = 2  # what DeepSpeed derives: world / (tp x pp)
-LAYERS_PER_STAGE = [10, 9, 10, 10, 11, 11, 10, 11]
+LAYERS_PER_STAGE = [10, 9, 9, 10, 11, 11, 11, 11]
 RECOMPUTE_BLOCKS = []  # transformer blocks the plan recomputes in backward (pp = 1)
 ACTIVATION_CHECKPOINT_INTERVAL = 1  # PipelineModule: checkpoint every layer in chunks of this many (pp > 1)
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: llama3-70b on 64 x h100-80g
-# plan decisions hash 1c2698c98291b0c4; mesh pp=8 dp_replicate=2 dp_shard=1 cp=1 tp=4
+# plan decisions hash 6995b955475ab7ec; mesh pp=8 dp_replicate=1 dp_shard=2 cp=1 tp=4
 # global batch 128 = micro 1 x accumulation 64 x data-parallel 2; seq_len 8192
 # predict it: meshplan estimate --import THIS_FILE --model llama3-70b --cluster h100-80g --runtime meshplan --elementwise fused --fused-projections
-# WARNING: per-layer recompute (full on 7, none on 73 of 80 blocks) is not expressible in Megatron-LM; exported full recompute on every block (slower than predicted, never more memory)
+# WARNING: per-layer recompute (full on 8, none on 72 of 80 blocks) is not expressible in Megatron-LM; exported full recompute on every block (slower than predicted, never more memory)
+# WARNING: ZeRO-2 maps to --use-distributed-optimizer, which shards optimizer states and reduce-scatters gradients but keeps a full gradient buffer (ZeRO-1 gradient memory)
 # WARNING: the prediction was made for runtime meshplan; megatron runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime megatron-lm or megatron-core
 # launch: run this on each of the 8 nodes (8 devices each) with NODE_RANK=0..7 and MASTER_ADDR=<node 0's address> set
 # Megatron derives data-parallel size = 64 / (tp x pp x cp) = 2 and gradient accumulation = 128 / (1 x 2) = 64
@@ -12,7 +13,7 @@ MESHPLAN_ARGS=(
     --tensor-model-parallel-size 4
     --pipeline-model-parallel-size 8
     --context-parallel-size 1
-    --pipeline-model-parallel-layout 'Et*9|t*9|t*10|t*10|t*11|t*11|t*10|t*10L'
+    --pipeline-model-parallel-layout 'Et*9|t*9|t*9|t*10|t*11|t*11|t*11|t*10L'
     --sequence-parallel
     --micro-batch-size 1
     --global-batch-size 128
