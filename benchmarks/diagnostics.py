@@ -183,18 +183,25 @@ def launch_drift(rows_by_model: dict[str, list[dict]]) -> dict | None:
     }
 
 
+def _per_launch(ratios: list[tuple[str, int, float]]) -> tuple[str, str]:
+    """(model, repetition, ratio) per launch written out, and the ratio furthest from 1 with its
+    launch: ("gpt-tiny #1 x1.03; llama-tiny #1 x0.97", "x0.97, llama-tiny #1")."""
+    worst = max(ratios, key=lambda d: max(d[2], 1 / d[2]))
+    shown = "; ".join(f"{m} #{rep + 1} x{d:.2f}" for m, rep, d in ratios)
+    return shown, f"x{worst[2]:.2f}, {worst[0]} #{worst[1] + 1}"
+
+
 def bracket_drift(local: dict) -> dict | None:
     """Each launch's after/before layer-time ratio and the one-profile MAPE beside the bracketed one."""
     drifts = [(x["model"], x.get("repetition", 0), x["drift"]) for x in local.get("launches", []) if "drift" in x]
     if not drifts or "mape_before" not in local:
         return None
-    worst = max(drifts, key=lambda d: max(d[2], 1 / d[2]))
-    shown = "; ".join(f"{m} #{rep + 1} x{d:.2f}" for m, rep, d in drifts)
+    shown, largest = _per_launch(drifts)
     return {
         "check": "bracket_drift",
         "value": {"drifts": [d for _, _, d in drifts], "mape_before": local["mape_before"], "mape": local["mape"]},
         "text": f"the model's layer time profiled right after each launch over right before it: {shown} "
-        f"(largest x{worst[2]:.2f}, {worst[0]} #{worst[1] + 1}); priced from the profile before each "
+        f"(largest {largest}); priced from the profile before each "
         f"launch alone the step-time MAPE is {local['mape_before'] * 100:.1f}%, from the two profiles' "
         f"middle {local['mape'] * 100:.1f}% (the headline).",
     }
@@ -208,13 +215,12 @@ def pass_drift(local: dict) -> dict | None:
     ]
     if not passes:
         return None
-    worst = max(passes, key=lambda d: max(d[2], 1 / d[2]))
-    shown = "; ".join(f"{m} #{rep + 1} x{d:.2f}" for m, rep, d in passes)
+    shown, largest = _per_launch(passes)
     return {
         "check": "pass_drift",
         "value": {"ratios": [d for _, _, d in passes]},
         "text": f"each plan runs twice per launch in mirrored order; median step time of the second run over "
-        f"the first: {shown} (largest x{worst[2]:.2f}, {worst[0]} #{worst[1] + 1}) — the host's move within a "
+        f"the first: {shown} (largest {largest}) — the host's move within a "
         "launch, which the mirrored order spreads over all its plans alike.",
     }
 
