@@ -49,9 +49,10 @@ from meshplan.executor.methods.sync import SyncMethod
 from meshplan.executor.model import tp_rules_for
 from meshplan.executor.parallel_dims import ParallelDims
 from meshplan.executor.phases import PhaseTimer, time_stages
-from meshplan.executor.pipeline import SPLIT_BACKWARD, build_schedule, schedule_step, split_stages
+from meshplan.executor.pipeline import build_schedule, schedule_step, split_stages
 from meshplan.executor.tensor_parallel import apply_tp
 from meshplan.executor.tied import TiedGrads
+from meshplan.feasibility import SPLIT_BACKWARD
 from meshplan.model_profile import TPRule
 from meshplan.models.identity import full_state, retie, tied_groups
 from meshplan.models.zoo.base import LayeredModel

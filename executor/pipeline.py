@@ -42,9 +42,6 @@ SCHEDULE_CLASSES: dict[str, type[PipelineScheduleSingle] | type[PipelineSchedule
     "InterleavedZeroBubble": ScheduleInterleavedZeroBubble,
 }
 
-SPLIT_BACKWARD = ("InterleavedZeroBubble",)
-"""Schedules that split backward into input- and weight-gradient passes."""
-
 
 def local_stage_ids(plan: Plan, pp_rank: int) -> list[int]:
     """Stages this pipeline rank runs (loop placement)."""

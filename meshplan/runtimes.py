@@ -101,12 +101,14 @@ class StateLayout:
     ddp_bucket_copy: bool
     """PyTorch DDP allocates its buckets for every gradient when built (Reducer::initialize_buckets):
     a second fp32 copy of the gradients. Megatron's contiguous grad buffer is the main grads."""
-    tp_replica_sync_after_backward: bool
-    """With tensor parallelism and ZeRO-0/1, the data-parallel gradient all-reduce waits until
-    backward ends: torch DDP does not take DTensor parameters, so the replicas' local shards are
-    all-reduced in buckets after backward (meshplan's executor: executor/methods/allreduce.py
-    ReplicaGradReducer), and nothing of it hides behind compute. False: Megatron's grad buffer and
-    DeepSpeed reduce the local shards' buckets during backward, as for any replica."""
+    replica_sync_after_backward: bool
+    """ZeRO-0/1 replicas that torch DDP cannot wrap all-reduce their gradients after backward ends:
+    tensor-parallel parameters (DTensors), and any stage of a split-backward schedule
+    (InterleavedZeroBubble), whose weight-gradient pass runs after DDP's autograd hooks have
+    fired. meshplan's executor reduces them in buckets once backward is over
+    (executor/methods/allreduce.py ReplicaGradReducer), and nothing of it hides behind compute.
+    False: Megatron's grad buffer and DeepSpeed reduce their buckets during backward, as for any
+    replica."""
     fsdp_reduce_bytes: int
     """Bytes per element of the ZeRO-2/3 gradient reduce-scatter (and HSDP's all-reduce of the
     shards); 0: the gather width. FSDP2 reduces in fp32 (torch: torchtitan's MixedPrecisionPolicy
@@ -134,7 +136,7 @@ def _layout(
     """One state layout (the field docs above say where each number comes from): `megatron` for
     Megatron-LM's loss, distributed optimizer, sequence-parallel regather and pipeline
     scatter-gather, torch's otherwise; `torch_buffers` for FSDP2's unsharded fp32 accumulation,
-    DDP's bucket copy and its tensor-parallel replicas' sync after backward (False: Megatron's
+    DDP's bucket copy and the sync after backward of the replicas DDP cannot wrap (False: Megatron's
     grad buffer, DeepSpeed's own)."""
     return StateLayout(
         name=name,
@@ -151,7 +153,7 @@ def _layout(
         zero2_shards_weights=zero2_shards_weights,
         fsdp_full_grad_accumulation=torch_buffers,
         ddp_bucket_copy=torch_buffers,
-        tp_replica_sync_after_backward=torch_buffers,
+        replica_sync_after_backward=torch_buffers,
         fsdp_reduce_bytes=4 if torch_buffers else 0,
     )
 

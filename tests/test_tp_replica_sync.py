@@ -1,7 +1,8 @@
-"""The ZeRO-0/1 gradient all-reduce of tensor-parallel replicas under torch's DDP semantics
-(StateLayout.tp_replica_sync_after_backward): DDP cannot take DTensor parameters, so meshplan's
-executor all-reduces the local shards after backward (executor/methods/allreduce.py) and nothing of
-the sync hides; Megatron's grad buffer overlaps it with backward as for any replica."""
+"""The ZeRO-0/1 gradient all-reduce of replicas torch DDP cannot wrap
+(StateLayout.replica_sync_after_backward): DDP cannot take DTensor parameters, nor see a split-backward
+schedule's weight-gradient pass, so meshplan's executor all-reduces those replicas after backward
+(executor/methods/allreduce.py) and nothing of the sync hides; Megatron's grad buffer overlaps it with
+backward as for any replica."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from meshplan.planner.rank.tail import last_bucket_params
 from meshplan.presets import cluster_preset
 
 
-def exposed_sync_s(tp: int, layout: str, overlap: bool = True) -> float:
-    """One rank's exposed gradient sync of the whole model, dp 4 x tp, a long backward window."""
+def exposed_sync_s(tp: int, layout: str, overlap: bool = True, **pipeline) -> float:
+    """One rank's exposed gradient sync of the whole model, dp 4 x tp, a long backward window;
+    `pipeline`: the candidate's pp, schedule and virtual_stages."""
     profile = small_gpt()
     ctx = Context.build(
         profile,
@@ -24,7 +26,7 @@ def exposed_sync_s(tp: int, layout: str, overlap: bool = True) -> float:
     )
     local = profile.num_params / tp
     last = last_bucket_params("block", local)
-    return DataParallelCost(ctx, candidate(dp_replicate=4, tp=tp)).sync_s(local, 4 * local, 0.0, 10.0, last)
+    return DataParallelCost(ctx, candidate(dp_replicate=4, tp=tp, **pipeline)).sync_s(local, 4 * local, 0.0, 10.0, last)
 
 
 def test_tensor_parallel_replicas_sync_after_backward_under_torch_ddp():
@@ -39,3 +41,16 @@ def test_tensor_parallel_replicas_sync_after_backward_under_torch_ddp():
 def test_megatron_grad_buffer_overlaps_tensor_parallel_replicas():
     """Megatron's DDP buckets the local shards during backward: the tp 2 sync hides as tp 1's does."""
     assert exposed_sync_s(2, "megatron") < 0.5 * exposed_sync_s(2, "megatron", overlap=False)
+
+
+def test_split_backward_stages_sync_after_backward_under_torch_ddp():
+    """A zero-bubble stage's weight gradients come after DDP's hooks: the executor reduces them after
+    backward (executor/parallelize.py), so even at tp 1 the sync is whole; an Interleaved1F1B stage
+    keeps DDP's overlap."""
+    zb = dict(pp=2, schedule="InterleavedZeroBubble", virtual_stages=2)
+    looped = dict(pp=2, schedule="Interleaved1F1B", virtual_stages=2)
+    whole = exposed_sync_s(1, "torch", overlap=False, **zb)
+    assert whole > 0
+    assert exposed_sync_s(1, "torch", **zb) == whole
+    assert exposed_sync_s(1, "torch", **looped) < 0.5 * exposed_sync_s(1, "torch", overlap=False, **looped)
+    assert exposed_sync_s(1, "megatron", **zb) < 0.5 * whole

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from meshplan.comm_bytes import wire_bytes
+from meshplan.feasibility import SPLIT_BACKWARD
 from meshplan.model_profile import LayerProfile
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.cost.comm import collective_latency_s, collective_s, group_tier
@@ -338,10 +339,12 @@ class DataParallelCost:
 
     def _sync_overlaps_backward(self) -> bool:
         """Whether the ZeRO-0/1 gradient all-reduce runs during backward: the runtime overlaps it,
-        and it does not wait for backward to end because DDP cannot take tensor-parallel replicas
-        (StateLayout.tp_replica_sync_after_backward)."""
-        spec = self.ctx.spec
-        return spec.overlap_dp_comm and not (self.cand.tp > 1 and spec.state.tp_replica_sync_after_backward)
+        and it does not wait for backward to end because DDP cannot wrap the replicas: tensor-
+        parallel ones, or a split-backward schedule's stages (StateLayout.replica_sync_after_backward;
+        the executor's rule, executor/parallelize.py)."""
+        spec, cand = self.ctx.spec, self.cand
+        outside_ddp = cand.tp > 1 or cand.schedule in SPLIT_BACKWARD
+        return spec.overlap_dp_comm and not (outside_ddp and spec.state.replica_sync_after_backward)
 
     def _zero1_broadcast_s(self, local_params: float, hidden: float) -> float:
         """ZeRO-1's parameter broadcast as measured in place between busy ranks (step_overhead_s
