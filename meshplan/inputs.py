@@ -331,6 +331,12 @@ def runtime_behaviours(o: PlanOptions, cluster: ClusterSpec, precision: str, war
         warnings.append(
             f"--zero {o.zero}: runtime {rt.name} implements ZeRO {rt.value('zero_stages')}; predicted as pinned"
         )
+    if o.zero == 0 and (o.tp or 1) * (o.pp or 1) * (o.cp or 1) > 1 and not out["ddp_beside_model_parallel"]:
+        warnings.append(
+            f"--zero 0 with --tp/--pp/--cp: runtime {rt.name} runs DDP only on pure data parallelism "
+            f"({rt.behaviours['ddp_beside_model_parallel'].source}); predicted as pinned, but it will not run "
+            "there: use --zero 2 or 3 (FSDP2; HSDP with --dp-shard)"
+        )
     if rt.name == "torchtitan" and o.zero == 3 and (o.pp or 1) > 1:
         warnings.append(
             "--zero 3 with --pp under torchtitan: its default fsdp_reshard_after_forward keeps parameters "

@@ -285,6 +285,12 @@ ROWS: tuple[Row, ...] = (
         flags="--zero (pins one)",
     ),
     Row(
+        name="ddp_beside_model_parallel",
+        meaning="ZeRO-0 replicas (DDP) run beside tensor, pipeline or context parallelism (else the search "
+        "tries ZeRO-0 on pure data parallelism only)",
+        flags="--zero 0 (pins it; a warning where the runtime refuses it)",
+    ),
+    Row(
         name="fsdp_gather_bytes",
         meaning="bytes per element of the ZeRO-2/3 parameter all-gather and gradient reduce-scatter",
         flags="--fsdp-gather-dtype",
@@ -493,6 +499,10 @@ RUNTIMES: dict[str, Runtime] = {
             "zero_stages": Behaviour(
                 value=(0, 1, 2, 3), source="executor: DDP, ZeroRedundancyOptimizer, FSDP2 fully_shard"
             ),
+            "ddp_beside_model_parallel": Behaviour(
+                value=True,
+                source="executor: DDP on each pipeline stage; tensor-parallel replicas through ReplicaGradReducer",
+            ),
             "fsdp_gather_bytes": Behaviour(
                 value=4, source="executor: autocast without an FSDP2 MixedPrecisionPolicy gathers the fp32 parameters"
             ),
@@ -565,6 +575,11 @@ RUNTIMES: dict[str, Runtime] = {
                 source="DDP (data_parallel_replicate) or FSDP2 (reshard_after_forward false / true); no ZeRO-1. "
                 "Under PP its default fsdp_reshard_after_forward keeps parameters gathered: a default torchtitan "
                 "PP run is --zero 2 (a ZeRO-3 plan exports 'always')",
+            ),
+            "ddp_beside_model_parallel": Behaviour(
+                value=False,
+                source="torchtitan parallelize_llama: apply_ddp only on a 1-D mesh (it raises 'DDP has not "
+                "supported > 1D parallelism' when TP, PP or CP is on); replicas beside them are HSDP (FSDP2)",
             ),
             "fsdp_gather_bytes": Behaviour(
                 value=2, source="MixedPrecisionPolicy param_dtype=bfloat16 (training.mixed_precision_param)"
@@ -642,6 +657,9 @@ RUNTIMES: dict[str, Runtime] = {
                 "blocks per stage; the export says where a plan's per-layer choice is not expressible",
             ),
             "zero_stages": Behaviour(value=(0,), source="no distributed optimizer before 2022 (Narayanan 2021 Sec 5)"),
+            "ddp_beside_model_parallel": Behaviour(
+                value=True, source="Megatron's DistributedDataParallel over the data-parallel group of any layout"
+            ),
             "fsdp_gather_bytes": Behaviour(value=None, source="not applicable: no ZeRO-2/3"),
             "fp8": Behaviour(value=False, source="no Transformer Engine before Megatron-Core"),
             "sp_regather": _SP,
@@ -717,6 +735,9 @@ RUNTIMES: dict[str, Runtime] = {
                 "blocks per stage; the export says where a plan's per-layer choice is not expressible",
             ),
             "zero_stages": Behaviour(value=(0, 1), source="DDP or --use-distributed-optimizer (ZeRO-1 style)"),
+            "ddp_beside_model_parallel": Behaviour(
+                value=True, source="Megatron-Core's DistributedDataParallel over the data-parallel group of any layout"
+            ),
             "fsdp_gather_bytes": Behaviour(value=None, source="not applicable: the search tries ZeRO-0/1 only"),
             "fp8": Behaviour(value=True, source="--fp8-format hybrid (Transformer Engine)"),
             "sp_regather": _SP,
@@ -797,6 +818,9 @@ RUNTIMES: dict[str, Runtime] = {
                 "full blocks, checkpoint_blocks); PipelineModule's activation_checkpoint_interval is one interval",
             ),
             "zero_stages": Behaviour(value=(0, 1, 2, 3), source="zero_optimization.stage 0-3"),
+            "ddp_beside_model_parallel": Behaviour(
+                value=True, source="engine's data-parallel group beside Megatron-DeepSpeed's TP and its pipeline engine"
+            ),
             "fsdp_gather_bytes": Behaviour(value=2, source="ZeRO-3 gathers the bf16/fp16 parameters"),
             "fp8": Behaviour(
                 value=False, known=False, source="not known: fp8 only through Transformer Engine in user code"

@@ -71,6 +71,10 @@ class PlanRequest:
     None keeps the profile's."""
     zero_stages: tuple[int, ...] | None = None
     """ZeRO stages the runtime implements (the search tries only these); None: 0-3."""
+    ddp_beside_model_parallel: bool = True
+    """ZeRO-0 replicas (DDP) run beside tensor, pipeline or context parallelism; False (torchtitan,
+    whose apply_ddp takes a 1-D mesh only): the search tries ZeRO-0 only where tp = pp = cp = 1,
+    unless --zero 0 is pinned."""
     also_runs: tuple[str, ...] = ()
     """meshplan/feasibility.py LIMITS the runtime has though meshplan's executor does not (context
     parallelism, 1F1B at any microbatch count): the search offers such layouts for it."""

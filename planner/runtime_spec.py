@@ -37,6 +37,7 @@ class RuntimeSpec:
     cp_kv_exchange: str
     """"ring" (p2p per step at kv_heads) or "all_gather" (torch context_parallel, all heads)."""
     zero_stages: tuple[int, ...] | None
+    ddp_beside_model_parallel: bool
     offload_methods: tuple[str, ...] | None
     also_runs: tuple[str, ...]
 

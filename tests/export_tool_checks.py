@@ -519,6 +519,9 @@ def check_torchtitan(directory: str) -> dict:
         dims = ParallelDims.from_config(cfg.parallelism, world)  # degrees multiply to the world
         dims.build_mesh()
         batch_degree = dims.get_mesh("batch").size() if dims.dp_enabled else 1
+        # parallelize_llama's last branch: replicas without FSDP run apply_ddp, which raises "DDP has not
+        # supported > 1D parallelism" unless the replicate mesh is the whole world
+        values["ddp_refused"] = dims.dp_replicate_enabled and not dims.fsdp_enabled and dims.dp_replicate != world
     local, global_batch = cfg.training.local_batch_size, cfg.training.global_batch_size
     assert global_batch % (local * batch_degree) == 0, "global batch size must be multiple of local batch size times data-parallel degree"  # fmt: skip
     spec = cfg.model_spec
@@ -576,6 +579,10 @@ def check_torchtitan_02(directory: str) -> dict:
         dp_shard = values["world_size"] // others
     assert others * dp_shard == values["world_size"], "Invalid parallel dims"
     batch_degree = par.data_parallel_replicate_degree * dp_shard
+    # 0.2's ParallelDims: fsdp_enabled = dp_shard > 1 or cp > 1; replicas without it run apply_ddp on the 1-D
+    # world mesh only
+    fsdp = dp_shard > 1 or par.context_parallel_degree > 1
+    values["ddp_refused"] = par.data_parallel_replicate_degree > 1 and not fsdp and others // par.data_parallel_replicate_degree > 1  # fmt: skip
     values.update(
         batch_degree=batch_degree,
         accumulation=cfg.training.global_batch_size // (cfg.training.local_batch_size * batch_degree),

@@ -359,7 +359,7 @@ def test_multi_node_launch_lines(plans):
 @pytest.mark.parametrize("target", ["torchtitan", "torchtitan-0.2"])
 @pytest.mark.parametrize("name", PLANS)
 def test_torchtitan_accepts_the_export(name, target, plans, exported, tool):
-    from meshplan.report.export_torchtitan import HEAD_FQNS, LLAMA3_FLAVORS, shipped_model
+    from meshplan.report.export_torchtitan import HEAD_FQNS, LLAMA3_FLAVORS, ddp_beside_model_parallel, shipped_model
 
     plan, (_, files) = plans[name], exported[(name, target)]
     got = accepted(tool, name, target)
@@ -368,7 +368,11 @@ def test_torchtitan_accepts_the_export(name, target, plans, exported, tool):
     pp, m = plan.pipeline_parallel_degree, plan.num_microbatches
     assert_torchrun_launch(got["launch"], plan)
     assert got["world_size"] == plan.world_size
-    assert (got["pp"], got["dp_replicate"], got["dp_shard"], got["cp"], got["tp"]) == plan.mesh_shape
+    mesh = (got["pp"], got["dp_replicate"], got["dp_shard"], got["cp"], got["tp"])
+    ddp_replicas = ddp_beside_model_parallel(plan)  # torchtitan's DDP takes a 1-D mesh: FSDP2 shards instead
+    pp_, _, _, cp_, tp_ = plan.mesh_shape
+    assert mesh == ((pp_, 1, plan.data_parallel_degree, cp_, tp_) if ddp_replicas else plan.mesh_shape)
+    assert got["ddp_refused"] is False
     assert got["batch_degree"] == plan.data_parallel_degree and got["global_batch"] == plan.global_batch_size
     if pp > 1:  # the local batch is split into microbatches of the pipeline
         assert (got["pp_microbatch"], got["local_batch"] // got["pp_microbatch"]) == (plan.microbatch_size, m)
@@ -378,7 +382,7 @@ def test_torchtitan_accepts_the_export(name, target, plans, exported, tool):
         assert got["model_parts"] == expected
     else:
         assert (got["local_batch"], got["accumulation"]) == (plan.microbatch_size, m)
-    reshard = {2: "never"}.get(plan.zero_stage, "always" if pp > 1 else "default")
+    reshard = {2: "never"}.get(2 if ddp_replicas else plan.zero_stage, "always" if pp > 1 else "default")
     assert got["reshard"] == reshard
     if version == "0.3" and plan.tensor_parallel_degree > 1:
         assert got["sequence_parallel"] == plan.sequence_parallel

@@ -18,6 +18,7 @@ from meshplan import schema
 from meshplan.errors import MeshplanError
 from meshplan.plan import Plan
 from meshplan.report import EXPORT_TARGETS, export_plan
+from meshplan.report.export_torchtitan import ddp_beside_model_parallel
 
 PLANS = {
     "pipeline": searched_plan,
@@ -74,13 +75,19 @@ def test_torchtitan(name):
     files = export_plan(plan, "torchtitan", "0.2")
     cfg = tomllib.loads(files["meshplan.toml"])
     par, tr = cfg["parallelism"], cfg["training"]
-    assert (
+    mesh = (
         par["pipeline_parallel_degree"],
         par["data_parallel_replicate_degree"],
         par["data_parallel_shard_degree"],
         par["context_parallel_degree"],
         par["tensor_parallel_degree"],
-    ) == plan.mesh_shape
+    )
+    if ddp_beside_model_parallel(plan):  # torchtitan's DDP takes a 1-D mesh: the replicas become FSDP2 shards
+        pp, dp_replicate, _, cp, tp = plan.mesh_shape
+        assert mesh == (pp, 1, dp_replicate, cp, tp) and par["fsdp_reshard_after_forward"] == "never"
+        assert "torchtitan runs DDP on a 1-D mesh only" in files["meshplan.toml"]
+    else:
+        assert mesh == plan.mesh_shape
     dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
     accumulation = tr["global_batch_size"] // (tr["local_batch_size"] * dp)
     micro = par.get("pipeline_parallel_microbatch_size", tr["local_batch_size"])

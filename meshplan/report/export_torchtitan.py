@@ -72,10 +72,33 @@ def _model_warnings(plan: Plan, warnings: list[str]) -> None:
     )
 
 
+def ddp_beside_model_parallel(plan: Plan) -> bool:
+    """Replicas torchtitan would run as DDP (ZeRO-0/1: no FSDP shard degree) beside tensor, pipeline or
+    context parallelism: its apply_ddp takes a 1-D mesh only and raises on them."""
+    model_parallel = plan.tensor_parallel_degree * plan.pipeline_parallel_degree * plan.context_parallel_degree
+    return plan.zero_stage <= 1 and plan.data_parallel_degree > 1 and model_parallel > 1
+
+
+def _data_parallel_degrees(plan: Plan, warnings: list[str]) -> tuple[int, int]:
+    """(data_parallel_replicate_degree, data_parallel_shard_degree): the plan's, except for ZeRO-0/1 replicas
+    beside model parallelism, which torchtitan refuses ("DDP has not supported > 1D parallelism"): its
+    replicas are written as FSDP2 shards that keep their parameters gathered (reshard never, ZeRO-2)."""
+    if not ddp_beside_model_parallel(plan):
+        return plan.data_parallel_replicate_degree, plan.data_parallel_shard_degree
+    warnings.append(
+        f"ZeRO-{plan.zero_stage} replicas ({plan.data_parallel_degree}) beside tensor/pipeline/context parallelism: "
+        "torchtitan runs DDP on a 1-D mesh only (apply_ddp raises 'DDP has not supported > 1D parallelism'), "
+        f"so the replicas are exported as FSDP2 shards (data_parallel_shard_degree {plan.data_parallel_degree}, "
+        "reshard never: ZeRO-2), which hold less memory and reduce-scatter gradients instead of all-reducing "
+        "them; plan with --runtime torchtitan to price what it runs"
+    )
+    return 1, plan.data_parallel_degree
+
+
 def _reshard(plan: Plan, warnings: list[str]) -> str:
     """fsdp_reshard_after_forward: "never" = ZeRO-2 (params kept after forward); ZeRO-3 is "default"
     without pipeline parallelism and "always" with it (torchtitan's default then keeps them)."""
-    if plan.zero_stage == 1:
+    if plan.zero_stage == 1 and not ddp_beside_model_parallel(plan):  # else _data_parallel_degrees says it
         warnings.append(
             "ZeRO-1 (sharded optimizer states only) has no torchtitan setting: FSDP2 shards "
             "gradients and parameters too; the degrees below keep the plan's replicate/shard split, "
@@ -83,7 +106,7 @@ def _reshard(plan: Plan, warnings: list[str]) -> str:
         )
     if plan.zero_stage == 0 and plan.data_parallel_shard_degree > 1:
         warnings.append("plan uses plain DDP but data_parallel_shard_degree > 1: torchtitan shards with FSDP2")
-    if plan.zero_stage == 2:
+    if plan.zero_stage == 2 or ddp_beside_model_parallel(plan):
         return "never"
     # "default" keeps the parameters gathered under pipeline parallelism (ZeRO-2, to avoid
     # per-microbatch all-gathers: torchtitan apply_fsdp); ZeRO-3 with PP must say "always"
@@ -125,9 +148,10 @@ def _model_parts(plan: Plan, warnings: list[str], version: str) -> list[list[str
 def settings(plan: Plan, warnings: list[str], version: str) -> dict[str, dict]:
     """The plan as torchtitan's config sections (the same names in 0.2's JobConfig and 0.3's Trainer.Config)."""
     pp, m, dp = plan.pipeline_parallel_degree, plan.num_microbatches, plan.data_parallel_degree
+    replicate, shard = _data_parallel_degrees(plan, warnings)
     par: dict = {
-        "data_parallel_replicate_degree": plan.data_parallel_replicate_degree,
-        "data_parallel_shard_degree": plan.data_parallel_shard_degree,
+        "data_parallel_replicate_degree": replicate,
+        "data_parallel_shard_degree": shard,
         "fsdp_reshard_after_forward": _reshard(plan, warnings),
         "tensor_parallel_degree": plan.tensor_parallel_degree,
         "context_parallel_degree": plan.context_parallel_degree,

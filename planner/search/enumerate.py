@@ -137,6 +137,10 @@ def shard_degrees(ctx: Context, dp: int, cp: int, tp: int) -> list[int]:
     return sorted(set(out))
 
 
+DDP_ONE_DIM = "ZeRO-0: the runtime runs DDP only on pure data parallelism (tp = pp = cp = 1); replicas are HSDP here"
+"""The search's reason where the runtime's DDP takes a 1-D mesh only (RuntimeSpec.ddp_beside_model_parallel)."""
+
+
 def _shards(ctx: Context, zero: int, dp: int, cp: int, tp: int) -> list[int]:
     """The shard degrees of one (zero, dp) candidate. A pinned --dp-shard is every candidate's,
     so a ZeRO-0/1 or dp=1 candidate carries it and feasibility refuses it with its reason
@@ -179,6 +183,15 @@ def candidates(ctx: Context, rej: Rejects) -> list[Candidate]:
                 continue
             m = per_replica // b
             zeros = _pick(req.zero, list(req.zero_stages or (0, 1, 2, 3)) if dp > 1 else [0])
+            if (
+                req.zero is None
+                and dp > 1
+                and 0 in zeros
+                and pp * cp * tp > 1
+                and not ctx.spec.ddp_beside_model_parallel
+            ):
+                rej.add(fam, DDP_ONE_DIM)
+                zeros.remove(0)
             sps = (
                 [bool(req.sequence_parallel) and tp > 1]
                 if req.sequence_parallel is not None
