@@ -217,7 +217,7 @@ def _launch(
         writer = RunJsonWriter(run_path, plans[0], vdir, ranks, run_id, earlier=earlier, device=device_kind())
     try:
         rc, output = _supervise(cmd, out, ranks, run_id, opts, writer.poll if writer else None)
-    except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM/SIGHUP through _interrupt_signals
+    except KeyboardInterrupt as exc:  # SIGINT, SIGTERM or SIGHUP through _interrupt_signals
         signum = getattr(exc, "signum", signal.SIGINT)
         raise RunInterrupted(signum, _interrupted_message(out, len(plans), len(ranks), signum)) from None
     finally:
@@ -230,16 +230,22 @@ def _launch(
 
 
 class _interrupt_signals:
-    """SIGTERM and SIGHUP raise RunInterrupted like SIGINT raises KeyboardInterrupt, so every
-    way of stopping the launcher stops the ranks too; a second signal while stopping is ignored.
-    Only the main thread can install handlers; elsewhere this does nothing."""
+    """SIGINT, SIGTERM and SIGHUP raise RunInterrupted, so every way of stopping the launcher stops
+    the ranks too; a second signal while stopping (Ctrl-C pressed twice) is ignored rather than
+    cutting the stop short and leaving ranks behind. A SIGINT the launcher was started ignoring (a
+    background job of a non-interactive shell) stays ignored. Only the main thread can install
+    handlers; elsewhere this does nothing."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __enter__(self):
         self.saved, self.fired = {}, False
         if threading.current_thread() is threading.main_thread():
-            self.saved = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+            self.saved = {
+                sig: signal.signal(sig, self._handle)
+                for sig in self.SIGNALS
+                if not (sig == signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN)
+            }
         return self
 
     def _handle(self, signum, frame):

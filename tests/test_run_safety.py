@@ -64,7 +64,8 @@ def start_cli_run(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        env=dict(os.environ, PYTHONPATH=str(Path(__file__).parent)),
+        # faulthandler: finish() aborts a launcher that outlives its time, and every thread's stack is printed
+        env=dict(os.environ, PYTHONPATH=str(Path(__file__).parent), PYTHONFAULTHANDLER="1"),
     )
     return proc, out
 
@@ -80,9 +81,16 @@ def finish(proc: subprocess.Popen, timeout_s: float = 60) -> tuple[int, str, str
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"launcher still running after {timeout_s} s: {err[-2000:]}") from None
+        os.kill(proc.pid, signal.SIGABRT)  # with PYTHONFAULTHANDLER set: where each thread of the launcher is
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            out, err = "", ""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        more_out, more_err = proc.communicate()
+        err += more_err
+        raise AssertionError(f"launcher still running after {timeout_s} s: {err[-6000:]}") from None
     return proc.returncode, out, err
 
 
@@ -153,6 +161,30 @@ def test_signal_stops_every_rank_and_keeps_the_last_checkpoint(tmp_path, sig):
         # steps 1..kept from the interrupted launch's run.json (kept as it went), then the resumed ones
         assert len(resumed.losses) == kept + 3
         assert max(abs(a - b) / b for a, b in zip(resumed.losses, ref)) <= 1e-5
+
+
+def test_a_second_signal_while_stopping_is_ignored():
+    """Inside the launcher's signal handling the first SIGINT raises RunInterrupted (exit 130); a
+    second one while the ranks are being stopped (Ctrl-C pressed twice) is ignored instead of
+    cutting the stop short; on leaving, SIGINT is Python's KeyboardInterrupt again."""
+    from meshplan.errors import RunInterrupted
+    from meshplan.executor.launch import _interrupt_signals
+
+    caught: list[BaseException] = []
+    try:
+        with _interrupt_signals():
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)  # the handler raises before this ends
+            finally:  # the stop: a second Ctrl-C arrives here
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)
+    except KeyboardInterrupt as exc:  # caught here, not by pytest, which would end the session
+        caught.append(exc)
+    (first,) = caught
+    assert isinstance(first, RunInterrupted), repr(first)
+    assert first.signum == signal.SIGINT and first.exit_code == 130
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_killed_launcher_takes_every_rank_with_it(tmp_path):
