@@ -10,6 +10,13 @@ MS = 1e3
 MB = 1e6
 
 
+def _config_cell(row: dict) -> str:
+    """A row's configuration as one table cell: a planner row whose choice differed between rounds
+    lists its configurations joined by " | " (local_accuracy), written "A, or B" so the table keeps its
+    columns."""
+    return row["config"].replace(" | ", ", or ")
+
+
 def _pct(x) -> str:
     return "n/a" if x is None else f"{x * 100:+.1f}%"
 
@@ -177,10 +184,10 @@ def _model_table(name: str, m: dict) -> list[str]:
     ]
     for r in sorted(rows, key=lambda r: r.get("measured_s", float("inf"))):
         if "measured_s" not in r:
-            lines.append(f"| {r['name']} | {r['config']} | {r['predicted_s'] * MS:.1f} | failed | | | | | |")
+            lines.append(f"| {r['name']} | {_config_cell(r)} | {r['predicted_s'] * MS:.1f} | failed | | | | | |")
             continue
         lines.append(
-            f"| {r['name']} | {r['config']} | {r['predicted_s'] * MS:.1f} | {r['measured_s'] * MS:.1f} | "
+            f"| {r['name']} | {_config_cell(r)} | {r['predicted_s'] * MS:.1f} | {r['measured_s'] * MS:.1f} | "
             f"{_pct(r['error'])} | {_pct(r.get('error_before'))} | {r['spread_runs'] * 100:.0f}% ({r['runs']} runs) | "
             f"{r['step_min_s'] * MS:.0f}..{r['step_max_s'] * MS:.0f} | {_bar(r['measured_s'], scale)} |"
         )
@@ -327,7 +334,7 @@ def _memory(r: dict) -> list[str]:
     for model, rows in mem["models"].items():
         for row in rows:
             lines.append(
-                f"| {model} | {row['name']} | {row['config']} | {row['predicted_bytes'] / MB:.2f} | "
+                f"| {model} | {row['name']} | {_config_cell(row)} | {row['predicted_bytes'] / MB:.2f} | "
                 f"{row['measured_bytes'] / MB:.2f} | {_pct(row['error'])} |"
             )
     return lines + [""]

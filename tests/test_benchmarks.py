@@ -386,3 +386,20 @@ def test_a_reading_is_shown_only_under_the_run_it_was_written_about(tmp_path, mo
     notes.write_text(json.dumps({"local": {"started_utc": "2026-12-02 03:00:00", "text": "llama's layers drift"}}))
     local = {"local_accuracy": {"models": {}}, "section_runs": {"local": {"started_utc": "2026-12-02 03:00:00"}}}
     assert report._local(local)[-2:] == ["Reading (written after this run): llama's layers drift", ""]
+
+
+def test_a_planner_row_of_two_configurations_keeps_the_tables_columns(tmp_path):
+    """When the search chose differently between rounds its row's config joins both with " | "
+    (local_accuracy); the accuracy and memory tables still have one cell per column."""
+    rows = [_row("ddp", 1.0, 2.0), {**_row("planner-search", 1.1, 2.1), "config": "zero=0 | zero=1"}]
+    model = {**la.summarize(rows), "rows": rows, "skipped": [], "baseline_speedups": {"ddp": 1.0}}
+    results = _results()
+    results["local_accuracy"] = {**_overall({"gpt-tiny": model}), "models": {"gpt-tiny": model}, "targets": {}}
+    results["memory"] = memory_accuracy.summarize({"gpt-tiny": rows})
+    write(results, tmp_path)
+    md = (tmp_path / "benchmarks.md").read_text().splitlines()
+    for heading in ("| plan | configuration | predicted ms", "| model | plan | configuration | predicted MB"):
+        start = next(i for i, line in enumerate(md) if line.startswith(heading))
+        table = md[start : next(i for i in range(start, len(md)) if not md[i].startswith("|"))]
+        assert {line.count("|") for line in table} == {table[0].count("|")}, table
+        assert any("zero=0, or zero=1" in line for line in table)
