@@ -18,8 +18,8 @@ def _resolved(*extra: str):
     return resolve(from_argv([*LLAMA, *extra], "plan"))
 
 
-def _candidates(runtime: str) -> tuple[list, Rejects]:
-    got = _resolved("--runtime", runtime)
+def _candidates(runtime: str, *extra: str) -> tuple[list, Rejects]:
+    got = _resolved("--runtime", runtime, *extra)
     rej = Rejects()
     return candidates(Context.build(got.profile, got.cluster, got.request), rej), rej
 
@@ -47,3 +47,10 @@ def test_a_pinned_zero0_beside_tp_is_predicted_with_a_warning():
     assert not [
         w for w in _resolved("--runtime", "torchtitan", "--zero", "0", "--dp", "16").warnings if "--zero 0" in w
     ]
+
+
+def test_a_zero0_pin_alone_keeps_the_search_to_what_torchtitan_runs():
+    cands, _ = _candidates("torchtitan", "--zero", "0")
+    assert cands and all(c.zero == 0 and c.tp * c.pp * c.cp == 1 for c in cands if c.dp > 1)
+    pinned, _ = _candidates("torchtitan", "--zero", "0", "--tp", "2")
+    assert pinned and all(c.tp == 2 and c.zero == 0 for c in pinned)  # both pinned: predicted as pinned

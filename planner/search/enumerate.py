@@ -141,6 +141,13 @@ DDP_ONE_DIM = "ZeRO-0: the runtime runs DDP only on pure data parallelism (tp = 
 """The search's reason where the runtime's DDP takes a 1-D mesh only (RuntimeSpec.ddp_beside_model_parallel)."""
 
 
+def _ddp_pinned_beside_model_parallel(req) -> bool:
+    """--zero 0 pinned together with a --tp/--pp/--cp pin above 1: predicted as pinned (with the CLI's
+    warning) even where the runtime refuses it; a --zero 0 pin alone keeps the model-parallel degrees
+    the search picks to those the runtime runs."""
+    return req.zero == 0 and (req.tp or 1) * (req.pp or 1) * (req.cp or 1) > 1
+
+
 def _shards(ctx: Context, zero: int, dp: int, cp: int, tp: int) -> list[int]:
     """The shard degrees of one (zero, dp) candidate. A pinned --dp-shard is every candidate's,
     so a ZeRO-0/1 or dp=1 candidate carries it and feasibility refuses it with its reason
@@ -183,15 +190,10 @@ def candidates(ctx: Context, rej: Rejects) -> list[Candidate]:
                 continue
             m = per_replica // b
             zeros = _pick(req.zero, list(req.zero_stages or (0, 1, 2, 3)) if dp > 1 else [0])
-            if (
-                req.zero is None
-                and dp > 1
-                and 0 in zeros
-                and pp * cp * tp > 1
-                and not ctx.spec.ddp_beside_model_parallel
-            ):
-                rej.add(fam, DDP_ONE_DIM)
-                zeros.remove(0)
+            if 0 in zeros and dp > 1 and pp * cp * tp > 1 and not _ddp_pinned_beside_model_parallel(req):
+                if not ctx.spec.ddp_beside_model_parallel:
+                    rej.add(fam, DDP_ONE_DIM)
+                    zeros = [z for z in zeros if z != 0]
             sps = (
                 [bool(req.sequence_parallel) and tp > 1]
                 if req.sequence_parallel is not None
