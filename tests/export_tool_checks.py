@@ -582,7 +582,8 @@ def check_torchtitan_02(directory: str) -> dict:
     # 0.2's ParallelDims: fsdp_enabled = dp_shard > 1 or cp > 1; replicas without it run apply_ddp on the 1-D
     # world mesh only
     fsdp = dp_shard > 1 or par.context_parallel_degree > 1
-    values["ddp_refused"] = par.data_parallel_replicate_degree > 1 and not fsdp and others // par.data_parallel_replicate_degree > 1  # fmt: skip
+    model_parallel = par.tensor_parallel_degree * par.pipeline_parallel_degree * par.context_parallel_degree
+    values["ddp_refused"] = par.data_parallel_replicate_degree > 1 and not fsdp and model_parallel > 1
     values.update(
         batch_degree=batch_degree,
         accumulation=cfg.training.global_batch_size // (cfg.training.local_batch_size * batch_degree),

@@ -82,14 +82,11 @@ def finish(proc: subprocess.Popen, timeout_s: float = 60) -> tuple[int, str, str
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.kill(proc.pid, signal.SIGABRT)  # with PYTHONFAULTHANDLER set: where each thread of the launcher is
-        try:
-            out, err = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            out, err = "", ""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        more_out, more_err = proc.communicate()
-        err += more_err
+        out, err = proc.communicate()  # with what the timed-out communicate() had already read
         raise AssertionError(f"launcher still running after {timeout_s} s: {err[-6000:]}") from None
     return proc.returncode, out, err
 

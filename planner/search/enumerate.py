@@ -190,10 +190,15 @@ def candidates(ctx: Context, rej: Rejects) -> list[Candidate]:
                 continue
             m = per_replica // b
             zeros = _pick(req.zero, list(req.zero_stages or (0, 1, 2, 3)) if dp > 1 else [0])
-            if 0 in zeros and dp > 1 and pp * cp * tp > 1 and not _ddp_pinned_beside_model_parallel(req):
-                if not ctx.spec.ddp_beside_model_parallel:
-                    rej.add(fam, DDP_ONE_DIM)
-                    zeros = [z for z in zeros if z != 0]
+            if (
+                not ctx.spec.ddp_beside_model_parallel
+                and 0 in zeros
+                and dp > 1
+                and pp * cp * tp > 1
+                and not _ddp_pinned_beside_model_parallel(req)
+            ):
+                rej.add(fam, DDP_ONE_DIM)
+                zeros = [z for z in zeros if z != 0]
             sps = (
                 [bool(req.sequence_parallel) and tp > 1]
                 if req.sequence_parallel is not None
