@@ -67,6 +67,7 @@ class RankModel:
         self.data = DataParallelCost(ctx, cand)
         self.fixed_s = step_fixed_s(ctx, cand)
         self._transients: dict[tuple[int, ...], dict[str, float]] = {}
+        self._gaps: dict[tuple[int, str], float] = {}
 
     def base(self, rank: int, layers: list[int]) -> tuple[tuple[float, float, float], float, float]:
         """(static weights/grads/optimizer, buffers, in-flight microbatches) of a rank."""
@@ -113,11 +114,19 @@ class RankModel:
         if key not in self._transients:
             out: dict[str, float] = {}
             for mode in RECOMPUTE_ORDER[1:]:
-                gaps = [self._gap(i, mode) for i in layers if mode in self.costs[i].modes]
+                gaps = [self._gap_of(i, mode) for i in layers if mode in self.costs[i].modes]
                 if gaps:
                     out[mode] = max(gaps)
             self._transients[key] = out
         return self._transients[key]
+
+    def _gap_of(self, i: int, mode: str) -> float:
+        """_gap, once per layer signature (Context.signatures: equal layers, equal bytes)."""
+        key = (self.ctx.signatures[i], mode)
+        got = self._gaps.get(key)
+        if got is None:
+            got = self._gaps[key] = self._gap(i, mode)
+        return got
 
     def _gap(self, i: int, mode: str) -> float:
         """Bytes one microbatch of layer i re-materialises when it recomputes in `mode`: what it
