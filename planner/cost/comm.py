@@ -18,6 +18,10 @@ data parallel across t = 8 tensor-parallel ranks) every rank uses its own NIC.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 from meshplan.cluster import ClusterSpec, LinkSpec
 
 _RING = {"all_reduce": (2.0, 2), "all_gather": (1.0, 1), "reduce_scatter": (1.0, 1), "all_to_all": (1.0, 1)}
@@ -76,21 +80,53 @@ def ring_latency_s(cluster: ClusterSpec, collective: str, group: int, tier: str)
     return inter * cluster.inter_node.latency_s + (hops - inter) * cluster.intra_node.latency_s
 
 
+_COEFFICIENTS: ContextVar[dict | None] = ContextVar("collective_coefficients", default=None)
+"""Inside collectives_memoized(): {(cluster id, collective, group, tier, ranks per node):
+(cluster, coefficients)}; the cluster is held so that its id cannot be reused while it lasts."""
+
+
+@contextmanager
+def collectives_memoized() -> Iterator[None]:
+    """Within the block, each collective's coefficients are worked out once per (cluster,
+    collective, group, tier): the search prices the same few groups tens of thousands of times
+    on a cluster it does not change. Outside, nothing is kept (a ClusterSpec is mutable)."""
+    token = _COEFFICIENTS.set({})
+    try:
+        yield
+    finally:
+        _COEFFICIENTS.reset(token)
+
+
+def _coefficients(cluster: ClusterSpec, collective: str, group: int, tier: str) -> tuple[float, float, float]:
+    """(fixed seconds, scale, bytes per second): one collective on B bytes takes
+    fixed + scale x B / bytes per second (a measured fit's alpha-beta, else the link tier's ring)."""
+    fit = cluster.fit(collective, group) if cluster.collectives else None
+    if fit is not None:
+        return fit.latency_s, 1.0, fit.bandwidth_gbps * 1e9
+    link = _link(cluster, tier)
+    bw_bytes_s = _bandwidth_bytes_s(cluster, collective, tier)
+    if collective == "send_recv":
+        return link.latency_s, 1.0, bw_bytes_s
+    if collective == "gather":  # group - 1 point-to-point flows at once, all through the root's link
+        return link.latency_s, float(group - 1), bw_bytes_s
+    factor, _ = _RING[collective]
+    return ring_latency_s(cluster, collective, group, tier), factor * (group - 1) / group, bw_bytes_s
+
+
 def collective_s(cluster: ClusterSpec, collective: str, group: int, buffer_bytes: float, tier: str) -> float:
     """Seconds for one collective over `group` ranks on a buffer of `buffer_bytes`."""
     if group <= 1 or buffer_bytes <= 0:
         return 0.0
-    fit = cluster.fit(collective, group) if cluster.collectives else None
-    if fit is not None:
-        return fit.time_s(buffer_bytes)
-    link = _link(cluster, tier)
-    bw_bytes_s = _bandwidth_bytes_s(cluster, collective, tier)
-    if collective == "send_recv":
-        return link.latency_s + buffer_bytes / bw_bytes_s
-    if collective == "gather":  # group - 1 point-to-point flows at once, all through the root's link
-        return link.latency_s + (group - 1) * buffer_bytes / bw_bytes_s
-    factor, _ = _RING[collective]
-    return ring_latency_s(cluster, collective, group, tier) + factor * (group - 1) / group * buffer_bytes / bw_bytes_s
+    memo = _COEFFICIENTS.get()
+    if memo is None:
+        fixed, scale, rate = _coefficients(cluster, collective, group, tier)
+    else:
+        key = (id(cluster), collective, group, str(tier), getattr(tier, "ranks_per_node", 1))
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = (cluster, _coefficients(cluster, collective, group, tier))
+        fixed, scale, rate = hit[1]
+    return fixed + scale * buffer_bytes / rate
 
 
 def collective_latency_s(cluster: ClusterSpec, collective: str, group: int, tier: str) -> float:

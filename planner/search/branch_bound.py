@@ -21,6 +21,7 @@ from meshplan.errors import ConflictError, InfeasibleError
 from meshplan.model_profile import ModelProfile
 from meshplan.plan import Plan, Rejection, SearchSummary
 from meshplan.planner.context import Candidate, Context
+from meshplan.planner.cost.comm import collectives_memoized
 from meshplan.planner.cost.memory import GIB, fits
 from meshplan.planner.cost.pipeline import bubble_factor, in_flight
 from meshplan.planner.rank.layer_cost import CostTable
@@ -220,7 +221,18 @@ def search(
 ) -> Plan:
     """The best plan (with prediction and search summary) for `request` on `cluster`.
     `on_progress(settled, total)` is told how many candidates are settled (solved, or pruned by
-    the bound) of how many; it sees the search, never steers it (the CLI's progress bar)."""
+    the bound) of how many; it sees the search, never steers it (the CLI's progress bar).
+    Collective coefficients are worked out once per group for the search (comm.collectives_memoized)."""
+    with collectives_memoized():
+        return _search(profile, cluster, request, on_progress)
+
+
+def _search(
+    profile: ModelProfile,
+    cluster: ClusterSpec,
+    request: PlanRequest,
+    on_progress: Callable[[int, int], None] | None,
+) -> Plan:
     start = time.perf_counter()
     cluster = cluster if cluster.num_devices == request.num_gpus else cluster.with_num_devices(request.num_gpus)
     searcher = Searcher(profile, cluster, request)
