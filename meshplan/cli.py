@@ -207,7 +207,7 @@ def _validate_verb(sub: argparse._SubParsersAction) -> None:
 
 class UsageError(Exception):
     """An argparse usage error (unknown flag, bad value), raised so that main can print it as
-    argparse does, or as a JSON object under --json."""
+    one line naming the flag, or as a JSON object under --json."""
 
     exit_code = 2
 
@@ -270,8 +270,12 @@ def _print_error(verb: str | None, exc: Exception, as_json: bool) -> None:
     if as_json:
         obj = {"code": code, "type": type(exc).__name__, "message": str(exc), "field": getattr(exc, "field", None)}
         print(json.dumps({"error": obj}, indent=2))
-    if isinstance(exc, UsageError):
-        print(f"{exc.usage}{exc.prog}: error: {exc}", file=sys.stderr)
+    if isinstance(exc, UsageError):  # one line, as every other mistake (docs/errors.md); not argparse's usage block
+        prog = exc.prog
+        verbs = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+        if prog == "meshplan" and verb in verbs:  # a verb's unknown flag is found by the top parser
+            prog = verbs[verb].prog
+        print(f"{prog}: error: {exc} ({prog} --help lists the flags)", file=sys.stderr)
     else:
         print(f"meshplan {verb}: error: {exc}", file=sys.stderr)
 

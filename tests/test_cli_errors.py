@@ -227,3 +227,21 @@ def test_parameter_offload_below_zero_3_is_refused_in_one_line(meshplan, tmp_pat
     if verb == "plan":
         assert meshplan(verb, *args, "--zero", "3", "--offload", "nvme:params=true", "-o", out).returncode == 0
         assert json.loads(out.read_text())["dp_methods"]["offload"]["params"] == {"params": True}
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["plan", "--num-gpus", "abc"], "'abc'"),
+        (["plan", "--bogus"], "meshplan plan: error: unrecognized arguments: --bogus"),
+        (["estimate", "--model", "gpt-tiny", "--cluster", "a100-80g", "--num-gpus", "8"], "--schedule"),
+        (["frobnicate"], "'frobnicate'"),
+    ],
+)
+def test_argparse_mistakes_are_one_line_too(meshplan, args, needle):
+    """What argparse itself refuses (a bad int, an unknown flag or verb, a missing required
+    flag) is one line naming it, not the verb's whole usage block."""
+    proc = meshplan(*args)
+    assert proc.returncode == 2
+    assert_one_line_error(proc, needle)
+    assert "--help lists the flags" in proc.stderr
