@@ -54,6 +54,13 @@ def wait_for(cond, timeout_s: float, what: str):
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """The launcher gets SIGINT's default disposition, as a command typed at a terminal does: a
+    test process run as a background job of a non-interactive shell (`.ci/run &`) inherits SIGINT
+    ignored, which the launcher rightly keeps ignoring (_interrupt_signals)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_cli_run(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
     plan_path, out = tmp_path / "plan.json", tmp_path / "run"
     save(make_plan(dp=2), plan_path)
@@ -64,6 +71,7 @@ def start_cli_run(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=_sigint_as_in_a_terminal,
         # faulthandler: finish() aborts a launcher that outlives its time, and every thread's stack is printed
         env=dict(os.environ, PYTHONPATH=str(Path(__file__).parent), PYTHONFAULTHANDLER="1"),
     )
@@ -168,6 +176,7 @@ def test_a_second_signal_while_stopping_is_ignored():
     from meshplan.executor.launch import _interrupt_signals
 
     caught: list[BaseException] = []
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (see above)
     try:
         with _interrupt_signals():
             try:
@@ -178,10 +187,27 @@ def test_a_second_signal_while_stopping_is_ignored():
                 time.sleep(0.2)
     except KeyboardInterrupt as exc:  # caught here, not by pytest, which would end the session
         caught.append(exc)
+    finally:
+        restored = signal.signal(signal.SIGINT, inherited)
     (first,) = caught
     assert isinstance(first, RunInterrupted), repr(first)
     assert first.signum == signal.SIGINT and first.exit_code == 130
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert restored is signal.default_int_handler
+
+
+def test_a_sigint_the_launcher_was_started_ignoring_stays_ignored():
+    """A launcher run as a background job of a non-interactive shell inherits SIGINT ignored, as
+    every process of that job does; its signal handling leaves that as it found it."""
+    from meshplan.executor.launch import _interrupt_signals
+
+    inherited = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with _interrupt_signals():
+            os.kill(os.getpid(), signal.SIGINT)  # ignored: nothing raised
+            time.sleep(0.2)
+            assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, inherited)
 
 
 def test_killed_launcher_takes_every_rank_with_it(tmp_path):
