@@ -98,7 +98,7 @@ def from_dict(cls: type[T], data: Any, path: str = "") -> T:
     precheck = getattr(cls, "precheck", None)
     if precheck is not None:  # e.g. Plan's schema_version, before an old file's fields are read
         precheck(data, path)
-    hints = _hints(cls)
+    hints = _hints(typing.cast(type, cls))
     fields = {f.name: f for f in dataclasses.fields(typing.cast(Any, cls)) if f.init}
     unknown = sorted(set(data) - set(fields))
     if unknown:
