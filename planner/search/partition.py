@@ -16,7 +16,7 @@ from meshplan.planner.cost.pipeline import in_flight, p2p_per_microbatch_s
 from meshplan.planner.rank.layer_cost import LayerCost, recompute_policies, restrict
 from meshplan.planner.rank.stages import RankModel, RankSolution
 from meshplan.planner.rank.tail import last_bucket_params, tail_s
-from meshplan.planner.search.recompute import modes_of, pareto_frontier, solve_frontier, solve_identical
+from meshplan.planner.search.recompute import modes_of, pareto_frontier, solve_frontier, solve_identical, undominated
 
 
 class UniformSplit:
@@ -32,6 +32,7 @@ class UniformSplit:
         self.p2p_s = p2p_per_microbatch_s(ctx, cand, ctx.layers[self.start].output_bytes)
         self._memo: dict[tuple[int, int], tuple[float, dict] | None] = {}
         self._terms: dict[int, tuple] = {}
+        self._options_of: dict[frozenset, list] = {}
         self.static_block = self.block.weights_bytes + self.block.grads_bytes + self.block.optim_bytes
 
     def fixed(self, rank: int) -> list[int]:
@@ -76,6 +77,13 @@ class UniformSplit:
             )
         return self._terms[rank]
 
+    def _phase_options(self, allowed: frozenset) -> list:
+        """The block's undominated recompute options among the modes a phase allows, once per phase."""
+        got = self._options_of.get(allowed)
+        if got is None:
+            got = self._options_of[allowed] = undominated([o for o in self.options if o[0] in allowed])
+        return got
+
     def _solve_rank(self, rank: int, n: int):
         (
             static,
@@ -94,8 +102,8 @@ class UniformSplit:
         base = static + n * self.static_block + (buf1 if n else buf0) + flight * fixed_act
         got = None
         for allowed, transient in self.model.phases([self.start]) if n else [(frozenset(blk.modes), 0.0)]:
-            opts = [o for o in self.options if o[0] in allowed]
-            hit = solve_identical(n, opts, base + transient, flight, self.model.capacity) if opts else None
+            opts = self._phase_options(allowed)
+            hit = solve_identical(n, opts, base + transient, flight, self.model.capacity, True) if opts else None
             if hit is not None and (got is None or hit[0] < got[0]):
                 got = hit
         if got is None:

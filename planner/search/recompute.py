@@ -35,7 +35,7 @@ def _least_x1(n_free: int, fixed_act: float, save1: float, base: float, flight: 
     return guess if guess <= n_free else None
 
 
-def _undominated(options: list[Option]) -> list[Option]:
+def undominated(options: list[Option]) -> list[Option]:
     """Options no other beats on both time and bytes, most bytes (least time) first."""
     keep: list[Option] = []
     for m, t, a in sorted(options, key=lambda o: (o[1], o[2], o[0])):
@@ -45,12 +45,19 @@ def _undominated(options: list[Option]) -> list[Option]:
 
 
 def solve_identical(
-    n: int, options: list[Option], base_bytes: float, in_flight: float, capacity: float
+    n: int,
+    options: list[Option],
+    base_bytes: float,
+    in_flight: float,
+    capacity: float,
+    already_undominated: bool = False,
 ) -> tuple[float, dict[str, int]] | None:
     """Least time of n identical blocks; memory = base_bytes + in_flight x sum(act) <= capacity.
     Returns (time_s of the n blocks, {mode: count}) or None when even the leanest mix OOMs.
-    Options are ordered by saved bytes, most first: o0 (e.g. none), o1 (selective), o2 (full)."""
-    opts = _undominated(options)
+    Options are ordered by saved bytes, most first: o0 (e.g. none), o1 (selective), o2 (full).
+    A caller solving the same options many times passes undominated(options) once and
+    already_undominated=True."""
+    opts = options if already_undominated else undominated(options)
     (m0, t0, a0) = opts[0]
     if n == 0 or len(opts) == 1:
         ok = fits(base_bytes + in_flight * n * a0, capacity)
