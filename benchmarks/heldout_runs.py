@@ -2,17 +2,25 @@
 parser and request builder as `meshplan plan`): nothing in the model was set from these rows.
 
 Run alone: `python -m benchmarks.heldout_runs [--out DIR]` (a few seconds; writes DIR/heldout_runs.md
-and prints the table). Rows: torchtitan's benchmarks/llama3_h100_202412_torchtitan.md (Llama 3.1
-8B / 70B / 405B on H100 96 GB HBM2e at 500 W, Grand Teton; torch, torchao, torchtitan of
-2024-12), each with `--runtime torchtitan` and what the row states (FSDP/TP/PP/CP degrees, local
-batch, activation checkpointing, torch.compile, Float8, async TP). PP rows are predicted with
-`--zero 2`: torchtitan's default reshard policy keeps parameters gathered under PP (README). The
-rows state the local batch, not the microbatch: torchtitan at the benchmarks' commit (9dec370,
-2024-12-26) splits it into pipeline_parallel_degree microbatches when
-pipeline_parallel_microbatches is unset, whatever the schedule (parallelisms/pipelining_utils.py
-build_pipeline_schedule; one per stage of the whole pipeline only from 90567fc, 2025-01-07), and
-runs two stages per rank for a looped schedule such as Interleaved1F1B (generate_split_points),
-which `torchtitan_pp_pins` writes as --microbatch and --virtual-stages.
+and prints the table). Rows: torchtitan's published benchmarks (pytorch/torchtitan benchmarks/),
+each with `--runtime torchtitan`, the cluster preset of the hardware its file describes, and what
+the row states (FSDP/TP/PP/CP degrees, local batch, activation checkpointing, torch.compile,
+Float8, async TP):
+- llama3_h100_202412_torchtitan.md: Llama 3.1 8B / 70B / 405B on H100 96 GB HBM2e at 500 W (Grand
+  Teton; torch, torchao, torchtitan of 2024-12). PP rows are predicted with `--zero 2`:
+  torchtitan's default reshard policy keeps parameters gathered under PP (README). The rows state
+  the local batch, not the microbatch: torchtitan at the benchmarks' commit (9dec370, 2024-12-26)
+  splits it into pipeline_parallel_degree microbatches when pipeline_parallel_microbatches is
+  unset, whatever the schedule (parallelisms/pipelining_utils.py build_pipeline_schedule; one per
+  stage of the whole pipeline only from 90567fc, 2025-01-07), and runs two stages per rank for a
+  looped schedule such as Interleaved1F1B (generate_split_points), which `torchtitan_pp_pins`
+  writes as --microbatch and --virtual-stages.
+- asyncTP_llama3_h100_2025-06_torchtitan.md: Llama 3.1 70B (FSDP 32 x TP 8, full AC, local batch
+  16) and 8B (FSDP 8 x TP 8, per-op selective AC, local batch 12) on the same H100s with
+  torch.compile, vanilla and async TP, bf16 and Float8 tensorwise (its Float8 rowwise rows are
+  left out: `--precision fp8` is the tensorwise recipe). No memory is stated.
+- llama3-8b_h200_202506_trainy-whitefiber.md: Llama 3.1 8B FSDP on 32 and 64 H200 (the repo's
+  llama3_8b.toml at e7c0cae: seq 8192, per-op selective AC; local batch 2, compile, Float8).
 """
 
 from __future__ import annotations
@@ -25,7 +33,12 @@ import os
 
 from meshplan.cli import main
 
-SOURCE = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md"
+SOURCES = {
+    "2024-12": ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md", "h100-96g"),
+    "2025-06 async TP": ("pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md", "h100-96g"),
+    "2025-06 H200": ("pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md", "h200-141g"),
+}
+"""Short name -> (benchmark file, the cluster preset of the hardware it describes)."""
 SHAPES = {
     "8B": "layers=32 hidden=4096 heads=32 kv_heads=8 ffn_hidden=14336 vocab=128256",
     "70B": "layers=80 hidden=8192 heads=64 kv_heads=8 ffn_hidden=28672 vocab=128256",
@@ -51,9 +64,10 @@ def torchtitan_pp_pins(local_batch: int, pp: int, schedule: str) -> str:
 def _rows() -> list[dict]:
     rows = []
 
-    def add(table, label, model, seq, gpus, batch, pins, measured_tps, measured_gib):
+    def add(table, label, model, seq, gpus, batch, pins, measured_tps, measured_gib, source="2024-12"):
         rows.append(
             dict(
+                source=source,
                 table=table,
                 label=label,
                 model=model,
@@ -116,7 +130,43 @@ def _rows() -> list[dict]:
             tps,
             gib,
         )
+    _async_tp_rows(add)
+    for nodes, tps, gib in ((4, 10938, 47.96), (8, 10753, 46.97)):
+        gpus = 8 * nodes
+        pins = f"{FSDP_SEL} --dp {gpus} {FP8}"
+        add(1, f"FSDP, {nodes} nodes", "8B", 8192, gpus, 2 * gpus, pins, tps, gib, source="2025-06 H200")
     return rows
+
+
+def _async_tp_rows(add) -> None:
+    """asyncTP_llama3_h100_2025-06_torchtitan.md: vanilla and async TP, bf16 and Float8 tensorwise."""
+    shapes = (  # (table, model, GPUs, fsdp, local batch, AC, ((precision, vanilla, async), ...))
+        (1, "70B", 256, 32, 16, "full", (("bf16", 597.3, 652.4), ("Float8", 809.8, 942.4))),
+        (2, "8B", 64, 8, 12, "selective", (("bf16", 4378, 4809.4), ("Float8", 5078.1, 5570.1))),
+    )
+    for table, model, gpus, fsdp, local, ac, runs in shapes:
+        base = (
+            f"--tp 8 --pp 1 --dp {fsdp} --zero 3 --microbatch {local} --recompute {ac} "
+            "--sequence-parallel --schedule 1f1b --compile"
+        )
+        for precision, vanilla, async_tp in runs:
+            flags = f"{base} --precision fp8" if precision == "Float8" else base
+            for label, overlap, tps in (
+                ("TP", "--no-overlap-tp-comm", vanilla),
+                ("async TP", "--overlap-tp-comm", async_tp),
+            ):
+                add(
+                    table,
+                    f"{precision} {label}",
+                    model,
+                    8192,
+                    gpus,
+                    local * fsdp,
+                    f"{flags} {overlap}",
+                    tps,
+                    None,
+                    "2025-06 async TP",
+                )
 
 
 def command(row: dict) -> list[str]:
@@ -128,7 +178,7 @@ def command(row: dict) -> list[str]:
         *SHAPES[row["model"]].split(),
         f"seq={row['seq']}",
         "--cluster",
-        "h100-96g",
+        SOURCES[row["source"]][1],
         "--num-gpus",
         str(row["gpus"]),
         "--global-batch",
@@ -155,30 +205,38 @@ def predict(row: dict) -> dict:
 
 def markdown(results: list[tuple[dict, dict]]) -> str:
     lines = [
-        f"# Held-out runs through the CLI ({SOURCE})",
+        "# Held-out runs through the CLI (torchtitan's published benchmarks)",
         "",
-        "Predicted by `python -m benchmarks.heldout_runs` with `meshplan estimate --runtime torchtitan` and the",
-        "row's stated settings on `--cluster h100-96g`; error = predicted / measured - 1. Nothing is fitted to them.",
+        "Predicted by `python -m benchmarks.heldout_runs` with `meshplan estimate --runtime torchtitan`, the",
+        "row's stated settings and the cluster preset of its hardware; error = predicted / measured - 1.",
+        "Nothing is fitted to them. Sources (pytorch/torchtitan):",
         "",
-        "| table | model | GPUs | seq | run | measured tok/s/GPU | predicted | error | measured GiB | predicted GiB |",
-        "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|",
+        *(f"- {name}: {path} (`--cluster {cluster}`)" for name, (path, cluster) in SOURCES.items()),
+        "",
+        "| source | table | model | GPUs | seq | run | measured tok/s/GPU | predicted | error | measured GiB | predicted GiB |",
+        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
-    errors = []
+    errors: dict[str, list[float]] = {}
     for row, got in results:
         head = (
-            f"| {row['table']} | {row['model']} | {row['gpus']} | {row['seq']} | {row['label']} | {row['measured']:,} |"
+            f"| {row['source']} | {row['table']} | {row['model']} | {row['gpus']} | {row['seq']} | {row['label']} "
+            f"| {row['measured']:,} |"
         )
+        gib = "" if row["measured_gib"] is None else row["measured_gib"]
         if "error" in got:
-            lines.append(f"{head} {got['error']} | | {row['measured_gib']} | |")
+            lines.append(f"{head} {got['error']} | | {gib} | |")
             continue
         err = got["tps"] / row["measured"] - 1
-        errors.append(abs(err))
+        errors.setdefault(row["source"], []).append(abs(err))
         oom = " (OOM)" if got["binding"].startswith("OOM") else ""
-        lines.append(f"{head} {got['tps']:,.0f} | {err:+.1%} | {row['measured_gib']} | {got['gib']:.1f}{oom} |")
-    if errors:
+        lines.append(f"{head} {got['tps']:,.0f} | {err:+.1%} | {gib} | {got['gib']:.1f}{oom} |")
+    every = [e for errs in errors.values() for e in errs]
+    if every:
         lines += [
             "",
-            f"Mean abs throughput error {sum(errors) / len(errors):.1%}, max {max(errors):.1%}, over {len(errors)} rows.",
+            f"Mean abs throughput error {sum(every) / len(every):.1%}, max {max(every):.1%}, over {len(every)} rows"
+            + "".join(f"; {name}: {sum(e) / len(e):.1%} over {len(e)}" for name, e in errors.items())
+            + ".",
         ]
     return "\n".join(lines) + "\n"
 
