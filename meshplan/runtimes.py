@@ -371,6 +371,13 @@ ROWS: tuple[Row, ...] = (
         ),
     ),
     Row(
+        name="fsdp_reduce_every_microbatch",
+        meaning="ZeRO-2/3 reduce-scatter each microbatch's gradients into the shards (else unsharded fp32 "
+        "gradients accumulate until the last microbatch, then one reduce-scatter); under torch pipelining "
+        "always the latter",
+        flags="(--runtime)",
+    ),
+    Row(
         name="cp_kv_exchange",
         meaning="how context parallelism moves K and V: ring = each step's block sent on while that step "
         "computes, at the model's kv_heads; all_gather = every rank's K and V gathered at the first step, "
@@ -521,6 +528,11 @@ RUNTIMES: dict[str, Runtime] = {
                 value=False, source="models/zoo: wq, wk, wv and w1, w3 are separate nn.Linear"
             ),
             "zero3_prefetch_elems": _FSDP2_PREFETCH,
+            "fsdp_reduce_every_microbatch": Behaviour(
+                value=False,
+                source="executor/parallelize.py: set_requires_gradient_sync(False) on every microbatch but the last "
+                "(FSDP2 keeps unsharded fp32 gradients until then)",
+            ),
             "zero3_gather": _FSDP2_GATHER,
             "cp_kv_exchange": Behaviour(
                 value="all_gather",
@@ -603,6 +615,12 @@ RUNTIMES: dict[str, Runtime] = {
                 value=False, source="torchtitan models/llama3/model.py: Attention wq, wk, wv; FeedForward w1, w2, w3"
             ),
             "zero3_prefetch_elems": _FSDP2_PREFETCH,
+            "fsdp_reduce_every_microbatch": Behaviour(
+                value=True,
+                source="train.py: gradient accumulation runs forward_backward_step per microbatch and leaves FSDP2's "
+                "gradient sync on (only the chunked loss toggles it, for the lm_head), so every backward "
+                "reduce-scatters; under PP, pipelining's backward_maybe_with_nosync defers to the last",
+            ),
             "zero3_gather": _FSDP2_GATHER,
             "cp_kv_exchange": Behaviour(
                 value="all_gather",
@@ -674,6 +692,7 @@ RUNTIMES: dict[str, Runtime] = {
                 source="megatron/model/transformer.py: ParallelAttention query_key_value, one ColumnParallelLinear",
             ),
             "zero3_prefetch_elems": Behaviour(value=0, source="not applicable: no ZeRO-3"),
+            "fsdp_reduce_every_microbatch": Behaviour(value=None, source="not applicable: no ZeRO-2/3"),
             "zero3_gather": Behaviour(value="layer", source="not applicable: no ZeRO-3"),
             "cp_kv_exchange": Behaviour(value="ring", source="not applicable: no context parallelism"),
             "model_source": Behaviour(
@@ -754,6 +773,7 @@ RUNTIMES: dict[str, Runtime] = {
                 source="megatron/core/transformer: linear_qkv; linear_fc1 holds gate and up (gated linear unit)",
             ),
             "zero3_prefetch_elems": Behaviour(value=0, source="not applicable: distributed optimizer (ZeRO-1) only"),
+            "fsdp_reduce_every_microbatch": Behaviour(value=None, source="not applicable: no ZeRO-2/3"),
             "zero3_gather": Behaviour(value="layer", source="not applicable: no ZeRO-3"),
             "cp_kv_exchange": Behaviour(
                 value="ring",
@@ -847,6 +867,11 @@ RUNTIMES: dict[str, Runtime] = {
                 value=50_000_000,
                 source="deepspeed/runtime/zero/config.py prefetch_bucket_size = 5e7 (stage3_prefetch_bucket_size: "
                 "'Maximum number of parameter elements to fetch ahead of use')",
+            ),
+            "fsdp_reduce_every_microbatch": Behaviour(
+                value=True,
+                source="ZeRO-2/3 reduce each micro-step's gradients into the fp32 partition during its backward "
+                "(engine.no_sync refuses gradient partitioning)",
             ),
             "zero3_gather": Behaviour(
                 value="module",

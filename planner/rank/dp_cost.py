@@ -138,7 +138,17 @@ class DataParallelCost:
         """The sync method's cost object (planner/methods/sync.py); all but allreduce replace DDP's sync."""
         self.schedule = comm_schedule_cost(self, *cand.method("comm_schedule"))
         """The communication schedule's (planner/methods/comm_schedule.py): bytescheduler replaces DDP's buckets."""
-        self.pipeline_deferred = cand.zero >= 2 and cand.pp > 1 and ctx.spec.state.fsdp_full_grad_accumulation
+        self.unsharded_accumulation = (
+            cand.zero >= 2
+            and ctx.spec.state.fsdp_full_grad_accumulation
+            and (cand.pp > 1 or not ctx.spec.fsdp_reduce_every_microbatch)
+        )
+        """ZeRO-2/3 gradients of every microbatch but the last accumulate unsharded in fp32 and are
+        reduce-scattered once per step (FSDP2 with set_requires_gradient_sync(False): meshplan's
+        executor, and torch pipelining under any runtime); else every microbatch's backward
+        reduce-scatters into the shards (torchtitan without PP, DeepSpeed: the runtime behaviour
+        fsdp_reduce_every_microbatch), holding no unsharded copy."""
+        self.pipeline_deferred = self.unsharded_accumulation and cand.pp > 1
         """FSDP2 under torch.distributed.pipelining: the stage's gradient reduce-scatter runs after
         its last backward, not during it (_deferred_scatter_s)."""
 
@@ -152,7 +162,7 @@ class DataParallelCost:
         if self.zero == 2 and self.shard > 1 and self._shards_weights():
             weights += local * fsdp_width(self.ctx)  # FSDP2 ZeRO-2: the gathered copy stays forward to backward
         grads = grad_local * g / (self.shard if self.zero >= 2 else 1) + grad_local * self._ddp_bucket_bytes_per_param()
-        if self.zero >= 2 and self.shard > 1 and m > 1 and self.ctx.spec.state.fsdp_full_grad_accumulation:
+        if self.zero >= 2 and self.shard > 1 and m > 1 and self.unsharded_accumulation:
             grads += grad_local * g  # unsharded fp32 gradients accumulated across microbatches
         optim = grad_local * o / self.cand.state_shard
         weights, grads, optim = self.offload_cost.state_bytes(
@@ -207,26 +217,28 @@ class DataParallelCost:
 
     def _fsdp_comm_s(self, layer: LayerProfile, split: int, local: float, b: int, m: int) -> tuple[float, bool, float]:
         """Per microbatch: weight all-gathers (ZeRO-3: forward and backward) every microbatch; the
-        gradient reduce-scatter (and HSDP's replica all-reduce) only after the last one (FSDP2
-        with set_requires_gradient_sync(False) while accumulating), i.e. 1/m of it. ZeRO-3's
-        gathers come from the in-place measurement (profiler/insitu.py "zero3@D") where there is one.
+        gradient reduce-scatter (and HSDP's replica all-reduce) every microbatch, or only after the
+        last one where gradients accumulate unsharded (unsharded_accumulation), i.e. 1/m of it.
+        ZeRO-3's gathers come from the in-place measurement (profiler/insitu.py "zero3@D") where
+        there is one.
         The third value is the part of the gathers that waits on the critical path
         (_unprefetched_share)."""
         if self.zero < 2 or self.shard <= 1:
             return 0.0, False, 0.0
         grad_local = trainable(layer).num_params / split  # frozen weights are gathered, never reduced
         scatter = 0.0 if self.pipeline_deferred else self._scatter_s(grad_local)  # then once per step
+        scatter /= m if self.unsharded_accumulation else 1
         ctx = self.ctx
         offload = self._offload_s(local) if self.offload else 0.0
         fw = layer.framework_overhead_s if ctx.measured else {}
         measured = in_place_overhead_s(fw, f"zero3@{self.shard}", b) if self.zero == 3 and fw else None
         if measured is not None:
-            return measured + scatter / m + offload, True, 0.0
+            return measured + scatter + offload, True, 0.0
         gather = self._gather_s(layer, local)
         again = self.zero == 3 and (layer.num_params > layer.num_frozen_params or self._after_trainable(layer))
         gathers = (2 if again else 1) * gather
         exposed = gathers * self._unprefetched_share(local) if self.zero == 3 else 0.0
-        return gathers + scatter / m + offload, False, exposed
+        return gathers + scatter + offload, False, exposed
 
     def _scatter_s(self, grad_params: float) -> float:
         """The ZeRO-2/3 gradient reduce-scatter of `grad_params` unsharded gradients over the shard
@@ -390,11 +402,12 @@ class DataParallelCost:
             gathers = [m * (1 + (self.zero == 3 and again)) for again in self._gathered_in_backward(gathered)]
             gather_bytes = sum(n * width * gathered_elems(lp, s, self.shard) for n, (lp, s) in zip(gathers, gathered))
             paged = sum(n * padded_shard_elems(lp, s, self.shard) for n, (lp, s) in zip(gathers, gathered))
-            out["dp_shard"] = wire_bytes("all_gather", self.shard, gather_bytes) + wire_bytes(
+            reductions = 1 if self.unsharded_accumulation else m  # once per step, or every microbatch
+            out["dp_shard"] = wire_bytes("all_gather", self.shard, gather_bytes) + reductions * wire_bytes(
                 "reduce_scatter", self.shard, self.shard * shard_bytes
             )
             if self.replicas > 1:
-                out["dp_replicate"] = wire_bytes("all_reduce", self.replicas, shard_bytes)
+                out["dp_replicate"] = reductions * wire_bytes("all_reduce", self.replicas, shard_bytes)
         if (
             self.sync.replaces_ddp and self.zero <= 1 and self.replicas > 1
         ):  # its own exchange (planner/methods/sync.py)
