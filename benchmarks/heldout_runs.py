@@ -21,6 +21,11 @@ Float8, async TP):
   left out: `--precision fp8` is the tensorwise recipe). No memory is stated.
 - llama3-8b_h200_202506_trainy-whitefiber.md: Llama 3.1 8B FSDP on 32 and 64 H200 (the repo's
   llama3_8b.toml at e7c0cae: seq 8192, per-op selective AC; local batch 2, compile, Float8).
+And one run of another FSDP2 stack on torch, predicted as `--runtime torchtitan` (the runtime row
+of FSDP2 with torch's context parallelism): NeMo AutoModel's Llama 3.1 70B pretraining benchmark
+(NVIDIA-NeMo/Automodel docs/performance-summary.mdx, DGX-H100 BF16; its recipe
+custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml: FSDP 32 x CP 2, seq 8192, local batch 1 with
+4 accumulation steps, activation checkpointing per layer, compile, gradient sync every microbatch).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ SOURCES = {
     "2024-12": ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md", "h100-96g"),
     "2025-06 async TP": ("pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md", "h100-96g"),
     "2025-06 H200": ("pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md", "h200-141g"),
+    "NeMo AutoModel": ("NVIDIA-NeMo/Automodel docs/performance-summary.mdx (pretraining, DGX-H100 BF16)", "h100-80g"),
 }
 """Short name -> (benchmark file, the cluster preset of the hardware it describes)."""
 SHAPES = {
@@ -135,6 +141,8 @@ def _rows() -> list[dict]:
         gpus = 8 * nodes
         pins = f"{FSDP_SEL} --dp {gpus} {FP8}"
         add(1, f"FSDP, {nodes} nodes", "8B", 8192, gpus, 2 * gpus, pins, tps, gib, source="2025-06 H200")
+    automodel = "--tp 1 --pp 1 --dp 32 --cp 2 --zero 3 --microbatch 1 --recompute full --schedule 1f1b --compile"
+    add(1, "FSDP 32 CP 2, 4 accumulation steps", "70B", 8192, 64, 128, automodel, 866.77, None, "NeMo AutoModel")
     return rows
 
 
@@ -205,11 +213,11 @@ def predict(row: dict) -> dict:
 
 def markdown(results: list[tuple[dict, dict]]) -> str:
     lines = [
-        "# Held-out runs through the CLI (torchtitan's published benchmarks)",
+        "# Held-out runs through the CLI (torchtitan's published benchmarks, and one FSDP2 run of NeMo AutoModel)",
         "",
         "Predicted by `python -m benchmarks.heldout_runs` with `meshplan estimate --runtime torchtitan`, the",
         "row's stated settings and the cluster preset of its hardware; error = predicted / measured - 1.",
-        "Nothing is fitted to them. Sources (pytorch/torchtitan):",
+        "Nothing is fitted to them. Sources:",
         "",
         *(f"- {name}: {path} (`--cluster {cluster}`)" for name, (path, cluster) in SOURCES.items()),
         "",
