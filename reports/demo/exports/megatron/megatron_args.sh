@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: gpt-tiny on 4 x local-cpu
-# plan decisions hash 7f6394ef357ea441; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
-# global batch 16 = micro 4 x accumulation 1 x data-parallel 4; seq_len 32
+# plan decisions hash d7146a8fe5109765; mesh pp=2 dp_replicate=2 dp_shard=1 cp=1 tp=1
+# global batch 16 = micro 4 x accumulation 2 x data-parallel 2; seq_len 32
 # predict it: meshplan estimate --import THIS_FILE --model gpt-tiny --cluster local-cpu --runtime meshplan
 # WARNING: the prediction was made for runtime meshplan; megatron runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime megatron-lm or megatron-core
 # launch: one node of 4 devices
-# Megatron derives data-parallel size = 4 / (tp x pp x cp) = 4 and gradient accumulation = 16 / (4 x 4) = 1
+# Megatron derives data-parallel size = 4 / (tp x pp x cp) = 2 and gradient accumulation = 16 / (4 x 2) = 2
 MESHPLAN_ARGS=(
     --tensor-model-parallel-size 1
-    --pipeline-model-parallel-size 1
+    --pipeline-model-parallel-size 2
     --context-parallel-size 1
+    --account-for-embedding-in-pipeline-split
+    --account-for-loss-in-pipeline-split
+    --num-virtual-stages-per-pipeline-rank 3
     --micro-batch-size 4
     --global-batch-size 16
     --seq-length 32
