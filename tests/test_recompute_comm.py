@@ -1,5 +1,8 @@
-"""Selective recompute never repeats a tensor-parallel collective (the cost model charges it none):
-the gloo collectives of one forward+backward of a TP block are counted on 2 real ranks."""
+"""Which tensor-parallel collectives a recompute repeats, counted on 2 real gloo ranks over one
+forward+backward of a TP block: the executor's selective recompute (the attention core) repeats
+none, which the cost model charges none; torchtitan's op-level policy keeps reduce_scatter outputs
+only, so its recompute runs the forward's all-gathers (with sequence parallelism) or all-reduces
+(without) again, which the cost model charges (layer_cost._selective_tp_rerun)."""
 
 from __future__ import annotations
 
@@ -18,6 +21,39 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _torchtitan_op_policy():
+    """torchtitan's selective op policy (models/llama3 parallelize_llama `_save_list`,
+    `_custom_policy`): save mm outputs but every second one, SDPA outputs, reduce_scatter_tensor
+    and max; recompute everything else."""
+    import collections
+
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    ops = torch.ops
+    save = {
+        ops.aten.mm.default,
+        ops.aten._scaled_dot_product_efficient_attention.default,
+        ops.aten._scaled_dot_product_flash_attention.default,
+        ops._c10d_functional.reduce_scatter_tensor.default,
+        ops.aten.max.default,
+    }
+
+    def context():
+        meta = collections.defaultdict(int)
+
+        def policy(ctx, func, *args, **kwargs):
+            key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
+            if func == ops.aten.mm.default:
+                meta[key] += 1
+            keep = func in save and not (func == ops.aten.mm.default and meta[key] % 2 == 0)
+            return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+        return create_selective_checkpoint_contexts(policy)
+
+    return context
+
+
 def _count(rank: int, port: int, sp: bool, queue) -> None:
     import torch
     import torch.distributed as dist
@@ -34,15 +70,28 @@ def _count(rank: int, port: int, sp: bool, queue) -> None:
     rule = profile_model("gpt-tiny", None, device="meta").layers[1].tp
     mesh = init_device_mesh("cpu", (2,))
     counts = {}
-    for mode in ("none", "selective", "full"):
+    for mode in ("none", "selective", "full", "op"):
         model = build_model("gpt-tiny", None, "cpu", 0)
         apply_tp(model, {"layers.0": rule}, mesh, sp)
-        apply_ac(model, {"layers.0": mode})
+        block = model.layers["0"]
+        if mode == "op":
+            from torch.utils.checkpoint import checkpoint
+
+            context_fn = _torchtitan_op_policy()
+
+            def run(x, block=block, context_fn=context_fn):
+                return checkpoint(block, x, use_reentrant=False, context_fn=context_fn)
+        else:
+            apply_ac(model, {"layers.0": mode})
+            run = model.layers["0"]
         x = torch.randn(2, 32, 64, requires_grad=True)
-        model.layers["0"](x).float().sum().backward()  # warm-up outside the count
+        run(x).float().sum().backward()  # warm-up outside the count
         with profile() as prof:
-            model.layers["0"](x).float().sum().backward()
-        counts[mode] = sum(1 for e in prof.events() if e.name.startswith("gloo:"))
+            run(x).float().sum().backward()
+        counts[mode] = {
+            kind: sum(1 for e in prof.events() if e.name.startswith(f"gloo:{kind}"))
+            for kind in ("all_gather", "reduce_scatter", "all_reduce", "")
+        }
     queue.put((rank, counts))
     dist.barrier()
     dist.destroy_process_group()
@@ -60,6 +109,16 @@ def test_selective_recompute_does_not_repeat_collectives(sp):
     for p in procs:
         p.join(timeout=60)
     for counts in results.values():
-        assert counts["none"] > 0
-        assert counts["selective"] == counts["none"], counts
-        assert counts["full"] > counts["none"], counts  # full recompute repeats the forward ones
+        total = {mode: c[""] for mode, c in counts.items()}
+        assert total["none"] > 0
+        assert total["selective"] == total["none"], counts
+        assert total["full"] > total["none"], counts  # full recompute repeats the forward ones
+        # torchtitan's op policy reruns the forward's all-gathers (SP) or all-reduces (no SP), as a
+        # full recompute does, and keeps the reduce-scatters (gloo runs them as all-reduces): what
+        # layer_cost._selective_tp_rerun charges (half the forward volume with SP, all of it without)
+        rerun = "all_gather" if sp else "all_reduce"
+        extra = counts["op"][rerun] - counts["none"][rerun]
+        assert extra > 0 and extra == counts["full"][rerun] - counts["none"][rerun], counts
+        if sp:
+            assert counts["op"]["all_reduce"] == counts["none"]["all_reduce"], counts
+            assert counts["full"]["all_reduce"] > counts["none"]["all_reduce"], counts

@@ -296,16 +296,28 @@ def base_cost(ctx: Context, layer: LayerProfile, b: int, tp: int, sp: bool, cp: 
     tp_wrap = wrapper_overheads_s(ctx, layer, split, 0, 1)[0]
     tp_in_place = _in_place_tp(ctx, layer, b, split, sp, cp, tp_fwd)
     modes = {}
+    runs = {"none": 1.0, "selective": 1.0 + _selective_tp_rerun(ctx, sp), "full": 2.0}  # forward TP collectives
     for mode in allowed_modes(ctx, layer):
         extra = fwd + full_machinery if mode == "full" else sel + sel_machinery if mode == "selective" else 0.0
         tp_s = (
             tp_in_place[mode]
             if tp_in_place is not None
-            else ((1 - tp_hidden) * (tp_fwd * (2 if mode == "full" else 1) + tp_bwd) + tp_wrap)
+            else ((1 - tp_hidden) * (tp_fwd * runs[mode] + tp_bwd) + tp_wrap)
         )
         modes[mode] = (fwd + bwd, extra, tp_s, activation_bytes(ctx, layer, mode, b, split, cp, sp))
     cp_s = {mode: cp_fwd * (2 if mode == "full" else 1) + cp_bwd for mode in modes}
     return BaseCost(modes=modes, cp_s=cp_s, backward_s=bwd, split=split)
+
+
+def _selective_tp_rerun(ctx: Context, sp: bool) -> float:
+    """Share of a block's forward tensor-parallel collectives that --recompute selective runs again.
+    torchtitan's op-level policy (planner/sac.py) keeps the outputs of reduce_scatter_tensor and
+    recomputes every other op of the block, collectives included: under sequence parallelism its two
+    all-gathers (half the forward volume: each all-gather moves what its reduce-scatter does),
+    without it the all-reduces. The attention-core policy (Megatron) recomputes no collective."""
+    if not ctx.spec.op_level_selective:
+        return 0.0
+    return 0.5 if sp else 1.0
 
 
 def layer_cost(
