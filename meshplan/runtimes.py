@@ -61,9 +61,14 @@ class StateLayout:
     """Bytes per parameter of the optimizer states (and an fp32 master copy), unsharded."""
     optimizer_step_bytes: int
     """HBM bytes the optimizer step moves per parameter. Fused Adam reads weights, grads, m, v (16)
-    and writes weights, m, v (12). Megatron-LM also reads the fp32 main grads for the global-norm
-    clip (4), zeroes them (4) and copies the fp32 master weights to the bf16 model (4 + 2). DeepSpeed
-    (reads 16-bit grads, writes 16-bit weights beside the fp32 master) is counted as torch."""
+    and writes weights, m, v (12): 28. Megatron-LM also reads the fp32 main grads for the global-norm
+    clip (4), zeroes them (4) and copies the fp32 master weights to the bf16 model (4 + 2): 42.
+    torch's AdamW as meshplan's executor and torchtitan at 9dec370 build it (no fused=True, so the
+    foreach implementation, torch/optim/adam.py _multi_tensor_adam) runs eight fp32 passes:
+    weight decay on the weights (8), m lerp (12), v scale (8), v addcmul of the grad squared (16),
+    sqrt, divide and eps add into a temporary (8 + 8 + 8), the weight addcdiv (16): 84, and the
+    foreach global-norm clip reads the grads (4) and rescales them (8): 96. DeepSpeed's FusedAdam
+    (reads 16-bit grads, writes 16-bit weights beside the fp32 master) is counted as fused: 28."""
     loss_passes: tuple[float, float]
     """(forward, backward) times the loss moves the head's fp32 logits through HBM, in fp32-logit
     sizes. Megatron-LM's vocab-parallel cross-entropy: cast from bf16 (read 1/2, write 1), max (1),
@@ -159,7 +164,7 @@ def _layout(
 
 
 STATE_LAYOUTS: dict[str, StateLayout] = {
-    "torch": _layout("torch", 4, 4, 8, 28),
+    "torch": _layout("torch", 4, 4, 8, 96),
     "megatron": _layout("megatron", 2, 4, 12, 42, megatron=True, torch_buffers=False),
     "zero": _layout("zero", 2, 2, 12, 28, torch_buffers=False, zero2_shards_weights=False),
 }

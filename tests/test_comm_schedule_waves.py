@@ -347,11 +347,13 @@ def test_wavelet_refuses_an_odd_microbatch():
 @pytest.mark.parametrize("layers,mem_gib", [(2, 16.0), (2, 17.0), (3, 20.0)])
 def test_search_equals_brute_force_with_bytescheduler(layers, mem_gib):
     """Where ByteScheduler wins, even by fitting without DDP's bucket copy (16 GiB: only with it,
-    and with recompute), the search equals brute force over every split, recompute choice and
-    schedule (planner/search/bruteforce.py prices the tuned ByteScheduler of each candidate too)."""
+    and with recompute), the search equals brute force over every recompute choice, microbatch and
+    schedule (planner/search/bruteforce.py prices the tuned ByteScheduler of each candidate too).
+    Pure data parallelism (pp 1): ByteScheduler replaces DDP's buckets there, while a pipeline,
+    which splits the replicas' foreach AdamW step over its stages, wins the 3-layer model."""
     from planner_profiles import brute_force_best, cluster, small_gpt
 
-    request = PlanRequest(num_gpus=4, global_batch=8, top_k=3, zero=0, tp=1)
+    request = PlanRequest(num_gpus=4, global_batch=8, top_k=3, zero=0, tp=1, pp=1)
     brute, per_candidate = brute_force_best(small_gpt(layers), cluster(4, mem_gib), request)
     plan = search(small_gpt(layers), cluster(4, mem_gib), request)
     assert plan.dp_methods.comm_schedule.name == "bytescheduler"
