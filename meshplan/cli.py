@@ -223,10 +223,14 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(self.prog, self.format_usage(), message)
 
 
+def verb_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Verb name -> its subparser."""
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
 def verb_parser(parser: argparse.ArgumentParser, verb: str) -> argparse.ArgumentParser:
     """The subparser of `verb`."""
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return sub.choices[verb]
+    return verb_parsers(parser)[verb]
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -272,7 +276,7 @@ def _print_error(verb: str | None, exc: Exception, as_json: bool) -> None:
         print(json.dumps({"error": obj}, indent=2))
     if isinstance(exc, UsageError):  # one line, as every other mistake (docs/errors.md); not argparse's usage block
         prog = exc.prog
-        verbs = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+        verbs = verb_parsers(build_parser())
         if prog == "meshplan" and verb in verbs:  # a verb's unknown flag is found by the top parser
             prog = verbs[verb].prog
         print(f"{prog}: error: {exc} ({prog} --help lists the flags)", file=sys.stderr)
