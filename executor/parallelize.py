@@ -162,9 +162,12 @@ class Parallelized:
 
     def _accumulated(self, inputs, targets) -> torch.Tensor:
         (model,), n = self.parts, self.plan.num_microbatches
+        # ZeRO-2/3 whose plan chose to reduce-scatter every microbatch keeps FSDP2's sync on: no
+        # unsharded gradients are held (runtime behaviour fsdp_reduce_every_microbatch)
+        each = self.plan.zero_stage >= 2 and bool(self.plan.runtime_behaviours.get("fsdp_reduce_every_microbatch"))
         total = torch.zeros((), device=self.device)  # no host sync per microbatch on GPU
         for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
-            with _grad_sync(model, last=i == n - 1):
+            with _grad_sync(model, last=each or i == n - 1):
                 with self._phase("forward"):
                     loss = self.loss_fn(model(x.to(self.device)), y.to(self.device)) / n
                 with self._phase("backward"):
@@ -190,7 +193,8 @@ class GradientSyncToggle(Protocol):
 
 
 def _grad_sync(model: nn.Module, last: bool):
-    """No gradient reduction on all but the last microbatch (DDP no_sync / FSDP2 flag)."""
+    """No gradient reduction on all but the last microbatch (DDP no_sync / FSDP2 flag); `last`
+    True keeps it on."""
     if isinstance(model, dp_.DDP):
         return contextlib.nullcontext() if last else model.no_sync()
     if isinstance(model, GradientSyncToggle):

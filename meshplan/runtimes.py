@@ -20,6 +20,9 @@ from meshplan import dp_methods
 
 NAMES = ("meshplan", "torchtitan", "megatron-lm", "megatron-core", "deepspeed")
 DEFAULT = "meshplan"
+PLANNED = "planned"
+"""A behaviour value the search chooses per plan (fsdp_reduce_every_microbatch of meshplan's own
+executor); the plan's runtime_behaviours record the choice."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -378,8 +381,8 @@ ROWS: tuple[Row, ...] = (
     Row(
         name="fsdp_reduce_every_microbatch",
         meaning="ZeRO-2/3 reduce-scatter each microbatch's gradients into the shards (else unsharded fp32 "
-        "gradients accumulate until the last microbatch, then one reduce-scatter); under torch pipelining "
-        "always the latter",
+        "gradients accumulate until the last microbatch, then one reduce-scatter; planned: the search picks "
+        "per plan); under torch pipelining always the latter",
         flags="(--runtime)",
     ),
     Row(
@@ -534,9 +537,10 @@ RUNTIMES: dict[str, Runtime] = {
             ),
             "zero3_prefetch_elems": _FSDP2_PREFETCH,
             "fsdp_reduce_every_microbatch": Behaviour(
-                value=False,
-                source="executor/parallelize.py: set_requires_gradient_sync(False) on every microbatch but the last "
-                "(FSDP2 keeps unsharded fp32 gradients until then)",
+                value=PLANNED,
+                source="executor/parallelize.py: chosen per plan without a pipeline: set_requires_gradient_sync(False) "
+                "on every microbatch but the last (unsharded fp32 gradients, one reduce-scatter) where that fits, "
+                "else sync on (each backward reduce-scatters into the shards); under PP always the former",
             ),
             "zero3_gather": _FSDP2_GATHER,
             "cp_kv_exchange": Behaviour(

@@ -113,6 +113,18 @@ def recompute_summary(plan: Plan) -> str:
     return f"per-layer ({modes.count('full')} full, {modes.count('selective')} selective)"
 
 
+def reduces_each_microbatch(plan: Plan) -> bool:
+    """ZeRO-2/3 gradient accumulation without a pipeline that reduce-scatters every microbatch (runtime
+    behaviour fsdp_reduce_every_microbatch) rather than holding unsharded gradients to the last."""
+    return (
+        plan.zero_stage >= 2
+        and plan.num_microbatches > 1
+        and plan.pipeline_parallel_degree == 1
+        and plan.data_parallel_shard_degree * plan.context_parallel_degree > 1
+        and plan.runtime_behaviours.get("fsdp_reduce_every_microbatch") is True
+    )
+
+
 def describe(plan: Plan) -> str:
     """One line: the plan in torchtitan's terms."""
     return (
@@ -120,7 +132,8 @@ def describe(plan: Plan) -> str:
         f"(replicate {plan.data_parallel_replicate_degree}, shard {plan.data_parallel_shard_degree}) "
         f"{f'cp={plan.context_parallel_degree} ' if plan.context_parallel_degree > 1 else ''}"
         f"tp={plan.tensor_parallel_degree}{' +sp' if plan.sequence_parallel else ''} "
-        f"zero={plan.zero_stage} microbatch={plan.microbatch_size} x{plan.num_microbatches} "
+        f"zero={plan.zero_stage}{' (reduce-scatter every microbatch)' if reduces_each_microbatch(plan) else ''} "
+        f"microbatch={plan.microbatch_size} x{plan.num_microbatches} "
         f"schedule={plan.pipeline_schedule}"
         f"{f' v={plan.virtual_stages}' if plan.virtual_stages > 1 else ''} "
         f"recompute={recompute_summary(plan)}"

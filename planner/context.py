@@ -18,6 +18,7 @@ from meshplan.planner.request import ATTENTION, PlanRequest
 from meshplan.planner.runtime_spec import RuntimeSpec, state_layout
 from meshplan.planner.sac import with_selective
 from meshplan.planner.seqscale import with_seq_len
+from meshplan.runtimes import PLANNED
 
 SPLIT_KINDS = ("block", "embedding", "head")
 """TPRule kinds whose parameters, FLOPs and activations tensor parallelism divides by t."""
@@ -42,6 +43,10 @@ class Candidate:
     methods: tuple = ()
     """((axis, name, ((param, value), ...)), ...) for every axis of meshplan/dp_methods.py;
     axes left out take the registry default."""
+    reduce_every_microbatch: bool = False
+    """ZeRO-2/3 without a pipeline where the runtime leaves it to the plan (runtimes.PLANNED,
+    meshplan's executor): each microbatch's backward reduce-scatters into the shards (True) or
+    unsharded fp32 gradients accumulate until the last one (False)."""
 
     @property
     def dp(self) -> int:
@@ -88,7 +93,7 @@ class Candidate:
         elif self.zero == 1:
             data = (1, self.dp)
         else:
-            data = (self.zero, self.dp_shard, self.dp_replicate, self.num_microbatches)
+            data = (self.zero, self.dp_shard, self.dp_replicate, self.num_microbatches, self.reduce_every_microbatch)
         return (self.microbatch, self.tp, self.sequence_parallel, self.cp) + data + (self.methods,)
 
     def layout(self, seq_len: int) -> feasibility.Layout:
@@ -123,7 +128,8 @@ class Candidate:
         methods = "".join(f" {a}={n}" for a, n, _ in self.methods)
         return (
             f"{self.family} b={self.microbatch} m={self.num_microbatches} {sched} "
-            f"zero={self.zero}{' sp' if self.sequence_parallel else ''}{methods}"
+            f"zero={self.zero}{' sp' if self.sequence_parallel else ''}"
+            f"{' reduce-each-microbatch' if self.reduce_every_microbatch else ''}{methods}"
         )
 
 
@@ -274,3 +280,20 @@ class Context:
 
     def tp_split(self, layer: LayerProfile, tp: int) -> int:
         return tp if layer.tp.kind in SPLIT_KINDS else 1
+
+    def reduces_every_microbatch(self, cand: Candidate) -> bool:
+        """Whether ZeRO-2/3 reduce-scatters every microbatch's gradients (runtime behaviour
+        fsdp_reduce_every_microbatch; a planned one is the candidate's choice)."""
+        value = self.spec.fsdp_reduce_every_microbatch
+        return cand.reduce_every_microbatch if value == PLANNED else bool(value)
+
+    def grad_sync_choices(self, zero: int, state_shard: int, num_microbatches: int, pp: int) -> tuple[bool, ...]:
+        """Candidate.reduce_every_microbatch values to search: both where the runtime leaves it to
+        the plan and it matters (ZeRO-2/3 sharded over more than one rank, gradient accumulation, no
+        pipeline: torch pipelining always defers), else the default."""
+        planned = self.spec.fsdp_reduce_every_microbatch == PLANNED
+        return (
+            (False, True)
+            if planned and zero >= 2 and state_shard > 1 and num_microbatches > 1 and pp == 1
+            else (False,)
+        )

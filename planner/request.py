@@ -105,10 +105,11 @@ class PlanRequest:
     """ZeRO-3 all-gather granularity (planner/rank/dp_cost.py): "layer", one per wrapped layer,
     reused by its recompute (FSDP2); "module", one per submodule holding parameters (the layer's TP
     rule children), again for a full recompute's forward (DeepSpeed's parameter coordinator)."""
-    fsdp_reduce_every_microbatch: bool | None = False
+    fsdp_reduce_every_microbatch: bool | str | None = False
     """ZeRO-2/3 reduce-scatter each microbatch's gradients (torchtitan without PP, DeepSpeed); False:
-    unsharded fp32 gradients accumulate until the last microbatch (meshplan's executor, and torch
-    pipelining under any runtime); None: not applicable (no ZeRO-2/3)."""
+    unsharded fp32 gradients accumulate until the last microbatch (torch pipelining under any
+    runtime); "planned" (runtimes.PLANNED, meshplan's executor): the search picks per candidate
+    (Candidate.reduce_every_microbatch); None: not applicable (no ZeRO-2/3)."""
     elementwise: str = "fused"
     """How the runtime runs a block's memory-bound ops (planner/cost/elementwise.py): "fused" kernels (the
     calibration's: Megatron, Transformer Engine), "compiled" (torch.compile) or "eager" torch ops,

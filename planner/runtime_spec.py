@@ -34,8 +34,9 @@ class RuntimeSpec:
     """ZeRO-3 parameter elements fetched ahead of use (0: the next layer whole, FSDP2)."""
     zero3_gather: str
     """"layer" (FSDP2) or "module" (DeepSpeed): ZeRO-3 all-gathers per layer and per recompute."""
-    fsdp_reduce_every_microbatch: bool | None
-    """ZeRO-2/3 reduce-scatter every microbatch (else once, after unsharded accumulation)."""
+    fsdp_reduce_every_microbatch: bool | str | None
+    """ZeRO-2/3 reduce-scatter every microbatch (else once, after unsharded accumulation);
+    "planned": chosen per candidate (Candidate.reduce_every_microbatch)."""
     cp_kv_exchange: str
     """"ring" (p2p per step at kv_heads) or "all_gather" (torch context_parallel, all heads)."""
     zero_stages: tuple[int, ...] | None

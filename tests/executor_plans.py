@@ -38,11 +38,13 @@ def make_plan(
     bucket_mb: int | None = None,
     config: dict | None = None,
     precision: str = "fp32",
+    behaviours: dict | None = None,
     validate: bool = True,
 ) -> Plan:
     """A plan for `model` with the given degrees; dp = dp_replicate, dp_shard for ZeRO-2/3; the
     data-parallel methods by registry name (meshplan/dp_methods.py), parameters defaulted.
-    validate=False builds a plan the feasibility rules refuse (for check_plan's tests)."""
+    validate=False builds a plan the feasibility rules refuse (for check_plan's tests); `behaviours`
+    are runtime_behaviours the executor reads (fsdp_reduce_every_microbatch)."""
     net = build_named_model(model, dict(config or {}), "meta")
     layers = net.layer_names()
     if isinstance(recompute, str):
@@ -70,6 +72,7 @@ def make_plan(
         layers=layers,
         stages=even_stages(layers, pp * virtual),
         recompute=dict(recompute or {}),
+        runtime_behaviours=dict(behaviours or {}),
     )
     if validate:
         plan.validate()

@@ -102,14 +102,18 @@ def zero1(g: int, config=None) -> dict[str, int]:
     return _steps({"dp_replicate": wire_bytes("all_reduce", g, b) + wire_bytes("broadcast", g, b)})
 
 
-def fsdp(shard: int, zero: int, microbatches: int = 1, replicate: int = 1, config=None) -> dict[str, int]:
-    """Per unit: all-gathers of the padded shard, one reduce-scatter of the padded gradient."""
+def fsdp(
+    shard: int, zero: int, microbatches: int = 1, replicate: int = 1, config=None, each: bool = False
+) -> dict[str, int]:
+    """Per unit: all-gathers of the padded shard, one reduce-scatter of the padded gradient (one per
+    microbatch where the plan keeps gradient sync on: `each`)."""
     gathers = (2 if zero == 3 else 1) * microbatches
     total = {"dp_shard": Fraction(0), "dp_replicate": Fraction(0)}
     for unit in _shapes(config).values():
         shard_elems = sum(math.ceil(s[0] / shard) * _numel(s[1:]) for s in unit)
         total["dp_shard"] += gathers * wire_bytes("all_gather", shard, FP32 * shard_elems)
-        total["dp_shard"] += wire_bytes("reduce_scatter", shard, FP32 * shard_elems * shard)
+        scatters = microbatches if each else 1
+        total["dp_shard"] += scatters * wire_bytes("reduce_scatter", shard, FP32 * shard_elems * shard)
         total["dp_replicate"] += wire_bytes("all_reduce", replicate, FP32 * shard_elems)
     return {a: v for a, v in _steps(total).items() if v}
 
@@ -131,6 +135,8 @@ def mean_after_first(steps: list[dict[str, int]], warmup: int = 1) -> dict[str, 
     return {a: round(Fraction(sum(s[a] for s in rest), len(rest))) for a in rest[0]}
 
 
+EACH = {"fsdp_reduce_every_microbatch": True}
+"""A plan that chose to reduce-scatter every microbatch's gradients (meshplan's executor, planned)."""
 PSGD = {"rank": 2, "start_iter": 2, "min_compression_rate": 2.0}
 DENSE = {"min_compression_rate": 1e9}
 
@@ -142,6 +148,11 @@ CASES = {
         "zero2": (dict(dp_shard=2, zero=2), lambda: [fsdp(2, 2)] * STEPS),
         "zero3": (dict(dp_shard=2, zero=3), lambda: [fsdp(2, 3)] * STEPS),
         "zero2_accum": (dict(dp_shard=2, zero=2, microbatches=2), lambda: [fsdp(2, 2, 2)] * STEPS),
+        "zero3_accum_each": (
+            dict(dp_shard=2, zero=3, microbatches=2, behaviours=EACH),
+            lambda: [fsdp(2, 3, 2, each=True)] * STEPS,
+        ),
+        "zero3_accum": (dict(dp_shard=2, zero=3, microbatches=2), lambda: [fsdp(2, 3, 2)] * STEPS),
         "zero3_accum_padded": (
             dict(dp_shard=2, zero=3, microbatches=2, config=PADDED),
             lambda: [fsdp(2, 3, 2, config=PADDED)] * STEPS,
@@ -207,6 +218,7 @@ def estimate_plan(plan):
         zero=plan.zero_stage,
         schedule=plan.pipeline_schedule,
         methods=methods,
+        fsdp_reduce_every_microbatch=plan.runtime_behaviours.get("fsdp_reduce_every_microbatch", False),
     )
     return estimate(profile, local_cpu(plan.world_size), req)
 
@@ -249,6 +261,13 @@ def _max_rel(a: list[float], b: list[float]) -> float:
 @pytest.mark.slow
 def test_powersgd_sending_everything_dense_is_ddp(ws2):
     assert _max_rel(ws2["powersgd_dense"].losses, ws2["ddp"].losses) <= 1e-6
+
+
+@pytest.mark.slow
+def test_reducing_every_microbatch_trains_as_one_reduction(ws2):
+    # the same gradients summed in the shards or unsharded then scattered: the same losses up to
+    # fp32 summation order
+    assert _max_rel(ws2["zero3_accum_each"].losses, ws2["zero3_accum"].losses) <= 1e-5
 
 
 @pytest.mark.slow

@@ -1,19 +1,24 @@
 """ZeRO-2/3 under gradient accumulation, as each runtime runs it (runtime behaviour
-fsdp_reduce_every_microbatch): meshplan's executor turns FSDP2's gradient sync off on every
-microbatch but the last, so unsharded fp32 gradients accumulate and one reduce-scatter follows;
+fsdp_reduce_every_microbatch): meshplan's executor leaves it to the plan, turning FSDP2's gradient
+sync off on every microbatch but the last (unsharded fp32 gradients accumulate, one reduce-scatter
+follows) where that fits and keeping it on where it does not;
 torchtitan's training loop leaves it on (each backward reduce-scatters into the shards, nothing
 unsharded is held) except under torch pipelining, which defers it for any runtime; DeepSpeed's
 ZeRO-2/3 reduce every micro-step."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from meshplan.planner import estimate
 from meshplan.planner.context import Context
 from meshplan.planner.rank.dp_cost import DataParallelCost
+from meshplan.planner.search import search as search_plan
 from meshplan.planner.search.enumerate import pinned_candidate
 from meshplan.validation.published import cli_inputs
+from meshplan.views import describe, reduces_each_microbatch
 
 LLAMA = "layers=8 hidden=4096 heads=32 kv_heads=8 ffn_hidden=14336 vocab=128256 seq=4096"
 GA = 4  # microbatches per step
@@ -79,3 +84,57 @@ def test_deepspeed_reduces_every_micro_step_and_holds_partitions_only():
     gathers = 2 * ds._gather_s(layer, local)
     assert per_microbatch >= gathers + ds._scatter_s(local) - 1e-12  # the whole scatter, every micro-step
     assert _grads_bytes("deepspeed") < _grads_bytes("meshplan")
+
+
+# --- meshplan's executor: the plan chooses (runtime behaviour "planned") ----------------------
+
+BIG = "layers=16 hidden=8192 heads=64 kv_heads=8 ffn_hidden=28672 vocab=128256 seq=4096"
+"""16 Llama-70B blocks: 15.6e9 parameters, whose unsharded fp32 gradients (62 GB) do not fit beside
+the rest on an 80 GB part, while the shards of a 16-way FSDP do."""
+
+
+def _big(runtime: str, verb: str = "estimate"):
+    argv = [verb, "--model", "analytic:llama", "--set", *BIG.split(), "--cluster", "h100-80g"]
+    argv += f"--num-gpus 16 --global-batch {16 * GA} --tp 1 --pp 1 --dp 16 --zero 3 --microbatch 1".split()
+    argv += ["--recompute", "full", "--schedule", "1f1b", "--runtime", runtime]
+    return cli_inputs(argv)
+
+
+def _fits(plan) -> bool:
+    return all(s.total_bytes <= s.capacity_bytes for s in plan.prediction.stage_memory)
+
+
+def test_meshplan_keeps_deferral_where_it_fits():
+    plan = estimate(*_inputs("meshplan"))
+    assert _fits(plan) and plan.runtime_behaviours["fsdp_reduce_every_microbatch"] is False
+    # deferring pays one reduce-scatter where the other choice pays GA, and is not slower
+    profile, cluster, request = _inputs("meshplan")
+    each = estimate(profile, cluster, dataclasses.replace(request, fsdp_reduce_every_microbatch=True))
+    params = sum(lp.num_params for lp in profile.layers)
+    extra = each.prediction.comm_bytes_per_step["dp_shard"] - plan.prediction.comm_bytes_per_step["dp_shard"]
+    assert extra == pytest.approx((GA - 1) * 4 * params * (16 - 1) / 16, rel=0.01)
+    assert plan.prediction.step_time_s <= each.prediction.step_time_s
+
+
+def test_meshplan_reduces_every_microbatch_where_deferral_does_not_fit():
+    plan, titan = estimate(*_big("meshplan")), estimate(*_big("torchtitan"))
+    assert plan.runtime_behaviours["fsdp_reduce_every_microbatch"] is True and _fits(plan)
+    # the same bytes as torchtitan, which never holds unsharded gradients without a pipeline
+    assert plan.prediction.stage_memory[0].grads_bytes == pytest.approx(titan.prediction.stage_memory[0].grads_bytes)
+    assert "reduce-scatter every microbatch" in describe(plan)
+    # the deferring variant of the same layout is the one that does not fit
+    ctx = Context.build(*_big("meshplan"))
+    deferred = DataParallelCost(ctx, pinned_candidate(ctx))
+    assert deferred.unsharded_accumulation and not ctx.reduces_every_microbatch(pinned_candidate(ctx))
+
+
+def test_the_search_offers_both_only_where_the_choice_exists():
+    ctx = Context.build(*_big("meshplan"))
+    assert ctx.grad_sync_choices(3, 16, GA, 1) == (False, True)
+    assert ctx.grad_sync_choices(3, 16, GA, 2) == (False,)  # torch pipelining defers
+    assert ctx.grad_sync_choices(3, 16, 1, 1) == (False,)  # nothing to accumulate
+    assert ctx.grad_sync_choices(1, 16, GA, 1) == (False,)  # ZeRO-1: DDP's no_sync
+    assert Context.build(*_big("torchtitan")).grad_sync_choices(3, 16, GA, 1) == (False,)  # the runtime decides
+    best = search_plan(*_big("meshplan", "plan"))
+    assert best.runtime_behaviours["fsdp_reduce_every_microbatch"] is reduces_each_microbatch(best)
+    assert _fits(best)

@@ -141,13 +141,14 @@ class DataParallelCost:
         self.unsharded_accumulation = (
             cand.zero >= 2
             and ctx.spec.state.fsdp_full_grad_accumulation
-            and (cand.pp > 1 or not ctx.spec.fsdp_reduce_every_microbatch)
+            and (cand.pp > 1 or not ctx.reduces_every_microbatch(cand))
         )
         """ZeRO-2/3 gradients of every microbatch but the last accumulate unsharded in fp32 and are
         reduce-scattered once per step (FSDP2 with set_requires_gradient_sync(False): meshplan's
         executor, and torch pipelining under any runtime); else every microbatch's backward
         reduce-scatters into the shards (torchtitan without PP, DeepSpeed: the runtime behaviour
-        fsdp_reduce_every_microbatch), holding no unsharded copy."""
+        fsdp_reduce_every_microbatch; meshplan's executor where the plan chose it), holding no
+        unsharded copy."""
         self.pipeline_deferred = self.unsharded_accumulation and cand.pp > 1
         """FSDP2 under torch.distributed.pipelining: the stage's gradient reduce-scatter runs after
         its last backward, not during it (_deferred_scatter_s)."""

@@ -1,11 +1,13 @@
 """Outer loop of the search: every valid (pp, dp, cp, tp) factorisation of the device count,
 microbatch sizes dividing the per-replica batch, schedules and virtual stages, ZeRO stages,
-sequence parallelism. Pinned request fields fix their axis. Invalid families are kept as
+sequence parallelism, and where the runtime leaves it to the plan whether ZeRO-2/3 reduce-scatters
+every microbatch (Context.grad_sync_choices). Pinned request fields fix their axis. Invalid families are kept as
 Rejections with their reason (calculon's "good and bad candidates").
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 from meshplan import dp_methods, feasibility
@@ -235,8 +237,9 @@ def candidates(ctx: Context, rej: Rejects) -> list[Candidate]:
                             if why:
                                 rej.add(cand.family, why)
                                 rej.infeasible.append((cand, why))
-                            else:
-                                out.append(cand)
+                                continue
+                            for reduce_each in ctx.grad_sync_choices(zero, cand.state_shard, m, pp):
+                                out.append(dataclasses.replace(cand, reduce_every_microbatch=reduce_each))
     return out
 
 

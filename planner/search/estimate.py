@@ -3,9 +3,13 @@
 Stage boundaries are a balanced split of the blocks over the pp x v stages (the first stage also
 carries the embedding, the last the head); every block uses the requested recompute mode. A
 configuration that does not fit still gets its prediction, its binding constraint says the OOM.
+What the runtime leaves to the plan and no flag pins (meshplan's executor: whether ZeRO-2/3
+reduce-scatters every microbatch) is chosen as the search would: fitting, then fastest.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from meshplan import feasibility
 from meshplan.cluster import ClusterSpec
@@ -40,6 +44,23 @@ def estimate(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) 
     if invalid:  # the same rules as the search, Plan.validate and the executor's check_plan
         raise MeshplanError(f"{cand.label()}: {invalid[0]}")
     table = CostTable(ctx)
+    plans = [
+        _estimate(ctx, table, dataclasses.replace(cand, reduce_every_microbatch=each), profile, cluster)
+        for each in ctx.grad_sync_choices(cand.zero, cand.state_shard, cand.num_microbatches, cand.pp)
+    ]
+    return min(plans, key=_preference)
+
+
+def _preference(plan: Plan) -> tuple:
+    """Where the plan leaves a choice open (Context.grad_sync_choices), the variant `meshplan plan`
+    would take: one that fits before one that does not, then the faster, then the smaller."""
+    pred = plan.prediction
+    assert pred is not None
+    over = max(s.total_bytes - s.capacity_bytes for s in pred.stage_memory)
+    return (over > 0, pred.step_time_s if over <= 0 else over, pred.peak_memory_bytes)
+
+
+def _estimate(ctx: Context, table: CostTable, cand, profile: ModelProfile, cluster: ClusterSpec) -> Plan:
     costs = table.for_candidate(cand)
     model = RankModel(ctx, cand, costs)
     stages = balanced_stages(ctx, cand.pp * cand.virtual_stages)

@@ -15,7 +15,7 @@ from meshplan.planner.cost.memory import GIB
 from meshplan.planner.cost.pipeline import bubble_factor
 from meshplan.planner.rank.dp_cost import comm_bytes_band, comm_bytes_per_step
 from meshplan.planner.rank.stages import RankSolution
-from meshplan.runtimes import REQUEST_FIELDS
+from meshplan.runtimes import PLANNED, REQUEST_FIELDS
 from meshplan.schema import content_hash
 
 
@@ -120,6 +120,15 @@ def runtime_behaviours(request) -> dict:
     return out
 
 
+def _resolved_behaviours(ctx: Context, cand: Candidate) -> dict:
+    """runtime_behaviours with what the search chose in place of a planned value: whether ZeRO-2/3
+    reduce-scatters every microbatch (the executor reads it: executor/parallelize.py)."""
+    out = runtime_behaviours(ctx.request)
+    if out["fsdp_reduce_every_microbatch"] == PLANNED:
+        out["fsdp_reduce_every_microbatch"] = ctx.reduces_every_microbatch(cand)
+    return out
+
+
 def provenance(profile: ModelProfile, cluster) -> Provenance:
     return Provenance(
         profile_hash=content_hash(profile), cluster_hash=content_hash(cluster), meshplan_version=meshplan.__version__
@@ -174,7 +183,7 @@ def plan_of(ctx: Context, cand: Candidate, stages: list[list[int]], modes: dict[
         sequence_parallel=cand.sequence_parallel,
         precision=ctx.request.precision,
         runtime=ctx.request.runtime,
-        runtime_behaviours=runtime_behaviours(ctx.request),
+        runtime_behaviours=_resolved_behaviours(ctx, cand),
         dp_methods=DataParallelMethods(
             **{axis: MethodChoice(name=cand.method(axis)[0], params=cand.method(axis)[1]) for axis in dp_methods.AXES}
         ),
