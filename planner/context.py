@@ -13,7 +13,7 @@ from meshplan import dp_methods, feasibility
 from meshplan.cluster import ClusterSpec
 from meshplan.errors import MeshplanError
 from meshplan.model_profile import LayerProfile, ModelProfile
-from meshplan.planner.attention import with_attention
+from meshplan.planner.attention import is_materialized, with_attention
 from meshplan.planner.request import ATTENTION, PlanRequest
 from meshplan.planner.runtime_spec import RuntimeSpec, state_layout
 from meshplan.planner.sac import with_selective
@@ -191,6 +191,10 @@ class Context:
     """[start, end) of identical blocks when the model is prefix(<=1) + identical blocks + suffix(<=1)."""
     optimizer_scale: float = 1.0
     """Factor on the profile's one-rank optimizer timings (optimizer_scale())."""
+    score_keepers: frozenset[str] = frozenset()
+    """Blocks whose attention core materialises the s x s scores (attention.is_materialized), read
+    before the selective-recompute policy re-targets the selective fields: torchtitan's op policy
+    frees matmul outputs, which that test would take for a core of scores."""
 
     @classmethod
     def build(cls, profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) -> Context:
@@ -201,6 +205,9 @@ class Context:
         state_layout(request.state_layout)  # a clear error for an unknown layout
         profile = with_attention(with_seq_len(profile, request.seq), request.attention)
         ctx = cls(profile=with_selective(profile, request.selective_recompute), cluster=cluster, request=request)
+        if profile.heads:
+            keep = (lp.name for lp in profile.layers if is_materialized(lp, profile.heads, profile.seq_len))
+            ctx.score_keepers = frozenset(keep)
         seen: dict[tuple, int] = {}
         ctx.signatures = [seen.setdefault(_signature(lp), i) for i, lp in enumerate(ctx.profile.layers)]
         ctx.body = ctx._find_body()
@@ -277,6 +284,10 @@ class Context:
         return (
             dev.startswith("cuda") and kind == "cuda" and bool(model) and model == _gpu_model(self.cluster.device.name)
         )
+
+    def keeps_scores(self, layer: LayerProfile) -> bool:
+        """The layer's attention core materialises its scores (Megatron-LM's baddbmm, not a flash kernel)."""
+        return layer.name in self.score_keepers
 
     def tp_split(self, layer: LayerProfile, tp: int) -> int:
         return tp if layer.tp.kind in SPLIT_KINDS else 1

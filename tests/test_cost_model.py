@@ -441,6 +441,25 @@ def test_materialized_attention_is_one_batched_gemm_and_flash_one_pair():
     assert four > 1.1 * one and one > 1.2 * attention_efficiency(flash, flash.layers[1], 1, 8, 1)
 
 
+def test_the_op_policy_does_not_turn_a_flash_core_into_materialised_scores():
+    """torchtitan's op-level selective policy frees every other matmul output, which can be more
+    than a x s^2 bytes at a short sequence (here 2048 tokens, 16 heads, hidden 2048); the block's
+    flash core must still be priced as flash (one pair's GEMM size, QK^T again in backward), the
+    same as under the attention-core policy. It was read as a materialised core: 1.5x too fast."""
+    from meshplan.models.analytic import gpt_profile
+    from meshplan.planner.attention import is_materialized
+    from meshplan.planner.cost.compute import layer_compute_s
+
+    prof = gpt_profile(layers=4, hidden=2048, heads=16, vocab=50368, seq=2048)
+    op, core = (_ctx(prof, 8, "h100-80g", attention="flash", selective_recompute=p) for p in ("op", "attention core"))
+    block_op, block_core = op.layers[1], core.layers[1]
+    assert is_materialized(block_op, 16, 2048)  # the selective fields alone would say so
+    assert not op.keeps_scores(block_op) and not core.keeps_scores(block_core)
+    fwd_op, bwd_op, _ = layer_compute_s(op, block_op, 14, 1, 1)
+    fwd_core, bwd_core, _ = layer_compute_s(core, block_core, 14, 1, 1)
+    assert (fwd_op, bwd_op) == pytest.approx((fwd_core, bwd_core), rel=1e-12)
+
+
 def test_a_flash_backward_recomputes_qk_and_a_materialised_one_does_not():
     """A flash kernel keeps no scores: its backward runs QK^T again, half the core's forward FLOPs
     (4s^2h per sample) at the attention efficiency, on top of the four model-FLOP GEMMs. Megatron-LM's

@@ -14,7 +14,6 @@ import math
 from bisect import bisect_left
 
 from meshplan.model_profile import LayerProfile
-from meshplan.planner.attention import is_materialized
 from meshplan.planner.context import Context
 from meshplan.planner.cost.in_place import linear_in_b, measured_points
 from meshplan.planner.sac import matmuls
@@ -74,7 +73,7 @@ def attention_efficiency(ctx: Context, layer: LayerProfile, b: int, split: int, 
     prof = ctx.profile
     head_dim = prof.hidden / prof.heads if prof.heads else prof.hidden
     pair = 2.0 * ctx.seq / cp * ctx.seq * head_dim
-    if prof.heads and is_materialized(layer, prof.heads, ctx.seq):
+    if prof.heads and ctx.keeps_scores(layer):
         pair *= b * max(prof.heads / split, 1.0)
     return gemm_efficiency(ctx.cluster.device.gemm_efficiency, pair)
 
@@ -120,7 +119,7 @@ def flash_recompute_s(ctx: Context, layer: LayerProfile, b: int, split: int, cp:
     forward FLOPs beyond its GEMMs, as _flops_time_s splits them), at the attention efficiency.
     A core that materialises the scores (Megatron-LM's baddbmm) keeps them and pays nothing."""
     prof = ctx.profile
-    if layer.tp.kind != "block" or not prof.heads or is_materialized(layer, prof.heads, ctx.seq):
+    if layer.tp.kind != "block" or not prof.heads or ctx.keeps_scores(layer):
         return 0.0
     core_fwd = max(layer.forward_flops - sum(2.0 * g[0] * g[1] * g[2] for g in layer.gemm_shapes), 0.0)
     attn_rate = ctx.peak_flops * attention_efficiency(ctx, layer, b, split, cp)
