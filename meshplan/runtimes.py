@@ -176,6 +176,20 @@ AMP / FSDP2 mixed precision); megatron = bf16 weights, fp32 main grads, fp32 mas
 (2 + 4 + 12 B, Megatron-LM); zero = 16-bit weights and grads, fp32 master + Adam (2 + 2 + 12 B,
 Rajbhandari et al. 2020 Sec 3.1, DeepSpeed)."""
 
+LOSSES = ("cross_entropy", "fused")
+"""The `loss` behaviour's values: cross_entropy runs the loss as the state layout says
+(StateLayout.loss_passes and loss_transients: torch F.cross_entropy over fp32 logits, Megatron's
+vocab-parallel cross-entropy); fused is a fused cross-entropy kernel over the head's bf16 logits
+(flash-attn's Triton CrossEntropyLoss, which llm-foundry's MPT uses by default): no fp32 copy."""
+FUSED_LOSS_PASSES = (0.5, 1.0)
+"""(forward, backward) fp32-logit-sized HBM passes of a fused cross-entropy over bf16 logits:
+forward reads them once (the row's log-sum-exp and loss), backward reads them again and writes
+the bf16 gradient."""
+FUSED_LOSS_HELD = 0.5
+"""fp32-logit-sized bytes a fused cross-entropy holds at its peak beyond a captured head's saved
+output: the bf16 gradient it writes (a closed-form head's saved fp32 logits already cover the
+saved bf16 logits and that gradient)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Flag:
@@ -342,6 +356,19 @@ ROWS: tuple[Row, ...] = (
             choices=("fused", "compiled", "eager"),
             help="how norms, rotary, SwiGLU and the GQA repeat run: fused kernels (Megatron, Transformer Engine), "
             "torch.compile, or eager torch ops, which move more bytes (closed-form models)",
+        ),
+    ),
+    Row(
+        name="loss",
+        meaning="the loss kernel: cross_entropy as the state layout runs it (torch's over fp32 logits, "
+        "Megatron's vocab-parallel), or a fused cross-entropy over the bf16 logits (no fp32 copy)",
+        flags="--loss",
+        flag=Flag(
+            name="--loss",
+            choices=LOSSES,
+            help="cross_entropy: the runtime's cross-entropy over fp32 logits (three fp32 logit-sized "
+            "tensors at its peak under torch); fused: a fused kernel over the bf16 logits (flash-attn's "
+            "CrossEntropyLoss, llm-foundry's MPT default), no fp32 copy",
         ),
     ),
     Row(
@@ -532,6 +559,10 @@ RUNTIMES: dict[str, Runtime] = {
                 value="eager",
                 source="models/zoo: nn.RMSNorm, rotary, SwiGLU and repeat_interleave as torch ops; no torch.compile",
             ),
+            "loss": Behaviour(
+                value="cross_entropy",
+                source="models/zoo/base.py loss: nn.functional.cross_entropy on the head's logits; autocast runs it in fp32",
+            ),
             "fused_projections": Behaviour(
                 value=False, source="models/zoo: wq, wk, wv and w1, w3 are separate nn.Linear"
             ),
@@ -620,6 +651,10 @@ RUNTIMES: dict[str, Runtime] = {
                 source="compile.enable defaults to false (torchtitan CompileConfig): RMSNorm, rotary, SwiGLU, "
                 "repeat_kv run as torch ops; --compile for a compiled run (the export writes [compile] enable)",
             ),
+            "loss": Behaviour(
+                value="cross_entropy",
+                source="train.py (9dec370) loss_fn: cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))",
+            ),
             "fused_projections": Behaviour(
                 value=False, source="torchtitan models/llama3/model.py: Attention wq, wk, wv; FeedForward w1, w2, w3"
             ),
@@ -695,6 +730,10 @@ RUNTIMES: dict[str, Runtime] = {
                 value="fused",
                 source="megatron/arguments.py --masked-softmax-fusion, --bias-gelu-fusion, --bias-dropout-fusion "
                 "(on by default), apex FusedLayerNorm",
+            ),
+            "loss": Behaviour(
+                value="cross_entropy",
+                source="megatron/core/tensor_parallel/cross_entropy.py: vocab-parallel cross-entropy in fp32, in place",
             ),
             "fused_projections": Behaviour(
                 value=True,
@@ -776,6 +815,10 @@ RUNTIMES: dict[str, Runtime] = {
                 value="fused",
                 source="Transformer Engine fused norms; --apply-rope-fusion, --bias-swiglu-fusion; GQA read "
                 "natively by TE attention",
+            ),
+            "loss": Behaviour(
+                value="cross_entropy",
+                source="megatron/core/tensor_parallel/cross_entropy.py (--cross-entropy-loss-fusion off by default)",
             ),
             "fused_projections": Behaviour(
                 value=True,
@@ -865,6 +908,9 @@ RUNTIMES: dict[str, Runtime] = {
                 known=False,
                 source="not known: DeepSpeed runs the user's module; an HF model's norms, rotary and SwiGLU run "
                 "as torch ops (Megatron-DeepSpeed's fused kernels: --elementwise fused)",
+            ),
+            "loss": Behaviour(
+                value="cross_entropy", known=False, source="not known: the user's loss; a torch F.cross_entropy assumed"
             ),
             "fused_projections": Behaviour(
                 value=False,

@@ -110,6 +110,9 @@ class PlanRequest:
     unsharded fp32 gradients accumulate until the last microbatch (torch pipelining under any
     runtime); "planned" (runtimes.PLANNED, meshplan's executor): the search picks per candidate
     (Candidate.reduce_every_microbatch); None: not applicable (no ZeRO-2/3)."""
+    loss: str = "cross_entropy"
+    """The loss kernel (runtimes.LOSSES): "cross_entropy" as the state layout runs it, "fused" a fused
+    cross-entropy over the bf16 logits (no fp32 copy; runtimes.FUSED_LOSS_PASSES, FUSED_LOSS_HELD)."""
     elementwise: str = "fused"
     """How the runtime runs a block's memory-bound ops (planner/cost/elementwise.py): "fused" kernels (the
     calibration's: Megatron, Transformer Engine), "compiled" (torch.compile) or "eager" torch ops,

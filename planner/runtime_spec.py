@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.errors import MeshplanError
-from meshplan.runtimes import STATE_LAYOUTS, StateLayout
+from meshplan.runtimes import FUSED_LOSS_HELD, FUSED_LOSS_PASSES, STATE_LAYOUTS, StateLayout
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,6 +27,8 @@ class RuntimeSpec:
     selective_recompute: str
     recompute_assignments: str
     """"per_layer" or "uniform" (one mode on every block): which recompute assignments the search may pick."""
+    loss: str
+    """"cross_entropy" (the state layout's loss_passes and loss_transients) or "fused" (bf16 logits)."""
     elementwise: str
     fused_projections: bool
     free_stage_outputs: bool
@@ -48,6 +50,19 @@ class RuntimeSpec:
     def op_level_selective(self) -> bool:
         """--recompute selective is torchtitan's op-level policy (every other matmul output kept)."""
         return self.selective_recompute == "op"
+
+    @property
+    def loss_passes(self) -> tuple[float, float]:
+        """(forward, backward) fp32-logit-sized HBM passes of the loss."""
+        return FUSED_LOSS_PASSES if self.loss == "fused" else self.state.loss_passes
+
+    def loss_held(self, head_keeps_logits: bool) -> float:
+        """fp32-logit-sized tensors the loss holds at its peak beyond the head's saved bytes: the
+        state layout's transients, plus the saved fp32 copy a captured head does not count; a fused
+        loss only its bf16 gradient where the head does not already count fp32 logits."""
+        if self.loss == "fused":
+            return 0.0 if head_keeps_logits else FUSED_LOSS_HELD
+        return self.state.loss_transients + (0 if head_keeps_logits else 1)
 
     @property
     def fp8(self) -> bool:

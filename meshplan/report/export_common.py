@@ -95,6 +95,7 @@ BEHAVIOUR_FLAGS = {
     "uniform_stages": "--uniform-stages",
     "free_stage_outputs": "--free-stage-outputs",
     "elementwise": "--elementwise",
+    "loss": "--loss",
     "fused_projections": "--fused-projections",
 }
 """Runtime behaviours (meshplan/runtimes.py) and the estimate flag that sets each."""

@@ -118,7 +118,7 @@ def zero3_buffer_bytes(ctx: Context, layers: list[LayerProfile], split_of) -> fl
 def stage_buffer_bytes(ctx: Context, layers: list[LayerProfile], b: int, split_of, zero: int, cp: int) -> float:
     """Largest temporary buffers of a rank: the gathered bf16 weights and unsharded fp32 grads of
     the largest layer twice over (ZeRO-3 prefetch), and the loss's transient fp32 logit-sized
-    tensors beyond the one the head keeps (head stage; StateLayout.loss_transients). DDP's buckets are per
+    tensors beyond the one the head keeps (head stage; RuntimeSpec.loss_held). DDP's buckets are per
     parameter (planner/rank/dp_cost.py)."""
     buf = 0.0
     if zero == 3 and layers:
@@ -126,7 +126,7 @@ def stage_buffer_bytes(ctx: Context, layers: list[LayerProfile], b: int, split_o
     for lp in layers:
         if lp.tp.kind == "head":
             logits = fp32_logit_bytes(ctx, lp)
-            copies = ctx.spec.state.loss_transients + (0 if head_keeps_logits(lp, logits) else 1)
+            copies = ctx.spec.loss_held(head_keeps_logits(lp, logits))
             buf += copies * logits * b / cp / split_of(lp)
     group = ctx.request.recompute_num_layers
     blocks = [lp for lp in layers if lp.tp.kind == "block"]

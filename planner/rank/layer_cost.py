@@ -168,7 +168,7 @@ def _memory_bound_s(
     ctx: Context, layer: LayerProfile, b: int, split: int, cp: int, sp: bool
 ) -> tuple[float, float, float]:
     """(forward, backward, selective-recompute) seconds of a layer's memory-bound kernels; the
-    head's fp32 logits at the loss's own pass counts (StateLayout.loss_passes); the extra passes of unfused
+    head's fp32 logits at the loss's own pass counts (RuntimeSpec.loss_passes); the extra passes of unfused
     kernels under the runtime's `elementwise` level (planner/cost/elementwise.py)."""
     if ctx.measured and layer.timings:
         return 0.0, 0.0, 0.0
@@ -184,7 +184,7 @@ def _memory_bound_s(
         per_sample = fp32_logit_bytes(ctx, layer)
         logits = per_sample * b / cp / split
         kept = min(logits, saved) if head_keeps_logits(layer, per_sample) else 0.0
-    loss_fwd, loss_bwd = ctx.spec.state.loss_passes
+    loss_fwd, loss_bwd = ctx.spec.loss_passes
     op_sac = ctx.spec.op_level_selective
     un_fwd, un_bwd, un_sel = elementwise.extra_s(
         layer, ctx.spec.elementwise, b * ctx.seq / cp, split, sp, hbm, op_sac, ctx.spec.fp8
