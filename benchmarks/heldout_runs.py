@@ -26,6 +26,16 @@ of FSDP2 with torch's context parallelism): NeMo AutoModel's Llama 3.1 70B pretr
 (NVIDIA-NeMo/Automodel docs/performance-summary.mdx, DGX-H100 BF16; its recipe
 custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml: FSDP 32 x CP 2, seq 8192, local batch 1 with
 4 accumulation steps, activation checkpointing per layer, compile, gradient sync every microbatch).
+And llm-foundry's MPT benchmarks (mosaicml/llm-foundry scripts/train/benchmarking/README.md at
+061f2c7): every row at MPT's training length, seq 2048, of its three bf16 tables (A100 80 GB and A100
+40 GB with 1600 Gbps RoCE between nodes, H100 80 GB): MPT-125M to MPT-70B under Composer's FSDP
+(FULL_SHARD), 8 to 128 GPUs, with and without activation checkpointing. MPT is a GPT without biases
+(fused Wqkv, GELU MLP, learned positions, 50368-token vocabulary; the shapes of
+scripts/train/yamls/pretrain/mpt-*.yaml, head dim 128 from 760M up), so `--model analytic:gpt`;
+predicted as `--runtime torchtitan` (the FSDP-on-torch row: full recompute per block, reduce-scatter
+every microbatch) with what MPT runs differently: one GEMM for Q, K, V (`--fused-projections`) and
+flash-attn's fused cross-entropy over bf16 logits, its default loss (`--loss fused`). No memory is
+stated.
 """
 
 from __future__ import annotations
@@ -43,13 +53,112 @@ SOURCES = {
     "2025-06 async TP": ("pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md", "h100-96g"),
     "2025-06 H200": ("pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md", "h200-141g"),
     "NeMo AutoModel": ("NVIDIA-NeMo/Automodel docs/performance-summary.mdx (pretraining, DGX-H100 BF16)", "h100-80g"),
+    **{
+        f"llm-foundry {gpu}": (f"mosaicml/llm-foundry scripts/train/benchmarking/README.md ({gpu} table)", cluster)
+        for gpu, cluster in (("A100 80GB", "a100-80g"), ("A100 40GB", "a100-40g"), ("H100 80GB", "h100-80g"))
+    },
 }
 """Short name -> (benchmark file, the cluster preset of the hardware it describes)."""
 SHAPES = {
     "8B": "layers=32 hidden=4096 heads=32 kv_heads=8 ffn_hidden=14336 vocab=128256",
     "70B": "layers=80 hidden=8192 heads=64 kv_heads=8 ffn_hidden=28672 vocab=128256",
     "405B": "layers=126 hidden=16384 heads=128 kv_heads=8 ffn_hidden=53248 vocab=128256",
+    **{
+        f"MPT-{name}": f"layers={layers} hidden={hidden} heads={heads} vocab=50368"
+        for name, layers, hidden, heads in (
+            ("125M", 12, 768, 12),
+            ("350M", 24, 1024, 16),
+            ("760M", 24, 1536, 12),
+            ("1B", 24, 2048, 16),
+            ("3B", 32, 2560, 20),
+            ("7B", 32, 4096, 32),
+            ("13B", 40, 5120, 40),
+            ("30B", 48, 7168, 56),
+            ("70B", 80, 8192, 64),
+        )
+    },
 }
+"""Closed-form shapes: Llama 3.1 (`analytic:llama`) and MPT (`analytic:gpt`, the MPT- names)."""
+MPT_RUNS = {
+    "A100 80GB": (  # (model, GPUs, microbatch, accumulation steps, activation checkpointing, tokens/s/GPU)
+        ("70B", 64, 8, 4, True, 410),
+        ("70B", 32, 2, 16, True, 373),
+        ("30B", 8, 3, 21, True, 916),
+        ("13B", 8, 2, 3, False, 2262),
+        ("7B", 8, 6, 2, False, 4641),
+        ("3B", 8, 10, 2, False, 10811),
+        ("1B", 8, 14, 4, False, 20513),
+        ("760M", 8, 24, 2, False, 32434),
+        ("350M", 8, 32, 2, False, 58782),
+        ("125M", 8, 40, 2, False, 142830),
+        ("125M", 8, 32, 2, False, 141737),
+    ),
+    "A100 40GB": (
+        ("70B", 128, 4, 1, True, 376),
+        ("70B", 64, 2, 1, True, 276),
+        ("30B", 128, 6, 1, True, 865),
+        ("30B", 32, 4, 1, True, 857),
+        ("13B", 128, 16, 1, True, 1972),
+        ("13B", 64, 16, 1, True, 1976),
+        ("13B", 32, 14, 1, True, 1998),
+        ("13B", 16, 10, 1, True, 1993),
+        ("13B", 8, 4, 16, True, 1668),
+        ("7B", 128, 18, 1, True, 3623),
+        ("7B", 64, 18, 1, True, 3665),
+        ("7B", 32, 18, 1, True, 3725),
+        ("7B", 16, 16, 1, True, 3645),
+        ("7B", 8, 12, 4, True, 3679),
+        ("3B", 128, 6, 1, False, 9538),
+        ("3B", 64, 6, 1, False, 9736),
+        ("3B", 32, 6, 1, False, 9914),
+        ("3B", 16, 5, 1, False, 9750),
+        ("3B", 8, 5, 8, False, 10065),
+        ("1B", 128, 10, 1, False, 18647),
+        ("1B", 64, 10, 1, False, 19001),
+        ("1B", 32, 10, 1, False, 15555),
+        ("1B", 16, 8, 1, False, 19085),
+        ("1B", 8, 8, 8, False, 19271),
+        ("760M", 128, 12, 1, False, 28940),
+        ("760M", 64, 12, 1, False, 29344),
+        ("760M", 32, 12, 1, False, 29648),
+        ("760M", 16, 12, 1, False, 29607),
+        ("760M", 8, 12, 4, False, 30173),
+        ("350M", 128, 18, 1, False, 51934),
+        ("350M", 64, 18, 1, False, 52689),
+        ("350M", 32, 18, 1, False, 53811),
+        ("350M", 16, 18, 1, False, 55413),
+        ("350M", 8, 16, 4, False, 55995),
+        ("125M", 128, 26, 1, False, 123936),
+        ("125M", 64, 26, 1, False, 125234),
+        ("125M", 32, 26, 1, False, 127122),
+        ("125M", 16, 26, 1, False, 130535),
+        ("125M", 8, 26, 3, False, 136334),
+    ),
+    "H100 80GB": (
+        ("70B", 64, 8, 4, True, 1039),
+        ("70B", 32, 2, 16, True, 882),
+        ("30B", 32, 14, 3, True, 2308),
+        ("30B", 16, 10, 3, True, 2263),
+        ("30B", 8, 3, 21, True, 2002),
+        ("13B", 64, 2, 1, False, 4800),
+        ("13B", 32, 2, 1, False, 4811),
+        ("13B", 16, 2, 1, False, 4767),
+        ("13B", 8, 2, 1, False, 4792),
+        ("7B", 8, 6, 1, False, 10643),
+        ("3B", 64, 6, 3, False, 22525),
+        ("3B", 32, 6, 3, False, 23021),
+        ("3B", 16, 10, 3, False, 24142),
+        ("1B", 64, 20, 1, False, 44402),
+        ("1B", 32, 20, 1, False, 45130),
+        ("1B", 16, 20, 1, False, 46037),
+        ("1B", 8, 14, 1, False, 45455),
+        ("760M", 32, 24, 1, False, 67971),
+        ("760M", 16, 24, 1, False, 68551),
+        ("760M", 8, 24, 2, False, 63147),
+    ),
+}
+"""llm-foundry's MPT benchmark rows at seq 2048, as its tables give them (README at 061f2c7)."""
+MPT_PINS = "--tp 1 --pp 1 --zero 3 --schedule 1f1b --fused-projections --loss fused"
 COMPILE, FP8 = "--compile", "--compile --precision fp8"
 FSDP_SEL = "--tp 1 --pp 1 --zero 3 --microbatch 2 --recompute selective --schedule 1f1b"
 LOOPED_STAGES_PER_RANK = 2
@@ -143,6 +252,12 @@ def _rows() -> list[dict]:
         add(1, f"FSDP, {nodes} nodes", "8B", 8192, gpus, 2 * gpus, pins, tps, gib, source="2025-06 H200")
     automodel = "--tp 1 --pp 1 --dp 32 --cp 2 --zero 3 --microbatch 1 --recompute full --schedule 1f1b --compile"
     add(1, "FSDP 32 CP 2, 4 accumulation steps", "70B", 8192, 64, 128, automodel, 866.77, None, "NeMo AutoModel")
+    for gpu, runs in MPT_RUNS.items():
+        for model, gpus, mb, steps, ckpt, tps in runs:
+            recompute = "full" if ckpt else "none"
+            pins = f"{MPT_PINS} --dp {gpus} --microbatch {mb} --recompute {recompute}"
+            label = f"mb {mb} x {steps}, {'act. ckpt' if ckpt else 'no recompute'}"
+            add(1, label, f"MPT-{model}", 2048, gpus, gpus * mb * steps, pins, tps, None, f"llm-foundry {gpu}")
     return rows
 
 
@@ -181,7 +296,7 @@ def command(row: dict) -> list[str]:
     return [
         "estimate",
         "--model",
-        "analytic:llama",
+        "analytic:gpt" if row["model"].startswith("MPT-") else "analytic:llama",
         "--set",
         *SHAPES[row["model"]].split(),
         f"seq={row['seq']}",
@@ -213,7 +328,8 @@ def predict(row: dict) -> dict:
 
 def markdown(results: list[tuple[dict, dict]]) -> str:
     lines = [
-        "# Held-out runs through the CLI (torchtitan's published benchmarks, and one FSDP2 run of NeMo AutoModel)",
+        "# Held-out runs through the CLI (torchtitan's published benchmarks, one FSDP2 run of NeMo AutoModel, "
+        "llm-foundry's MPT benchmarks)",
         "",
         "Predicted by `python -m benchmarks.heldout_runs` with `meshplan estimate --runtime torchtitan`, the",
         "row's stated settings and the cluster preset of its hardware; error = predicted / measured - 1.",
