@@ -12,7 +12,7 @@ behaviour `selective_recompute`), by re-targeting each block's selective fields.
   log-sum-exp) are saved, everything else (norms, rotary, SwiGLU, residual adds) is recomputed.
   Kept per sample: the block input + the odd-numbered matmul outputs in forward order + the
   attention output `2sh` + the log-sum-exp `4as`. Recomputed: the even-numbered matmuls' FLOPs
-  (priced at the attention-core rate, planner/cost/compute.py) and the memory-bound kernels of what is not kept.
+  (each at its own GEMM size on the GEMM curve, planner/cost/compute.py) and the memory-bound kernels of what is not kept.
   Torchtitan's Llama runs its matmuls unfused, in the order wq, wk, wv, wo, w1, w3, w2 (GQA: wk,
   wv have kv = h x kv_heads / heads outputs); a closed-form block's fused shapes are split so.
   Tensor parallelism is applied as planner/cost/memory.py applies it to any selective share (an

@@ -460,6 +460,24 @@ def test_the_op_policy_does_not_turn_a_flash_core_into_materialised_scores():
     assert (fwd_op, bwd_op) == pytest.approx((fwd_core, bwd_core), rel=1e-12)
 
 
+def test_the_op_policy_reruns_its_matmuls_at_their_gemm_rates():
+    """torchtitan's op-level selective recompute re-runs every second matmul of a block (planner/sac.py):
+    GEMMs of their own sizes, on the GEMM curve at the GEMM dtype's peak (fp8 under --precision fp8),
+    not the attention core's rate."""
+    from meshplan.models.analytic import llama_profile
+    from meshplan.planner.cost.compute import gemm_efficiency, layer_compute_s
+    from meshplan.planner.sac import matmuls
+
+    prof = llama_profile(layers=4, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256, seq=8192)
+    for precision in ("bf16", "fp8"):
+        ctx = _ctx(prof, 8, "h100-80g", attention="flash", selective_recompute="op", precision=precision)
+        block = ctx.layers[1]
+        rerun = [2 * fl for i, (_, fl) in enumerate(matmuls(block)) if i % 2 == 1]  # b = 2
+        assert sum(rerun) == pytest.approx(2 * block.recompute_flops_selective)
+        want = sum(fl / (ctx.gemm_peak_flops * gemm_efficiency(ctx.gemm_curve, fl)) for fl in rerun)
+        assert layer_compute_s(ctx, block, 2, 1, 1)[2] == pytest.approx(want, rel=1e-12)
+
+
 def test_a_flash_backward_recomputes_qk_and_a_materialised_one_does_not():
     """A flash kernel keeps no scores: its backward runs QK^T again, half the core's forward FLOPs
     (4s^2h per sample) at the attention efficiency, on top of the four model-FLOP GEMMs. Megatron-LM's

@@ -99,15 +99,27 @@ def layer_compute_s(ctx: Context, layer: LayerProfile, b: int, split: int, cp: i
         fwd, bwd = fwd / (split * cp), bwd / (split * cp)
         sel = fwd * layer.recompute_flops_selective / layer.forward_flops if layer.forward_flops else 0.0
         return fwd + overhead, bwd + overhead, sel
-    attn_rate = ctx.peak_flops * attention_efficiency(ctx, layer, b, split, cp)
-    sel = layer.recompute_flops_selective * b / (split * cp) / attn_rate  # the attention core again
     return (
         _flops_time_s(ctx, layer, layer.forward_flops, b, split, cp) + overhead,
         _flops_time_s(ctx, layer, layer.backward_flops, b, split, cp)
         + flash_recompute_s(ctx, layer, b, split, cp)
         + overhead,
-        sel,
+        _selective_recompute_s(ctx, layer, b, split, cp),
     )
+
+
+def _selective_recompute_s(ctx: Context, layer: LayerProfile, b: int, split: int, cp: int) -> float:
+    """Seconds --recompute selective re-runs per microbatch: the attention core again at the
+    attention efficiency (Megatron's policy), or under torchtitan's op-level policy the matmuls it
+    did not keep (every second one; torchao's float8 linears reach the policy as aten.mm on
+    Float8Tensor arguments, their _scaled_mm runs beneath it, as the equal memory of torchtitan's
+    2024-12 bf16 and Float8 8B rows shows), each at its own GEMM size on the GEMM dtype's curve."""
+    if ctx.spec.op_level_selective and layer.tp.kind == "block" and layer.recompute_flops_selective > 0:
+        scale = b / (split * cp)
+        rerun = [fl * scale for i, (_, fl) in enumerate(matmuls(layer)) if i % 2 == 1]
+        return sum(fl / (ctx.gemm_peak_flops * gemm_efficiency(ctx.gemm_curve, fl)) for fl in rerun)
+    attn_rate = ctx.peak_flops * attention_efficiency(ctx, layer, b, split, cp)
+    return layer.recompute_flops_selective * b / (split * cp) / attn_rate
 
 
 def flash_recompute_s(ctx: Context, layer: LayerProfile, b: int, split: int, cp: int) -> float:
