@@ -160,6 +160,12 @@ MPT_RUNS = {
 """llm-foundry's MPT benchmark rows at seq 2048, as its tables give them (README at 061f2c7)."""
 MPT_PINS = "--tp 1 --pp 1 --zero 3 --schedule 1f1b --fused-projections --loss fused"
 COMPILE, FP8 = "--compile", "--compile --precision fp8"
+COMPILED_LOSS = "--loss fused"
+"""The 2025-06 runs' torchtitan (820504e, e7c0cae) compiles the loss with the model
+(components/loss.py build_cross_entropy_loss: torch.compile when training.compile); inductor's
+cross-entropy saves the bf16 logits and per-row statistics, not an fp32 copy
+(tests/test_loss_kernel.py), which is what --loss fused prices. At 9dec370 (2024-12) the loss ran
+eager ("compiling loss function causes CUDA errors, turning off for now")."""
 FSDP_SEL = "--tp 1 --pp 1 --zero 3 --microbatch 2 --recompute selective --schedule 1f1b"
 LOOPED_STAGES_PER_RANK = 2
 """torchtitan's stages per rank for a looped schedule when no split points are given
@@ -248,7 +254,7 @@ def _rows() -> list[dict]:
     _async_tp_rows(add)
     for nodes, tps, gib in ((4, 10938, 47.96), (8, 10753, 46.97)):
         gpus = 8 * nodes
-        pins = f"{FSDP_SEL} --dp {gpus} {FP8}"
+        pins = f"{FSDP_SEL} --dp {gpus} {FP8} {COMPILED_LOSS}"
         add(1, f"FSDP, {nodes} nodes", "8B", 8192, gpus, 2 * gpus, pins, tps, gib, source="2025-06 H200")
     automodel = "--tp 1 --pp 1 --dp 32 --cp 2 --zero 3 --microbatch 1 --recompute full --schedule 1f1b --compile"
     add(1, "FSDP 32 CP 2, 4 accumulation steps", "70B", 8192, 64, 128, automodel, 866.77, None, "NeMo AutoModel")
@@ -270,7 +276,7 @@ def _async_tp_rows(add) -> None:
     for table, model, gpus, fsdp, local, ac, runs in shapes:
         base = (
             f"--tp 8 --pp 1 --dp {fsdp} --zero 3 --microbatch {local} --recompute {ac} "
-            "--sequence-parallel --schedule 1f1b --compile"
+            f"--sequence-parallel --schedule 1f1b --compile {COMPILED_LOSS}"
         )
         for precision, vanilla, async_tp in runs:
             flags = f"{base} --precision fp8" if precision == "Float8" else base
