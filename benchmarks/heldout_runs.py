@@ -31,11 +31,9 @@ And llm-foundry's MPT benchmarks (mosaicml/llm-foundry scripts/train/benchmarkin
 40 GB with 1600 Gbps RoCE between nodes, H100 80 GB): MPT-125M to MPT-70B under Composer's FSDP
 (FULL_SHARD), 8 to 128 GPUs, with and without activation checkpointing. MPT is a GPT without biases
 (fused Wqkv, GELU MLP, learned positions, 50368-token vocabulary; the shapes of
-scripts/train/yamls/pretrain/mpt-*.yaml, head dim 128 from 760M up), so `--model analytic:gpt`;
-predicted as `--runtime torchtitan` (the FSDP-on-torch row: full recompute per block, reduce-scatter
-every microbatch) with what MPT runs differently: one GEMM for Q, K, V (`--fused-projections`) and
-flash-attn's fused cross-entropy over bf16 logits, its default loss (`--loss fused`). No memory is
-stated.
+scripts/train/yamls/pretrain/mpt-*.yaml, head dim 128 from 760M up), so `--model analytic:gpt`,
+`--runtime llm-foundry` (one GEMM for Q, K, V, flash-attn's fused cross-entropy over the bf16
+logits, FSDP reduce-scattering every microbatch: docs/runtimes.md). No memory is stated.
 """
 
 from __future__ import annotations
@@ -49,16 +47,32 @@ import os
 from meshplan.cli import main
 
 SOURCES = {
-    "2024-12": ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md", "h100-96g"),
-    "2025-06 async TP": ("pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md", "h100-96g"),
-    "2025-06 H200": ("pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md", "h200-141g"),
-    "NeMo AutoModel": ("NVIDIA-NeMo/Automodel docs/performance-summary.mdx (pretraining, DGX-H100 BF16)", "h100-80g"),
+    "2024-12": ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md", "h100-96g", "torchtitan"),
+    "2025-06 async TP": (
+        "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md",
+        "h100-96g",
+        "torchtitan",
+    ),
+    "2025-06 H200": (
+        "pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md",
+        "h200-141g",
+        "torchtitan",
+    ),
+    "NeMo AutoModel": (
+        "NVIDIA-NeMo/Automodel docs/performance-summary.mdx (pretraining, DGX-H100 BF16)",
+        "h100-80g",
+        "torchtitan",
+    ),
     **{
-        f"llm-foundry {gpu}": (f"mosaicml/llm-foundry scripts/train/benchmarking/README.md ({gpu} table)", cluster)
+        f"llm-foundry {gpu}": (
+            f"mosaicml/llm-foundry scripts/train/benchmarking/README.md ({gpu} table)",
+            cluster,
+            "llm-foundry",
+        )
         for gpu, cluster in (("A100 80GB", "a100-80g"), ("A100 40GB", "a100-40g"), ("H100 80GB", "h100-80g"))
     },
 }
-"""Short name -> (benchmark file, the cluster preset of the hardware it describes)."""
+"""Short name -> (benchmark file, the cluster preset of the hardware it describes, --runtime)."""
 SHAPES = {
     "8B": "layers=32 hidden=4096 heads=32 kv_heads=8 ffn_hidden=14336 vocab=128256",
     "70B": "layers=80 hidden=8192 heads=64 kv_heads=8 ffn_hidden=28672 vocab=128256",
@@ -158,7 +172,7 @@ MPT_RUNS = {
     ),
 }
 """llm-foundry's MPT benchmark rows at seq 2048, as its tables give them (README at 061f2c7)."""
-MPT_PINS = "--tp 1 --pp 1 --zero 3 --schedule 1f1b --fused-projections --loss fused"
+MPT_PINS = "--tp 1 --pp 1 --zero 3 --schedule 1f1b"
 COMPILE, FP8 = "--compile", "--compile --precision fp8"
 COMPILED_LOSS = "--loss fused"
 """The 2025-06 runs' torchtitan (820504e, e7c0cae) compiles the loss with the model
@@ -313,7 +327,7 @@ def command(row: dict) -> list[str]:
         "--global-batch",
         str(row["batch"]),
         "--runtime",
-        "torchtitan",
+        SOURCES[row["source"]][2],
         *row["pins"].split(),
     ]
 
@@ -337,11 +351,11 @@ def markdown(results: list[tuple[dict, dict]]) -> str:
         "# Held-out runs through the CLI (torchtitan's published benchmarks, one FSDP2 run of NeMo AutoModel, "
         "llm-foundry's MPT benchmarks)",
         "",
-        "Predicted by `python -m benchmarks.heldout_runs` with `meshplan estimate --runtime torchtitan`, the",
-        "row's stated settings and the cluster preset of its hardware; error = predicted / measured - 1.",
+        "Predicted by `python -m benchmarks.heldout_runs` with `meshplan estimate`, the runtime and cluster",
+        "preset of each source, and the row's stated settings; error = predicted / measured - 1.",
         "Nothing is fitted to them. Sources:",
         "",
-        *(f"- {name}: {path} (`--cluster {cluster}`)" for name, (path, cluster) in SOURCES.items()),
+        *(f"- {name}: {path} (`--cluster {cluster} --runtime {rt}`)" for name, (path, cluster, rt) in SOURCES.items()),
         "",
         "| source | table | model | GPUs | seq | run | measured tok/s/GPU | predicted | error | measured GiB | predicted GiB |",
         "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|",

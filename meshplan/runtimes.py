@@ -18,7 +18,7 @@ from typing import Any
 
 from meshplan import dp_methods
 
-NAMES = ("meshplan", "torchtitan", "megatron-lm", "megatron-core", "deepspeed")
+NAMES = ("meshplan", "torchtitan", "megatron-lm", "megatron-core", "deepspeed", "llm-foundry")
 DEFAULT = "meshplan"
 PLANNED = "planned"
 """A behaviour value the search chooses per plan (fsdp_reduce_every_microbatch of meshplan's own
@@ -461,6 +461,12 @@ ROWS: tuple[Row, ...] = (
         request=False,
     ),
     Row(
+        name="model_parallel",
+        meaning="the model-parallel axes the runtime runs beside data parallelism (tp, pp, cp); the search "
+        "offers no other",
+        flags="(--runtime)",
+    ),
+    Row(
         name="also_runs",
         meaning="valid layouts meshplan's executor refuses that this runtime runs (the search offers them)",
         flags="(--runtime; --cp, --schedule 1f1b)",
@@ -591,6 +597,10 @@ RUNTIMES: dict[str, Runtime] = {
             "sync_methods": Behaviour(
                 value=tuple(dp_methods.names("sync")), source="executor/methods: every registry sync method"
             ),
+            "model_parallel": Behaviour(
+                value=("tp", "pp", "cp"),
+                source="executor: DTensor TP/SP, torch.distributed.pipelining, torch context_parallel",
+            ),
             "also_runs": Behaviour(value=(), source="meshplan/feasibility.py LIMITS: what this executor refuses"),
         },
     ),
@@ -684,6 +694,10 @@ RUNTIMES: dict[str, Runtime] = {
                 value=("none",), source="no gradient compression: FSDP2 reduce-scatter / replicate all-reduce"
             ),
             "sync_methods": _ALLREDUCE_ONLY,
+            "model_parallel": Behaviour(
+                value=("tp", "pp", "cp"),
+                source="parallelism.tensor_parallel_degree, pipeline_parallel_degree, context_parallel_degree",
+            ),
             "also_runs": Behaviour(
                 value=("context_parallel",),
                 source="parallelism.context_parallel_degree (torch context_parallel, ring attention); "
@@ -759,6 +773,10 @@ RUNTIMES: dict[str, Runtime] = {
             "offload_methods": Behaviour(value=("none",), source="no optimizer offload in Megatron-LM"),
             "compression_methods": Behaviour(value=("none",), source="no gradient compression"),
             "sync_methods": _ALLREDUCE_ONLY,
+            "model_parallel": Behaviour(
+                value=("tp", "pp", "cp"),
+                source="--tensor-model-parallel-size, --pipeline-model-parallel-size, --context-parallel-size (2023 on)",
+            ),
             "also_runs": Behaviour(
                 value=("1f1b_microbatches",),
                 source="schedules.py forward_backward_pipelining_without_interleaving: min(p - rank - 1, m) "
@@ -852,6 +870,10 @@ RUNTIMES: dict[str, Runtime] = {
                 source="no gradient compression (--grad-reduce-in-bf16 reduces in bf16; not priced as a compressor)",
             ),
             "sync_methods": _ALLREDUCE_ONLY,
+            "model_parallel": Behaviour(
+                value=("tp", "pp", "cp"),
+                source="--tensor-model-parallel-size, --pipeline-model-parallel-size, --context-parallel-size",
+            ),
             "also_runs": Behaviour(
                 value=("context_parallel", "1f1b_microbatches"),
                 source="--context-parallel-size (ring attention); the non-interleaved 1F1B runs any m",
@@ -958,11 +980,102 @@ RUNTIMES: dict[str, Runtime] = {
                 source="communication_data_type fp16 (its 1-bit Adam and 0/1 Adam are not in meshplan's registry)",
             ),
             "sync_methods": _ALLREDUCE_ONLY,
+            "model_parallel": Behaviour(
+                value=("tp", "pp", "cp"),
+                source="PipelineEngine; tensor and sequence parallelism through Megatron-DeepSpeed or AutoTP",
+            ),
             "also_runs": Behaviour(
                 value=("1f1b_microbatches",),
                 source="PipelineEngine TrainSchedule: any gradient_accumulation_steps (its CP-like Ulysses is "
                 "a head split, not the ring attention the model prices)",
             ),
+        },
+    ),
+    "llm-foundry": Runtime(
+        name="llm-foundry",
+        description=(
+            "mosaicml/llm-foundry on Composer: MPT models under FSDP (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD) or "
+            "DDP, flash attention, flash-attn's fused cross-entropy, activation checkpointing per block"
+        ),
+        behaviours={
+            "state_layout": Behaviour(
+                value="torch",
+                source="Composer FSDP: fp32 sharded flat parameters and gradients, bf16 gathered "
+                "(fsdp_config.mixed_precision PURE / DEFAULT); DecoupledAdamW m, v in fp32",
+            ),
+            "overlap_dp_comm": Behaviour(
+                value=True, source="FSDP backward_prefetch BACKWARD_POST, limit_all_gathers (llm-foundry yamls)"
+            ),
+            "overlap_tp_comm": Behaviour(value=False, source="no tensor parallelism"),
+            "attention": Behaviour(
+                value="flash", source="MPT attn_config.attn_impl: triton / flash (FlashAttention kernels)"
+            ),
+            "dropout": Behaviour(
+                value=False, source="MPTConfig attn_pdrop, resid_pdrop, emb_pdrop default 0.0 (pretrain yamls)"
+            ),
+            "uniform_stages": Behaviour(value=False, source="no pipeline parallelism"),
+            "recompute_assignments": Behaviour(
+                value="uniform",
+                source="fsdp_config.activation_checkpointing: a checkpoint wrapper on every MPTBlock",
+            ),
+            "zero_stages": Behaviour(
+                value=(0, 2, 3),
+                source="Composer: DDP without fsdp_config, FSDP SHARD_GRAD_OP (2), FULL_SHARD / HYBRID_SHARD (3)",
+            ),
+            "ddp_beside_model_parallel": Behaviour(value=False, source="no model parallelism"),
+            "fsdp_gather_bytes": Behaviour(
+                value=2, source="fsdp_config.mixed_precision PURE / DEFAULT: param_dtype bf16"
+            ),
+            "fp8": Behaviour(
+                value=True, source="Composer precision amp_fp8: Transformer Engine fp8_autocast (its H100 FP8 table)"
+            ),
+            "sp_regather": Behaviour(value=False, source="no tensor parallelism"),
+            "selective_recompute": Behaviour(
+                value="attention core",
+                known=False,
+                source="not known: activation_checkpointing_target names modules to wrap; no attention-core policy",
+            ),
+            "elementwise": Behaviour(
+                value="eager",
+                source="MPT low_precision_layernorm, GELU and residual adds as torch ops; no torch.compile by default",
+            ),
+            "loss": Behaviour(
+                value="fused",
+                source="llm-foundry ComposerMPTCausalLM loss_fn default fused_crossentropy: flash_attn.losses."
+                "cross_entropy.CrossEntropyLoss over the bf16 logits",
+            ),
+            "fused_projections": Behaviour(
+                value=True, source="MPT attention Wqkv: one GEMM for Q, K, V (its MLP has no gate)"
+            ),
+            "zero3_prefetch_elems": Behaviour(
+                value=0, source="FSDP backward_prefetch: the next wrapped MPTBlock gathered ahead"
+            ),
+            "fsdp_reduce_every_microbatch": Behaviour(
+                value=True,
+                source="composer/trainer/trainer.py _train_microbatch: the DDP sync strategies (no_sync) apply to "
+                "DistributedDataParallel only; FSDP reduce-scatters every microbatch",
+            ),
+            "zero3_gather": Behaviour(
+                value="layer", source="FSDP auto-wrap per MPTBlock: one all-gather per block, reused by its recompute"
+            ),
+            "cp_kv_exchange": Behaviour(value="all_gather", source="no context parallelism"),
+            "model_source": Behaviour(
+                value="runtime", source="llm-foundry builds MPT from its yaml (model.name: mpt_causal_lm)"
+            ),
+            "free_stage_outputs": Behaviour(value=False, source="no pipeline parallelism"),
+            "offload_methods": Behaviour(
+                value=("none", "cpu"), source="fsdp_config.cpu_offload: FSDP CPUOffload(offload_params=True)"
+            ),
+            "compression_methods": Behaviour(
+                value=("none",), source="no gradient compression: FSDP reduce-scatter / DDP all-reduce"
+            ),
+            "sync_methods": _ALLREDUCE_ONLY,
+            "model_parallel": Behaviour(
+                value=(),
+                source="data parallelism only: Composer FSDP / DDP; its MPT has no tensor, pipeline or context "
+                "parallel path",
+            ),
+            "also_runs": Behaviour(value=(), source="no layout beyond what meshplan's executor runs"),
         },
     ),
 }

@@ -75,6 +75,8 @@ class PlanRequest:
     """ZeRO-0 replicas (DDP) run beside tensor, pipeline or context parallelism; False (torchtitan,
     whose apply_ddp takes a 1-D mesh only): the search tries ZeRO-0 only where tp = pp = cp = 1,
     unless --zero 0 is pinned."""
+    model_parallel: tuple[str, ...] = ("tp", "pp", "cp")
+    """Model-parallel axes the runtime runs beside data parallelism; the search offers no other."""
     also_runs: tuple[str, ...] = ()
     """meshplan/feasibility.py LIMITS the runtime has though meshplan's executor does not (context
     parallelism, 1F1B at any microbatch count): the search offers such layouts for it."""

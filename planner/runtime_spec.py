@@ -44,6 +44,8 @@ class RuntimeSpec:
     zero_stages: tuple[int, ...] | None
     ddp_beside_model_parallel: bool
     offload_methods: tuple[str, ...] | None
+    model_parallel: tuple[str, ...]
+    """Model-parallel axes the runtime runs ("tp", "pp", "cp"); the search offers no other."""
     also_runs: tuple[str, ...]
 
     @property

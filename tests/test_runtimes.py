@@ -73,7 +73,7 @@ def _published_rows() -> list[dict]:
 
 
 def test_every_runtime_has_every_behaviour_with_a_source():
-    assert runtimes.NAMES == ("meshplan", "torchtitan", "megatron-lm", "megatron-core", "deepspeed")
+    assert runtimes.NAMES == ("meshplan", "torchtitan", "megatron-lm", "megatron-core", "deepspeed", "llm-foundry")
     for rt in runtimes.RUNTIMES.values():
         assert set(rt.behaviours) == set(runtimes.BEHAVIOURS)
         assert all(b.source for b in rt.behaviours.values())

@@ -70,7 +70,12 @@ def degrees(ctx: Context, rej: Rejects) -> list[tuple[int, int, int, int]]:
             for pp in _pick(req.pp, divisors(n // tp // cp) if n % (tp * cp) == 0 else []):
                 dp = n // (tp * cp * pp) if n % (tp * cp * pp) == 0 else 0
                 fam = f"pp={pp} cp={cp} tp={tp}"
-                if not dp:
+                unrun = [
+                    a for a, d in (("tp", tp), ("pp", pp), ("cp", cp)) if d > 1 and a not in ctx.spec.model_parallel
+                ]
+                if unrun:
+                    rej.add(fam, f"runtime {req.runtime} runs no {unrun[0]} > 1 (behaviour model_parallel)")
+                elif not dp:
                     rej.add(fam, f"pp x cp x tp = {pp * cp * tp} does not divide {n} GPUs")
                 elif pp > len(ctx.layers):
                     rej.add(fam, f"pp={pp} > {len(ctx.layers)} layers")
