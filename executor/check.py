@@ -134,6 +134,11 @@ def run_warnings(plan: Plan) -> list[str]:
             f"plan.runtime_behaviours.elementwise = {level!r}: this executor runs its norms, rotary and SwiGLU "
             "as eager torch ops, so its step is slower than the prediction (re-plan without --elementwise/--compile)"
         )
+    if runtime == "meshplan" and plan.runtime_behaviours.get("loss", "cross_entropy") != "cross_entropy":
+        out.append(
+            "plan.runtime_behaviours.loss = 'fused': this executor runs torch's cross-entropy over fp32 logits, "
+            "so its peak memory is above the prediction (re-plan without --loss fused)"
+        )
     out += _model_warnings(plan)
     if plan.recompute_num_layers > 1:
         out.append(

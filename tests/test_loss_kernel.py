@@ -107,3 +107,13 @@ def test_a_compiled_cross_entropy_saves_what_the_fused_loss_prices():
         pytest.skip(f"torch.compile unavailable here: {type(exc).__name__}")
     assert compiled == pytest.approx(1.0, abs=0.01), tensors  # the bf16 logits, and a few bytes per row
     assert tensors[0][0] == torch.bfloat16
+
+
+def test_the_executor_says_it_runs_torchs_loss_for_a_fused_loss_plan():
+    from executor_plans import make_plan
+
+    from meshplan.executor.check import run_warnings
+
+    fused = make_plan(behaviours={"loss": "fused"})
+    assert [w for w in run_warnings(fused) if "loss = 'fused'" in w]
+    assert not [w for w in run_warnings(make_plan()) if "loss" in w]
