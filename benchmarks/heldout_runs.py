@@ -15,6 +15,10 @@ Float8, async TP):
   stage of the whole pipeline only from 90567fc, 2025-01-07), and runs two stages per rank for a
   looped schedule such as Interleaved1F1B (generate_split_points), which `torchtitan_pp_pins`
   writes as --microbatch and --virtual-stages.
+- docs/performance.md at 3faaa1a0d (2024-08): Llama 3 8B / 70B and Llama 2 13B / 70B under FSDP2 on
+  64 A100 80 GB (local batch 1-2, op-level selective, full or no AC), Llama 3.1 405B under FSDP 16 x
+  TP 8 on 128 of the H100 96 GB (bf16, Float8, Float8 + async TP); its "selective layer" rows are left
+  out (--recompute states one mode for every block).
 - asyncTP_llama3_h100_2025-06_torchtitan.md: Llama 3.1 70B (FSDP 32 x TP 8, full AC, local batch
   16) and 8B (FSDP 8 x TP 8, per-op selective AC, local batch 12) on the same H100s with
   torch.compile, vanilla and async TP, bf16 and Float8 tensorwise (its Float8 rowwise rows are
@@ -48,6 +52,16 @@ from meshplan.cli import main
 
 SOURCES = {
     "2024-12": ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md", "h100-96g", "torchtitan"),
+    "2024-08 A100": (
+        "pytorch/torchtitan docs/performance.md at 3faaa1a0d (2024-08-23), Llama 2 / 3 on 64 A100",
+        "a100-80g",
+        "torchtitan",
+    ),
+    "2024-08 405B": (
+        "pytorch/torchtitan docs/performance.md at 3faaa1a0d (2024-08-23), Llama 3.1 405B on 128 H100 96 GB",
+        "h100-96g",
+        "torchtitan",
+    ),
     "2025-06 async TP": (
         "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md",
         "h100-96g",
@@ -77,6 +91,8 @@ SHAPES = {
     "8B": "layers=32 hidden=4096 heads=32 kv_heads=8 ffn_hidden=14336 vocab=128256",
     "70B": "layers=80 hidden=8192 heads=64 kv_heads=8 ffn_hidden=28672 vocab=128256",
     "405B": "layers=126 hidden=16384 heads=128 kv_heads=8 ffn_hidden=53248 vocab=128256",
+    "Llama 2 13B": "layers=40 hidden=5120 heads=40 kv_heads=40 ffn_hidden=13824 vocab=32000",
+    "Llama 2 70B": "layers=80 hidden=8192 heads=64 kv_heads=8 ffn_hidden=28672 vocab=32000",
     **{
         f"MPT-{name}": f"layers={layers} hidden={hidden} heads={heads} vocab=50368"
         for name, layers, hidden, heads in (
@@ -265,6 +281,7 @@ def _rows() -> list[dict]:
             tps,
             gib,
         )
+    _torchtitan_2024_08_rows(add)
     _async_tp_rows(add)
     for nodes, tps, gib in ((4, 10938, 47.96), (8, 10753, 46.97)):
         gpus = 8 * nodes
@@ -279,6 +296,31 @@ def _rows() -> list[dict]:
             label = f"mb {mb} x {steps}, {'act. ckpt' if ckpt else 'no recompute'}"
             add(1, label, f"MPT-{model}", 2048, gpus, gpus * mb * steps, pins, tps, None, f"llm-foundry {gpu}")
     return rows
+
+
+def _torchtitan_2024_08_rows(add) -> None:
+    """docs/performance.md of 2024-08: FSDP2 on 64 A100 80 GB (local batch 1 or 2, global = local x 64)
+    and FSDP 16 x TP 8 for 405B on 128 H100 96 GB (local batch 2). Its "selective layer" rows (every
+    second block fully recomputed) are left out: --recompute states one mode for every block."""
+    fsdp = "--tp 1 --pp 1 --dp 64 --zero 3 --schedule 1f1b"
+    for model, seq, local, ac, tps in (
+        ("8B", 8192, 1, "selective", 2973),
+        ("70B", 8192, 1, "full", 331),
+        ("Llama 2 13B", 4096, 2, "none", 2162),
+        ("Llama 2 13B", 4096, 2, "selective", 1904),
+        ("Llama 2 70B", 4096, 1, "selective", 355),
+        ("Llama 2 70B", 4096, 2, "full", 353),
+    ):
+        label = f"FSDP, local batch {local}, AC {'selective op' if ac == 'selective' else ac}"
+        pins = f"{fsdp} --microbatch {local} --recompute {ac}"
+        add(1, label, model, seq, 64, 64 * local, pins, tps, None, "2024-08 A100")
+    tp2d = "--tp 8 --pp 1 --dp 16 --zero 3 --microbatch 2 --recompute full --sequence-parallel --schedule 1f1b"
+    for label, flags, tps in (
+        ("FSDP 16 x TP 8", "", 109),
+        ("+ Float8", "--precision fp8", 177),
+        ("+ Float8 + async TP", "--precision fp8 --overlap-tp-comm", 185),
+    ):
+        add(1, label, "405B", 8192, 128, 32, f"{tp2d} {flags}", tps, None, "2024-08 405B")
 
 
 def _async_tp_rows(add) -> None:
