@@ -270,7 +270,7 @@ class Plan:
     the rest bf16; not runnable by meshplan's executor) or "fp32"."""
     runtime: str = "meshplan"
     """The software the prediction is for (meshplan/runtimes.py): meshplan, torchtitan,
-    megatron-lm, megatron-core or deepspeed. Exports to another framework warn when it differs."""
+    megatron-lm, megatron-core, deepspeed or llm-foundry. Exports to another framework warn when it differs."""
     runtime_behaviours: dict[str, Any] = field(default_factory=dict)
     """The behaviours the prediction used: the runtime's defaults with any per-behaviour flag
     (state_layout, overlap_dp_comm, overlap_tp_comm, attention, uniform_stages, ...); exports turn
