@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: gpt-tiny on 4 x local-cpu
-# plan decisions hash 2c2ffbb5993573b8; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
-# global batch 16 = micro 4 x accumulation 1 x data-parallel 4; seq_len 32
+# plan decisions hash 5faa42c01dce0de9; mesh pp=2 dp_replicate=2 dp_shard=1 cp=1 tp=1
+# global batch 16 = micro 8 x accumulation 1 x data-parallel 2; seq_len 32
 # predict it: meshplan estimate --import THIS_FILE --model gpt-tiny --cluster local-cpu --runtime meshplan
+# WARNING: schedule GPipe is not available in Megatron-LM; it runs 1F1B (same bubble as the plan's for GPipe/LoopedBFS)
 # WARNING: the prediction was made for runtime meshplan; megatron runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime megatron-lm or megatron-core
 # launch: one node of 4 devices
-# Megatron derives data-parallel size = 4 / (tp x pp x cp) = 4 and gradient accumulation = 16 / (4 x 4) = 1
+# Megatron derives data-parallel size = 4 / (tp x pp x cp) = 2 and gradient accumulation = 16 / (8 x 2) = 1
 MESHPLAN_ARGS=(
     --tensor-model-parallel-size 1
-    --pipeline-model-parallel-size 1
+    --pipeline-model-parallel-size 2
     --context-parallel-size 1
-    --micro-batch-size 4
+    --micro-batch-size 8
     --global-batch-size 16
     --seq-length 32
     --max-position-embeddings 32
