@@ -269,3 +269,43 @@ def test_import_errors_are_one_line(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     code, _, err = run(["estimate", "--import", str(tmp_path / "notes.txt"), "-q"])
     assert code == 2 and "not a DeepSpeed JSON" in err
+
+
+def test_llm_foundry_yaml(tmp_path):
+    """An llm-foundry YAML: the MPT shape through its ${...} references, the batch, FULL_SHARD without
+    checkpointing, --runtime llm-foundry; the GPUs from --num-gpus. Predicted as the same row given as
+    flags (tests/test_llm_foundry_runtime.py: the published MPT-1B run on 64 A100 40 GB)."""
+    path = FIXTURES / "mpt_1b_foundry.yaml"
+    got = read_config(str(path), world=64)
+    assert got.format == "llm-foundry"
+    v = got.values
+    assert (v["dp"], v["dp_shard"], v["zero"], v["recompute"], v["microbatch"], v["global_batch"]) == (
+        64,
+        64,
+        3,
+        "none",
+        10,
+        640,
+    )
+    assert v["runtime"] == "llm-foundry" and "seq=2048" in v["overrides"] and "layers=24" in v["overrides"]
+    with pytest.raises(MeshplanError, match="does not say how many GPUs; give --num-gpus"):
+        read_config(str(path))
+    flags = ["--model", "analytic:gpt", "--set", "layers=24", "hidden=2048", "heads=16", "vocab=50368", "seq=2048"]
+    flags += "--cluster a100-40g --num-gpus 64 --global-batch 640 --runtime llm-foundry --tp 1 --pp 1".split()
+    flags += "--dp 64 --zero 3 --microbatch 10 --recompute none --schedule 1f1b".split()
+    out = tmp_path / "flags.json"
+    code, _, err = run(["estimate", *flags, "-q", "-o", str(out)])
+    assert code == 0, err
+    want = json.loads(out.read_text())["prediction"]["step_time_s"]
+    assert estimate(path, tmp_path, "--cluster", "a100-40g", "--num-gpus", "64") == pytest.approx(want, rel=1e-12)
+
+
+def test_llm_foundry_yaml_refusals(tmp_path):
+    text = (FIXTURES / "mpt_1b_foundry.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("FULL_SHARD", "QUARTER_SHARD"))
+    with pytest.raises(MeshplanError, match="sharding_strategy 'QUARTER_SHARD' is not one of"):
+        read_config(str(bad), world=8)
+    bad.write_text(text.replace("${variables.seq}", "${variables.nope}"))
+    with pytest.raises(MeshplanError, match=r"\$\{variables.nope\} names no key of the file"):
+        read_config(str(bad), world=8)

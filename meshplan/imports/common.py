@@ -15,7 +15,7 @@ class Imported:
     """Options read from a config file, named as `meshplan estimate`'s option dests."""
 
     format: str
-    """deepspeed, accelerate, torchtitan or megatron."""
+    """deepspeed, accelerate, torchtitan, llm-foundry or megatron."""
     values: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     """What the file does not say and what meshplan assumes instead (printed as warnings)."""
