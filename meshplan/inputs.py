@@ -327,12 +327,11 @@ def runtime_behaviours(o: PlanOptions, cluster: ClusterSpec, precision: str, war
             f"runtime {rt.name}: the model does not know its {', '.join(unknown)} "
             "(docs/runtimes.md); the values in brackets there are used"
         )
-    pinned = [f"--{a} {d}" for a, d in (("tp", o.tp), ("pp", o.pp), ("cp", o.cp)) if (d or 1) > 1]
-    unrun = [p for p in pinned if p.split()[0][2:] not in out["model_parallel"]]
+    unrun = runtimes.unrun_axes(out["model_parallel"], o.tp, o.pp, o.cp)
     if unrun:
         warnings.append(
-            f"{unrun[0]}: runtime {rt.name} runs no such parallelism ({rt.behaviours['model_parallel'].source}); "
-            "predicted as pinned"
+            f"--{unrun[0]} {getattr(o, unrun[0])}: runtime {rt.name} runs no such parallelism "
+            f"({rt.behaviours['model_parallel'].source}); predicted as pinned"
         )
     if o.zero is not None and o.zero not in rt.value("zero_stages"):
         warnings.append(

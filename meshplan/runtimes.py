@@ -25,6 +25,20 @@ PLANNED = "planned"
 executor); the plan's runtime_behaviours record the choice."""
 
 
+def grad_sync_matters(zero: int, state_shard: int, num_microbatches: int, pp: int) -> bool:
+    """Whether ZeRO-2/3 reduce-scattering every microbatch differs from accumulating unsharded
+    gradients to the last: sharded over more than one rank, gradient accumulation, no pipeline
+    (torch pipelining always defers). The search's choice (Context.grad_sync_choices) and the plan's
+    summary line (views.describe) read it."""
+    return zero >= 2 and state_shard > 1 and num_microbatches > 1 and pp == 1
+
+
+def unrun_axes(model_parallel, tp: int | None, pp: int | None, cp: int | None) -> list[str]:
+    """The model-parallel axes of degree > 1 (None: 1) that a runtime whose behaviour
+    `model_parallel` lists `model_parallel` does not run: the search rejects them, a pin warns."""
+    return [a for a, d in (("tp", tp), ("pp", pp), ("cp", cp)) if (d or 1) > 1 and a not in model_parallel]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Behaviour:
     value: object

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshplan.plan import Plan
+from meshplan.runtimes import grad_sync_matters
 from meshplan.schema import to_dict
 
 GIB = 1024**3
@@ -116,11 +117,9 @@ def recompute_summary(plan: Plan) -> str:
 def reduces_each_microbatch(plan: Plan) -> bool:
     """ZeRO-2/3 gradient accumulation without a pipeline that reduce-scatters every microbatch (runtime
     behaviour fsdp_reduce_every_microbatch) rather than holding unsharded gradients to the last."""
+    shard = plan.data_parallel_shard_degree * plan.context_parallel_degree
     return (
-        plan.zero_stage >= 2
-        and plan.num_microbatches > 1
-        and plan.pipeline_parallel_degree == 1
-        and plan.data_parallel_shard_degree * plan.context_parallel_degree > 1
+        grad_sync_matters(plan.zero_stage, shard, plan.num_microbatches, plan.pipeline_parallel_degree)
         and plan.runtime_behaviours.get("fsdp_reduce_every_microbatch") is True
     )
 

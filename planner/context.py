@@ -18,7 +18,7 @@ from meshplan.planner.request import ATTENTION, PlanRequest
 from meshplan.planner.runtime_spec import RuntimeSpec, state_layout
 from meshplan.planner.sac import with_selective
 from meshplan.planner.seqscale import with_seq_len
-from meshplan.runtimes import PLANNED
+from meshplan.runtimes import PLANNED, grad_sync_matters
 
 SPLIT_KINDS = ("block", "embedding", "head")
 """TPRule kinds whose parameters, FLOPs and activations tensor parallelism divides by t."""
@@ -303,8 +303,4 @@ class Context:
         the plan and it matters (ZeRO-2/3 sharded over more than one rank, gradient accumulation, no
         pipeline: torch pipelining always defers), else the default."""
         planned = self.spec.fsdp_reduce_every_microbatch == PLANNED
-        return (
-            (False, True)
-            if planned and zero >= 2 and state_shard > 1 and num_microbatches > 1 and pp == 1
-            else (False,)
-        )
+        return (False, True) if planned and grad_sync_matters(zero, state_shard, num_microbatches, pp) else (False,)

@@ -14,6 +14,7 @@ from meshplan import dp_methods, feasibility
 from meshplan.errors import MeshplanError
 from meshplan.plan import INTERLEAVED, schedule_name
 from meshplan.planner.context import Candidate, Context
+from meshplan.runtimes import unrun_axes
 
 VIRTUAL_STAGES = (2, 3, 4, 6, 8)
 """Chunks per rank tried for Interleaved1F1B when --virtual-stages is not given."""
@@ -70,9 +71,7 @@ def degrees(ctx: Context, rej: Rejects) -> list[tuple[int, int, int, int]]:
             for pp in _pick(req.pp, divisors(n // tp // cp) if n % (tp * cp) == 0 else []):
                 dp = n // (tp * cp * pp) if n % (tp * cp * pp) == 0 else 0
                 fam = f"pp={pp} cp={cp} tp={tp}"
-                unrun = [
-                    a for a, d in (("tp", tp), ("pp", pp), ("cp", cp)) if d > 1 and a not in ctx.spec.model_parallel
-                ]
+                unrun = unrun_axes(ctx.spec.model_parallel, tp, pp, cp)
                 if unrun:
                     rej.add(fam, f"runtime {req.runtime} runs no {unrun[0]} > 1 (behaviour model_parallel)")
                 elif not dp:
