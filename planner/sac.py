@@ -50,14 +50,18 @@ def matmuls(layer: LayerProfile) -> list[tuple[float, float]]:
     return [(m * n, 2.0 * m * n * k) for m, n, k in projections(layer)]
 
 
+def op_policy_reruns(layer: LayerProfile) -> list[float]:
+    """FLOPs per sample of each matmul the op policy does not keep and so re-runs: the 2nd, 4th, ..."""
+    return [fl for i, (_, fl) in enumerate(matmuls(layer)) if i % 2 == 1]
+
+
 def _op_policy(layer: LayerProfile, profile: ModelProfile) -> LayerProfile:
     if layer.tp.kind != "block" or not layer.gemm_shapes or not profile.heads:
         return layer
     dtype = profile.activation_dtype_bytes or 2
     s, h, a = profile.seq_len, profile.hidden, profile.heads
-    mms = matmuls(layer)
-    saved = sum(out for i, (out, _) in enumerate(mms) if i % 2 == 0) * dtype  # 1st, 3rd, ... kept
-    recompute = sum(fl for i, (_, fl) in enumerate(mms) if i % 2 == 1)
+    saved = sum(out for i, (out, _) in enumerate(matmuls(layer)) if i % 2 == 0) * dtype  # 1st, 3rd, ... kept
+    recompute = sum(op_policy_reruns(layer))
     kept = layer.input_bytes + saved + dtype * s * h + 4.0 * a * s  # + SDPA output and log-sum-exp
     if kept >= layer.activation_bytes:
         return dataclasses.replace(layer, selective_activation_bytes=0.0, recompute_flops_selective=0.0)

@@ -16,7 +16,7 @@ from bisect import bisect_left
 from meshplan.model_profile import LayerProfile
 from meshplan.planner.context import Context
 from meshplan.planner.cost.in_place import linear_in_b, measured_points
-from meshplan.planner.sac import matmuls
+from meshplan.planner.sac import matmuls, op_policy_reruns
 
 
 def gemm_efficiency(curve: list[list[float]], flops: float) -> float:
@@ -116,7 +116,7 @@ def _selective_recompute_s(ctx: Context, layer: LayerProfile, b: int, split: int
     2024-12 bf16 and Float8 8B rows shows), each at its own GEMM size on the GEMM dtype's curve."""
     if ctx.spec.op_level_selective and layer.tp.kind == "block" and layer.recompute_flops_selective > 0:
         scale = b / (split * cp)
-        rerun = [fl * scale for i, (_, fl) in enumerate(matmuls(layer)) if i % 2 == 1]
+        rerun = [fl * scale for fl in op_policy_reruns(layer)]
         return sum(fl / (ctx.gemm_peak_flops * gemm_efficiency(ctx.gemm_curve, fl)) for fl in rerun)
     attn_rate = ctx.peak_flops * attention_efficiency(ctx, layer, b, split, cp)
     return layer.recompute_flops_selective * b / (split * cp) / attn_rate
