@@ -74,7 +74,7 @@ def read(path: Path, text: str, world: int | None = None) -> Imported:
         notes.append(f"device_train_microbatch_size is {micro!r}: give --microbatch (or let `plan` search it)")
     precision = str(get(cfg, "precision", "amp_bf16"))
     values["precision"] = PRECISION.get(precision, "bf16")
-    fsdp = cfg.get("fsdp_config")
+    fsdp, hybrid = cfg.get("fsdp_config"), False
     if isinstance(fsdp, dict):
         strategy = str(get(fsdp, "sharding_strategy", "FULL_SHARD")).upper()
         if strategy not in SHARDING:
@@ -85,7 +85,8 @@ def read(path: Path, text: str, world: int | None = None) -> Imported:
         values["recompute"] = "full" if get(fsdp, "activation_checkpointing", False) else "none"
         if get(fsdp, "cpu_offload", False):
             values["offload"] = "cpu"
-        if "HYBRID" in strategy:
+        hybrid = "HYBRID" in strategy
+        if hybrid:
             notes.append("HYBRID_SHARD shards within a node: give --dp-shard (the GPUs per node)")
     else:  # no fsdp_config: Composer wraps the model in DDP
         values.update(zero=0, recompute="none")
@@ -93,6 +94,6 @@ def read(path: Path, text: str, world: int | None = None) -> Imported:
     if world is None:
         raise MeshplanError(f"--import {path}: an llm-foundry YAML does not say how many GPUs; give --num-gpus")
     degrees(values, world, str(path))
-    if values["zero"] >= 2 and "HYBRID" not in str(get(fsdp or {}, "sharding_strategy", "")).upper():
+    if values["zero"] >= 2 and not hybrid:
         values["dp_shard"] = values["dp"]
     return Imported(format="llm-foundry", values=values, notes=notes)
