@@ -133,10 +133,11 @@ class StateLayout:
     replica."""
     fsdp_reduce_bytes: int
     """Bytes per element of the ZeRO-2/3 gradient reduce-scatter (and HSDP's all-reduce of the
-    shards); 0: the gather width. FSDP2 reduces in fp32 (torch: torchtitan's MixedPrecisionPolicy
-    reduce_dtype = training.mixed_precision_reduce, whose only choice is "float32" in its
-    config_manager; meshplan's executor trains fp32 parameters; the memory model's
-    FSDP2_REDUCE_BYTES); DeepSpeed reduces its 16-bit gradients (communication_data_type unset)."""
+    shards) where the runtime's fsdp_reduce_bytes behaviour does not give one; 0: the gather width.
+    FSDP2 reduces in fp32 (torch: torchtitan's MixedPrecisionPolicy reduce_dtype =
+    training.mixed_precision_reduce, whose only choice is "float32" in its config; meshplan's
+    executor trains fp32 parameters); DeepSpeed reduces its 16-bit gradients (communication_data_type
+    unset)."""
 
     @property
     def state_bytes(self) -> tuple[int, int, int]:
@@ -328,13 +329,41 @@ ROWS: tuple[Row, ...] = (
     ),
     Row(
         name="fsdp_gather_bytes",
-        meaning="bytes per element of the ZeRO-2/3 parameter all-gather and gradient reduce-scatter",
+        meaning="bytes per element of the ZeRO-2/3 parameter all-gather (and of the gradient reduce-scatter "
+        "where fsdp_reduce_bytes does not say otherwise)",
         flags="--fsdp-gather-dtype",
         flag=Flag(
             name="--fsdp-gather-dtype",
             choices=("bf16", "fp32"),
-            help="dtype of ZeRO-3/FSDP parameter all-gathers and gradient reduce-scatters",
+            help="dtype of ZeRO-3/FSDP parameter all-gathers (FSDP MixedPrecision param_dtype)",
             to_request={"bf16": 2, "fp32": 4},
+        ),
+    ),
+    Row(
+        name="fsdp_reduce_bytes",
+        meaning="bytes per element of the ZeRO-2/3 gradient reduce-scatter and HSDP's replica all-reduce "
+        "(FSDP MixedPrecision reduce_dtype)",
+        flags="--fsdp-reduce-dtype",
+        flag=Flag(
+            name="--fsdp-reduce-dtype",
+            choices=("bf16", "fp32"),
+            help="dtype of ZeRO-2/3/FSDP gradient reduce-scatters (FSDP MixedPrecision reduce_dtype; "
+            "Composer's mixed_precision PURE: bf16, DEFAULT: fp32)",
+            to_request={"bf16": 2, "fp32": 4},
+        ),
+    ),
+    Row(
+        name="fsdp_unit_buffers",
+        meaning="what a ZeRO-3 unit holds at its backward peak: fsdp2 = its parameters and gradients, the "
+        "next unit's prefetched parameters and a reduce-scatter input copy; backward_pre = FSDP1 "
+        "BACKWARD_PRE (the same, the copy only where the reduce dtype differs); backward_post = FSDP1 "
+        "BACKWARD_POST (the unit's parameters freed before the next unit is gathered)",
+        flags="--fsdp-unit-buffers",
+        flag=Flag(
+            name="--fsdp-unit-buffers",
+            choices=("fsdp2", "backward_pre", "backward_post"),
+            help="ZeRO-3 buffers live at a unit's backward peak: fsdp2 (FSDP2 fully_shard), backward_pre or "
+            "backward_post (FSDP1's backward_prefetch, e.g. Composer's default BACKWARD_POST)",
         ),
     ),
     Row(name="fp8", meaning="fp8 GEMMs available (--precision fp8)", flags="--precision fp8", request=False),
@@ -521,6 +550,11 @@ _SP_DTENSOR = Behaviour(
 _FSDP2_PREFETCH = Behaviour(
     value=0, source="FSDP2 fully_shard: the next layer's all-gather issued ahead (implicit prefetch)"
 )
+_FSDP2_BUFFERS = Behaviour(
+    value="fsdp2",
+    source="FSDP2 fully_shard: pre_backward prefetches the next unit; foreach_reduce copies the gradients "
+    "into a reduce-scatter input (torch/distributed/fsdp/_fully_shard)",
+)
 _FSDP2_GATHER = Behaviour(
     value="layer",
     source="FSDP2 fully_shard per block: one all-gather per block; under activation checkpointing the "
@@ -568,6 +602,10 @@ RUNTIMES: dict[str, Runtime] = {
             "fsdp_gather_bytes": Behaviour(
                 value=4, source="executor: autocast without an FSDP2 MixedPrecisionPolicy gathers the fp32 parameters"
             ),
+            "fsdp_reduce_bytes": Behaviour(
+                value=4, source="executor: no FSDP2 MixedPrecisionPolicy, the fp32 gradients reduce-scattered"
+            ),
+            "fsdp_unit_buffers": _FSDP2_BUFFERS,
             "fp8": Behaviour(value=False, source="executor: no fp8 path"),
             "sp_regather": _SP_DTENSOR,
             "selective_recompute": Behaviour(
@@ -660,6 +698,12 @@ RUNTIMES: dict[str, Runtime] = {
             "fsdp_gather_bytes": Behaviour(
                 value=2, source="MixedPrecisionPolicy param_dtype=bfloat16 (training.mixed_precision_param)"
             ),
+            "fsdp_reduce_bytes": Behaviour(
+                value=4,
+                source="MixedPrecisionPolicy reduce_dtype = training.mixed_precision_reduce, whose only choice is "
+                "float32 (torchtitan config)",
+            ),
+            "fsdp_unit_buffers": _FSDP2_BUFFERS,
             "fp8": Behaviour(value=True, source="torchtitan docs/float8.md (model.converters = float8, torchao)"),
             "sp_regather": _SP_DTENSOR,
             "selective_recompute": Behaviour(
@@ -751,6 +795,8 @@ RUNTIMES: dict[str, Runtime] = {
                 value=True, source="Megatron's DistributedDataParallel over the data-parallel group of any layout"
             ),
             "fsdp_gather_bytes": Behaviour(value=None, source="not applicable: no ZeRO-2/3"),
+            "fsdp_reduce_bytes": Behaviour(value=None, source="not applicable: no ZeRO-2/3"),
+            "fsdp_unit_buffers": Behaviour(value=None, source="not applicable: no ZeRO-2/3"),
             "fp8": Behaviour(value=False, source="no Transformer Engine before Megatron-Core"),
             "sp_regather": _SP,
             "selective_recompute": _SEL,
@@ -838,6 +884,8 @@ RUNTIMES: dict[str, Runtime] = {
                 value=True, source="Megatron-Core's DistributedDataParallel over the data-parallel group of any layout"
             ),
             "fsdp_gather_bytes": Behaviour(value=None, source="not applicable: the search tries ZeRO-0/1 only"),
+            "fsdp_reduce_bytes": Behaviour(value=None, source="not applicable: the search tries ZeRO-0/1 only"),
+            "fsdp_unit_buffers": Behaviour(value=None, source="not applicable: the search tries ZeRO-0/1 only"),
             "fp8": Behaviour(value=True, source="--fp8-format hybrid (Transformer Engine)"),
             "sp_regather": _SP,
             "selective_recompute": Behaviour(
@@ -930,6 +978,13 @@ RUNTIMES: dict[str, Runtime] = {
                 value=True, source="engine's data-parallel group beside Megatron-DeepSpeed's TP and its pipeline engine"
             ),
             "fsdp_gather_bytes": Behaviour(value=2, source="ZeRO-3 gathers the bf16/fp16 parameters"),
+            "fsdp_reduce_bytes": Behaviour(
+                value=2, source="ZeRO reduces the 16-bit gradients (communication_data_type unset)"
+            ),
+            "fsdp_unit_buffers": Behaviour(
+                value=None,
+                source="not applicable: ZeRO-3's per-submodule fetch and reduce buckets (zero3_prefetch_elems)",
+            ),
             "fp8": Behaviour(
                 value=False, known=False, source="not known: fp8 only through Transformer Engine in user code"
             ),
@@ -1039,6 +1094,16 @@ RUNTIMES: dict[str, Runtime] = {
             "ddp_beside_model_parallel": Behaviour(value=False, source="no model parallelism"),
             "fsdp_gather_bytes": Behaviour(
                 value=2, source="fsdp_config.mixed_precision PURE / DEFAULT: param_dtype bf16"
+            ),
+            "fsdp_reduce_bytes": Behaviour(
+                value=2,
+                source="fsdp_config.mixed_precision PURE (its pretrain yamls, benchmarking/submit_benchmarks.py): "
+                "reduce_dtype bf16; DEFAULT reduces in fp32 (composer/distributed/mosaic_parallelism.py)",
+            ),
+            "fsdp_unit_buffers": Behaviour(
+                value="backward_post",
+                source="Composer FSDP (FSDP1) fsdp_config.backward_prefetch default BACKWARD_POST "
+                "(composer/utils/parallelism.py FSDPConfig)",
             ),
             "fp8": Behaviour(
                 value=True, source="Composer precision amp_fp8: Transformer Engine fp8_autocast (its H100 FP8 table)"

@@ -226,11 +226,18 @@ class Context:
     def spec(self) -> RuntimeSpec:
         """The request's runtime behaviours, resolved once into typed fields: each RuntimeSpec field
         is the request's field of the same name, but the state layout (its STATE_LAYOUTS row) and
-        the FSDP gather width (the runtime's, else by precision)."""
+        the FSDP gather and reduce widths (the runtime's, else by precision and state layout; an
+        fp32 run moves fp32: a 16-bit runtime default names its bf16 runs, e.g. Composer's PURE
+        mixed precision is the run's own dtype)."""
         r = self.request
+        state = state_layout(r.state_layout)
+        floor = 4 if r.precision == "fp32" else 0
+        gather = max(r.fsdp_gather_bytes or (2 if r.precision in ("bf16", "fp8") else 4), floor)
         resolved: dict[str, Any] = {
-            "state": state_layout(r.state_layout),
-            "fsdp_gather_bytes": r.fsdp_gather_bytes or (2 if r.precision in ("bf16", "fp8") else 4),
+            "state": state,
+            "fsdp_gather_bytes": gather,
+            "fsdp_reduce_bytes": max(r.fsdp_reduce_bytes or state.fsdp_reduce_bytes or gather, floor),
+            "fsdp_unit_buffers": r.fsdp_unit_buffers or "fsdp2",
         }
         same: dict[str, Any] = {
             f.name: getattr(r, f.name) for f in dataclasses.fields(RuntimeSpec) if f.name not in resolved

@@ -84,7 +84,13 @@ class PlanRequest:
     """Offload methods the runtime implements: the search's fallback when nothing fits tries only
     these (planner/search/offload_search.py); None: every registry method."""
     fsdp_gather_bytes: int | None = None
-    """Bytes per element of FSDP/ZeRO-3 gathers and reduce-scatters; None: 2 under bf16, else 4."""
+    """Bytes per element of FSDP/ZeRO-3 parameter gathers; None: 2 under bf16, else 4."""
+    fsdp_reduce_bytes: int | None = None
+    """Bytes per element of the ZeRO-2/3 gradient reduce-scatter (FSDP reduce_dtype); None: the
+    state layout's (fp32 under the torch layout), else the gather width."""
+    fsdp_unit_buffers: str | None = None
+    """What a ZeRO-3 unit holds at its backward peak (runtimes.py fsdp_unit_buffers): "fsdp2",
+    "backward_pre", "backward_post"; None: fsdp2."""
     free_stage_outputs: bool = False
     """A pipeline stage frees each microbatch's output once sent (Megatron-Core's
     deallocate_output_tensor); False: it holds the output until that microbatch's backward, as

@@ -22,8 +22,13 @@ class RuntimeSpec:
     overlap_tp_comm: bool
     uniform_stages: bool
     fsdp_gather_bytes: int
-    """Bytes per element of the ZeRO-2/3 gathers and reduce-scatters: the runtime's, else 2 under
-    bf16 / fp8 and 4 under fp32."""
+    """Bytes per element of the ZeRO-2/3 parameter gathers: the runtime's, else 2 under bf16 / fp8
+    and 4 under fp32."""
+    fsdp_reduce_bytes: int
+    """Bytes per element of the ZeRO-2/3 gradient reduce-scatter and HSDP's replica all-reduce: the
+    runtime's, else the state layout's (StateLayout.fsdp_reduce_bytes), else the gather width."""
+    fsdp_unit_buffers: str
+    """"fsdp2", "backward_pre" or "backward_post" (planner/cost/memory.fsdp_unit_buffer_bytes)."""
     selective_recompute: str
     recompute_assignments: str
     """"per_layer" or "uniform" (one mode on every block): which recompute assignments the search may pick."""

@@ -45,6 +45,12 @@ def test_the_fsdp_gather_width_is_resolved_once():
     assert _ctx().spec.fsdp_gather_bytes == 2  # bf16
     assert _ctx(precision="fp32").spec.fsdp_gather_bytes == 4
     assert _ctx(fsdp_gather_bytes=4).spec.fsdp_gather_bytes == 4
+    # the reduce-scatter: the request's, else the state layout's (torch: fp32), else the gather width
+    assert _ctx().spec.fsdp_reduce_bytes == 4
+    assert _ctx(fsdp_reduce_bytes=2).spec.fsdp_reduce_bytes == 2
+    assert _ctx(state_layout="zero").spec.fsdp_reduce_bytes == 2
+    assert _ctx(fsdp_reduce_bytes=2, precision="fp32").spec.fsdp_reduce_bytes == 4
+    assert _ctx().spec.fsdp_unit_buffers == "fsdp2"
 
 
 def test_each_runtimes_sp_regather_row_is_what_its_layout_prices():
@@ -96,10 +102,12 @@ def test_every_behaviour_flag_comes_from_its_row_and_reaches_the_request():
 
 
 def test_each_spec_field_copied_from_the_request_has_the_requests_type():
-    """Context.spec copies every RuntimeSpec field but the resolved two from the PlanRequest field of
-    the same name: the annotations must agree (what mypy cannot see through the copy)."""
+    """Context.spec copies every RuntimeSpec field but the resolved ones (the state layout and the
+    FSDP widths and buffers) from the PlanRequest field of the same name: the annotations must agree
+    (what mypy cannot see through the copy)."""
     from meshplan.planner.runtime_spec import RuntimeSpec
 
+    resolved = ("state", "fsdp_gather_bytes", "fsdp_reduce_bytes", "fsdp_unit_buffers")
     request = {f.name: f.type for f in dataclasses.fields(PlanRequest)}
-    copied = {f.name: f.type for f in dataclasses.fields(RuntimeSpec) if f.name not in ("state", "fsdp_gather_bytes")}
+    copied = {f.name: f.type for f in dataclasses.fields(RuntimeSpec) if f.name not in resolved}
     assert {name: request.get(name) for name in copied} == copied

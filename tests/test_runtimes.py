@@ -330,7 +330,7 @@ def test_meshplan_gathers_fp32_torchtitan_bf16():
         return _estimate(*flags, base=DP, pins=pins).prediction.comm_bytes_per_step["dp_shard"]
 
     ours, titan = dp_shard("--runtime", "meshplan"), dp_shard("--runtime", "torchtitan")
-    titan_16 = dp_shard("--runtime", "torchtitan", "--state-layout", "zero")  # reduce-scatter at the gather width
+    titan_16 = dp_shard("--runtime", "torchtitan", "--fsdp-reduce-dtype", "bf16")  # reduce-scatter at the gather width
     assert ours == 2 * titan_16
     assert titan_16 < titan < ours  # FSDP2 reduce-scatters fp32 gradients (MixedPrecisionPolicy reduce_dtype)
 

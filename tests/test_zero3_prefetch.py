@@ -28,7 +28,9 @@ def _dp_comm_s(*extra: str) -> float:
 def test_deepspeed_leaves_a_large_layers_gathers_exposed():
     deepspeed = _dp_comm_s("--runtime", "deepspeed")
     prefetched = _dp_comm_s("--runtime", "deepspeed", "--zero3-prefetch-elems", "0")
-    fsdp2 = _dp_comm_s("--runtime", "torchtitan", "--state-layout", "zero")  # its reduce-scatter in 16 bits too
+    fsdp2 = _dp_comm_s(
+        "--runtime", "torchtitan", "--state-layout", "zero", "--fsdp-reduce-dtype", "bf16"
+    )  # 16 bits too
     assert deepspeed > 5 * prefetched  # 1.8e9-element blocks: 97% of each gather waits
     assert fsdp2 == pytest.approx(prefetched, rel=0.2)
 
@@ -68,7 +70,8 @@ def test_deepspeed_holds_a_submodule_not_two_blocks():
         "--global-batch 2560 --tp 1 --pp 1 --dp 640 --zero 3 --microbatch 4 --recompute full --schedule 1f1b".split()
     )
     deepspeed = estimate(*cli_inputs([*argv, "--runtime", "deepspeed"])).prediction
-    fsdp2 = estimate(*cli_inputs([*argv, "--runtime", "deepspeed", "--zero3-prefetch-elems", "0"])).prediction
+    as_fsdp2 = ["--zero3-prefetch-elems", "0", "--fsdp-unit-buffers", "fsdp2", "--fsdp-reduce-dtype", "fp32"]
+    fsdp2 = estimate(*cli_inputs([*argv, "--runtime", "deepspeed", *as_fsdp2])).prediction
     block = 12 * 20480**2
     gib = 2**30
     fsdp2_unit = (3 * 2 + 4) * block  # block i's bf16 params and grads, i-1's gather, i+1's fp32 RS input
@@ -82,7 +85,7 @@ def test_deepspeed_holds_a_submodule_not_two_blocks():
 
 def test_fsdp2_buffers_are_the_largest_unit_at_16_bytes_under_fp32():
     """fp32 ZeRO-3 (the gloo runs): unit i's params and grads, unit i-1's all-gather output and unit
-    i+1's reduce-scatter input, 4 bytes each (planner/cost/memory.py fsdp2_unit_buffer_bytes); a
+    i+1's reduce-scatter input, 4 bytes each (planner/cost/memory.py fsdp_unit_buffer_bytes); a
     bf16-weight reading (2 bytes gathered) would under-price them by a quarter."""
     shape = ["--set", "layers=4", "hidden=384", "heads=6", "vocab=256", "seq=32"]
     argv = ["estimate", "--model", "gpt", *shape, "--cluster", "local-cpu", "--num-gpus", "4", "--precision", "fp32"]

@@ -85,31 +85,39 @@ def _largest_tensor_elems(layer: LayerProfile, split: int) -> float:
     return min(max(sizes, default=float(layer.num_params)), float(layer.num_params)) / split
 
 
-FSDP2_REDUCE_BYTES = 4
-"""FSDP2's reduce-scatter input dtype: fp32 (torchtitan's mixed_precision_reduce, and the fp32 runs)."""
+def fsdp_unit_buffer_bytes(gather_bytes: int, reduce_bytes: int, buffers: str = "fsdp2") -> int:
+    """Bytes per element of the largest ZeRO-3 unit held at its backward peak.
 
-
-def fsdp2_unit_buffer_bytes(gather_bytes: int) -> int:
-    """Bytes per element of the largest FSDP2 unit held at ZeRO-3's backward peak (torch 2.13
-    _fully_shard: _fsdp_param_group.pre_backward / post_backward, _fsdp_collectives.foreach_reduce),
-    the moment before unit i's post_backward: its unsharded parameters and their unsharded gradients
-    (both in the gather dtype), the all-gather output of unit i-1 (prefetched in i's pre_backward,
-    copied out only in i-1's), and the reduce-scatter input of unit i+1, kept by
-    comm_ctx.reduce_scatter_states (reduce_scatter_max_input_buffers = 1) until i's post_backward pops
-    it. 3 x gather + reduce: 16 under fp32, 10 under bf16 weights with fp32 reduction."""
-    return 3 * gather_bytes + FSDP2_REDUCE_BYTES
+    - fsdp2 (torch 2.13 _fully_shard: _fsdp_param_group.pre_backward / post_backward,
+      _fsdp_collectives.foreach_reduce), the moment before unit i's post_backward: its unsharded
+      parameters and their unsharded gradients (both in the gather dtype), the all-gather output of
+      unit i-1 (prefetched in i's pre_backward, copied out only in i-1's), and the reduce-scatter
+      input of unit i+1, a copy in the reduce dtype kept by comm_ctx.reduce_scatter_states
+      (reduce_scatter_max_input_buffers = 1) until i's post_backward pops it: 3 x gather + reduce,
+      16 under fp32, 10 under bf16 weights with fp32 reduction.
+    - backward_pre (FSDP1 BackwardPrefetch.BACKWARD_PRE): the unit's parameters, the next unit's
+      and the unit's gradients in the parameter dtype; FSDP1 reduce-scatters the flat gradient
+      itself, so a copy (reduce dtype) only where the reduce dtype differs: 3 x gather (+ reduce).
+    - backward_post (BACKWARD_POST, Composer's default): the unit's parameters are freed before the
+      next unit is gathered ("holding the next set of parameters and current set of gradients at
+      the peak", torch.distributed.fsdp.BackwardPrefetch): 2 x gather (+ reduce)."""
+    if buffers == "fsdp2":
+        return 3 * gather_bytes + reduce_bytes
+    copy = reduce_bytes if reduce_bytes != gather_bytes else 0
+    return (2 if buffers == "backward_post" else 3) * gather_bytes + copy
 
 
 def zero3_buffer_bytes(ctx: Context, layers: list[LayerProfile], split_of) -> float:
-    """ZeRO-3's transient gathered weights and unsharded gradients on a rank. FSDP2 (prefetch 0:
-    a whole layer ahead) holds the largest layer's buffers of fsdp2_unit_buffer_bytes. DeepSpeed (request.zero3_prefetch_elems > 0) gathers per
+    """ZeRO-3's transient gathered weights and unsharded gradients on a rank. FSDP (prefetch 0:
+    a whole layer ahead) holds the largest layer's buffers of fsdp_unit_buffer_bytes. DeepSpeed (request.zero3_prefetch_elems > 0) gathers per
     submodule: the running weight plus at most the prefetch bound in 16 bits, that weight's 16-bit
     gradient, and one reduce bucket of 16-bit gradients (DEEPSPEED_REDUCE_BUCKET_ELEMS); a block's
     other weights are released after their submodule runs."""
     ahead = ctx.spec.zero3_prefetch_elems
     if ahead <= 0:
         unit = max(lp.num_params / split_of(lp) for lp in layers)
-        return fsdp2_unit_buffer_bytes(ctx.spec.fsdp_gather_bytes) * unit
+        spec = ctx.spec
+        return fsdp_unit_buffer_bytes(spec.fsdp_gather_bytes, spec.fsdp_reduce_bytes, spec.fsdp_unit_buffers) * unit
     weight = max(_largest_tensor_elems(lp, split_of(lp)) for lp in layers)
     layer = max(lp.num_params / split_of(lp) for lp in layers)
     return 2 * min(weight + ahead, layer) + 2 * weight + 2 * min(DEEPSPEED_REDUCE_BUCKET_ELEMS, layer)
