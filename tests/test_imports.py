@@ -288,6 +288,8 @@ def test_llm_foundry_yaml(tmp_path):
         640,
     )
     assert v["runtime"] == "llm-foundry" and "seq=2048" in v["overrides"] and "layers=24" in v["overrides"]
+    # PURE: bf16 gathers and reduce-scatters; no backward_prefetch: Composer's BACKWARD_POST
+    assert (v["fsdp_gather_dtype"], v["fsdp_reduce_dtype"], v["fsdp_unit_buffers"]) == ("bf16", "bf16", "backward_post")
     with pytest.raises(MeshplanError, match="does not say how many GPUs; give --num-gpus"):
         read_config(str(path))
     flags = ["--model", "analytic:gpt", "--set", "layers=24", "hidden=2048", "heads=16", "vocab=50368", "seq=2048"]
@@ -300,12 +302,89 @@ def test_llm_foundry_yaml(tmp_path):
     assert estimate(path, tmp_path, "--cluster", "a100-40g", "--num-gpus", "64") == pytest.approx(want, rel=1e-12)
 
 
+def test_llm_foundry_mixed_precision_and_prefetch_are_read(tmp_path):
+    """Composer's DEFAULT mixed precision reduces in fp32, FULL keeps fp32 parameters, a custom
+    MixedPrecision gives its own dtypes; BACKWARD_PRE holds the next unit beside the current one.
+    Each reaches the prediction: DEFAULT's fp32 reduce-scatter moves more bytes than PURE's."""
+    text = (FIXTURES / "mpt_1b_foundry.yaml").read_text()
+    path = tmp_path / "mpt.yaml"
+    cases = {
+        "DEFAULT": ("bf16", "fp32"),
+        "FULL": ("fp32", "fp32"),
+        "{param_dtype: bf16, reduce_dtype: float32}": ("bf16", "fp32"),
+    }
+    for mixed, dtypes in cases.items():
+        path.write_text(text.replace("mixed_precision: PURE", f"mixed_precision: {mixed}"))
+        v = read_config(str(path), world=64).values
+        assert (v["fsdp_gather_dtype"], v["fsdp_reduce_dtype"]) == dtypes, mixed
+    path.write_text(
+        text.replace("  limit_all_gathers: true", "  limit_all_gathers: true\n  backward_prefetch: BACKWARD_PRE")
+    )
+    assert read_config(str(path), world=64).values["fsdp_unit_buffers"] == "backward_pre"
+    bytes_ = {}
+    for mixed in ("PURE", "DEFAULT"):
+        path.write_text(text.replace("mixed_precision: PURE", f"mixed_precision: {mixed}"))
+        out = tmp_path / f"{mixed}.json"
+        code, _, err = run(
+            ["estimate", "--import", str(path), "--cluster", "a100-40g", "--num-gpus", "64", "-q", "-o", str(out)]
+        )
+        assert code == 0, err
+        bytes_[mixed] = json.loads(out.read_text())["prediction"]["comm_bytes_per_step"]["dp_shard"]
+    assert bytes_["DEFAULT"] > bytes_["PURE"]
+
+
 def test_llm_foundry_yaml_refusals(tmp_path):
     text = (FIXTURES / "mpt_1b_foundry.yaml").read_text()
     bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("mixed_precision: PURE", "mixed_precision: HALF"))
+    with pytest.raises(MeshplanError, match="fsdp_config.mixed_precision 'HALF' is not one of"):
+        read_config(str(bad), world=8)
+    bad.write_text(
+        text.replace("  limit_all_gathers: true", "  limit_all_gathers: true\n  backward_prefetch: SIDEWAYS")
+    )
+    with pytest.raises(MeshplanError, match="fsdp_config.backward_prefetch 'SIDEWAYS' is not one of"):
+        read_config(str(bad), world=8)
     bad.write_text(text.replace("FULL_SHARD", "QUARTER_SHARD"))
     with pytest.raises(MeshplanError, match="sharding_strategy 'QUARTER_SHARD' is not one of"):
         read_config(str(bad), world=8)
     bad.write_text(text.replace("${variables.seq}", "${variables.nope}"))
     with pytest.raises(MeshplanError, match=r"\$\{variables.nope\} names no key of the file"):
         read_config(str(bad), world=8)
+
+
+def test_the_estimate_line_names_fsdp_dtypes_and_reads_back(tmp_path):
+    """An export's `meshplan estimate --import` line writes a plan's non-default FSDP behaviours as
+    their flags take them (a dtype name, not the bytes the request holds), and reading the line back
+    gives the same values: the behaviours reach the re-prediction."""
+    from meshplan.imports.common import meshplan_header
+    from meshplan.planner import estimate as predict
+    from meshplan.report.export_common import estimate_line
+    from meshplan.validation.published import cli_inputs
+
+    flags = ["--model", "analytic:gpt", "--set", "layers=4", "hidden=1024", "heads=8", "vocab=50368", "seq=2048"]
+    flags += "--cluster a100-40g --num-gpus 16 --global-batch 64 --runtime torchtitan --tp 1 --pp 1".split()
+    flags += "--dp 16 --zero 3 --microbatch 4 --recompute none --schedule 1f1b".split()
+    flags += "--fsdp-reduce-dtype bf16 --fsdp-unit-buffers backward_post".split()
+    plan = predict(*cli_inputs(["estimate", *flags]))
+    line = estimate_line(plan)
+    assert "--fsdp-reduce-dtype bf16" in line and "--fsdp-unit-buffers backward_post" in line
+    assert "--fsdp-gather-dtype" not in line  # torchtitan's own bf16 gathers: its default
+    values: dict = {}
+    meshplan_header(line.replace("predict it: ", ""), values)
+    assert (values["fsdp_reduce_dtype"], values["fsdp_unit_buffers"]) == ("bf16", "backward_post")
+
+
+def test_a_bf16_reduction_exported_to_torchtitan_is_warned(tmp_path):
+    """torchtitan's config takes float32 reduction only: a plan priced with bf16 reduce-scatters says
+    so in its torchtitan export (the file still runs, moving twice the planned bytes)."""
+    from meshplan.planner import estimate as predict
+    from meshplan.validation.published import cli_inputs
+
+    flags = ["--model", "analytic:gpt", "--set", "layers=4", "hidden=1024", "heads=8", "vocab=50368", "seq=2048"]
+    flags += "--cluster a100-40g --num-gpus 16 --global-batch 64 --runtime torchtitan --tp 1 --pp 1".split()
+    flags += "--dp 16 --zero 3 --microbatch 4 --recompute none --schedule 1f1b".split()
+    warned = []
+    for extra in ([], ["--fsdp-reduce-dtype", "bf16"]):
+        files = export_plan(predict(*cli_inputs(["estimate", *flags, *extra])), "torchtitan")
+        warned.append(any("mixed_precision_reduce takes float32 only" in t for t in files.values()))
+    assert warned == [False, True]

@@ -1,6 +1,7 @@
 """An llm-foundry training YAML (scripts/train/yamls/pretrain/*.yaml) read back: the MPT shape under
 `model:`, the batch (global_train_batch_size, device_train_microbatch_size), precision, and Composer's
-fsdp_config (sharding strategy, activation checkpointing, CPU offload); `--runtime llm-foundry`. The
+fsdp_config (sharding strategy, activation checkpointing, CPU offload, mixed precision, backward
+prefetch); `--runtime llm-foundry`. The
 file says nothing of the GPUs: their number is `--num-gpus`. `${key}` references to other keys of the
 file (OmegaConf interpolation, `${max_seq_len}`, `${variables.x}`) are resolved."""
 
@@ -20,6 +21,12 @@ SHARDING = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "HYBRID_SHARD": 3, "_HYBRID_SHA
 PRECISION = {"amp_bf16": "bf16", "amp_fp16": "bf16", "amp_fp8": "fp8", "fp32": "fp32"}
 """Composer's precision -> --precision (fp16 autocast runs the same 16-bit tensor cores as bf16)."""
 REFERENCE = re.compile(r"^\$\{([\w.]+)\}$")
+MIXED_PRECISION = {"PURE": ("bf16", "bf16"), "DEFAULT": ("bf16", "fp32"), "FULL": ("fp32", "fp32")}
+"""Composer's fsdp_config.mixed_precision -> (--fsdp-gather-dtype, --fsdp-reduce-dtype) of a 16-bit run
+(composer/distributed/mosaic_parallelism.py get_mixed_precision: PURE reduces in the run's dtype,
+DEFAULT in fp32, FULL keeps fp32 parameters)."""
+BACKWARD_PREFETCH = {"BACKWARD_POST": "backward_post", "BACKWARD_PRE": "backward_pre"}
+"""Composer's fsdp_config.backward_prefetch -> --fsdp-unit-buffers (its default: BACKWARD_POST)."""
 
 
 def recognises(path: Path, text: str) -> bool:
@@ -85,6 +92,27 @@ def read(path: Path, text: str, world: int | None = None) -> Imported:
         values["recompute"] = "full" if get(fsdp, "activation_checkpointing", False) else "none"
         if get(fsdp, "cpu_offload", False):
             values["offload"] = "cpu"
+        mixed = get(fsdp, "mixed_precision", "DEFAULT")
+        if isinstance(mixed, dict):  # a custom MixedPrecision: its param_dtype and reduce_dtype
+            dtypes = tuple(
+                "fp32" if str(get(mixed, key, "float32")) in ("float32", "fp32") else "bf16"
+                for key in ("param_dtype", "reduce_dtype")
+            )
+        elif str(mixed).upper() in MIXED_PRECISION:
+            dtypes = MIXED_PRECISION[str(mixed).upper()]
+        else:
+            raise MeshplanError(
+                f"--import {path}: fsdp_config.mixed_precision {mixed!r} is not one of {', '.join(MIXED_PRECISION)}"
+            )
+        if values["precision"] != "fp32":
+            values["fsdp_gather_dtype"], values["fsdp_reduce_dtype"] = dtypes
+        prefetch = str(get(fsdp, "backward_prefetch", "BACKWARD_POST")).upper()
+        if prefetch not in BACKWARD_PREFETCH:
+            raise MeshplanError(
+                f"--import {path}: fsdp_config.backward_prefetch {prefetch!r} is not one of "
+                f"{', '.join(BACKWARD_PREFETCH)}"
+            )
+        values["fsdp_unit_buffers"] = BACKWARD_PREFETCH[prefetch]
         hybrid = "HYBRID" in strategy
         if hybrid:
             notes.append("HYBRID_SHARD shards within a node: give --dp-shard (the GPUs per node)")

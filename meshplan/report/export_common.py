@@ -97,6 +97,9 @@ BEHAVIOUR_FLAGS = {
     "elementwise": "--elementwise",
     "loss": "--loss",
     "fused_projections": "--fused-projections",
+    "fsdp_gather_bytes": "--fsdp-gather-dtype",
+    "fsdp_reduce_bytes": "--fsdp-reduce-dtype",
+    "fsdp_unit_buffers": "--fsdp-unit-buffers",
 }
 """Runtime behaviours (meshplan/runtimes.py) and the estimate flag that sets each."""
 
@@ -113,10 +116,13 @@ def estimate_line(plan: Plan) -> str:
         words += ["--set", *(f"{k}={v}" for k, v in plan.model_config.items())]
     words += ["--cluster", plan.cluster_name, "--runtime", plan.runtime]
     defaults = runtimes.request_behaviours(plan.runtime, {})
+    named = {row.name: row.flag.to_request for row in runtimes.ROWS if row.flag and row.flag.to_request}
     for key, flag in BEHAVIOUR_FLAGS.items():
         value = plan.runtime_behaviours.get(key)
         if value is None or value == defaults.get(key):
             continue
+        if key in named:  # the flag names a dtype where the request holds its bytes
+            value = next((name for name, v in named[key].items() if v == value), value)
         words += [flag if value is True else f"--no-{flag[2:]}"] if isinstance(value, bool) else [flag, str(value)]
     return "predict it: meshplan estimate --import THIS_FILE " + shlex.join(words)
 

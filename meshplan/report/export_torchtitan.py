@@ -182,6 +182,11 @@ def settings(plan: Plan, warnings: list[str], version: str) -> dict[str, dict]:
     out = {"parallelism": par, "training": training}
     out["activation_checkpoint"] = _activation_checkpoint(plan, warnings, version)
     out["compile"] = {"enable": plan.runtime_behaviours.get("elementwise") == "compiled"}
+    if plan.data_parallel_shard_degree > 1 and plan.runtime_behaviours.get("fsdp_reduce_bytes") == 2:
+        warnings.append(
+            "the plan reduce-scatters bf16 gradients; torchtitan's training.mixed_precision_reduce takes "
+            "float32 only, so its reduce-scatters move twice the planned bytes"
+        )
     warnings.extend(ec.method_warnings(plan, "torchtitan"))
     return out
 
