@@ -37,7 +37,9 @@ And llm-foundry's MPT benchmarks (mosaicml/llm-foundry scripts/train/benchmarkin
 (fused Wqkv, GELU MLP, learned positions, 50368-token vocabulary; the shapes of
 scripts/train/yamls/pretrain/mpt-*.yaml, head dim 128 from 760M up), so `--model analytic:gpt`,
 `--runtime llm-foundry` (one GEMM for Q, K, V, flash-attn's fused cross-entropy over the bf16
-logits, FSDP reduce-scattering every microbatch: docs/runtimes.md). No memory is stated.
+logits, FSDP reduce-scattering every microbatch, Composer's FSDP1 buffers under BACKWARD_POST:
+docs/runtimes.md), each row's MP Mode as its reduce dtype (PURE bf16, DEFAULT fp32). No memory is
+stated.
 """
 
 from __future__ import annotations
@@ -110,85 +112,89 @@ SHAPES = {
 }
 """Closed-form shapes: Llama 3.1 (`analytic:llama`) and MPT (`analytic:gpt`, the MPT- names)."""
 MPT_RUNS = {
-    "A100 80GB": (  # (model, GPUs, microbatch, accumulation steps, activation checkpointing, tokens/s/GPU)
-        ("70B", 64, 8, 4, True, 410),
-        ("70B", 32, 2, 16, True, 373),
-        ("30B", 8, 3, 21, True, 916),
-        ("13B", 8, 2, 3, False, 2262),
-        ("7B", 8, 6, 2, False, 4641),
-        ("3B", 8, 10, 2, False, 10811),
-        ("1B", 8, 14, 4, False, 20513),
-        ("760M", 8, 24, 2, False, 32434),
-        ("350M", 8, 32, 2, False, 58782),
-        ("125M", 8, 40, 2, False, 142830),
-        ("125M", 8, 32, 2, False, 141737),
+    "A100 80GB": (  # (model, GPUs, microbatch, accumulation steps, activation checkpointing,
+        # fsdp_config.mixed_precision, tokens/s/GPU)
+        ("70B", 64, 8, 4, True, "PURE", 410),
+        ("70B", 32, 2, 16, True, "PURE", 373),
+        ("30B", 8, 3, 21, True, "DEFAULT", 916),
+        ("13B", 8, 2, 3, False, "DEFAULT", 2262),
+        ("7B", 8, 6, 2, False, "DEFAULT", 4641),
+        ("3B", 8, 10, 2, False, "DEFAULT", 10811),
+        ("1B", 8, 14, 4, False, "DEFAULT", 20513),
+        ("760M", 8, 24, 2, False, "DEFAULT", 32434),
+        ("350M", 8, 32, 2, False, "DEFAULT", 58782),
+        ("125M", 8, 40, 2, False, "DEFAULT", 142830),
+        ("125M", 8, 32, 2, False, "DEFAULT", 141737),
     ),
     "A100 40GB": (
-        ("70B", 128, 4, 1, True, 376),
-        ("70B", 64, 2, 1, True, 276),
-        ("30B", 128, 6, 1, True, 865),
-        ("30B", 32, 4, 1, True, 857),
-        ("13B", 128, 16, 1, True, 1972),
-        ("13B", 64, 16, 1, True, 1976),
-        ("13B", 32, 14, 1, True, 1998),
-        ("13B", 16, 10, 1, True, 1993),
-        ("13B", 8, 4, 16, True, 1668),
-        ("7B", 128, 18, 1, True, 3623),
-        ("7B", 64, 18, 1, True, 3665),
-        ("7B", 32, 18, 1, True, 3725),
-        ("7B", 16, 16, 1, True, 3645),
-        ("7B", 8, 12, 4, True, 3679),
-        ("3B", 128, 6, 1, False, 9538),
-        ("3B", 64, 6, 1, False, 9736),
-        ("3B", 32, 6, 1, False, 9914),
-        ("3B", 16, 5, 1, False, 9750),
-        ("3B", 8, 5, 8, False, 10065),
-        ("1B", 128, 10, 1, False, 18647),
-        ("1B", 64, 10, 1, False, 19001),
-        ("1B", 32, 10, 1, False, 15555),
-        ("1B", 16, 8, 1, False, 19085),
-        ("1B", 8, 8, 8, False, 19271),
-        ("760M", 128, 12, 1, False, 28940),
-        ("760M", 64, 12, 1, False, 29344),
-        ("760M", 32, 12, 1, False, 29648),
-        ("760M", 16, 12, 1, False, 29607),
-        ("760M", 8, 12, 4, False, 30173),
-        ("350M", 128, 18, 1, False, 51934),
-        ("350M", 64, 18, 1, False, 52689),
-        ("350M", 32, 18, 1, False, 53811),
-        ("350M", 16, 18, 1, False, 55413),
-        ("350M", 8, 16, 4, False, 55995),
-        ("125M", 128, 26, 1, False, 123936),
-        ("125M", 64, 26, 1, False, 125234),
-        ("125M", 32, 26, 1, False, 127122),
-        ("125M", 16, 26, 1, False, 130535),
-        ("125M", 8, 26, 3, False, 136334),
+        ("70B", 128, 4, 1, True, "PURE", 376),
+        ("70B", 64, 2, 1, True, "PURE", 276),
+        ("30B", 128, 6, 1, True, "PURE", 865),
+        ("30B", 32, 4, 1, True, "PURE", 857),
+        ("13B", 128, 16, 1, True, "PURE", 1972),
+        ("13B", 64, 16, 1, True, "PURE", 1976),
+        ("13B", 32, 14, 1, True, "PURE", 1998),
+        ("13B", 16, 10, 1, True, "PURE", 1993),
+        ("13B", 8, 4, 16, True, "PURE", 1668),
+        ("7B", 128, 18, 1, True, "PURE", 3623),
+        ("7B", 64, 18, 1, True, "PURE", 3665),
+        ("7B", 32, 18, 1, True, "PURE", 3725),
+        ("7B", 16, 16, 1, True, "PURE", 3645),
+        ("7B", 8, 12, 4, True, "PURE", 3679),
+        ("3B", 128, 6, 1, False, "PURE", 9538),
+        ("3B", 64, 6, 1, False, "PURE", 9736),
+        ("3B", 32, 6, 1, False, "PURE", 9914),
+        ("3B", 16, 5, 1, False, "PURE", 9750),
+        ("3B", 8, 5, 8, False, "PURE", 10065),
+        ("1B", 128, 10, 1, False, "PURE", 18647),
+        ("1B", 64, 10, 1, False, "PURE", 19001),
+        ("1B", 32, 10, 1, False, "PURE", 15555),
+        ("1B", 16, 8, 1, False, "PURE", 19085),
+        ("1B", 8, 8, 8, False, "PURE", 19271),
+        ("760M", 128, 12, 1, False, "PURE", 28940),
+        ("760M", 64, 12, 1, False, "PURE", 29344),
+        ("760M", 32, 12, 1, False, "PURE", 29648),
+        ("760M", 16, 12, 1, False, "PURE", 29607),
+        ("760M", 8, 12, 4, False, "PURE", 30173),
+        ("350M", 128, 18, 1, False, "PURE", 51934),
+        ("350M", 64, 18, 1, False, "PURE", 52689),
+        ("350M", 32, 18, 1, False, "PURE", 53811),
+        ("350M", 16, 18, 1, False, "PURE", 55413),
+        ("350M", 8, 16, 4, False, "PURE", 55995),
+        ("125M", 128, 26, 1, False, "PURE", 123936),
+        ("125M", 64, 26, 1, False, "PURE", 125234),
+        ("125M", 32, 26, 1, False, "PURE", 127122),
+        ("125M", 16, 26, 1, False, "PURE", 130535),
+        ("125M", 8, 26, 3, False, "PURE", 136334),
     ),
     "H100 80GB": (
-        ("70B", 64, 8, 4, True, 1039),
-        ("70B", 32, 2, 16, True, 882),
-        ("30B", 32, 14, 3, True, 2308),
-        ("30B", 16, 10, 3, True, 2263),
-        ("30B", 8, 3, 21, True, 2002),
-        ("13B", 64, 2, 1, False, 4800),
-        ("13B", 32, 2, 1, False, 4811),
-        ("13B", 16, 2, 1, False, 4767),
-        ("13B", 8, 2, 1, False, 4792),
-        ("7B", 8, 6, 1, False, 10643),
-        ("3B", 64, 6, 3, False, 22525),
-        ("3B", 32, 6, 3, False, 23021),
-        ("3B", 16, 10, 3, False, 24142),
-        ("1B", 64, 20, 1, False, 44402),
-        ("1B", 32, 20, 1, False, 45130),
-        ("1B", 16, 20, 1, False, 46037),
-        ("1B", 8, 14, 1, False, 45455),
-        ("760M", 32, 24, 1, False, 67971),
-        ("760M", 16, 24, 1, False, 68551),
-        ("760M", 8, 24, 2, False, 63147),
+        ("70B", 64, 8, 4, True, "DEFAULT", 1039),
+        ("70B", 32, 2, 16, True, "DEFAULT", 882),
+        ("30B", 32, 14, 3, True, "DEFAULT", 2308),
+        ("30B", 16, 10, 3, True, "DEFAULT", 2263),
+        ("30B", 8, 3, 21, True, "DEFAULT", 2002),
+        ("13B", 64, 2, 1, False, "DEFAULT", 4800),
+        ("13B", 32, 2, 1, False, "DEFAULT", 4811),
+        ("13B", 16, 2, 1, False, "DEFAULT", 4767),
+        ("13B", 8, 2, 1, False, "DEFAULT", 4792),
+        ("7B", 8, 6, 1, False, "DEFAULT", 10643),
+        ("3B", 64, 6, 3, False, "DEFAULT", 22525),
+        ("3B", 32, 6, 3, False, "DEFAULT", 23021),
+        ("3B", 16, 10, 3, False, "DEFAULT", 24142),
+        ("1B", 64, 20, 1, False, "DEFAULT", 44402),
+        ("1B", 32, 20, 1, False, "DEFAULT", 45130),
+        ("1B", 16, 20, 1, False, "DEFAULT", 46037),
+        ("1B", 8, 14, 1, False, "DEFAULT", 45455),
+        ("760M", 32, 24, 1, False, "DEFAULT", 67971),
+        ("760M", 16, 24, 1, False, "DEFAULT", 68551),
+        ("760M", 8, 24, 2, False, "DEFAULT", 63147),
     ),
 }
 """llm-foundry's MPT benchmark rows at seq 2048, as its tables give them (README at 061f2c7)."""
 MPT_PINS = "--tp 1 --pp 1 --zero 3 --schedule 1f1b"
+MIXED_PRECISION = {"PURE": "--fsdp-reduce-dtype bf16", "DEFAULT": "--fsdp-reduce-dtype fp32"}
+"""A row's MP Mode column (Composer's fsdp_config.mixed_precision): PURE reduce-scatters bf16
+gradients, DEFAULT fp32 (both gather bf16 parameters); as `--import` reads it from a yaml."""
 COMPILE, FP8 = "--compile", "--compile --precision fp8"
 COMPILED_LOSS = "--loss fused"
 """The 2025-06 runs' torchtitan (820504e, e7c0cae) compiles the loss with the model
@@ -290,9 +296,9 @@ def _rows() -> list[dict]:
     automodel = "--tp 1 --pp 1 --dp 32 --cp 2 --zero 3 --microbatch 1 --recompute full --schedule 1f1b --compile"
     add(1, "FSDP 32 CP 2, 4 accumulation steps", "70B", 8192, 64, 128, automodel, 866.77, None, "NeMo AutoModel")
     for gpu, runs in MPT_RUNS.items():
-        for model, gpus, mb, steps, ckpt, tps in runs:
+        for model, gpus, mb, steps, ckpt, mixed, tps in runs:
             recompute = "full" if ckpt else "none"
-            pins = f"{MPT_PINS} --dp {gpus} --microbatch {mb} --recompute {recompute}"
+            pins = f"{MPT_PINS} --dp {gpus} --microbatch {mb} --recompute {recompute} {MIXED_PRECISION[mixed]}"
             label = f"mb {mb} x {steps}, {'act. ckpt' if ckpt else 'no recompute'}"
             add(1, label, f"MPT-{model}", 2048, gpus, gpus * mb * steps, pins, tps, None, f"llm-foundry {gpu}")
     return rows
