@@ -1,16 +1,16 @@
 """meshplan plan -> DeepSpeed topology: gpt-tiny on 4 x local-cpu
-plan decisions hash 5faa42c01dce0de9; mesh pp=2 dp_replicate=2 dp_shard=1 cp=1 tp=1
-global batch 16 = micro 8 x accumulation 1 x data-parallel 2; seq_len 32
+plan decisions hash 352283993fa66d78; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
+global batch 16 = micro 4 x accumulation 1 x data-parallel 4; seq_len 32
 predict it: meshplan estimate --import THIS_FILE --model gpt-tiny --cluster local-cpu --runtime meshplan
 """
 
 import deepspeed
 
 WORLD_SIZE = 4
-PIPELINE_PARALLEL_SIZE = 2
+PIPELINE_PARALLEL_SIZE = 1
 TENSOR_PARALLEL_SIZE = 1
-DATA_PARALLEL_SIZE = 2  # what DeepSpeed derives: world / (tp x pp)
-LAYERS_PER_STAGE = [3, 3]
+DATA_PARALLEL_SIZE = 4  # what DeepSpeed derives: world / (tp x pp)
+LAYERS_PER_STAGE = [6]
 RECOMPUTE_BLOCKS = []  # transformer blocks the plan recomputes in backward (pp = 1)
 ACTIVATION_CHECKPOINT_INTERVAL = 0  # PipelineModule: checkpoint every layer in chunks of this many (pp > 1)
 

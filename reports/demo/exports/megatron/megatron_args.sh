@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: gpt-tiny on 4 x local-cpu
-# plan decisions hash 5faa42c01dce0de9; mesh pp=2 dp_replicate=2 dp_shard=1 cp=1 tp=1
-# global batch 16 = micro 8 x accumulation 1 x data-parallel 2; seq_len 32
+# plan decisions hash 352283993fa66d78; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
+# global batch 16 = micro 4 x accumulation 1 x data-parallel 4; seq_len 32
 # predict it: meshplan estimate --import THIS_FILE --model gpt-tiny --cluster local-cpu --runtime meshplan
-# WARNING: schedule GPipe is not available in Megatron-LM; it runs 1F1B (same bubble as the plan's for GPipe/LoopedBFS)
 # WARNING: the prediction was made for runtime meshplan; megatron runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime megatron-lm or megatron-core
 # launch: one node of 4 devices
-# Megatron derives data-parallel size = 4 / (tp x pp x cp) = 2 and gradient accumulation = 16 / (8 x 2) = 1
+# Megatron derives data-parallel size = 4 / (tp x pp x cp) = 4 and gradient accumulation = 16 / (4 x 4) = 1
 MESHPLAN_ARGS=(
     --tensor-model-parallel-size 1
-    --pipeline-model-parallel-size 2
+    --pipeline-model-parallel-size 1
     --context-parallel-size 1
-    --micro-batch-size 8
+    --micro-batch-size 4
     --global-batch-size 16
     --seq-length 32
     --max-position-embeddings 32
@@ -25,5 +24,6 @@ MESHPLAN_ARGS=(
     --norm-epsilon 1e-05
     --position-embedding-type learned_absolute
     --untie-embeddings-and-output-weights
+    --use-distributed-optimizer
 )
 torchrun --nnodes 1 --nproc-per-node 4 --node-rank "${NODE_RANK:-0}" --rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" pretrain_gpt.py "${MESHPLAN_ARGS[@]}" "$@"
