@@ -10,6 +10,9 @@
    several configurations (microbatch, recompute).
 3. The bf16 GEMM efficiency curve: square bf16 matmuls timed with CUDA events, achieved FLOP/s
    over the preset's dense bf16 peak, beside the preset's `gemm_efficiency` curve.
+4. Attention kernel rates (benchmarks/attention_rates.py): each SDPA backend (flash, cuDNN,
+   memory-efficient), causal, 32 heads of 128, 1k-32k tokens, forward and backward, beside what
+   the cost model charges a flash core of the same shape.
 The preset is chosen from the GPU's name (H200 -> h200-141g, H100 -> h100-80g, ...).
 """
 
@@ -175,6 +178,12 @@ def run(quick: bool = False) -> dict:
     out["memory"] = memory_check(profile, MEMORY_CONFIGS[:2] if quick else MEMORY_CONFIGS)
     errors = [abs(r["error"]) for r in out["memory"] if "error" in r]
     out["memory_mape"] = statistics.fmean(errors) if errors else None
+    from benchmarks.attention_rates import SEQS, measure
+
+    out["attention"] = measure(SEQS[:4] if quick else SEQS)
+    for backend in sorted({r["backend"] for r in out["attention"] if "error" not in r}):
+        ratios = [r["forward_over_priced"] for r in out["attention"] if r["backend"] == backend and "error" not in r]
+        out.setdefault("attention_forward_over_priced_median", {})[backend] = statistics.median(ratios)
     out["time_s"] = round(time.perf_counter() - start, 1)
     return out
 
