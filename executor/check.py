@@ -118,6 +118,25 @@ def _check_runnable_here(plan: Plan) -> None:
         )
 
 
+def _fsdp_warnings(plan: Plan) -> list[str]:
+    """A ZeRO-2/3 plan priced with FSDP behaviours this executor does not have: it runs FSDP2 with
+    no MixedPrecisionPolicy (fp32 gathers and reduce-scatters, FSDP2's unit buffers; the meshplan
+    runtime's values, meshplan/runtimes.py), so its bytes and memory differ from the prediction."""
+    from meshplan.runtimes import runtime
+
+    own = runtime("meshplan")
+    names = ("fsdp_gather_bytes", "fsdp_reduce_bytes", "fsdp_unit_buffers")
+    differ = [n for n in names if plan.runtime_behaviours.get(n, own.value(n)) != own.value(n)]
+    if not differ:
+        return []
+    said = ", ".join(f"{n} = {plan.runtime_behaviours[n]!r}" for n in differ)
+    return [
+        f"plan.runtime_behaviours {said}: this executor runs FSDP2 with fp32 gathers and reduce-scatters and "
+        "FSDP2's unit buffers, so its bytes on the wire and peak memory differ from the prediction (re-plan "
+        "without --fsdp-gather-dtype/--fsdp-reduce-dtype/--fsdp-unit-buffers)"
+    ]
+
+
 def run_warnings(plan: Plan) -> list[str]:
     """What this executor runs differently from what the plan was priced for: the run is valid, but
     its measured times and memory are not the prediction's."""
@@ -134,6 +153,8 @@ def run_warnings(plan: Plan) -> list[str]:
             f"plan.runtime_behaviours.elementwise = {level!r}: this executor runs its norms, rotary and SwiGLU "
             "as eager torch ops, so its step is slower than the prediction (re-plan without --elementwise/--compile)"
         )
+    if runtime == "meshplan" and plan.zero_stage >= 2:
+        out += _fsdp_warnings(plan)
     if runtime == "meshplan" and plan.runtime_behaviours.get("loss", "cross_entropy") != "cross_entropy":
         out.append(
             "plan.runtime_behaviours.loss = 'fused': this executor runs torch's cross-entropy over fp32 logits, "

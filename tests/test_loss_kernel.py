@@ -117,3 +117,16 @@ def test_the_executor_says_it_runs_torchs_loss_for_a_fused_loss_plan():
     fused = make_plan(behaviours={"loss": "fused"})
     assert [w for w in run_warnings(fused) if "loss = 'fused'" in w]
     assert not [w for w in run_warnings(make_plan()) if "loss" in w]
+
+
+def test_the_executor_says_it_runs_fsdp2_for_an_fsdp1_priced_plan():
+    """A ZeRO-3 plan priced with Composer's FSDP1 behaviours (bf16 reduce-scatters, BACKWARD_POST
+    buffers) but run by meshplan's executor (FSDP2, fp32) gets one warning naming them."""
+    from executor_plans import make_plan
+
+    from meshplan.executor.check import run_warnings
+
+    fsdp1 = make_plan(dp_shard=2, zero=3, behaviours={"fsdp_reduce_bytes": 2, "fsdp_unit_buffers": "backward_post"})
+    (said,) = [w for w in run_warnings(fsdp1) if "runs FSDP2" in w]
+    assert "fsdp_reduce_bytes = 2" in said and "fsdp_unit_buffers = 'backward_post'" in said
+    assert not [w for w in run_warnings(make_plan(dp_shard=2, zero=3)) if "runs FSDP2" in w]
