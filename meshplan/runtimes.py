@@ -239,6 +239,14 @@ class Flag:
             return given
         return self.to_request.get(str(given))
 
+    def cli_words(self, value: object) -> list[str]:
+        """The command-line words that set the PlanRequest `value` (request_value's inverse)."""
+        if isinstance(value, bool):
+            return [self.name if value else f"--no-{self.name[2:]}"]
+        if self.to_request is not None:
+            value = next((given for given, v in self.to_request.items() if v == value), value)
+        return [self.name, str(value)]
+
 
 @dataclass(frozen=True, kw_only=True)
 class Row:

@@ -87,21 +87,22 @@ def header_lines(plan: Plan, target: str) -> list[str]:
     ]
 
 
-BEHAVIOUR_FLAGS = {
-    "state_layout": "--state-layout",
-    "overlap_dp_comm": "--overlap-dp-comm",
-    "overlap_tp_comm": "--overlap-tp-comm",
-    "attention": "--attention",
-    "uniform_stages": "--uniform-stages",
-    "free_stage_outputs": "--free-stage-outputs",
-    "elementwise": "--elementwise",
-    "loss": "--loss",
-    "fused_projections": "--fused-projections",
-    "fsdp_gather_bytes": "--fsdp-gather-dtype",
-    "fsdp_reduce_bytes": "--fsdp-reduce-dtype",
-    "fsdp_unit_buffers": "--fsdp-unit-buffers",
-}
-"""Runtime behaviours (meshplan/runtimes.py) and the estimate flag that sets each."""
+ESTIMATE_BEHAVIOURS = (
+    "state_layout",
+    "overlap_dp_comm",
+    "overlap_tp_comm",
+    "attention",
+    "uniform_stages",
+    "free_stage_outputs",
+    "elementwise",
+    "loss",
+    "fused_projections",
+    "fsdp_gather_bytes",
+    "fsdp_reduce_bytes",
+    "fsdp_unit_buffers",
+)
+"""Runtime behaviours (meshplan/runtimes.py) an export's estimate line carries where the plan's
+value is not the runtime's, each through its own flag (runtimes.Flag)."""
 
 
 def estimate_line(plan: Plan) -> str:
@@ -116,14 +117,12 @@ def estimate_line(plan: Plan) -> str:
         words += ["--set", *(f"{k}={v}" for k, v in plan.model_config.items())]
     words += ["--cluster", plan.cluster_name, "--runtime", plan.runtime]
     defaults = runtimes.request_behaviours(plan.runtime, {})
-    named = {row.name: row.flag.to_request for row in runtimes.ROWS if row.flag and row.flag.to_request}
-    for key, flag in BEHAVIOUR_FLAGS.items():
+    flags = {row.name: row.flag for row in runtimes.ROWS if row.flag is not None}
+    for key in ESTIMATE_BEHAVIOURS:
         value = plan.runtime_behaviours.get(key)
         if value is None or value == defaults.get(key):
             continue
-        if key in named:  # the flag names a dtype where the request holds its bytes
-            value = next((name for name, v in named[key].items() if v == value), value)
-        words += [flag if value is True else f"--no-{flag[2:]}"] if isinstance(value, bool) else [flag, str(value)]
+        words += flags[key].cli_words(value)
     return "predict it: meshplan estimate --import THIS_FILE " + shlex.join(words)
 
 
