@@ -68,9 +68,9 @@ def fsdp_width(ctx: Context) -> int:
 
 def reduce_width(ctx: Context) -> int:
     """Bytes per element of the ZeRO-2/3 gradient reduce-scatter and HSDP's replica all-reduce: the
-    runtime's reduce dtype (RuntimeSpec.fsdp_reduce_bytes: fp32 under FSDP2's torch layout, bf16
-    under Composer's PURE mixed precision), else the gather width."""
-    return ctx.spec.fsdp_reduce_bytes or fsdp_width(ctx)
+    runtime's reduce dtype, resolved by Context.spec (fp32 under FSDP2's torch layout, bf16 under
+    Composer's PURE mixed precision, the gather width where neither says)."""
+    return ctx.spec.fsdp_reduce_bytes
 
 
 def padded_shard_elems(layer: LayerProfile, split: int, shard: int) -> int:
