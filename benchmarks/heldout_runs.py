@@ -51,6 +51,7 @@ import json
 import os
 
 from meshplan.cli import main
+from meshplan.imports.llm_foundry import MIXED_PRECISION
 
 SOURCES = {
     "2024-12": ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md", "h100-96g", "torchtitan"),
@@ -192,9 +193,6 @@ MPT_RUNS = {
 }
 """llm-foundry's MPT benchmark rows at seq 2048, as its tables give them (README at 061f2c7)."""
 MPT_PINS = "--tp 1 --pp 1 --zero 3 --schedule 1f1b"
-MIXED_PRECISION = {"PURE": "--fsdp-reduce-dtype bf16", "DEFAULT": "--fsdp-reduce-dtype fp32"}
-"""A row's MP Mode column (Composer's fsdp_config.mixed_precision): PURE reduce-scatters bf16
-gradients, DEFAULT fp32 (both gather bf16 parameters); as `--import` reads it from a yaml."""
 COMPILE, FP8 = "--compile", "--compile --precision fp8"
 COMPILED_LOSS = "--loss fused"
 """The 2025-06 runs' torchtitan (820504e, e7c0cae) compiles the loss with the model
@@ -298,7 +296,8 @@ def _rows() -> list[dict]:
     for gpu, runs in MPT_RUNS.items():
         for model, gpus, mb, steps, ckpt, mixed, tps in runs:
             recompute = "full" if ckpt else "none"
-            pins = f"{MPT_PINS} --dp {gpus} --microbatch {mb} --recompute {recompute} {MIXED_PRECISION[mixed]}"
+            reduce = MIXED_PRECISION[mixed][1]  # the row's MP Mode, as `--import` reads it from a yaml
+            pins = f"{MPT_PINS} --dp {gpus} --microbatch {mb} --recompute {recompute} --fsdp-reduce-dtype {reduce}"
             label = f"mb {mb} x {steps}, {'act. ckpt' if ckpt else 'no recompute'}"
             add(1, label, f"MPT-{model}", 2048, gpus, gpus * mb * steps, pins, tps, None, f"llm-foundry {gpu}")
     return rows
