@@ -255,7 +255,9 @@ def plan_row(name: str, pairs: list[tuple]) -> dict:
     as predicted by that repetition's calibration, its RunResult or None[, the plan as predicted
     from the profile before the launch alone]). Medians over pairs; the breakdowns are those of
     the round with the median prediction; `rounds` keeps each round's [predicted, measured or
-    None] pair; `predicted_before_s` the one-profile prediction; seconds and bytes."""
+    None] pair and `round_configs` the configuration each round ran (the planner's search may
+    choose differently between rounds); `predicted_before_s` the one-profile prediction; seconds
+    and bytes."""
     plan = sorted((p[0] for p in pairs), key=lambda p: p.prediction.step_time_s)[(len(pairs) - 1) // 2]
     runs = [p[1] for p in pairs if p[1] is not None]
     predicted = [p[0].prediction.step_time_s for p in pairs]
@@ -269,6 +271,7 @@ def plan_row(name: str, pairs: list[tuple]) -> dict:
         "predicted_s": statistics.median(predicted),
         "predicted_runs_s": predicted,
         "rounds": [[p[0].prediction.step_time_s, p[1].step_time_s if p[1] is not None else None] for p in pairs],
+        "round_configs": [describe(p[0]) for p in pairs],
         "breakdown_s": dict(plan.prediction.breakdown),
         "predicted_memory_bytes": statistics.median(p[0].prediction.peak_memory_bytes for p in pairs),
         "runs": len(runs),
@@ -308,13 +311,26 @@ PLANNER_ROW = "planner-search"
 """The row holding the planner's own search result (benchmarks/run.py adds it to the grid)."""
 
 
+def measured_samples(row: dict) -> list[tuple[str, float]]:
+    """(configuration, measured seconds) per measured round of a row: a round of the planner's
+    row is a sample of the configuration the search chose in that round. Rows without per-round
+    configurations (results written before they were kept) give their config with each run."""
+    configs = row.get("round_configs")
+    if configs and len(configs) == len(row.get("rounds", [])):
+        return [(config, pair[1]) for config, pair in zip(configs, row["rounds"]) if pair[1] is not None]
+    return [(row["config"], m) for m in row.get("measured_runs_s") or [row["measured_s"]]]
+
+
 def pooled_measured_s(done: list[dict]) -> dict[str, float]:
     """configuration -> median over every launch's measurement of it: rows naming the same
     configuration (the planner's choice is often the grid's DDP plan) are samples of one plan,
-    and two samples of one plan differ by 10-15% on this host."""
+    and two samples of one plan differ by 10-15% on this host. Pooled per round
+    (measured_samples): a planner's row that chose DDP in two rounds and ZeRO-1 in three adds two
+    samples to DDP and three to ZeRO-1, not five to a configuration that never ran."""
     runs: dict[str, list[float]] = {}
     for r in done:
-        runs.setdefault(r["config"], []).extend(r.get("measured_runs_s") or [r["measured_s"]])
+        for config, seconds in measured_samples(r):
+            runs.setdefault(config, []).append(seconds)
     return {config: statistics.median(values) for config, values in runs.items()}
 
 
@@ -330,7 +346,9 @@ def mape_before(rows: list[dict]) -> dict:
 def summarize(rows: list[dict]) -> dict:
     """MAPE, Kendall tau and top-1 regret over the measured rows of one model. Top-1 regret is
     the measured time of the planner's choice (its search result; else the grid plan it predicts
-    fastest) over the best measured configuration, same configurations pooled."""
+    fastest) over the best measured configuration, same configurations pooled; where the search
+    chose differently between rounds, the median over its rounds of the pooled time of the
+    configuration chosen in each."""
     done = [r for r in rows if "measured_s" in r]
     pred, meas = [r["predicted_s"] for r in done], [r["measured_s"] for r in done]
     choice = next((r for r in done if r["name"] == PLANNER_ROW), None) or min(done, key=lambda r: r["predicted_s"])
@@ -340,7 +358,7 @@ def summarize(rows: list[dict]) -> dict:
         "mape": mape(pred, meas),
         **mape_before(done),
         "kendall_tau": kendall_tau(pred, meas),
-        "top1_regret": pooled[choice["config"]] / min(pooled.values()),
+        "top1_regret": statistics.median(pooled[c] for c, _ in measured_samples(choice)) / min(pooled.values()),
         "top1_regret_unpooled": top1_regret(pred, meas),
         "num_plans": len(done),
         "choice": choice["name"],

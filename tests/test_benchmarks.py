@@ -388,6 +388,27 @@ def test_a_reading_is_shown_only_under_the_run_it_was_written_about(tmp_path, mo
     assert report._local(local)[-2:] == ["Reading (written after this run): llama's layers drift", ""]
 
 
+def test_a_search_that_chose_differently_between_rounds_is_pooled_per_round():
+    """The planner's row chose DDP in two rounds and ZeRO-1 in three: each round's measurement is a
+    sample of the configuration that ran, pooled with the grid's rows of it, and the regret is the
+    median over the rounds of the chosen configuration's pooled time over the best pooled one."""
+    ddp = {**_row("ddp", 1.0, 2.0), "config": "zero=0", "rounds": [[1.0, m] for m in (2.0, 2.2, 1.8)]}
+    ddp["round_configs"] = ["zero=0"] * 3
+    zero1 = ["zero=1", "zero=0", "zero=1", "zero=0", "zero=1"]
+    search = {
+        **_row("planner-search", 1.0, 3.0),
+        "config": "zero=0 | zero=1",
+        "rounds": [[1.0, m] for m in (1.5, 3.0, 1.6, 2.4, None)],
+        "round_configs": zero1,
+    }
+    assert la.measured_samples(search) == [("zero=1", 1.5), ("zero=0", 3.0), ("zero=1", 1.6), ("zero=0", 2.4)]
+    pooled = la.pooled_measured_s([ddp, search])
+    assert pooled == {"zero=0": pytest.approx(2.2), "zero=1": pytest.approx(1.55)}  # 1.8 2.0 2.2 2.4 3.0 | 1.5 1.6
+    # the search's measured rounds chose zero=1, zero=0, zero=1, zero=0: median of 1.55, 2.2, 1.55, 2.2
+    assert la.summarize([ddp, search])["top1_regret"] == pytest.approx((1.55 + 2.2) / 2 / 1.55)
+    assert la.measured_samples({**search, "round_configs": None}) == [("zero=0 | zero=1", 3.0)]
+
+
 def test_a_planner_row_of_two_configurations_keeps_the_tables_columns(tmp_path):
     """When the search chose differently between rounds its row's config joins both with " | "
     (local_accuracy); the accuracy and memory tables still have one cell per column."""
