@@ -12,12 +12,20 @@ bracketed one (`predicted_before_s`) and the after/before ratio of each launch (
 
 Only measured times are combined (layer forward/backward, the optimizer step, the in-place
 wrapper and step overheads, codec times); the structure of the two profiles must be the same.
+
+One profile before and one after still describe the host at two moments around a launch of
+about two minutes, and a profile's layer timing covers a few seconds: on an idle host of this
+kind five profiles in a row put one model's summed layer time anywhere from 20 to 40 ms. So the
+launch is also split in two (benchmarks.local_accuracy.measure_round, chunks) and the layers are
+timed again between the halves (retime_model): each layer's time is then the median of three
+timings spread over the launch, before, during and after its plans' runs.
 """
 
 from __future__ import annotations
 
 import copy
 import statistics
+from collections.abc import Sequence
 
 from meshplan.model_profile import ModelProfile
 
@@ -32,13 +40,16 @@ def _middle_dict(dicts: list[dict[str, float]]) -> dict[str, float]:
     return {k: _middle([d[k] for d in dicts if k in d]) for k in keys}
 
 
-def combine_profiles(profiles: list[ModelProfile]) -> ModelProfile:
+def combine_profiles(profiles: list[ModelProfile], mid: Sequence[ModelProfile] = ()) -> ModelProfile:
     """One profile whose every measured time is the middle of `profiles`' (same model, same
-    layers and microbatch sizes, measured at different times); everything else is the first's."""
+    layers and microbatch sizes, measured at different times); everything else is the first's.
+    `mid`: layer timings taken between the profiles (benchmarks.local_accuracy.retime_model,
+    without the in-place wrapper measurements): they join the layers' forward, backward and
+    optimizer-step times, not the in-place overheads."""
     if not profiles:
         raise ValueError("combine_profiles needs at least one profile")
     first = profiles[0]
-    for other in profiles[1:]:
+    for other in [*profiles[1:], *mid]:
         if [lp.name for lp in other.layers] != [lp.name for lp in first.layers]:
             raise ValueError(f"profiles of different layers cannot be combined ({first.model_name})")
         for a, b in zip(first.layers, other.layers):
@@ -47,10 +58,11 @@ def combine_profiles(profiles: list[ModelProfile]) -> ModelProfile:
     out = copy.deepcopy(first)
     for i, layer in enumerate(out.layers):
         same = [p.layers[i] for p in profiles]
+        timed = same + [p.layers[i] for p in mid]
         for j, timing in enumerate(layer.timings):
-            timing.forward_s = _middle([lp.timings[j].forward_s for lp in same])
-            timing.backward_s = _middle([lp.timings[j].backward_s for lp in same])
-        layer.optimizer_step_s = _middle([lp.optimizer_step_s for lp in same])
+            timing.forward_s = _middle([lp.timings[j].forward_s for lp in timed])
+            timing.backward_s = _middle([lp.timings[j].backward_s for lp in timed])
+        layer.optimizer_step_s = _middle([lp.optimizer_step_s for lp in timed])
         layer.framework_overhead_s = _middle_dict([lp.framework_overhead_s for lp in same])
     out.step_overhead_s = _middle_dict([p.step_overhead_s for p in profiles])
     for name, codec in out.codec_timings.items():
@@ -60,7 +72,8 @@ def combine_profiles(profiles: list[ModelProfile]) -> ModelProfile:
         codec.refit_s = _middle_dict([c.refit_s for c in same_codec])
     out.notes = [
         *out.notes,
-        f"bracketed: every measured time is the median of {len(profiles)} profiles taken around one launch",
+        f"bracketed: every measured time is the median of {len(profiles)} profiles taken around one launch"
+        + (f", the layers' times also of {len(mid)} timing(s) taken during it" if mid else ""),
     ]
     return out
 

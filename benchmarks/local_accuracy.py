@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.common import kendall_tau, mape, spread, top1_regret
@@ -95,6 +96,22 @@ def calibrate_model(model: str, calibration: dict, say, when: str = "before"):
         f"  profiled {model} on the CPU {when} its launch ({calibration[f'profile_{model}{suffix}_s']} s, "
         f"{NUM_RANKS} ranks busy)"
     )
+    return profile
+
+
+def retime_model(model: str, calibration: dict, say):
+    """The model's layers timed again in the middle of its launch (benchmarks/calibration.py):
+    the same CPU timing as calibrate_model's profile (NUM_RANKS ranks busy), without the in-place
+    wrapper measurements, which only the profiles around the launch take; its timings are
+    appended to `calibration["layer_timings_mid_s"][model]`."""
+    from meshplan.profiler import profile_model
+
+    start = time.perf_counter()
+    profile = profile_model(
+        model, None, device="cpu", microbatch_sizes=MICROBATCHES, concurrent=NUM_RANKS, in_place=False
+    )
+    calibration.setdefault("layer_timings_mid_s", {}).setdefault(model, []).append(_timings(profile))
+    say(f"  timed {model}'s layers again between its launch's chunks ({time.perf_counter() - start:.1f} s)")
     return profile
 
 
@@ -191,8 +208,27 @@ def _run_batch(plans: list, steps: int, work: Path, say) -> list:
     return results
 
 
+def split_evenly(items: list, parts: int) -> list[list]:
+    """`items` in `parts` consecutive pieces whose lengths differ by at most one (no empty piece)."""
+    parts = max(1, min(parts, len(items)))
+    size, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for k in range(parts):
+        end = start + size + (k < extra)
+        out.append(items[start:end])
+        start = end
+    return out
+
+
 def measure_round(
-    model: str, plans: list[tuple[str, object]], rep: int, steps: int, work: Path, say
+    model: str,
+    plans: list[tuple[str, object]],
+    rep: int,
+    steps: int,
+    work: Path,
+    say,
+    chunks: int = 1,
+    between: Callable[[int], None] | None = None,
 ) -> tuple[list, dict]:
     """One launch running every plan of `model` twice, in mirrored passes (order rotated by
     `rep`, then the same order reversed: A B C ... C B A), `steps` steps each time. A plan's
@@ -201,12 +237,19 @@ def measure_round(
     is too, and a host whose speed drifts during the launch moves all plans alike instead of
     the early plans one way and the late ones the other. (RunResult or None per plan in the
     given order, launch info with `pass_ratio`: the median over plans of second-pass over
-    first-pass step time, how far the host moved within the launch.)"""
+    first-pass step time, how far the host moved within the launch.) With `chunks` > 1 the
+    sequence runs as that many consecutive launches and `between(k)` is called after launch k
+    but the last: benchmarks/run.py times the model's layers there, so that the calibration is
+    also taken in the middle of the plans' runs."""
     k = rep * 5 % len(plans)
     order = list(range(k, len(plans))) + list(range(k))
     sequence = order + order[::-1]
     start = time.perf_counter()
-    results = _run_batch([plans[i][1] for i in sequence], steps, work / f"{model}-{rep}", say)
+    results = []
+    for k, part in enumerate(split_evenly(sequence, chunks)):
+        if k and between is not None:
+            between(k)
+        results += _run_batch([plans[i][1] for i in part], steps, work / f"{model}-{rep}-{k}", say)
     first, second = dict(zip(order, results[: len(order)])), dict(zip(order[::-1], results[len(order) :]))
     merged = [merge_passes(first[i], second[i]) for i in range(len(plans))]
     ratios = [second[i].step_time_s / first[i].step_time_s for i in order if first[i] and second[i]]
@@ -216,6 +259,7 @@ def measure_round(
         "wall_s": round(time.perf_counter() - start, 1),
         "load_average": list(os.getloadavg()),
         "pass_ratio": statistics.median(ratios) if ratios else None,
+        "chunks": chunks,
     }
     say(
         f"  repetition {rep + 1}: {model}, {len(plans)} plans x 2 passes ({info['wall_s']:.0f} s, "

@@ -204,13 +204,27 @@ def _local(r: dict) -> list[str]:
     cal = {
         k: v
         for k, v in la.get("calibration", {}).items()
-        if k not in ("layer_timings_s", "links", "step_overhead_s", "layer_timings_after_s", "step_overhead_after_s")
+        if k
+        not in (
+            "layer_timings_s",
+            "links",
+            "step_overhead_s",
+            "layer_timings_after_s",
+            "step_overhead_after_s",
+            "layer_timings_mid_s",
+        )
     }
     lines += [
         f'Cost model calibrated only from `profile_model(device="cpu", concurrent=4)` and '
         f"`profile_links(4)`, re-measured in each of the {la.get('repeats')} round(s): the links at "
-        "the round's start, each model's profile right before its launch and again right after it, "
-        "each plan priced from the two profiles' middle (benchmarks/calibration.py; the plans run are "
+        "the round's start, each model's profile right before its launch and again right after it"
+        + (
+            ", and its layers timed again between the launch's halves, each plan priced from the profiles' "
+            "middle with each layer's time the median of the three timings"
+            if any(x.get("chunks", 1) > 1 for x in la.get("launches", []))
+            else ", each plan priced from the two profiles' middle"
+        )
+        + " (benchmarks/calibration.py; the plans run are "
         "chosen from the profile before, and the column 'profile before only' prices them from it alone) "
         f"(first round: {cal}; per-layer timings, in-place step overheads, link fits and load of every round are in "
         "benchmarks.json under local_accuracy.calibrations); never fitted to the grid. Global batch "
@@ -224,12 +238,13 @@ def _local(r: dict) -> list[str]:
     loads = [
         f"{x['model']} #{x['repetition'] + 1}: {x['wall_s']:.0f} s, load {x['load_average'][0]:.1f}"
         + (f", layers x{x['drift']:.2f} after" if "drift" in x else "")
+        + "".join(f", x{d:.2f} mid" for d in x.get("mid_drift", []))
         for x in la.get("launches", [])
     ]
     if loads:
         lines += [
             "Launches (wall time, 1-minute load average after, the model's layer time in the profile after "
-            "the launch over the one before): " + "; ".join(loads) + ".",
+            "the launch, and in the timing between its halves, over the one before): " + "; ".join(loads) + ".",
             "",
         ]
     for name, m in la["models"].items():

@@ -33,6 +33,9 @@ from meshplan.errors import MeshplanError
 
 TARGETS = {"mape": 0.10, "kendall_tau": 0.8, "top1_regret": 1.05}
 """The targets for section 1."""
+LAUNCH_CHUNKS = 2
+"""Section 1 runs each model's plans in this many consecutive launches per round and times the
+layers again between them (benchmarks/calibration.py)."""
 
 
 def _say(quiet: bool):
@@ -48,11 +51,12 @@ def _predict_model(model: str, profile, cluster, grid: list, say) -> tuple[list,
     return named, skipped
 
 
-def _bracketed(model: str, before, plans: list, cluster, calibration: dict, info: dict, say) -> list:
+def _bracketed(model: str, before, plans: list, cluster, calibration: dict, info: dict, say, mid=()) -> list:
     """The launch's plans priced from `before` and a profile taken right after the launch,
-    combined (benchmarks/calibration.py); `info` gets the launch's drift, after over before. A
-    plan whose pins do not reproduce its own prediction from `before`, or a failed second
-    profile, keeps its one-profile prediction (said in `info`)."""
+    combined with the layer timings `mid` taken between the launch's chunks
+    (benchmarks/calibration.py); `info` gets the launch's drift, after over before, and each
+    mid timing's over before. A plan whose pins do not reproduce its own prediction from
+    `before`, or a failed second profile, keeps its one-profile prediction (said in `info`)."""
     from meshplan.planner import estimate
 
     try:
@@ -62,7 +66,9 @@ def _bracketed(model: str, before, plans: list, cluster, calibration: dict, info
         say(f"  {model}: no profile after the launch ({exc}); its plans keep the profile before")
         return [plan for _, plan in plans]
     info["drift"] = bracket.layer_drift(before, after)
-    both = bracket.combine_profiles([before, after])
+    if mid:
+        info["mid_drift"] = [bracket.layer_drift(before, m) for m in mid]
+    both = bracket.combine_profiles([before, after], mid)
     priced, kept = [], []
     for name, plan in plans:
         try:
@@ -79,11 +85,24 @@ def _bracketed(model: str, before, plans: list, cluster, calibration: dict, info
     return priced
 
 
+def _retimer(model: str, calibration: dict, mid: list, say):
+    """between(k) for la.measure_round: the model's layers timed again, appended to `mid`; a
+    failed timing is said and skipped (the plans keep the profiles around the launch)."""
+
+    def between(_chunk: int) -> None:
+        try:
+            mid.append(la.retime_model(model, calibration, say))
+        except MeshplanError as exc:
+            say(f"  {model}: no layer timing between the launch's chunks ({exc})")
+
+    return between
+
+
 def local_sections(quick: bool, say) -> tuple[dict, dict, dict]:
     """Sections 1, 2 and 4, which share the rounds of calibration, prediction and measurement.
     Per round: the links once, then per model its profile, predictions and launch back to back."""
     grid = [g for g in la.GRID if g[0] in la.QUICK_GRID] if quick else la.GRID
-    repeats, steps = (1, 4) if quick else (5, 6)  # steps per pass; each plan runs two passes (la.measure_round)
+    repeats, steps = (1, 4) if quick else (5, 8)  # steps per pass; each plan runs two passes (la.measure_round)
     pairs: dict[str, dict[str, list]] = {}
     calibrations, launches = [], []
     failed_rounds, skipped = [], {}
@@ -105,8 +124,11 @@ def local_sections(quick: bool, say) -> tuple[dict, dict, dict]:
                     failed_rounds.append({"round": rep, "model": model, "error": str(exc)})
                     say(f"  round {rep + 1}, {model} skipped: {exc}")
                     continue
-                results, info = la.measure_round(model, plans, rep, steps, Path(tmp), say)
-                priced = _bracketed(model, profile, plans, cluster, calibration, info, say)
+                mid: list = []
+                results, info = la.measure_round(
+                    model, plans, rep, steps, Path(tmp), say, LAUNCH_CHUNKS, _retimer(model, calibration, mid, say)
+                )
+                priced = _bracketed(model, profile, plans, cluster, calibration, info, say, mid)
                 launches.append(info)
                 for (name, plan), repriced, result in zip(plans, priced, results):
                     pairs.setdefault(model, {}).setdefault(name, []).append((repriced, result, plan))

@@ -48,6 +48,26 @@ def test_combined_profile_holds_the_middle_of_every_measured_time():
     )  # three or more: the median, not swayed by one outlier
 
 
+def test_layer_timings_taken_during_the_launch_join_the_layers_times_only():
+    """Timed 1x before, 2.5x between the launch's chunks and 3x after: a layer's forward,
+    backward and optimizer-step times are the median of the three, the in-place overheads
+    (which the mid timing does not take) the middle of the two profiles."""
+    before, mid, after = _timed(1.0), _timed(2.5), _timed(3.0)
+    mid.layers[0].framework_overhead_s = {"tp": 1.0}  # a one-rank value: must not be used
+    mid.step_overhead_s = {"ddp@4:b4": 1.0}
+    both = bracket.combine_profiles([before, after], [mid])
+    for lb, lc in zip(before.layers, both.layers):
+        for tb, tc in zip(lb.timings, lc.timings):
+            assert tc.forward_s == pytest.approx(2.5 * tb.forward_s)
+            assert tc.backward_s == pytest.approx(2.5 * tb.backward_s)
+        assert lc.optimizer_step_s == pytest.approx(2.5e-4)
+        assert lc.framework_overhead_s["tp"] == pytest.approx(1e-4)
+    assert both.step_overhead_s == {"ddp@4:b4": pytest.approx(2e-3)}
+    assert "1 timing(s) taken during it" in both.notes[-1]
+    with pytest.raises(ValueError, match="microbatch sizes"):
+        bracket.combine_profiles([before, after], [_timed(1.0, sizes=(1, 2))])
+
+
 def test_profiles_of_different_structure_are_refused():
     before = _timed(1.0)
     with pytest.raises(ValueError, match="microbatch sizes"):
@@ -93,6 +113,12 @@ def test_a_launchs_plans_are_priced_from_both_profiles(monkeypatch):
 
     def fails(model, calibration, say, when="before"):
         raise MeshplanError("busy workers timed out")
+
+    mid_info: dict = {}
+    with_mid = run._bracketed("gpt-tiny", before, plans, cluster, {}, mid_info, lambda *_: None, [_timed(2.5)])
+    assert mid_info["mid_drift"] == [pytest.approx(2.5)]
+    for (name, _), got, bracketed in zip(plans, with_mid, priced):  # layers at the median 2.5x, overheads 2x
+        assert got.prediction.step_time_s > bracketed.prediction.step_time_s, name
 
     monkeypatch.setattr(run.la, "calibrate_model", fails)
     info = {}
@@ -167,6 +193,27 @@ def test_a_round_runs_its_plans_in_mirrored_passes(monkeypatch, tmp_path):
     assert launched == [[100.0, 1.0, 10.0, 10.0, 1.0, 100.0]]  # rotated by 5 % 3 = 2, then mirrored
     assert [r.step_time_s for r in results] == [pytest.approx(1.5), pytest.approx(15.0), pytest.approx(150.0)]
     assert info["pass_ratio"] == pytest.approx(2.0)
+
+
+def test_a_round_in_chunks_times_the_layers_between_its_launches(monkeypatch, tmp_path):
+    """chunks=2: the mirrored sequence runs as two consecutive launches with `between` called
+    once between them; each plan still merges its own two runs."""
+    events = []
+
+    def run_batch(plans, steps, work, say):
+        events.append(("launch", list(plans), work.name))
+        return [_result([9.0, 9.0, p, p]) for p in plans]
+
+    monkeypatch.setattr(la, "_run_batch", run_batch)
+    plans = [("a", 1.0), ("b", 10.0), ("c", 100.0)]
+    results, info = la.measure_round(
+        "m", plans, 0, 4, tmp_path, lambda *_: None, chunks=2, between=lambda k: events.append(("between", k))
+    )
+    assert events == [("launch", [1.0, 10.0, 100.0], "m-0-0"), ("between", 1), ("launch", [100.0, 10.0, 1.0], "m-0-1")]
+    assert [r.step_time_s for r in results] == [pytest.approx(1.0), pytest.approx(10.0), pytest.approx(100.0)]
+    assert info["chunks"] == 2
+    assert la.split_evenly(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
+    assert la.split_evenly([1, 2], 5) == [[1], [2]]
 
 
 def test_pass_drift_names_the_launch_that_moved_most():

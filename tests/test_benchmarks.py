@@ -266,7 +266,7 @@ def test_a_failed_calibration_round_is_skipped_and_recorded(monkeypatch):
     monkeypatch.setattr(
         run.la,
         "measure_round",
-        lambda model, plans, rep, steps, work, say: (
+        lambda model, plans, rep, steps, work, say, *chunking: (
             [result] * len(plans),
             {"model": model, "repetition": rep, "wall_s": 1.0, "load_average": [2.0]},
         ),
