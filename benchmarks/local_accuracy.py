@@ -79,16 +79,24 @@ def calibrate_links(quick: bool, say) -> tuple[object, dict]:
     return cluster, info
 
 
+def _cpu_profile(model: str, in_place: bool = True):
+    """`model` profiled on the CPU at MICROBATCHES with NUM_RANKS ranks busy: the one timing
+    calibrate_model and retime_model share (the latter without the in-place wrapper runs)."""
+    from meshplan.profiler import profile_model
+
+    return profile_model(
+        model, None, device="cpu", microbatch_sizes=MICROBATCHES, concurrent=NUM_RANKS, in_place=in_place
+    )
+
+
 def calibrate_model(model: str, calibration: dict, say, when: str = "before"):
     """One CPU profile of `model` with NUM_RANKS ranks busy, taken right before its launch (the
     host's speed drifts over minutes) or, `when="after"`, right after it (benchmarks/calibration.py
     combines the two); its timings are recorded in `calibration` (the after-launch ones under
     keys ending in "_after")."""
-    from meshplan.profiler import profile_model
-
     suffix = "" if when == "before" else f"_{when}"
     start = time.perf_counter()
-    profile = profile_model(model, None, device="cpu", microbatch_sizes=MICROBATCHES, concurrent=NUM_RANKS)
+    profile = _cpu_profile(model)
     calibration[f"profile_{model}{suffix}_s"] = round(time.perf_counter() - start, 1)
     calibration.setdefault(f"layer_timings{suffix}_s", {})[model] = _timings(profile)
     calibration.setdefault(f"step_overhead{suffix}_s", {})[model] = dict(profile.step_overhead_s)
@@ -104,12 +112,8 @@ def retime_model(model: str, calibration: dict, say):
     the same CPU timing as calibrate_model's profile (NUM_RANKS ranks busy), without the in-place
     wrapper measurements, which only the profiles around the launch take; its timings are
     appended to `calibration["layer_timings_mid_s"][model]`."""
-    from meshplan.profiler import profile_model
-
     start = time.perf_counter()
-    profile = profile_model(
-        model, None, device="cpu", microbatch_sizes=MICROBATCHES, concurrent=NUM_RANKS, in_place=False
-    )
+    profile = _cpu_profile(model, in_place=False)
     calibration.setdefault("layer_timings_mid_s", {}).setdefault(model, []).append(_timings(profile))
     say(f"  timed {model}'s layers again between its launch's chunks ({time.perf_counter() - start:.1f} s)")
     return profile
@@ -246,10 +250,10 @@ def measure_round(
     sequence = order + order[::-1]
     start = time.perf_counter()
     results = []
-    for k, part in enumerate(split_evenly(sequence, chunks)):
-        if k and between is not None:
-            between(k)
-        results += _run_batch([plans[i][1] for i in part], steps, work / f"{model}-{rep}-{k}", say)
+    for chunk, part in enumerate(split_evenly(sequence, chunks)):
+        if chunk and between is not None:
+            between(chunk)
+        results += _run_batch([plans[i][1] for i in part], steps, work / f"{model}-{rep}-{chunk}", say)
     first, second = dict(zip(order, results[: len(order)])), dict(zip(order[::-1], results[len(order) :]))
     merged = [merge_passes(first[i], second[i]) for i in range(len(plans))]
     ratios = [second[i].step_time_s / first[i].step_time_s for i in order if first[i] and second[i]]
