@@ -180,6 +180,26 @@ def optimizer_scale(profile: ModelProfile) -> float:
     return measured / one_rank if measured > 0 and one_rank > 0 else 1.0
 
 
+def timing_scale_points(profile: ModelProfile) -> tuple[tuple[int, float], ...]:
+    """((microbatch, ratio), ...): the plain whole model's forward + loss + backward measured in
+    place on all ranks at once (step_overhead_s["model@1:bB"], profiler/insitu.py) over the sum of
+    the layers' timings at the same microbatch. Each layer is timed alone, its share of the cores
+    inferred from CPU time x wall / CPU over the timed passes (profiler/step_timing.HostShare); the
+    in-place pass runs the whole model the way a rank does, beside the other ranks doing the same.
+    The layer timings say how a pass splits over the layers, the in-place pass what it costs.
+    Empty when not measured (GPU profiles, --concurrent 1, profiles written before it)."""
+    points = []
+    for key, measured in profile.step_overhead_s.items():
+        if not key.startswith("model@1:b") or measured <= 0:
+            continue
+        b = int(key.removeprefix("model@1:b"))
+        times = [next((t for t in lp.timings if t.microbatch_size == b), None) for lp in profile.layers]
+        layers = sum(t.forward_s + t.backward_s for t in times if t is not None)
+        if layers > 0 and all(t is not None for t in times):
+            points.append((b, measured / layers))
+    return tuple(sorted(points))
+
+
 @dataclass
 class Context:
     profile: ModelProfile
@@ -191,6 +211,9 @@ class Context:
     """[start, end) of identical blocks when the model is prefix(<=1) + identical blocks + suffix(<=1)."""
     optimizer_scale: float = 1.0
     """Factor on the profile's one-rank optimizer timings (optimizer_scale())."""
+    timing_scale: tuple[tuple[int, float], ...] = ()
+    """Factor on the profile's layer timings by microbatch (timing_scale_points(), read before any
+    sequence rescaling; planner/cost/compute.timing_scale interpolates it)."""
     score_keepers: frozenset[str] = frozenset()
     """Blocks whose attention core materialises the s x s scores (attention.is_materialized), read
     before the selective-recompute policy re-targets the selective fields: torchtitan's op policy
@@ -212,6 +235,7 @@ class Context:
         ctx.signatures = [seen.setdefault(_signature(lp), i) for i, lp in enumerate(ctx.profile.layers)]
         ctx.body = ctx._find_body()
         ctx.optimizer_scale = optimizer_scale(ctx.profile)
+        ctx.timing_scale = timing_scale_points(profile)
         return ctx
 
     def _find_body(self) -> tuple[int, int] | None:

@@ -10,7 +10,8 @@ only. So each representative layer is run here the way a training step runs it: 
 (N/t, t) mesh, with and without sequence parallelism; fully_shard at degree d on a (N/d, d) mesh
 with gradient sync off, as during accumulation), every rank timing forward and backward at the
 same time, and the same layer unwrapped right after. Mean wall seconds (a step is a sum, so the
-mean, not the median, is what it pays), the slowest rank's. The overhead of a wrapper is
+mean, not the median, is what it pays): the slowest rank's wrapped pass (it decides when a
+collective is done) against the mean rank's plain pass (combine_ranks). The overhead of a wrapper is
 
     tp:    wrapped - plain / t     (the cost model charges compute / t for the arithmetic)
     zero3: wrapped - plain
@@ -19,6 +20,9 @@ mean, not the median, is what it pays), the slowest rank's. The overhead of a wr
     recompute_<mode>: the checkpointed layer - the plain one (degree 1, "recompute_full@1:bB")
     zero1: ZeRO-1's optimizer step (ZeroRedundancyOptimizer: 1/D of the update, then the
            parameter broadcast) - the plain optimizer step / D, in step_overhead_s["zero1@D"]
+    model: the plain whole model's forward + loss + backward, absolute (step_overhead_s
+           "model@1:bB"); the cost model scales the per-layer timings to it
+           (planner/context.compute_scale)
     optimizer: the once-per-step work on the whole model (clip + AdamW + zero_grad), absolute,
            in step_overhead_s["optimizer@1"] (nothing is wrapped; the cost model scales the
            one-rank per-layer optimizer timings to it: planner/context.optimizer_scale)
@@ -36,7 +40,6 @@ CPU only: on GPUs the collectives run on their own engines and link fits describ
 from __future__ import annotations
 
 import copy
-import math
 import os
 import socket
 import statistics
@@ -47,6 +50,10 @@ from meshplan.model_profile import ModelProfile
 
 STEP = ""
 """Key of the whole-model (once-per-step) measurements in a rank's table."""
+MODEL_PASS = "model@1"
+"""step_overhead_s["model@1:bB"]: the plain whole model's forward + loss + backward at microbatch
+B, mean wall seconds over the ranks running it at once (absolute, not an overhead: the DDP cases'
+plain passes). The cost model scales the per-layer timings to it (planner/context.compute_scale)."""
 WARMUP = 2
 ITERS = 18
 PASSES = 3
@@ -105,11 +112,7 @@ def measure_in_place(
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
-    raw: dict[str, dict[str, float]] = {}
-    for table in per_rank:  # the slowest rank decides when a collective is done
-        for rep, row in table.items():
-            for key, value in row.items():
-                raw.setdefault(rep, {})[key] = max(raw.get(rep, {}).get(key, -math.inf), value)
+    raw = combine_ranks(per_rank)
     stored = clamped(raw)
     for lp in profile.layers:
         lp.framework_overhead_s.update(stored.get(rep_of[lp.name], {}))
@@ -119,6 +122,28 @@ def measure_in_place(
         f"{', '.join(map(str, batches))}: {', '.join(f'{k}@{d}' for k, d in configs(ranks))} "
         f"(mean wall of {ITERS} passes in {PASSES} round-robin rounds after {WARMUP}, slowest rank)"
     )
+    return raw
+
+
+def combine_ranks(per_rank: list[dict[str, dict[str, tuple[float, float]]]]) -> dict[str, dict[str, float]]:
+    """{owner: {key: overhead}} from each rank's {owner: {key: (wrapped_s, plain_s)}}: the slowest
+    rank's wrapped time (it decides when a collective is done) minus the mean rank's plain time
+    (what the cost model charges for the arithmetic: the ranks' average share of the cores). The
+    slowest rank's own wrapped - plain would pair it with its own plain pass, which runs alone
+    and unsynchronised: the rank whose plain pass happened to run fastest sets the overhead, and
+    the noise in N plain timings becomes a bias of the maximum. MODEL_PASS entries are absolute
+    plain times (no wrapper): their mean over the ranks."""
+    wrapped: dict[tuple[str, str], list[float]] = {}
+    plain: dict[tuple[str, str], list[float]] = {}
+    for table in per_rank:
+        for owner, row in table.items():
+            for key, (w, p) in row.items():
+                wrapped.setdefault((owner, key), []).append(w)
+                plain.setdefault((owner, key), []).append(p)
+    raw: dict[str, dict[str, float]] = {}
+    for (owner, key), ws in wrapped.items():
+        slowest = statistics.fmean(ws) if key.startswith(MODEL_PASS) else max(ws)
+        raw.setdefault(owner, {})[key] = slowest - statistics.fmean(plain[owner, key])
     return raw
 
 
@@ -158,7 +183,9 @@ def _rank(rank: int, world: int, port: int, spec: str, overrides, reps, rules, i
             dist.destroy_process_group()
 
 
-def _measure_all(world: int, spec: str, overrides, reps, rules, inputs, batches) -> dict[str, dict[str, float]]:
+def _measure_all(
+    world: int, spec: str, overrides, reps, rules, inputs, batches
+) -> dict[str, dict[str, tuple[float, float]]]:
     """Every case timed in PASSES round-robin passes (so that the host's drift over the
     measurement spreads over all cases, as profile-links does), ITERS passes each in all."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -196,9 +223,16 @@ def _measure_all(world: int, spec: str, overrides, reps, rules, inputs, batches)
     for _ in range(PASSES):
         for case in cases:
             case.run(ITERS // PASSES)
-    table: dict[str, dict[str, float]] = {}
+    table: dict[str, dict[str, tuple[float, float]]] = {}
     for case in cases:
         table.setdefault(case.owner, {}).update(case.raw_overheads())
+    model_pass: dict[str, list[float]] = {}  # the plain model, one sample per DDP degree
+    for case in cases:
+        if case.owner == STEP and case.key.startswith("ddp@"):
+            b = case.key.rsplit(":", 1)[1]
+            model_pass.setdefault(f"{MODEL_PASS}:{b}", []).append(case.plain_s())
+    for key, samples in model_pass.items():
+        table[STEP][key] = (statistics.fmean(samples), 0.0)
     return table
 
 
@@ -231,14 +265,21 @@ class Case:
     def timed(self, module) -> tuple[float, ...]:
         return _pass(module, self.x, self.loss)
 
-    def raw_overheads(self) -> dict[str, float]:
-        """Wrapped minus plain / split, unclamped: below zero where the host's noise won."""
-        (w_f, w_b), (p_f, p_b) = (
-            tuple(statistics.fmean(t[i] for t in self.times[n]) for i in (0, 1)) for n in ("wrapped", "plain")
-        )
-        out = {self.key: w_f + w_b - (p_f + p_b) / self.split}
+    def _means(self, name: str) -> tuple[float, float]:
+        runs = self.times[name]
+        return statistics.fmean(t[0] for t in runs), statistics.fmean(t[1] for t in runs)
+
+    def plain_s(self) -> float:
+        """Mean wall seconds of the plain module's forward+backward on this rank."""
+        return sum(self._means("plain"))
+
+    def raw_overheads(self) -> dict[str, tuple[float, float]]:
+        """{key: (wrapped_s, plain_s / split)} on this rank (combine_ranks subtracts them over
+        the ranks, unclamped: below zero where the host's noise won)."""
+        (w_f, w_b), (p_f, p_b) = self._means("wrapped"), self._means("plain")
+        out = {self.key: (w_f + w_b, (p_f + p_b) / self.split)}
         if self.loss is None:
-            out[self.key + ":fwd"] = w_f - p_f / self.split
+            out[self.key + ":fwd"] = (w_f, p_f / self.split)
         return out
 
 
@@ -310,11 +351,11 @@ class OptimizerCase(Case):
         optimizer.step()
         return (time.perf_counter() - t0,)
 
-    def raw_overheads(self) -> dict[str, float]:
+    def raw_overheads(self) -> dict[str, tuple[float, float]]:
         if self.wrapped is self.plain:
-            return {self.key: statistics.fmean(t[0] for runs in self.times.values() for t in runs)}
+            return {self.key: (statistics.fmean(t[0] for runs in self.times.values() for t in runs), 0.0)}
         wrapped, plain = (statistics.fmean(t[0] for t in self.times[n]) for n in ("wrapped", "plain"))
-        return {self.key: wrapped - plain / self.split}
+        return {self.key: (wrapped, plain / self.split)}
 
 
 def _zero1_case(model, b: int, degree: int, mesh) -> OptimizerCase:

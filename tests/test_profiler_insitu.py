@@ -82,9 +82,50 @@ def test_tp_degrees_that_no_plan_runs_are_not_timed():
 
 
 def test_ddp_zero1_and_the_optimizer_are_measured_once_per_step_for_the_whole_model(profile):
-    assert set(profile.step_overhead_s) == {"ddp@2:b1", "ddp@2:b2", "zero1@2", "optimizer@1"}
+    assert set(profile.step_overhead_s) == {
+        "ddp@2:b1",
+        "ddp@2:b2",
+        "zero1@2",
+        "optimizer@1",
+        "model@1:b1",
+        "model@1:b2",
+    }
     assert profile.step_overhead_s["zero1@2"] > 0  # the broadcast costs something
     assert profile.step_overhead_s["optimizer@1"] > 0
+
+
+def test_the_in_place_model_pass_sets_the_scale_of_the_layer_timings(profile):
+    """A rank running the whole model (pure DP, one microbatch) is charged exactly the plain
+    model's in-place pass; without that measurement, the layers' timings as they are."""
+    from meshplan.planner.context import timing_scale_points
+
+    req = dict(num_gpus=2, global_batch=2, dp=2, pp=1, microbatch=1, precision="fp32")
+    cluster = local_cpu(2)
+    per_call = 2 * len(profile.layers) * cluster.calibration.kernel_overhead_s
+    compute = estimate(profile, cluster, PlanRequest(**req)).prediction.breakdown["compute"]
+    assert compute == pytest.approx(profile.step_overhead_s["model@1:b1"] + per_call, rel=1e-6)
+    layers = sum(lp.timings[0].forward_s + lp.timings[0].backward_s for lp in profile.layers)
+    (b1, r1), (b2, _) = timing_scale_points(profile)
+    assert (b1, b2) == (1, 2) and r1 == pytest.approx(profile.step_overhead_s["model@1:b1"] / layers)
+    bare = dataclasses.replace(
+        profile, step_overhead_s={k: v for k, v in profile.step_overhead_s.items() if not k.startswith("model@1")}
+    )
+    assert timing_scale_points(bare) == ()
+    unscaled = estimate(bare, cluster, PlanRequest(**req)).prediction.breakdown["compute"]
+    assert unscaled == pytest.approx(layers + per_call, rel=1e-6)
+
+
+def test_an_overhead_is_the_slowest_wrapped_rank_against_the_mean_plain_rank():
+    from meshplan.profiler.insitu import MODEL_PASS, combine_ranks
+
+    ranks = [
+        {"blk": {"tp@2:b1": (0.030, 0.010)}, STEP: {f"{MODEL_PASS}:b1": (0.020, 0.0)}},
+        {"blk": {"tp@2:b1": (0.032, 0.004)}, STEP: {f"{MODEL_PASS}:b1": (0.030, 0.0)}},
+    ]
+    raw = combine_ranks(ranks)
+    # the slowest rank's own difference (0.032 - 0.004) would take the luckiest plain pass
+    assert raw["blk"]["tp@2:b1"] == pytest.approx(0.032 - 0.007)
+    assert raw[STEP][f"{MODEL_PASS}:b1"] == pytest.approx(0.025)  # absolute: the mean rank
 
 
 def test_the_in_place_optimizer_step_sets_the_scale_of_the_one_rank_timings(profile):
@@ -121,7 +162,7 @@ def test_zero1_plan_is_charged_the_measured_broadcast_instead_of_the_fit(profile
 
 def test_recompute_is_measured_in_place_and_preferred(profile):
     from meshplan.planner.context import Context
-    from meshplan.planner.cost.compute import recompute_overheads_s
+    from meshplan.planner.cost.compute import recompute_overheads_s, timing_scale
 
     block = profile.layers[1]
     fw = block.framework_overhead_s
@@ -129,7 +170,7 @@ def test_recompute_is_measured_in_place_and_preferred(profile):
         assert fw[f"recompute_{mode}@1:b1"] > 0 and fw[f"recompute_{mode}@1:b2"] > 0
     ctx = Context.build(profile, local_cpu(2), PlanRequest(num_gpus=2, global_batch=2, precision="fp32"))
     full, _ = recompute_overheads_s(ctx, block, 1)
-    fwd_b1 = block.timings[0].forward_s
+    fwd_b1 = block.timings[0].forward_s * timing_scale(ctx, 1)  # the forward the plan is charged
     assert full == pytest.approx(max(0.0, fw["recompute_full@1:b1"] - fwd_b1))
     # the one-rank measurement is only the fallback
     bare = dataclasses.replace(block, framework_overhead_s={k: v for k, v in fw.items() if "@1" not in k})

@@ -91,12 +91,28 @@ def _flops_time_s(ctx: Context, layer: LayerProfile, flops: float, b: int, split
     return flops * scale * ((1 - other) / rate + other / attn_rate)
 
 
+def timing_scale(ctx: Context, b: int) -> float:
+    """Factor on the measured layer timings at microbatch b (Context.timing_scale: the whole
+    model's in-place pass over the layers' sum), linear between the measured microbatches and
+    held at the nearest beyond them; 1.0 when not measured."""
+    pts = ctx.timing_scale
+    if not pts:
+        return 1.0
+    if b <= pts[0][0]:
+        return pts[0][1]
+    for (b0, r0), (b1, r1) in zip(pts, pts[1:]):
+        if b <= b1:
+            return r0 + (b - b0) * (r1 - r0) / (b1 - b0)
+    return pts[-1][1]
+
+
 def layer_compute_s(ctx: Context, layer: LayerProfile, b: int, split: int, cp: int) -> tuple[float, float, float]:
     """(forward_s, backward_s, selective_recompute_s) of one layer, one microbatch, one rank."""
     overhead = ctx.cluster.calibration.kernel_overhead_s
     if ctx.measured and layer.timings:
         fwd, bwd = _interp_timing(layer, b)
-        fwd, bwd = fwd / (split * cp), bwd / (split * cp)
+        scale = timing_scale(ctx, b) / (split * cp)
+        fwd, bwd = fwd * scale, bwd * scale
         sel = fwd * layer.recompute_flops_selective / layer.forward_flops if layer.forward_flops else 0.0
         return fwd + overhead, bwd + overhead, sel
     return (
@@ -142,7 +158,7 @@ def recompute_overheads_s(ctx: Context, layer: LayerProfile, b: int) -> tuple[fl
     """(full, selective) checkpoint machinery per microbatch of size b beyond the recomputed
     arithmetic: the measured recompute cost — in place on all ranks at once where measured
     (profiler/insitu.py, "recompute_full@1:bB"), else on one rank (profiler/wrapper_timing.py,
-    "recompute_full:bB") — minus the forward at that microbatch B (full) or the modelled
+    "recompute_full:bB") — minus the forward the cost model charges at that microbatch B (full) or the modelled
     selective share of it, linear in b through the measured sizes (saved-tensor hooks and policy
     dispatch are per call, the copies and allocations they make grow with the bytes). Measured
     profiles only; the machinery's cost does not shrink with TP."""
@@ -155,6 +171,9 @@ def recompute_overheads_s(ctx: Context, layer: LayerProfile, b: int) -> tuple[fl
             else (layer.recompute_flops_selective / layer.forward_flops if layer.forward_flops else 0.0)
         )
         pts = measured_points(fw, f"recompute_{mode}@1") or measured_points(fw, f"recompute_{mode}")
-        machinery = [(mb, max(0.0, measured - share * _interp_timing(layer, mb)[0])) for mb, measured in pts]
+        machinery = [
+            (mb, max(0.0, measured - share * timing_scale(ctx, mb) * _interp_timing(layer, mb)[0]))
+            for mb, measured in pts
+        ]
         out.append(linear_in_b(machinery, b) or 0.0)
     return out[0], out[1]
