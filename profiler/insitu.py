@@ -14,7 +14,9 @@ mean, not the median, is what it pays): the slowest rank's wrapped pass (it deci
 collective is done) against the mean rank's plain pass (combine_ranks). The overhead of a wrapper is
 
     tp:    wrapped - plain / t     (the cost model charges compute / t for the arithmetic)
-    zero3: wrapped - plain
+    zero3: wrapped - plain, gradient sync off (an accumulation microbatch: the gathers)
+    zero3_sync: the same with gradient sync on (the step's last microbatch: the gathers and the
+           gradient reduce-scatter, between ranks that are busy computing)
     ddp:   the whole model under DDP - the plain model (once per step: DDP wraps the model, not a
            layer), in ModelProfile.step_overhead_s["ddp@D:bB"]
     recompute_<mode>: the checkpointed layer - the plain one (degree 1, "recompute_full@1:bB")
@@ -31,7 +33,7 @@ collective is done) against the mean rank's plain pass (combine_ranks). The over
            ["fsdp_optimizer@D"]
 
 stored per representative layer in LayerProfile.framework_overhead_s under "tp@T:bB",
-"tp_sp@T:bB" and "zero3@D:bB" (forward + backward) and the same keys + ":fwd" (forward only),
+"tp_sp@T:bB", "zero3@D:bB" and "zero3_sync@D:bB" (forward + backward) and the same keys + ":fwd" (forward only),
 at the smallest and largest profiled microbatch size B. The cost model (planner/layer_cost.py)
 interpolates in B and uses these instead of the modelled collectives and one-rank overheads.
 CPU only: on GPUs the collectives run on their own engines and link fits describe them.
@@ -64,7 +66,7 @@ TIMEOUT_S = 600
 def configs(ranks: int) -> list[tuple[str, int]]:
     """(wrapper, degree) measured with `ranks` ranks: every degree > 1 that divides it."""
     degrees = [d for d in range(2, ranks + 1) if ranks % d == 0]
-    return [(kind, d) for d in degrees for kind in ("tp", "tp_sp", "zero3")]
+    return [(kind, d) for d in degrees for kind in ("tp", "tp_sp", "zero3", "zero3_sync")]
 
 
 def tp_degree_valid(rules, degree: int) -> bool:
@@ -478,7 +480,8 @@ def _wrap(layer, rule, mesh, kind: str) -> bool:
             from torch.distributed.fsdp import fully_shard
 
             fully_shard(layer, mesh=mesh, reshard_after_forward=True)
-            layer.set_requires_gradient_sync(False)  # accumulation microbatches: gathers only
+            # accumulation microbatches gather only; the step's last one also reduce-scatters
+            layer.set_requires_gradient_sync(kind == "zero3_sync")
         return True
     except Exception:  # a layer this wrapper cannot take: the cost model falls back to its model
         return False

@@ -393,6 +393,20 @@ def test_in_place_measurements_replace_modelled_tp_and_zero3_costs():
     assert z3.modes["none"].dp_s == pytest.approx(0.020 + scatter / 3)
 
 
+def test_zero3_reduce_scatter_measured_in_place_replaces_the_link_fit():
+    """With gradient sync on, the same layer measured in place pays its gathers and the
+    reduce-scatter between busy ranks: the difference is the scatter, once per step where
+    gradients accumulate unsharded (m = 3), and not below zero where noise made it negative."""
+    ctx = _in_place_ctx()
+    blk = ctx.layers[1]
+    blk.framework_overhead_s.update({"zero3_sync@4:b1": 0.032, "zero3_sync@4:b3": 0.038})
+    z3 = layer_cost(ctx, blk, 1, 1, False, 1, 3, 4)  # microbatch 1, m = 3
+    assert z3.modes["none"].dp_s == pytest.approx(0.020 + (0.032 - 0.020) / 3)
+    blk.framework_overhead_s.update({"zero3_sync@4:b1": 0.015, "zero3_sync@4:b3": 0.015})
+    ctx = Context.build(ctx.profile, ctx.cluster, ctx.request)  # layer costs are memoised per context
+    assert layer_cost(ctx, blk, 1, 1, False, 1, 3, 4).modes["none"].dp_s == pytest.approx(0.020)
+
+
 def test_grad_clipping_pays_a_norm_all_reduce_per_sharded_group():
     from meshplan.planner.cost.optimizer import grad_norm_sync_s
 

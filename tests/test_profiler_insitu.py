@@ -53,7 +53,7 @@ def test_every_layer_gets_in_place_overheads(measured):
     profile, raw = measured
     for lp in profile.layers:
         row = raw[lp.timings[0].reused_from or lp.name]
-        for key in ("tp@2", "tp_sp@2", "zero3@2"):
+        for key in ("tp@2", "tp_sp@2", "zero3@2", "zero3_sync@2"):
             for b in (1, 2):
                 plain = next(t for t in lp.timings if t.microbatch_size == b)
                 pass_s = plain.forward_s + plain.backward_s

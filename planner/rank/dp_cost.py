@@ -222,7 +222,9 @@ class DataParallelCost:
         gradient reduce-scatter (and HSDP's replica all-reduce) every microbatch, or only after the
         last one where gradients accumulate unsharded (unsharded_accumulation), i.e. 1/m of it.
         ZeRO-3's gathers come from the in-place measurement (profiler/insitu.py "zero3@D") where
-        there is one.
+        there is one, and its reduce-scatter from the same layer measured with gradient sync on
+        ("zero3_sync@D", less the gathers): between ranks busy computing a collective waits for
+        its slowest partner, which the idle-rank link fit does not see.
         The third value is the part of the gathers that waits on the critical path
         (_unprefetched_share)."""
         if self.zero < 2 or self.shard <= 1:
@@ -235,6 +237,11 @@ class DataParallelCost:
         fw = layer.framework_overhead_s if ctx.measured else {}
         measured = in_place_overhead_s(fw, f"zero3@{self.shard}", b) if self.zero == 3 and fw else None
         if measured is not None:
+            synced = in_place_overhead_s(fw, f"zero3_sync@{self.shard}", b)
+            if synced is not None and not self.pipeline_deferred and grad_local > 0:
+                # the reduce-scatter as measured between busy ranks, the replicas' all-reduce fitted
+                scatter = max(synced - measured, 0.0) + self._replica_reduce_s(grad_local)
+                scatter /= m if self.unsharded_accumulation else 1
             return measured + scatter + offload, True, 0.0
         gather = self._gather_s(layer, local)
         again = self.zero == 3 and (layer.num_params > layer.num_frozen_params or self._after_trainable(layer))
@@ -246,9 +253,15 @@ class DataParallelCost:
         """The ZeRO-2/3 gradient reduce-scatter of `grad_params` unsharded gradients over the shard
         group at the reduce width, and HSDP's all-reduce of the resulting shard over the replicas."""
         ctx, width = self.ctx, reduce_width(self.ctx)
+        scatter = collective_s(ctx.cluster, "reduce_scatter", self.shard, grad_params * width, self.shard_tier)
+        return scatter + self._replica_reduce_s(grad_params)
+
+    def _replica_reduce_s(self, grad_params: float) -> float:
+        """HSDP's all-reduce over the replicas of the shard `grad_params` reduce-scatter to."""
+        ctx, width = self.ctx, reduce_width(self.ctx)
         return collective_s(
-            ctx.cluster, "reduce_scatter", self.shard, grad_params * width, self.shard_tier
-        ) + collective_s(ctx.cluster, "all_reduce", self.replicas, grad_params * width / self.shard, self.replica_tier)
+            ctx.cluster, "all_reduce", self.replicas, grad_params * width / self.shard, self.replica_tier
+        )
 
     def _deferred_scatter_s(self, local_params: float) -> float:
         """Exposed once per step under torch.distributed.pipelining with FSDP2: the stage runs every
