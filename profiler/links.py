@@ -155,6 +155,9 @@ def _launch(cmd: list[str], timeout_s: float, progress: Progress) -> tuple[int, 
     except subprocess.TimeoutExpired:
         _kill_tree(proc)
         return -1, f"timed out after {timeout_s:.0f} s; raise timeout_s or lower max_bytes"
+    except BaseException:  # KeyboardInterrupt, SystemExit from a signal handler: no orphaned ranks
+        _kill_tree(proc)
+        raise
     if reader is not None:
         reader.join(timeout=10)
         err = "".join(err_lines)

@@ -255,3 +255,50 @@ def test_a_gather_without_its_own_efficiency_takes_send_recvs():
     assert link.effective_gbps("all_gather") == pytest.approx(25.0 * 0.34)
     assert LinkSpec(bandwidth_gbps=25.0, latency_s=0, efficiency={"gather": 0.5}).effective_gbps("gather") == 12.5
     assert LinkSpec(bandwidth_gbps=25.0, latency_s=0, efficiency={"default": 0.9}).effective_gbps("gather") == 22.5
+
+
+def test_an_interrupted_launch_leaves_no_process_behind(monkeypatch):
+    """The ranks run in their own session, out of reach of the terminal's Ctrl-C: when the caller
+    is interrupted while waiting (KeyboardInterrupt, or SystemExit from a signal handler), the
+    launcher and everything under it are killed before the exception goes on."""
+    import sys
+    import time
+    from pathlib import Path
+
+    from meshplan.profiler import links
+
+    started: list = []
+    below: list[int] = []
+    real_popen = links.subprocess.Popen
+
+    def popen(*args, **kwargs):
+        started.append(real_popen(*args, **kwargs))
+        return started[-1]
+
+    def interrupted(proc, timeout_s):
+        deadline = time.monotonic() + 20
+        while not below and time.monotonic() < deadline:  # the launcher has started its "rank"
+            below.extend(links._descendants(proc.pid))
+            time.sleep(0.05)
+        raise KeyboardInterrupt
+
+    def alive(pid: int) -> bool:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return False
+        return state != "Z"
+
+    monkeypatch.setattr(links.subprocess, "Popen", popen)
+    monkeypatch.setattr(links, "_wait", interrupted)
+    rank = "import time; time.sleep(60)"
+    script = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {rank!r}]); time.sleep(60)"
+    with pytest.raises(KeyboardInterrupt):
+        links._launch([sys.executable, "-c", script], 30.0, lambda *a: None)
+    (proc,) = started
+    assert below, "the launcher never started its child"
+    assert proc.poll() is not None
+    deadline = time.monotonic() + 5
+    while any(alive(pid) for pid in below) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in below)
