@@ -24,7 +24,7 @@ collective is done) against the mean rank's plain pass (combine_ranks). The over
            parameter broadcast) - the plain optimizer step / D, in step_overhead_s["zero1@D"]
     model: the plain whole model's forward + loss + backward, absolute (step_overhead_s
            "model@1:bB"); the cost model scales the per-layer timings to it
-           (planner/context.compute_scale)
+           (planner/context.timing_scale_points)
     optimizer: the once-per-step work on the whole model (clip + AdamW + zero_grad), absolute,
            in step_overhead_s["optimizer@1"] (nothing is wrapped; the cost model scales the
            one-rank per-layer optimizer timings to it: planner/context.optimizer_scale)
@@ -55,7 +55,7 @@ STEP = ""
 MODEL_PASS = "model@1"
 """step_overhead_s["model@1:bB"]: the plain whole model's forward + loss + backward at microbatch
 B, mean wall seconds over the ranks running it at once (absolute, not an overhead: the DDP cases'
-plain passes). The cost model scales the per-layer timings to it (planner/context.compute_scale)."""
+plain passes). The cost model scales the per-layer timings to it (planner/context.timing_scale_points)."""
 WARMUP = 2
 ITERS = 18
 PASSES = 3

@@ -230,18 +230,20 @@ class DataParallelCost:
         if self.zero < 2 or self.shard <= 1:
             return 0.0, False, 0.0
         grad_local = trainable(layer).num_params / split  # frozen weights are gathered, never reduced
-        scatter = 0.0 if self.pipeline_deferred else self._scatter_s(grad_local)  # then once per step
-        scatter /= m if self.unsharded_accumulation else 1
         ctx = self.ctx
         offload = self._offload_s(local) if self.offload else 0.0
         fw = layer.framework_overhead_s if ctx.measured else {}
         measured = in_place_overhead_s(fw, f"zero3@{self.shard}", b) if self.zero == 3 and fw else None
+        synced = in_place_overhead_s(fw, f"zero3_sync@{self.shard}", b) if measured is not None else None
+        if self.pipeline_deferred:
+            scatter = 0.0  # once per step (_deferred_scatter_s)
+        elif synced is not None and measured is not None and grad_local > 0:
+            # the reduce-scatter as measured between busy ranks, the replicas' all-reduce fitted
+            scatter = max(synced - measured, 0.0) + self._replica_reduce_s(grad_local)
+        else:
+            scatter = self._scatter_s(grad_local)
+        scatter /= m if self.unsharded_accumulation else 1
         if measured is not None:
-            synced = in_place_overhead_s(fw, f"zero3_sync@{self.shard}", b)
-            if synced is not None and not self.pipeline_deferred and grad_local > 0:
-                # the reduce-scatter as measured between busy ranks, the replicas' all-reduce fitted
-                scatter = max(synced - measured, 0.0) + self._replica_reduce_s(grad_local)
-                scatter /= m if self.unsharded_accumulation else 1
             return measured + scatter + offload, True, 0.0
         gather = self._gather_s(layer, local)
         again = self.zero == 3 and (layer.num_params > layer.num_frozen_params or self._after_trainable(layer))
