@@ -98,11 +98,17 @@ def _retimer(model: str, calibration: dict, mid: list, say):
     return between
 
 
-def local_sections(quick: bool, say) -> tuple[dict, dict, dict]:
+FULL_ROUNDS = 5
+"""Calibration rounds of the full (not --quick) local section; --rounds sets another count."""
+
+
+def local_sections(quick: bool, say, rounds: int | None = None) -> tuple[dict, dict, dict]:
     """Sections 1, 2 and 4, which share the rounds of calibration, prediction and measurement.
-    Per round: the links once, then per model its profile, predictions and launch back to back."""
+    Per round: the links once, then per model its profile, predictions and launch back to back.
+    `rounds` (the full grid only) replaces FULL_ROUNDS: each round is one calibration, so one round
+    is the single-calibration measurement the targets are stated for."""
     grid = [g for g in la.GRID if g[0] in la.QUICK_GRID] if quick else la.GRID
-    repeats, steps = (1, 4) if quick else (5, 8)  # steps per pass; each plan runs two passes (la.measure_round)
+    repeats, steps = (1, 4) if quick else (rounds or FULL_ROUNDS, 8)  # steps per pass; two passes per plan
     pairs: dict[str, dict[str, list]] = {}
     calibrations, launches = [], []
     failed_rounds, skipped = [], {}
@@ -217,8 +223,8 @@ the section's results. They run on 4 gloo ranks, the slow-link ones inside throt
 SECTIONS = ("local", "planner_speed", "executor_overhead", "gpu", *METHOD_SECTIONS)
 
 
-def _local(quick: bool, say, results: dict, timings: dict) -> None:
-    local = _section("local", lambda: local_sections(quick, say), say, results, timings)
+def _local(quick: bool, say, results: dict, timings: dict, rounds: int | None = None) -> None:
+    local = _section("local", lambda: local_sections(quick, say, rounds), say, results, timings)
     if isinstance(local, tuple):
         results["local_accuracy"], results["baselines"], results["memory"] = local
         results["diagnostics"] = diagnose(results["local_accuracy"], results["memory"])
@@ -240,9 +246,12 @@ def _keep(name: str, previous: dict | None, results: dict, runs: dict) -> None:
         )
 
 
-def run_all(quick: bool, say, sections: tuple[str, ...] = SECTIONS, previous: dict | None = None) -> dict:
+def run_all(
+    quick: bool, say, sections: tuple[str, ...] = SECTIONS, previous: dict | None = None, rounds: int | None = None
+) -> dict:
     """Run `sections`; with `previous` (an earlier results dict), the sections not run are kept
-    from it, each with the start time and commit of the run that measured it (`section_runs`)."""
+    from it, each with the start time and commit of the run that measured it (`section_runs`).
+    `rounds`: calibration rounds of the full local section (local_sections)."""
     import torch
 
     from benchmarks import executor_overhead, planner_speed
@@ -271,7 +280,7 @@ def run_all(quick: bool, say, sections: tuple[str, ...] = SECTIONS, previous: di
             _keep(name, previous, results, runs)
             continue
         if name == "local":
-            _local(quick, say, results, timings)
+            _local(quick, say, results, timings, rounds)
         else:
             results[name] = _section(name, runners[name], say, results, timings)
         runs[name] = {"started_utc": started, "commit": results["git"].get("commit"), "quick": quick}
@@ -309,6 +318,16 @@ def _sections(text: str) -> tuple[str, ...]:
     return names
 
 
+def _rounds(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number of rounds; e.g. --rounds 1")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="reports", help="folder for benchmarks.json and benchmarks.md")
@@ -320,15 +339,24 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated subset of {','.join(SECTIONS)} (default all); the others are kept "
         "from OUT/benchmarks.json, each marked with the run that measured it",
     )
+    ap.add_argument(
+        "--rounds",
+        type=_rounds,
+        default=None,
+        help=f"calibration rounds of the full local section (default {FULL_ROUNDS}; each round calibrates once "
+        "and launches every plan of both models)",
+    )
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
+    if args.rounds is not None and args.quick:
+        raise SystemExit("--rounds applies to the full local section; drop --quick (which runs one round of 6 plans)")
     say = _say(args.quiet)
     previous = None
     old = Path(args.out) / "benchmarks.json"
     if args.sections != SECTIONS and old.exists():
         previous = json.loads(old.read_text())
     start = time.perf_counter()
-    results = run_all(args.quick, say, args.sections, previous)
+    results = run_all(args.quick, say, args.sections, previous, args.rounds)
     results["total_time_s"] = round(time.perf_counter() - start, 1)
     write(results, Path(args.out))
     say(f"wrote {args.out}/benchmarks.json and {args.out}/benchmarks.md in {results['total_time_s']:.0f} s")

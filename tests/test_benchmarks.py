@@ -277,6 +277,31 @@ def test_a_failed_calibration_round_is_skipped_and_recorded(monkeypatch):
     assert len(local["calibrations"]) == rounds - 1 and local["models"]["m"]["rows"][0]["runs"] == rounds - 1
 
 
+def test_rounds_sets_the_full_sections_calibration_count(monkeypatch, capsys):
+    """--rounds N runs the full grid with N calibrations (one round: the single-calibration claim),
+    and rejects what is not a positive count, or --quick, with one line."""
+    from benchmarks import run
+
+    seen = []
+
+    def calibrate_links(quick, say):
+        seen.append(quick)
+        raise run.MeshplanError("stop after counting")
+
+    monkeypatch.setattr(run.la, "calibrate_links", calibrate_links)
+    with pytest.raises(run.MeshplanError, match="every round failed"):
+        run.local_sections(quick=False, say=lambda *_: None, rounds=2)
+    assert seen == [False, False]
+    seen.clear()
+    with pytest.raises(run.MeshplanError):
+        run.local_sections(quick=False, say=lambda *_: None)
+    assert len(seen) == run.FULL_ROUNDS
+    for argv, message in ((["--rounds", "0"], "positive whole number"), (["--rounds", "1", "--quick"], "drop --quick")):
+        with pytest.raises(SystemExit) as exc:
+            run.main(argv)
+        assert exc.value.code != 0 and message in f"{exc.value.code} {capsys.readouterr().err}"
+
+
 def test_planner_speed_brute_force_columns_and_report(tmp_path):
     """A finished brute force gives a measured speedup and the same optimum; a capped one gives
     no measured speedup, a lower bound and an estimate, and the report marks it as estimated."""
