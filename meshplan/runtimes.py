@@ -138,6 +138,16 @@ class StateLayout:
     training.mixed_precision_reduce, whose only choice is "float32" in its config; meshplan's
     executor trains fp32 parameters); DeepSpeed reduces its 16-bit gradients (communication_data_type
     unset)."""
+    replica_reduce_bytes: int
+    """Bytes per element of the ZeRO-0/1 gradient all-reduce over the replicas (ZeRO-1's reduce-scatter
+    under Megatron's distributed optimizer), uncompressed: each runtime reduces the gradients in the
+    dtype it keeps them (grad_bytes). torch DDP reduces the fp32 parameters' gradients (meshplan's
+    executor, torchtitan, Composer under autocast): 4; Megatron its fp32 main_grad buffer
+    (--grad-reduce-in-bf16 off by default): 4; DeepSpeed casts every bucket to
+    communication_data_type, unset = the model's fp16/bf16 (deepspeed/runtime/engine.py
+    communication_data_type, allreduce_bucket; zero/stage_1_and_2.py allreduce_bucket), also where
+    BF16_Optimizer or data_types.grad_accum_dtype keep fp32 gradients: 2. An fp32 run reduces fp32
+    (grad_reduce_bytes)."""
 
     @property
     def state_bytes(self) -> tuple[int, int, int]:
@@ -178,6 +188,7 @@ def _layout(
         ddp_bucket_copy=torch_buffers,
         replica_sync_after_backward=torch_buffers,
         fsdp_reduce_bytes=4 if torch_buffers else 0,
+        replica_reduce_bytes=grads,
     )
 
 
@@ -190,6 +201,26 @@ STATE_LAYOUTS: dict[str, StateLayout] = {
 AMP / FSDP2 mixed precision); megatron = bf16 weights, fp32 main grads, fp32 master + Adam
 (2 + 4 + 12 B, Megatron-LM); zero = 16-bit weights and grads, fp32 master + Adam (2 + 2 + 12 B,
 Rajbhandari et al. 2020 Sec 3.1, DeepSpeed)."""
+
+
+def grad_reduce_bytes(behaviours: Mapping[str, object], precision: str, zero: int) -> int:
+    """Bytes per element of the uncompressed gradient reduction that a plan's runtime behaviours and
+    precision price at ZeRO stage `zero`, as the planner resolves them (RuntimeSpec.replica_reduce_bytes,
+    RuntimeSpec.fsdp_reduce_bytes): ZeRO-0/1 the state layout's replica_reduce_bytes; ZeRO-2/3 the
+    fsdp_reduce_bytes behaviour, else the layout's, else the gather width (fsdp_gather_bytes, else 2 in
+    16 bits); 4 in an fp32 run. The DeepSpeed export writes communication_data_type from it."""
+    floor = 4 if precision == "fp32" else 0
+    layout = STATE_LAYOUTS[str(behaviours["state_layout"])]
+    if zero <= 1:
+        return max(layout.replica_reduce_bytes, floor)
+
+    def given(key: str) -> int:  # a width the behaviours set; 0: none (not applicable)
+        value = behaviours.get(key)
+        return value if isinstance(value, int) else 0
+
+    gather = max(given("fsdp_gather_bytes") or (2 if precision in ("bf16", "fp8") else 4), floor)
+    return max(given("fsdp_reduce_bytes") or layout.fsdp_reduce_bytes or gather, floor)
+
 
 LOSSES = ("cross_entropy", "fused")
 """The `loss` behaviour's values: cross_entropy runs the loss as the state layout says
@@ -957,7 +988,9 @@ RUNTIMES: dict[str, Runtime] = {
             "state_layout": Behaviour(
                 value="zero",
                 source="Rajbhandari et al. 2020 Sec 3.1: fp16/bf16 weights and "
-                "grads, fp32 master + Adam (2 + 2 + 12 B)",
+                "grads, fp32 master + Adam (2 + 2 + 12 B); ZeRO-0/1 all-reduce the gradients in that 16-bit "
+                "dtype (deepspeed/runtime/engine.py communication_data_type unset: the model's; allreduce_bucket, "
+                "zero/stage_1_and_2.py allreduce_bucket)",
             ),
             "overlap_dp_comm": Behaviour(value=True, source="zero_optimization.overlap_comm (the export writes true)"),
             "overlap_tp_comm": Behaviour(value=False, source="DeepSpeed has no TP overlap of its own"),
@@ -987,7 +1020,9 @@ RUNTIMES: dict[str, Runtime] = {
             ),
             "fsdp_gather_bytes": Behaviour(value=2, source="ZeRO-3 gathers the bf16/fp16 parameters"),
             "fsdp_reduce_bytes": Behaviour(
-                value=2, source="ZeRO reduces the 16-bit gradients (communication_data_type unset)"
+                value=2,
+                source="ZeRO-2/3 reduce the 16-bit gradients (communication_data_type unset: the model's dtype; "
+                "zero/stage_1_and_2.py average_tensor, zero/stage3.py __avg_scatter_grads)",
             ),
             "fsdp_unit_buffers": Behaviour(
                 value=None,

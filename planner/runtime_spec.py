@@ -72,6 +72,13 @@ class RuntimeSpec:
         return self.state.loss_transients + (0 if head_keeps_logits else 1)
 
     @property
+    def replica_reduce_bytes(self) -> int:
+        """Bytes per element of the uncompressed ZeRO-0/1 gradient all-reduce: the state layout's
+        (StateLayout.replica_reduce_bytes: fp32 under DDP and Megatron's main grads, the 16-bit model
+        dtype under DeepSpeed), 4 in an fp32 run (runtimes.grad_reduce_bytes)."""
+        return max(self.state.replica_reduce_bytes, 4 if self.precision == "fp32" else 0)
+
+    @property
     def fp8(self) -> bool:
         return self.precision == "fp8"
 

@@ -179,9 +179,24 @@ def check_deepspeed(directory: str) -> dict:
             pipeline_stages=pp,
             tensor_parallel=tp,
             activation_checkpointing="activation_checkpointing" in config,
+            communication_bytes=_communication_dtype(cfg).itemsize,
         )
     _reset_deepspeed_groups()
     return values
+
+
+def _communication_dtype(cfg):
+    """The dtype DeepSpeed's engine reduces gradients in under this config: its own
+    communication_data_type property (deepspeed/runtime/engine.py: the config's key, else fp16 / bf16
+    where enabled, else fp32), which every gradient reduction casts its buckets to."""
+    from types import SimpleNamespace
+
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    engine = SimpleNamespace(_config=cfg)
+    engine.fp16_enabled = lambda: DeepSpeedEngine.fp16_enabled(engine)
+    engine.bfloat16_enabled = lambda: DeepSpeedEngine.bfloat16_enabled(engine)
+    return DeepSpeedEngine.communication_data_type.fget(engine)
 
 
 def _device(offload) -> str:

@@ -18,6 +18,7 @@ import megatron_rules
 import pytest
 from export_plans import ALL_PLAN_ARGS, make_plan
 
+from meshplan import runtimes
 from meshplan.plan import Plan
 from meshplan.report import export_common as ec
 from meshplan.report import export_plan
@@ -26,6 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 TOOLS_PYTHON = ROOT / ".venv-exports" / "bin" / "python"
 TARGETS = ("deepspeed", "accelerate", "megatron", "torchtitan", "torchtitan-0.2")
 PLANS = list(ALL_PLAN_ARGS)
+FP32_GRADS = {"state_layout": "torch", "fsdp_reduce_bytes": 4}
+"""Behaviours that price a --runtime deepspeed plan's gradient reduction at fp32 in its bf16 run (ZeRO-0/1 by the
+state layout, ZeRO-2/3 by --fsdp-reduce-dtype): each deepspeed plan so re-priced is exported to DeepSpeed too,
+as "<name>+fp32-grads"."""
 
 
 def warnings_in(files: dict[str, str]) -> str:
@@ -50,6 +55,14 @@ def exported(plans, tmp_path_factory) -> dict[tuple[str, str], tuple[Path, dict[
             for fname, text in files.items():
                 (folder / fname).write_text(text)
             out[(name, target)] = (folder, files)
+        if plan.runtime == "deepspeed":
+            variant = dataclasses.replace(plan, runtime_behaviours={**plan.runtime_behaviours, **FP32_GRADS})
+            folder = root / f"{name}+fp32-grads" / "deepspeed"
+            folder.mkdir(parents=True)
+            files = export_plan(variant, "deepspeed")
+            for fname, text in files.items():
+                (folder / fname).write_text(text)
+            out[(f"{name}+fp32-grads", "deepspeed")] = (folder, files)
     return out
 
 
@@ -147,6 +160,25 @@ def test_deepspeed_accepts_the_export_under_its_topology(name, plans, exported, 
     else:
         assert got["checkpointed_blocks"] == [i for i, mode in enumerate(modes) if mode != "none"]
     assert ("selective (op-level) recompute has no DeepSpeed setting" in warns) == ("selective" in modes)
+    # the gradients go in the dtype priced: a deepspeed plan's width (runtimes.grad_reduce_bytes, the planner's;
+    # tests/test_grad_reduce_width.py), DeepSpeed's own default for another runtime's plan, fp16 compression 2
+    if plan.dp_methods.compression.name == "fp16":
+        wire = 2
+    elif plan.runtime == "deepspeed":
+        wire = runtimes.grad_reduce_bytes(plan.runtime_behaviours, plan.precision, plan.zero_stage)
+    else:
+        wire = 2 if plan.precision in ("bf16", "fp8") else 4
+    assert got["communication_bytes"] == wire
+
+
+@pytest.mark.parametrize("name", [n for n in PLANS if "deepspeed" in n])
+def test_deepspeed_reduces_fp32_gradients_where_the_plan_priced_them(name, plans, tool):
+    """A deepspeed plan priced at 16-bit gradients runs DeepSpeed's default (bf16); re-priced at fp32 (FP32_GRADS),
+    its export makes DeepSpeed reduce fp32."""
+    plan = plans[name]
+    assert plan.runtime == "deepspeed" and plan.precision == "bf16"
+    assert accepted(tool, name, "deepspeed")["communication_bytes"] == 2
+    assert accepted(tool, f"{name}+fp32-grads", "deepspeed")["communication_bytes"] == 4
 
 
 # --- accelerate --------------------------------------------------------------------------------------

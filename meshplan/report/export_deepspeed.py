@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+from meshplan import runtimes
 from meshplan.plan import Plan
 from meshplan.report import export_common as ec
 
@@ -135,6 +136,26 @@ def _activation_checkpointing(plan: Plan) -> dict | None:
     }
 
 
+def communication_data_type(plan: Plan) -> str | None:
+    """The config's communication_data_type: the dtype the plan's gradient reduction was priced in
+    (runtimes.grad_reduce_bytes at the plan's ZeRO stage; fp16 compression: fp16); None where
+    DeepSpeed's default gives it. Unset, DeepSpeed communicates in the model's dtype, fp16 or bf16
+    where enabled, else fp32 (deepspeed/runtime/engine.py communication_data_type), and casts every
+    gradient bucket to it: ZeRO-0's all-reduce (engine.py allreduce_bucket, BF16_Optimizer's fp32
+    accumulation buffers included), ZeRO-1/2's (zero/stage_1_and_2.py allreduce_bucket), ZeRO-3's
+    reduce-scatter (zero/stage3.py __avg_scatter_grads). A --runtime deepspeed plan priced at fp32
+    gradients in a 16-bit run (--state-layout torch or megatron, --fsdp-reduce-dtype fp32) exports
+    fp32; another runtime's plan runs DeepSpeed's defaults (export_common.runtime_warnings says so)."""
+    if plan.dp_methods.compression.name == "fp16":
+        return "fp16"
+    if plan.runtime not in ec.TARGET_RUNTIMES["deepspeed"]:
+        return None
+    behaviours = {**runtimes.request_behaviours(plan.runtime, {}), **plan.runtime_behaviours}
+    priced = runtimes.grad_reduce_bytes(behaviours, plan.precision, plan.zero_stage)
+    sixteen_bit = plan.precision in ("bf16", "fp8")  # the config's bf16 section: DeepSpeed's default is bf16
+    return "fp32" if sixteen_bit and priced == 4 else None  # an fp32 run is priced and run at fp32
+
+
 def deepspeed_config(plan: Plan, warnings: list[str]) -> dict:
     dp = deepspeed_dp(plan)
     if plan.context_parallel_degree > 1:
@@ -165,8 +186,9 @@ def deepspeed_config(plan: Plan, warnings: list[str]) -> dict:
                 "sequence parallel with TP is not expressible (DeepSpeed AutoTP keeps norm "
                 "activations replicated): activation memory is higher than predicted"
             )
-    if plan.dp_methods.compression.name == "fp16":
-        config["communication_data_type"] = "fp16"
+    wire = communication_data_type(plan)
+    if wire is not None:
+        config["communication_data_type"] = wire
     _pipeline_warnings(plan, warnings)
     warnings.extend(ec.method_warnings(plan, "deepspeed"))
     checkpointing = _activation_checkpointing(plan)

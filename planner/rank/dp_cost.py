@@ -2,8 +2,9 @@
 shard degrees, and its methods from meshplan/dp_methods.py) costs per layer, per step and in
 memory, and the bytes it puts on the wire.
 
-- ZeRO-0/1 (DDP over dp_replicate): the gradients' payload (the compressor's: fp32, fp16, or
-  PowerSGD's factors) all-reduced once per step in buckets, overlapped with the last microbatch's
+- ZeRO-0/1 (DDP over dp_replicate): the gradients' payload (the compressor's: fp16 or PowerSGD's
+  factors; uncompressed, the runtime's reduce width: fp32 under DDP and Megatron, the 16-bit model
+  dtype under DeepSpeed) all-reduced once per step in buckets, overlapped with the last microbatch's
   backward except the last bucket; ZeRO-1 then broadcasts each rank's updated fp32 parameters
   (torch ZeroRedundancyOptimizer; Megatron's distributed optimizer reduce-scatters and
   all-gathers instead).
@@ -32,7 +33,7 @@ from meshplan.planner.cost.comm import collective_latency_s, collective_s, group
 from meshplan.planner.cost.in_place import in_place_overhead_s
 from meshplan.planner.cost.state import state_bytes
 from meshplan.planner.methods.comm_schedule import DDP_BUCKET_MB, comm_schedule_cost
-from meshplan.planner.methods.compression import shard_shapes
+from meshplan.planner.methods.compression import GRAD_BYTES, shard_shapes
 from meshplan.planner.methods.compression_quant import band_params
 from meshplan.planner.methods.compressors import compressor
 from meshplan.planner.methods.offload import offload_cost
@@ -129,6 +130,8 @@ class DataParallelCost:
         name, params = cand.method("compression")
         self.compressor = compressor(name, params)
         self.compressor.group = self.replicas
+        self.uncompressed = name == "none"
+        """The gradients go as they are: at the runtime's width (_payload_bytes)."""
         self.replica_tier = group_tier(ctx.cluster, cand.tp * (self.shard if cand.zero >= 2 else 1), self.replicas)
         self.shard_tier = group_tier(ctx.cluster, cand.tp, self.shard)  # dp_shard x cp, stride tp
         self.bucket_bytes = cand.method("comm_schedule")[1].get("bucket_mb", DDP_BUCKET_MB) * 1024**2
@@ -182,7 +185,7 @@ class DataParallelCost:
             optim_bytes=optim,
             comm_s=comm,
             measured=measured,
-            payload_bytes=self.compressor.payload_bytes(layer, split) if zero01 else 0.0,
+            payload_bytes=self._payload_bytes(layer, split) if zero01 else 0.0,
             compress_s=(
                 self.compressor.compute_s(self.ctx, layer, split) + self.sync.extra_compute_s(layer, split, b, m)
             )
@@ -194,6 +197,17 @@ class DataParallelCost:
             recompute_gather_s=regather,
             recompute_gather_exposed_s=regather_exposed,
         )
+
+    def _payload_bytes(self, layer: LayerProfile, split: int) -> float:
+        """What the ZeRO-0/1 gradient exchange carries for the (trainable) layer on one rank: the
+        compressor's payload; uncompressed, the gradients at the runtime's reduce width
+        (RuntimeSpec.replica_reduce_bytes: fp32 under torch DDP and Megatron's main grads, the
+        16-bit model dtype under DeepSpeed's default communication_data_type), where the
+        no-compression cost object counts fp32 (GRAD_BYTES)."""
+        payload = self.compressor.payload_bytes(layer, split)
+        if not self.uncompressed:
+            return payload
+        return payload * self.ctx.spec.replica_reduce_bytes / GRAD_BYTES
 
     def _shards_weights(self) -> bool:
         """ZeRO-3 shards the weights; so does ZeRO-2 run as FSDP2 (fully_shard with
@@ -407,7 +421,7 @@ class DataParallelCost:
         paged = 0.0  # shard elements read from disk at gathers (offload=nvme params=true)
         layers = [(trainable(lp), s) for lp, s in layers]
         if self.zero <= 1 and self.replicas > 1:
-            payload = sum(self.compressor.payload_bytes(lp, s) for lp, s in layers)
+            payload = sum(self._payload_bytes(lp, s) for lp, s in layers)
             out["dp_replicate"] = wire_bytes(self.compressor.collective, self.replicas, payload)
             if self.zero == 1:
                 out["dp_replicate"] += wire_bytes(
