@@ -101,11 +101,16 @@ class StateLayout:
     (torchtitan, meshplan's executor, a DeepSpeed user's loss): backward of log_softmax holds its
     saved output, the incoming dense nll gradient and the gradient it writes: 2 beyond the saved one."""
     zero1_grad_collective: str
-    """ZeRO-1's gradient collective: all_reduce (torch ZeroRedundancyOptimizer) or reduce_scatter
-    (Megatron's distributed optimizer, which then all-gathers the parameters)."""
+    """ZeRO-1's gradient collective: all_reduce (torch ZeroRedundancyOptimizer; DeepSpeed, whose
+    ZeRO-1/2 all-reduce each bucket under the default use_multi_rank_bucket_allreduce:
+    zero/stage_1_and_2.py average_tensor) or reduce_scatter (Megatron's distributed optimizer,
+    which then all-gathers the parameters)."""
     zero1_param_bytes: int
-    """Bytes per parameter ZeRO-1 sends back to the replicas after the step (bf16 under Megatron's
-    distributed optimizer, fp32 under ZeroRedundancyOptimizer's broadcast)."""
+    """Bytes per parameter ZeRO-1 sends back to the replicas after the step: the weights as the
+    replicas keep them (weight_bytes). bf16 under Megatron's distributed optimizer and DeepSpeed,
+    whose step all-gathers the 16-bit partitions (zero/stage_1_and_2.py step and bf16_optimizer.py
+    update_lp_params: all_gather_dp_groups of the bit16 groups); fp32 under
+    ZeroRedundancyOptimizer's broadcast. An fp32 run sends fp32 (RuntimeSpec.zero1_param_bytes)."""
     sp_regather: bool
     """Sequence parallelism gathers the layer input again in backward (Megatron-LM's
     LinearWithGradAccumulationAndAsyncCommunication, Korthikanti et al. 2022 Sec 4.2.2); DTensor SP
@@ -180,7 +185,7 @@ def _layout(
         loss_passes=(9.5, 3.5) if megatron else (6.5, 5.0),
         loss_transients=1 if megatron else 2,
         zero1_grad_collective="reduce_scatter" if megatron else "all_reduce",
-        zero1_param_bytes=2 if megatron else 4,
+        zero1_param_bytes=weights,
         sp_regather=megatron,
         pp_scatter_gather=megatron,
         zero2_shards_weights=zero2_shards_weights,

@@ -79,6 +79,13 @@ class RuntimeSpec:
         return max(self.state.replica_reduce_bytes, 4 if self.precision == "fp32" else 0)
 
     @property
+    def zero1_param_bytes(self) -> int:
+        """Bytes per parameter ZeRO-1 sends back to the replicas after the step: the state layout's
+        (StateLayout.zero1_param_bytes: the 16-bit weights under Megatron and DeepSpeed, fp32 under
+        ZeroRedundancyOptimizer), 4 in an fp32 run."""
+        return max(self.state.zero1_param_bytes, 4 if self.precision == "fp32" else 0)
+
+    @property
     def fp8(self) -> bool:
         return self.precision == "fp8"
 

@@ -27,13 +27,18 @@ def test_deepspeed_zero0_all_reduces_bf16_gradients_megatron_fp32():
     assert 0 < fast < slow
 
 
-def test_deepspeed_zero1_gradients_go_at_two_bytes_the_parameter_exchange_unchanged():
+def test_deepspeed_zero1_sends_16_bit_gradients_and_weights():
+    """ZeRO-1's gradients (all-reduced) and its updated weights (all-gathered after the step: DeepSpeed's
+    bit16 partitions, zero/stage_1_and_2.py step) both at 2 bytes, where ZeroRedundancyOptimizer's layout
+    sends 4 of each."""
     ds0, ds1 = _dp("deepspeed", 0), _dp("deepspeed", 1)
     fp32_0, fp32_1 = (_dp("deepspeed", z, "--state-layout", "torch") for z in (0, 1))
     assert ds0.comm_bytes_per_step["dp_replicate"] * 2 == fp32_0.comm_bytes_per_step["dp_replicate"]
     exchange = lambda one, zero: one.comm_bytes_per_step["dp_replicate"] - zero.comm_bytes_per_step["dp_replicate"]  # noqa: E731
-    assert exchange(ds1, ds0) == exchange(fp32_1, fp32_0)  # ZeRO-1's parameter exchange is not the gradients'
+    assert exchange(ds1, ds0) * 2 == exchange(fp32_1, fp32_0) > 0  # the weights after the step
     assert ds1.step_time_s < fp32_1.step_time_s
+    slow = _dp("deepspeed", 1, "--no-overlap-dp-comm", "--precision", "fp32").breakdown["dp_comm"]
+    assert _dp("deepspeed", 1, "--no-overlap-dp-comm").breakdown["dp_comm"] < slow  # an fp32 run sends fp32
 
 
 def test_an_fp32_deepspeed_run_reduces_fp32():
@@ -54,8 +59,13 @@ def test_the_exports_width_is_the_planners(runtime, precision):
     assert runtimes.grad_reduce_bytes(behaviours, precision, 3) == spec.fsdp_reduce_bytes
     expected = 2 if runtime == "deepspeed" and precision == "bf16" else 4
     assert spec.replica_reduce_bytes == expected
+    sixteen_bit_weights = runtime in ("deepspeed", "megatron-lm", "megatron-core") and precision == "bf16"
+    assert spec.zero1_param_bytes == (2 if sixteen_bit_weights else 4)
 
 
-def test_the_state_layouts_reduce_the_gradients_they_keep():
-    widths = {name: (layout.replica_reduce_bytes, layout.grad_bytes) for name, layout in runtimes.STATE_LAYOUTS.items()}
-    assert widths == {"torch": (4, 4), "megatron": (4, 4), "zero": (2, 2)}
+def test_the_state_layouts_send_the_gradients_and_weights_they_keep():
+    widths = {
+        name: (layout.replica_reduce_bytes, layout.grad_bytes, layout.zero1_param_bytes, layout.weight_bytes)
+        for name, layout in runtimes.STATE_LAYOUTS.items()
+    }
+    assert widths == {"torch": (4, 4, 4, 4), "megatron": (4, 4, 2, 2), "zero": (2, 2, 2, 2)}

@@ -7,7 +7,7 @@ memory, and the bytes it puts on the wire.
   dtype under DeepSpeed) all-reduced once per step in buckets, overlapped with the last microbatch's
   backward except the last bucket; ZeRO-1 then broadcasts each rank's updated fp32 parameters
   (torch ZeroRedundancyOptimizer; Megatron's distributed optimizer reduce-scatters and
-  all-gathers instead).
+  all-gathers the bf16 weights instead, DeepSpeed all-gathers its 16-bit weights).
 - ZeRO-2/3 (FSDP2 over dp_shard): per microbatch, each layer's weights all-gathered forward
   (ZeRO-3: again backward) and, after the last microbatch, its gradients reduce-scattered;
   HSDP (dp_replicate > 1) all-reduces the gradient shards over the replicas. Prefetched behind
@@ -397,7 +397,7 @@ class DataParallelCost:
             got = ctx.profile.step_overhead_s.get(f"zero1@{self.replicas}")
             if got is not None:
                 return got
-        weight_bytes = local_params * ctx.spec.state.zero1_param_bytes
+        weight_bytes = local_params * ctx.spec.zero1_param_bytes
         return (1 - hidden) * collective_s(ctx.cluster, "all_gather", self.replicas, weight_bytes, self.replica_tier)
 
     def _contention_s(self, group: int) -> float:
@@ -424,8 +424,9 @@ class DataParallelCost:
             payload = sum(self._payload_bytes(lp, s) for lp, s in layers)
             out["dp_replicate"] = wire_bytes(self.compressor.collective, self.replicas, payload)
             if self.zero == 1:
+                width = self.ctx.spec.zero1_param_bytes  # the updated weights, sent back
                 out["dp_replicate"] += wire_bytes(
-                    "broadcast", self.replicas, sum(4 * lp.num_params // s for lp, s in layers)
+                    "broadcast", self.replicas, sum(width * lp.num_params // s for lp, s in layers)
                 )
         elif self.zero >= 2 and self.shard > 1:
             width, reduce = fsdp_width(self.ctx), reduce_width(self.ctx)
