@@ -22,6 +22,12 @@ collective is done) against the mean rank's plain pass (combine_ranks). The over
     recompute_<mode>: the checkpointed layer - the plain one (degree 1, "recompute_full@1:bB")
     zero1: ZeRO-1's optimizer step (ZeroRedundancyOptimizer: 1/D of the update, then the
            parameter broadcast) - the plain optimizer step / D, in step_overhead_s["zero1@D"]
+    pp:    a P-stage 1F1B schedule (torch.distributed.pipelining, as the executor drives it) of
+           the representative block on every stage, N/P pipelines at once: the slowest rank's
+           step / (m + P - 1) - the plain block's pass, per microbatch and chunk: the boundary
+           sends between busy ranks, the runtime's work around each action and the waits
+           (profiler/insitu_pipeline.py), in step_overhead_s["pp@P:bB"]; the cost model charges
+           it in place of the link fit's two sends (planner/cost/pipeline.in_place_p2p_s)
     model: the plain whole model's forward + loss + backward, absolute (step_overhead_s
            "model@1:bB"); the cost model scales the per-layer timings to it
            (planner/context.timing_scale_points)
@@ -193,6 +199,7 @@ def _measure_all(
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshplan.models.loader import load_model
+    from meshplan.profiler.insitu_pipeline import pipeline_block, pipeline_cases
 
     model = load_model(spec, overrides, "meta")
     meshes = {
@@ -216,8 +223,11 @@ def _measure_all(
                 if case is not None:
                     cases.append(case)
         cases += [_recompute_case(model, rep, inputs[rep], b, mode) for mode in RECOMPUTE for b in batches]
+    block = pipeline_block(reps, rules, inputs)
     for degree, mesh in meshes.items():
         cases += _ddp_cases(load_model(spec, overrides, "cpu"), batches, degree, mesh)
+        if block is not None:
+            cases += pipeline_cases(model, block, inputs[block], batches, degree, mesh)
         cases.append(_zero1_case(load_model(spec, overrides, "cpu"), batches[0], degree, mesh))
     cases.append(_step_case(load_model(spec, overrides, "cpu"), batches[0]))
     for case in cases:  # warm-up: first calls set up buffers, hooks and connections

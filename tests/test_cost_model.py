@@ -12,7 +12,7 @@ from meshplan.model_profile import LayerTiming
 from meshplan.models.analytic import gpt_profile
 from meshplan.planner import PlanRequest, estimate
 from meshplan.planner.context import Context
-from meshplan.planner.cost.comm import collective_s, group_tier
+from meshplan.planner.cost.comm import collective_s, group_tier, p2p_s
 from meshplan.planner.cost.memory import activation_bytes
 from meshplan.planner.cost.pipeline import in_flight
 from meshplan.planner.rank.layer_cost import layer_cost as _layer_cost
@@ -405,6 +405,49 @@ def test_zero3_reduce_scatter_measured_in_place_replaces_the_link_fit():
     blk.framework_overhead_s.update({"zero3_sync@4:b1": 0.015, "zero3_sync@4:b3": 0.015})
     ctx = Context.build(ctx.profile, ctx.cluster, ctx.request)  # layer costs are memoised per context
     assert layer_cost(ctx, blk, 1, 1, False, 1, 3, 4).modes["none"].dp_s == pytest.approx(0.020)
+
+
+def test_pipeline_p2p_measured_in_place_replaces_the_link_fit():
+    """A CPU profile's in-place pipeline measurement (step_overhead_s "pp@P:bB", seconds per
+    microbatch and chunk) is the p2p a pipeline rank pays, linear in the microbatch, v times with
+    v chunks; the link fit only where it is missing: another pipeline degree, a GPU profile, a
+    1/cp slice or a scattered boundary crossing."""
+    from meshplan.planner.cost.pipeline import p2p_per_microbatch_s
+
+    ctx = _measured_cpu_ctx()
+    ctx.profile.step_overhead_s.update({"pp@2:b1": 0.002, "pp@2:b3": 0.004})
+    ctx = Context.build(ctx.profile, ctx.cluster, ctx.request)
+    bsh = ctx.layers[1].output_bytes
+
+    def fit(cand):
+        return 2 * cand.virtual_stages * p2p_s(ctx.cluster, bsh * cand.microbatch / cand.cp, "intra_node")
+
+    pp2 = candidate(pp=2, microbatch=2, num_microbatches=2)
+    assert p2p_per_microbatch_s(ctx, pp2, bsh) == pytest.approx(0.003)
+    looped = candidate(pp=2, microbatch=3, num_microbatches=2, virtual_stages=2, schedule="Interleaved1F1B")
+    assert p2p_per_microbatch_s(ctx, looped, bsh) == pytest.approx(2 * 0.004)
+    pp4 = candidate(pp=4, microbatch=1, num_microbatches=4)
+    assert p2p_per_microbatch_s(ctx, pp4, bsh) == pytest.approx(fit(pp4)) != pytest.approx(0.002)
+    cp2 = candidate(pp=2, cp=2, microbatch=1, num_microbatches=2)
+    assert p2p_per_microbatch_s(ctx, cp2, bsh) == pytest.approx(fit(cp2))
+    sp = candidate(pp=2, tp=2, sequence_parallel=True, microbatch=1, num_microbatches=2)
+    assert p2p_per_microbatch_s(ctx, sp, bsh) != pytest.approx(0.002)
+    on_gpu = Context.build(
+        dataclasses.replace(ctx.profile, device="cuda"),
+        cluster_preset("h100-80g", 4),
+        ctx.request,
+    )
+    assert p2p_per_microbatch_s(on_gpu, pp2, bsh) != pytest.approx(0.003)
+
+
+def test_pipeline_plan_charges_the_in_place_p2p_per_microbatch():
+    ctx = _measured_cpu_ctx()
+    ctx.profile.step_overhead_s.update({"pp@2:b1": 0.002, "pp@2:b2": 0.002})
+    req = PlanRequest(num_gpus=2, global_batch=4, pp=2, dp=1, microbatch=1, schedule="1F1B", precision="fp32")
+    plan = estimate(ctx.profile, local_cpu(2), req)
+    assert plan.prediction.breakdown["pp_comm"] == pytest.approx(4 * 0.002)  # m = 4 microbatches
+    bare = dataclasses.replace(ctx.profile, step_overhead_s={})
+    assert estimate(bare, local_cpu(2), req).prediction.breakdown["pp_comm"] != pytest.approx(4 * 0.002)
 
 
 def test_grad_clipping_pays_a_norm_all_reduce_per_sharded_group():

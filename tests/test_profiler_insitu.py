@@ -89,6 +89,8 @@ def test_ddp_zero1_and_the_optimizer_are_measured_once_per_step_for_the_whole_mo
         "optimizer@1",
         "model@1:b1",
         "model@1:b2",
+        "pp@2:b1",
+        "pp@2:b2",
     }
     assert profile.step_overhead_s["zero1@2"] > 0  # the broadcast costs something
     assert profile.step_overhead_s["optimizer@1"] > 0
@@ -201,3 +203,21 @@ def test_wrapped_optimizer_steps_are_measured_in_place_and_preferred(profile):
         assert wrapper_overheads_s(ctx, lp, 1, 3, 2)[2] == fw["fsdp_optimizer@2"]
         bare = dataclasses.replace(lp, framework_overhead_s={k: v for k, v in fw.items() if "optimizer@" not in k})
         assert wrapper_overheads_s(ctx, bare, 2, 0, 1)[2] == fw["tp_optimizer"]  # the one-rank fallback
+
+
+def test_the_pipeline_schedule_is_measured_in_place_and_charged_per_microbatch(measured):
+    """The 2-stage 1F1B schedule of the block costs, per microbatch slot, at least the plain
+    block's pass less noise (it does that arithmetic) and, unclamped, more: the sends and the
+    pipelining runtime's actions; a pp = 2 plan pays it once per microbatch instead of the link
+    fit's two sends, and the link fit again without it."""
+    profile, raw = measured
+    block = next(t for t in profile.layers[1].timings if t.microbatch_size == 1)
+    assert raw[STEP]["pp@2:b1"] > -0.5 * (block.forward_s + block.backward_s)
+    req = PlanRequest(num_gpus=2, global_batch=4, pp=2, dp=1, microbatch=1, schedule="1F1B", precision="fp32")
+    charged = estimate(profile, local_cpu(2), req).prediction.breakdown["pp_comm"]
+    assert charged == pytest.approx(4 * profile.step_overhead_s["pp@2:b1"], rel=1e-6)  # 4 microbatches
+    bare = dataclasses.replace(
+        profile, step_overhead_s={k: v for k, v in profile.step_overhead_s.items() if not k.startswith("pp@")}
+    )
+    fit = estimate(bare, local_cpu(2), req).prediction.breakdown["pp_comm"]
+    assert fit > 0 and fit != pytest.approx(charged, rel=1e-6)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from meshplan.model_profile import ModelProfile
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.cost.comm import collective_s, group_tier, p2p_s
+from meshplan.planner.cost.in_place import in_place_overhead_s
 
 ZERO_BUBBLE_SHARE = 1 / 3
 """Zero-bubble 1F1B (Qi et al. 2024, ZB-H1) splits backward into input-grad B and weight-grad W
@@ -85,13 +86,18 @@ def p2p_per_microbatch_s(ctx: Context, cand: Candidate, boundary_bytes: float) -
     With sequence parallelism the boundary is already split over the t ranks (bsh/t each).
     Without it the TP ranks hold replicas: Megatron-LM sends bsh/t from each and all-gathers it
     on the receiving side over the node (scatter/gather, Narayanan et al. 2021 Sec 4.1); torch
-    pipelining (meshplan's executor) sends the whole replica from every TP rank."""
+    pipelining (meshplan's executor) sends the whole replica from every TP rank. Where the
+    profile measured the schedule in place (in_place_p2p_s) and the whole tensor is sent, that
+    measurement, once per chunk, instead of the link fit."""
     if cand.pp == 1:
         return 0.0
     full = boundary_bytes * cand.microbatch / cand.cp
     tier = group_tier(ctx.cluster, cand.dp * cand.cp * cand.tp, cand.pp)
     scatter_gather = cand.tp > 1 and not cand.sequence_parallel and ctx.spec.state.pp_scatter_gather
     split = cand.tp if cand.tp > 1 and (cand.sequence_parallel or scatter_gather) else 1
+    measured = in_place_p2p_s(ctx, cand) if split == 1 and boundary_bytes > 0 else None
+    if measured is not None:
+        return cand.virtual_stages * measured
     gather = (
         collective_s(ctx.cluster, "all_gather", cand.tp, full, group_tier(ctx.cluster, 1, cand.tp))
         if scatter_gather
@@ -99,3 +105,16 @@ def p2p_per_microbatch_s(ctx: Context, cand: Candidate, boundary_bytes: float) -
     )
     hidden = ctx.cluster.calibration.pp_overlap
     return 2 * cand.virtual_stages * (p2p_s(ctx.cluster, full / split, tier) + gather) * (1 - hidden)
+
+
+def in_place_p2p_s(ctx: Context, cand: Candidate) -> float | None:
+    """A pipeline rank's per-microbatch cost beyond its stages' arithmetic, measured in place on
+    busy CPU ranks (ModelProfile.step_overhead_s["pp@P:bB"], profiler/insitu_pipeline.py: a P-stage
+    1F1B schedule of the representative block; its two sends, the pipelining runtime's work
+    around each action, the loss and the waits), linear in the microbatch; None where not
+    measured: GPU profiles (collectives on their own engines, link fits describe them), another
+    pipeline degree, a model cut from its graph (several tensors cross a cut) or context
+    parallelism (a 1/cp sequence slice crosses)."""
+    if not ctx.measured or ctx.profile.device != "cpu" or cand.cp > 1 or ctx.profile.edges:
+        return None
+    return in_place_overhead_s(ctx.profile.step_overhead_s, f"pp@{cand.pp}", cand.microbatch)
