@@ -2,7 +2,7 @@
 
 One calibration as section 1 takes it (profile-links on 4 ranks, quick; the model's CPU profile
 with 4 ranks busy), the chosen grid plans priced twice from it — as profiled, and with the
-step_overhead_s["pp@P:bB"] entries (profiler/insitu_pipeline.py) removed, i.e. the link fit's
+step_overhead_s["pp@P:bB"] entries (profiler/insitu.py PipelineCase) removed, i.e. the link fit's
 sends — then one launch running every plan twice in mirrored order (A B ... B A), so both
 pricings face the same measurement. Each plan's row: both predictions, the measured step (the
 mean of the two passes' medians, and each), both errors, the pp_comm term; with --phases, each

@@ -241,7 +241,7 @@ class ModelProfile:
     plain optimizer step / D; "model@1:bB" = the plain model's forward + loss + backward, absolute
     (the scale of the per-layer timings); "optimizer@1" = the plain whole-model optimizer step,
     absolute; "pp@P:bB" = a P-stage 1F1B pipeline's per-microbatch cost beyond the plain block pass
-    (profiler/insitu_pipeline.py). Empty when not measured."""
+    (profiler/insitu.py PipelineCase). Empty when not measured."""
     architecture: ModelArchitecture | None = field(default=None, metadata={"omit_empty": True})
     """The decoder's architecture beyond its shape, as built (models/zoo, models/analytic, models/hf_arch.py);
     absent for other models, decoders meshplan cannot name, and profiles written before it."""

@@ -109,7 +109,7 @@ def p2p_per_microbatch_s(ctx: Context, cand: Candidate, boundary_bytes: float) -
 
 def in_place_p2p_s(ctx: Context, cand: Candidate) -> float | None:
     """A pipeline rank's per-microbatch cost beyond its stages' arithmetic, measured in place on
-    busy CPU ranks (ModelProfile.step_overhead_s["pp@P:bB"], profiler/insitu_pipeline.py: a P-stage
+    busy CPU ranks (ModelProfile.step_overhead_s["pp@P:bB"], profiler/insitu.py PipelineCase: a P-stage
     1F1B schedule of the representative block; its two sends, the pipelining runtime's work
     around each action, the loss and the waits), linear in the microbatch; None where not
     measured: GPU profiles (collectives on their own engines, link fits describe them), another
