@@ -372,6 +372,12 @@ ROWS: tuple[Row, ...] = (
         flags="--zero 0 (pins it; a warning where the runtime refuses it)",
     ),
     Row(
+        name="hybrid_shard",
+        meaning="ZeRO-2/3 sharded over part of the data-parallel group and replicated over the rest (HSDP: "
+        "dp_replicate x dp_shard); else the search shards over every data-parallel rank",
+        flags="--dp-shard (pins it)",
+    ),
+    Row(
         name="fsdp_gather_bytes",
         meaning="bytes per element of the ZeRO-2/3 parameter all-gather (and of the gradient reduce-scatter "
         "where fsdp_reduce_bytes does not say otherwise)",
@@ -643,6 +649,10 @@ RUNTIMES: dict[str, Runtime] = {
                 value=True,
                 source="executor: DDP on each pipeline stage; tensor-parallel replicas through ReplicaGradReducer",
             ),
+            "hybrid_shard": Behaviour(
+                value=True,
+                source="executor: fully_shard on a 2-D (dp_replicate, dp_shard) mesh, HSDP (executor/parallelize.py)",
+            ),
             "fsdp_gather_bytes": Behaviour(
                 value=4, source="executor: autocast without an FSDP2 MixedPrecisionPolicy gathers the fp32 parameters"
             ),
@@ -738,6 +748,10 @@ RUNTIMES: dict[str, Runtime] = {
                 value=False,
                 source="torchtitan parallelize_llama: apply_ddp only on a 1-D mesh (it raises 'DDP has not "
                 "supported > 1D parallelism' when TP, PP or CP is on); replicas beside them are HSDP (FSDP2)",
+            ),
+            "hybrid_shard": Behaviour(
+                value=True,
+                source="data_parallel_replicate_degree x data_parallel_shard_degree: FSDP2 on a 2-D mesh (HSDP)",
             ),
             "fsdp_gather_bytes": Behaviour(
                 value=2, source="MixedPrecisionPolicy param_dtype=bfloat16 (training.mixed_precision_param)"
@@ -838,6 +852,7 @@ RUNTIMES: dict[str, Runtime] = {
             "ddp_beside_model_parallel": Behaviour(
                 value=True, source="Megatron's DistributedDataParallel over the data-parallel group of any layout"
             ),
+            "hybrid_shard": Behaviour(value=False, source="not applicable: no ZeRO-2/3"),
             "fsdp_gather_bytes": Behaviour(value=None, source="not applicable: no ZeRO-2/3"),
             "fsdp_reduce_bytes": Behaviour(value=None, source="not applicable: no ZeRO-2/3"),
             "fsdp_unit_buffers": Behaviour(value=None, source="not applicable: no ZeRO-2/3"),
@@ -927,6 +942,7 @@ RUNTIMES: dict[str, Runtime] = {
             "ddp_beside_model_parallel": Behaviour(
                 value=True, source="Megatron-Core's DistributedDataParallel over the data-parallel group of any layout"
             ),
+            "hybrid_shard": Behaviour(value=False, source="not applicable: the search tries ZeRO-0/1 only"),
             "fsdp_gather_bytes": Behaviour(value=None, source="not applicable: the search tries ZeRO-0/1 only"),
             "fsdp_reduce_bytes": Behaviour(value=None, source="not applicable: the search tries ZeRO-0/1 only"),
             "fsdp_unit_buffers": Behaviour(value=None, source="not applicable: the search tries ZeRO-0/1 only"),
@@ -1022,6 +1038,10 @@ RUNTIMES: dict[str, Runtime] = {
             "zero_stages": Behaviour(value=(0, 1, 2, 3), source="zero_optimization.stage 0-3"),
             "ddp_beside_model_parallel": Behaviour(
                 value=True, source="engine's data-parallel group beside Megatron-DeepSpeed's TP and its pipeline engine"
+            ),
+            "hybrid_shard": Behaviour(
+                value=False,
+                source="ZeRO-2/3 partition over the whole data-parallel group: MiCS (mics_shard_size) is gone from the config, which refuses the key; ZeRO++ hpZ shards only a secondary weight copy",
             ),
             "fsdp_gather_bytes": Behaviour(value=2, source="ZeRO-3 gathers the bf16/fp16 parameters"),
             "fsdp_reduce_bytes": Behaviour(
@@ -1140,6 +1160,7 @@ RUNTIMES: dict[str, Runtime] = {
                 source="Composer: DDP without fsdp_config, FSDP SHARD_GRAD_OP (2), FULL_SHARD / HYBRID_SHARD (3)",
             ),
             "ddp_beside_model_parallel": Behaviour(value=False, source="no model parallelism"),
+            "hybrid_shard": Behaviour(value=True, source="fsdp_config.sharding_strategy HYBRID_SHARD (Composer FSDP)"),
             "fsdp_gather_bytes": Behaviour(
                 value=2, source="fsdp_config.mixed_precision PURE / DEFAULT: param_dtype bf16"
             ),

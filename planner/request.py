@@ -75,6 +75,10 @@ class PlanRequest:
     """ZeRO-0 replicas (DDP) run beside tensor, pipeline or context parallelism; False (torchtitan,
     whose apply_ddp takes a 1-D mesh only): the search tries ZeRO-0 only where tp = pp = cp = 1,
     unless --zero 0 is pinned."""
+    hybrid_shard: bool = True
+    """ZeRO-2/3 may shard over part of the data-parallel ranks and replicate over the rest (HSDP);
+    False (DeepSpeed, whose ZeRO partitions over its whole data-parallel group): the search tries
+    only dp_shard = dp, unless --dp-shard is pinned."""
     model_parallel: tuple[str, ...] = ("tp", "pp", "cp")
     """Model-parallel axes the runtime runs beside data parallelism; the search offers no other."""
     also_runs: tuple[str, ...] = ()

@@ -48,6 +48,8 @@ class RuntimeSpec:
     """"ring" (p2p per step at kv_heads) or "all_gather" (torch context_parallel, all heads)."""
     zero_stages: tuple[int, ...] | None
     ddp_beside_model_parallel: bool
+    hybrid_shard: bool
+    """ZeRO-2/3 over dp_replicate x dp_shard (HSDP); else only over every data-parallel rank."""
     offload_methods: tuple[str, ...] | None
     model_parallel: tuple[str, ...]
     """Model-parallel axes the runtime runs ("tp", "pp", "cp"); the search offers no other."""

@@ -132,9 +132,12 @@ def shard_degrees(ctx: Context, dp: int, cp: int, tp: int) -> list[int]:
     step (torchtitan's HSDP advice). Larger shard groups only trade more cross-node gather traffic
     for memory, which FSDP over all dp ranks already offers. Two-node groups too cost a third more
     candidates for GPT-3 175B on 1024 A100 (7632 vs 5676) and did not change its plan.
-    A pinned --dp-shard is tried as given."""
+    A pinned --dp-shard is tried as given; a runtime without HSDP (RuntimeSpec.hybrid_shard False:
+    DeepSpeed) shards over all dp ranks only."""
     if ctx.request.dp_shard is not None:
         return [ctx.request.dp_shard]
+    if not ctx.spec.hybrid_shard:
+        return [dp]
     per_node, out = ctx.cluster.devices_per_node, [dp]
     for d in divisors(dp):
         span = d * cp * tp
