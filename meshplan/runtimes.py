@@ -105,6 +105,30 @@ class StateLayout:
     ZeRO-1/2 all-reduce each bucket under the default use_multi_rank_bucket_allreduce:
     zero/stage_1_and_2.py average_tensor) or reduce_scatter (Megatron's distributed optimizer,
     which then all-gathers the parameters)."""
+    zero0_reduce_after_backward: bool
+    """Without ZeRO the gradients are all-reduced only once backward is over, none of it overlapped:
+    DeepSpeed's engine.backward calls allreduce_gradients at the accumulation boundary, which at
+    stage 0 runs buffered_allreduce_fallback (engine.py) on the finished gradients, in buckets of
+    5e8 elements, whatever zero_optimization.overlap_comm says (that option reaches the ZeRO-1/2
+    optimizer's hooks only). False: DDP's and Megatron's buckets reduce during backward."""
+    zero1_gather_overlaps: bool
+    """ZeRO-1's weights sent back after the step are priced with the backward overlap the gradients
+    get (as meshplan has priced ZeroRedundancyOptimizer and Megatron's distributed optimizer); False:
+    DeepSpeed's step all-gathers the bit16 partitions synchronously (zero/stage_1_and_2.py step,
+    all_gather_dp_groups), after backward and before the next forward, exposed whole."""
+    reduce_bucket_elems: int
+    """Gradient elements the ZeRO-1/2 optimizer collects before reducing them during backward; 0 where
+    DDP's bucket cap applies (rank/tail.py). DeepSpeed: zero_optimization.reduce_bucket_size, 5e8
+    by default (zero/config.py), which the export leaves unset; the ipg bucket is reduced when the
+    next gradient would overflow it, and what is left at the end of backward in the epilogue."""
+    zero2_grad_collective: str
+    """ZeRO-2's gradient collective over the shard group: reduce_scatter (FSDP2's
+    reduce_scatter_tensor: meshplan's executor, torchtitan) or all_reduce (DeepSpeed: with
+    reduce_scatter and the default use_multi_rank_bucket_allreduce, zero/stage_1_and_2.py
+    average_tensor files every bucket's slices under one "allreduce" key and allreduce_and_scatter
+    all-reduces the whole bucket before each rank copies out its partition: twice a
+    reduce-scatter's bytes). ZeRO-3 reduce-scatters under both (stage3.py __avg_scatter_grads,
+    reduce_scatter_coalesced)."""
     zero1_param_bytes: int
     """Bytes per parameter ZeRO-1 sends back to the replicas after the step: the weights as the
     replicas keep them (weight_bytes). bf16 under Megatron's distributed optimizer and DeepSpeed,
@@ -160,6 +184,10 @@ class StateLayout:
         return self.weight_bytes, self.grad_bytes, self.optimizer_bytes
 
 
+DEEPSPEED_REDUCE_BUCKET_ELEMS = 500_000_000
+"""DeepSpeed's default zero_optimization.reduce_bucket_size (deepspeed/runtime/zero/config.py)."""
+
+
 def _layout(
     name: str,
     weights: int,
@@ -170,12 +198,14 @@ def _layout(
     megatron: bool = False,
     torch_buffers: bool = True,
     zero2_shards_weights: bool = True,
+    deepspeed: bool = False,
 ) -> StateLayout:
     """One state layout (the field docs above say where each number comes from): `megatron` for
     Megatron-LM's loss, distributed optimizer, sequence-parallel regather and pipeline
     scatter-gather, torch's otherwise; `torch_buffers` for FSDP2's unsharded fp32 accumulation,
     DDP's bucket copy and the sync after backward of the replicas DDP cannot wrap (False: Megatron's
-    grad buffer, DeepSpeed's own)."""
+    grad buffer, DeepSpeed's own); `deepspeed` for DeepSpeed's engine: stage 0's all-reduce after backward,
+    ZeRO-1's reduce bucket and exposed weight gather, ZeRO-2's bucket all-reduce."""
     return StateLayout(
         name=name,
         weight_bytes=weights,
@@ -186,6 +216,10 @@ def _layout(
         loss_transients=1 if megatron else 2,
         zero1_grad_collective="reduce_scatter" if megatron else "all_reduce",
         zero1_param_bytes=weights,
+        zero2_grad_collective="all_reduce" if deepspeed else "reduce_scatter",
+        zero0_reduce_after_backward=deepspeed,
+        reduce_bucket_elems=DEEPSPEED_REDUCE_BUCKET_ELEMS if deepspeed else 0,
+        zero1_gather_overlaps=not deepspeed,
         sp_regather=megatron,
         pp_scatter_gather=megatron,
         zero2_shards_weights=zero2_shards_weights,
@@ -200,12 +234,14 @@ def _layout(
 STATE_LAYOUTS: dict[str, StateLayout] = {
     "torch": _layout("torch", 4, 4, 8, 96),
     "megatron": _layout("megatron", 2, 4, 12, 42, megatron=True, torch_buffers=False),
-    "zero": _layout("zero", 2, 2, 12, 28, torch_buffers=False, zero2_shards_weights=False),
+    "zero": _layout("zero", 2, 2, 12, 28, torch_buffers=False, zero2_shards_weights=False, deepspeed=True),
 }
 """The state layouts (--state-layout): torch = fp32 weights, fp32 grads, Adam m, v (4 + 4 + 8 B;
 AMP / FSDP2 mixed precision); megatron = bf16 weights, fp32 main grads, fp32 master + Adam
 (2 + 4 + 12 B, Megatron-LM); zero = 16-bit weights and grads, fp32 master + Adam (2 + 2 + 12 B,
-Rajbhandari et al. 2020 Sec 3.1, DeepSpeed)."""
+Rajbhandari et al. 2020 Sec 3.1, DeepSpeed). The zero layout also carries how DeepSpeed's engine
+reduces them (zero0_reduce_after_backward, reduce_bucket_elems, zero1_gather_overlaps,
+zero2_grad_collective), so `--runtime deepspeed --state-layout torch` prices DDP-style reduction."""
 
 
 def grad_reduce_bytes(behaviours: Mapping[str, object], precision: str, zero: int) -> int:

@@ -36,7 +36,8 @@ def test_deepspeed_zero1_sends_16_bit_gradients_and_weights():
     assert ds0.comm_bytes_per_step["dp_replicate"] * 2 == fp32_0.comm_bytes_per_step["dp_replicate"]
     exchange = lambda one, zero: one.comm_bytes_per_step["dp_replicate"] - zero.comm_bytes_per_step["dp_replicate"]  # noqa: E731
     assert exchange(ds1, ds0) * 2 == exchange(fp32_1, fp32_0) > 0  # the weights after the step
-    assert ds1.step_time_s < fp32_1.step_time_s
+    exposed = [_dp("deepspeed", 1, "--no-overlap-dp-comm", *layout) for layout in ((), ("--state-layout", "torch"))]
+    assert exposed[0].step_time_s < exposed[1].step_time_s  # the same sync, half the bytes
     slow = _dp("deepspeed", 1, "--no-overlap-dp-comm", "--precision", "fp32").breakdown["dp_comm"]
     assert _dp("deepspeed", 1, "--no-overlap-dp-comm").breakdown["dp_comm"] < slow  # an fp32 run sends fp32
 
@@ -69,3 +70,15 @@ def test_the_state_layouts_send_the_gradients_and_weights_they_keep():
         for name, layout in runtimes.STATE_LAYOUTS.items()
     }
     assert widths == {"torch": (4, 4, 4, 4), "megatron": (4, 4, 2, 2), "zero": (2, 2, 2, 2)}
+
+
+def test_megatron_zero1_bytes_follow_the_reduce_scatter_it_runs():
+    """Megatron's distributed optimizer reduce-scatters the fp32 main grads (15/16 x 4 bytes an element
+    sent by each of 16 ranks) and all-gathers the updated bf16 weights (15/16 x 2): the byte count
+    follows the collective the time is priced with (StateLayout.zero1_grad_collective), counted here
+    from the profile's parameters."""
+    profile, _, _ = _inputs(["estimate", *DP, *DP_PINS])
+    sent = _dp("megatron-core", 1).comm_bytes_per_step["dp_replicate"]
+    assert sent == pytest.approx(15 / 16 * (4 + 2) * profile.num_params, rel=1e-6)
+    ddp = _dp("megatron-core", 0).comm_bytes_per_step["dp_replicate"]  # DDP all-reduces the fp32 grads
+    assert ddp == pytest.approx(2 * 15 / 16 * 4 * profile.num_params, rel=1e-6)

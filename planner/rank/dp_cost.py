@@ -259,7 +259,7 @@ class DataParallelCost:
         scatter /= m if self.unsharded_accumulation else 1
         if measured is not None:
             return measured + scatter + offload, True, 0.0
-        gather = self._gather_s(layer, local)
+        gather = self._gather_s(layer, local) if self._shards_weights() else 0.0  # else once a step (sync_s)
         again = self.zero == 3 and (layer.num_params > layer.num_frozen_params or self._after_trainable(layer))
         gathers = (2 if again else 1) * gather
         exposed = gathers * self._unprefetched_share(local) if self.zero == 3 else 0.0
@@ -267,10 +267,18 @@ class DataParallelCost:
 
     def _scatter_s(self, grad_params: float) -> float:
         """The ZeRO-2/3 gradient reduce-scatter of `grad_params` unsharded gradients over the shard
-        group at the reduce width, and HSDP's all-reduce of the resulting shard over the replicas."""
+        group at the reduce width (under DeepSpeed's ZeRO-2 an all-reduce of the whole bucket:
+        _shard_grad_collective), and HSDP's all-reduce of the resulting shard over the replicas."""
         ctx, width = self.ctx, reduce_width(self.ctx)
-        scatter = collective_s(ctx.cluster, "reduce_scatter", self.shard, grad_params * width, self.shard_tier)
+        scatter = collective_s(
+            ctx.cluster, self._shard_grad_collective(), self.shard, grad_params * width, self.shard_tier
+        )
         return scatter + self._replica_reduce_s(grad_params)
+
+    def _shard_grad_collective(self) -> str:
+        """The collective that reduces ZeRO-2/3 gradients over the shard group: ZeRO-3's
+        reduce-scatter, ZeRO-2's as the runtime runs it (StateLayout.zero2_grad_collective)."""
+        return self.ctx.spec.state.zero2_grad_collective if self.zero == 2 else "reduce_scatter"
 
     def _replica_reduce_s(self, grad_params: float) -> float:
         """HSDP's all-reduce over the replicas of the shard `grad_params` reduce-scatter to."""
@@ -290,6 +298,23 @@ class DataParallelCost:
         if not self.pipeline_deferred or self.shard * self.replicas <= 1:
             return 0.0
         return self._scatter_s(local_params / self.cand.virtual_stages)
+
+    def _step_weight_gather_s(self, local_params: float) -> float:
+        """A ZeRO-2 that keeps its 16-bit weights whole (DeepSpeed) gathers nothing per microbatch:
+        after the optimizer step each rank all-gathers the updated 16-bit partitions of the others
+        (zero/stage_1_and_2.py step, all_gather_dp_groups of the bit16 groups), once a step, exposed
+        (it follows the step and precedes the next forward). Sharded weights (FSDP2, ZeRO-3) are
+        gathered per microbatch instead (_fsdp_comm_s)."""
+        if self.zero != 2 or self.shard <= 1 or self._shards_weights():
+            return 0.0
+        return self._updated_weights_gather_s(local_params, self.shard, self.shard_tier)
+
+    def _updated_weights_gather_s(self, local_params: float, group: int, tier: str) -> float:
+        """The all-gather that hands the updated weights, as the ranks keep them (zero1_param_bytes),
+        back to the `group` ranks that each stepped a partition of them (ZeRO-1's replicas, DeepSpeed
+        ZeRO-2's shard group)."""
+        weights = local_params * self.ctx.spec.zero1_param_bytes
+        return collective_s(self.ctx.cluster, "all_gather", group, weights, tier)
 
     def _gather_s(self, layer: LayerProfile, local: float) -> float:
         """One ZeRO-3 gather of the layer's parameters. FSDP2 gathers a wrapped layer in one
@@ -357,7 +382,7 @@ class DataParallelCost:
         the last microbatch's backward except the last bucket, plus ZeRO-1's parameter broadcast
         and what a busy CPU's DDP adds (measured in place)."""
         if self.zero >= 2:
-            return self._deferred_scatter_s(local_params)
+            return self._deferred_scatter_s(local_params) + self._step_weight_gather_s(local_params)
         if self.replicas <= 1:
             return 0.0
         if self.sync.replaces_ddp:  # planner/methods/sync.py: master, local SGD, Crossbow, DABMD, gossip, async
@@ -367,11 +392,9 @@ class DataParallelCost:
         ctx, tier, group = self.ctx, self.replica_tier, self.replicas
         hidden = ctx.cluster.calibration.dp_overlap if self._sync_overlaps_backward() else 0.0
         share = payload_bytes / (local_params * 4) if local_params else 0.0
-        tail_bytes = min(last_bucket, local_params) * 4 * share
-        grads = ctx.spec.state.zero1_grad_collective if self.zero == 1 else "all_reduce"
-        wire = 1
-        if self.compressor.collective == "all_gather":  # per-rank payloads: the gathered buffer is N x
-            grads, wire = "all_gather", group
+        tail_bytes = min(self._last_bucket(local_params, last_bucket), local_params) * 4 * share
+        grads = self._replica_grad_collective()
+        wire = group if grads == "all_gather" else 1  # per-rank payloads: the gathered buffer is N x
         rounds = (self.compressor.rounds - 1) * collective_latency_s(ctx.cluster, grads, group, tier)
         comm = collective_s(ctx.cluster, grads, group, wire * payload_bytes, tier) + compress_s + rounds
         last = collective_s(ctx.cluster, grads, group, wire * tail_bytes, tier) + rounds
@@ -380,12 +403,35 @@ class DataParallelCost:
             sync += self._zero1_broadcast_s(local_params, hidden)
         return sync
 
+    def _last_bucket(self, local_params: float, last_bucket: float) -> float:
+        """Gradient elements reduced only once backward is over. DDP's: the bucket finished last
+        (rank/tail.py last_bucket_params). DeepSpeed's ZeRO-1/2 fill one bucket of reduce_bucket_size
+        elements (StateLayout.reduce_bucket_elems) and reduce it when the next gradient would overflow
+        it: what has not filled a bucket when backward ends is reduced after it (the epilogue's
+        reduce_ipg_grads), all of a rank's gradients where it holds fewer than one bucket."""
+        bucket = self.ctx.spec.state.reduce_bucket_elems
+        if not bucket or self.zero != 1:
+            return last_bucket
+        rest = local_params % bucket or min(bucket, local_params)
+        return max(last_bucket, rest)
+
+    def _replica_grad_collective(self) -> str:
+        """The ZeRO-0/1 gradient exchange's collective: a compressor's own where it gathers per-rank
+        payloads, else ZeRO-1's as the runtime runs it (StateLayout.zero1_grad_collective: Megatron's
+        distributed optimizer reduce-scatters), else the all-reduce; time and bytes_per_step alike."""
+        if self.compressor.collective == "all_gather":
+            return "all_gather"
+        return self.ctx.spec.state.zero1_grad_collective if self.zero == 1 else "all_reduce"
+
     def _sync_overlaps_backward(self) -> bool:
         """Whether the ZeRO-0/1 gradient all-reduce runs during backward: the runtime overlaps it,
         and it does not wait for backward to end because DDP cannot wrap the replicas: tensor-
         parallel ones, or a split-backward schedule's stages (StateLayout.replica_sync_after_backward;
-        the executor's rule, executor/parallelize.py)."""
+        the executor's rule, executor/parallelize.py), nor because the engine reduces only after
+        backward at stage 0 (StateLayout.zero0_reduce_after_backward: DeepSpeed)."""
         spec, cand = self.ctx.spec, self.cand
+        if self.zero == 0 and spec.state.zero0_reduce_after_backward:  # DeepSpeed's stage 0
+            return False
         outside_ddp = cand.tp > 1 or cand.schedule in SPLIT_BACKWARD
         return spec.overlap_dp_comm and not (outside_ddp and spec.state.replica_sync_after_backward)
 
@@ -397,8 +443,8 @@ class DataParallelCost:
             got = ctx.profile.step_overhead_s.get(f"zero1@{self.replicas}")
             if got is not None:
                 return got
-        weight_bytes = local_params * ctx.spec.zero1_param_bytes
-        return (1 - hidden) * collective_s(ctx.cluster, "all_gather", self.replicas, weight_bytes, self.replica_tier)
+        hidden = hidden if ctx.spec.state.zero1_gather_overlaps else 0.0  # DeepSpeed: after the step
+        return (1 - hidden) * self._updated_weights_gather_s(local_params, self.replicas, self.replica_tier)
 
     def _contention_s(self, group: int) -> float:
         """What a gradient all-reduce costs between busy ranks beyond its idle-rank link fit: the
@@ -422,7 +468,7 @@ class DataParallelCost:
         layers = [(trainable(lp), s) for lp, s in layers]
         if self.zero <= 1 and self.replicas > 1:
             payload = sum(self._payload_bytes(lp, s) for lp, s in layers)
-            out["dp_replicate"] = wire_bytes(self.compressor.collective, self.replicas, payload)
+            out["dp_replicate"] = wire_bytes(self._replica_grad_collective(), self.replicas, payload)
             if self.zero == 1:
                 width = self.ctx.spec.zero1_param_bytes  # the updated weights, sent back
                 out["dp_replicate"] += wire_bytes(
@@ -431,12 +477,16 @@ class DataParallelCost:
         elif self.zero >= 2 and self.shard > 1:
             width, reduce = fsdp_width(self.ctx), reduce_width(self.ctx)
             shard_bytes = sum(reduce * padded_shard_elems(lp, s, self.shard) for lp, s in layers)
-            gathers = [m * (1 + (self.zero == 3 and again)) for again in self._gathered_in_backward(gathered)]
+            if self._shards_weights():
+                gathers = [m * (1 + (self.zero == 3 and again)) for again in self._gathered_in_backward(gathered)]
+            else:  # whole 16-bit weights: the trainable (bit16) groups gathered once after the step
+                width, gathered = self.ctx.spec.zero1_param_bytes, layers  # (_step_weight_gather_s)
+                gathers = [1 for _ in gathered]
             gather_bytes = sum(n * width * gathered_elems(lp, s, self.shard) for n, (lp, s) in zip(gathers, gathered))
             paged = sum(n * padded_shard_elems(lp, s, self.shard) for n, (lp, s) in zip(gathers, gathered))
             reductions = 1 if self.unsharded_accumulation else m  # once per step, or every microbatch
             out["dp_shard"] = wire_bytes("all_gather", self.shard, gather_bytes) + reductions * wire_bytes(
-                "reduce_scatter", self.shard, self.shard * shard_bytes
+                self._shard_grad_collective(), self.shard, self.shard * shard_bytes
             )
             if self.replicas > 1:
                 out["dp_replicate"] = reductions * wire_bytes("all_reduce", self.replicas, shard_bytes)
