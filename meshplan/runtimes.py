@@ -105,30 +105,6 @@ class StateLayout:
     ZeRO-1/2 all-reduce each bucket under the default use_multi_rank_bucket_allreduce:
     zero/stage_1_and_2.py average_tensor) or reduce_scatter (Megatron's distributed optimizer,
     which then all-gathers the parameters)."""
-    zero0_reduce_after_backward: bool
-    """Without ZeRO the gradients are all-reduced only once backward is over, none of it overlapped:
-    DeepSpeed's engine.backward calls allreduce_gradients at the accumulation boundary, which at
-    stage 0 runs buffered_allreduce_fallback (engine.py) on the finished gradients, in buckets of
-    5e8 elements, whatever zero_optimization.overlap_comm says (that option reaches the ZeRO-1/2
-    optimizer's hooks only). False: DDP's and Megatron's buckets reduce during backward."""
-    zero1_gather_overlaps: bool
-    """ZeRO-1's weights sent back after the step are priced with the backward overlap the gradients
-    get (as meshplan has priced ZeroRedundancyOptimizer and Megatron's distributed optimizer); False:
-    DeepSpeed's step all-gathers the bit16 partitions synchronously (zero/stage_1_and_2.py step,
-    all_gather_dp_groups), after backward and before the next forward, exposed whole."""
-    reduce_bucket_elems: int
-    """Gradient elements the ZeRO-1/2 optimizer collects before reducing them during backward; 0 where
-    DDP's bucket cap applies (rank/tail.py). DeepSpeed: zero_optimization.reduce_bucket_size, 5e8
-    by default (zero/config.py), which the export leaves unset; the ipg bucket is reduced when the
-    next gradient would overflow it, and what is left at the end of backward in the epilogue."""
-    zero2_grad_collective: str
-    """ZeRO-2's gradient collective over the shard group: reduce_scatter (FSDP2's
-    reduce_scatter_tensor: meshplan's executor, torchtitan) or all_reduce (DeepSpeed: with
-    reduce_scatter and the default use_multi_rank_bucket_allreduce, zero/stage_1_and_2.py
-    average_tensor files every bucket's slices under one "allreduce" key and allreduce_and_scatter
-    all-reduces the whole bucket before each rank copies out its partition: twice a
-    reduce-scatter's bytes). ZeRO-3 reduce-scatters under both (stage3.py __avg_scatter_grads,
-    reduce_scatter_coalesced)."""
     zero1_param_bytes: int
     """Bytes per parameter ZeRO-1 sends back to the replicas after the step: the weights as the
     replicas keep them (weight_bytes). bf16 under Megatron's distributed optimizer and DeepSpeed,
@@ -198,14 +174,12 @@ def _layout(
     megatron: bool = False,
     torch_buffers: bool = True,
     zero2_shards_weights: bool = True,
-    deepspeed: bool = False,
 ) -> StateLayout:
     """One state layout (the field docs above say where each number comes from): `megatron` for
     Megatron-LM's loss, distributed optimizer, sequence-parallel regather and pipeline
     scatter-gather, torch's otherwise; `torch_buffers` for FSDP2's unsharded fp32 accumulation,
     DDP's bucket copy and the sync after backward of the replicas DDP cannot wrap (False: Megatron's
-    grad buffer, DeepSpeed's own); `deepspeed` for DeepSpeed's engine: stage 0's all-reduce after backward,
-    ZeRO-1's reduce bucket and exposed weight gather, ZeRO-2's bucket all-reduce."""
+    grad buffer, DeepSpeed's own)."""
     return StateLayout(
         name=name,
         weight_bytes=weights,
@@ -216,10 +190,6 @@ def _layout(
         loss_transients=1 if megatron else 2,
         zero1_grad_collective="reduce_scatter" if megatron else "all_reduce",
         zero1_param_bytes=weights,
-        zero2_grad_collective="all_reduce" if deepspeed else "reduce_scatter",
-        zero0_reduce_after_backward=deepspeed,
-        reduce_bucket_elems=DEEPSPEED_REDUCE_BUCKET_ELEMS if deepspeed else 0,
-        zero1_gather_overlaps=not deepspeed,
         sp_regather=megatron,
         pp_scatter_gather=megatron,
         zero2_shards_weights=zero2_shards_weights,
@@ -234,14 +204,14 @@ def _layout(
 STATE_LAYOUTS: dict[str, StateLayout] = {
     "torch": _layout("torch", 4, 4, 8, 96),
     "megatron": _layout("megatron", 2, 4, 12, 42, megatron=True, torch_buffers=False),
-    "zero": _layout("zero", 2, 2, 12, 28, torch_buffers=False, zero2_shards_weights=False, deepspeed=True),
+    "zero": _layout("zero", 2, 2, 12, 28, torch_buffers=False, zero2_shards_weights=False),
 }
 """The state layouts (--state-layout): torch = fp32 weights, fp32 grads, Adam m, v (4 + 4 + 8 B;
 AMP / FSDP2 mixed precision); megatron = bf16 weights, fp32 main grads, fp32 master + Adam
 (2 + 4 + 12 B, Megatron-LM); zero = 16-bit weights and grads, fp32 master + Adam (2 + 2 + 12 B,
-Rajbhandari et al. 2020 Sec 3.1, DeepSpeed). The zero layout also carries how DeepSpeed's engine
-reduces them (zero0_reduce_after_backward, reduce_bucket_elems, zero1_gather_overlaps,
-zero2_grad_collective), so `--runtime deepspeed --state-layout torch` prices DDP-style reduction."""
+Rajbhandari et al. 2020 Sec 3.1, DeepSpeed). How a runtime's engine reduces them is its own
+behaviour (zero0_reduce_after_backward, reduce_bucket_elems, zero1_gather_overlaps,
+zero2_grad_collective), whatever layout keeps them."""
 
 
 def grad_reduce_bytes(behaviours: Mapping[str, object], precision: str, zero: int) -> int:
@@ -278,6 +248,17 @@ output: the bf16 gradient it writes (a closed-form head's saved fp32 logits alre
 saved bf16 logits and that gradient)."""
 
 
+def _count(text: str) -> int:
+    """An element count a number flag takes: a whole number, 0 or more (argparse names the flag)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of elements") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative; give 0 or more elements")
+    return value
+
+
 @dataclass(frozen=True, kw_only=True)
 class Flag:
     """A behaviour's own CLI flag (meshplan/options.py adds one argument per Flag of ROWS)."""
@@ -302,7 +283,7 @@ class Flag:
         if self.choices:
             return {"choices": self.choices, "default": None, "help": self.help}
         if self.number:
-            return {"type": int, "default": None, "metavar": "N", "help": self.help}
+            return {"type": _count, "default": None, "metavar": "N", "help": self.help}
         return {"action": argparse.BooleanOptionalAction, "default": None, "help": self.help}
 
     def request_value(self, given: object) -> object:
@@ -535,6 +516,45 @@ ROWS: tuple[Row, ...] = (
         ),
     ),
     Row(
+        name="zero0_reduce_after_backward",
+        meaning="without ZeRO the gradients are all-reduced once backward is over, none of it overlapped, "
+        "whatever overlap_dp_comm says (else DDP-style buckets reduce while backward runs)",
+        flags="(--runtime)",
+    ),
+    Row(
+        name="reduce_bucket_elems",
+        meaning="gradient elements the ZeRO optimizer collects before it reduces them: at ZeRO-1 what has not "
+        "filled a bucket when backward ends is reduced after it, exposed; ZeRO-3 holds one bucket of 16-bit "
+        "gradients (0: DDP's bucket cap)",
+        flags="--reduce-bucket-elems",
+        flag=Flag(
+            name="--reduce-bucket-elems",
+            number=True,
+            help="gradient elements the ZeRO optimizer reduces at a time (DeepSpeed's "
+            "zero_optimization.reduce_bucket_size, default 5e8; the DeepSpeed export writes another value): "
+            "at ZeRO-1 the unfilled remainder waits for backward's end, ZeRO-3 holds one bucket. 0: DDP's bucket cap",
+        ),
+    ),
+    Row(
+        name="zero1_gather_overlaps",
+        meaning="ZeRO-1's updated weights go back to the replicas under the next forward (else synchronously "
+        "after the optimizer step, exposed whole)",
+        flags="(--runtime)",
+    ),
+    Row(
+        name="zero2_grad_collective",
+        meaning="ZeRO-2's gradient collective over the shard group: reduce_scatter, or all_reduce of whole "
+        "buckets, each rank keeping its partition (twice a reduce-scatter's bytes); ZeRO-3 reduce-scatters",
+        flags="--zero2-grad-collective",
+        flag=Flag(
+            name="--zero2-grad-collective",
+            choices=("reduce_scatter", "all_reduce"),
+            help="ZeRO-2's gradient collective: reduce_scatter (FSDP2; DeepSpeed with "
+            "use_multi_rank_bucket_allreduce false, which the DeepSpeed export then writes) or all_reduce of "
+            "whole buckets (DeepSpeed's default)",
+        ),
+    ),
+    Row(
         name="fsdp_reduce_every_microbatch",
         meaning="ZeRO-2/3 reduce-scatter each microbatch's gradients into the shards (else unsharded fp32 "
         "gradients accumulate until the last microbatch, then one reduce-scatter; planned: the search picks "
@@ -722,6 +742,20 @@ RUNTIMES: dict[str, Runtime] = {
                 "else sync on (each backward reduce-scatters into the shards); under PP always the former",
             ),
             "zero3_gather": _FSDP2_GATHER,
+            "zero0_reduce_after_backward": Behaviour(
+                value=False, source="executor: DDP's buckets all-reduce as backward fills them (overlap_dp_comm)"
+            ),
+            "reduce_bucket_elems": Behaviour(
+                value=0, source="executor: ZeRO-1 reduces through DDP's buckets (bucket_cap_mb; the buckets method)"
+            ),
+            "zero1_gather_overlaps": Behaviour(
+                value=False,
+                source="executor: ZeroRedundancyOptimizer.step broadcasts each rank's updated partition before it "
+                "returns (_sync_params; no overlap_with_ddp), after backward and before the next forward",
+            ),
+            "zero2_grad_collective": Behaviour(
+                value="reduce_scatter", source="executor: FSDP2 (reshard_after_forward=False) reduce_scatter_tensor"
+            ),
             "cp_kv_exchange": Behaviour(
                 value="all_gather",
                 source="torch.distributed.tensor.experimental context_parallel: _cp_options.rotate_method = "
@@ -828,6 +862,14 @@ RUNTIMES: dict[str, Runtime] = {
                 "reduce-scatters; under PP, pipelining's backward_maybe_with_nosync defers to the last",
             ),
             "zero3_gather": _FSDP2_GATHER,
+            "zero0_reduce_after_backward": Behaviour(
+                value=False, source="replicate (DDP) buckets all-reduce as backward fills them"
+            ),
+            "reduce_bucket_elems": Behaviour(value=0, source="not applicable: no ZeRO-1; DDP's bucket cap"),
+            "zero1_gather_overlaps": Behaviour(value=False, source="not applicable: no ZeRO-1"),
+            "zero2_grad_collective": Behaviour(
+                value="reduce_scatter", source="FSDP2 (reshard_after_forward false) reduce_scatter_tensor"
+            ),
             "cp_kv_exchange": Behaviour(
                 value="all_gather",
                 source="torch.distributed.tensor.experimental context_parallel: _cp_options.rotate_method = "
@@ -911,6 +953,12 @@ RUNTIMES: dict[str, Runtime] = {
             "zero3_prefetch_elems": Behaviour(value=0, source="not applicable: no ZeRO-3"),
             "fsdp_reduce_every_microbatch": Behaviour(value=None, source="not applicable: no ZeRO-2/3"),
             "zero3_gather": Behaviour(value="layer", source="not applicable: no ZeRO-3"),
+            "zero0_reduce_after_backward": Behaviour(
+                value=False, source="overlap_dp_comm says it: the 2021 all-reduce follows backward (no overlap)"
+            ),
+            "reduce_bucket_elems": Behaviour(value=0, source="not applicable: no ZeRO-1"),
+            "zero1_gather_overlaps": Behaviour(value=False, source="not applicable: no ZeRO-1"),
+            "zero2_grad_collective": Behaviour(value="reduce_scatter", source="not applicable: no ZeRO-2"),
             "cp_kv_exchange": Behaviour(value="ring", source="not applicable: no context parallelism"),
             "model_source": Behaviour(
                 value="runtime",
@@ -1003,6 +1051,16 @@ RUNTIMES: dict[str, Runtime] = {
             "zero3_prefetch_elems": Behaviour(value=0, source="not applicable: distributed optimizer (ZeRO-1) only"),
             "fsdp_reduce_every_microbatch": Behaviour(value=None, source="not applicable: no ZeRO-2/3"),
             "zero3_gather": Behaviour(value="layer", source="not applicable: no ZeRO-3"),
+            "zero0_reduce_after_backward": Behaviour(
+                value=False, source="--overlap-grad-reduce: the grad buffer's buckets reduce during backward"
+            ),
+            "reduce_bucket_elems": Behaviour(value=0, source="--ddp-bucket-size (the buckets method); else DDP's cap"),
+            "zero1_gather_overlaps": Behaviour(
+                value=True,
+                source="--overlap-param-gather: the distributed optimizer's bf16 all-gather runs under the next "
+                "forward (megatron/core/distributed/param_and_grad_buffer.py)",
+            ),
+            "zero2_grad_collective": Behaviour(value="reduce_scatter", source="not applicable: ZeRO-0/1 only"),
             "cp_kv_exchange": Behaviour(
                 value="ring",
                 source="Transformer Engine attention with --context-parallel-size: K/V blocks sent round the ring "
@@ -1129,6 +1187,27 @@ RUNTIMES: dict[str, Runtime] = {
                 "parameters gathered in its pre-forward and pre-backward hooks and released after; "
                 "checkpointing's recompute runs the forward hooks again",
             ),
+            "zero0_reduce_after_backward": Behaviour(
+                value=True,
+                source="engine.backward calls allreduce_gradients at the accumulation boundary: at stage 0 "
+                "buffered_allreduce_fallback on the finished gradients (engine.py); overlap_comm reaches only the "
+                "ZeRO-1/2 optimizer's hooks",
+            ),
+            "reduce_bucket_elems": Behaviour(
+                value=DEEPSPEED_REDUCE_BUCKET_ELEMS,
+                source="zero_optimization.reduce_bucket_size, 5e8 by default (zero/config.py): the ipg bucket is "
+                "reduced when the next gradient would overflow it, the rest in the epilogue (zero/stage_1_and_2.py)",
+            ),
+            "zero1_gather_overlaps": Behaviour(
+                value=False,
+                source="zero/stage_1_and_2.py step: all_gather_dp_groups of the bit16 partitions, synchronously "
+                "after the step",
+            ),
+            "zero2_grad_collective": Behaviour(
+                value="all_reduce",
+                source="zero/stage_1_and_2.py average_tensor under the default use_multi_rank_bucket_allreduce: "
+                "each bucket's slices under one allreduce key, allreduce_and_scatter all-reduces the whole bucket",
+            ),
             "cp_kv_exchange": Behaviour(
                 value="ring", known=False, source="not known: DeepSpeed's sequence parallelism (Ulysses) is all-to-all"
             ),
@@ -1241,6 +1320,14 @@ RUNTIMES: dict[str, Runtime] = {
             ),
             "zero3_gather": Behaviour(
                 value="layer", source="FSDP auto-wrap per MPTBlock: one all-gather per block, reused by its recompute"
+            ),
+            "zero0_reduce_after_backward": Behaviour(
+                value=False, source="Composer DDP: buckets all-reduce as backward fills them"
+            ),
+            "reduce_bucket_elems": Behaviour(value=0, source="not applicable: no ZeRO-1; DDP's bucket cap"),
+            "zero1_gather_overlaps": Behaviour(value=False, source="not applicable: no ZeRO-1"),
+            "zero2_grad_collective": Behaviour(
+                value="reduce_scatter", source="FSDP SHARD_GRAD_OP reduce-scatters the gradients (FlatParamHandle)"
             ),
             "cp_kv_exchange": Behaviour(value="all_gather", source="no context parallelism"),
             "model_source": Behaviour(

@@ -117,6 +117,20 @@ class PlanRequest:
     """ZeRO-3 all-gather granularity (planner/rank/dp_cost.py): "layer", one per wrapped layer,
     reused by its recompute (FSDP2); "module", one per submodule holding parameters (the layer's TP
     rule children), again for a full recompute's forward (DeepSpeed's parameter coordinator)."""
+    zero0_reduce_after_backward: bool = False
+    """Without ZeRO the gradient all-reduce runs once backward is over, none of it hidden, whatever
+    overlap_dp_comm says (DeepSpeed's stage 0, engine.py buffered_allreduce_fallback); False: DDP's
+    buckets reduce during backward."""
+    reduce_bucket_elems: int = 0
+    """Gradient elements ZeRO-1's optimizer reduces at a time during backward (DeepSpeed's
+    reduce_bucket_size): what has not filled a bucket when backward ends is exposed
+    (planner/rank/dp_cost.py _last_bucket); 0: DDP's bucket cap (rank/tail.py)."""
+    zero1_gather_overlaps: bool = False
+    """ZeRO-1's updated weights go back to the replicas under the next forward (Megatron-Core's
+    --overlap-param-gather); False: synchronously after the step (ZeroRedundancyOptimizer, DeepSpeed)."""
+    zero2_grad_collective: str = "reduce_scatter"
+    """ZeRO-2's gradient collective over the shard group: "reduce_scatter" (FSDP2) or "all_reduce"
+    (DeepSpeed's whole-bucket all-reduce under use_multi_rank_bucket_allreduce); ZeRO-3 reduce-scatters."""
     fsdp_reduce_every_microbatch: bool | str | None = False
     """ZeRO-2/3 reduce-scatter each microbatch's gradients (torchtitan without PP, DeepSpeed); False:
     unsharded fp32 gradients accumulate until the last microbatch (torch pipelining under any

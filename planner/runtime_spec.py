@@ -41,6 +41,14 @@ class RuntimeSpec:
     """ZeRO-3 parameter elements fetched ahead of use (0: the next layer whole, FSDP2)."""
     zero3_gather: str
     """"layer" (FSDP2) or "module" (DeepSpeed): ZeRO-3 all-gathers per layer and per recompute."""
+    zero0_reduce_after_backward: bool
+    """ZeRO-0's all-reduce waits for backward's end, unhidden (DeepSpeed's stage 0)."""
+    reduce_bucket_elems: int
+    """ZeRO-1's reduce bucket in gradient elements (0: DDP's bucket cap)."""
+    zero1_gather_overlaps: bool
+    """ZeRO-1's weights go back under the next forward (else exposed after the step)."""
+    zero2_grad_collective: str
+    """"reduce_scatter" or "all_reduce": ZeRO-2's gradient collective over the shard group."""
     fsdp_reduce_every_microbatch: bool | str | None
     """ZeRO-2/3 reduce-scatter every microbatch (else once, after unsharded accumulation);
     "planned": chosen per candidate (Candidate.reduce_every_microbatch)."""

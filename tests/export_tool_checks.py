@@ -180,6 +180,8 @@ def check_deepspeed(directory: str) -> dict:
             tensor_parallel=tp,
             activation_checkpointing="activation_checkpointing" in config,
             communication_bytes=_communication_dtype(cfg).itemsize,
+            reduce_bucket_size=int(zero.reduce_bucket_size),
+            multi_rank_bucket_allreduce=bool(zero.use_multi_rank_bucket_allreduce),
         )
     _reset_deepspeed_groups()
     return values

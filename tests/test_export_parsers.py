@@ -169,6 +169,12 @@ def test_deepspeed_accepts_the_export_under_its_topology(name, plans, exported, 
     else:
         wire = 2 if plan.precision in ("bf16", "fp8") else 4
     assert got["communication_bytes"] == wire
+    # the engine's reduction as priced: a deepspeed plan's bucket and ZeRO-2 collective, else DeepSpeed's defaults
+    behaviours = plan.runtime_behaviours if plan.runtime == "deepspeed" else {}
+    bucket = behaviours.get("reduce_bucket_elems") or runtimes.DEEPSPEED_REDUCE_BUCKET_ELEMS
+    assert got["reduce_bucket_size"] == (bucket if got["zero_stage"] >= 1 else runtimes.DEEPSPEED_REDUCE_BUCKET_ELEMS)
+    scatters = got["zero_stage"] == 2 and behaviours.get("zero2_grad_collective") == "reduce_scatter"
+    assert got["multi_rank_bucket_allreduce"] is not scatters
 
 
 @pytest.mark.parametrize("name", [n for n in PLANS if "deepspeed" in n])
@@ -179,6 +185,19 @@ def test_deepspeed_reduces_fp32_gradients_where_the_plan_priced_them(name, plans
     assert plan.runtime == "deepspeed" and plan.precision == "bf16"
     assert accepted(tool, name, "deepspeed")["communication_bytes"] == 2
     assert accepted(tool, f"{name}+fp32-grads", "deepspeed")["communication_bytes"] == 4
+
+
+def test_deepspeed_runs_the_bucket_and_zero2_collective_the_flags_priced(plans, tool):
+    """--reduce-bucket-elems and --zero2-grad-collective reach DeepSpeed's own config: the bucket as
+    reduce_bucket_size, the reduce-scatter as use_multi_rank_bucket_allreduce false."""
+    name = "gpt3-1.3b-zero2-buckets-deepspeed"
+    behaviours = plans[name].runtime_behaviours
+    assert behaviours["reduce_bucket_elems"] == 200_000_000
+    assert behaviours["zero2_grad_collective"] == "reduce_scatter"
+    got = accepted(tool, name, "deepspeed")
+    assert (got["zero_stage"], got["reduce_bucket_size"], got["multi_rank_bucket_allreduce"]) == (2, 200_000_000, False)
+    default = accepted(tool, "gpt3-1.3b-zero2-deepspeed", "deepspeed")
+    assert (default["reduce_bucket_size"], default["multi_rank_bucket_allreduce"]) == (500_000_000, True)
 
 
 # --- accelerate --------------------------------------------------------------------------------------

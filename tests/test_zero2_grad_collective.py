@@ -1,10 +1,8 @@
-"""DeepSpeed's ZeRO-2 all-reduces its gradient buckets (StateLayout.zero2_grad_collective "all_reduce":
+"""DeepSpeed's ZeRO-2 all-reduces its gradient buckets (runtime behaviour zero2_grad_collective "all_reduce":
 zero/stage_1_and_2.py average_tensor under the default use_multi_rank_bucket_allreduce), where FSDP2's
 ZeRO-2 and every runtime's ZeRO-3 reduce-scatter: twice the bytes, and the time of an all-reduce."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 from test_runtimes import DP, DP_PINS, _estimate, _inputs
@@ -21,16 +19,24 @@ def _ds(zero: int, *flags: str):
     return _estimate("--runtime", "deepspeed", "--zero", str(zero), *flags, base=DP, pins=DP_PINS).prediction
 
 
-@pytest.fixture
-def scattering_zero2(monkeypatch):
-    """The `zero` layout as it would be if DeepSpeed reduce-scattered at ZeRO-2."""
-    layout = dataclasses.replace(runtimes.STATE_LAYOUTS["zero"], zero2_grad_collective="reduce_scatter")
-    monkeypatch.setitem(runtimes.STATE_LAYOUTS, "zero", layout)
+SCATTER = ("--zero2-grad-collective", "reduce_scatter")
+"""DeepSpeed as it runs with use_multi_rank_bucket_allreduce false: ZeRO-2 reduce-scattered."""
 
 
-def test_the_layouts_say_which_collective_reduces_zero2():
-    got = {name: layout.zero2_grad_collective for name, layout in runtimes.STATE_LAYOUTS.items()}
-    assert got == {"torch": "reduce_scatter", "megatron": "reduce_scatter", "zero": "all_reduce"}
+def test_the_runtimes_say_which_collective_reduces_zero2():
+    got = {name: runtimes.runtime(name).value("zero2_grad_collective") for name in runtimes.NAMES}
+    assert got == {name: "all_reduce" if name == "deepspeed" else "reduce_scatter" for name in runtimes.NAMES}
+
+
+def test_the_engine_not_the_state_layout_decides_deepspeed_reduction():
+    """How DeepSpeed reduces is its engine's, whatever layout keeps the state: under --state-layout torch
+    its ZeRO-2 still all-reduces (half the bytes again as the reduce-scatter), its stage 0 still waits for
+    backward's end."""
+    torch_layout = ("--state-layout", "torch")
+    scattered = _ds(2, *torch_layout, *SCATTER).comm_bytes_per_step["dp_shard"]
+    assert _ds(2, *torch_layout).comm_bytes_per_step["dp_shard"] / scattered == pytest.approx(3 / 2, rel=1e-6)
+    on = _ds(0, *torch_layout, "--overlap-dp-comm").breakdown["dp_comm"]
+    assert on == _ds(0, *torch_layout, "--no-overlap-dp-comm").breakdown["dp_comm"] > 0
 
 
 def test_deepspeed_zero2_sends_an_all_reduce_of_its_16_bit_gradients():
@@ -53,18 +59,16 @@ def test_deepspeed_zero2_gathers_its_weights_once_a_step_not_per_microbatch():
     assert four / one == pytest.approx((4 * 2 + 1) / (2 + 1), rel=0.001)
 
 
-def test_the_all_reduce_is_twice_the_reduce_scatter_it_replaced(scattering_zero2, monkeypatch):
+def test_the_all_reduce_is_twice_the_reduce_scatter_it_replaced():
     """Same gather after the step; the gradients' 2 x 15/16 against 15/16."""
-    scattered = _ds(2).comm_bytes_per_step["dp_shard"]
-    monkeypatch.undo()
+    scattered = _ds(2, *SCATTER).comm_bytes_per_step["dp_shard"]
     assert _ds(2).comm_bytes_per_step["dp_shard"] / scattered == pytest.approx(3 / 2, rel=1e-6)
 
 
-def test_exposed_zero2_time_is_the_all_reduce(scattering_zero2, monkeypatch):
+def test_exposed_zero2_time_is_the_all_reduce():
     """Not overlapped, the gradient time grows by what an all-reduce of the buffer costs over its
     reduce-scatter on the preset: the time follows the collective, not only the byte count."""
-    scatter = _ds(2, "--no-overlap-dp-comm")
-    monkeypatch.undo()
+    scatter = _ds(2, "--no-overlap-dp-comm", *SCATTER)
     reduce = _ds(2, "--no-overlap-dp-comm")
     profile, _, _ = _inputs(["estimate", *DP, *DP_PINS])
     cluster = cluster_preset("a100-80g", RANKS)
@@ -79,10 +83,9 @@ def test_exposed_zero2_time_is_the_all_reduce(scattering_zero2, monkeypatch):
     assert reduce.step_time_s > scatter.step_time_s
 
 
-def test_zero3_reduce_scatters_under_deepspeed(scattering_zero2, monkeypatch):
-    """The field is ZeRO-2's: DeepSpeed's ZeRO-3 (stage3.py __avg_scatter_grads) does not move with it."""
-    before = _ds(3)
-    monkeypatch.undo()
+def test_zero3_reduce_scatters_under_deepspeed():
+    """The behaviour is ZeRO-2's: DeepSpeed's ZeRO-3 (stage3.py __avg_scatter_grads) does not move with it."""
+    before = _ds(3, *SCATTER)
     after = _ds(3)
     assert after.comm_bytes_per_step == before.comm_bytes_per_step
     assert after.step_time_s == before.step_time_s
@@ -127,10 +130,11 @@ def test_deepspeed_zero1_under_one_bucket_reduces_after_backward():
     assert small("--overlap-dp-comm") == small("--no-overlap-dp-comm") > 0
 
 
-def test_deepspeed_zero1_tail_is_the_unfilled_bucket(monkeypatch):
-    """DP's 0.62e9 gradients: one full bucket reduced during backward, the 0.12e9 left after it. With
-    DDP's 25 MB tail instead, the exposed sync is smaller."""
+def test_deepspeed_zero1_tail_is_the_unfilled_bucket():
+    """DP's 0.62e9 gradients: one full 5e8 bucket reduced during backward, the 0.12e9 left after it. A
+    1e8 bucket (--reduce-bucket-elems) leaves 0.02e9, less than the embedding's gradient (0.1e9), which
+    finishes last and waits anyway, as it does with DDP's 25 MB buckets (0): the exposed sync follows the
+    larger of the two."""
     tail = _ds(1).breakdown["dp_comm"]
-    layout = dataclasses.replace(runtimes.STATE_LAYOUTS["zero"], reduce_bucket_elems=0)
-    monkeypatch.setitem(runtimes.STATE_LAYOUTS, "zero", layout)
-    assert _ds(1).breakdown["dp_comm"] < tail
+    smaller = _ds(1, "--reduce-bucket-elems", "100000000").breakdown["dp_comm"]
+    assert _ds(1, "--reduce-bucket-elems", "0").breakdown["dp_comm"] == smaller < tail

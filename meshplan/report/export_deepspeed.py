@@ -60,10 +60,29 @@ def _offload(plan: Plan, stage: int) -> dict[str, dict]:
     return out
 
 
+def _reduction(plan: Plan, stage: int) -> dict[str, object]:
+    """The engine's gradient reduction where a --runtime deepspeed plan was priced with other than
+    DeepSpeed's defaults: reduce_bucket_size (--reduce-bucket-elems; 5e8 by default) and, for a
+    ZeRO-2 plan priced with a reduce-scatter (--zero2-grad-collective reduce_scatter),
+    use_multi_rank_bucket_allreduce false, which reduces each bucket slice to its owner instead of
+    all-reducing the whole bucket (zero/stage_1_and_2.py average_tensor)."""
+    if plan.runtime not in ec.TARGET_RUNTIMES["deepspeed"]:
+        return {}
+    behaviours = {**runtimes.request_behaviours(plan.runtime, {}), **plan.runtime_behaviours}
+    out: dict[str, object] = {}
+    bucket = behaviours.get("reduce_bucket_elems")
+    if bucket and bucket != runtimes.DEEPSPEED_REDUCE_BUCKET_ELEMS and stage >= 1:
+        out["reduce_bucket_size"] = bucket
+    if stage == 2 and behaviours.get("zero2_grad_collective") == "reduce_scatter":
+        out["use_multi_rank_bucket_allreduce"] = False
+    return out
+
+
 def _zero(plan: Plan, warnings: list[str]) -> dict:
     stage = _zero_stage(plan, warnings)
     zero: dict[str, object] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
     zero.update(_offload(plan, stage))
+    zero.update(_reduction(plan, stage))
     if plan.data_parallel_replicate_degree > 1 and plan.data_parallel_shard_degree > 1:
         # MiCS (zero_optimization.mics_shard_size) was removed from DeepSpeed (its config class refuses
         # the key, tests/test_export_parsers.py); ZeRO++ hpZ shards a secondary copy only

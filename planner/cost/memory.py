@@ -20,6 +20,7 @@ import math
 from meshplan.model_profile import LayerProfile
 from meshplan.planner.context import Context
 from meshplan.planner.cost.uniform_recompute import uniform_saved_bytes, uniform_transient_bytes
+from meshplan.runtimes import DEEPSPEED_REDUCE_BUCKET_ELEMS
 
 GIB = 1024**3
 
@@ -70,11 +71,6 @@ def _activation_bytes(ctx: Context, layer: LayerProfile, mode: str, b: int, spli
     return per_sample * b / cp
 
 
-DEEPSPEED_REDUCE_BUCKET_ELEMS = 500_000_000
-"""DeepSpeed's reduce_bucket_size default (deepspeed/runtime/zero/config.py, 5e8 elements): ZeRO-3
-collects 16-bit gradients in buckets of this size before reduce-scattering them."""
-
-
 def _largest_tensor_elems(layer: LayerProfile, split: int) -> float:
     """Elements of the layer's largest weight on one TP rank: from its parameter shapes, else its
     largest GEMM's weight (n x k), else the whole layer."""
@@ -111,8 +107,9 @@ def zero3_buffer_bytes(ctx: Context, layers: list[LayerProfile], split_of) -> fl
     """ZeRO-3's transient gathered weights and unsharded gradients on a rank. FSDP (prefetch 0:
     a whole layer ahead) holds the largest layer's buffers of fsdp_unit_buffer_bytes. DeepSpeed (request.zero3_prefetch_elems > 0) gathers per
     submodule: the running weight plus at most the prefetch bound in 16 bits, that weight's 16-bit
-    gradient, and one reduce bucket of 16-bit gradients (DEEPSPEED_REDUCE_BUCKET_ELEMS); a block's
-    other weights are released after their submodule runs."""
+    gradient, and one reduce bucket of 16-bit gradients (RuntimeSpec.reduce_bucket_elems, else
+    DeepSpeed's default reduce_bucket_size); a block's other weights are released after their
+    submodule runs."""
     ahead = ctx.spec.zero3_prefetch_elems
     if ahead <= 0:
         unit = max(lp.num_params / split_of(lp) for lp in layers)
@@ -120,7 +117,8 @@ def zero3_buffer_bytes(ctx: Context, layers: list[LayerProfile], split_of) -> fl
         return fsdp_unit_buffer_bytes(spec.fsdp_gather_bytes, spec.fsdp_reduce_bytes, spec.fsdp_unit_buffers) * unit
     weight = max(_largest_tensor_elems(lp, split_of(lp)) for lp in layers)
     layer = max(lp.num_params / split_of(lp) for lp in layers)
-    return 2 * min(weight + ahead, layer) + 2 * weight + 2 * min(DEEPSPEED_REDUCE_BUCKET_ELEMS, layer)
+    bucket = ctx.spec.reduce_bucket_elems or DEEPSPEED_REDUCE_BUCKET_ELEMS
+    return 2 * min(weight + ahead, layer) + 2 * weight + 2 * min(bucket, layer)
 
 
 def stage_buffer_bytes(ctx: Context, layers: list[LayerProfile], b: int, split_of, zero: int, cp: int) -> float:

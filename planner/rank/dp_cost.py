@@ -277,8 +277,8 @@ class DataParallelCost:
 
     def _shard_grad_collective(self) -> str:
         """The collective that reduces ZeRO-2/3 gradients over the shard group: ZeRO-3's
-        reduce-scatter, ZeRO-2's as the runtime runs it (StateLayout.zero2_grad_collective)."""
-        return self.ctx.spec.state.zero2_grad_collective if self.zero == 2 else "reduce_scatter"
+        reduce-scatter, ZeRO-2's as the runtime runs it (RuntimeSpec.zero2_grad_collective)."""
+        return self.ctx.spec.zero2_grad_collective if self.zero == 2 else "reduce_scatter"
 
     def _replica_reduce_s(self, grad_params: float) -> float:
         """HSDP's all-reduce over the replicas of the shard `grad_params` reduce-scatter to."""
@@ -405,11 +405,11 @@ class DataParallelCost:
 
     def _last_bucket(self, local_params: float, last_bucket: float) -> float:
         """Gradient elements reduced only once backward is over. DDP's: the bucket finished last
-        (rank/tail.py last_bucket_params). DeepSpeed's ZeRO-1/2 fill one bucket of reduce_bucket_size
-        elements (StateLayout.reduce_bucket_elems) and reduce it when the next gradient would overflow
+        (rank/tail.py last_bucket_params). DeepSpeed's ZeRO-1 fills one bucket of reduce_bucket_size
+        elements (RuntimeSpec.reduce_bucket_elems) and reduces it when the next gradient would overflow
         it: what has not filled a bucket when backward ends is reduced after it (the epilogue's
         reduce_ipg_grads), all of a rank's gradients where it holds fewer than one bucket."""
-        bucket = self.ctx.spec.state.reduce_bucket_elems
+        bucket = self.ctx.spec.reduce_bucket_elems
         if not bucket or self.zero != 1:
             return last_bucket
         rest = local_params % bucket or min(bucket, local_params)
@@ -428,9 +428,9 @@ class DataParallelCost:
         and it does not wait for backward to end because DDP cannot wrap the replicas: tensor-
         parallel ones, or a split-backward schedule's stages (StateLayout.replica_sync_after_backward;
         the executor's rule, executor/parallelize.py), nor because the engine reduces only after
-        backward at stage 0 (StateLayout.zero0_reduce_after_backward: DeepSpeed)."""
+        backward at stage 0 (RuntimeSpec.zero0_reduce_after_backward: DeepSpeed)."""
         spec, cand = self.ctx.spec, self.cand
-        if self.zero == 0 and spec.state.zero0_reduce_after_backward:  # DeepSpeed's stage 0
+        if self.zero == 0 and spec.zero0_reduce_after_backward:  # DeepSpeed's stage 0
             return False
         outside_ddp = cand.tp > 1 or cand.schedule in SPLIT_BACKWARD
         return spec.overlap_dp_comm and not (outside_ddp and spec.state.replica_sync_after_backward)
@@ -443,7 +443,7 @@ class DataParallelCost:
             got = ctx.profile.step_overhead_s.get(f"zero1@{self.replicas}")
             if got is not None:
                 return got
-        hidden = hidden if ctx.spec.state.zero1_gather_overlaps else 0.0  # DeepSpeed: after the step
+        hidden = hidden if ctx.spec.zero1_gather_overlaps else 0.0  # DeepSpeed: after the step
         return (1 - hidden) * self._updated_weights_gather_s(local_params, self.replicas, self.replica_tier)
 
     def _contention_s(self, group: int) -> float:
