@@ -522,6 +522,12 @@ ROWS: tuple[Row, ...] = (
         flags="(--runtime)",
     ),
     Row(
+        name="pipeline_reduce_after_backward",
+        meaning="under pipeline parallelism the ZeRO-0/1 gradients are all-reduced once the schedule's last "
+        "backward is over, none of it overlapped (else they reduce during the last microbatch's backward)",
+        flags="(--runtime)",
+    ),
+    Row(
         name="reduce_bucket_elems",
         meaning="gradient elements the ZeRO optimizer collects before it reduces them: at ZeRO-1 what has not "
         "filled a bucket when backward ends is reduced after it, exposed; ZeRO-3 holds one bucket of 16-bit "
@@ -745,6 +751,11 @@ RUNTIMES: dict[str, Runtime] = {
             "zero0_reduce_after_backward": Behaviour(
                 value=False, source="executor: DDP's buckets all-reduce as backward fills them (overlap_dp_comm)"
             ),
+            "pipeline_reduce_after_backward": Behaviour(
+                value=False,
+                source="executor: torch.distributed.pipelining runs the last microbatch's backward with DDP's sync "
+                "on (stage.py backward_maybe_with_nosync), its buckets reducing during it",
+            ),
             "reduce_bucket_elems": Behaviour(
                 value=0, source="executor: ZeRO-1 reduces through DDP's buckets (bucket_cap_mb; the buckets method)"
             ),
@@ -865,6 +876,9 @@ RUNTIMES: dict[str, Runtime] = {
             "zero0_reduce_after_backward": Behaviour(
                 value=False, source="replicate (DDP) buckets all-reduce as backward fills them"
             ),
+            "pipeline_reduce_after_backward": Behaviour(
+                value=False, source="not applicable: no DDP beside pipeline parallelism (FSDP2 or HSDP)"
+            ),
             "reduce_bucket_elems": Behaviour(value=0, source="not applicable: no ZeRO-1; DDP's bucket cap"),
             "zero1_gather_overlaps": Behaviour(value=False, source="not applicable: no ZeRO-1"),
             "zero2_grad_collective": Behaviour(
@@ -954,6 +968,9 @@ RUNTIMES: dict[str, Runtime] = {
             "fsdp_reduce_every_microbatch": Behaviour(value=None, source="not applicable: no ZeRO-2/3"),
             "zero3_gather": Behaviour(value="layer", source="not applicable: no ZeRO-3"),
             "zero0_reduce_after_backward": Behaviour(
+                value=False, source="overlap_dp_comm says it: the 2021 all-reduce follows backward (no overlap)"
+            ),
+            "pipeline_reduce_after_backward": Behaviour(
                 value=False, source="overlap_dp_comm says it: the 2021 all-reduce follows backward (no overlap)"
             ),
             "reduce_bucket_elems": Behaviour(value=0, source="not applicable: no ZeRO-1"),
@@ -1053,6 +1070,11 @@ RUNTIMES: dict[str, Runtime] = {
             "zero3_gather": Behaviour(value="layer", source="not applicable: no ZeRO-3"),
             "zero0_reduce_after_backward": Behaviour(
                 value=False, source="--overlap-grad-reduce: the grad buffer's buckets reduce during backward"
+            ),
+            "pipeline_reduce_after_backward": Behaviour(
+                value=False,
+                source="--overlap-grad-reduce: each model chunk's buckets reduce during its last microbatch's "
+                "backward (megatron/core/pipeline_parallel/schedules.py enables grad sync there)",
             ),
             "reduce_bucket_elems": Behaviour(value=0, source="--ddp-bucket-size (the buckets method); else DDP's cap"),
             "zero1_gather_overlaps": Behaviour(
@@ -1193,6 +1215,11 @@ RUNTIMES: dict[str, Runtime] = {
                 "buffered_allreduce_fallback on the finished gradients (engine.py); overlap_comm reaches only the "
                 "ZeRO-1/2 optimizer's hooks",
             ),
+            "pipeline_reduce_after_backward": Behaviour(
+                value=True,
+                source="pipe/engine.py: the schedule's ReduceGrads instruction (_exec_reduce_grads) follows every "
+                "backward pass: buffered_allreduce_fallback (bf16) or allreduce_gradients on the finished gradients",
+            ),
             "reduce_bucket_elems": Behaviour(
                 value=DEEPSPEED_REDUCE_BUCKET_ELEMS,
                 source="zero_optimization.reduce_bucket_size, 5e8 by default (zero/config.py): the ipg bucket is "
@@ -1324,6 +1351,7 @@ RUNTIMES: dict[str, Runtime] = {
             "zero0_reduce_after_backward": Behaviour(
                 value=False, source="Composer DDP: buckets all-reduce as backward fills them"
             ),
+            "pipeline_reduce_after_backward": Behaviour(value=False, source="not applicable: no pipeline parallelism"),
             "reduce_bucket_elems": Behaviour(value=0, source="not applicable: no ZeRO-1; DDP's bucket cap"),
             "zero1_gather_overlaps": Behaviour(value=False, source="not applicable: no ZeRO-1"),
             "zero2_grad_collective": Behaviour(

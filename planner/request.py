@@ -121,6 +121,10 @@ class PlanRequest:
     """Without ZeRO the gradient all-reduce runs once backward is over, none of it hidden, whatever
     overlap_dp_comm says (DeepSpeed's stage 0, engine.py buffered_allreduce_fallback); False: DDP's
     buckets reduce during backward."""
+    pipeline_reduce_after_backward: bool = False
+    """Under pipeline parallelism the ZeRO-0/1 all-reduce runs after the schedule's last backward,
+    none of it hidden (DeepSpeed's pipeline engine, _exec_reduce_grads); False: during the last
+    microbatch's backward (torch pipelining with DDP, Megatron)."""
     reduce_bucket_elems: int = 0
     """Gradient elements ZeRO-1's optimizer reduces at a time during backward (DeepSpeed's
     reduce_bucket_size): what has not filled a bucket when backward ends is exposed

@@ -43,6 +43,8 @@ class RuntimeSpec:
     """"layer" (FSDP2) or "module" (DeepSpeed): ZeRO-3 all-gathers per layer and per recompute."""
     zero0_reduce_after_backward: bool
     """ZeRO-0's all-reduce waits for backward's end, unhidden (DeepSpeed's stage 0)."""
+    pipeline_reduce_after_backward: bool
+    """With pp > 1 the ZeRO-0/1 all-reduce waits for the schedule's last backward (DeepSpeed's pipe engine)."""
     reduce_bucket_elems: int
     """ZeRO-1's reduce bucket in gradient elements (0: DDP's bucket cap)."""
     zero1_gather_overlaps: bool

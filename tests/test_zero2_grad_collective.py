@@ -138,3 +138,39 @@ def test_deepspeed_zero1_tail_is_the_unfilled_bucket():
     tail = _ds(1).breakdown["dp_comm"]
     smaller = _ds(1, "--reduce-bucket-elems", "100000000").breakdown["dp_comm"]
     assert _ds(1, "--reduce-bucket-elems", "0").breakdown["dp_comm"] == smaller < tail
+
+
+PP_PINS = ["--tp", "1", "--pp", "2", "--dp", "8", "--microbatch", "2", "--schedule", "1f1b", "--recompute", "none"]
+SMALL_BUCKET = ("--reduce-bucket-elems", "1000000")
+"""Keeps ZeRO-1's bucket rule out of the pipeline tests: a stage's 0.3e9 gradients under one 5e8 bucket
+would wait for backward's end anyway."""
+
+
+def _dp_comm(runtime: str, zero: int, pins: list[str], *flags: str) -> float:
+    return _estimate("--runtime", runtime, "--zero", str(zero), *flags, base=DP, pins=pins).prediction.breakdown[
+        "dp_comm"
+    ]
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_deepspeed_pipeline_reduces_after_the_last_backward(zero):
+    """DeepSpeed's pipeline engine reduces in the schedule's ReduceGrads instruction, after every backward
+    (pipe/engine.py _exec_reduce_grads): overlap_comm hides nothing, at ZeRO-0 or ZeRO-1; Megatron-Core's
+    grad buffer, and torch pipelining's DDP, reduce during the last microbatch's backward."""
+    on, off = (
+        _dp_comm("deepspeed", zero, PP_PINS, flag, *SMALL_BUCKET)
+        for flag in ("--overlap-dp-comm", "--no-overlap-dp-comm")
+    )
+    assert on == off > 0
+    for runtime in ("megatron-core", "meshplan"):
+        assert _dp_comm(runtime, zero, PP_PINS, "--overlap-dp-comm") < _dp_comm(
+            runtime, zero, PP_PINS, "--no-overlap-dp-comm"
+        )
+
+
+def test_deepspeed_zero1_overlaps_without_pipelining():
+    """The same bucket without a pipeline: ZeRO-1's hooks reduce during backward."""
+    on, off = (
+        _dp_comm("deepspeed", 1, DP_PINS, flag, *SMALL_BUCKET) for flag in ("--overlap-dp-comm", "--no-overlap-dp-comm")
+    )
+    assert on < off

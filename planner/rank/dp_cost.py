@@ -428,9 +428,12 @@ class DataParallelCost:
         and it does not wait for backward to end because DDP cannot wrap the replicas: tensor-
         parallel ones, or a split-backward schedule's stages (StateLayout.replica_sync_after_backward;
         the executor's rule, executor/parallelize.py), nor because the engine reduces only after
-        backward at stage 0 (RuntimeSpec.zero0_reduce_after_backward: DeepSpeed)."""
+        backward at stage 0 (RuntimeSpec.zero0_reduce_after_backward: DeepSpeed) or after a pipeline
+        schedule's last backward (RuntimeSpec.pipeline_reduce_after_backward: DeepSpeed's pipe engine)."""
         spec, cand = self.ctx.spec, self.cand
         if self.zero == 0 and spec.zero0_reduce_after_backward:  # DeepSpeed's stage 0
+            return False
+        if cand.pp > 1 and spec.pipeline_reduce_after_backward:  # DeepSpeed's pipeline engine
             return False
         outside_ddp = cand.tp > 1 or cand.schedule in SPLIT_BACKWARD
         return spec.overlap_dp_comm and not (outside_ddp and spec.state.replica_sync_after_backward)
