@@ -119,9 +119,6 @@ class StateLayout:
     """Without sequence parallelism, a pipeline boundary is sent as 1/t from each tensor-parallel
     rank and all-gathered on the receiving node (Megatron-LM, Narayanan et al. 2021 Sec 4.1); else
     torch pipelining sends the whole replica from every tensor-parallel rank."""
-    zero2_shards_weights: bool
-    """ZeRO-2 runs as FSDP2 (sharded weights, the gathered copy kept from forward to backward:
-    meshplan's executor, torchtitan); False: DeepSpeed's ZeRO-2 keeps its 16-bit weights whole."""
     fsdp_full_grad_accumulation: bool
     """FSDP2 accumulates unsharded fp32 gradients across microbatches (no reduce-scatter until the
     last: set_requires_gradient_sync(False))."""
@@ -173,7 +170,6 @@ def _layout(
     *,
     megatron: bool = False,
     torch_buffers: bool = True,
-    zero2_shards_weights: bool = True,
 ) -> StateLayout:
     """One state layout (the field docs above say where each number comes from): `megatron` for
     Megatron-LM's loss, distributed optimizer, sequence-parallel regather and pipeline
@@ -192,7 +188,6 @@ def _layout(
         zero1_param_bytes=weights,
         sp_regather=megatron,
         pp_scatter_gather=megatron,
-        zero2_shards_weights=zero2_shards_weights,
         fsdp_full_grad_accumulation=torch_buffers,
         ddp_bucket_copy=torch_buffers,
         replica_sync_after_backward=torch_buffers,
@@ -204,7 +199,7 @@ def _layout(
 STATE_LAYOUTS: dict[str, StateLayout] = {
     "torch": _layout("torch", 4, 4, 8, 96),
     "megatron": _layout("megatron", 2, 4, 12, 42, megatron=True, torch_buffers=False),
-    "zero": _layout("zero", 2, 2, 12, 28, torch_buffers=False, zero2_shards_weights=False),
+    "zero": _layout("zero", 2, 2, 12, 28, torch_buffers=False),
 }
 """The state layouts (--state-layout): torch = fp32 weights, fp32 grads, Adam m, v (4 + 4 + 8 B;
 AMP / FSDP2 mixed precision); megatron = bf16 weights, fp32 main grads, fp32 master + Adam
@@ -548,6 +543,13 @@ ROWS: tuple[Row, ...] = (
         flags="(--runtime)",
     ),
     Row(
+        name="zero2_shards_weights",
+        meaning="ZeRO-2 shards the weights too, the gathered copy kept from forward to backward (FSDP2's "
+        "reshard_after_forward false); else each rank keeps the whole 16-bit weights and gathers the updated "
+        "partitions once after the step",
+        flags="(--runtime)",
+    ),
+    Row(
         name="zero2_grad_collective",
         meaning="ZeRO-2's gradient collective over the shard group: reduce_scatter, or all_reduce of whole "
         "buckets, each rank keeping its partition (twice a reduce-scatter's bytes); ZeRO-3 reduce-scatters",
@@ -764,6 +766,10 @@ RUNTIMES: dict[str, Runtime] = {
                 source="executor: ZeroRedundancyOptimizer.step broadcasts each rank's updated partition before it "
                 "returns (_sync_params; no overlap_with_ddp), after backward and before the next forward",
             ),
+            "zero2_shards_weights": Behaviour(
+                value=True,
+                source="executor: fully_shard(reshard_after_forward=False): sharded parameters, gathered per microbatch",
+            ),
             "zero2_grad_collective": Behaviour(
                 value="reduce_scatter", source="executor: FSDP2 (reshard_after_forward=False) reduce_scatter_tensor"
             ),
@@ -881,6 +887,10 @@ RUNTIMES: dict[str, Runtime] = {
             ),
             "reduce_bucket_elems": Behaviour(value=0, source="not applicable: no ZeRO-1; DDP's bucket cap"),
             "zero1_gather_overlaps": Behaviour(value=False, source="not applicable: no ZeRO-1"),
+            "zero2_shards_weights": Behaviour(
+                value=True,
+                source="FSDP2 with reshard_after_forward false (fsdp_reshard_after_forward never / default under PP)",
+            ),
             "zero2_grad_collective": Behaviour(
                 value="reduce_scatter", source="FSDP2 (reshard_after_forward false) reduce_scatter_tensor"
             ),
@@ -975,6 +985,10 @@ RUNTIMES: dict[str, Runtime] = {
             ),
             "reduce_bucket_elems": Behaviour(value=0, source="not applicable: no ZeRO-1"),
             "zero1_gather_overlaps": Behaviour(value=False, source="not applicable: no ZeRO-1"),
+            "zero2_shards_weights": Behaviour(
+                value=True,
+                source="not applicable: no ZeRO-2",
+            ),
             "zero2_grad_collective": Behaviour(value="reduce_scatter", source="not applicable: no ZeRO-2"),
             "cp_kv_exchange": Behaviour(value="ring", source="not applicable: no context parallelism"),
             "model_source": Behaviour(
@@ -1081,6 +1095,10 @@ RUNTIMES: dict[str, Runtime] = {
                 value=True,
                 source="--overlap-param-gather: the distributed optimizer's bf16 all-gather runs under the next "
                 "forward (megatron/core/distributed/param_and_grad_buffer.py)",
+            ),
+            "zero2_shards_weights": Behaviour(
+                value=True,
+                source="not applicable: ZeRO-0/1 only",
             ),
             "zero2_grad_collective": Behaviour(value="reduce_scatter", source="not applicable: ZeRO-0/1 only"),
             "cp_kv_exchange": Behaviour(
@@ -1230,6 +1248,10 @@ RUNTIMES: dict[str, Runtime] = {
                 source="zero/stage_1_and_2.py step: all_gather_dp_groups of the bit16 partitions, synchronously "
                 "after the step",
             ),
+            "zero2_shards_weights": Behaviour(
+                value=False,
+                source="zero/stage_1_and_2.py: ZeRO-2 partitions gradients and optimizer states; every rank keeps the whole bit16 weights",
+            ),
             "zero2_grad_collective": Behaviour(
                 value="all_reduce",
                 source="zero/stage_1_and_2.py average_tensor under the default use_multi_rank_bucket_allreduce: "
@@ -1354,6 +1376,10 @@ RUNTIMES: dict[str, Runtime] = {
             "pipeline_reduce_after_backward": Behaviour(value=False, source="not applicable: no pipeline parallelism"),
             "reduce_bucket_elems": Behaviour(value=0, source="not applicable: no ZeRO-1; DDP's bucket cap"),
             "zero1_gather_overlaps": Behaviour(value=False, source="not applicable: no ZeRO-1"),
+            "zero2_shards_weights": Behaviour(
+                value=True,
+                source="FSDP SHARD_GRAD_OP: flat parameters sharded, kept gathered from forward to backward",
+            ),
             "zero2_grad_collective": Behaviour(
                 value="reduce_scatter", source="FSDP SHARD_GRAD_OP reduce-scatters the gradients (FlatParamHandle)"
             ),

@@ -132,6 +132,10 @@ class PlanRequest:
     zero1_gather_overlaps: bool = False
     """ZeRO-1's updated weights go back to the replicas under the next forward (Megatron-Core's
     --overlap-param-gather); False: synchronously after the step (ZeroRedundancyOptimizer, DeepSpeed)."""
+    zero2_shards_weights: bool = True
+    """ZeRO-2 shards the weights and gathers them per microbatch (FSDP2, reshard_after_forward
+    false); False: DeepSpeed's ZeRO-2 keeps the whole 16-bit weights and all-gathers the updated
+    partitions once after the step."""
     zero2_grad_collective: str = "reduce_scatter"
     """ZeRO-2's gradient collective over the shard group: "reduce_scatter" (FSDP2) or "all_reduce"
     (DeepSpeed's whole-bucket all-reduce under use_multi_rank_bucket_allreduce); ZeRO-3 reduce-scatters."""

@@ -49,6 +49,8 @@ class RuntimeSpec:
     """ZeRO-1's reduce bucket in gradient elements (0: DDP's bucket cap)."""
     zero1_gather_overlaps: bool
     """ZeRO-1's weights go back under the next forward (else exposed after the step)."""
+    zero2_shards_weights: bool
+    """ZeRO-2's weights sharded (FSDP2) or whole (DeepSpeed)."""
     zero2_grad_collective: str
     """"reduce_scatter" or "all_reduce": ZeRO-2's gradient collective over the shard group."""
     fsdp_reduce_every_microbatch: bool | str | None

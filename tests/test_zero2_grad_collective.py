@@ -30,13 +30,21 @@ def test_the_runtimes_say_which_collective_reduces_zero2():
 
 def test_the_engine_not_the_state_layout_decides_deepspeed_reduction():
     """How DeepSpeed reduces is its engine's, whatever layout keeps the state: under --state-layout torch
-    its ZeRO-2 still all-reduces (half the bytes again as the reduce-scatter), its stage 0 still waits for
-    backward's end."""
+    its ZeRO-2 still all-reduces and keeps its weights whole, its stage 0 still waits for backward's end."""
     torch_layout = ("--state-layout", "torch")
+    # per element: the bf16 gradients all-reduced (2 x 2 bytes) or reduce-scattered (2), beside the
+    # weights as this layout keeps them (4 bytes), gathered once after the step
     scattered = _ds(2, *torch_layout, *SCATTER).comm_bytes_per_step["dp_shard"]
-    assert _ds(2, *torch_layout).comm_bytes_per_step["dp_shard"] / scattered == pytest.approx(3 / 2, rel=1e-6)
+    ratio = (2 * 2 + 4) / (2 + 4)
+    assert _ds(2, *torch_layout).comm_bytes_per_step["dp_shard"] / scattered == pytest.approx(ratio, rel=1e-6)
     on = _ds(0, *torch_layout, "--overlap-dp-comm").breakdown["dp_comm"]
     assert on == _ds(0, *torch_layout, "--no-overlap-dp-comm").breakdown["dp_comm"] > 0
+    # and its ZeRO-2 keeps the weights whole: four microbatches send four bf16 gradient all-reduces
+    # (2 x 2 bytes an element) and one gather of the weights as kept (4 bytes under this layout)
+    one = _ds(2, *torch_layout).comm_bytes_per_step["dp_shard"]
+    pins = [*DP_PINS[:-6], "--microbatch", "1", *DP_PINS[-4:]]
+    four = _estimate("--runtime", "deepspeed", "--zero", "2", *torch_layout, base=DP, pins=pins).prediction
+    assert four.comm_bytes_per_step["dp_shard"] / one == pytest.approx((4 * 2 * 2 + 4) / (2 * 2 + 4), rel=0.001)
 
 
 def test_deepspeed_zero2_sends_an_all_reduce_of_its_16_bit_gradients():

@@ -212,9 +212,9 @@ class DataParallelCost:
     def _shards_weights(self) -> bool:
         """ZeRO-3 shards the weights; so does ZeRO-2 run as FSDP2 (fully_shard with
         reshard_after_forward=False: sharded parameters, the gathered copy kept from forward to
-        backward; meshplan's executor, torchtitan). DeepSpeed's ZeRO-2 (state layout "zero")
+        backward; meshplan's executor, torchtitan). DeepSpeed's ZeRO-2 (RuntimeSpec.zero2_shards_weights)
         keeps its 16-bit weights whole and shards gradients and optimizer states only."""
-        return self.zero >= 3 or (self.zero == 2 and self.ctx.spec.state.zero2_shards_weights)
+        return self.zero >= 3 or (self.zero == 2 and self.ctx.spec.zero2_shards_weights)
 
     def _ddp_bucket_bytes_per_param(self) -> float:
         """PyTorch DDP (ZeRO-0/1 without tensor parallelism) allocates its buckets for every
