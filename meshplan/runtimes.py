@@ -524,16 +524,17 @@ ROWS: tuple[Row, ...] = (
     ),
     Row(
         name="reduce_bucket_elems",
-        meaning="gradient elements the ZeRO optimizer collects before it reduces them: at ZeRO-1 what has not "
-        "filled a bucket when backward ends is reduced after it, exposed; ZeRO-3 holds one bucket of 16-bit "
-        "gradients (0: DDP's bucket cap)",
+        meaning="gradient elements the ZeRO optimizer collects before it reduces them: at ZeRO-1 and ZeRO-2 what "
+        "has not filled a bucket when backward ends is reduced after it, exposed; ZeRO-3 holds one bucket of "
+        "16-bit gradients (0: DDP's bucket cap, FSDP2's per-layer reduce-scatter)",
         flags="--reduce-bucket-elems",
         flag=Flag(
             name="--reduce-bucket-elems",
             number=True,
             help="gradient elements the ZeRO optimizer reduces at a time (DeepSpeed's "
             "zero_optimization.reduce_bucket_size, default 5e8; the DeepSpeed export writes another value): "
-            "at ZeRO-1 the unfilled remainder waits for backward's end, ZeRO-3 holds one bucket. 0: DDP's bucket cap",
+            "at ZeRO-1/2 the unfilled remainder waits for backward's end, ZeRO-3 holds one bucket. 0: DDP's bucket "
+            "cap",
         ),
     ),
     Row(

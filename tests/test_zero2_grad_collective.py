@@ -182,3 +182,21 @@ def test_deepspeed_zero1_overlaps_without_pipelining():
         _dp_comm("deepspeed", 1, DP_PINS, flag, *SMALL_BUCKET) for flag in ("--overlap-dp-comm", "--no-overlap-dp-comm")
     )
     assert on < off
+
+
+def test_deepspeed_zero2_under_one_bucket_reduces_in_the_epilogue():
+    """ZeRO-2's bucket fills with the rank's whole gradients before partitioning: under one 5e8 bucket
+    (SMALL's 0.3e9) every micro-step's reduction waits for the epilogue, overlap or not; with 1e6-element
+    buckets all but the last reduce during backward."""
+
+    def small(*flags: str) -> float:
+        return _estimate(
+            "--runtime", "deepspeed", "--zero", "2", *flags, base=SMALL, pins=DP_PINS
+        ).prediction.breakdown["dp_comm"]
+
+    assert small("--overlap-dp-comm") == small("--no-overlap-dp-comm") > 0
+    assert small("--overlap-dp-comm", *SMALL_BUCKET) < small("--no-overlap-dp-comm", *SMALL_BUCKET)
+    titan = lambda flag: _estimate(  # noqa: E731  FSDP2 reduce-scatters per layer, no bucket
+        "--runtime", "torchtitan", "--zero", "2", flag, base=SMALL, pins=DP_PINS
+    ).prediction.breakdown["dp_comm"]
+    assert titan("--overlap-dp-comm") < titan("--no-overlap-dp-comm")

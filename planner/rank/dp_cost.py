@@ -154,8 +154,27 @@ class DataParallelCost:
         fsdp_reduce_every_microbatch; meshplan's executor where the plan chose it), holding no
         unsharded copy."""
         self.pipeline_deferred = self.unsharded_accumulation and cand.pp > 1
+        self.epilogue_share = self._epilogue_share(ctx, cand)
+        """Share of a rank's ZeRO-2 gradients reduced only once each backward is over (_epilogue_share)."""
         """FSDP2 under torch.distributed.pipelining: the stage's gradient reduce-scatter runs after
         its last backward, not during it (_deferred_scatter_s)."""
+
+    @staticmethod
+    def _epilogue_share(ctx: Context, cand: Candidate) -> float:
+        """DeepSpeed's ZeRO-2 collects each backward's gradients in one bucket of reduce_bucket_size
+        elements (RuntimeSpec.reduce_bucket_elems) and reduces it when the next gradient would overflow
+        it; what has not filled a bucket when backward ends is reduced in the epilogue
+        (overlapping_partition_gradients_reduce_epilogue, every micro-step at ZeRO-2), exposed. The
+        bucket fills with the rank's whole (TP-local) gradients, before partitioning: a rank holding
+        fewer elements than one bucket overlaps none of its reduction. 0 where no such bucket (FSDP2's
+        per-layer reduce-scatter) or below ZeRO-2 (ZeRO-1: _last_bucket)."""
+        bucket = ctx.spec.reduce_bucket_elems
+        if cand.zero != 2 or not bucket:
+            return 0.0
+        total = sum(trainable(lp).num_params / ctx.tp_split(lp, cand.tp) for lp in ctx.layers)
+        if total <= 0:
+            return 0.0
+        return (total % bucket or min(bucket, total)) / total
 
     # --- per layer ------------------------------------------------------------------------
     def layer(self, layer: LayerProfile, split: int, b: int, m: int) -> LayerDP:
@@ -262,7 +281,7 @@ class DataParallelCost:
         gather = self._gather_s(layer, local) if self._shards_weights() else 0.0  # else once a step (sync_s)
         again = self.zero == 3 and (layer.num_params > layer.num_frozen_params or self._after_trainable(layer))
         gathers = (2 if again else 1) * gather
-        exposed = gathers * self._unprefetched_share(local) if self.zero == 3 else 0.0
+        exposed = gathers * self._unprefetched_share(local) if self.zero == 3 else scatter * self.epilogue_share
         return gathers + scatter + offload, False, exposed
 
     def _scatter_s(self, grad_params: float) -> float:
