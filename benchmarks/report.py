@@ -80,6 +80,7 @@ METHOD_TITLES = {
     "offload": "Offload and communication scheduling",
     "kernel_bytes": "Bytes on the wire, counted by the kernel",
     "papers": "ByteScheduler, Crossbow, DABMD and Wavelet against their baselines",
+    "deepspeed_bytes": "DeepSpeed's own bytes per step, counted by the kernel",
 }
 
 

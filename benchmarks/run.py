@@ -216,6 +216,7 @@ METHOD_SECTIONS = {
     "offload": "benchmarks.offload",
     "kernel_bytes": "benchmarks.kernel_bytes",
     "papers": "benchmarks.dp_paper_methods",
+    "deepspeed_bytes": "benchmarks.deepspeed_bytes",
 }
 """Data-parallel method benchmarks (issues 15-17): module whose `bench_section(quick, say)` returns
 the section's results. They run on 4 gloo ranks, the slow-link ones inside throttled namespaces."""
