@@ -42,10 +42,10 @@ def _within(row: dict, low: float, high: float) -> bool:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("row", ["stage 0", "ZeRO-1", "ZeRO-2", "ZeRO-3"])
 def test_deepspeed_sends_what_meshplan_predicts(measured, row):
-    # beyond the priced collectives: the gradient-norm and loss scalars, ZeRO's partition padding,
-    # gloo's per-message headers (measured 0.7-1.1% at 2.4M parameters)
+    # beyond the priced collectives: the gradient-norm and loss scalars, gloo's per-message framing
+    # (measured under 0.05% at 2.4M parameters once the resent segments are taken off)
     got = measured[row]
-    assert _within(got, 0.995, 1.025), got
+    assert _within(got, 0.998, 1.005), got
 
 
 @pytest.mark.slow
