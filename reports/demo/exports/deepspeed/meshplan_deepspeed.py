@@ -1,5 +1,5 @@
 """meshplan plan -> DeepSpeed topology: gpt-tiny on 4 x local-cpu
-plan decisions hash b803ee8b6e5d8cc6; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
+plan decisions hash 32c85a9c500ae87d; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
 global batch 16 = micro 4 x accumulation 1 x data-parallel 4; seq_len 32
 predict it: meshplan estimate --import THIS_FILE --model gpt-tiny --cluster local-cpu --runtime meshplan
 """

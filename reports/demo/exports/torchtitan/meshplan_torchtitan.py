@@ -1,5 +1,5 @@
 """meshplan plan -> torchtitan 0.3: gpt-tiny on 4 x local-cpu
-plan decisions hash b803ee8b6e5d8cc6; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
+plan decisions hash 32c85a9c500ae87d; mesh pp=1 dp_replicate=4 dp_shard=1 cp=1 tp=1
 global batch 16 = micro 4 x accumulation 1 x data-parallel 4; seq_len 32
 predict it: meshplan estimate --import THIS_FILE --model gpt-tiny --cluster local-cpu --runtime meshplan
 WARNING: torchtitan ships no model of this architecture and shape (4 layers, hidden 64, 4 heads (4 kv), ffn 256, vocab 256, LayerNorm, gelu, learned_absolute positions, untied embeddings): the model section names a custom model (register your model's spec as shown there); the stage module names below are torchtitan's decoder names (tok_embeddings, layers.N, norm and the output layer): give your model's modules those names
