@@ -159,8 +159,11 @@ def test_state_bytes_by_layout_and_zero():
     # (bf16 gathers: 2 B) kept forward to backward; DeepSpeed's ZeRO-2 keeps 16-bit weights whole
     z2 = layer_cost(_ctx(prof, n=8, fsdp_gather_bytes=2), blk, 1, 1, False, 1, 2, 8)
     assert z2.weights_bytes == pytest.approx((4 / 8 + 2) * blk.num_params)
-    ds2 = layer_cost(_ctx(prof, n=8, state_layout="zero"), blk, 1, 1, False, 1, 2, 8)
+    # (runtime behaviour zero2_shards_weights, not the state layout: the zero layout under FSDP2 shards)
+    ds2 = layer_cost(_ctx(prof, n=8, state_layout="zero", zero2_shards_weights=False), blk, 1, 1, False, 1, 2, 8)
     assert ds2.weights_bytes == pytest.approx(2 * blk.num_params)
+    fsdp_zero = layer_cost(_ctx(prof, n=8, state_layout="zero", fsdp_gather_bytes=2), blk, 1, 1, False, 1, 2, 8)
+    assert fsdp_zero.weights_bytes == pytest.approx((2 / 8 + 2) * blk.num_params)
 
 
 def test_measured_timings_are_used_on_cpu():
