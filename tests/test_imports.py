@@ -202,6 +202,38 @@ def test_megatron_script_with_shell_variables(tmp_path):
         read_config(str(tmp_path / "no_world.sh"))
 
 
+def test_deepspeed_reduction_settings_read_with_deepspeed_defaults(tmp_path):
+    """overlap_comm (DeepSpeed's default: off at ZeRO-1/2, on at ZeRO-3), reduce_bucket_size and
+    use_multi_rank_bucket_allreduce false become the behaviours that price them, and the prediction moves
+    with them: overlap off costs time, a reduce-scatter instead of the bucket all-reduce saves it."""
+    batch = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4}
+    configs = {
+        "default2": {"stage": 2},
+        "overlap2": {"stage": 2, "overlap_comm": True},
+        "tuned2": {
+            "stage": 2,
+            "overlap_comm": True,
+            "reduce_bucket_size": 100000000,
+            "use_multi_rank_bucket_allreduce": False,
+        },
+        "default3": {"stage": 3},
+    }
+    got = {}
+    for name, zero in configs.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps({**batch, "zero_optimization": zero}))
+        got[name] = read_config(str(tmp_path / f"{name}.json"), world=16).values
+    assert got["default2"]["overlap_dp_comm"] is False and got["overlap2"]["overlap_dp_comm"] is True
+    assert "overlap_dp_comm" not in got["default3"]  # the runtime's own (on), as DeepSpeed's default
+    assert (got["tuned2"]["reduce_bucket_elems"], got["tuned2"]["zero2_grad_collective"]) == (
+        100000000,
+        "reduce_scatter",
+    )
+    assert "reduce_bucket_elems" not in got["overlap2"] and "zero2_grad_collective" not in got["overlap2"]
+    gpt = ["--model", "analytic:gpt", "--set", "layers=24", "hidden=2048", "heads=16", "--cluster", "a100-80g"]
+    step = {name: estimate(tmp_path / f"{name}.json", tmp_path, *gpt, "--num-gpus", "16") for name in configs}
+    assert step["default2"] > step["overlap2"] > step["tuned2"]
+
+
 def test_hand_written_deepspeed_accelerate_torchtitan(tmp_path):
     ds = read_config(str(FIXTURES / "ds_zero2.json")).values
     assert (ds["dp"], ds["microbatch"], ds["global_batch"], ds["zero"], ds["dp_shard"]) == (8, 4, 256, 2, 8)

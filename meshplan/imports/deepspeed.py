@@ -40,6 +40,20 @@ def _offload(zero: dict, stage: int, values: dict[str, Any]) -> None:
         values["offload"] = "nvme:params=true" if param == "nvme" and stage == 3 else "nvme"
 
 
+def _reduction(zero: dict, stage: int, values: dict[str, Any]) -> None:
+    """How the engine reduces, where the file says so: overlap_comm (DeepSpeed's default: on at ZeRO-3
+    only, zero/config.py overlap_comm_valid), reduce_bucket_size (--reduce-bucket-elems) and
+    use_multi_rank_bucket_allreduce false (ZeRO-2 reduced per partition owner: --zero2-grad-collective
+    reduce_scatter). A meshplan export's estimate line, read first, keeps what it says."""
+    if zero.get("overlap_comm") is not None or stage in (1, 2):
+        values.setdefault("overlap_dp_comm", bool(zero.get("overlap_comm", stage == 3)))
+    bucket = _number(zero, "reduce_bucket_size")
+    if bucket is not None:
+        values.setdefault("reduce_bucket_elems", bucket)
+    if zero.get("use_multi_rank_bucket_allreduce") is False:
+        values.setdefault("zero2_grad_collective", "reduce_scatter")
+
+
 def _number(data: dict, key: str) -> int | None:
     value = data.get(key)
     return None if value in (None, "auto") else int(value)
@@ -104,6 +118,7 @@ def read(path: Path, text: str, world: int | None = None) -> Imported:
     if stage >= 2 and dp:
         values["dp_shard"] = dp
     _offload(zero, stage, values)
+    _reduction(zero, stage, values)
     bf16, fp16 = data.get("bf16", {}).get("enabled", False), data.get("fp16", {}).get("enabled", False)
     values["precision"] = "bf16" if bf16 is True or fp16 is True else "fp32"
     if fp16 is True:

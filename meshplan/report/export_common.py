@@ -100,6 +100,8 @@ ESTIMATE_BEHAVIOURS = (
     "fsdp_gather_bytes",
     "fsdp_reduce_bytes",
     "fsdp_unit_buffers",
+    "reduce_bucket_elems",
+    "zero2_grad_collective",
 )
 """Runtime behaviours (meshplan/runtimes.py) an export's estimate line carries where the plan's
 value is not the runtime's, each through its own flag (runtimes.Flag)."""
