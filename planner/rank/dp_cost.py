@@ -43,6 +43,13 @@ DDP_BUCKET_BYTES = DDP_BUCKET_MB * 1024**2
 """PyTorch DDP's default bucket (the comm_schedule=buckets default)."""
 
 
+def unfilled_bucket(elems: float, bucket: int) -> float:
+    """Gradient elements left in DeepSpeed's ipg bucket when backward ends: a bucket of `bucket` elements
+    is reduced when the next gradient would overflow it, so what is left of `elems` is the part past the
+    last full bucket; all of them under one bucket, a whole bucket where they fill buckets exactly."""
+    return elems % bucket or min(bucket, elems)
+
+
 def trainable(layer: LayerProfile) -> LayerProfile:
     """The layer as its gradients see it: frozen parameters (requires_grad=False) are weights
     only: no gradient, no optimizer state, no gradient traffic (DDP buckets, FSDP2's
@@ -154,10 +161,10 @@ class DataParallelCost:
         fsdp_reduce_every_microbatch; meshplan's executor where the plan chose it), holding no
         unsharded copy."""
         self.pipeline_deferred = self.unsharded_accumulation and cand.pp > 1
-        self.epilogue_share = self._epilogue_share(ctx, cand)
-        """Share of a rank's ZeRO-2 gradients reduced only once each backward is over (_epilogue_share)."""
         """FSDP2 under torch.distributed.pipelining: the stage's gradient reduce-scatter runs after
         its last backward, not during it (_deferred_scatter_s)."""
+        self.epilogue_share = self._epilogue_share(ctx, cand)
+        """Share of a rank's ZeRO-2 gradients reduced only once each backward is over (_epilogue_share)."""
 
     @staticmethod
     def _epilogue_share(ctx: Context, cand: Candidate) -> float:
@@ -172,9 +179,7 @@ class DataParallelCost:
         if cand.zero != 2 or not bucket:
             return 0.0
         total = sum(trainable(lp).num_params / ctx.tp_split(lp, cand.tp) for lp in ctx.layers)
-        if total <= 0:
-            return 0.0
-        return (total % bucket or min(bucket, total)) / total
+        return unfilled_bucket(total, bucket) / total if total > 0 else 0.0
 
     # --- per layer ------------------------------------------------------------------------
     def layer(self, layer: LayerProfile, split: int, b: int, m: int) -> LayerDP:
@@ -431,8 +436,7 @@ class DataParallelCost:
         bucket = self.ctx.spec.reduce_bucket_elems
         if not bucket or self.zero != 1:
             return last_bucket
-        rest = local_params % bucket or min(bucket, local_params)
-        return max(last_bucket, rest)
+        return max(last_bucket, unfilled_bucket(local_params, bucket))
 
     def _replica_grad_collective(self) -> str:
         """The ZeRO-0/1 gradient exchange's collective: a compressor's own where it gathers per-rank
