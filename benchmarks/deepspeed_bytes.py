@@ -129,15 +129,13 @@ def build_cpu_ops(timeout_s: float) -> None:
 
 
 def measure(prefix: list[str], spec: dict, steps: tuple[int, int], nproc: int, timeout_s: float) -> dict:
-    netns = prefix[3]
-    deltas, info = [], {}
-    for i, s in enumerate(steps):
-        before = kernel_bytes.read_counters(netns)
-        info = _launch(prefix, spec, s, nproc, 29600 + i, timeout_s)
-        after = kernel_bytes.read_counters(netns)
-        deltas.append({k: after[k] - before[k] for k in after})
-    extra = steps[1] - steps[0]
-    return {**{k: (deltas[1][k] - deltas[0][k]) / extra for k in deltas[0]}, **info}
+    """Steady-state kernel counters per step (kernel_bytes.per_step), with rank 0's last report."""
+    info: dict = {}
+
+    def launch(s: int) -> None:
+        info.update(_launch(prefix, spec, s, nproc, 29600 + steps.index(s), timeout_s))
+
+    return {**kernel_bytes.per_step(prefix[3], steps, launch), **info}
 
 
 def unavailable() -> str:

@@ -136,23 +136,28 @@ def _launch(prefix: list[str], plan_path: str, steps: int, out_dir: str, timeout
         raise RuntimeError(f"meshplan run exited {proc.returncode}: {' | '.join(tail)}")
 
 
+def per_step(netns: str, steps: tuple[int, int], launch) -> dict:
+    """Steady-state kernel counters per step: `launch(s)` runs s steps in the namespace `netns`, once
+    for each of the two step counts; the counters read around each launch, differenced (module docstring)."""
+    deltas = []
+    for s in steps:
+        before = read_counters(netns)
+        launch(s)
+        after = read_counters(netns)
+        deltas.append({k: after[k] - before[k] for k in after})
+    extra = steps[1] - steps[0]
+    return {k: (deltas[1][k] - deltas[0][k]) / extra for k in deltas[0]}
+
+
 def measure(plan, prefix: list[str], steps: tuple[int, int], timeout_s: float) -> dict:
     """Steady-state kernel counters per step of `plan` in the namespace `prefix` runs in."""
     from meshplan import schema
 
-    netns = prefix[3]
-    deltas = []
     with tempfile.TemporaryDirectory(prefix="meshplan-kbytes-") as tmp:
         path = os.path.join(tmp, "plan.json")
         with open(path, "w") as fh:
             fh.write(schema.dumps(plan))
-        for s in steps:
-            before = read_counters(netns)
-            _launch(prefix, path, s, os.path.join(tmp, f"run{s}"), timeout_s)
-            after = read_counters(netns)
-            deltas.append({k: after[k] - before[k] for k in after})
-    extra = steps[1] - steps[0]
-    return {k: (deltas[1][k] - deltas[0][k]) / extra for k in deltas[0]}
+        return per_step(prefix[3], steps, lambda s: _launch(prefix, path, s, os.path.join(tmp, f"run{s}"), timeout_s))
 
 
 def run_bench(
