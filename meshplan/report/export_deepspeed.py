@@ -60,6 +60,11 @@ def _offload(plan: Plan, stage: int) -> dict[str, dict]:
     return out
 
 
+def _behaviours(plan: Plan) -> dict:
+    """The behaviours the plan was priced with: its runtime's, with the plan's own on top."""
+    return {**runtimes.request_behaviours(plan.runtime, {}), **plan.runtime_behaviours}
+
+
 def _reduction(plan: Plan, stage: int) -> dict[str, object]:
     """The engine's gradient reduction where a --runtime deepspeed plan was priced with other than
     DeepSpeed's defaults: reduce_bucket_size (--reduce-bucket-elems; 5e8 by default) and, for a
@@ -68,7 +73,7 @@ def _reduction(plan: Plan, stage: int) -> dict[str, object]:
     all-reducing the whole bucket (zero/stage_1_and_2.py average_tensor)."""
     if plan.runtime not in ec.TARGET_RUNTIMES["deepspeed"]:
         return {}
-    behaviours = {**runtimes.request_behaviours(plan.runtime, {}), **plan.runtime_behaviours}
+    behaviours = _behaviours(plan)
     out: dict[str, object] = {}
     bucket = behaviours.get("reduce_bucket_elems")
     if bucket and bucket != runtimes.DEEPSPEED_REDUCE_BUCKET_ELEMS and stage >= 1:
@@ -169,7 +174,7 @@ def communication_data_type(plan: Plan) -> str | None:
         return "fp16"
     if plan.runtime not in ec.TARGET_RUNTIMES["deepspeed"]:
         return None
-    behaviours = {**runtimes.request_behaviours(plan.runtime, {}), **plan.runtime_behaviours}
+    behaviours = _behaviours(plan)
     priced = runtimes.grad_reduce_bytes(behaviours, plan.precision, plan.zero_stage)
     sixteen_bit = plan.precision in ("bf16", "fp8")  # the config's bf16 section: DeepSpeed's default is bf16
     return "fp32" if sixteen_bit and priced == 4 else None  # an fp32 run is priced and run at fp32
