@@ -1148,7 +1148,9 @@ RUNTIMES: dict[str, Runtime] = {
                 "dtype (deepspeed/runtime/engine.py communication_data_type unset: the model's; allreduce_bucket, "
                 "zero/stage_1_and_2.py allreduce_bucket)",
             ),
-            "overlap_dp_comm": Behaviour(value=True, source="zero_optimization.overlap_comm (the export writes true)"),
+            "overlap_dp_comm": Behaviour(
+                value=True, source="zero_optimization.overlap_comm (the export writes the plan's value)"
+            ),
             "overlap_tp_comm": Behaviour(value=False, source="DeepSpeed has no TP overlap of its own"),
             "attention": Behaviour(
                 value="flash",

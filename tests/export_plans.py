@@ -42,7 +42,7 @@ PLAN_ARGS: dict[str, list[str]] = {
     "gpt3-1.3b-zero2-buckets-deepspeed": ["plan", *GPT, "layers=24", "hidden=2048", "heads=16", *A100, "--num-gpus",
                                           "8", "--global-batch", "64", "--zero", "2", "--runtime", "deepspeed",
                                           "--reduce-bucket-elems", "200000000", "--zero2-grad-collective",
-                                          "reduce_scatter"],
+                                          "reduce_scatter", "--no-overlap-dp-comm"],
     "llama3-8b-tp2-deepspeed": ["plan", *LLAMA_8B, *H100, "--num-gpus", "16", "--global-batch", "32", "--tp", "2",
                                 "--runtime", "deepspeed"],
     "llama3-70b-fp8-megatron-core": ["plan", *LLAMA_70B, *H100, "--num-gpus", "64", "--global-batch", "128",

@@ -182,6 +182,7 @@ def check_deepspeed(directory: str) -> dict:
             communication_bytes=_communication_dtype(cfg).itemsize,
             reduce_bucket_size=int(zero.reduce_bucket_size),
             multi_rank_bucket_allreduce=bool(zero.use_multi_rank_bucket_allreduce),
+            overlap_comm=bool(zero.overlap_comm),
         )
     _reset_deepspeed_groups()
     return values

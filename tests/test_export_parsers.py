@@ -175,6 +175,8 @@ def test_deepspeed_accepts_the_export_under_its_topology(name, plans, exported, 
     assert got["reduce_bucket_size"] == (bucket if got["zero_stage"] >= 1 else runtimes.DEEPSPEED_REDUCE_BUCKET_ELEMS)
     scatters = got["zero_stage"] == 2 and behaviours.get("zero2_grad_collective") == "reduce_scatter"
     assert got["multi_rank_bucket_allreduce"] is not scatters
+    # the reduction overlaps backward where the plan priced it so (--no-overlap-dp-comm: after backward)
+    assert got["overlap_comm"] is behaviours.get("overlap_dp_comm", True)
 
 
 @pytest.mark.parametrize("name", [n for n in PLANS if "deepspeed" in n])
@@ -188,16 +190,19 @@ def test_deepspeed_reduces_fp32_gradients_where_the_plan_priced_them(name, plans
 
 
 def test_deepspeed_runs_the_bucket_and_zero2_collective_the_flags_priced(plans, tool):
-    """--reduce-bucket-elems and --zero2-grad-collective reach DeepSpeed's own config: the bucket as
-    reduce_bucket_size, the reduce-scatter as use_multi_rank_bucket_allreduce false."""
+    """--reduce-bucket-elems, --zero2-grad-collective and --no-overlap-dp-comm reach DeepSpeed's own config:
+    the bucket as reduce_bucket_size, the reduce-scatter as use_multi_rank_bucket_allreduce false, the
+    reduction after backward as overlap_comm false."""
     name = "gpt3-1.3b-zero2-buckets-deepspeed"
     behaviours = plans[name].runtime_behaviours
     assert behaviours["reduce_bucket_elems"] == 200_000_000
     assert behaviours["zero2_grad_collective"] == "reduce_scatter"
     got = accepted(tool, name, "deepspeed")
     assert (got["zero_stage"], got["reduce_bucket_size"], got["multi_rank_bucket_allreduce"]) == (2, 200_000_000, False)
+    assert behaviours["overlap_dp_comm"] is False and got["overlap_comm"] is False  # --no-overlap-dp-comm
     default = accepted(tool, "gpt3-1.3b-zero2-deepspeed", "deepspeed")
     assert (default["reduce_bucket_size"], default["multi_rank_bucket_allreduce"]) == (500_000_000, True)
+    assert default["overlap_comm"] is True  # on at ZeRO-2 although DeepSpeed's own default is off there
 
 
 # --- accelerate --------------------------------------------------------------------------------------

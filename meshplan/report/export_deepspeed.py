@@ -83,9 +83,19 @@ def _reduction(plan: Plan, stage: int) -> dict[str, object]:
     return out
 
 
+def overlap_comm(plan: Plan) -> bool:
+    """zero_optimization.overlap_comm: the plan's priced overlap_dp_comm for a --runtime deepspeed plan
+    (--no-overlap-dp-comm prices the reduction after backward, and DeepSpeed then runs it so), else true.
+    Written at every stage: DeepSpeed's own default is on at ZeRO-3 only (zero/config.py overlap_comm_valid),
+    which is not what a plan priced with the runtime's value (on) assumed."""
+    if plan.runtime not in ec.TARGET_RUNTIMES["deepspeed"]:
+        return True
+    return bool(_behaviours(plan)["overlap_dp_comm"])
+
+
 def _zero(plan: Plan, warnings: list[str]) -> dict:
     stage = _zero_stage(plan, warnings)
-    zero: dict[str, object] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
+    zero: dict[str, object] = {"stage": stage, "overlap_comm": overlap_comm(plan), "contiguous_gradients": True}
     zero.update(_offload(plan, stage))
     zero.update(_reduction(plan, stage))
     if plan.data_parallel_replicate_degree > 1 and plan.data_parallel_shard_degree > 1:
