@@ -242,9 +242,10 @@ def check_accelerate(directory: str) -> dict:
     text = path.read_text()
     cfg = load_config_from_file(str(path))  # ClusterConfig: unknown keys raise
     args = launch_command_parser().parse_args(_accelerate_launch_argv(text, path))
-    args, _, _ = _validate_launch_command(args)  # the file's values become launch arguments
-    if args.use_deepspeed:
-        args.deepspeed_fields_from_accelerate_config = ",".join(cfg.deepspeed_config or {})
+    args, _, mp_from_config = _validate_launch_command(args)  # the file's values become launch arguments
+    if args.use_deepspeed:  # as accelerate's launch_command does: the YAML's DeepSpeed fields, its mixed_precision
+        fields = list(cfg.deepspeed_config or {}) + (["mixed_precision"] if mp_from_config else [])
+        args.deepspeed_fields_from_accelerate_config = ",".join(fields)
         _, env = prepare_deepspeed_cmd_env(args)
     else:
         env = prepare_multi_gpu_env(args)
@@ -271,10 +272,53 @@ def check_accelerate(directory: str) -> dict:
     os.environ.update(env)
     try:
         values.update(_accelerator(cfg.num_processes, env))
+        if env.get("ACCELERATE_USE_DEEPSPEED") == "true":
+            with contextlib.chdir(directory):  # accelerate opens deepspeed_config_file from the working directory
+                values.update(_deepspeed_plugin(cfg.num_processes, env))
     finally:
         os.environ.clear()
         os.environ.update(saved)
     return values
+
+
+def _deepspeed_plugin(world: int, env: dict) -> dict:
+    """What accelerate's DeepSpeed plugin runs: DeepSpeedPlugin() from the launcher's environment (its
+    deepspeed_config_file checks and stage, accumulation and offload read from the file), the mixed precision
+    AcceleratorState takes from it, and DeepSpeed's own DeepSpeedConfig of the plugin's config as
+    deepspeed.initialize builds it under accelerate (no mpu: the batch check counts every process)."""
+    import deepspeed
+    from accelerate.utils import DeepSpeedPlugin
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    plugin = DeepSpeedPlugin()
+    plugin.set_mixed_precision(env.get("ACCELERATE_MIXED_PRECISION", "no"))
+    config = plugin.deepspeed_config
+    precision = "fp16" if config["fp16"].get("enabled") else "bf16" if config["bf16"].get("enabled") else "no"
+    with fake_world(world):
+        _reset_deepspeed_groups()
+        deepspeed.init_distributed(dist_backend="fake", dist_init_required=False)
+        ds = DeepSpeedConfig(dict(config), mpu=None)
+    _reset_deepspeed_groups()
+    zero, autotp = ds.zero_config, ds.tensor_parallel_config.autotp_size
+    return {
+        "mixed_precision": precision,  # AcceleratorState.mixed_precision under DeepSpeed: the file's
+        "deepspeed_zero_stage": str(plugin.zero_stage),
+        "gradient_accumulation_steps": str(plugin.gradient_accumulation_steps),
+        "zero3_init": bool(plugin.zero3_init_flag),
+        "ds_train_batch_size": ds.train_batch_size,
+        "ds_micro_batch": ds.train_micro_batch_size_per_gpu,
+        "ds_zero_stage": ds.zero_optimization_stage,
+        "offload_optimizer": _device(zero.offload_optimizer),
+        "offload_param": _device(zero.offload_param),
+        "overlap_comm": bool(zero.overlap_comm),
+        "reduce_bucket_size": int(zero.reduce_bucket_size),
+        "multi_rank_bucket_allreduce": bool(zero.use_multi_rank_bucket_allreduce),
+        "communication_bytes": _communication_dtype(ds).itemsize,
+        # DeepSpeed owns the mesh: AutoTP groups of autotp_size, data parallel over the rest (groups' TP mesh)
+        "tp": max(autotp, 1),
+        "cp": 1,
+        "data_parallel": world // max(autotp, 1),
+    }
 
 
 def _accelerator(world: int, env: dict) -> dict:

@@ -217,39 +217,78 @@ def test_accelerate_accepts_the_export(name, plans, exported, tool):
     assert got["nproc_per_node"] == ec.devices_per_node(plan)
     if got["num_machines"] > 1:
         assert got["endpoint"] == "10.0.0.1:29500"  # the launch line's MASTER_ADDR, not None
-    # ParallelismConfig's sizes multiply to the launched world (its own _validate_accelerator passed)
-    assert got["dp_replicate"] * got["dp_shard"] * got["tp"] * got["cp"] == plan.world_size
+    # a plan priced for DeepSpeed's engine, and a ZeRO-1 plan, run on accelerate's DeepSpeed plugin
+    deepspeed = (plan.runtime == "deepspeed" or plan.zero_stage == 1) and plan.context_parallel_degree == 1
+    assert (got["accelerator_distributed_type"] == "DEEPSPEED") == deepspeed
     assert (got["tp"], got["cp"]) == (plan.tensor_parallel_degree, plan.context_parallel_degree)
     pure_replication = plan.data_parallel_replicate_degree > 1 and plan.data_parallel_shard_degree == 1
-    changed = plan.pipeline_parallel_degree > 1 or (plan.tensor_parallel_degree > 1 and pure_replication)
-    if not changed:
-        assert (got["dp_replicate"], got["dp_shard"]) == (
-            plan.data_parallel_replicate_degree,
-            plan.data_parallel_shard_degree,
-        )
-        kind = {0: "MULTI_GPU", 1: "DEEPSPEED", 2: "FSDP", 3: "FSDP"}[plan.zero_stage]
-        assert got["accelerator_distributed_type"] == kind
-        if kind == "FSDP":
-            assert got["fsdp_reshard_after_forward"] == str(plan.zero_stage == 3).lower()
+    if deepspeed:
+        assert_accelerate_runs_deepspeed(plan, got, warns)
+    else:
+        # ParallelismConfig's sizes multiply to the launched world (its own _validate_accelerator passed)
+        assert got["dp_replicate"] * got["dp_shard"] * got["tp"] * got["cp"] == plan.world_size
+        changed = plan.pipeline_parallel_degree > 1 or (plan.tensor_parallel_degree > 1 and pure_replication)
+        if not changed:
+            assert (got["dp_replicate"], got["dp_shard"]) == (
+                plan.data_parallel_replicate_degree,
+                plan.data_parallel_shard_degree,
+            )
+            kind = {0: "MULTI_GPU", 2: "FSDP", 3: "FSDP"}[plan.zero_stage]
+            assert got["accelerator_distributed_type"] == kind
+            if kind == "FSDP":
+                assert got["fsdp_reshard_after_forward"] == str(plan.zero_stage == 3).lower()
+        if plan.tensor_parallel_degree > 1 and pure_replication:
+            assert "refused by accelerate's ParallelismConfig" in warns
     if plan.pipeline_parallel_degree > 1:
         assert "pipeline_parallel_degree" in warns and "not expressible" in warns
-    if plan.tensor_parallel_degree > 1 and pure_replication:
-        assert "refused by accelerate's ParallelismConfig" in warns
-    # transformers' TP plans shard no norm or residual activations: the plan's sequence parallelism is said, not kept
-    sp_lost = plan.tensor_parallel_degree > 1 and plan.sequence_parallel and not got["tp_plan_sequence_parallel"]
+    # neither transformers' TP plans nor DeepSpeed's AutoTP shard norm or residual activations: the plan's
+    # sequence parallelism is said, not kept
+    sp_kept = got["tp_plan_sequence_parallel"] and not deepspeed
+    sp_lost = plan.tensor_parallel_degree > 1 and plan.sequence_parallel and not sp_kept
     assert ("sequence parallel with TP is not expressible" in warns) == sp_lost
     assert got["mixed_precision"] == ("bf16" if plan.precision in ("bf16", "fp8") else "no")
     assert ("precision fp8 has no accelerate config setting" in warns) == (plan.precision == "fp8")
 
 
+def assert_accelerate_runs_deepspeed(plan: Plan, got: dict, warns: str) -> None:
+    """The DeepSpeed engine accelerate's plugin builds from ds_config.json runs the plan's stage, accumulation,
+    offload and gradient reduction (a --runtime deepspeed plan's, as priced: the same checks as the DeepSpeed
+    export's), with DeepSpeed's batch check passed over every process."""
+    pp = plan.pipeline_parallel_degree
+    accumulation = plan.num_microbatches // pp if pp > 1 and plan.num_microbatches % pp == 0 else plan.num_microbatches
+    assert got["deepspeed_zero_stage"] == str(plan.zero_stage) == str(got["ds_zero_stage"])
+    assert got["zero3_init"] is (plan.zero_stage == 3)
+    assert got["gradient_accumulation_steps"] == str(accumulation) and got["ds_micro_batch"] == plan.microbatch_size
+    assert got["ds_train_batch_size"] == plan.microbatch_size * accumulation * plan.world_size
+    assert got["data_parallel"] == plan.world_size // plan.tensor_parallel_degree
+    if pp == 1:
+        assert got["data_parallel"] == plan.data_parallel_degree
+    offload = plan.dp_methods.offload
+    assert got["offload_optimizer"] == (offload.name if offload.name in ("cpu", "nvme") else "none")
+    behaviours = plan.runtime_behaviours if plan.runtime == "deepspeed" else {}
+    assert got["overlap_comm"] is behaviours.get("overlap_dp_comm", True)
+    bucket = behaviours.get("reduce_bucket_elems") or runtimes.DEEPSPEED_REDUCE_BUCKET_ELEMS
+    assert got["reduce_bucket_size"] == bucket
+    scatters = plan.zero_stage == 2 and behaviours.get("zero2_grad_collective") == "reduce_scatter"
+    assert got["multi_rank_bucket_allreduce"] is not scatters
+    if plan.runtime == "deepspeed" and plan.dp_methods.compression.name != "fp16":
+        assert got["communication_bytes"] == runtimes.grad_reduce_bytes(behaviours, plan.precision, plan.zero_stage)
+    if plan.tensor_parallel_degree > 1:
+        assert "DeepSpeed's AutoTP" in warns
+
+
 def test_accelerate_yaml_quotes_no(plans):
-    """mixed_precision: no read back as the string, not YAML's boolean false."""
+    """mixed_precision: no read back as the string, not YAML's boolean false; on the DeepSpeed plugin the
+    precision is ds_config.json's alone (accelerate refuses a mixed_precision beside deepspeed_config_file)."""
     import yaml
 
-    plan = plans["gpt3-1.3b-zero2-deepspeed"]
-    fp32 = dataclasses.replace(plan, precision="fp32")
-    text = export_plan(fp32, "accelerate")["accelerate_config.yaml"]
+    fsdp = dataclasses.replace(plans["llama3-8b-fsdp-torchtitan"], precision="fp32")
+    text = export_plan(fsdp, "accelerate")["accelerate_config.yaml"]
     assert yaml.safe_load(text)["mixed_precision"] == "no"
+    zero2 = dataclasses.replace(plans["gpt3-1.3b-zero2-deepspeed"], precision="fp32")
+    files = export_plan(zero2, "accelerate")
+    assert "mixed_precision" not in yaml.safe_load(files["accelerate_config.yaml"])
+    assert json.loads(files["ds_config.json"])["bf16"] == {"enabled": False}
 
 
 # --- Megatron ----------------------------------------------------------------------------------------

@@ -181,23 +181,38 @@ def test_accelerate(name):
     files = export_plan(plan, "accelerate")
     cfg = yaml.safe_load(files["accelerate_config.yaml"])
     assert cfg["num_processes"] == plan.world_size
-    par = cfg["parallelism_config"]
-    sizes = (
-        par["parallelism_config_dp_replicate_size"],
-        par["parallelism_config_dp_shard_size"],
-        par["parallelism_config_cp_size"],
-        par["parallelism_config_tp_size"],
-    )
+    deepspeed = (plan.runtime == "deepspeed" or plan.zero_stage == 1) and plan.context_parallel_degree == 1
+    assert (cfg["distributed_type"] == "DEEPSPEED") == deepspeed
+    if deepspeed:  # the DeepSpeed plugin: the engine and its mesh in ds_config.json, none in the YAML
+        ds = json.loads(files["ds_config.json"])
+        assert cfg["deepspeed_config"]["deepspeed_config_file"] == "ds_config.json"
+        assert "parallelism_config" not in cfg and "mixed_precision" not in cfg
+        tp = ds.get("tensor_parallel", {}).get("autotp_size", 1)
+        sizes = (plan.world_size // tp, 1, 1, tp)  # data parallel over all but the AutoTP groups
+        micro, accumulation = ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
+        assert ds["train_batch_size"] == micro * accumulation * plan.world_size  # DeepSpeed's check, no mpu
+        assert ds["zero_optimization"]["stage"] == plan.zero_stage
+    else:
+        par = cfg["parallelism_config"]
+        sizes = (
+            par["parallelism_config_dp_replicate_size"],
+            par["parallelism_config_dp_shard_size"],
+            par["parallelism_config_cp_size"],
+            par["parallelism_config_tp_size"],
+        )
     assert math.prod(sizes) == plan.world_size  # ParallelismConfig checks it against the processes
     pure_replication = plan.data_parallel_replicate_degree > 1 and plan.data_parallel_shard_degree == 1
-    tp_refused = plan.tensor_parallel_degree * plan.context_parallel_degree > 1 and pure_replication
+    tp_refused = plan.tensor_parallel_degree * plan.context_parallel_degree > 1 and pure_replication and not deepspeed
     warns = "\n".join(warnings_in(files["accelerate_config.yaml"]))
     if plan.pipeline_parallel_degree == 1 and not tp_refused:
-        assert sizes == plan.mesh_shape[1:]
-        expected = {0: "MULTI_GPU", 1: "DEEPSPEED", 2: "FSDP", 3: "FSDP"}[plan.zero_stage]
-        assert cfg["distributed_type"] == expected
-        if expected == "FSDP":
-            assert cfg["fsdp_config"]["fsdp_reshard_after_forward"] == (plan.zero_stage == 3)
+        dpr, dps, cp, tp = plan.mesh_shape[1:]
+        assert (sizes[0] * sizes[1], sizes[2:]) == (dpr * dps, (cp, tp))
+        if not deepspeed:
+            assert sizes[:2] == (dpr, dps)
+            expected = {0: "MULTI_GPU", 2: "FSDP", 3: "FSDP"}[plan.zero_stage]
+            assert cfg["distributed_type"] == expected
+            if expected == "FSDP":
+                assert cfg["fsdp_config"]["fsdp_reshard_after_forward"] == (plan.zero_stage == 3)
     if tp_refused:
         assert "refused by accelerate's ParallelismConfig" in warns
     consts: dict = {}

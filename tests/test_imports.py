@@ -93,12 +93,44 @@ def test_what_an_export_reads_back_as(plans, tmp_path):
 
 
 def test_accelerate_tensor_parallel_reads_back_without_sequence_parallel(plans, tmp_path):
-    """accelerate's TP is the model's transformers tp_plan (norm activations replicated): a TP export is predicted
-    without sequence parallelism, as it would run."""
+    """accelerate's TP is the model's transformers tp_plan, or on the DeepSpeed plugin (this plan) DeepSpeed's
+    AutoTP from ds_config.json; both keep norm activations replicated: a TP export is predicted without sequence
+    parallelism, as it would run."""
     for f, text in export_plan(plans["llama3-8b-tp2-deepspeed"], "accelerate").items():
         (tmp_path / f).write_text(text)
     got = read_config(str(tmp_path / "accelerate_config.yaml")).values
     assert (got["tp"], got["sequence_parallel"]) == (2, False)
+
+
+def test_accelerate_deepspeed_plugin_reads_its_config_file(plans, tmp_path):
+    """A --runtime deepspeed plan goes to accelerate's DeepSpeed plugin with ds_config.json beside the YAML: read
+    back, the stage and engine settings are the file's (here ZeRO-2, a 2e8 bucket, the reduce-scatter, no
+    overlap), and the estimate is the plan's."""
+    plan = plans["gpt3-1.3b-zero2-buckets-deepspeed"]
+    files = export_plan(plan, "accelerate")
+    assert "ds_config.json" in files and "deepspeed_config_file: ds_config.json" in files["accelerate_config.yaml"]
+    for f, text in files.items():
+        (tmp_path / f).write_text(text)
+    got = read_config(str(tmp_path / "accelerate_config.yaml")).values
+    assert (got["zero"], got["dp"], got["dp_shard"], got["tp"], got["runtime"]) == (2, 8, 8, 1, "deepspeed")
+    assert estimate(tmp_path / "accelerate_config.yaml", tmp_path) == pytest.approx(plan.prediction.step_time_s)
+    # a hand-written one (no meshplan header): the engine settings are read from the file it names
+    (tmp_path / "foreign").mkdir()
+    ds = json.loads(files["ds_config.json"])
+    (tmp_path / "foreign" / "engine.json").write_text(json.dumps(ds))
+    cfg = yaml.safe_load(files["accelerate_config.yaml"])
+    cfg["deepspeed_config"]["deepspeed_config_file"] = "engine.json"
+    (tmp_path / "foreign" / "acc.yaml").write_text(yaml.safe_dump(cfg))
+    got = read_config(str(tmp_path / "foreign" / "acc.yaml")).values
+    assert (got["zero"], got["overlap_dp_comm"], got["reduce_bucket_elems"]) == (2, False, 200_000_000)
+    assert (got["zero2_grad_collective"], got["precision"], got["runtime"]) == ("reduce_scatter", "bf16", "deepspeed")
+    ds["tensor_parallel"] = {"autotp_size": 2}
+    (tmp_path / "foreign" / "engine.json").write_text(json.dumps(ds))
+    got = read_config(str(tmp_path / "foreign" / "acc.yaml")).values
+    assert (got["tp"], got["dp"]) == (2, 4)
+    (tmp_path / "foreign" / "engine.json").unlink()
+    with pytest.raises(MeshplanError, match="deepspeed_config_file engine.json is not readable"):
+        read_config(str(tmp_path / "foreign" / "acc.yaml"))
 
 
 def test_nvme_offload_reads_back(plans, tmp_path):

@@ -29,7 +29,7 @@ def _beside(path: Path, name: str) -> str:
     return other.read_text() if other.is_file() else ""
 
 
-def _offload(zero: dict, stage: int, values: dict[str, Any]) -> None:
+def read_offload(zero: dict, stage: int, values: dict[str, Any]) -> None:
     """zero_optimization.offload_optimizer / offload_param as meshplan's offload method: cpu, or NVMe
     (ZeRO-Infinity) with params=true when the parameters are swapped too (ZeRO-3 only)."""
     device = str((zero.get("offload_optimizer") or {}).get("device", "none"))
@@ -40,11 +40,14 @@ def _offload(zero: dict, stage: int, values: dict[str, Any]) -> None:
         values["offload"] = "nvme:params=true" if param == "nvme" and stage == 3 else "nvme"
 
 
-def _reduction(zero: dict, stage: int, values: dict[str, Any]) -> None:
+def read_reduction(zero: dict, stage: int, values: dict[str, Any]) -> None:
     """How the engine reduces, where the file says so: overlap_comm (DeepSpeed's default: on at ZeRO-3
     only, zero/config.py overlap_comm_valid), reduce_bucket_size (--reduce-bucket-elems) and
     use_multi_rank_bucket_allreduce false (ZeRO-2 reduced per partition owner: --zero2-grad-collective
-    reduce_scatter). A meshplan export's estimate line, read first, keeps what it says."""
+    reduce_scatter). A meshplan export's estimate line, read first, keeps what it says; where it names
+    another runtime, that runtime's behaviours are the prediction's and the file's engine settings are not read."""
+    if values.get("runtime", "deepspeed") != "deepspeed":
+        return
     if zero.get("overlap_comm") is not None or stage in (1, 2):
         values.setdefault("overlap_dp_comm", bool(zero.get("overlap_comm", stage == 3)))
     bucket = _number(zero, "reduce_bucket_size")
@@ -117,8 +120,8 @@ def read(path: Path, text: str, world: int | None = None) -> Imported:
         values.setdefault("num_gpus", dp * tp * pp)
     if stage >= 2 and dp:
         values["dp_shard"] = dp
-    _offload(zero, stage, values)
-    _reduction(zero, stage, values)
+    read_offload(zero, stage, values)
+    read_reduction(zero, stage, values)
     bf16, fp16 = data.get("bf16", {}).get("enabled", False), data.get("fp16", {}).get("enabled", False)
     values["precision"] = "bf16" if bf16 is True or fp16 is True else "fp32"
     if fp16 is True:

@@ -5,16 +5,30 @@ batch settings of the training script.
 Accelerator() builds a ParallelismConfig (accelerate/parallelism_config.py) and checks that
 dp_replicate x dp_shard x tp x cp equals the number of processes, and refuses tp or cp > 1 with pure
 replication (dp_replicate > 1, dp_shard = 1). Accelerate has no pipeline parallelism.
+
+A plan priced for DeepSpeed's engine (--runtime deepspeed), and any ZeRO-1 plan (accelerate's FSDP2 has
+no ZeRO-1), runs through accelerate's DeepSpeed plugin with a ds_config.json beside the YAML
+(deepspeed_config_file): the one export_deepspeed writes for the plan, so the engine's stage, buckets,
+overlap, gradient dtype and offload are the ones priced, with the batch of the layout accelerate runs.
+accelerate then takes the stage, accumulation, offload and mixed precision from that file and refuses
+them in the YAML (utils/dataclasses.py DeepSpeedPlugin._deepspeed_config_checks; the launcher counts a
+mixed_precision in the YAML as one of them); DeepSpeed owns the mesh (AutoTP from
+tensor_parallel.autotp_size, data parallel over the rest), so no parallelism_config is written.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import yaml
 
 from meshplan.plan import Plan
 from meshplan.report import export_common as ec
+from meshplan.report import export_deepspeed
+
+DS_CONFIG = "ds_config.json"
+"""The DeepSpeed config accelerate's plugin reads (deepspeed_config_file), written beside the YAML."""
 
 
 @dataclass(kw_only=True)
@@ -51,9 +65,31 @@ def _fold_pipeline(plan: Plan, warnings: list[str]) -> tuple[int, int, int]:
     return dpr, dps, accumulation
 
 
+def deepspeed_engine(plan: Plan) -> bool:
+    """Whether accelerate runs the plan with its DeepSpeed plugin: a plan priced for DeepSpeed's engine, or
+    a ZeRO-1 plan; not with context parallelism, which DeepSpeed's config cannot express."""
+    deepspeed = plan.runtime in ec.TARGET_RUNTIMES["deepspeed"] or plan.zero_stage == 1
+    return deepspeed and plan.context_parallel_degree == 1
+
+
 def layout(plan: Plan, warnings: list[str]) -> AccelerateLayout:
     dpr, dps, accumulation = _fold_pipeline(plan, warnings)
     tp, cp, zero = plan.tensor_parallel_degree, plan.context_parallel_degree, plan.zero_stage
+    if deepspeed_engine(plan):
+        if zero >= 1 and dpr > 1 and dps > 1:
+            warnings.append(
+                f"ZeRO-{zero} over dp_shard={dps} replicated {dpr}x is not expressible; DeepSpeed shards over the "
+                "whole data-parallel group (less memory, more communication than predicted)"
+            )
+        return AccelerateLayout(
+            dp_replicate=dpr,
+            dp_shard=dps,
+            tp=tp,
+            cp=cp,
+            accumulation=accumulation,
+            zero=zero,
+            distributed_type="DEEPSPEED",
+        )
     if (tp > 1 or cp > 1) and dpr > 1 and dps == 1:
         warnings.append(
             f"ZeRO-{zero} replicated over dp_replicate={dpr} with tp={tp} cp={cp} is refused by accelerate's "
@@ -62,9 +98,14 @@ def layout(plan: Plan, warnings: list[str]) -> AccelerateLayout:
             "and a reduce-scatter + all-gather instead of the all-reduce)"
         )
         dpr, dps, zero = 1, dpr, 2
-    if zero == 1:
-        kind = "DEEPSPEED"
-    elif zero in (2, 3) or dps > 1:
+    if zero == 1:  # with context parallelism: FSDP2, which has no ZeRO-1
+        warnings.append(
+            f"ZeRO-1 with cp={cp}: DeepSpeed has no context parallelism and accelerate's FSDP2 no ZeRO-1; "
+            "exported FSDP2 with reshard_after_forward false (ZeRO-2: gradients sharded too, less memory and a "
+            "reduce-scatter instead of the all-reduce)"
+        )
+        zero = 2
+    if zero in (2, 3) or dps > 1:
         kind = "FSDP"
         if dps == 1 and cp == 1:
             warnings.append(f"ZeRO-{zero} over one data-parallel rank shards nothing: exported without FSDP")
@@ -76,8 +117,28 @@ def layout(plan: Plan, warnings: list[str]) -> AccelerateLayout:
     )
 
 
+def deepspeed_file(plan: Plan, lay: AccelerateLayout) -> dict:
+    """ds_config.json for accelerate's DeepSpeed plugin: export_deepspeed's config of the plan (its stage,
+    buckets, overlap, gradient dtype, offload, AutoTP), with the batch and stage of the layout accelerate
+    runs (no pipeline engine: the pipeline ranks are data parallel, ZeRO-2/3 kept). Under accelerate
+    deepspeed.initialize gets no mpu, so DeepSpeed's batch check counts every process, the TP ranks too
+    (runtime/config.py: world_size = dist.get_world_size()): train_batch_size is micro x accumulation x
+    processes, as accelerate itself fills it in ("auto"), while the TP ranks share their samples."""
+    config = export_deepspeed.deepspeed_config(plan, [])  # its warnings are DeepSpeed's launcher's, not these
+    config["train_batch_size"] = plan.microbatch_size * lay.accumulation * plan.world_size
+    config["train_micro_batch_size_per_gpu"] = plan.microbatch_size
+    config["gradient_accumulation_steps"] = lay.accumulation
+    config["zero_optimization"]["stage"] = lay.zero
+    config.pop("activation_checkpointing", None)  # read by deepspeed.checkpointing, which accelerate never configures
+    config.pop("tensor_parallel", None)
+    if lay.tp > 1:
+        config["tensor_parallel"] = {"autotp_size": lay.tp}
+    return config
+
+
 def accelerate_config(plan: Plan, lay: AccelerateLayout) -> dict:
-    """accelerate launch config: DDP, FSDP2 (ZeRO-2/3) or its DeepSpeed plugin (ZeRO-1), with ParallelismConfig axes."""
+    """accelerate launch config: DDP or FSDP2 with ParallelismConfig axes, or the DeepSpeed plugin reading
+    ds_config.json (deepspeed_file)."""
     cfg: dict = {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": lay.distributed_type,
@@ -92,14 +153,12 @@ def accelerate_config(plan: Plan, lay: AccelerateLayout) -> dict:
         "use_cpu": False,
     }
     if lay.distributed_type == "DEEPSPEED":
-        cfg["deepspeed_config"] = {
-            "zero_stage": 1,
-            "gradient_accumulation_steps": lay.accumulation,
-            "offload_optimizer_device": "cpu" if ec.offloads(plan) else "none",
-            "offload_param_device": "none",
-            "zero3_init_flag": False,
-        }
-    elif lay.distributed_type == "FSDP":
+        del cfg["mixed_precision"]  # the file's bf16 section: accelerate refuses both
+        cfg["deepspeed_config"] = {"deepspeed_config_file": DS_CONFIG, "zero3_init_flag": lay.zero == 3}
+        if ec.num_nodes(plan) > 1:  # each node's own `accelerate launch` (torchrun), not pdsh over a hostfile
+            cfg["deepspeed_config"]["deepspeed_multinode_launcher"] = "standard"
+        return cfg
+    if lay.distributed_type == "FSDP":
         cfg["fsdp_config"] = {
             "fsdp_version": 2,
             "fsdp_reshard_after_forward": lay.zero == 3,
@@ -129,7 +188,19 @@ def _accelerate_warnings(plan: Plan, lay: AccelerateLayout, warnings: list[str])
             f"recompute ({ec.recompute_text(plan)}) has no {lay.distributed_type} setting in accelerate: call "
             "model.gradient_checkpointing_enable() (or torch.utils.checkpoint) on those blocks in the training script"
         )
-    if plan.tensor_parallel_degree > 1 and plan.sequence_parallel:
+    if plan.tensor_parallel_degree > 1 and lay.distributed_type == "DEEPSPEED":
+        # DeepSpeed AutoTP (module_inject/auto_tp.py) splits the linears; norms and residuals stay whole
+        warnings.append(
+            f"tensor parallelism is DeepSpeed's AutoTP (tensor_parallel.autotp_size {lay.tp} in {DS_CONFIG}), "
+            "which shards the model's linears by its own rules"
+            + (
+                ": sequence parallel with TP is not expressible (norm and residual activations replicated over the "
+                "TP ranks), so activation memory is higher and TP communication an all-reduce"
+                if plan.sequence_parallel
+                else ""
+            )
+        )
+    elif plan.tensor_parallel_degree > 1 and plan.sequence_parallel:
         # transformers' tp_plans (e.g. LlamaConfig.base_model_tp_plan) shard the attention and MLP linears only
         warnings.append(
             "sequence parallel with TP is not expressible: accelerate applies the model's own TP plan (transformers "
@@ -143,6 +214,22 @@ def _accelerate_warnings(plan: Plan, lay: AccelerateLayout, warnings: list[str])
         )
     warnings.extend(ec.precision_warnings(plan, "accelerate"))
     warnings.extend(ec.method_warnings(plan, "accelerate"))
+
+
+def _deepspeed_notes(plan: Plan, lay: AccelerateLayout) -> list[str]:
+    if lay.distributed_type != "DEEPSPEED":
+        return []
+    notes = [
+        f"DeepSpeed plugin: ZeRO-{lay.zero}, its engine settings and mixed precision in {DS_CONFIG} (launch from "
+        "this folder: accelerate reads the file relative to the working directory)"
+    ]
+    if lay.tp > 1:
+        notes.append(
+            f"{DS_CONFIG} train_batch_size {plan.microbatch_size * lay.accumulation * plan.world_size} counts all "
+            f"{plan.world_size} processes, as DeepSpeed's batch check does under accelerate (no mpu); the "
+            f"{lay.tp} AutoTP ranks of a group share their samples"
+        )
+    return notes
 
 
 def _launch_line(plan: Plan) -> str:
@@ -169,6 +256,7 @@ def export_accelerate(plan: Plan) -> dict[str, str]:
             f"in the training script: per_device_train_batch_size = {plan.microbatch_size}, "
             f"Accelerator(gradient_accumulation_steps={lay.accumulation}); global batch "
             f"{batch} = {plan.microbatch_size} x {lay.accumulation} x dp {dp}",
+            *_deepspeed_notes(plan, lay),
             "launch: " + _launch_line(plan),
         ]
     )
@@ -179,4 +267,7 @@ def export_accelerate(plan: Plan) -> dict[str, str]:
         f"GLOBAL_BATCH_SIZE = {batch}  # = micro x accumulation x dp {dp}\nSEQ_LEN = {plan.seq_len}\n"
     )
     body = yaml.safe_dump(cfg, sort_keys=False, default_flow_style=False)
-    return {"accelerate_config.yaml": head + body, "accelerate_batch.py": snippet}
+    files = {"accelerate_config.yaml": head + body, "accelerate_batch.py": snippet}
+    if lay.distributed_type == "DEEPSPEED":
+        files[DS_CONFIG] = json.dumps(deepspeed_file(plan, lay), indent=2) + "\n"
+    return files
