@@ -119,20 +119,6 @@ class StateLayout:
     """Without sequence parallelism, a pipeline boundary is sent as 1/t from each tensor-parallel
     rank and all-gathered on the receiving node (Megatron-LM, Narayanan et al. 2021 Sec 4.1); else
     torch pipelining sends the whole replica from every tensor-parallel rank."""
-    fsdp_full_grad_accumulation: bool
-    """FSDP2 accumulates unsharded fp32 gradients across microbatches (no reduce-scatter until the
-    last: set_requires_gradient_sync(False))."""
-    ddp_bucket_copy: bool
-    """PyTorch DDP allocates its buckets for every gradient when built (Reducer::initialize_buckets):
-    a second fp32 copy of the gradients. Megatron's contiguous grad buffer is the main grads."""
-    replica_sync_after_backward: bool
-    """ZeRO-0/1 replicas that torch DDP cannot wrap all-reduce their gradients after backward ends:
-    tensor-parallel parameters (DTensors), and any stage of a split-backward schedule
-    (InterleavedZeroBubble), whose weight-gradient pass runs after DDP's autograd hooks have
-    fired. meshplan's executor reduces them in buckets once backward is over
-    (executor/methods/allreduce.py ReplicaGradReducer), and nothing of it hides behind compute.
-    False: Megatron's grad buffer and DeepSpeed reduce their buckets during backward, as for any
-    replica."""
     fsdp_reduce_bytes: int
     """Bytes per element of the ZeRO-2/3 gradient reduce-scatter (and HSDP's all-reduce of the
     shards) where the runtime's fsdp_reduce_bytes behaviour does not give one; 0: the gather width.
@@ -173,9 +159,8 @@ def _layout(
 ) -> StateLayout:
     """One state layout (the field docs above say where each number comes from): `megatron` for
     Megatron-LM's loss, distributed optimizer, sequence-parallel regather and pipeline
-    scatter-gather, torch's otherwise; `torch_buffers` for FSDP2's unsharded fp32 accumulation,
-    DDP's bucket copy and the sync after backward of the replicas DDP cannot wrap (False: Megatron's
-    grad buffer, DeepSpeed's own)."""
+    scatter-gather, torch's otherwise; `torch_buffers` for FSDP2's fp32 gradient reduce-scatter
+    (False: the gather width, Megatron's and DeepSpeed's)."""
     return StateLayout(
         name=name,
         weight_bytes=weights,
@@ -188,9 +173,6 @@ def _layout(
         zero1_param_bytes=weights,
         sp_regather=megatron,
         pp_scatter_gather=megatron,
-        fsdp_full_grad_accumulation=torch_buffers,
-        ddp_bucket_copy=torch_buffers,
-        replica_sync_after_backward=torch_buffers,
         fsdp_reduce_bytes=4 if torch_buffers else 0,
         replica_reduce_bytes=grads,
     )
@@ -206,7 +188,8 @@ AMP / FSDP2 mixed precision); megatron = bf16 weights, fp32 main grads, fp32 mas
 (2 + 4 + 12 B, Megatron-LM); zero = 16-bit weights and grads, fp32 master + Adam (2 + 2 + 12 B,
 Rajbhandari et al. 2020 Sec 3.1, DeepSpeed). How a runtime's engine reduces them is its own
 behaviour (zero0_reduce_after_backward, reduce_bucket_elems, zero1_gather_overlaps,
-zero2_grad_collective), whatever layout keeps them."""
+zero2_grad_collective, fsdp_full_grad_accumulation, ddp_bucket_copy, replica_sync_after_backward),
+whatever layout keeps them."""
 
 
 def grad_reduce_bytes(behaviours: Mapping[str, object], precision: str, zero: int) -> int:
@@ -571,6 +554,26 @@ ROWS: tuple[Row, ...] = (
         flags="(--runtime)",
     ),
     Row(
+        name="fsdp_full_grad_accumulation",
+        meaning="ZeRO-2/3 gradients of all microbatches but the last may accumulate unsharded in fp32 before one "
+        "reduce-scatter (FSDP2's set_requires_gradient_sync(False); where fsdp_reduce_every_microbatch is off, "
+        "and under torch pipelining); else the engine reduce-scatters every microbatch into the shards",
+        flags="(--runtime)",
+    ),
+    Row(
+        name="ddp_bucket_copy",
+        meaning="ZeRO-0/1 replicas keep a second fp32 copy of the gradients in DDP's buckets (4 B per parameter); "
+        "else the engine's gradient buffer is the gradients",
+        flags="(--runtime)",
+    ),
+    Row(
+        name="replica_sync_after_backward",
+        meaning="ZeRO-0/1 replicas DDP cannot wrap (tensor-parallel DTensors, a split-backward schedule's stages) "
+        "all-reduce their gradients after backward, none of it hidden; else they reduce during backward as "
+        "any replica",
+        flags="(--runtime)",
+    ),
+    Row(
         name="cp_kv_exchange",
         meaning="how context parallelism moves K and V: ring = each step's block sent on while that step "
         "computes, at the model's kv_heads; all_gather = every rank's K and V gathered at the first step, "
@@ -771,6 +774,18 @@ RUNTIMES: dict[str, Runtime] = {
                 value=True,
                 source="executor: fully_shard(reshard_after_forward=False): sharded parameters, gathered per microbatch",
             ),
+            "fsdp_full_grad_accumulation": Behaviour(
+                value=True,
+                source="executor: FSDP2 set_requires_gradient_sync(False) until the last microbatch where the plan accumulates (and always under torch pipelining)",
+            ),
+            "ddp_bucket_copy": Behaviour(
+                value=True,
+                source="executor: torch DDP (gradient_as_bucket_view false) allocates buckets for every gradient (Reducer::initialize_buckets)",
+            ),
+            "replica_sync_after_backward": Behaviour(
+                value=True,
+                source="executor: ReplicaGradReducer reduces TP (DTensor) replicas and split-backward stages once backward is over (executor/methods/allreduce.py)",
+            ),
             "zero2_grad_collective": Behaviour(
                 value="reduce_scatter", source="executor: FSDP2 (reshard_after_forward=False) reduce_scatter_tensor"
             ),
@@ -892,6 +907,16 @@ RUNTIMES: dict[str, Runtime] = {
                 value=True,
                 source="FSDP2 with reshard_after_forward false (fsdp_reshard_after_forward never / default under PP)",
             ),
+            "fsdp_full_grad_accumulation": Behaviour(
+                value=True,
+                source="torch pipelining defers FSDP2's reduce-scatter to each stage's last backward; without PP fsdp_reduce_every_microbatch decides",
+            ),
+            "ddp_bucket_copy": Behaviour(
+                value=True, source="torch DDP (replicate) buckets: Reducer::initialize_buckets"
+            ),
+            "replica_sync_after_backward": Behaviour(
+                value=True, source="not applicable: DDP only on a 1-D mesh (apply_ddp), so no TP or pipelined replicas"
+            ),
             "zero2_grad_collective": Behaviour(
                 value="reduce_scatter", source="FSDP2 (reshard_after_forward false) reduce_scatter_tensor"
             ),
@@ -989,6 +1014,13 @@ RUNTIMES: dict[str, Runtime] = {
             "zero2_shards_weights": Behaviour(
                 value=True,
                 source="not applicable: no ZeRO-2",
+            ),
+            "fsdp_full_grad_accumulation": Behaviour(value=False, source="not applicable: no ZeRO-2/3"),
+            "ddp_bucket_copy": Behaviour(
+                value=False, source="the contiguous grad buffer is the main grads (param_and_grad_buffer.py)"
+            ),
+            "replica_sync_after_backward": Behaviour(
+                value=False, source="Megatron's DDP reduces TP parameters' grad buffer like any other (no DTensors)"
             ),
             "zero2_grad_collective": Behaviour(value="reduce_scatter", source="not applicable: no ZeRO-2"),
             "cp_kv_exchange": Behaviour(value="ring", source="not applicable: no context parallelism"),
@@ -1100,6 +1132,14 @@ RUNTIMES: dict[str, Runtime] = {
             "zero2_shards_weights": Behaviour(
                 value=True,
                 source="not applicable: ZeRO-0/1 only",
+            ),
+            "fsdp_full_grad_accumulation": Behaviour(value=False, source="not applicable: no ZeRO-2/3"),
+            "ddp_bucket_copy": Behaviour(
+                value=False, source="the contiguous grad buffer is the main grads (param_and_grad_buffer.py)"
+            ),
+            "replica_sync_after_backward": Behaviour(
+                value=False,
+                source="the grad buffer's buckets reduce during backward for TP parameters too (--overlap-grad-reduce)",
             ),
             "zero2_grad_collective": Behaviour(value="reduce_scatter", source="not applicable: ZeRO-0/1 only"),
             "cp_kv_exchange": Behaviour(
@@ -1255,6 +1295,17 @@ RUNTIMES: dict[str, Runtime] = {
                 value=False,
                 source="zero/stage_1_and_2.py: ZeRO-2 partitions gradients and optimizer states; every rank keeps the whole bit16 weights",
             ),
+            "fsdp_full_grad_accumulation": Behaviour(
+                value=False,
+                source="zero/stage3.py and stage_1_and_2.py reduce each micro-step's gradients into the partitions (no unsharded accumulation)",
+            ),
+            "ddp_bucket_copy": Behaviour(
+                value=False, source="DeepSpeed's engine reduces its own ipg buckets (reduce_bucket_elems), no DDP"
+            ),
+            "replica_sync_after_backward": Behaviour(
+                value=False,
+                source="the engine's gradient hooks reduce any parameter during backward, AutoTP's too (overlap_comm)",
+            ),
             "zero2_grad_collective": Behaviour(
                 value="all_reduce",
                 source="zero/stage_1_and_2.py average_tensor under the default use_multi_rank_bucket_allreduce: "
@@ -1382,6 +1433,16 @@ RUNTIMES: dict[str, Runtime] = {
             "zero2_shards_weights": Behaviour(
                 value=True,
                 source="FSDP SHARD_GRAD_OP: flat parameters sharded, kept gathered from forward to backward",
+            ),
+            "fsdp_full_grad_accumulation": Behaviour(
+                value=False,
+                source="Composer's FSDP reduce-scatters every microbatch (fsdp_reduce_every_microbatch); no pipeline",
+            ),
+            "ddp_bucket_copy": Behaviour(
+                value=True, source="Composer wraps DDP (torch DistributedDataParallel buckets)"
+            ),
+            "replica_sync_after_backward": Behaviour(
+                value=True, source="not applicable: no tensor or pipeline parallelism"
             ),
             "zero2_grad_collective": Behaviour(
                 value="reduce_scatter", source="FSDP SHARD_GRAD_OP reduce-scatters the gradients (FlatParamHandle)"

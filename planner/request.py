@@ -136,6 +136,19 @@ class PlanRequest:
     """ZeRO-2 shards the weights and gathers them per microbatch (FSDP2, reshard_after_forward
     false); False: DeepSpeed's ZeRO-2 keeps the whole 16-bit weights and all-gathers the updated
     partitions once after the step."""
+    fsdp_full_grad_accumulation: bool = True
+    """ZeRO-2/3 gradients may accumulate unsharded in fp32 until the last microbatch, then one
+    reduce-scatter (FSDP2's set_requires_gradient_sync(False), where fsdp_reduce_every_microbatch is
+    off, and under torch pipelining); False: the engine reduce-scatters every microbatch (Megatron,
+    DeepSpeed)."""
+    ddp_bucket_copy: bool = True
+    """ZeRO-0/1 replicas keep a second fp32 copy of the gradients in torch DDP's buckets
+    (Reducer::initialize_buckets); False: the engine's buffer is the gradients (Megatron's grad
+    buffer, DeepSpeed's own buckets)."""
+    replica_sync_after_backward: bool = True
+    """ZeRO-0/1 replicas torch DDP cannot wrap (TP DTensors, a split-backward schedule's stages)
+    all-reduce after backward, none of it hidden (meshplan's executor); False: during backward
+    (Megatron's grad buffer, DeepSpeed's hooks)."""
     zero2_grad_collective: str = "reduce_scatter"
     """ZeRO-2's gradient collective over the shard group: "reduce_scatter" (FSDP2) or "all_reduce"
     (DeepSpeed's whole-bucket all-reduce under use_multi_rank_bucket_allreduce); ZeRO-3 reduce-scatters."""

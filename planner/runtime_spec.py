@@ -51,6 +51,12 @@ class RuntimeSpec:
     """ZeRO-1's weights go back under the next forward (else exposed after the step)."""
     zero2_shards_weights: bool
     """ZeRO-2's weights sharded (FSDP2) or whole (DeepSpeed)."""
+    fsdp_full_grad_accumulation: bool
+    """ZeRO-2/3 gradients may accumulate unsharded until the last microbatch (FSDP2)."""
+    ddp_bucket_copy: bool
+    """ZeRO-0/1 replicas hold DDP's second fp32 copy of the gradients."""
+    replica_sync_after_backward: bool
+    """Replicas DDP cannot wrap (TP, split backward) all-reduce after backward, unhidden."""
     zero2_grad_collective: str
     """"reduce_scatter" or "all_reduce": ZeRO-2's gradient collective over the shard group."""
     fsdp_reduce_every_microbatch: bool | str | None

@@ -151,8 +151,11 @@ def test_state_bytes_by_layout_and_zero():
     assert alone.weights_bytes + alone.grads_bytes + alone.optim_bytes == 16 * blk.num_params
     tp_lc = layer_cost(_ctx(prof, n=8), blk, 1, 2, False, 1, 0, 4)  # TP: bucketed reducer, no DDP
     assert tp_lc.weights_bytes + tp_lc.grads_bytes + tp_lc.optim_bytes == 8 * blk.num_params
-    mega = layer_cost(_ctx(prof, n=8, state_layout="megatron"), blk, 1, 1, False, 1, 0, 8)
+    # Megatron's grad buffer is the main grads (runtime behaviour ddp_bucket_copy, not the state layout)
+    mega = layer_cost(_ctx(prof, n=8, state_layout="megatron", ddp_bucket_copy=False), blk, 1, 1, False, 1, 0, 8)
     assert mega.weights_bytes + mega.grads_bytes + mega.optim_bytes == 18 * blk.num_params
+    mega_ddp = layer_cost(_ctx(prof, n=8, state_layout="megatron"), blk, 1, 1, False, 1, 0, 8)  # torch DDP's buckets
+    assert mega_ddp.weights_bytes + mega_ddp.grads_bytes + mega_ddp.optim_bytes == 22 * blk.num_params
     z3 = layer_cost(_ctx(prof, n=8), blk, 1, 1, False, 1, 3, 8)
     assert z3.weights_bytes + z3.grads_bytes + z3.optim_bytes == pytest.approx(2 * blk.num_params)
     # ZeRO-2 as FSDP2 (reshard_after_forward=False): the fp32 weights sharded, the gathered copy

@@ -39,5 +39,7 @@ def test_it_reaches_the_step_and_leaves_plain_fsdp_alone():
     assert deferred > 0.0 and ddp >= 0.0
     flat = Context.build(*_pp(1, "1f1b", 1, "--dp", "8"))
     assert not DataParallelCost(flat, pinned_candidate(flat)).pipeline_deferred  # no pipeline: scatter under backward
-    deepspeed = Context.build(*_pp(2, "1f1b", 1, "--state-layout", "zero"))
+    # an engine that reduces every micro-step into the shards (runtime behaviour fsdp_full_grad_accumulation
+    # off: DeepSpeed's), whatever state layout, defers nothing
+    deepspeed = Context.build(*_pp(2, "1f1b", 1, "--runtime", "deepspeed", "--state-layout", "torch"))
     assert not DataParallelCost(deepspeed, pinned_candidate(deepspeed)).pipeline_deferred

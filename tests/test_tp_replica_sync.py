@@ -1,5 +1,5 @@
 """The ZeRO-0/1 gradient all-reduce of replicas torch DDP cannot wrap
-(StateLayout.replica_sync_after_backward): DDP cannot take DTensor parameters, nor see a split-backward
+(runtime behaviour replica_sync_after_backward): DDP cannot take DTensor parameters, nor see a split-backward
 schedule's weight-gradient pass, so meshplan's executor all-reduces those replicas after backward
 (executor/methods/allreduce.py) and nothing of the sync hides; Megatron's grad buffer overlaps it with
 backward as for any replica."""
@@ -8,21 +8,24 @@ from __future__ import annotations
 
 from planner_profiles import candidate, small_gpt
 
+from meshplan import runtimes
 from meshplan.planner import PlanRequest
 from meshplan.planner.context import Context
 from meshplan.planner.rank.dp_cost import DataParallelCost
 from meshplan.planner.rank.tail import last_bucket_params
 from meshplan.presets import cluster_preset
 
+RUNTIME = {"torch": "meshplan", "megatron": "megatron-core"}
+"""The engine of each state layout these cases name: meshplan's executor (torch DDP), Megatron's grad buffer."""
+
 
 def exposed_sync_s(tp: int, layout: str, overlap: bool = True, **pipeline) -> float:
-    """One rank's exposed gradient sync of the whole model, dp 4 x tp, a long backward window;
-    `pipeline`: the candidate's pp, schedule and virtual_stages."""
+    """One rank's exposed gradient sync of the whole model, dp 4 x tp, a long backward window, under the
+    behaviours of `layout`'s engine (RUNTIME); `pipeline`: the candidate's pp, schedule and virtual_stages."""
     profile = small_gpt()
+    behaviours = runtimes.request_behaviours(RUNTIME[layout], {"state_layout": layout, "overlap_dp_comm": overlap})
     ctx = Context.build(
-        profile,
-        cluster_preset("a100-80g", 4 * tp),
-        PlanRequest(num_gpus=4 * tp, global_batch=8, state_layout=layout, overlap_dp_comm=overlap),
+        profile, cluster_preset("a100-80g", 4 * tp), PlanRequest(num_gpus=4 * tp, global_batch=8, **behaviours)
     )
     local = profile.num_params / tp
     last = last_bucket_params("block", local)

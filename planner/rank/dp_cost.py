@@ -151,7 +151,7 @@ class DataParallelCost:
         """The communication schedule's (planner/methods/comm_schedule.py): bytescheduler replaces DDP's buckets."""
         self.unsharded_accumulation = (
             cand.zero >= 2
-            and ctx.spec.state.fsdp_full_grad_accumulation
+            and ctx.spec.fsdp_full_grad_accumulation
             and (cand.pp > 1 or not ctx.reduces_every_microbatch(cand))
         )
         """ZeRO-2/3 gradients of every microbatch but the last accumulate unsharded in fp32 and are
@@ -248,7 +248,7 @@ class DataParallelCost:
             self.zero >= 2
             or self.replicas <= 1
             or self.cand.tp > 1
-            or not self.ctx.spec.state.ddp_bucket_copy
+            or not self.ctx.spec.ddp_bucket_copy
             or not self.sync.ddp_buckets
             or not self.schedule.ddp_buckets
         ):
@@ -449,7 +449,7 @@ class DataParallelCost:
     def _sync_overlaps_backward(self) -> bool:
         """Whether the ZeRO-0/1 gradient all-reduce runs during backward: the runtime overlaps it,
         and it does not wait for backward to end because DDP cannot wrap the replicas: tensor-
-        parallel ones, or a split-backward schedule's stages (StateLayout.replica_sync_after_backward;
+        parallel ones, or a split-backward schedule's stages (RuntimeSpec.replica_sync_after_backward;
         the executor's rule, executor/parallelize.py), nor because the engine reduces only after
         backward at stage 0 (RuntimeSpec.zero0_reduce_after_backward: DeepSpeed) or after a pipeline
         schedule's last backward (RuntimeSpec.pipeline_reduce_after_backward: DeepSpeed's pipe engine)."""
@@ -459,7 +459,7 @@ class DataParallelCost:
         if cand.pp > 1 and spec.pipeline_reduce_after_backward:  # DeepSpeed's pipeline engine
             return False
         outside_ddp = cand.tp > 1 or cand.schedule in SPLIT_BACKWARD
-        return spec.overlap_dp_comm and not (outside_ddp and spec.state.replica_sync_after_backward)
+        return spec.overlap_dp_comm and not (outside_ddp and spec.replica_sync_after_backward)
 
     def _zero1_broadcast_s(self, local_params: float, hidden: float) -> float:
         """ZeRO-1's parameter broadcast as measured in place between busy ranks (step_overhead_s
