@@ -155,11 +155,11 @@ def _layout(
     step: int,
     *,
     megatron: bool = False,
-    torch_buffers: bool = True,
+    fp32_fsdp_reduce: bool = True,
 ) -> StateLayout:
     """One state layout (the field docs above say where each number comes from): `megatron` for
     Megatron-LM's loss, distributed optimizer, sequence-parallel regather and pipeline
-    scatter-gather, torch's otherwise; `torch_buffers` for FSDP2's fp32 gradient reduce-scatter
+    scatter-gather, torch's otherwise; `fp32_fsdp_reduce` for FSDP2's fp32 gradient reduce-scatter
     (False: the gather width, Megatron's and DeepSpeed's)."""
     return StateLayout(
         name=name,
@@ -173,15 +173,15 @@ def _layout(
         zero1_param_bytes=weights,
         sp_regather=megatron,
         pp_scatter_gather=megatron,
-        fsdp_reduce_bytes=4 if torch_buffers else 0,
+        fsdp_reduce_bytes=4 if fp32_fsdp_reduce else 0,
         replica_reduce_bytes=grads,
     )
 
 
 STATE_LAYOUTS: dict[str, StateLayout] = {
     "torch": _layout("torch", 4, 4, 8, 96),
-    "megatron": _layout("megatron", 2, 4, 12, 42, megatron=True, torch_buffers=False),
-    "zero": _layout("zero", 2, 2, 12, 28, torch_buffers=False),
+    "megatron": _layout("megatron", 2, 4, 12, 42, megatron=True, fp32_fsdp_reduce=False),
+    "zero": _layout("zero", 2, 2, 12, 28, fp32_fsdp_reduce=False),
 }
 """The state layouts (--state-layout): torch = fp32 weights, fp32 grads, Adam m, v (4 + 4 + 8 B;
 AMP / FSDP2 mixed precision); megatron = bf16 weights, fp32 main grads, fp32 master + Adam

@@ -60,16 +60,15 @@ def _deepspeed_file(path: Path, ds: dict) -> dict | None:
     return data
 
 
-def _from_deepspeed_file(data: dict, world: int, values: dict[str, Any]) -> tuple[int, int, int]:
+def _from_deepspeed_file(data: dict, world: int, values: dict[str, Any], notes: list[str]) -> tuple[int, int, int]:
     """(zero, dp, tp) of a plugin's DeepSpeed file, its offload, engine settings and precision into `values`:
     DeepSpeed owns the mesh (AutoTP groups of tensor_parallel.autotp_size, data parallel over the rest)."""
     zero_cfg = data["zero_optimization"]
     zero = int(zero_cfg.get("stage", 0))
-    tp = int((data.get("tensor_parallel") or {}).get("autotp_size", 0) or 0) or 1
+    tp = ds_import.autotp_size(data)
     ds_import.read_offload(zero_cfg, zero, values)
     ds_import.read_reduction(zero_cfg, zero, values)
-    bf16, fp16 = (data.get("bf16") or {}).get("enabled"), (data.get("fp16") or {}).get("enabled")
-    values["precision"] = "bf16" if bf16 is True or fp16 is True else "fp32"
+    ds_import.read_precision(data, values, notes)
     return zero, max(world // tp, 1), tp
 
 
@@ -101,7 +100,7 @@ def read(path: Path, text: str, world: int | None = None) -> Imported:
             machines = int(cfg.get("num_machines", 1))
             dpr, dps = (machines, world // machines) if hybrid else (world, 1) if zero == 0 else (1, world)
     elif ds_file is not None:
-        zero, dp, tp = _from_deepspeed_file(ds_file, world, values)
+        zero, dp, tp = _from_deepspeed_file(ds_file, world, values, notes)
         dpr, dps, cp = (1, dp, 1) if zero >= 2 else (dp, 1, 1)  # ZeRO-2/3 shard over the whole data-parallel group
     elif kind == "DEEPSPEED":
         zero = int(ds.get("zero_stage", 0))

@@ -57,6 +57,19 @@ def read_reduction(zero: dict, stage: int, values: dict[str, Any]) -> None:
         values.setdefault("zero2_grad_collective", "reduce_scatter")
 
 
+def autotp_size(data: dict) -> int:
+    """tensor_parallel.autotp_size (1 where absent or 0)."""
+    return int((data.get("tensor_parallel") or {}).get("autotp_size", 0) or 0) or 1
+
+
+def read_precision(data: dict, values: dict[str, Any], notes: list[str]) -> None:
+    """The bf16 / fp16 sections as meshplan's precision: bf16 where either is enabled, else fp32."""
+    bf16, fp16 = (data.get("bf16") or {}).get("enabled"), (data.get("fp16") or {}).get("enabled")
+    values["precision"] = "bf16" if bf16 is True or fp16 is True else "fp32"
+    if fp16 is True:
+        notes.append("fp16: predicted as bf16 (the same bytes and tensor-core rate)")
+
+
 def _number(data: dict, key: str) -> int | None:
     value = data.get(key)
     return None if value in (None, "auto") else int(value)
@@ -104,7 +117,7 @@ def read(path: Path, text: str, world: int | None = None) -> Imported:
     meshplan_header(launch or topology, values)
     if world:
         values.setdefault("num_gpus", world)
-    tp = int(data.get("tensor_parallel", {}).get("autotp_size", 0) or 0) or 1
+    tp = autotp_size(data)
     hit = re.search(r"PIPELINE_PARALLEL_SIZE = (\d+)", topology)
     pp = int(hit[1]) if hit else 1
     hit = re.search(r"TENSOR_PARALLEL_SIZE = (\d+)", topology)
@@ -122,10 +135,7 @@ def read(path: Path, text: str, world: int | None = None) -> Imported:
         values["dp_shard"] = dp
     read_offload(zero, stage, values)
     read_reduction(zero, stage, values)
-    bf16, fp16 = data.get("bf16", {}).get("enabled", False), data.get("fp16", {}).get("enabled", False)
-    values["precision"] = "bf16" if bf16 is True or fp16 is True else "fp32"
-    if fp16 is True:
-        notes.append("fp16: predicted as bf16 (the same bytes and tensor-core rate)")
+    read_precision(data, values, notes)
     values["recompute"] = "full" if data.get("activation_checkpointing") else "none"
     if data.get("activation_checkpointing"):
         notes.append(

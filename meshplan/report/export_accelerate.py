@@ -77,10 +77,7 @@ def layout(plan: Plan, warnings: list[str]) -> AccelerateLayout:
     tp, cp, zero = plan.tensor_parallel_degree, plan.context_parallel_degree, plan.zero_stage
     if deepspeed_engine(plan):
         if zero >= 1 and dpr > 1 and dps > 1:
-            warnings.append(
-                f"ZeRO-{zero} over dp_shard={dps} replicated {dpr}x is not expressible; DeepSpeed shards over the "
-                "whole data-parallel group (less memory, more communication than predicted)"
-            )
+            warnings.append(export_deepspeed.replicated_shards_warning(zero, dps, dpr))
         return AccelerateLayout(
             dp_replicate=dpr,
             dp_shard=dps,
@@ -130,8 +127,7 @@ def deepspeed_file(plan: Plan, lay: AccelerateLayout) -> dict:
     config["gradient_accumulation_steps"] = lay.accumulation
     config["zero_optimization"]["stage"] = lay.zero
     config.pop("activation_checkpointing", None)  # read by deepspeed.checkpointing, which accelerate never configures
-    config.pop("tensor_parallel", None)
-    if lay.tp > 1:
+    if lay.tp > 1:  # AutoTP also where a pipeline was folded away (export_deepspeed writes it for pp = 1 only)
         config["tensor_parallel"] = {"autotp_size": lay.tp}
     return config
 
@@ -216,8 +212,8 @@ def _accelerate_warnings(plan: Plan, lay: AccelerateLayout, warnings: list[str])
     warnings.extend(ec.method_warnings(plan, "accelerate"))
 
 
-def _deepspeed_notes(plan: Plan, lay: AccelerateLayout) -> list[str]:
-    if lay.distributed_type != "DEEPSPEED":
+def _deepspeed_notes(plan: Plan, lay: AccelerateLayout, ds_config: dict | None) -> list[str]:
+    if ds_config is None:
         return []
     notes = [
         f"DeepSpeed plugin: ZeRO-{lay.zero}, its engine settings and mixed precision in {DS_CONFIG} (launch from "
@@ -225,9 +221,9 @@ def _deepspeed_notes(plan: Plan, lay: AccelerateLayout) -> list[str]:
     ]
     if lay.tp > 1:
         notes.append(
-            f"{DS_CONFIG} train_batch_size {plan.microbatch_size * lay.accumulation * plan.world_size} counts all "
-            f"{plan.world_size} processes, as DeepSpeed's batch check does under accelerate (no mpu); the "
-            f"{lay.tp} AutoTP ranks of a group share their samples"
+            f"{DS_CONFIG} train_batch_size {ds_config['train_batch_size']} counts all {plan.world_size} processes, "
+            f"as DeepSpeed's batch check does under accelerate (no mpu); the {lay.tp} AutoTP ranks of a group "
+            "share their samples"
         )
     return notes
 
@@ -246,6 +242,7 @@ def export_accelerate(plan: Plan) -> dict[str, str]:
     lay = layout(plan, warnings)
     _accelerate_warnings(plan, lay, warnings)
     cfg = accelerate_config(plan, lay)
+    ds_config = deepspeed_file(plan, lay) if lay.distributed_type == "DEEPSPEED" else None
     dp = lay.dp_replicate * lay.dp_shard  # data-parallel ranks (cp and tp ranks share a sample)
     batch = plan.microbatch_size * lay.accumulation * dp
     head = ec.comment(
@@ -256,7 +253,7 @@ def export_accelerate(plan: Plan) -> dict[str, str]:
             f"in the training script: per_device_train_batch_size = {plan.microbatch_size}, "
             f"Accelerator(gradient_accumulation_steps={lay.accumulation}); global batch "
             f"{batch} = {plan.microbatch_size} x {lay.accumulation} x dp {dp}",
-            *_deepspeed_notes(plan, lay),
+            *_deepspeed_notes(plan, lay, ds_config),
             "launch: " + _launch_line(plan),
         ]
     )
@@ -268,6 +265,6 @@ def export_accelerate(plan: Plan) -> dict[str, str]:
     )
     body = yaml.safe_dump(cfg, sort_keys=False, default_flow_style=False)
     files = {"accelerate_config.yaml": head + body, "accelerate_batch.py": snippet}
-    if lay.distributed_type == "DEEPSPEED":
-        files[DS_CONFIG] = json.dumps(deepspeed_file(plan, lay), indent=2) + "\n"
+    if ds_config is not None:
+        files[DS_CONFIG] = json.dumps(ds_config, indent=2) + "\n"
     return files

@@ -102,11 +102,19 @@ def _zero(plan: Plan, warnings: list[str]) -> dict:
         # MiCS (zero_optimization.mics_shard_size) was removed from DeepSpeed (its config class refuses
         # the key, tests/test_export_parsers.py); ZeRO++ hpZ shards a secondary copy only
         warnings.append(
-            f"ZeRO-{plan.zero_stage} over dp_shard={plan.data_parallel_shard_degree} replicated "
-            f"{plan.data_parallel_replicate_degree}x is not expressible; DeepSpeed shards over "
-            "the whole data-parallel group (less memory, more communication than predicted)"
+            replicated_shards_warning(
+                plan.zero_stage, plan.data_parallel_shard_degree, plan.data_parallel_replicate_degree
+            )
         )
     return zero
+
+
+def replicated_shards_warning(zero: int, dp_shard: int, dp_replicate: int) -> str:
+    """What DeepSpeed makes of ZeRO over shards that are replicated (HSDP): one group over all of them."""
+    return (
+        f"ZeRO-{zero} over dp_shard={dp_shard} replicated {dp_replicate}x is not expressible; DeepSpeed shards over "
+        "the whole data-parallel group (less memory, more communication than predicted)"
+    )
 
 
 def _pipeline_warnings(plan: Plan, warnings: list[str]) -> None:
