@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 from planner_profiles import candidate, small_gpt
+from test_tp_replica_sync import exposed_sync_s
 
 from meshplan import runtimes
 from meshplan.planner import PlanRequest
 from meshplan.planner.context import Context
 from meshplan.planner.rank.dp_cost import DataParallelCost
-from meshplan.planner.rank.tail import last_bucket_params
 from meshplan.presets import cluster_preset
 
 ENGINE_ROWS = ("fsdp_full_grad_accumulation", "ddp_bucket_copy", "replica_sync_after_backward")
@@ -61,21 +61,17 @@ def test_unsharded_accumulation_under_a_pipeline_is_fsdp2s(layout):
     assert not deepspeed.unsharded_accumulation and not deepspeed.pipeline_deferred
 
 
-def _exposed_sync_s(runtime: str, layout: str, overlap: bool = True) -> float:
-    """One rank's exposed ZeRO-1 gradient sync of a dp 4 x tp 2 plan in a long backward window (ZeRO-1:
-    DeepSpeed's stage 0 reduces after backward whatever the replicas, zero0_reduce_after_backward)."""
-    cost = _cost(runtime, layout, overlap, dp_replicate=4, tp=2, zero=1)
-    local = small_gpt().num_params / 2
-    return cost.sync_s(local, 4 * local, 0.0, 10.0, last_bucket_params("block", local))
-
-
 @pytest.mark.parametrize("layout", tuple(runtimes.STATE_LAYOUTS))
 def test_tensor_parallel_replicas_sync_after_backward_only_under_torch_ddp(layout):
     """The executor all-reduces TP (DTensor) replicas after backward, the whole of it exposed; DeepSpeed's
     hooks and Megatron-Core's grad buffer reduce them during backward, under any state layout."""
-    whole = _exposed_sync_s("meshplan", layout, overlap=False)
-    assert whole > 0 and _exposed_sync_s("meshplan", layout) == whole
-    assert _exposed_sync_s("megatron-core", layout) < 0.5 * _exposed_sync_s("megatron-core", layout, overlap=False)
+
+    def exposed(runtime: str, overlap: bool = True) -> float:  # ZeRO-1: DeepSpeed's stage 0 waits for backward
+        return exposed_sync_s(2, layout, overlap, runtime=runtime, zero=1)
+
+    whole = exposed("meshplan", overlap=False)
+    assert whole > 0 and exposed("meshplan") == whole
+    assert exposed("megatron-core") < 0.5 * exposed("megatron-core", overlap=False)
     # DeepSpeed hides what fills its 5e8-element buckets during backward; the unfilled remainder waits
     # for backward's end (reduce_bucket_elems): less than the whole, not less than half here
-    assert _exposed_sync_s("deepspeed", layout) < 0.7 * _exposed_sync_s("deepspeed", layout, overlap=False)
+    assert exposed("deepspeed") < 0.7 * exposed("deepspeed", overlap=False)

@@ -169,13 +169,17 @@ def test_deepspeed_accepts_the_export_under_its_topology(name, plans, exported, 
     else:
         wire = 2 if plan.precision in ("bf16", "fp8") else 4
     assert got["communication_bytes"] == wire
-    # the engine's reduction as priced: a deepspeed plan's bucket and ZeRO-2 collective, else DeepSpeed's defaults
+    assert_engine_reduction(plan, got, got["zero_stage"])
+
+
+def assert_engine_reduction(plan: Plan, got: dict, stage: int) -> None:
+    """The engine's reduction as priced, at the ZeRO stage DeepSpeed runs: a deepspeed plan's bucket, ZeRO-2
+    collective and overlap (--no-overlap-dp-comm: after backward), else DeepSpeed's defaults."""
     behaviours = plan.runtime_behaviours if plan.runtime == "deepspeed" else {}
     bucket = behaviours.get("reduce_bucket_elems") or runtimes.DEEPSPEED_REDUCE_BUCKET_ELEMS
-    assert got["reduce_bucket_size"] == (bucket if got["zero_stage"] >= 1 else runtimes.DEEPSPEED_REDUCE_BUCKET_ELEMS)
-    scatters = got["zero_stage"] == 2 and behaviours.get("zero2_grad_collective") == "reduce_scatter"
+    assert got["reduce_bucket_size"] == (bucket if stage >= 1 else runtimes.DEEPSPEED_REDUCE_BUCKET_ELEMS)
+    scatters = stage == 2 and behaviours.get("zero2_grad_collective") == "reduce_scatter"
     assert got["multi_rank_bucket_allreduce"] is not scatters
-    # the reduction overlaps backward where the plan priced it so (--no-overlap-dp-comm: after backward)
     assert got["overlap_comm"] is behaviours.get("overlap_dp_comm", True)
 
 
@@ -265,14 +269,10 @@ def assert_accelerate_runs_deepspeed(plan: Plan, got: dict, warns: str) -> None:
         assert got["data_parallel"] == plan.data_parallel_degree
     offload = plan.dp_methods.offload
     assert got["offload_optimizer"] == (offload.name if offload.name in ("cpu", "nvme") else "none")
-    behaviours = plan.runtime_behaviours if plan.runtime == "deepspeed" else {}
-    assert got["overlap_comm"] is behaviours.get("overlap_dp_comm", True)
-    bucket = behaviours.get("reduce_bucket_elems") or runtimes.DEEPSPEED_REDUCE_BUCKET_ELEMS
-    assert got["reduce_bucket_size"] == bucket
-    scatters = plan.zero_stage == 2 and behaviours.get("zero2_grad_collective") == "reduce_scatter"
-    assert got["multi_rank_bucket_allreduce"] is not scatters
+    assert_engine_reduction(plan, got, got["ds_zero_stage"])
     if plan.runtime == "deepspeed" and plan.dp_methods.compression.name != "fp16":
-        assert got["communication_bytes"] == runtimes.grad_reduce_bytes(behaviours, plan.precision, plan.zero_stage)
+        wire = runtimes.grad_reduce_bytes(plan.runtime_behaviours, plan.precision, plan.zero_stage)
+        assert got["communication_bytes"] == wire
     if plan.tensor_parallel_degree > 1:
         assert "DeepSpeed's AutoTP" in warns
 

@@ -19,17 +19,19 @@ RUNTIME = {"torch": "meshplan", "megatron": "megatron-core"}
 """The engine of each state layout these cases name: meshplan's executor (torch DDP), Megatron's grad buffer."""
 
 
-def exposed_sync_s(tp: int, layout: str, overlap: bool = True, **pipeline) -> float:
+def exposed_sync_s(tp: int, layout: str, overlap: bool = True, runtime: str | None = None, **fields) -> float:
     """One rank's exposed gradient sync of the whole model, dp 4 x tp, a long backward window, under the
-    behaviours of `layout`'s engine (RUNTIME); `pipeline`: the candidate's pp, schedule and virtual_stages."""
+    behaviours of `runtime` (default: `layout`'s engine, RUNTIME); `fields`: the candidate's pp, schedule,
+    virtual_stages, zero."""
     profile = small_gpt()
-    behaviours = runtimes.request_behaviours(RUNTIME[layout], {"state_layout": layout, "overlap_dp_comm": overlap})
+    engine = runtime or RUNTIME[layout]
+    behaviours = runtimes.request_behaviours(engine, {"state_layout": layout, "overlap_dp_comm": overlap})
     ctx = Context.build(
         profile, cluster_preset("a100-80g", 4 * tp), PlanRequest(num_gpus=4 * tp, global_batch=8, **behaviours)
     )
     local = profile.num_params / tp
     last = last_bucket_params("block", local)
-    return DataParallelCost(ctx, candidate(dp_replicate=4, tp=tp, **pipeline)).sync_s(local, 4 * local, 0.0, 10.0, last)
+    return DataParallelCost(ctx, candidate(dp_replicate=4, tp=tp, **fields)).sync_s(local, 4 * local, 0.0, 10.0, last)
 
 
 def test_tensor_parallel_replicas_sync_after_backward_under_torch_ddp():
