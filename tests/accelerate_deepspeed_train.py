@@ -2,7 +2,7 @@
 tests/test_accelerate_runs_deepspeed.py: the export tools' venv (accelerate, DeepSpeed) on CPU ranks,
 never imported by pytest. It trains benchmarks/deepspeed_model.py with the batch the export's
 accelerate_batch.py gives, through Accelerator.prepare (which builds DeepSpeed's engine from the
-plugin's ds_config.json), and prints, on the main process, one JSON line of what the engine runs."""
+plugin's ds_config.json), and writes, on rank 0, engine_report.json: what the engine runs."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def main() -> None:
         losses.append(loss.item())
     zero = engine._config.zero_config
     report = {
-        "rank": accelerator.process_index,
+        "rank": torch.distributed.get_rank(),
         "distributed_type": str(accelerator.distributed_type).split(".")[-1],
         "engine": type(engine).__name__,
         "zero_stage": engine.zero_optimization_stage(),
@@ -55,8 +55,12 @@ def main() -> None:
         "last_loss": losses[-1],
     }
     accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        print(json.dumps(report), flush=True)
+    # rank 0 of the process group (on CPU ranks accelerate's process_index reads 0 on every rank), to a
+    # file, not stdout: the launcher interleaves the ranks' output
+    if torch.distributed.get_rank() == 0:
+        with open("engine_report.json.tmp", "w") as f:
+            json.dump(report, f)
+        os.replace("engine_report.json.tmp", "engine_report.json")
     torch.distributed.destroy_process_group()
 
 
