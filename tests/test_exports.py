@@ -224,6 +224,30 @@ def test_accelerate(name):
     if plan.pipeline_parallel_degree == 1:
         assert consts["GLOBAL_BATCH_SIZE"] == plan.global_batch_size
     assert ("pipeline_parallel_degree" in warns) == (plan.pipeline_parallel_degree > 1)
+    engine = ("deepspeed",) if deepspeed else ("meshplan", "torchtitan")  # the plugin runs DeepSpeed's engine
+    assert ("prediction was made for runtime" in warns) == (plan.runtime not in engine)
+
+
+@pytest.mark.parametrize("runtime", ["meshplan", "torchtitan", "deepspeed"])
+@pytest.mark.parametrize("zero", [1, 3])
+def test_accelerate_warns_when_its_engine_is_not_the_priced_one(runtime, zero):
+    """A ZeRO-1 plan runs on accelerate's DeepSpeed plugin (FSDP2 has no ZeRO-1), so DeepSpeed's engine
+    (16-bit weights and gradient reduction) runs a plan priced for meshplan's executor or torchtitan:
+    the export says so and names --runtime deepspeed. A DeepSpeed-priced plan is what the plugin runs;
+    a ZeRO-3 plan of torch's runtimes runs on FSDP2, as priced."""
+    data = dict(dp_replicate=8, dp_shard=1) if zero == 1 else dict(dp_replicate=1, dp_shard=8)
+    plan = dataclasses.replace(gpt_plan(pp=1, tp=1, zero=zero, **data), runtime=runtime)
+    files = export_plan(plan, "accelerate")
+    warns = [w for w in warnings_in(files["accelerate_config.yaml"]) if "prediction was made for runtime" in w]
+    on_deepspeed = zero == 1 or runtime == "deepspeed"
+    assert yaml.safe_load(files["accelerate_config.yaml"])["distributed_type"] == (
+        "DEEPSPEED" if on_deepspeed else "FSDP"
+    )
+    if on_deepspeed and runtime != "deepspeed":
+        assert len(warns) == 1 and "on deepspeed's engine" in warns[0] and "--runtime deepspeed" in warns[0]
+        assert f"runtime {runtime};" in warns[0]
+    else:
+        assert warns == []
 
 
 def test_what_cannot_be_expressed_is_said_in_every_output():

@@ -209,7 +209,8 @@ def _accelerate_warnings(plan: Plan, lay: AccelerateLayout, warnings: list[str])
             "differ from the plan's (sequence parallel off): activation memory can differ from the prediction"
         )
     warnings.extend(ec.precision_warnings(plan, "accelerate"))
-    warnings.extend(ec.method_warnings(plan, "accelerate"))
+    runs_on = "deepspeed" if lay.distributed_type == "DEEPSPEED" else None  # the plugin runs DeepSpeed's engine
+    warnings.extend(ec.method_warnings(plan, "accelerate", runs_on))
 
 
 def _deepspeed_notes(plan: Plan, lay: AccelerateLayout, ds_config: dict | None) -> list[str]:

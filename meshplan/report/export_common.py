@@ -160,34 +160,42 @@ def offloads(plan: Plan) -> bool:
     return plan.dp_methods.offload.name == "cpu"
 
 
-def method_warnings(plan: Plan, target: str) -> list[str]:
+def method_warnings(plan: Plan, target: str, runs_on: str | None = None) -> list[str]:
     """WARNING lines for the plan's data-parallel methods, from the registry (meshplan/dp_methods.py):
     each method `target` cannot express (its `unsupported` text, dp_methods.export_warnings), and
-    for each non-default method it expresses through a setting, that setting (the row's `exports`)."""
+    for each non-default method it expresses through a setting, that setting (the row's `exports`);
+    then runtime_warnings (`runs_on`: see there)."""
     out = dp_methods.export_warnings({axis: (c.name, c.params) for axis, c in plan.dp_methods.items()}, target)
     for axis, choice in plan.dp_methods.non_default():
         row = dp_methods.method(axis, choice.name)
         if row.exports.get(target):
             out.append(f"{row.label} maps to {row.exports[target]}")
-    return out + runtime_warnings(plan, target)
+    return out + runtime_warnings(plan, target, runs_on)
 
 
 TARGET_RUNTIMES = {
     "torchtitan": ("torchtitan",),
     "megatron": ("megatron-lm", "megatron-core"),
     "deepspeed": ("deepspeed",),
-    "accelerate": ("meshplan", "torchtitan", "deepspeed"),
+    "accelerate": ("meshplan", "torchtitan"),
 }
-"""Runtimes (meshplan/runtimes.py) whose prediction an export target runs as predicted."""
+"""Runtimes (meshplan/runtimes.py) whose prediction an export target runs as predicted. accelerate's
+own engines are torch's (DDP, FSDP2 with DTensor TP and torch context_parallel); a plan it runs through
+its DeepSpeed plugin runs DeepSpeed's engine, held to "deepspeed" (runtime_warnings' runs_on)."""
 
 
-def runtime_warnings(plan: Plan, target: str) -> list[str]:
-    """A WARNING when the plan was predicted for a runtime other than the target's."""
-    if plan.runtime in TARGET_RUNTIMES.get(target, ()):
+def runtime_warnings(plan: Plan, target: str, runs_on: str | None = None) -> list[str]:
+    """A WARNING when the plan was predicted for a runtime other than the one whose engine runs it:
+    `target`'s, or that of the export target `runs_on` where `target` hands the plan to another
+    engine (accelerate's DeepSpeed plugin: "deepspeed")."""
+    engine = runs_on or target
+    expected = TARGET_RUNTIMES.get(engine, ())
+    if plan.runtime in expected:
         return []
-    hint = " or ".join(TARGET_RUNTIMES.get(target, ()))
+    hint = " or ".join(expected)
+    where = f"{target} runs this plan on {engine}'s engine" if runs_on else f"{target} runs this plan"
     return [
-        f"the prediction was made for runtime {plan.runtime}; {target} runs this plan with its own behaviours "
+        f"the prediction was made for runtime {plan.runtime}; {where} with its own behaviours "
         f"(README, Runtimes), so its step time and memory will differ: re-plan with --runtime {hint}"
     ]
 
