@@ -100,25 +100,12 @@ class StateLayout:
     cross-entropy works in place on one fp32 copy: 1. torch F.cross_entropy(logits.float())
     (torchtitan, meshplan's executor, a DeepSpeed user's loss): backward of log_softmax holds its
     saved output, the incoming dense nll gradient and the gradient it writes: 2 beyond the saved one."""
-    zero1_grad_collective: str
-    """ZeRO-1's gradient collective: all_reduce (torch ZeroRedundancyOptimizer; DeepSpeed, whose
-    ZeRO-1/2 all-reduce each bucket under the default use_multi_rank_bucket_allreduce:
-    zero/stage_1_and_2.py average_tensor) or reduce_scatter (Megatron's distributed optimizer,
-    which then all-gathers the parameters)."""
     zero1_param_bytes: int
     """Bytes per parameter ZeRO-1 sends back to the replicas after the step: the weights as the
     replicas keep them (weight_bytes). bf16 under Megatron's distributed optimizer and DeepSpeed,
     whose step all-gathers the 16-bit partitions (zero/stage_1_and_2.py step and bf16_optimizer.py
     update_lp_params: all_gather_dp_groups of the bit16 groups); fp32 under
     ZeroRedundancyOptimizer's broadcast. An fp32 run sends fp32 (RuntimeSpec.zero1_param_bytes)."""
-    sp_regather: bool
-    """Sequence parallelism gathers the layer input again in backward (Megatron-LM's
-    LinearWithGradAccumulationAndAsyncCommunication, Korthikanti et al. 2022 Sec 4.2.2); DTensor SP
-    keeps the gathered input: the `sp_regather` behaviour row."""
-    pp_scatter_gather: bool
-    """Without sequence parallelism, a pipeline boundary is sent as 1/t from each tensor-parallel
-    rank and all-gathered on the receiving node (Megatron-LM, Narayanan et al. 2021 Sec 4.1); else
-    torch pipelining sends the whole replica from every tensor-parallel rank."""
     fsdp_reduce_bytes: int
     """Bytes per element of the ZeRO-2/3 gradient reduce-scatter (and HSDP's all-reduce of the
     shards) where the runtime's fsdp_reduce_bytes behaviour does not give one; 0: the gather width.
@@ -158,9 +145,10 @@ def _layout(
     fp32_fsdp_reduce: bool = True,
 ) -> StateLayout:
     """One state layout (the field docs above say where each number comes from): `megatron` for
-    Megatron-LM's loss, distributed optimizer, sequence-parallel regather and pipeline
-    scatter-gather, torch's otherwise; `fp32_fsdp_reduce` for FSDP2's fp32 gradient reduce-scatter
-    (False: the gather width, Megatron's and DeepSpeed's)."""
+    Megatron-LM's vocab-parallel loss, torch F.cross_entropy's otherwise; `fp32_fsdp_reduce` for
+    FSDP2's fp32 gradient reduce-scatter (False: the gather width, Megatron's and DeepSpeed's). How
+    the engine exchanges ZeRO-1's gradients, regathers under sequence parallelism and sends a pipeline
+    boundary is the runtime's (zero1_grad_collective, sp_regather, pp_scatter_gather), not the layout's."""
     return StateLayout(
         name=name,
         weight_bytes=weights,
@@ -169,10 +157,7 @@ def _layout(
         optimizer_step_bytes=step,
         loss_passes=(9.5, 3.5) if megatron else (6.5, 5.0),
         loss_transients=1 if megatron else 2,
-        zero1_grad_collective="reduce_scatter" if megatron else "all_reduce",
         zero1_param_bytes=weights,
-        sp_regather=megatron,
-        pp_scatter_gather=megatron,
         fsdp_reduce_bytes=4 if fp32_fsdp_reduce else 0,
         replica_reduce_bytes=grads,
     )
@@ -188,8 +173,9 @@ AMP / FSDP2 mixed precision); megatron = bf16 weights, fp32 main grads, fp32 mas
 (2 + 4 + 12 B, Megatron-LM); zero = 16-bit weights and grads, fp32 master + Adam (2 + 2 + 12 B,
 Rajbhandari et al. 2020 Sec 3.1, DeepSpeed). How a runtime's engine reduces them is its own
 behaviour (zero0_reduce_after_backward, reduce_bucket_elems, zero1_gather_overlaps,
-zero2_grad_collective, fsdp_full_grad_accumulation, ddp_bucket_copy, replica_sync_after_backward),
-whatever layout keeps them."""
+zero2_grad_collective, fsdp_full_grad_accumulation, ddp_bucket_copy, replica_sync_after_backward,
+zero1_grad_collective), as are how its tensor-parallel layers regather under sequence parallelism
+(sp_regather) and how it sends a pipeline boundary (pp_scatter_gather), whatever layout keeps them."""
 
 
 def grad_reduce_bytes(behaviours: Mapping[str, object], precision: str, zero: int) -> int:
@@ -289,8 +275,8 @@ class Row:
     flags: str
     """How the CLI sets it (the table's flag column)."""
     request: bool = True
-    """A PlanRequest field of the same name (dropout builds the profile, fp8 is a check, the method
-    lists narrow the search's axes and sp_regather follows the state layout)."""
+    """A PlanRequest field of the same name (dropout builds the profile, fp8 is a check and the
+    method lists narrow the search's axes)."""
     flag: Flag | None = None
     """The behaviour's own flag, if it has one."""
 
@@ -415,8 +401,7 @@ ROWS: tuple[Row, ...] = (
     Row(
         name="sp_regather",
         meaning="sequence parallel re-gathers the layer input in backward (else keeps it gathered)",
-        flags="(--state-layout: STATE_LAYOUTS' sp_regather)",
-        request=False,
+        flags="(--runtime)",
     ),
     Row(
         name="selective_recompute",
@@ -521,6 +506,12 @@ ROWS: tuple[Row, ...] = (
         ),
     ),
     Row(
+        name="zero1_grad_collective",
+        meaning="ZeRO-1's gradient exchange over the replicas: all_reduce (each rank then steps its partition), "
+        "or reduce_scatter (each rank receives its partition's sum; the updated weights all-gathered after)",
+        flags="(--runtime)",
+    ),
+    Row(
         name="zero1_gather_overlaps",
         meaning="ZeRO-1's updated weights go back to the replicas under the next forward (else synchronously "
         "after the optimizer step, exposed whole)",
@@ -595,6 +586,12 @@ ROWS: tuple[Row, ...] = (
         request=False,
     ),
     Row(
+        name="pp_scatter_gather",
+        meaning="without sequence parallelism a pipeline boundary goes as 1/t from each tensor-parallel rank and "
+        "is all-gathered on the receiving stage's node (else every tensor-parallel rank sends the whole replica)",
+        flags="(--runtime)",
+    ),
+    Row(
         name="free_stage_outputs",
         meaning="a pipeline stage frees each microbatch's output once sent (else holds it until its backward)",
         flags="--free-stage-outputs / --no-free-stage-outputs",
@@ -661,9 +658,14 @@ _SP = Behaviour(value=True, source=f"{_KORTH} Sec 4.2.2 (Megatron's LinearWithGr
 _SP_DTENSOR = Behaviour(
     value=False,
     source=(
-        "DTensor SP keeps the gathered input for backward: no second gather (planner/rank/layer_cost.py reads "
-        "the state layout's sp_regather; the kept input's memory is not counted)"
+        "DTensor SP (SequenceParallel and ColwiseParallel's input layouts) keeps the gathered input that "
+        "autograd saved for backward: no second gather (the kept input's memory is not counted)"
     ),
+)
+_TORCH_PP_SENDS = Behaviour(
+    value=False,
+    source="torch.distributed.pipelining: each tensor-parallel rank of a stage sends its whole output to its "
+    "peer of the next stage (_PipelineStageBase get_fwd_send_ops), no split and no gather",
 )
 _FSDP2_PREFETCH = Behaviour(
     value=0, source="FSDP2 fully_shard: the next layer's all-gather issued ahead (implicit prefetch)"
@@ -765,6 +767,11 @@ RUNTIMES: dict[str, Runtime] = {
             "reduce_bucket_elems": Behaviour(
                 value=0, source="executor: ZeRO-1 reduces through DDP's buckets (bucket_cap_mb; the buckets method)"
             ),
+            "zero1_grad_collective": Behaviour(
+                value="all_reduce",
+                source="executor: ZeroRedundancyOptimizer under DDP: the buckets all-reduce every gradient, then each "
+                "rank steps its own partition and broadcasts it (torch/distributed/optim/zero_redundancy_optimizer.py)",
+            ),
             "zero1_gather_overlaps": Behaviour(
                 value=False,
                 source="executor: ZeroRedundancyOptimizer.step broadcasts each rank's updated partition before it "
@@ -795,6 +802,7 @@ RUNTIMES: dict[str, Runtime] = {
                 "ALL_GATHER (the default); the model repeats K and V to every head before SDPA (models/zoo Llama: repeat_interleave)",
             ),
             "model_source": Behaviour(value="user", source="executor: the profiled module itself, as built"),
+            "pp_scatter_gather": _TORCH_PP_SENDS,
             "free_stage_outputs": _HOLD_OUTPUTS,
             "offload_methods": Behaviour(
                 value=("none", "cpu", "nvme"),
@@ -902,6 +910,9 @@ RUNTIMES: dict[str, Runtime] = {
                 value=False, source="not applicable: no DDP beside pipeline parallelism (FSDP2 or HSDP)"
             ),
             "reduce_bucket_elems": Behaviour(value=0, source="not applicable: no ZeRO-1; DDP's bucket cap"),
+            "zero1_grad_collective": Behaviour(
+                value="all_reduce", source="not applicable: no ZeRO-1 (replicate all-reduces, FSDP2 reduce-scatters)"
+            ),
             "zero1_gather_overlaps": Behaviour(value=False, source="not applicable: no ZeRO-1"),
             "zero2_shards_weights": Behaviour(
                 value=True,
@@ -929,6 +940,7 @@ RUNTIMES: dict[str, Runtime] = {
                 value="runtime",
                 source="torchtitan builds its own model from the config (train_spec, models/llama3/model.py Transformer)",
             ),
+            "pp_scatter_gather": _TORCH_PP_SENDS,
             "free_stage_outputs": _HOLD_OUTPUTS,
             "offload_methods": Behaviour(
                 value=("none", "cpu"),
@@ -1010,6 +1022,12 @@ RUNTIMES: dict[str, Runtime] = {
                 value=False, source="overlap_dp_comm says it: the 2021 all-reduce follows backward (no overlap)"
             ),
             "reduce_bucket_elems": Behaviour(value=0, source="not applicable: no ZeRO-1"),
+            "zero1_grad_collective": Behaviour(
+                value="reduce_scatter",
+                source="not applicable to the 2021-22 runs (no distributed optimizer); the later "
+                "--use-distributed-optimizer reduce-scatters the grad buffer to the optimizer shards and all-gathers "
+                "the updated params (megatron/optimizer/distrib_optimizer.py reduce_model_grads, gather_model_params)",
+            ),
             "zero1_gather_overlaps": Behaviour(value=False, source="not applicable: no ZeRO-1"),
             "zero2_shards_weights": Behaviour(
                 value=True,
@@ -1027,6 +1045,12 @@ RUNTIMES: dict[str, Runtime] = {
             "model_source": Behaviour(
                 value="runtime",
                 source="pretrain_gpt.py model_provider: megatron.model.GPTModel from --num-layers, --hidden-size",
+            ),
+            "pp_scatter_gather": Behaviour(
+                value=True,
+                source="megatron/p2p_communication.py _communicate: with scatter_gather_tensors_in_pipeline (on unless "
+                "--no-scatter-gather-tensors-in-pipeline) each TP rank sends a 1/t chunk "
+                "(split_tensor_into_1d_equal_chunks), gathered on receipt (Narayanan et al. 2021 Sec 4.1)",
             ),
             "free_stage_outputs": Behaviour(
                 value=True,
@@ -1124,6 +1148,12 @@ RUNTIMES: dict[str, Runtime] = {
                 "backward (megatron/core/pipeline_parallel/schedules.py enables grad sync there)",
             ),
             "reduce_bucket_elems": Behaviour(value=0, source="--ddp-bucket-size (the buckets method); else DDP's cap"),
+            "zero1_grad_collective": Behaviour(
+                value="reduce_scatter",
+                source="--use-distributed-optimizer: each grad-buffer bucket is reduce-scattered to the optimizer "
+                "shards (megatron/core/distributed/param_and_grad_buffer.py start_grad_sync), the updated bf16 "
+                "params all-gathered after",
+            ),
             "zero1_gather_overlaps": Behaviour(
                 value=True,
                 source="--overlap-param-gather: the distributed optimizer's bf16 all-gather runs under the next "
@@ -1150,6 +1180,11 @@ RUNTIMES: dict[str, Runtime] = {
             "model_source": Behaviour(
                 value="runtime",
                 source="pretrain_gpt.py model_provider: megatron.core.models.gpt.GPTModel with its transformer layer spec",
+            ),
+            "pp_scatter_gather": Behaviour(
+                value=True,
+                source="Megatron-LM's scatter/gather of the boundary (Narayanan et al. 2021 Sec 4.1), as the "
+                "megatron-lm row; its runs take --sequence-parallel, whose boundary is split over t anyway",
             ),
             "free_stage_outputs": Behaviour(
                 value=True,
@@ -1233,7 +1268,12 @@ RUNTIMES: dict[str, Runtime] = {
             "fp8": Behaviour(
                 value=False, known=False, source="not known: fp8 only through Transformer Engine in user code"
             ),
-            "sp_regather": _SP_DTENSOR,
+            "sp_regather": Behaviour(
+                value=False,
+                source="AutoTP has no sequence parallelism (DeepSpeed's own is Ulysses' all-to-all): priced as a "
+                "gathered input kept for backward; a Megatron-DeepSpeed model's layers are Megatron's, which "
+                "regather, and are not priced so",
+            ),
             "selective_recompute": Behaviour(
                 value="attention core",
                 known=False,
@@ -1286,6 +1326,11 @@ RUNTIMES: dict[str, Runtime] = {
                 source="zero_optimization.reduce_bucket_size, 5e8 by default (zero/config.py): the ipg bucket is "
                 "reduced when the next gradient would overflow it, the rest in the epilogue (zero/stage_1_and_2.py)",
             ),
+            "zero1_grad_collective": Behaviour(
+                value="all_reduce",
+                source="zero/stage_1_and_2.py average_tensor under the default use_multi_rank_bucket_allreduce, at "
+                "stage 1 as at stage 2: each bucket is all-reduced whole and every rank keeps its partition's slice",
+            ),
             "zero1_gather_overlaps": Behaviour(
                 value=False,
                 source="zero/stage_1_and_2.py step: all_gather_dp_groups of the bit16 partitions, synchronously "
@@ -1318,6 +1363,12 @@ RUNTIMES: dict[str, Runtime] = {
                 value="user",
                 known=False,
                 source="not known: deepspeed.initialize wraps the user's module (Megatron-DeepSpeed builds its own GPT)",
+            ),
+            "pp_scatter_gather": Behaviour(
+                value=False,
+                source="deepspeed/runtime/pipe/engine.py: priced as the whole replica sent from every tensor-parallel "
+                "rank (p2p send of the stage output); its is_pipe_partitioned split over a model-parallel grid "
+                "(PartitionedTensor) is not priced",
             ),
             "free_stage_outputs": Behaviour(
                 value=False,
@@ -1429,6 +1480,9 @@ RUNTIMES: dict[str, Runtime] = {
             ),
             "pipeline_reduce_after_backward": Behaviour(value=False, source="not applicable: no pipeline parallelism"),
             "reduce_bucket_elems": Behaviour(value=0, source="not applicable: no ZeRO-1; DDP's bucket cap"),
+            "zero1_grad_collective": Behaviour(
+                value="all_reduce", source="not applicable: no ZeRO-1 (Composer: DDP all-reduce or FSDP)"
+            ),
             "zero1_gather_overlaps": Behaviour(value=False, source="not applicable: no ZeRO-1"),
             "zero2_shards_weights": Behaviour(
                 value=True,
@@ -1451,6 +1505,7 @@ RUNTIMES: dict[str, Runtime] = {
             "model_source": Behaviour(
                 value="runtime", source="llm-foundry builds MPT from its yaml (model.name: mpt_causal_lm)"
             ),
+            "pp_scatter_gather": Behaviour(value=False, source="no pipeline parallelism"),
             "free_stage_outputs": Behaviour(value=False, source="no pipeline parallelism"),
             "offload_methods": Behaviour(
                 value=("none", "cpu"), source="fsdp_config.cpu_offload: FSDP CPUOffload(offload_params=True)"

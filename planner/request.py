@@ -95,6 +95,15 @@ class PlanRequest:
     fsdp_unit_buffers: str | None = None
     """What a ZeRO-3 unit holds at its backward peak (runtimes.py fsdp_unit_buffers): "fsdp2",
     "backward_pre", "backward_post"; None: fsdp2."""
+    sp_regather: bool = False
+    """Sequence parallelism all-gathers each column-parallel linear's input again in backward for the
+    weight gradient (Megatron's LinearWithGradAccumulationAndAsyncCommunication, Korthikanti et al.
+    2022 Sec 4.2.2; planner/rank/layer_cost.py); False: the gathered input is kept (DTensor SP)."""
+    pp_scatter_gather: bool = False
+    """Without sequence parallelism a pipeline boundary goes as 1/t from each tensor-parallel rank and
+    is all-gathered on the receiving node (Megatron-LM's scatter/gather, Narayanan et al. 2021 Sec
+    4.1; planner/cost/pipeline.py); False: every tensor-parallel rank sends the whole replica (torch
+    pipelining)."""
     free_stage_outputs: bool = False
     """A pipeline stage frees each microbatch's output once sent (Megatron-Core's
     deallocate_output_tensor); False: it holds the output until that microbatch's backward, as
@@ -129,6 +138,11 @@ class PlanRequest:
     """Gradient elements ZeRO-1's optimizer reduces at a time during backward (DeepSpeed's
     reduce_bucket_size): what has not filled a bucket when backward ends is exposed
     (planner/rank/dp_cost.py _last_bucket); 0: DDP's bucket cap (rank/tail.py)."""
+    zero1_grad_collective: str = "all_reduce"
+    """ZeRO-1's gradient exchange over the replicas (planner/rank/dp_cost.py _replica_grad_collective):
+    "all_reduce" (torch ZeroRedundancyOptimizer behind DDP's buckets; DeepSpeed's ZeRO-1 under
+    use_multi_rank_bucket_allreduce) or "reduce_scatter" (Megatron's distributed optimizer, which
+    all-gathers the updated weights after the step)."""
     zero1_gather_overlaps: bool = False
     """ZeRO-1's updated weights go back to the replicas under the next forward (Megatron-Core's
     --overlap-param-gather); False: synchronously after the step (ZeroRedundancyOptimizer, DeepSpeed)."""

@@ -16,8 +16,8 @@ class RuntimeSpec:
     """The runtime's name (meshplan/runtimes.py NAMES)."""
     precision: str
     state: StateLayout
-    """Training-state bytes, the loss's passes and transients, ZeRO-1's collectives, SP's regather,
-    the pipeline's scatter/gather (runtimes.STATE_LAYOUTS)."""
+    """Training-state bytes, the loss's passes and transients, ZeRO-1's weight bytes, the reduction
+    widths the layout keeps (runtimes.STATE_LAYOUTS)."""
     overlap_dp_comm: bool
     overlap_tp_comm: bool
     uniform_stages: bool
@@ -37,6 +37,10 @@ class RuntimeSpec:
     elementwise: str
     fused_projections: bool
     free_stage_outputs: bool
+    sp_regather: bool
+    """Sequence parallelism all-gathers the linear inputs again in backward (Megatron); else keeps them."""
+    pp_scatter_gather: bool
+    """Without SP a pipeline boundary is sent as 1/t per TP rank and gathered on receipt (Megatron-LM)."""
     zero3_prefetch_elems: int
     """ZeRO-3 parameter elements fetched ahead of use (0: the next layer whole, FSDP2)."""
     zero3_gather: str
@@ -47,6 +51,8 @@ class RuntimeSpec:
     """With pp > 1 the ZeRO-0/1 all-reduce waits for the schedule's last backward (DeepSpeed's pipe engine)."""
     reduce_bucket_elems: int
     """ZeRO-1's reduce bucket in gradient elements (0: DDP's bucket cap)."""
+    zero1_grad_collective: str
+    """"all_reduce" or "reduce_scatter": ZeRO-1's gradient exchange over the replicas."""
     zero1_gather_overlaps: bool
     """ZeRO-1's weights go back under the next forward (else exposed after the step)."""
     zero2_shards_weights: bool

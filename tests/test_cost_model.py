@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 from planner_profiles import candidate
 
+from meshplan import runtimes
 from meshplan.cluster import CollectiveFit
 from meshplan.model_profile import LayerTiming
 from meshplan.models.analytic import gpt_profile
@@ -36,6 +37,8 @@ def layer_cost(ctx, layer, b, tp, sp, cp, zero, dp):
 
 
 P22 = gpt_profile(layers=48, hidden=6144, heads=64)
+MEGATRON_LM = runtimes.request_behaviours("megatron-lm", {})
+"""The PlanRequest behaviours of Korthikanti et al.'s runs (Megatron-LM's engine and state layout)."""
 S, H, A, T, B = 2048, 6144, 64, 8, 4
 
 
@@ -55,8 +58,8 @@ def _ctx(profile=P22, n=8, preset="a100-80g", **req):
 )
 def test_korthikanti_table4_layer_times(sp, mode, measured_ms):
     """22B layer, b=4, t=8 (Korthikanti et al. 2022 Table 4). The first row calibrates the A100
-    GEMM plateau (presets.py); the other four are predictions."""
-    ctx = _ctx(state_layout="megatron")
+    GEMM plateau (presets.py); the other four are predictions, under Megatron-LM's engine (its SP regather)."""
+    ctx = _ctx(**MEGATRON_LM)
     got_ms = layer_cost(ctx, P22.layers[1], B, T, sp, 1, 0, 1).modes[mode].time_s * 1e3
     assert got_ms == pytest.approx(measured_ms, rel=0.05 if (sp, mode) != (False, "none") else 0.01)
 
@@ -69,10 +72,10 @@ def test_megatron_sequence_parallel_gathers_the_linear_inputs_again_in_backward(
     block = P22.layers[1]
     gather = collective_s(cluster_preset("a100-80g", 8), "all_gather", T, block.output_bytes * B, "intra_node")
     torch_fwd, torch_bwd = _tp_comm_s(_ctx(), block, B, T, 1, True)
-    mega_fwd, mega_bwd = _tp_comm_s(_ctx(state_layout="megatron"), block, B, T, 1, True)
+    mega_fwd, mega_bwd = _tp_comm_s(_ctx(**MEGATRON_LM), block, B, T, 1, True)  # runtime behaviour sp_regather
     assert mega_fwd == torch_fwd and gather > 0
     assert mega_bwd == pytest.approx(torch_bwd + block.tp.num_allreduce_fwd * gather)
-    assert _tp_comm_s(_ctx(state_layout="megatron"), block, B, T, 1, False) == _tp_comm_s(_ctx(), block, B, T, 1, False)
+    assert _tp_comm_s(_ctx(**MEGATRON_LM), block, B, T, 1, False) == _tp_comm_s(_ctx(), block, B, T, 1, False)
 
 
 @pytest.mark.parametrize(

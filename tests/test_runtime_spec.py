@@ -15,7 +15,7 @@ from meshplan.models.analytic import gpt_profile
 from meshplan.planner import PlanRequest
 from meshplan.planner.context import Context
 from meshplan.presets import cluster_preset
-from meshplan.runtimes import RUNTIMES, STATE_LAYOUTS
+from meshplan.runtimes import RUNTIMES, STATE_LAYOUTS, request_behaviours
 
 PLANNER = Path(__file__).resolve().parent.parent / "planner"
 RESOLVERS = {"context.py", "request.py", "runtime_spec.py"}
@@ -53,10 +53,15 @@ def test_the_fsdp_gather_width_is_resolved_once():
     assert _ctx().spec.fsdp_unit_buffers == "fsdp2"
 
 
-def test_each_runtimes_sp_regather_row_is_what_its_layout_prices():
+def test_the_engine_rows_that_left_the_layout_keep_what_each_runtimes_own_layout_priced():
+    """zero1_grad_collective, sp_regather and pp_scatter_gather were StateLayout fields, Megatron's under the
+    megatron layout: each runtime's row gives what its own layout priced, so its plans do not move."""
     for rt in RUNTIMES.values():
-        layout = STATE_LAYOUTS[str(rt.value("state_layout"))]
-        assert rt.value("sp_regather") == layout.sp_regather, rt.name
+        megatron = rt.value("state_layout") == "megatron"
+        got = tuple(rt.value(k) for k in ("zero1_grad_collective", "sp_regather", "pp_scatter_gather"))
+        assert got == (("reduce_scatter", True, True) if megatron else ("all_reduce", False, False)), rt.name
+        spec = _ctx(**request_behaviours(rt.name, {})).spec
+        assert (spec.zero1_grad_collective, spec.sp_regather, spec.pp_scatter_gather) == got, rt.name
 
 
 def test_no_planner_module_below_the_request_reads_the_layout_by_name():

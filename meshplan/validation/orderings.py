@@ -133,6 +133,8 @@ def table2_ptdp_vs_zero3() -> list[dict]:
                 schedule="Interleaved1F1B",
                 virtual_stages=2,
                 overlap_dp_comm=False,
+                sp_regather=True,  # Megatron-LM's engine: its SP regather and pipeline scatter/gather
+                pp_scatter_gather=True,
                 **common,
             ),
         ).predicted.hardware_tflops_per_gpu

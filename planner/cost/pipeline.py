@@ -86,14 +86,14 @@ def p2p_per_microbatch_s(ctx: Context, cand: Candidate, boundary_bytes: float) -
     With sequence parallelism the boundary is already split over the t ranks (bsh/t each).
     Without it the TP ranks hold replicas: Megatron-LM sends bsh/t from each and all-gathers it
     on the receiving side over the node (scatter/gather, Narayanan et al. 2021 Sec 4.1); torch
-    pipelining (meshplan's executor) sends the whole replica from every TP rank. Where the
-    profile measured the schedule in place (in_place_p2p_s) and the whole tensor is sent, that
-    measurement, once per chunk, instead of the link fit."""
+    pipelining (meshplan's executor) sends the whole replica from every TP rank (runtime behaviour
+    pp_scatter_gather). Where the profile measured the schedule in place (in_place_p2p_s) and the
+    whole tensor is sent, that measurement, once per chunk, instead of the link fit."""
     if cand.pp == 1:
         return 0.0
     full = boundary_bytes * cand.microbatch / cand.cp
     tier = group_tier(ctx.cluster, cand.dp * cand.cp * cand.tp, cand.pp)
-    scatter_gather = cand.tp > 1 and not cand.sequence_parallel and ctx.spec.state.pp_scatter_gather
+    scatter_gather = cand.tp > 1 and not cand.sequence_parallel and ctx.spec.pp_scatter_gather
     split = cand.tp if cand.tp > 1 and (cand.sequence_parallel or scatter_gather) else 1
     measured = in_place_p2p_s(ctx, cand) if split == 1 and boundary_bytes > 0 else None
     if measured is not None:

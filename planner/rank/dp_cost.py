@@ -440,11 +440,11 @@ class DataParallelCost:
 
     def _replica_grad_collective(self) -> str:
         """The ZeRO-0/1 gradient exchange's collective: a compressor's own where it gathers per-rank
-        payloads, else ZeRO-1's as the runtime runs it (StateLayout.zero1_grad_collective: Megatron's
+        payloads, else ZeRO-1's as the runtime runs it (RuntimeSpec.zero1_grad_collective: Megatron's
         distributed optimizer reduce-scatters), else the all-reduce; time and bytes_per_step alike."""
         if self.compressor.collective == "all_gather":
             return "all_gather"
-        return self.ctx.spec.state.zero1_grad_collective if self.zero == 1 else "all_reduce"
+        return self.ctx.spec.zero1_grad_collective if self.zero == 1 else "all_reduce"
 
     def _sync_overlaps_backward(self) -> bool:
         """Whether the ZeRO-0/1 gradient all-reduce runs during backward: the runtime overlaps it,

@@ -63,7 +63,8 @@ def _tp_comm_s(ctx: Context, layer: LayerProfile, b: int, tp: int, cp: int, sp: 
     and all-gathers it again there for the weight gradient (LinearWithGradAccumulationAnd-
     AsyncCommunication; exposed like every TP collective while tp_overlap is 0): one all-gather
     per column-parallel linear, n per block. torch's DTensor sequence parallelism (meshplan's
-    executor) saves the gathered input instead and pays no second gather."""
+    executor) saves the gathered input instead and pays no second gather (runtime behaviour
+    sp_regather: the engine's, whatever state layout)."""
     if tp <= 1 or layer.tp.kind not in ("block", "embedding", "head"):
         return 0.0, 0.0
     n = layer.tp.num_allreduce_fwd
@@ -74,7 +75,7 @@ def _tp_comm_s(ctx: Context, layer: LayerProfile, b: int, tp: int, cp: int, sp: 
     bwd = 0 if layer.tp.kind == "embedding" else n
     regather = (
         n * collective_s(ctx.cluster, "all_gather", tp, buf, tier)
-        if sp and layer.tp.kind == "block" and ctx.spec.state.sp_regather
+        if sp and layer.tp.kind == "block" and ctx.spec.sp_regather
         else 0.0
     )
     return fwd * one, bwd * one + regather
