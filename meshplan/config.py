@@ -111,6 +111,8 @@ def _check_value(path: str, section: str, key: str, value: Any, action: argparse
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise wrong("a number")
         value = float(value)
+    elif isinstance(value, list) and kind is not str and all(type(v) is int for v in value):
+        value = ",".join(map(str, value))  # a comma list flag given as a TOML array (stage_layers = [2, 8])
     elif not isinstance(value, str):
         raise wrong("a string")
     if action.choices is not None and value not in action.choices:
@@ -158,6 +160,8 @@ def dump(args: argparse.Namespace, parser: argparse.ArgumentParser, verb: str, d
                 continue
             if action.nargs in ("+", "*"):
                 value = parse_overrides(value)
+            elif isinstance(value, tuple):  # a comma list flag (--stage-layers 2,8): written as typed
+                value = ",".join(map(str, value))
             body.append(f"{key} = {_toml(value)}")
         if body:
             lines += ["", f"[{section}]", *body]

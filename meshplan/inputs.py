@@ -60,6 +60,8 @@ class PlanOptions:
     cp: int | None = None
     schedule: str | None = None
     virtual_stages: int | None = None
+    stage_layers: tuple[int, ...] | None = None
+    """--stage-layers (estimate): layers per pipeline stage."""
     recompute: str | None = None
     recompute_num_layers: int | None = None
     zero: int | None = None
@@ -273,6 +275,7 @@ def build_request(options: PlanOptions, cluster: ClusterSpec, warnings: list[str
         microbatch=o.microbatch,
         schedule=schedule_name(o.schedule) if o.schedule else None,
         virtual_stages=o.virtual_stages,
+        stage_layers=o.stage_layers,
         recompute=o.recompute,
         recompute_num_layers=_recompute_num_layers(o),
         zero=o.zero,

@@ -60,6 +60,15 @@ def batch_group(p: argparse.ArgumentParser, required: bool) -> None:
     g.add_argument("--microbatch", type=int, required=required, help="microbatch size" + need)
 
 
+def stage_counts(text: str) -> tuple[int, ...]:
+    """--stage-layers: whole numbers separated by commas (argparse names the flag on a bad value)."""
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give layer counts separated by commas, e.g. 3,3,2") from None
+    return counts
+
+
 def parallelism_group(p: argparse.ArgumentParser, required: bool, verb: str) -> None:
     need = " (required)" if required else " (pins it; default: searched)"
     g = p.add_argument_group("parallelism", "degrees, schedule, ZeRO and recompute ([parallelism])")
@@ -69,6 +78,14 @@ def parallelism_group(p: argparse.ArgumentParser, required: bool, verb: str) -> 
     g.add_argument("--cp", type=int, default=None, help="context-parallel degree (default 1)")
     g.add_argument("--schedule", required=required, help="gpipe, 1f1b or interleaved" + need)
     g.add_argument("--virtual-stages", type=int, help="model chunks per pipeline rank (interleaved)")
+    if verb == "estimate":
+        g.add_argument(
+            "--stage-layers",
+            type=stage_counts,
+            metavar="N,N,...",
+            help="layers per pipeline stage in model order, pp x virtual-stages counts (the embedding and the "
+            "head count as one layer each; `meshplan profile` lists the layers); default: a balanced split",
+        )
     g.add_argument(
         "--recompute",
         choices=("none", "selective", "full"),

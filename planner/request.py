@@ -26,6 +26,10 @@ class PlanRequest:
     schedule: str | None = None
     """torch.distributed.pipelining name ("GPipe", "1F1B", "Interleaved1F1B"); None searches."""
     virtual_stages: int | None = None
+    stage_layers: tuple[int, ...] | None = None
+    """Layers per pipeline stage in model order, pp x v of them (the embedding and the head count as
+    one each): the boundaries an estimate prices (a config file's own, e.g. torchtitan's
+    module_fqns_per_model_part); None: a balanced split (estimate) or searched (plan)."""
     recompute: str | None = None
     """"none" | "selective" | "full" applied to every block; None searches per layer."""
     recompute_num_layers: int = 1

@@ -1,7 +1,8 @@
 """estimate(): predict one fully given configuration, without searching.
 
-Stage boundaries are a balanced split of the blocks over the pp x v stages (the first stage also
-carries the embedding, the last the head); every block uses the requested recompute mode. A
+Stage boundaries are the request's (stage_layers: layers per stage, what a config file pins), else a
+balanced split of the blocks over the pp x v stages (the first stage also carries the embedding, the
+last the head); every block uses the requested recompute mode. A
 configuration that does not fit still gets its prediction, its binding constraint says the OOM.
 What the runtime leaves to the plan and no flag pins (meshplan's executor: whether ZeRO-2/3
 reduce-scatters every microbatch) is chosen as the search would: fitting, then fastest.
@@ -25,7 +26,7 @@ from meshplan.planner.request import PlanRequest
 from meshplan.planner.search import tuning
 from meshplan.planner.search.enumerate import pinned_candidate, tp_divisors, tp_kinds
 from meshplan.planner.search.method_choice import method_options
-from meshplan.planner.search.partition import balanced_stages
+from meshplan.planner.search.partition import balanced_stages, pinned_stages
 from meshplan.planner.search.predict import build_plan, provenance
 
 
@@ -63,7 +64,9 @@ def _preference(plan: Plan) -> tuple:
 def _estimate(ctx: Context, table: CostTable, cand, profile: ModelProfile, cluster: ClusterSpec) -> Plan:
     costs = table.for_candidate(cand)
     model = RankModel(ctx, cand, costs)
-    stages = balanced_stages(ctx, cand.pp * cand.virtual_stages)
+    num_stages = cand.pp * cand.virtual_stages
+    pinned = ctx.request.stage_layers
+    stages = pinned_stages(ctx, num_stages, pinned) if pinned else balanced_stages(ctx, num_stages)
     sols = []
     for r in range(cand.pp):
         layers = sorted(i for s in range(r, len(stages), cand.pp) for i in stages[s])

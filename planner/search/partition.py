@@ -300,6 +300,29 @@ def _solve(ctx: Context, cand: Candidate, costs: list[LayerCost], cache: dict | 
     return sols, [s.layers for s in sols], 0.0
 
 
+def pinned_stages(ctx: Context, num_stages: int, counts: tuple[int, ...]) -> list[list[int]]:
+    """The layers in consecutive stages of the given sizes, in model order (the request's stage_layers:
+    the boundaries a config file pins, e.g. torchtitan's module_fqns_per_model_part); the embedding and
+    the head count as one layer each."""
+    n = len(ctx.layers)
+    shown = ",".join(str(c) for c in counts)
+    if len(counts) != num_stages:
+        raise MeshplanError(
+            f"--stage-layers {shown}: {len(counts)} stages, but pp x virtual stages is {num_stages}; "
+            "give one count per stage"
+        )
+    if min(counts) < 1 or sum(counts) != n:
+        raise MeshplanError(
+            f"--stage-layers {shown}: each stage needs at least one layer and the counts must add up to the "
+            f"model's {n} layers (the embedding and the head count as one each; `meshplan profile` lists them)"
+        )
+    stages, start = [], 0
+    for count in counts:
+        stages.append(list(range(start, start + count)))
+        start += count
+    return stages
+
+
 def balanced_stages(ctx: Context, num_stages: int) -> list[list[int]]:
     """Blocks split as evenly as possible (extra blocks to the middle stages first)."""
     n = len(ctx.layers)
