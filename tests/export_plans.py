@@ -1,8 +1,9 @@
-"""The nine plans the export tests feed to the real tools, made through the CLI with the closed-form models
+"""The plans the export tests feed to the real tools, made through the CLI with the closed-form models
 (each plans in well under a second): GPT-3 175B on 1024 A100, Llama-3 70B on 64 H100 with --tp 8, Llama-3
 8B FSDP under torchtitan, GPT-3 13B ZeRO-3 + CPU offload and + NVMe parameter offload (ZeRO-Infinity)
 under DeepSpeed, an interleaved Megatron-Core
-estimate, a DeepSpeed ZeRO-2 plan, Llama-3 8B tp 2 under DeepSpeed, Llama-3 70B fp8 under Megatron-Core."""
+estimate, a DeepSpeed ZeRO-2 plan, Llama-3 8B tp 2 under DeepSpeed, Llama-3 70B fp8 under Megatron-Core, Llama-3
+70B interleaved over pp 4 x tp 2 under torchtitan (its searched stage boundaries uneven)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,10 @@ PLAN_ARGS: dict[str, list[str]] = {
                                 "--runtime", "deepspeed"],
     "llama3-70b-fp8-megatron-core": ["plan", *LLAMA_70B, *H100, "--num-gpus", "64", "--global-batch", "128",
                                      "--precision", "fp8", "--runtime", "megatron-core"],
+    # searched, uneven stage boundaries (torchtitan runs module_fqns_per_model_part as given)
+    "llama3-70b-pp4-interleaved-torchtitan": ["plan", *LLAMA_70B, *H100, "--num-gpus", "64", "--global-batch",
+                                              "128", "--pp", "4", "--tp", "2", "--schedule", "interleaved",
+                                              "--runtime", "torchtitan"],
 }  # fmt: skip
 
 HF_PLAN_ARGS: dict[str, list[str]] = {

@@ -1,4 +1,4 @@
-"""Every export of ten real plans (nine of the closed-form models, one of an HF config) fed to the target tool's own validation, with the world size and topology
+"""Every export of twelve real plans (eleven of the closed-form models, one of an HF config) fed to the target tool's own validation, with the world size and topology
 its launch line builds, and every value the tool derives compared with the plan (tests/export_tool_checks.py
 runs inside the tools' venv, `make export-tools`: DeepSpeed with ops not built, accelerate, Megatron-Core,
 torchtitan). `make test` builds that venv first, so in CI these never skip; elsewhere, without it, they skip

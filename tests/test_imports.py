@@ -5,6 +5,7 @@ the whole plan; hand-written configs (tests/fixtures/imports) predict what they 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -452,3 +453,48 @@ def test_a_bf16_reduction_exported_to_torchtitan_is_warned(tmp_path):
         files = export_plan(predict(*cli_inputs(["estimate", *flags, *extra])), "torchtitan")
         warned.append(any("mixed_precision_reduce takes float32 only" in t for t in files.values()))
     assert warned == [False, True]
+
+
+@pytest.mark.parametrize("target", ["torchtitan", "torchtitan-0.2"])
+def test_torchtitan_reads_back_the_stage_boundaries_it_runs(plans, tmp_path, target):
+    """torchtitan builds its stages from module_fqns_per_model_part as the export lists them, so the read-back
+    prices those boundaries (--stage-layers), not a balanced split: on the uneven searched split of the 70B
+    pp 4 x v 8 plan the balanced one is another step time and runs out of memory on the last rank."""
+    plan = plans["llama3-70b-pp4-interleaved-torchtitan"]
+    counts = [len(stage) for stage in plan.stages]
+    assert len(set(counts)) > 1  # uneven: what a balanced split would not reproduce
+    folder = tmp_path / target
+    folder.mkdir()
+    for f, text in export_plan(plan, *target.split("-")).items():
+        (folder / f).write_text(text)
+    got = read_config(str(folder / MAIN_FILE[target])).values
+    assert got["stage_layers"] == ",".join(map(str, counts))
+    readback = tmp_path / "readback.json"
+    code, _, err = run(["estimate", "--import", str(folder / MAIN_FILE[target]), "-q", "-o", str(readback)])
+    assert code == 0, err
+    back = json.loads(readback.read_text())
+    assert back["stages"] == plan.stages
+    assert back["prediction"]["peak_memory_bytes"] == pytest.approx(plan.prediction.peak_memory_bytes, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "virtual", "flag"),
+    [
+        ([4, 2, 2, 2], 1, "--decoder-first-pipeline-num-layers"),  # embed + 3 | 2 | 2 | 1 + head
+        ([2, 2, 2, 4], 1, "--decoder-first-pipeline-num-layers"),  # a heavier last stage
+        ([2, 3, 3, 2, 1, 1, 1, 3], 2, "--pipeline-model-parallel-layout"),  # interleaved, uneven chunks
+    ],
+)
+def test_megatron_reads_back_its_uneven_pipeline_flags(tmp_path, sizes, virtual, flag):
+    """Megatron-LM builds uneven stages from --decoder-first/last-pipeline-num-layers or an explicit
+    --pipeline-model-parallel-layout; the read-back prices those stages (--stage-layers), not an even split."""
+    from report_fixtures import gpt_plan, split
+
+    schedule = "Interleaved1F1B" if virtual > 1 else "1F1B"
+    plan = gpt_plan(pp=4, virtual=virtual, schedule=schedule, blocks=sum(sizes) - 2)
+    plan = dataclasses.replace(plan, model_family="gpt", stages=split(plan.layers, sizes))
+    files = export_plan(plan, "megatron")
+    assert flag in files["megatron_args.sh"]
+    (tmp_path / "megatron_args.sh").write_text(files["megatron_args.sh"])
+    got = read_config(str(tmp_path / "megatron_args.sh")).values
+    assert got["stage_layers"] == ",".join(map(str, sizes))

@@ -21,7 +21,8 @@ class Imported:
     """What the file does not say and what meshplan assumes instead (printed as warnings)."""
 
     KNOBS = (
-        "tp", "pp", "dp", "cp", "microbatch", "schedule", "virtual_stages", "recompute", "recompute_num_layers",
+        "tp", "pp", "dp", "cp", "microbatch", "schedule", "virtual_stages", "stage_layers", "recompute",
+        "recompute_num_layers",
         "zero", "sequence_parallel", "dp_shard", "offload",
     )  # fmt: skip
     """The values a search is free to change (`plan --import` searches them; `estimate` pins them)."""

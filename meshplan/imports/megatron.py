@@ -115,6 +115,43 @@ def _model(args: dict, values: dict[str, Any]) -> None:
     values["overrides"] = [f"{k}={v}" for k, v in shape.items()]
 
 
+def _stage_layers(args: dict, pp: int, v: int, notes: list[str]) -> str | None:
+    """--stage-layers of Megatron's uneven pipeline flags (the profile's layers per stage, the embedding
+    and the head one each): --pipeline-model-parallel-layout ("Et*3|t*4|...|t*3L"), the decoder's first
+    and last stage counts, or embedding and loss counted in an even split; None: blocks split evenly."""
+    blocks = _int(args, "--num-layers")
+    if pp <= 1 or blocks is None:
+        return None
+    layout = args.get("--pipeline-model-parallel-layout")
+    if isinstance(layout, str):
+        counts = []
+        for part in layout.split("|"):
+            hit = re.fullmatch(r"(E?)(?:t(?:\*(\d+))?)?(L?)", part.strip())
+            if hit is None:
+                notes.append(
+                    f"--pipeline-model-parallel-layout {layout}: beyond E, t*N and L; predicted as an even split"
+                )
+                return None
+            block_count = int(hit[2]) if hit[2] else (1 if "t" in part else 0)
+            counts.append(bool(hit[1]) + block_count + bool(hit[3]))
+        return ",".join(map(str, counts))
+    if "--account-for-embedding-in-pipeline-split" in args and "--account-for-loss-in-pipeline-split" in args:
+        stages, total = pp * v, blocks + 2
+        return ",".join([str(total // stages)] * stages) if total % stages == 0 else None
+    first, last = _int(args, "--decoder-first-pipeline-num-layers"), _int(args, "--decoder-last-pipeline-num-layers")
+    if v > 1 or (first is None and last is None):
+        return None
+    middle_stages = pp - (first is not None) - (last is not None)
+    rest = blocks - (first or 0) - (last or 0)
+    if middle_stages < 0 or (middle_stages and rest % middle_stages) or (not middle_stages and rest):
+        return None  # Megatron refuses it (arguments.py); priced as an even split
+    counts = [rest // middle_stages] * middle_stages if middle_stages else []
+    counts = ([first] if first is not None else []) + counts + ([last] if last is not None else [])
+    counts[0] += 1  # the embedding
+    counts[-1] += 1  # the head
+    return ",".join(map(str, counts))
+
+
 def read(path: Path, text: str, world: int | None = None) -> Imported:
     text = expand(text)
     args = flags(text)
@@ -132,6 +169,9 @@ def read(path: Path, text: str, world: int | None = None) -> Imported:
     values["schedule"] = "interleaved" if v > 1 else "1f1b"
     if v > 1:
         values["virtual_stages"] = v
+    stage_layers = _stage_layers(args, pp, v, notes)
+    if stage_layers:
+        values["stage_layers"] = stage_layers
     values["sequence_parallel"] = "--sequence-parallel" in args and tp > 1
     micro, global_batch = _int(args, "--micro-batch-size", 1), _int(args, "--global-batch-size")
     values["microbatch"] = micro

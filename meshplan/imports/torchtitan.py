@@ -117,6 +117,16 @@ def _recompute(ac: str | None, values: dict[str, Any], notes: list[str]) -> None
         values["recompute"] = "none" if text in ("none", "") else "full"
 
 
+TORCHTITAN_LAYERS = {"tok_embeddings": "embed", "norm": "head", "output": "head", "lm_head": "head"}
+"""torchtitan's Llama module names of meshplan's embed and head layers (the final norm and the output
+projection together are meshplan's head; 0.2 names it output, 0.3 lm_head); a block keeps its name."""
+
+
+def stage_layers(parts: list[list[str]]) -> str:
+    """--stage-layers of module_fqns_per_model_part: how many of the profile's layers each part holds."""
+    return ",".join(str(len({TORCHTITAN_LAYERS.get(fqn, fqn) for fqn in part})) for part in parts)
+
+
 def read(path: Path, text: str, world: int | None = None, function: str | None = None) -> Imported:
     values: dict[str, Any] = {}
     notes: list[str] = []
@@ -170,9 +180,11 @@ def read(path: Path, text: str, world: int | None = None, function: str | None =
             if schedule == "1F1B"
             else "gpipe"
         )
+        parts = par.get("module_fqns_per_model_part")
         if values["schedule"] == "interleaved":
-            parts = par.get("module_fqns_per_model_part")
             values["virtual_stages"] = len(parts) // pp if parts else 2
+        if parts:  # the boundaries torchtitan runs, priced as they are (else its even split: the balanced one)
+            values["stage_layers"] = stage_layers(parts)
     else:
         values.update(microbatch=local, schedule="1f1b")
     if "seq_len" in tr:
