@@ -401,7 +401,12 @@ ROWS: tuple[Row, ...] = (
     Row(
         name="sp_regather",
         meaning="sequence parallel re-gathers the layer input in backward (else keeps it gathered)",
-        flags="(--runtime)",
+        flags="--sp-regather / --no-sp-regather",
+        flag=_bool_flag(
+            "--sp-regather",
+            "sequence parallelism all-gathers each column-parallel linear's input again in backward (Megatron's "
+            "linears, also a Megatron-DeepSpeed model's) instead of keeping it gathered (DTensor SP)",
+        ),
     ),
     Row(
         name="selective_recompute",
@@ -509,7 +514,13 @@ ROWS: tuple[Row, ...] = (
         name="zero1_grad_collective",
         meaning="ZeRO-1's gradient exchange over the replicas: all_reduce (each rank then steps its partition), "
         "or reduce_scatter (each rank receives its partition's sum; the updated weights all-gathered after)",
-        flags="(--runtime)",
+        flags="--zero1-grad-collective",
+        flag=Flag(
+            name="--zero1-grad-collective",
+            choices=("all_reduce", "reduce_scatter"),
+            help="ZeRO-1's gradient exchange: all_reduce (torch ZeroRedundancyOptimizer, DeepSpeed) or "
+            "reduce_scatter (Megatron's distributed optimizer, which all-gathers the updated weights)",
+        ),
     ),
     Row(
         name="zero1_gather_overlaps",
@@ -589,7 +600,13 @@ ROWS: tuple[Row, ...] = (
         name="pp_scatter_gather",
         meaning="without sequence parallelism a pipeline boundary goes as 1/t from each tensor-parallel rank and "
         "is all-gathered on the receiving stage's node (else every tensor-parallel rank sends the whole replica)",
-        flags="(--runtime)",
+        flags="--pp-scatter-gather / --no-pp-scatter-gather",
+        flag=_bool_flag(
+            "--pp-scatter-gather",
+            "without sequence parallelism a pipeline boundary goes as 1/t from each tensor-parallel rank and is "
+            "all-gathered by the receiver (Megatron-LM; DeepSpeed's pipe_partitioned, its default) instead of "
+            "the whole replica from every tensor-parallel rank (torch pipelining)",
+        ),
     ),
     Row(
         name="free_stage_outputs",
@@ -1365,10 +1382,11 @@ RUNTIMES: dict[str, Runtime] = {
                 source="not known: deepspeed.initialize wraps the user's module (Megatron-DeepSpeed builds its own GPT)",
             ),
             "pp_scatter_gather": Behaviour(
-                value=False,
-                source="deepspeed/runtime/pipe/engine.py: priced as the whole replica sent from every tensor-parallel "
-                "rank (p2p send of the stage output); its is_pipe_partitioned split over a model-parallel grid "
-                "(PartitionedTensor) is not priced",
+                value=True,
+                source="deepspeed/runtime/pipe/engine.py: is_pipe_partitioned = is_model_parallel and "
+                "pipeline.pipe_partitioned (True by default, runtime/config.py get_pipeline_config): a stage sends "
+                "its output as a PartitionedTensor over the slice-parallel (tensor-parallel) group and the next "
+                "stage rebuilds it whole (PartitionedTensor.full); gradients likewise (grad_partitioned)",
             ),
             "free_stage_outputs": Behaviour(
                 value=False,

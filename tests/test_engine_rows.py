@@ -30,9 +30,10 @@ TORCH_ENGINES = ("meshplan", "torchtitan")
 MOVED_ROWS = {
     "zero1_grad_collective": {"megatron-lm": "reduce_scatter", "megatron-core": "reduce_scatter"},
     "sp_regather": {"megatron-lm": True, "megatron-core": True},
-    "pp_scatter_gather": {"megatron-lm": True, "megatron-core": True},
+    "pp_scatter_gather": {"megatron-lm": True, "megatron-core": True, "deepspeed": True},
 }
-"""The three engine rows that were StateLayout fields after the first three, and Megatron's value of each;
+"""The three engine rows that were StateLayout fields after the first three, and Megatron's value of each
+(and DeepSpeed's pipeline engine's: pipe_partitioned splits a boundary over the tensor-parallel group);
 every other runtime (torch's engines, DeepSpeed, Composer) has the other one."""
 OTHER = {"zero1_grad_collective": "all_reduce", "sp_regather": False, "pp_scatter_gather": False}
 
@@ -160,11 +161,43 @@ def _boundary_s(runtime: str, layout: str, sequence_parallel: bool = False) -> f
 @pytest.mark.parametrize("layout", tuple(runtimes.STATE_LAYOUTS))
 def test_pipeline_scatter_gather_is_megatrons_p2p(layout):
     """Without sequence parallelism Megatron-LM sends 1/t of a boundary from each TP rank and gathers it on
-    receipt; torch pipelining and DeepSpeed's pipeline engine send the whole replica, under any layout.
-    With sequence parallelism the boundary is split for every engine."""
+    receipt, and so does DeepSpeed's pipeline engine (pipe_partitioned, its default: a PartitionedTensor over
+    the tensor-parallel group); torch pipelining sends the whole replica, under any layout. With sequence
+    parallelism the boundary is split for every engine."""
     megatron, torch_pp, deepspeed = (_boundary_s(rt, layout) for rt in ("megatron-core", "meshplan", "deepspeed"))
     assert megatron > 0 and torch_pp > 0 and megatron != torch_pp
-    assert deepspeed == torch_pp == _boundary_s("torchtitan", layout)
+    assert deepspeed == megatron and torch_pp == _boundary_s("torchtitan", layout)
     assert _boundary_s("megatron-lm", layout) == megatron
     split = {_boundary_s(rt, layout, sequence_parallel=True) for rt in ("megatron-core", "meshplan", "deepspeed")}
     assert len(split) == 1
+
+
+FLAGS = ["--tp", "4", "--pp", "2", "--dp", "4", "--microbatch", "1", "--schedule", "1f1b", "--recompute", "full"]
+
+
+def _breakdown(runtime: str, *flags: str) -> dict:
+    """The step breakdown of a tp 4 x pp 2 x dp 4 ZeRO-1 GPT on 32 A100s under `runtime` and `flags`."""
+    import json
+
+    from test_imports import run
+
+    shape = ["--set", "layers=24", "hidden=4096", "heads=32", "vocab=51200", "seq=2048"]
+    argv = ["estimate", "--model", "analytic:gpt", *shape, "--cluster", "a100-80g", "--num-gpus", "32"]
+    code, out, err = run([*argv, "--global-batch", "64", *FLAGS, "--zero", "1", "--runtime", runtime, *flags, "--json"])
+    assert code == 0, err
+    return json.loads(out)["breakdown"]
+
+
+def test_the_engine_rows_have_flags_for_an_engine_between_two():
+    """Megatron-DeepSpeed runs DeepSpeed's engine over Megatron's layers: --sp-regather prices Megatron's
+    backward re-gather under --runtime deepspeed, --zero1-grad-collective reduce_scatter its distributed
+    optimizer, --no-pp-scatter-gather DeepSpeed's pipe_partitioned false."""
+    sp = _breakdown("deepspeed", "--sequence-parallel")
+    assert _breakdown("deepspeed", "--sequence-parallel", "--sp-regather")["tp_comm"] > sp["tp_comm"]
+    whole = _breakdown("deepspeed", "--no-sequence-parallel")
+    assert _breakdown("deepspeed", "--no-sequence-parallel", "--no-pp-scatter-gather")["pp_comm"] > whole["pp_comm"]
+    assert (
+        whole["pp_comm"] == _breakdown("megatron-core", "--no-sequence-parallel", "--state-layout", "zero")["pp_comm"]
+    )
+    scattered = _breakdown("deepspeed", "--no-sequence-parallel", "--zero1-grad-collective", "reduce_scatter")
+    assert scattered["dp_comm"] < whole["dp_comm"]

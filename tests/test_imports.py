@@ -498,3 +498,26 @@ def test_megatron_reads_back_its_uneven_pipeline_flags(tmp_path, sizes, virtual,
     (tmp_path / "megatron_args.sh").write_text(files["megatron_args.sh"])
     got = read_config(str(tmp_path / "megatron_args.sh")).values
     assert got["stage_layers"] == ",".join(map(str, sizes))
+
+
+@pytest.mark.parametrize("partitioned", [True, False])
+def test_deepspeed_pipe_partitioning_is_written_and_read_back(tmp_path, partitioned):
+    """DeepSpeed's pipeline engine splits a stage boundary over the tensor-parallel group by default
+    (pipeline.pipe_partitioned); a plan priced sending it whole (--no-pp-scatter-gather) exports
+    pipe_partitioned false, and the read-back prices what the file says."""
+    shape = ["--set", "layers=24", "hidden=4096", "heads=32", "vocab=51200", "seq=2048"]
+    pins = ["--tp", "4", "--pp", "2", "--dp", "4", "--microbatch", "1", "--schedule", "1f1b", "--recompute", "full"]
+    argv = ["estimate", "--model", "analytic:gpt", *shape, "--cluster", "a100-80g", "--num-gpus", "32"]
+    argv += ["--global-batch", "64", *pins, "--zero", "1", "--runtime", "deepspeed", "--no-sequence-parallel"]
+    flag = [] if partitioned else ["--no-pp-scatter-gather"]
+    code, _, err = run([*argv, *flag, "-q", "-o", str(tmp_path / "plan.json")])
+    assert code == 0, err
+    folder = tmp_path / "ds"
+    assert run(["export", str(tmp_path / "plan.json"), "--to", "deepspeed", "-o", str(folder)])[0] == 0
+    config = json.loads((folder / "ds_config.json").read_text())
+    assert ("pipeline" in config) == (not partitioned)
+    if not partitioned:
+        assert config["pipeline"] == {"pipe_partitioned": False, "grad_partitioned": False}
+    assert read_config(str(folder / "ds_config.json")).values.get("pp_scatter_gather", True) == partitioned
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert estimate(folder / "ds_config.json", tmp_path) == pytest.approx(plan["prediction"]["step_time_s"], rel=1e-9)

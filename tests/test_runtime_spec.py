@@ -55,11 +55,14 @@ def test_the_fsdp_gather_width_is_resolved_once():
 
 def test_the_engine_rows_that_left_the_layout_keep_what_each_runtimes_own_layout_priced():
     """zero1_grad_collective, sp_regather and pp_scatter_gather were StateLayout fields, Megatron's under the
-    megatron layout: each runtime's row gives what its own layout priced, so its plans do not move."""
+    megatron layout: each runtime's row gives what its own layout priced, so its plans do not move; but for
+    DeepSpeed's pipeline engine, which splits a boundary over the tensor-parallel group (pipe_partitioned,
+    its default), where the zero layout had priced the whole replica."""
     for rt in RUNTIMES.values():
         megatron = rt.value("state_layout") == "megatron"
         got = tuple(rt.value(k) for k in ("zero1_grad_collective", "sp_regather", "pp_scatter_gather"))
-        assert got == (("reduce_scatter", True, True) if megatron else ("all_reduce", False, False)), rt.name
+        expected = ("reduce_scatter", True, True) if megatron else ("all_reduce", False, rt.name == "deepspeed")
+        assert got == expected, rt.name
         spec = _ctx(**request_behaviours(rt.name, {})).spec
         assert (spec.zero1_grad_collective, spec.sp_regather, spec.pp_scatter_gather) == got, rt.name
 

@@ -57,6 +57,16 @@ def read_reduction(zero: dict, stage: int, values: dict[str, Any]) -> None:
         values.setdefault("zero2_grad_collective", "reduce_scatter")
 
 
+def read_pipeline(data: dict, values: dict[str, Any]) -> None:
+    """pipeline.pipe_partitioned false: the pipeline engine sends each stage boundary whole from every
+    tensor-parallel rank (--no-pp-scatter-gather; DeepSpeed's default splits it over them). Not read where
+    a meshplan estimate line names another runtime (read_reduction)."""
+    if values.get("runtime", "deepspeed") != "deepspeed":
+        return
+    if (data.get("pipeline") or {}).get("pipe_partitioned") is False:
+        values.setdefault("pp_scatter_gather", False)
+
+
 def autotp_size(data: dict) -> int:
     """tensor_parallel.autotp_size (1 where absent or 0)."""
     return int((data.get("tensor_parallel") or {}).get("autotp_size", 0) or 0) or 1
@@ -135,6 +145,7 @@ def read(path: Path, text: str, world: int | None = None) -> Imported:
         values["dp_shard"] = dp
     read_offload(zero, stage, values)
     read_reduction(zero, stage, values)
+    read_pipeline(data, values)
     read_precision(data, values, notes)
     values["recompute"] = "full" if data.get("activation_checkpointing") else "none"
     if data.get("activation_checkpointing"):

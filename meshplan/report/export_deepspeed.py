@@ -198,6 +198,17 @@ def communication_data_type(plan: Plan) -> str | None:
     return "fp32" if sixteen_bit and priced == 4 else None  # an fp32 run is priced and run at fp32
 
 
+def pipe_partitioned(plan: Plan) -> bool:
+    """pipeline.pipe_partitioned / grad_partitioned: DeepSpeed's pipeline engine sends a stage boundary (and
+    its gradient) split over the tensor-parallel group and gathers it on the receiver by default
+    (runtime/pipe/engine.py is_pipe_partitioned); False only where a --runtime deepspeed pipeline with
+    tensor parallelism was priced sending the whole replica (--no-pp-scatter-gather)."""
+    if plan.runtime not in ec.TARGET_RUNTIMES["deepspeed"]:
+        return True
+    tp_pipeline = plan.pipeline_parallel_degree > 1 and plan.tensor_parallel_degree > 1
+    return not tp_pipeline or bool(_behaviours(plan).get("pp_scatter_gather", True))
+
+
 def deepspeed_config(plan: Plan, warnings: list[str]) -> dict:
     dp = deepspeed_dp(plan)
     if plan.context_parallel_degree > 1:
@@ -231,6 +242,8 @@ def deepspeed_config(plan: Plan, warnings: list[str]) -> dict:
     wire = communication_data_type(plan)
     if wire is not None:
         config["communication_data_type"] = wire
+    if not pipe_partitioned(plan):
+        config["pipeline"] = {"pipe_partitioned": False, "grad_partitioned": False}
     _pipeline_warnings(plan, warnings)
     warnings.extend(ec.method_warnings(plan, "deepspeed"))
     checkpointing = _activation_checkpointing(plan)
