@@ -250,6 +250,17 @@ def test_accelerate_warns_when_its_engine_is_not_the_priced_one(runtime, zero):
         assert warns == []
 
 
+def test_accelerate_drops_the_pipeline_engines_settings():
+    """A DeepSpeed pipeline plan priced sending whole boundaries writes pipeline.pipe_partitioned false for
+    DeepSpeed's pipeline engine; accelerate runs no PipelineModule (the pipeline ranks become data parallel),
+    so its ds_config.json carries none of it."""
+    plan = dataclasses.replace(gpt_plan(pp=2, dp_replicate=2, tp=2, zero=1), runtime="deepspeed")
+    plan = dataclasses.replace(plan, runtime_behaviours={**plan.runtime_behaviours, "pp_scatter_gather": False})
+    assert json.loads(export_plan(plan, "deepspeed")["ds_config.json"])["pipeline"]["pipe_partitioned"] is False
+    ds = json.loads(export_plan(plan, "accelerate")["ds_config.json"])
+    assert "pipeline" not in ds and "activation_checkpointing" not in ds
+
+
 def test_what_cannot_be_expressed_is_said_in_every_output():
     plan = uneven_plan()  # uneven stages, per-layer recompute, PowerSGD
     for target in EXPORT_TARGETS:

@@ -127,6 +127,7 @@ def deepspeed_file(plan: Plan, lay: AccelerateLayout) -> dict:
     config["gradient_accumulation_steps"] = lay.accumulation
     config["zero_optimization"]["stage"] = lay.zero
     config.pop("activation_checkpointing", None)  # read by deepspeed.checkpointing, which accelerate never configures
+    config.pop("pipeline", None)  # the pipeline engine's settings: accelerate runs no PipelineModule
     if lay.tp > 1:  # AutoTP also where a pipeline was folded away (export_deepspeed writes it for pp = 1 only)
         config["tensor_parallel"] = {"autotp_size": lay.tp}
     return config
