@@ -340,6 +340,19 @@ def runtime_behaviours(o: PlanOptions, cluster: ClusterSpec, precision: str, war
         warnings.append(
             f"--zero {o.zero}: runtime {rt.name} implements ZeRO {rt.value('zero_stages')}; predicted as pinned"
         )
+    beside_pp = out["pipeline_zero_stages"]
+    if o.zero is not None and (o.pp or 1) > 1 and beside_pp is not None and o.zero not in beside_pp:
+        warnings.append(
+            f"--zero {o.zero} with --pp {o.pp}: runtime {rt.name} runs ZeRO {'/'.join(map(str, beside_pp))} only "
+            f"beside pipeline parallelism ({rt.behaviours['pipeline_zero_stages'].source}); predicted as pinned, but "
+            f"it will not run there: use --zero {max(beside_pp)} or --pp 1"
+        )
+    schedules = out["pipeline_schedules"]
+    if o.schedule and (o.pp or 1) > 1 and schedules is not None and schedule_name(o.schedule) not in schedules:
+        warnings.append(
+            f"--schedule {o.schedule}: runtime {rt.name} runs {', '.join(schedules)} only "
+            f"({rt.behaviours['pipeline_schedules'].source}); predicted as pinned, but it will not run there"
+        )
     if o.zero == 0 and (o.tp or 1) * (o.pp or 1) * (o.cp or 1) > 1 and not out["ddp_beside_model_parallel"]:
         warnings.append(
             f"--zero 0 with --tp/--pp/--cp: runtime {rt.name} runs DDP only on pure data parallelism "

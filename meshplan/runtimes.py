@@ -130,6 +130,9 @@ class StateLayout:
         return self.weight_bytes, self.grad_bytes, self.optimizer_bytes
 
 
+TORCH_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
+"""torch.distributed.pipelining's schedules meshplan knows (meshplan/feasibility.py SCHEDULES)."""
+
 DEEPSPEED_REDUCE_BUCKET_ELEMS = 500_000_000
 """DeepSpeed's default zero_optimization.reduce_bucket_size (deepspeed/runtime/zero/config.py)."""
 
@@ -345,6 +348,17 @@ ROWS: tuple[Row, ...] = (
         name="zero_stages",
         meaning="ZeRO / FSDP stages the runtime implements (the search tries only these)",
         flags="--zero (pins one)",
+    ),
+    Row(
+        name="pipeline_zero_stages",
+        meaning="ZeRO / FSDP stages the runtime runs beside pipeline parallelism (the search tries only these "
+        "with pp > 1)",
+        flags="--zero (pins one; a warning where the runtime refuses it)",
+    ),
+    Row(
+        name="pipeline_schedules",
+        meaning="pipeline schedules the runtime runs (the search tries only these)",
+        flags="--schedule (pins one; a warning where the runtime has no such schedule)",
     ),
     Row(
         name="ddp_beside_model_parallel",
@@ -732,6 +746,11 @@ RUNTIMES: dict[str, Runtime] = {
             "zero_stages": Behaviour(
                 value=(0, 1, 2, 3), source="executor: DDP, ZeroRedundancyOptimizer, FSDP2 fully_shard"
             ),
+            "pipeline_zero_stages": Behaviour(
+                value=(0, 1, 2, 3),
+                source="executor: DDP, ZeroRedundancyOptimizer or FSDP2 on each pipeline stage's module",
+            ),
+            "pipeline_schedules": Behaviour(value=TORCH_SCHEDULES, source="executor: torch.distributed.pipelining"),
             "ddp_beside_model_parallel": Behaviour(
                 value=True,
                 source="executor: DDP on each pipeline stage; tensor-parallel replicas through ReplicaGradReducer",
@@ -872,6 +891,13 @@ RUNTIMES: dict[str, Runtime] = {
                 "Under PP its default fsdp_reshard_after_forward keeps parameters gathered: a default torchtitan "
                 "PP run is --zero 2 (a ZeRO-3 plan exports 'always')",
             ),
+            "pipeline_zero_stages": Behaviour(
+                value=(0, 2, 3), source="parallelize_llama applies DDP or FSDP2 to each pipeline stage's model part"
+            ),
+            "pipeline_schedules": Behaviour(
+                value=TORCH_SCHEDULES,
+                source="parallelism.pipeline_parallel_schedule: a torch.distributed.pipelining schedule by name",
+            ),
             "ddp_beside_model_parallel": Behaviour(
                 value=False,
                 source="torchtitan parallelize_llama: apply_ddp only on a 1-D mesh (it raises 'DDP has not "
@@ -1006,6 +1032,12 @@ RUNTIMES: dict[str, Runtime] = {
                 "blocks per stage; the export says where a plan's per-layer choice is not expressible",
             ),
             "zero_stages": Behaviour(value=(0,), source="no distributed optimizer before 2022 (Narayanan 2021 Sec 5)"),
+            "pipeline_zero_stages": Behaviour(value=(0,), source="no distributed optimizer before 2022"),
+            "pipeline_schedules": Behaviour(
+                value=("1F1B", "Interleaved1F1B"),
+                source="megatron/schedules.py: forward_backward_pipelining_without_interleaving (1F1B) and "
+                "_with_interleaving (virtual stages); no GPipe",
+            ),
             "ddp_beside_model_parallel": Behaviour(
                 value=True, source="Megatron's DistributedDataParallel over the data-parallel group of any layout"
             ),
@@ -1128,6 +1160,14 @@ RUNTIMES: dict[str, Runtime] = {
                 "blocks per stage; the export says where a plan's per-layer choice is not expressible",
             ),
             "zero_stages": Behaviour(value=(0, 1), source="DDP or --use-distributed-optimizer (ZeRO-1 style)"),
+            "pipeline_zero_stages": Behaviour(
+                value=(0, 1), source="DDP or the distributed optimizer on every pipeline rank"
+            ),
+            "pipeline_schedules": Behaviour(
+                value=("1F1B", "Interleaved1F1B"),
+                source="megatron/core/pipeline_parallel/schedules.py get_forward_backward_func: 1F1B without, "
+                "interleaved with virtual pipeline stages; no GPipe",
+            ),
             "ddp_beside_model_parallel": Behaviour(
                 value=True, source="Megatron-Core's DistributedDataParallel over the data-parallel group of any layout"
             ),
@@ -1265,6 +1305,16 @@ RUNTIMES: dict[str, Runtime] = {
                 "full blocks, checkpoint_blocks); PipelineModule's activation_checkpoint_interval is one interval",
             ),
             "zero_stages": Behaviour(value=(0, 1, 2, 3), source="zero_optimization.stage 0-3"),
+            "pipeline_zero_stages": Behaviour(
+                value=(0, 1),
+                source="runtime/pipe/engine.py PipelineEngine.__init__ asserts the ZeRO stage is below "
+                "ZeroStageEnum.gradients ('ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism')",
+            ),
+            "pipeline_schedules": Behaviour(
+                value=("1F1B",),
+                source="runtime/pipe/schedule.py TrainSchedule: one forward and one backward in the steady state, "
+                "one PipelineModule stage per rank",
+            ),
             "ddp_beside_model_parallel": Behaviour(
                 value=True, source="engine's data-parallel group beside Megatron-DeepSpeed's TP and its pipeline engine"
             ),
@@ -1446,6 +1496,8 @@ RUNTIMES: dict[str, Runtime] = {
                 value=(0, 2, 3),
                 source="Composer: DDP without fsdp_config, FSDP SHARD_GRAD_OP (2), FULL_SHARD / HYBRID_SHARD (3)",
             ),
+            "pipeline_zero_stages": Behaviour(value=(0, 2, 3), source="no pipeline parallelism"),
+            "pipeline_schedules": Behaviour(value=("1F1B",), source="no pipeline parallelism"),
             "ddp_beside_model_parallel": Behaviour(value=False, source="no model parallelism"),
             "hybrid_shard": Behaviour(value=True, source="fsdp_config.sharding_strategy HYBRID_SHARD (Composer FSDP)"),
             "fsdp_gather_bytes": Behaviour(

@@ -75,6 +75,12 @@ class PlanRequest:
     None keeps the profile's."""
     zero_stages: tuple[int, ...] | None = None
     """ZeRO stages the runtime implements (the search tries only these); None: 0-3."""
+    pipeline_zero_stages: tuple[int, ...] | None = None
+    """ZeRO stages the runtime runs beside pipeline parallelism (DeepSpeed's pipeline engine: 0 and 1);
+    None: zero_stages."""
+    pipeline_schedules: tuple[str, ...] | None = None
+    """Pipeline schedules the runtime runs (torch.distributed.pipelining names; Megatron: 1F1B and
+    Interleaved1F1B, DeepSpeed: 1F1B); None: every schedule meshplan knows."""
     ddp_beside_model_parallel: bool = True
     """ZeRO-0 replicas (DDP) run beside tensor, pipeline or context parallelism; False (torchtitan,
     whose apply_ddp takes a 1-D mesh only): the search tries ZeRO-0 only where tp = pp = cp = 1,

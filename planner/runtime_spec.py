@@ -71,6 +71,10 @@ class RuntimeSpec:
     cp_kv_exchange: str
     """"ring" (p2p per step at kv_heads) or "all_gather" (torch context_parallel, all heads)."""
     zero_stages: tuple[int, ...] | None
+    pipeline_zero_stages: tuple[int, ...] | None
+    """ZeRO stages beside pipeline parallelism; None: zero_stages."""
+    pipeline_schedules: tuple[str, ...] | None
+    """Pipeline schedules the runtime runs; None: all."""
     ddp_beside_model_parallel: bool
     hybrid_shard: bool
     """ZeRO-2/3 over dp_replicate x dp_shard (HSDP); else only over every data-parallel rank."""

@@ -94,6 +94,11 @@ def _schedules(ctx: Context, pp: int, m: int, rej: Rejects, fam: str) -> list[tu
         name = schedule_name(req.schedule) if req.schedule else "1F1B"
         return [("1F1B" if name not in ("GPipe", "1F1B") else name, 1)]
     names = [schedule_name(req.schedule)] if req.schedule else ["1F1B", "Interleaved1F1B", "GPipe"]
+    runs = ctx.spec.pipeline_schedules
+    if runs is not None and not req.schedule:  # a pinned schedule is priced as pinned (the CLI warns)
+        for name in [n for n in names if n not in runs]:
+            rej.add(fam, f"runtime {req.runtime} has no {name} schedule (behaviour pipeline_schedules)")
+        names = [n for n in names if n in runs]
     out = []
     for name in names:
         if name in ("GPipe", "1F1B"):
@@ -199,6 +204,13 @@ def candidates(ctx: Context, rej: Rejects) -> list[Candidate]:
                 continue
             m = per_replica // b
             zeros = _pick(req.zero, list(req.zero_stages or (0, 1, 2, 3)) if dp > 1 else [0])
+            beside_pp = ctx.spec.pipeline_zero_stages
+            if pp > 1 and beside_pp is not None and req.zero is None and any(z not in beside_pp for z in zeros):
+                refused = "/".join(str(z) for z in zeros if z not in beside_pp)
+                rej.add(
+                    fam, f"runtime {req.runtime} runs no ZeRO-{refused} with pp > 1 (behaviour pipeline_zero_stages)"
+                )
+                zeros = [z for z in zeros if z in beside_pp]
             if (
                 not ctx.spec.ddp_beside_model_parallel
                 and 0 in zeros

@@ -115,7 +115,14 @@ def prediction(ctx: Context, cand: Candidate, sols: list[RankSolution]) -> Predi
 def runtime_behaviours(request) -> dict:
     """The request's behaviour fields as the Plan records them (meshplan/runtimes.py)."""
     out = {key: getattr(request, key) for key in REQUEST_FIELDS}
-    for key in ("zero_stages", "offload_methods", "also_runs", "model_parallel"):
+    for key in (
+        "zero_stages",
+        "pipeline_zero_stages",
+        "pipeline_schedules",
+        "offload_methods",
+        "also_runs",
+        "model_parallel",
+    ):
         out[key] = list(out[key]) if out[key] is not None else None
     return out
 
