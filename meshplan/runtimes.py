@@ -429,14 +429,16 @@ ROWS: tuple[Row, ...] = (
     ),
     Row(
         name="recompute_assignments",
-        meaning="which recompute assignments over the blocks the runtime runs: any mode per block, or one mode on every block",
+        meaning="which recompute assignments over the blocks the runtime runs: any mode per block, one mode on "
+        "every block, or one granularity (selective on every block, or full on some and none on the rest)",
         flags="--recompute-assignments",
         flag=Flag(
             name="--recompute-assignments",
-            choices=("per-layer", "uniform"),
+            choices=("per-layer", "uniform", "granularity"),
             help="per-layer: the search picks none/selective/full per layer; uniform: one mode on every block "
-            "(and none elsewhere), as torchtitan's activation checkpointing runs",
-            to_request={"per-layer": "per_layer", "uniform": "uniform"},
+            "(and none elsewhere), as torchtitan's activation checkpointing runs; granularity: selective on every "
+            "block or full on some of them, as Megatron's --recompute-granularity runs",
+            to_request={"per-layer": "per_layer", "uniform": "uniform", "granularity": "granularity"},
         ),
     ),
     Row(
@@ -1026,10 +1028,10 @@ RUNTIMES: dict[str, Runtime] = {
             ),
             "uniform_stages": Behaviour(value=True, source="Megatron-LM: num_layers divisible by pp x v, equal chunks"),
             "recompute_assignments": Behaviour(
-                value="per_layer",
-                known=False,
-                source="not modelled: --recompute-granularity is one mode, --recompute-method block the first N "
-                "blocks per stage; the export says where a plan's per-layer choice is not expressible",
+                value="granularity",
+                source="--recompute-granularity is one mode: selective recomputes every block's attention core, "
+                "full the blocks --recompute-method picks (block: the first --recompute-num-layers of each stage); "
+                "a mix of full blocks per rank the export cannot write as one N says so",
             ),
             "zero_stages": Behaviour(value=(0,), source="no distributed optimizer before 2022 (Narayanan 2021 Sec 5)"),
             "pipeline_zero_stages": Behaviour(value=(0,), source="no distributed optimizer before 2022"),
@@ -1154,10 +1156,10 @@ RUNTIMES: dict[str, Runtime] = {
             ),
             "uniform_stages": Behaviour(value=True, source="even split by default (uneven first/last stage is opt-in)"),
             "recompute_assignments": Behaviour(
-                value="per_layer",
-                known=False,
-                source="not modelled: --recompute-granularity is one mode, --recompute-method block the first N "
-                "blocks per stage; the export says where a plan's per-layer choice is not expressible",
+                value="granularity",
+                source="--recompute-granularity is one mode: selective recomputes every block's attention core, "
+                "full the blocks --recompute-method picks (block: the first --recompute-num-layers of each stage); "
+                "a mix of full blocks per rank the export cannot write as one N says so",
             ),
             "zero_stages": Behaviour(value=(0, 1), source="DDP or --use-distributed-optimizer (ZeRO-1 style)"),
             "pipeline_zero_stages": Behaviour(

@@ -15,6 +15,7 @@ excess is exposed.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from meshplan.model_profile import LayerProfile
@@ -249,25 +250,42 @@ def allowed_modes(ctx: Context, layer: LayerProfile) -> tuple[str, ...]:
     return (pin,) if pin in modes else ("none",)
 
 
+FULL_OR_NONE = "full_or_none"
+"""The policy of a runtime with one recompute granularity (recompute_assignments "granularity"): full
+recompute on some blocks, none on the rest (Megatron's --recompute-granularity full, --recompute-method
+block / uniform)."""
+
+
 def recompute_policies(ctx: Context) -> tuple[str | None, ...]:
     """The recompute assignments the search chooses among: (None,) is each layer its own mode (allowed_modes);
     under a runtime that runs one mode on every block (RuntimeSpec.recompute_assignments "uniform",
-    torchtitan), each mode a block allows, in RECOMPUTE_ORDER: that mode on every block, none elsewhere."""
-    if ctx.spec.recompute_assignments != "uniform":
+    torchtitan), each mode a block allows, in RECOMPUTE_ORDER: that mode on every block, none elsewhere;
+    under one granularity ("granularity", Megatron: --recompute-granularity selective applies to every block,
+    full to the blocks --recompute-method picks), none, selective on every block, or full on any of them."""
+    if ctx.spec.recompute_assignments not in ("uniform", "granularity"):
         return (None,)
     modes = {m for layer in ctx.layers if layer.tp.kind == "block" for m in allowed_modes(ctx, layer)}
-    return tuple(m for m in ("none", "selective", "full") if m in modes) or ("none",)
+    uniform = tuple(m for m in ("none", "selective", "full") if m in modes) or ("none",)
+    if ctx.spec.recompute_assignments == "uniform" or "full" not in modes:
+        return uniform
+    return tuple(m for m in uniform if m != "full") + (FULL_OR_NONE,)
+
+
+def policy_modes(policy: str | None, modes: Iterable[str]) -> list[str]:
+    """The modes of `modes` a block may take under `policy` (None: all; FULL_OR_NONE: full or none)."""
+    allowed = set(modes) if policy is None else {"full", "none"} if policy == FULL_OR_NONE else {policy}
+    return [m for m in modes if m in allowed]
 
 
 def restrict(ctx: Context, costs: list[LayerCost], policy: str | None) -> list[LayerCost]:
-    """`costs` with only the mode `policy` assigns each layer (recompute_policies; None: all of them)."""
+    """`costs` with only the modes `policy` assigns each layer (recompute_policies; None: all of them)."""
     if policy is None:
         return costs
     out = []
     for layer, cost in zip(ctx.layers, costs):
-        mode = policy if layer.tp.kind == "block" and policy in cost.modes else "none"
-        mode = mode if mode in cost.modes else next(iter(cost.modes))  # a pinned layer keeps its pin
-        out.append(dataclasses.replace(cost, modes={mode: cost.modes[mode]}))
+        kept = policy_modes(policy, cost.modes) if layer.tp.kind == "block" else []
+        kept = kept or (["none"] if "none" in cost.modes else [next(iter(cost.modes))])  # a pinned layer keeps its pin
+        out.append(dataclasses.replace(cost, modes={m: cost.modes[m] for m in kept}))
     return out
 
 

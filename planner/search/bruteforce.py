@@ -34,7 +34,7 @@ from meshplan.model_profile import ModelProfile
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.cost.memory import fits
 from meshplan.planner.cost.pipeline import p2p_per_microbatch_s
-from meshplan.planner.rank.layer_cost import CostTable, allowed_modes, recompute_policies, restrict
+from meshplan.planner.rank.layer_cost import CostTable, allowed_modes, policy_modes, recompute_policies, restrict
 from meshplan.planner.rank.stages import RankModel
 from meshplan.planner.request import PlanRequest
 from meshplan.planner.search import tuning
@@ -95,17 +95,21 @@ class _Clock:
                 raise OutOfTime
 
 
-def layer_mode_counts(ctx: Context) -> list[int]:
-    """Recompute choices per layer: the keys layer_cost gives every LayerCost.modes."""
-    return [len(allowed_modes(ctx, layer)) for layer in ctx.layers]
+def _policy_mode_count(ctx: Context, layer, policy: str | None) -> int:
+    """How many recompute modes `layer` may take under `policy` (layer_cost.restrict: at least one)."""
+    modes = allowed_modes(ctx, layer)
+    if policy is None:
+        return len(modes)
+    return max(len(policy_modes(policy, modes)), 1) if layer.tp.kind == "block" else 1
 
 
 def count_plans(ctx: Context, cands: list[Candidate] | None = None) -> int:
     """Exact number of plans in the space (a Python int, astronomically large for big models)."""
     cands = candidates(ctx, Rejects()) if cands is None else cands
     cands = cands + [alt for c in cands if (alt := tuning.variant(ctx, c)) is not None]
-    policies = recompute_policies(ctx)
-    per_split = math.prod(layer_mode_counts(ctx)) if policies == (None,) else len(policies)
+    per_split = sum(
+        math.prod(_policy_mode_count(ctx, layer, policy) for layer in ctx.layers) for policy in recompute_policies(ctx)
+    )
     num_layers = len(ctx.layers)
     return per_split * sum(math.comb(num_layers - 1, c.pp * c.virtual_stages - 1) for c in cands)
 
