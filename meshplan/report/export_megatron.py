@@ -88,6 +88,18 @@ def _recompute_flags(plan: Plan, warnings: list[str]) -> list[str]:
     block = _block_recompute_layers(plan)
     if block is not None:
         return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", str(block)]
+    counts = _full_blocks_per_stage(plan)
+    if counts and max(counts) > 0:  # full or none per block: the most any stage recomputes
+        most = max(counts)
+        flags = ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", str(most)]
+        if len(set(counts)) == 1:  # identical blocks: which of a stage's blocks are full does not change the cost
+            return flags
+        warnings.append(
+            f"per-layer recompute ({ec.recompute_text(plan)}): Megatron's --recompute-method block recomputes the same "
+            f"number of blocks in every (virtual) stage; exported the most any stage recomputes, {most} (stages "
+            "with fewer recompute more than predicted: slower, never more memory)"
+        )
+        return flags
     strongest = ec.strongest_recompute(plan)
     warnings.append(
         f"per-layer recompute ({ec.recompute_text(plan)}) is not expressible in Megatron-LM; "
@@ -121,6 +133,18 @@ def _block_recompute_layers(plan: Plan) -> int | None:
             return None
         ks.add(k)
     return ks.pop() if len(ks) == 1 else None
+
+
+def _full_blocks_per_stage(plan: Plan) -> list[int]:
+    """Fully recomputed blocks of each (virtual) stage where every block is full or none; [] where a block
+    takes another mode."""
+    counts = []
+    for stage in plan.stages:
+        modes = [plan.recompute.get(f, "none") for f in stage if ec.is_block(f)]
+        if any(mode not in ("full", "none") for mode in modes):
+            return []
+        counts.append(modes.count("full"))
+    return counts
 
 
 def _data_parallel_flags(plan: Plan, warnings: list[str]) -> list[str]:

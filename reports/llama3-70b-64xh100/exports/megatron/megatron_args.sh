@@ -3,7 +3,7 @@
 # plan decisions hash b9360acf90895bfe; mesh pp=8 dp_replicate=1 dp_shard=2 cp=1 tp=4
 # global batch 128 = micro 1 x accumulation 64 x data-parallel 2; seq_len 8192
 # predict it: meshplan estimate --import THIS_FILE --model llama3-70b --cluster h100-80g --runtime meshplan --elementwise fused --fused-projections
-# WARNING: per-layer recompute (full on 8, none on 72 of 80 blocks) is not expressible in Megatron-LM; exported full recompute on every block (slower than predicted, never more memory)
+# WARNING: per-layer recompute (full on 8, none on 72 of 80 blocks): Megatron's --recompute-method block recomputes the same number of blocks in every (virtual) stage; exported the most any stage recomputes, 4 (stages with fewer recompute more than predicted: slower, never more memory)
 # WARNING: ZeRO-2 maps to --use-distributed-optimizer, which shards optimizer states and reduce-scatters gradients but keeps a full gradient buffer (ZeRO-1 gradient memory)
 # WARNING: the prediction was made for runtime meshplan; megatron runs this plan with its own behaviours (README, Runtimes), so its step time and memory will differ: re-plan with --runtime megatron-lm or megatron-core
 # launch: run this on each of the 8 nodes (8 devices each) with NODE_RANK=0..7 and MASTER_ADDR=<node 0's address> set
@@ -35,8 +35,8 @@ MESHPLAN_ARGS=(
     --disable-bias-linear
     --untie-embeddings-and-output-weights
     --recompute-granularity full
-    --recompute-method uniform
-    --recompute-num-layers 1
+    --recompute-method block
+    --recompute-num-layers 4
     --use-distributed-optimizer
     --bf16
 )
