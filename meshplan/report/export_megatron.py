@@ -85,11 +85,8 @@ def _recompute_flags(plan: Plan, warnings: list[str]) -> list[str]:
         return ["--recompute-granularity", "selective"]
     if uniform == "full":
         return _recompute_flags_for("full", plan.recompute_num_layers)
-    block = _block_recompute_layers(plan)
-    if block is not None:
-        return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", str(block)]
     counts = _full_blocks_per_stage(plan)
-    if counts and max(counts) > 0:  # full or none per block: the most any stage recomputes
+    if counts:  # full or none per block, mixed (so some stage recomputes): the most any stage recomputes
         most = max(counts)
         flags = ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", str(most)]
         if len(set(counts)) == 1:  # identical blocks: which of a stage's blocks are full does not change the cost
@@ -121,18 +118,6 @@ def _recompute_flags_for(mode: str, num_layers: int = 1) -> list[str]:
             str(num_layers),
         ]
     return ["--recompute-granularity", "selective"]
-
-
-def _block_recompute_layers(plan: Plan) -> int | None:
-    """k when every (virtual) stage fully recomputes exactly its first k blocks and nothing else."""
-    ks = set()
-    for stage in plan.stages:
-        modes = [plan.recompute.get(f, "none") for f in stage if ec.is_block(f)]
-        k = next((i for i, mode in enumerate(modes) if mode != "full"), len(modes))
-        if any(mode != "none" for mode in modes[k:]):
-            return None
-        ks.add(k)
-    return ks.pop() if len(ks) == 1 else None
 
 
 def _full_blocks_per_stage(plan: Plan) -> list[int]:
