@@ -430,15 +430,23 @@ ROWS: tuple[Row, ...] = (
     Row(
         name="recompute_assignments",
         meaning="which recompute assignments over the blocks the runtime runs: any mode per block, one mode on "
-        "every block, or one granularity (selective on every block, or full on some and none on the rest)",
+        "every block, one granularity (selective on every block, or full on some and none on the rest), or any "
+        "mode per block without a pipeline and one mode on every block with one",
         flags="--recompute-assignments",
         flag=Flag(
             name="--recompute-assignments",
-            choices=("per-layer", "uniform", "granularity"),
+            choices=("per-layer", "uniform", "granularity", "interval"),
             help="per-layer: the search picks none/selective/full per layer; uniform: one mode on every block "
             "(and none elsewhere), as torchtitan's activation checkpointing runs; granularity: selective on every "
-            "block or full on some of them, as Megatron's --recompute-granularity runs",
-            to_request={"per-layer": "per_layer", "uniform": "uniform", "granularity": "granularity"},
+            "block or full on some of them, as Megatron's --recompute-granularity runs; interval: per-layer with "
+            "pp 1, uniform with pp > 1, as DeepSpeed's PipelineModule checkpoints every layer "
+            "(activation_checkpoint_interval)",
+            to_request={
+                "per-layer": "per_layer",
+                "uniform": "uniform",
+                "granularity": "granularity",
+                "interval": "interval",
+            },
         ),
     ),
     Row(
@@ -1294,17 +1302,14 @@ RUNTIMES: dict[str, Runtime] = {
             "dropout": Behaviour(value=False, known=False, source="not known: the user's module decides"),
             "uniform_stages": Behaviour(
                 value=False,
-                known=False,
-                source=(
-                    "not known: PipelineModule partition_method 'parameters' balances parameter counts, "
-                    "not time; the search's boundaries are used"
-                ),
+                source="the export's pipeline_module() builds the PipelineModule on the plan's boundaries "
+                "(its partition_method options balance layer or parameter counts, not time)",
             ),
             "recompute_assignments": Behaviour(
-                value="per_layer",
-                known=False,
-                source="not modelled: the user's module checkpoints what it wraps (the export wraps the plan's "
-                "full blocks, checkpoint_blocks); PipelineModule's activation_checkpoint_interval is one interval",
+                value="interval",
+                source="pp 1: deepspeed.checkpointing.checkpoint on the blocks the user's module wraps (the export's "
+                "checkpoint_blocks wraps the plan's); pp > 1: PipelineModule's activation_checkpoint_interval "
+                "checkpoints every layer (runtime/pipe/module.py forward)",
             ),
             "zero_stages": Behaviour(value=(0, 1, 2, 3), source="zero_optimization.stage 0-3"),
             "pipeline_zero_stages": Behaviour(

@@ -137,9 +137,10 @@ def check_deepspeed(directory: str) -> dict:
             values.update(topology_pipe=topo.get_dim("pipe"), topology_model=topo.get_dim("model"))
             interval = mod.ACTIVATION_CHECKPOINT_INTERVAL
             if world <= 128:  # the PipelineModule itself (its grid builds every group: minutes at 1024 ranks)
-                layers = [torch.nn.Identity() for _ in range(pp)]
+                layers = [torch.nn.Identity() for _ in range(sum(mod.LAYERS_PER_STAGE))]
                 module = mod.pipeline_module(layers)
                 mpu, interval = module.mpu(), module.activation_checkpoint_interval
+                values["stage_layers"] = [b - a for a, b in zip(module.parts, module.parts[1:])]
             else:  # the grid's data-parallel size is the topology's data axis (pipe/topology.py)
                 mpu = _TopologyMPU(topo)
             values["checkpoint_interval"] = interval

@@ -22,6 +22,7 @@ from meshplan import runtimes
 from meshplan.plan import Plan
 from meshplan.report import export_common as ec
 from meshplan.report import export_plan
+from meshplan.report.export_deepspeed import rank_layers
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS_PYTHON = ROOT / ".venv-exports" / "bin" / "python"
@@ -156,6 +157,8 @@ def test_deepspeed_accepts_the_export_under_its_topology(name, plans, exported, 
     if pp > 1:
         interval = plan.recompute_num_layers if uniform == "full" else int(uniform != "none")
         assert got["checkpoint_interval"] == interval
+        if "stage_layers" in got:  # the PipelineModule DeepSpeed built: each rank's layers are the plan's
+            assert got["stage_layers"] == rank_layers(plan)
         assert ("not expressible in a PipelineModule" in warns) == (uniform is None and "none" in modes)
     else:
         assert got["checkpointed_blocks"] == [i for i, mode in enumerate(modes) if mode != "none"]

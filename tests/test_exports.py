@@ -272,7 +272,10 @@ def test_what_cannot_be_expressed_is_said_in_every_output():
     assert megatron_args(export_plan(plan, "megatron")["megatron_args.sh"])["--pipeline-model-parallel-layout"] == (
         "Et*4|t*3|t*3|t*2L"
     )
-    assert "uneven stage boundaries" in export_plan(plan, "deepspeed")["launch_deepspeed.sh"]
+    # DeepSpeed's PipelineModule is built on them (pipeline_module: the plan's parts), so it does not warn either
+    deepspeed_files = export_plan(plan, "deepspeed")
+    assert "uneven" not in deepspeed_files["launch_deepspeed.sh"]
+    assert "LAYERS_PER_STAGE = [8, 6]" in deepspeed_files["meshplan_deepspeed.py"]  # each rank's two stages
     # torchtitan expresses uneven boundaries exactly, so it does not warn about them
     toml_text = export_plan(plan, "torchtitan", "0.2")["meshplan.toml"]
     assert "uneven" not in toml_text

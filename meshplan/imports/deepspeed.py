@@ -119,6 +119,23 @@ def _batch(data: dict, dp: int | None, values: dict[str, Any], notes: list[str],
     return dp
 
 
+def read_topology(topology: str, pp: int, values: dict[str, Any]) -> None:
+    """What meshplan_deepspeed.py's pipeline_module() builds (pp > 1): the layers of each pipeline rank
+    (LAYERS_PER_STAGE, the PipelineModule's parts) and activation_checkpoint_interval, which checkpoints every
+    layer in chunks of that many (0: none)."""
+    if pp == 1:
+        return
+    hit = re.search(r"^LAYERS_PER_STAGE = \[([\d, ]+)\]", topology, re.M)
+    if hit and len(counts := [int(n) for n in hit[1].split(",")]) == pp:
+        values["stage_layers"] = ",".join(str(n) for n in counts)
+    hit = re.search(r"^ACTIVATION_CHECKPOINT_INTERVAL = (\d+)", topology, re.M)
+    if hit:
+        interval = int(hit[1])
+        values["recompute"] = "full" if interval else "none"
+        if interval:
+            values["recompute_num_layers"] = interval
+
+
 def read(path: Path, text: str, world: int | None = None) -> Imported:
     data = json.loads(text)
     values: dict[str, Any] = {}
@@ -148,7 +165,8 @@ def read(path: Path, text: str, world: int | None = None) -> Imported:
     read_pipeline(data, values)
     read_precision(data, values, notes)
     values["recompute"] = "full" if data.get("activation_checkpointing") else "none"
-    if data.get("activation_checkpointing"):
+    read_topology(topology, pp, values)
+    if data.get("activation_checkpointing") and "recompute_num_layers" not in values:
         notes.append(
             "activation_checkpointing: DeepSpeed checkpoints what the model code wraps; predicted as every block"
         )

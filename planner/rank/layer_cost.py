@@ -256,17 +256,21 @@ recompute on some blocks, none on the rest (Megatron's --recompute-granularity f
 block / uniform)."""
 
 
-def recompute_policies(ctx: Context) -> tuple[str | None, ...]:
-    """The recompute assignments the search chooses among: (None,) is each layer its own mode (allowed_modes);
-    under a runtime that runs one mode on every block (RuntimeSpec.recompute_assignments "uniform",
-    torchtitan), each mode a block allows, in RECOMPUTE_ORDER: that mode on every block, none elsewhere;
+def recompute_policies(ctx: Context, pp: int) -> tuple[str | None, ...]:
+    """The recompute assignments the search chooses among for a candidate of `pp` pipeline ranks: (None,) is
+    each layer its own mode (allowed_modes); under a runtime that runs one mode on every block
+    (RuntimeSpec.recompute_assignments "uniform", torchtitan; "interval" with pp > 1, DeepSpeed's
+    PipelineModule), each mode a block allows, in RECOMPUTE_ORDER: that mode on every block, none elsewhere;
     under one granularity ("granularity", Megatron: --recompute-granularity selective applies to every block,
     full to the blocks --recompute-method picks), none, selective on every block, or full on any of them."""
-    if ctx.spec.recompute_assignments not in ("uniform", "granularity"):
+    assignments = ctx.spec.recompute_assignments
+    if assignments == "interval":
+        assignments = "uniform" if pp > 1 else "per_layer"
+    if assignments not in ("uniform", "granularity"):
         return (None,)
     modes = {m for layer in ctx.layers if layer.tp.kind == "block" for m in allowed_modes(ctx, layer)}
     uniform = tuple(m for m in ("none", "selective", "full") if m in modes) or ("none",)
-    if ctx.spec.recompute_assignments == "uniform" or "full" not in modes:
+    if assignments == "uniform" or "full" not in modes:
         return uniform
     return tuple(m for m in uniform if m != "full") + (FULL_OR_NONE,)
 

@@ -107,11 +107,15 @@ def count_plans(ctx: Context, cands: list[Candidate] | None = None) -> int:
     """Exact number of plans in the space (a Python int, astronomically large for big models)."""
     cands = candidates(ctx, Rejects()) if cands is None else cands
     cands = cands + [alt for c in cands if (alt := tuning.variant(ctx, c)) is not None]
-    per_split = sum(
-        math.prod(_policy_mode_count(ctx, layer, policy) for layer in ctx.layers) for policy in recompute_policies(ctx)
-    )
+    per_split = {
+        pp: sum(
+            math.prod(_policy_mode_count(ctx, layer, policy) for layer in ctx.layers)
+            for policy in recompute_policies(ctx, pp)
+        )
+        for pp in {c.pp for c in cands}
+    }
     num_layers = len(ctx.layers)
-    return per_split * sum(math.comb(num_layers - 1, c.pp * c.virtual_stages - 1) for c in cands)
+    return sum(per_split[c.pp] * math.comb(num_layers - 1, c.pp * c.virtual_stages - 1) for c in cands)
 
 
 def space_size(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) -> int:
@@ -184,7 +188,7 @@ def brute_force_candidate(ctx: Context, cand: Candidate, table: CostTable, clock
     """Least step time over every split and recompute assignment of one candidate (inf if none fits)."""
     clock = clock or _Clock(None)
     best_s = math.inf
-    for policy in recompute_policies(ctx):  # (None,): every per-layer assignment; else one mode on every block
+    for policy in recompute_policies(ctx, cand.pp):  # (None,): every per-layer assignment; else one mode per block
         model = RankModel(ctx, cand, restrict(ctx, table.for_candidate(cand), policy))
         p, v = cand.pp, cand.virtual_stages
         rank_costs: dict[tuple, _RankCosts] = {}

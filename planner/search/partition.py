@@ -268,7 +268,7 @@ def solve(ctx: Context, cand: Candidate, costs: list[LayerCost], cache: dict | N
     Under a runtime that runs one recompute mode on every block, the best of the modes (layer_cost.
     recompute_policies): the one whose slowest rank is fastest, the objective of each solve; none fitting,
     the leanest mode's overflow."""
-    policies = recompute_policies(ctx)
+    policies = recompute_policies(ctx, cand.pp)
     if policies == (None,):
         return _solve(ctx, cand, costs, cache)
     best, best_cost, failed = None, math.inf, None
