@@ -353,6 +353,18 @@ def runtime_behaviours(o: PlanOptions, cluster: ClusterSpec, precision: str, war
             f"--schedule {o.schedule}: runtime {rt.name} runs {', '.join(schedules)} only "
             f"({rt.behaviours['pipeline_schedules'].source}); predicted as pinned, but it will not run there"
         )
+    sp_modes = out["sequence_parallel_modes"]
+    if (
+        o.sequence_parallel is not None
+        and (o.tp or 1) > 1
+        and sp_modes is not None
+        and o.sequence_parallel not in sp_modes
+    ):
+        flag = "--sequence-parallel" if o.sequence_parallel else "--no-sequence-parallel"
+        warnings.append(
+            f"{flag}: runtime {rt.name} runs no sequence parallel {'on' if o.sequence_parallel else 'off'} beside "
+            f"tensor parallelism ({rt.behaviours['sequence_parallel_modes'].source}); predicted as pinned"
+        )
     if o.zero == 0 and (o.tp or 1) * (o.pp or 1) * (o.cp or 1) > 1 and not out["ddp_beside_model_parallel"]:
         warnings.append(
             f"--zero 0 with --tp/--pp/--cp: runtime {rt.name} runs DDP only on pure data parallelism "

@@ -361,6 +361,12 @@ ROWS: tuple[Row, ...] = (
         flags="--schedule (pins one; a warning where the runtime has no such schedule)",
     ),
     Row(
+        name="sequence_parallel_modes",
+        meaning="sequence parallelism beside tensor parallelism the runtime runs, off and on (the search tries "
+        "only these)",
+        flags="--sequence-parallel / --no-sequence-parallel (pins one; a warning where the runtime has no such mode)",
+    ),
+    Row(
         name="ddp_beside_model_parallel",
         meaning="ZeRO-0 replicas (DDP) run beside tensor, pipeline or context parallelism (else the search "
         "tries ZeRO-0 on pure data parallelism only)",
@@ -761,6 +767,9 @@ RUNTIMES: dict[str, Runtime] = {
                 source="executor: DDP, ZeroRedundancyOptimizer or FSDP2 on each pipeline stage's module",
             ),
             "pipeline_schedules": Behaviour(value=TORCH_SCHEDULES, source="executor: torch.distributed.pipelining"),
+            "sequence_parallel_modes": Behaviour(
+                value=(False, True), source="executor: DTensor SequenceParallel on the norms, or replicated norms"
+            ),
             "ddp_beside_model_parallel": Behaviour(
                 value=True,
                 source="executor: DDP on each pipeline stage; tensor-parallel replicas through ReplicaGradReducer",
@@ -908,6 +917,10 @@ RUNTIMES: dict[str, Runtime] = {
                 value=TORCH_SCHEDULES,
                 source="parallelism.pipeline_parallel_schedule: a torch.distributed.pipelining schedule by name",
             ),
+            "sequence_parallel_modes": Behaviour(
+                value=(False, True),
+                source="parallelism.enable_sequence_parallel (0.3; 0.2 always applies it with tensor parallelism)",
+            ),
             "ddp_beside_model_parallel": Behaviour(
                 value=False,
                 source="torchtitan parallelize_llama: apply_ddp only on a 1-D mesh (it raises 'DDP has not "
@@ -1048,6 +1061,9 @@ RUNTIMES: dict[str, Runtime] = {
                 source="megatron/schedules.py: forward_backward_pipelining_without_interleaving (1F1B) and "
                 "_with_interleaving (virtual stages); no GPipe",
             ),
+            "sequence_parallel_modes": Behaviour(
+                value=(False, True), source="--sequence-parallel (Korthikanti et al. 2022 Sec 4.2.2), off by default"
+            ),
             "ddp_beside_model_parallel": Behaviour(
                 value=True, source="Megatron's DistributedDataParallel over the data-parallel group of any layout"
             ),
@@ -1177,6 +1193,9 @@ RUNTIMES: dict[str, Runtime] = {
                 value=("1F1B", "Interleaved1F1B"),
                 source="megatron/core/pipeline_parallel/schedules.py get_forward_backward_func: 1F1B without, "
                 "interleaved with virtual pipeline stages; no GPipe",
+            ),
+            "sequence_parallel_modes": Behaviour(
+                value=(False, True), source="--sequence-parallel (TransformerConfig.sequence_parallel)"
             ),
             "ddp_beside_model_parallel": Behaviour(
                 value=True, source="Megatron-Core's DistributedDataParallel over the data-parallel group of any layout"
@@ -1321,6 +1340,11 @@ RUNTIMES: dict[str, Runtime] = {
                 value=("1F1B",),
                 source="runtime/pipe/schedule.py TrainSchedule: one forward and one backward in the steady state, "
                 "one PipelineModule stage per rank",
+            ),
+            "sequence_parallel_modes": Behaviour(
+                value=(False,),
+                source="AutoTP (tensor_parallel.autotp_size) keeps norm and residual activations replicated: no "
+                "sequence parallelism; a Megatron-DeepSpeed model's own --sequence-parallel: pin --sequence-parallel",
             ),
             "ddp_beside_model_parallel": Behaviour(
                 value=True, source="engine's data-parallel group beside Megatron-DeepSpeed's TP and its pipeline engine"
@@ -1505,6 +1529,7 @@ RUNTIMES: dict[str, Runtime] = {
             ),
             "pipeline_zero_stages": Behaviour(value=(0, 2, 3), source="no pipeline parallelism"),
             "pipeline_schedules": Behaviour(value=("1F1B",), source="no pipeline parallelism"),
+            "sequence_parallel_modes": Behaviour(value=(False,), source="no tensor parallelism"),
             "ddp_beside_model_parallel": Behaviour(value=False, source="no model parallelism"),
             "hybrid_shard": Behaviour(value=True, source="fsdp_config.sharding_strategy HYBRID_SHARD (Composer FSDP)"),
             "fsdp_gather_bytes": Behaviour(

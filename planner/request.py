@@ -81,6 +81,9 @@ class PlanRequest:
     pipeline_schedules: tuple[str, ...] | None = None
     """Pipeline schedules the runtime runs (torch.distributed.pipelining names; Megatron: 1F1B and
     Interleaved1F1B, DeepSpeed: 1F1B); None: every schedule meshplan knows."""
+    sequence_parallel_modes: tuple[bool, ...] | None = None
+    """Sequence parallelism beside tensor parallelism the runtime runs (DeepSpeed's AutoTP: off only); None:
+    off and on."""
     ddp_beside_model_parallel: bool = True
     """ZeRO-0 replicas (DDP) run beside tensor, pipeline or context parallelism; False (torchtitan,
     whose apply_ddp takes a 1-D mesh only): the search tries ZeRO-0 only where tp = pp = cp = 1,

@@ -75,6 +75,8 @@ class RuntimeSpec:
     """ZeRO stages beside pipeline parallelism; None: zero_stages."""
     pipeline_schedules: tuple[str, ...] | None
     """Pipeline schedules the runtime runs; None: all."""
+    sequence_parallel_modes: tuple[bool, ...] | None
+    """Sequence parallelism with TP the runtime runs (off, on); None: both."""
     ddp_beside_model_parallel: bool
     hybrid_shard: bool
     """ZeRO-2/3 over dp_replicate x dp_shard (HSDP); else only over every data-parallel rank."""

@@ -1,6 +1,7 @@
-"""What a runtime runs beside pipeline parallelism: DeepSpeed's pipeline engine refuses ZeRO-2/3 and runs 1F1B
-only, Megatron has no GPipe (behaviours pipeline_zero_stages, pipeline_schedules). The search offers a
-runtime only what it runs; a pin outside it is priced as pinned, with a warning that it will not run."""
+"""What a runtime runs beside pipeline and tensor parallelism: DeepSpeed's pipeline engine refuses ZeRO-2/3 and
+runs 1F1B only, Megatron has no GPipe, DeepSpeed's AutoTP has no sequence parallelism (behaviours
+pipeline_zero_stages, pipeline_schedules, sequence_parallel_modes). The search offers a runtime only what it
+runs; a pin outside it is priced as pinned, with a warning that it will not run."""
 
 from __future__ import annotations
 
@@ -65,3 +66,21 @@ def test_megatron_is_not_offered_gpipe_nor_deepspeed_interleaving():
     assert "--schedule interleaved: runtime deepspeed runs 1F1B only" in err
     code, _, err = run("estimate", *pins, "--schedule", "1f1b", "--runtime", "deepspeed")
     assert code == 0 and "runs 1F1B only" not in err and "runs ZeRO" not in err
+
+
+def test_deepspeed_autotp_is_not_offered_sequence_parallelism():
+    """AutoTP keeps the norms' activations replicated: a DeepSpeed tp 2 search prices no sequence parallel
+    (the same search for meshplan's executor picks it), and a pinned --sequence-parallel is priced as pinned
+    and said."""
+    flags = ["--tp", "2", "--pp", "1", "--top", "10"]
+    code, plan, err = run("plan", *flags, "--runtime", "deepspeed")
+    assert code == 0, err
+    assert len(_alternatives(plan)) > 1 and not any(alt["sequence_parallel"] for alt in _alternatives(plan))
+    assert any("behaviour sequence_parallel_modes" in r["reason"] for r in plan["rejected"])
+    code, plan, err = run("plan", *flags, "--runtime", "meshplan")
+    assert code == 0 and any(alt["sequence_parallel"] for alt in _alternatives(plan))
+    code, plan, err = run("plan", *flags, "--runtime", "deepspeed", "--sequence-parallel")
+    assert code == 0 and plan["sequence_parallel"]
+    assert "--sequence-parallel: runtime deepspeed runs no sequence parallel on" in err
+    for name in runtimes.NAMES:
+        assert set(runtimes.runtime(name).value("sequence_parallel_modes")) <= {False, True}, name

@@ -192,6 +192,22 @@ def tp_kinds(ctx: Context) -> list[str]:
     return [lp.tp.kind for lp in ctx.layers]
 
 
+def _sequence_parallels(ctx: Context, tp: int, rej: Rejects, fam: str) -> list[bool]:
+    """Sequence parallelism off and on beside tensor parallelism, as the runtime runs them (behaviour
+    sequence_parallel_modes; a pinned mode is priced as pinned, the CLI warns)."""
+    if tp == 1:
+        return [False]
+    runs = ctx.spec.sequence_parallel_modes
+    if runs is None:
+        return [False, True]
+    for mode in [m for m in (False, True) if m not in runs]:
+        state = "on" if mode else "off"
+        rej.add(
+            fam, f"runtime {ctx.request.runtime} runs no sequence parallel {state} (behaviour sequence_parallel_modes)"
+        )
+    return [m for m in (False, True) if m in runs]
+
+
 def candidates(ctx: Context, rej: Rejects) -> list[Candidate]:
     req, out = ctx.request, []
     methods, divs, kinds = base_methods(ctx), tp_divisors(ctx), tp_kinds(ctx)
@@ -223,7 +239,7 @@ def candidates(ctx: Context, rej: Rejects) -> list[Candidate]:
             sps = (
                 [bool(req.sequence_parallel) and tp > 1]
                 if req.sequence_parallel is not None
-                else ([False, True] if tp > 1 else [False])
+                else _sequence_parallels(ctx, tp, rej, fam)
             )
             for sched, v in _schedules(ctx, pp, m, rej, f"pp={pp} dp={dp} cp={cp} tp={tp}"):
                 for zero in zeros:

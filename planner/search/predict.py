@@ -119,6 +119,7 @@ def runtime_behaviours(request) -> dict:
         "zero_stages",
         "pipeline_zero_stages",
         "pipeline_schedules",
+        "sequence_parallel_modes",
         "offload_methods",
         "also_runs",
         "model_parallel",
