@@ -1,5 +1,5 @@
 """meshplan plan -> torchtitan 0.3: gpt3-175b on 1024 x a100-80g
-plan decisions hash aeec670c0db7cae4; mesh pp=16 dp_replicate=8 dp_shard=2 cp=1 tp=4
+plan decisions hash f43104560dd747f7; mesh pp=16 dp_replicate=8 dp_shard=2 cp=1 tp=4
 global batch 1536 = micro 1 x accumulation 96 x data-parallel 16; seq_len 2048
 predict it: meshplan estimate --import THIS_FILE --model gpt3-175b --cluster a100-80g --runtime meshplan --elementwise fused --fused-projections
 WARNING: torchtitan ships no model of this architecture and shape (96 layers, hidden 12288, 96 heads (96 kv), ffn 49152, vocab 51200, LayerNorm, gelu, learned_absolute positions, untied embeddings): the model section names a custom model (register your model's spec as shown there); the stage module names below are torchtitan's decoder names (tok_embeddings, layers.N, norm and the output layer): give your model's modules those names

@@ -1,5 +1,5 @@
 """meshplan plan -> DeepSpeed topology: llama3-70b on 64 x h100-80g
-plan decisions hash b9360acf90895bfe; mesh pp=8 dp_replicate=1 dp_shard=2 cp=1 tp=4
+plan decisions hash bdcb825e4ea342f5; mesh pp=8 dp_replicate=1 dp_shard=2 cp=1 tp=4
 global batch 128 = micro 1 x accumulation 64 x data-parallel 2; seq_len 8192
 predict it: meshplan estimate --import THIS_FILE --model llama3-70b --cluster h100-80g --runtime meshplan --elementwise fused --fused-projections
 """
@@ -24,13 +24,40 @@ def topology():
     )
 
 
+def stage_bounds():
+    """PipelineModule's parts for the plan: the first layer of each pipeline rank, then the layer count."""
+    bounds = [0]
+    for count in LAYERS_PER_STAGE:
+        bounds.append(bounds[-1] + count)
+    return bounds
+
+
 def pipeline_module(layers, **kwargs):
-    """Your model's layers as a PipelineModule on the plan's topology (pp > 1)."""
+    """Your model's layers as a PipelineModule on the plan's topology (pp > 1), split at the plan's stage
+    boundaries: `layers` is the embedding, each transformer block and the head, one entry each. Pass
+    partition_method= ("uniform", "parameters", "type:...") to let DeepSpeed split them instead."""
     from deepspeed.pipe import PipelineModule
 
-    kwargs.setdefault("partition_method", "uniform")
     kwargs.setdefault("activation_checkpoint_interval", ACTIVATION_CHECKPOINT_INTERVAL)
-    return PipelineModule(layers=layers, topology=topology(), **kwargs)
+    if "partition_method" in kwargs:
+        return PipelineModule(layers=layers, topology=topology(), **kwargs)
+    if len(layers) != sum(LAYERS_PER_STAGE):
+        raise ValueError(
+            f"pipeline_module: {len(layers)} layers given, but the plan splits {sum(LAYERS_PER_STAGE)} "
+            f"(the embedding, each transformer block and the head, one each) as {LAYERS_PER_STAGE}; pass "
+            "those layers, or partition_method='parameters' to let DeepSpeed split them"
+        )
+
+    class PlanStages(PipelineModule):
+        """A PipelineModule on the plan's boundaries. Its partition methods balance layer or parameter counts,
+        not time; PipelineModule.__init__ calls _partition_layers to set self.parts and this rank's layers."""
+
+        def _partition_layers(self, method="uniform"):
+            self.parts = stage_bounds()
+            stage = self._topo.get_coord(self.global_rank).pipe
+            self._set_bounds(start=self.parts[stage], stop=self.parts[stage + 1])
+
+    return PlanStages(layers=layers, topology=topology(), **kwargs)
 
 
 def checkpoint_blocks(blocks):

@@ -1,5 +1,5 @@
 """meshplan plan -> torchtitan 0.3: llama3-70b on 64 x h100-80g
-plan decisions hash b9360acf90895bfe; mesh pp=8 dp_replicate=1 dp_shard=2 cp=1 tp=4
+plan decisions hash bdcb825e4ea342f5; mesh pp=8 dp_replicate=1 dp_shard=2 cp=1 tp=4
 global batch 128 = micro 1 x accumulation 64 x data-parallel 2; seq_len 8192
 predict it: meshplan estimate --import THIS_FILE --model llama3-70b --cluster h100-80g --runtime meshplan --elementwise fused --fused-projections
 WARNING: per-layer recompute (full on 8, none on 72 of 80 blocks) is not expressible in torchtitan 0.3; exported mode=full on every block, which recomputes more than planned (slower than predicted, never more memory)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # meshplan plan -> Megatron-LM: resnet50 on 8 x a100-80g
-# plan decisions hash 82c48f3b7609550c; mesh pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1
+# plan decisions hash 0fffcd0ba061a2b2; mesh pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1
 # global batch 1024 = micro 128 x accumulation 1 x data-parallel 8; seq_len 1
 # predict it: meshplan estimate --import THIS_FILE --model resnet50 --cluster a100-80g --runtime meshplan --elementwise fused --fused-projections
 # WARNING: the plan does not record the decoder architecture of resnet50 (family resnet; meshplan records it for the decoders it can name, docs/models.md): only its shape is written, so Megatron builds its default GPT (LayerNorm, GELU, ffn 4 x hidden, no grouped-query attention, tied embeddings); give Megatron's architecture flags yourself

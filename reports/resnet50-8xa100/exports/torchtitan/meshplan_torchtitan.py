@@ -1,5 +1,5 @@
 """meshplan plan -> torchtitan 0.3: resnet50 on 8 x a100-80g
-plan decisions hash 82c48f3b7609550c; mesh pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1
+plan decisions hash 0fffcd0ba061a2b2; mesh pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1
 global batch 1024 = micro 128 x accumulation 1 x data-parallel 8; seq_len 1
 predict it: meshplan estimate --import THIS_FILE --model resnet50 --cluster a100-80g --runtime meshplan --elementwise fused --fused-projections
 WARNING: the plan does not record the decoder architecture of resnet50 (family resnet), so it cannot be matched to a model torchtitan ships (a Llama 3.1 8B/70B/405B is llama3 with that flavour: name it in model_spec() instead): the model section names a custom model (register your model's spec as shown there); the stage module names below are torchtitan's decoder names (tok_embeddings, layers.N, norm and the output layer): give your model's modules those names
