@@ -115,6 +115,35 @@ def _reset_deepspeed_groups() -> None:
     checkpointing.mpu = None  # configure(None, ...) keeps the last case's: its data-parallel size would be used
 
 
+def _pipeline_layers(count: int) -> list:
+    """An embedding, count - 2 blocks and a head, each a class of its own with parameters, as a model's
+    PipelineModule layers are (DeepSpeed decides what to checkpoint by class and by parameters)."""
+    import torch
+
+    class Embedding(torch.nn.Embedding):
+        pass
+
+    class Block(torch.nn.Linear):
+        pass
+
+    class Head(torch.nn.Linear):
+        pass
+
+    return [Embedding(8, 4), *(Block(4, 4) for _ in range(count - 2)), Head(4, 8)]
+
+
+def _checkpointed_layers(module) -> list[int]:
+    """Global indices of this rank's layers that the PipelineModule's forward runs under a checkpoint: its own
+    _is_checkpointable over each chunk of activation_checkpoint_interval layers, as its forward asks it."""
+    k, funcs, out = module.activation_checkpoint_interval, module.forward_funcs, []
+    if k == 0:
+        return out
+    for start in range(0, len(funcs), k):
+        if module._is_checkpointable(funcs[start : start + k]):
+            out += range(module._local_start + start, module._local_start + min(start + k, len(funcs)))
+    return out
+
+
 def check_deepspeed(directory: str) -> dict:
     import deepspeed
     import torch
@@ -137,10 +166,10 @@ def check_deepspeed(directory: str) -> dict:
             values.update(topology_pipe=topo.get_dim("pipe"), topology_model=topo.get_dim("model"))
             interval = mod.ACTIVATION_CHECKPOINT_INTERVAL
             if world <= 128:  # the PipelineModule itself (its grid builds every group: minutes at 1024 ranks)
-                layers = [torch.nn.Identity() for _ in range(sum(mod.LAYERS_PER_STAGE))]
-                module = mod.pipeline_module(layers)
+                module = mod.pipeline_module(_pipeline_layers(sum(mod.LAYERS_PER_STAGE)))
                 mpu, interval = module.mpu(), module.activation_checkpoint_interval
                 values["stage_layers"] = [b - a for a, b in zip(module.parts, module.parts[1:])]
+                values["checkpointed_layers"] = _checkpointed_layers(module)
             else:  # the grid's data-parallel size is the topology's data axis (pipe/topology.py)
                 mpu = _TopologyMPU(topo)
             values["checkpoint_interval"] = interval

@@ -8,6 +8,7 @@ parts the real PipelineModule sets)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 
@@ -99,3 +100,48 @@ def test_the_export_reads_back_as_the_plan(pipeline, tmp_path):
     assert {m for f, m in plan.recompute.items() if f.startswith("layers.")} == {"full"}  # the PipelineModule's
     assert (back["recompute"], back["recompute_num_layers"]) == (plan.recompute, plan.recompute_num_layers)
     assert back["prediction"]["step_time_s"] == pytest.approx(plan.prediction.step_time_s, rel=1e-9)
+
+
+def generated_module(plan: Plan, tmp_path, monkeypatch):
+    """meshplan_deepspeed.py of the plan's export, imported beside an empty `deepspeed` (DeepSpeed is not in this
+    venv; block_classes does not use it)."""
+    import importlib.util
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "deepspeed", types.ModuleType("deepspeed"))
+
+    path = tmp_path / "meshplan_deepspeed.py"
+    path.write_text(export_plan(plan, "deepspeed")["meshplan_deepspeed.py"])
+    spec = importlib.util.spec_from_file_location("meshplan_deepspeed_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_pipeline_module_checkpoints_only_the_blocks(pipeline, tmp_path, monkeypatch):
+    """DeepSpeed's default checkpoints every layer with parameters, the embedding and the head too: the export
+    names the block classes (checkpointable_layers), or leaves the default where a block's class is an end's.
+    tests/test_export_parsers.py reads what the real PipelineModule then checkpoints."""
+    import torch
+
+    class Block(torch.nn.Linear):
+        pass
+
+    class Spec:  # a deepspeed.pipe.LayerSpec names its class as typename
+        typename = Block
+
+    mod = generated_module(pipeline[1], tmp_path, monkeypatch)
+    embed, head = torch.nn.Embedding(4, 2), torch.nn.Linear(2, 4)
+    assert mod.block_classes([embed, Block(2, 2), Spec(), head]) == ["Block"]
+    assert mod.block_classes([embed, torch.nn.Linear(2, 2), head]) is None  # the head's class: not separable
+
+
+def test_chunks_of_several_layers_warn_where_they_hold_an_end(pipeline):
+    """A PipelineModule counts its interval's chunks from each stage's first layer and checkpoints only chunks of
+    checkpointable layers: with N > 1 the first stage's first chunk holds the embedding and is not recomputed."""
+    plan = pipeline[1]
+    grouped = export_plan(dataclasses.replace(plan, recompute_num_layers=2), "deepspeed")
+    assert "ACTIVATION_CHECKPOINT_INTERVAL = 2" in grouped["meshplan_deepspeed.py"]
+    assert "first stage's first chunk" in grouped["launch_deepspeed.sh"]
+    assert "first stage's first chunk" not in export_plan(plan, "deepspeed")["launch_deepspeed.sh"]

@@ -159,6 +159,11 @@ def test_deepspeed_accepts_the_export_under_its_topology(name, plans, exported, 
         assert got["checkpoint_interval"] == interval
         if "stage_layers" in got:  # the PipelineModule DeepSpeed built: each rank's layers are the plan's
             assert got["stage_layers"] == rank_layers(plan)
+            # rank 0 checkpoints its blocks, never the embedding (layer 0); chunks of N > 1 layers start at the
+            # embedding, so the first chunk is not checkpointed (warned)
+            first = interval or rank_layers(plan)[0]  # interval 0: none
+            assert got["checkpointed_layers"] == list(range(first, rank_layers(plan)[0]))
+            assert ("first stage's first chunk" in warns) == (interval > 1)
         assert ("not expressible in a PipelineModule" in warns) == (uniform is None and "none" in modes)
     else:
         assert got["checkpointed_blocks"] == [i for i, mode in enumerate(modes) if mode != "none"]

@@ -32,13 +32,29 @@ def stage_bounds():
     return bounds
 
 
+def block_classes(layers):
+    """Class names of the transformer blocks (layers[1:-1]; a LayerSpec's typename): the layers the plan
+    recomputes. A PipelineModule without checkpointable_layers checkpoints every layer with parameters, the
+    embedding and the head too, where a reentrant checkpoint of the embedding (its input ids need no gradient)
+    leaves its weight without one. None (DeepSpeed's default) where a block shares a class with either end."""
+
+    def name(layer):
+        return getattr(layer, "typename", type(layer)).__name__
+
+    blocks = {name(layer) for layer in layers[1:-1]}
+    ends = {name(layers[0]), name(layers[-1])} if layers else set()
+    return sorted(blocks) if blocks and not blocks & ends else None
+
+
 def pipeline_module(layers, **kwargs):
     """Your model's layers as a PipelineModule on the plan's topology (pp > 1), split at the plan's stage
-    boundaries: `layers` is the embedding, each transformer block and the head, one entry each. Pass
-    partition_method= ("uniform", "parameters", "type:...") to let DeepSpeed split them instead."""
+    boundaries: `layers` is the embedding, each transformer block and the head, one entry each; only the blocks
+    are checkpointed (block_classes). Pass partition_method= ("uniform", "parameters", "type:...") to let
+    DeepSpeed split them instead, checkpointable_layers= to checkpoint other layers."""
     from deepspeed.pipe import PipelineModule
 
     kwargs.setdefault("activation_checkpoint_interval", ACTIVATION_CHECKPOINT_INTERVAL)
+    kwargs.setdefault("checkpointable_layers", block_classes(layers))
     if "partition_method" in kwargs:
         return PipelineModule(layers=layers, topology=topology(), **kwargs)
     if len(layers) != sum(LAYERS_PER_STAGE):
