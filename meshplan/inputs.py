@@ -64,6 +64,7 @@ class PlanOptions:
     """--stage-layers (estimate): layers per pipeline stage."""
     recompute: str | None = None
     recompute_num_layers: int | None = None
+    recompute_blocks: int | None = None
     zero: int | None = None
     sequence_parallel: bool | None = None
     dp_shard: int | None = None
@@ -278,6 +279,7 @@ def build_request(options: PlanOptions, cluster: ClusterSpec, warnings: list[str
         stage_layers=o.stage_layers,
         recompute=o.recompute,
         recompute_num_layers=_recompute_num_layers(o),
+        recompute_blocks=_recompute_blocks(o),
         zero=o.zero,
         sequence_parallel=o.sequence_parallel,
         dp_shard=o.dp_shard,
@@ -300,6 +302,24 @@ def _recompute_num_layers(o: PlanOptions) -> int:
             "add --recompute full or drop the flag"
         )
     return n
+
+
+def _recompute_blocks(o: PlanOptions) -> int | None:
+    """--recompute-blocks K (Megatron's block method): full recompute on K blocks of each stage."""
+    k = o.recompute_blocks
+    if k is None:
+        return None
+    if k < 1 or o.recompute != "full":
+        raise MeshplanError(
+            f"--recompute-blocks {k}: the first K >= 1 blocks of each stage are recomputed only with --recompute "
+            "full; add --recompute full or drop the flag"
+        )
+    if (o.recompute_num_layers or 1) > 1:
+        raise MeshplanError(
+            f"--recompute-blocks {k} with --recompute-num-layers {o.recompute_num_layers}: Megatron checkpoints "
+            "either K blocks of each stage (block) or every block in groups of N (uniform); give one of them"
+        )
+    return k
 
 
 def _cross_node_tp(o: PlanOptions, cluster: ClusterSpec, warnings: list[str]) -> bool:

@@ -100,6 +100,14 @@ def parallelism_group(p: argparse.ArgumentParser, required: bool, verb: str) -> 
         help="with --recompute full: checkpoint the blocks in groups of N layers, Megatron's "
         "--recompute-method uniform --recompute-num-layers N (default 1)",
     )
+    g.add_argument(
+        "--recompute-blocks",
+        type=int,
+        default=None,
+        metavar="K",
+        help="with --recompute full: recompute only the first K blocks of each pipeline stage (none on the "
+        "rest), Megatron's --recompute-method block --recompute-num-layers K",
+    )
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage" + need)
     g.add_argument(
         "--sequence-parallel",

@@ -35,6 +35,9 @@ class PlanRequest:
     recompute_num_layers: int = 1
     """Megatron's `--recompute-method uniform --recompute-num-layers N` with recompute "full": the
     blocks of a stage checkpointed in groups of N consecutive layers (planner/search/recompute.py)."""
+    recompute_blocks: int | None = None
+    """With recompute "full": full recompute on the first k blocks of each pipeline stage (model chunk) and
+    none on the rest, Megatron's `--recompute-method block --recompute-num-layers k`; None: every block."""
     zero: int | None = None
     dp_shard: int | None = None
     """FSDP2 shard degree (ZeRO-2/3); with dp, dp_replicate = dp / dp_shard (HSDP when both > 1)."""

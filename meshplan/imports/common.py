@@ -22,7 +22,7 @@ class Imported:
 
     KNOBS = (
         "tp", "pp", "dp", "cp", "microbatch", "schedule", "virtual_stages", "stage_layers", "recompute",
-        "recompute_num_layers",
+        "recompute_num_layers", "recompute_blocks",
         "zero", "sequence_parallel", "dp_shard", "offload",
     )  # fmt: skip
     """The values a search is free to change (`plan --import` searches them; `estimate` pins them)."""

@@ -195,6 +195,8 @@ def read(path: Path, text: str, world: int | None = None) -> Imported:
         method = args.get("--recompute-method", "uniform")
         if method == "uniform":
             values["recompute_num_layers"] = _int(args, "--recompute-num-layers", 1)
+        elif method == "block":  # the first N blocks of each pipeline stage (model chunk), none on the rest
+            values["recompute_blocks"] = _int(args, "--recompute-num-layers", 1)
         else:
             notes.append(f"--recompute-method {method}: predicted as full recompute of every block")
     if "--use-torch-fsdp2" in args:

@@ -242,11 +242,14 @@ def _in_place_tp(
 
 
 def allowed_modes(ctx: Context, layer: LayerProfile) -> tuple[str, ...]:
-    """The layer's recompute choices, or the pinned one (--recompute) where it applies."""
+    """The layer's recompute choices, or the pinned one (--recompute) where it applies; full or none with
+    recompute_blocks (how many of each stage's blocks take full is the partition's, UniformSplit)."""
     modes = recompute_modes(layer)
     pin = ctx.request.recompute
     if pin is None:
         return modes
+    if ctx.request.recompute_blocks is not None:
+        return tuple(m for m in modes if m in ("none", "full")) or ("none",)
     return (pin,) if pin in modes else ("none",)
 
 
@@ -264,6 +267,8 @@ def recompute_policies(ctx: Context, pp: int) -> tuple[str | None, ...]:
     under one granularity ("granularity", Megatron: --recompute-granularity selective applies to every block,
     full to the blocks --recompute-method picks), none, selective on every block, or full on any of them."""
     assignments = ctx.spec.recompute_assignments
+    if ctx.request.recompute_blocks is not None:  # pinned: full on k blocks of each stage (UniformSplit)
+        return (None,)
     if assignments == "interval":
         assignments = "uniform" if pp > 1 else "per_layer"
     if assignments not in ("uniform", "granularity"):
@@ -291,6 +296,27 @@ def restrict(ctx: Context, costs: list[LayerCost], policy: str | None) -> list[L
         kept = kept or (["none"] if "none" in cost.modes else [next(iter(cost.modes))])  # a pinned layer keeps its pin
         out.append(dataclasses.replace(cost, modes={m: cost.modes[m] for m in kept}))
     return out
+
+
+def pinned_block_modes(ctx: Context, stages: list[list[int]], costs: list[LayerCost]) -> dict[int, str]:
+    """recompute_blocks k (Megatron's --recompute-method block): full recompute on the first k blocks of each
+    stage (model chunk), none on the rest, by layer index; {} without it."""
+    k = ctx.request.recompute_blocks
+    if k is None:
+        return {}
+    out = {}
+    for stage in stages:
+        blocks = [i for i in stage if ctx.layers[i].tp.kind == "block" and {"full", "none"} <= set(costs[i].modes)]
+        out.update({i: "full" if j < k else "none" for j, i in enumerate(blocks)})
+    return out
+
+
+def pin_modes(costs: list[LayerCost], modes: dict[int, str]) -> list[LayerCost]:
+    """`costs` with the layers of `modes` reduced to that one mode."""
+    return [
+        dataclasses.replace(cost, modes={modes[i]: cost.modes[modes[i]]}) if i in modes else cost
+        for i, cost in enumerate(costs)
+    ]
 
 
 @dataclass(frozen=True)

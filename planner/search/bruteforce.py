@@ -34,7 +34,15 @@ from meshplan.model_profile import ModelProfile
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.cost.memory import fits
 from meshplan.planner.cost.pipeline import p2p_per_microbatch_s
-from meshplan.planner.rank.layer_cost import CostTable, allowed_modes, policy_modes, recompute_policies, restrict
+from meshplan.planner.rank.layer_cost import (
+    CostTable,
+    allowed_modes,
+    pin_modes,
+    pinned_block_modes,
+    policy_modes,
+    recompute_policies,
+    restrict,
+)
 from meshplan.planner.rank.stages import RankModel
 from meshplan.planner.request import PlanRequest
 from meshplan.planner.search import tuning
@@ -96,7 +104,10 @@ class _Clock:
 
 
 def _policy_mode_count(ctx: Context, layer, policy: str | None) -> int:
-    """How many recompute modes `layer` may take under `policy` (layer_cost.restrict: at least one)."""
+    """How many recompute modes `layer` may take under `policy` (layer_cost.restrict: at least one; one where
+    recompute_blocks pins each block's by its place in its stage)."""
+    if ctx.request.recompute_blocks is not None:
+        return 1
     modes = allowed_modes(ctx, layer)
     if policy is None:
         return len(modes)
@@ -188,6 +199,16 @@ def brute_force_candidate(ctx: Context, cand: Candidate, table: CostTable, clock
     """Least step time over every split and recompute assignment of one candidate (inf if none fits)."""
     clock = clock or _Clock(None)
     best_s = math.inf
+    if ctx.request.recompute_blocks is not None:  # each split's blocks pinned by their place in their stage
+        p, v, costs = cand.pp, cand.virtual_stages, table.for_candidate(cand)
+        for stages in compositions(len(ctx.layers), p * v):
+            model = RankModel(ctx, cand, pin_modes(costs, pinned_block_modes(ctx, stages, costs)))
+            tables = []
+            for r in range(p):
+                layers = sorted(i for s in range(r, p * v, p) for i in stages[s])
+                tables.append(_RankCosts(model, r, layers, _p2p_s(model, ctx, cand, r, layers)))
+            best_s = _walk(tables, 0, 0.0, clock, best_s)
+        return best_s
     for policy in recompute_policies(ctx, cand.pp):  # (None,): every per-layer assignment; else one mode per block
         model = RankModel(ctx, cand, restrict(ctx, table.for_candidate(cand), policy))
         p, v = cand.pp, cand.virtual_stages

@@ -2,8 +2,9 @@
 
 Stage boundaries are the request's (stage_layers: layers per stage, what a config file pins), else a
 balanced split of the blocks over the pp x v stages (the first stage also carries the embedding, the
-last the head); every block uses the requested recompute mode. A
-configuration that does not fit still gets its prediction, its binding constraint says the OOM.
+last the head); every block uses the requested recompute mode (with recompute_blocks k: full on the first k
+blocks of each stage, none on the rest). A configuration that does not fit still gets its prediction, its
+binding constraint says the OOM.
 What the runtime leaves to the plan and no flag pins (meshplan's executor: whether ZeRO-2/3
 reduce-scatters every microbatch) is chosen as the search would: fitting, then fastest.
 """
@@ -20,7 +21,7 @@ from meshplan.plan import Plan
 from meshplan.planner.context import Context
 from meshplan.planner.cost.pipeline import p2p_per_microbatch_s
 from meshplan.planner.rank import waves
-from meshplan.planner.rank.layer_cost import CostTable
+from meshplan.planner.rank.layer_cost import CostTable, pinned_block_modes
 from meshplan.planner.rank.stages import RankModel
 from meshplan.planner.request import PlanRequest
 from meshplan.planner.search import tuning
@@ -67,10 +68,10 @@ def _estimate(ctx: Context, table: CostTable, cand, profile: ModelProfile, clust
     num_stages = cand.pp * cand.virtual_stages
     pinned = ctx.request.stage_layers
     stages = pinned_stages(ctx, num_stages, pinned) if pinned else balanced_stages(ctx, num_stages)
-    sols = []
+    sols, pinned_modes = [], pinned_block_modes(ctx, stages, costs)
     for r in range(cand.pp):
         layers = sorted(i for s in range(r, len(stages), cand.pp) for i in stages[s])
-        modes = {i: next(iter(costs[i].modes)) for i in layers}
+        modes = {i: pinned_modes.get(i, next(iter(costs[i].modes))) for i in layers}
         if ctx.body is not None and cand.pp > 1:
             p2p = p2p_per_microbatch_s(ctx, cand, ctx.layers[ctx.body[0]].output_bytes)
         else:

@@ -12,6 +12,7 @@ import math
 
 from meshplan.errors import MeshplanError
 from meshplan.planner.context import Candidate, Context
+from meshplan.planner.cost.memory import fits
 from meshplan.planner.cost.pipeline import in_flight, p2p_per_microbatch_s
 from meshplan.planner.rank.layer_cost import LayerCost, recompute_policies, restrict
 from meshplan.planner.rank.stages import RankModel, RankSolution
@@ -102,6 +103,11 @@ class UniformSplit:
         base = static + n * self.static_block + (buf1 if n else buf0) + flight * fixed_act
         got = None
         for allowed, transient in self.model.phases([self.start]) if n else [(frozenset(blk.modes), 0.0)]:
+            if self.ctx.request.recompute_blocks is not None:
+                hit = self._pinned(self.pinned_modes(rank, n), allowed, base + transient, flight)
+                if hit is not None and (got is None or hit[0] < got[0]):
+                    got = hit
+                continue
             opts = self._phase_options(allowed)
             hit = solve_identical(n, opts, base + transient, flight, self.model.capacity, True) if opts else None
             if hit is not None and (got is None or hit[0] < got[0]):
@@ -123,6 +129,35 @@ class UniformSplit:
             fixed_opt + n * blk.optimizer_s,
         )
         return self.model.factor * time + sync + opt, got[1]
+
+    def chunk_blocks(self, rank: int, total: int) -> list[int]:
+        """Blocks in each of the rank's chunks (virtual stages) when it holds `total`: spread evenly, every
+        chunk keeping at least one layer (layout)."""
+        p, v, n = self.cand.pp, self.cand.virtual_stages, len(self.costs)
+        need = [
+            0
+            if (rank == 0 and k == 0 and self.start == 1) or (rank == p - 1 and k == v - 1 and self.end == n - 1)
+            else 1
+            for k in range(v)
+        ]
+        extra = total - sum(need)
+        return [need[k] + extra // v + (1 if k < extra % v else 0) for k in range(v)]
+
+    def pinned_modes(self, rank: int, total: int) -> list[str]:
+        """The modes of the rank's blocks in model order under recompute_blocks k: full on the first k blocks of
+        each chunk, none on the rest (Megatron's --recompute-method block, per model chunk)."""
+        k = self.ctx.request.recompute_blocks or 0
+        return [m for c in self.chunk_blocks(rank, total) for m in ["full"] * min(c, k) + ["none"] * max(c - k, 0)]
+
+    def _pinned(self, modes: list[str], allowed: frozenset, base: float, flight: float):
+        """(time, {mode: count}) of the blocks on these modes, None where a mode is not allowed or they OOM."""
+        counts = {m: modes.count(m) for m in set(modes)}
+        if any(m not in allowed or m not in self.block.modes for m in counts):
+            return None
+        act = sum(c * self.block.modes[m].act_bytes for m, c in counts.items())
+        if not fits(base + flight * act, self.model.capacity):
+            return None
+        return sum(c * self.block.modes[m].time_s for m, c in counts.items()), counts
 
     def solve(self) -> list[int] | None:
         """Block counts per rank minimising the max rank cost (heap merge, exact)."""
@@ -152,14 +187,7 @@ class UniformSplit:
         s // p of rank s % p (loop placement); a rank's blocks are spread evenly over its chunks,
         every chunk keeping at least one layer."""
         p, v, n = self.cand.pp, self.cand.virtual_stages, len(self.costs)
-        per_chunk = []
-        for r, total in enumerate(counts):
-            need = [
-                0 if (r == 0 and k == 0 and self.start == 1) or (r == p - 1 and k == v - 1 and self.end == n - 1) else 1
-                for k in range(v)
-            ]
-            extra = total - sum(need)
-            per_chunk.append([need[k] + extra // v + (1 if k < extra % v else 0) for k in range(v)])
+        per_chunk = [self.chunk_blocks(r, total) for r, total in enumerate(counts)]
         stages: list[list[int]] = []
         ranks: list[list[int]] = [[] for _ in range(p)]
         nxt = self.start
@@ -178,6 +206,8 @@ class UniformSplit:
         for r, blocks in enumerate(rank_blocks):
             mix = self._eval(r, len(blocks))[1]
             order = [m for m in ("full", "selective", "none") for _ in range(mix.get(m, 0))]
+            if self.ctx.request.recompute_blocks is not None:
+                order = self.pinned_modes(r, len(blocks))
             modes = dict(zip(blocks, order))
             fixed = self.fixed(r)
             modes.update({i: "none" for i in fixed})
@@ -294,6 +324,11 @@ def _solve(ctx: Context, cand: Candidate, costs: list[LayerCost], cache: dict | 
             return None, split.tightest_rank, excess
         sols, stages = split.rank_solutions(counts)
         return sols, stages, 0.0
+    if ctx.request.recompute_blocks is not None:
+        raise MeshplanError(
+            f"--recompute-blocks {ctx.request.recompute_blocks}: the model's blocks are not all alike, so the first "
+            "K of a stage are not one cost; use --recompute full (every block) or leave recompute to the search"
+        )
     sols = solve_general(ctx, cand, costs, cache)
     if sols is None:
         return None, 0, -1.0
