@@ -74,9 +74,10 @@ test-deps:
 
 # Two pytest workers, a test file each at a time (pytest-xdist --dist loadfile: a file's module-scoped
 # launches run once): the multi-rank tests wait on timeouts and signals while single-process ones
-# compute, 23 -> 16 min on 2 cores. TEST_WORKERS=0 runs them in one process.
+# compute, 23 -> 16 min on 2 cores. TEST_WORKERS=0 runs them in one process. The 30 slowest tests are listed
+# at the end (where CI time goes).
 TEST_WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 test: $(STAMP) $(EXPORT_STAMP) $(TORCHVISION_STAMP)
 	$(PYTEST) tests
