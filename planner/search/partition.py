@@ -102,14 +102,13 @@ class UniformSplit:
         blk = self.block
         base = static + n * self.static_block + (buf1 if n else buf0) + flight * fixed_act
         got = None
+        pinned = self.pinned_modes(rank, n) if self.ctx.request.recompute_blocks is not None else None
         for allowed, transient in self.model.phases([self.start]) if n else [(frozenset(blk.modes), 0.0)]:
-            if self.ctx.request.recompute_blocks is not None:
-                hit = self._pinned(self.pinned_modes(rank, n), allowed, base + transient, flight)
-                if hit is not None and (got is None or hit[0] < got[0]):
-                    got = hit
-                continue
-            opts = self._phase_options(allowed)
-            hit = solve_identical(n, opts, base + transient, flight, self.model.capacity, True) if opts else None
+            if pinned is not None:
+                hit = self._pinned(pinned, allowed, base + transient, flight)
+            else:
+                opts = self._phase_options(allowed)
+                hit = solve_identical(n, opts, base + transient, flight, self.model.capacity, True) if opts else None
             if hit is not None and (got is None or hit[0] < got[0]):
                 got = hit
         if got is None:
