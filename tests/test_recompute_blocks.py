@@ -84,16 +84,29 @@ def test_the_search_honours_the_pin_on_every_model_chunk():
             assert modes == "f" * k + "n" * (len(modes) - k), stage_modes(plan)
 
 
-def test_the_search_equals_the_brute_force_under_the_pin():
-    profile, spec = small_gpt(4), cluster(4, 80.0)
-    request = PlanRequest(num_gpus=4, global_batch=8, pp=2, tp=1, dp=2, microbatch=2, schedule="1F1B", zero=1,
-                          sequence_parallel=False, recompute="full", recompute_blocks=1)  # fmt: skip
+@pytest.mark.parametrize(
+    ("blocks", "memory_gb", "v", "k"),
+    [
+        (4, 80.0, 1, 1),
+        (8, 80.0, 2, 1),  # interleaved: a chunk of only the embedding or the head recomputes no block
+        (8, 80.0, 2, 2),
+        (12, 36.0, 2, 2),  # memory-tight: the fastest chunk layout does not fit, a slower one does
+    ],
+)
+def test_the_search_equals_the_brute_force_under_the_pin(blocks, memory_gb, v, k):
+    profile, spec = small_gpt(blocks), cluster(4, memory_gb)
+    schedule = "Interleaved1F1B" if v > 1 else "1F1B"
+    request = PlanRequest(num_gpus=4, global_batch=16 if blocks > 8 else 8, pp=2, tp=1, dp=2,
+                          microbatch=2 if blocks > 8 else 1 if v > 1 else 2, schedule=schedule, virtual_stages=v,
+                          zero=1, sequence_parallel=False, recompute="full", recompute_blocks=k)  # fmt: skip
     plan = search(profile, spec, request)
     brute, _ = brute_force_best(profile, spec, request)
+    assert plan.dp_methods.offload.name == "none"
     assert plan.prediction.step_time_s == pytest.approx(brute, rel=1e-9)
     for stage in plan.stages:
-        blocks = [f for f in stage if f.startswith("layers.")]
-        assert [plan.recompute[f] for f in blocks] == ["full"] + ["none"] * (len(blocks) - 1)
+        blocks_of = [f for f in stage if f.startswith("layers.")]
+        full = min(k, len(blocks_of))
+        assert [plan.recompute[f] for f in blocks_of] == ["full"] * full + ["none"] * (len(blocks_of) - full)
 
 
 @pytest.mark.parametrize(

@@ -34,6 +34,8 @@ class UniformSplit:
         self._memo: dict[tuple[int, int], tuple[float, dict] | None] = {}
         self._terms: dict[int, tuple] = {}
         self._options_of: dict[frozenset, list] = {}
+        self._chunks_of: dict[tuple[int, int], list[int]] = {}
+        """(rank, blocks) -> the chunk sizes the pinned recompute chose (recompute_blocks with v > 1)."""
         self.static_block = self.block.weights_bytes + self.block.grads_bytes + self.block.optim_bytes
 
     def fixed(self, rank: int) -> list[int]:
@@ -101,18 +103,23 @@ class UniformSplit:
         ) = self._rank_terms(rank)
         blk = self.block
         base = static + n * self.static_block + (buf1 if n else buf0) + flight * fixed_act
-        got = None
-        pinned = self.pinned_modes(rank, n) if self.ctx.request.recompute_blocks is not None else None
+        got, chunks = None, None
+        layouts = self.pinned_layouts(rank, n) if self.ctx.request.recompute_blocks is not None else [None]
         for allowed, transient in self.model.phases([self.start]) if n else [(frozenset(blk.modes), 0.0)]:
-            if pinned is not None:
-                hit = self._pinned(pinned, allowed, base + transient, flight)
-            else:
-                opts = self._phase_options(allowed)
-                hit = solve_identical(n, opts, base + transient, flight, self.model.capacity, True) if opts else None
-            if hit is not None and (got is None or hit[0] < got[0]):
-                got = hit
+            for layout in layouts:  # pinned: each chunk layout's blocks (the fastest that fits wins)
+                if layout is not None:
+                    hit = self._pinned(self.chunk_modes(layout), allowed, base + transient, flight)
+                else:
+                    opts = self._phase_options(allowed)
+                    hit = (
+                        solve_identical(n, opts, base + transient, flight, self.model.capacity, True) if opts else None
+                    )
+                if hit is not None and (got is None or hit[0] < got[0]):
+                    got, chunks = hit, layout
         if got is None:
             return None
+        if chunks is not None:
+            self._chunks_of[(rank, n)] = chunks
         time = got[0] + fixed_time + self.p2p_s
         fixed = self.fixed(rank)
         first = 0 if fixed and fixed[0] == 0 and self.start == 1 else self.start
@@ -129,24 +136,58 @@ class UniformSplit:
         )
         return self.model.factor * time + sync + opt, got[1]
 
-    def chunk_blocks(self, rank: int, total: int) -> list[int]:
-        """Blocks in each of the rank's chunks (virtual stages) when it holds `total`: spread evenly, every
-        chunk keeping at least one layer (layout)."""
+    def chunk_need(self, rank: int) -> list[int]:
+        """The fewest blocks each of the rank's chunks may hold: none in a chunk that holds the embedding or the
+        head (it keeps a layer without them), one in every other (a stage is never empty)."""
         p, v, n = self.cand.pp, self.cand.virtual_stages, len(self.costs)
-        need = [
+        return [
             0
             if (rank == 0 and k == 0 and self.start == 1) or (rank == p - 1 and k == v - 1 and self.end == n - 1)
             else 1
             for k in range(v)
         ]
+
+    def chunk_blocks(self, rank: int, total: int) -> list[int]:
+        """Blocks in each of the rank's chunks (virtual stages) when it holds `total`: the chunk sizes the pinned
+        recompute chose (_solve_rank), else spread evenly, every chunk keeping at least one layer (layout)."""
+        chosen = self._chunks_of.get((rank, total))
+        if chosen is not None:
+            return chosen
+        v, need = self.cand.virtual_stages, self.chunk_need(rank)
         extra = total - sum(need)
         return [need[k] + extra // v + (1 if k < extra % v else 0) for k in range(v)]
 
-    def pinned_modes(self, rank: int, total: int) -> list[str]:
-        """The modes of the rank's blocks in model order under recompute_blocks k: full on the first k blocks of
-        each chunk, none on the rest (Megatron's --recompute-method block, per model chunk)."""
+    def pinned_layouts(self, rank: int, total: int) -> list[list[int]]:
+        """Chunk sizes for the rank's `total` blocks under recompute_blocks k, one for each number of blocks they
+        recompute fully (sum over chunks of min(size, k)), from the even spread's (the most) down to the fewest:
+        each step moves one block out of the smallest chunk that can spare one into the largest chunk that must
+        hold a block (a chunk left with the embedding or the head alone recomputes none), which lowers that
+        number by one or keeps it. Under a runtime that splits its stages evenly, the even spread alone."""
+        even = self.chunk_blocks(rank, total)
+        k, need = self.ctx.request.recompute_blocks or 0, self.chunk_need(rank)
+        if self.ctx.spec.uniform_stages or 1 not in need:
+            return [even]
+        sizes, out = list(even), [list(even)]
+        full = sum(min(c, k) for c in sizes)
+        big = max((c for c in range(len(sizes)) if need[c]), key=lambda c: (sizes[c], -c))
+        while True:
+            donors = [c for c in range(len(sizes)) if c != big and sizes[c] > need[c]]
+            if not donors:
+                return out
+            small = min(donors, key=lambda c: (sizes[c], c))
+            sizes[small] -= 1
+            sizes[big] += 1
+            now = sum(min(c, k) for c in sizes)
+            if now < full:
+                full = now
+                out.append(list(sizes))
+
+    def chunk_modes(self, chunks: list[int]) -> list[str]:
+        """The modes of a rank's blocks in model order under recompute_blocks k, its chunks holding `chunks`
+        blocks: full on the first k blocks of each chunk, none on the rest (Megatron's --recompute-method
+        block, per model chunk)."""
         k = self.ctx.request.recompute_blocks or 0
-        return [m for c in self.chunk_blocks(rank, total) for m in ["full"] * min(c, k) + ["none"] * max(c - k, 0)]
+        return [m for c in chunks for m in ["full"] * min(c, k) + ["none"] * max(c - k, 0)]
 
     def _pinned(self, modes: list[str], allowed: frozenset, base: float, flight: float):
         """(time, {mode: count}) of the blocks on these modes, None where a mode is not allowed or they OOM."""
@@ -206,7 +247,7 @@ class UniformSplit:
             mix = self._eval(r, len(blocks))[1]
             order = [m for m in ("full", "selective", "none") for _ in range(mix.get(m, 0))]
             if self.ctx.request.recompute_blocks is not None:
-                order = self.pinned_modes(r, len(blocks))
+                order = self.chunk_modes(self.chunk_blocks(r, len(blocks)))
             modes = dict(zip(blocks, order))
             fixed = self.fixed(r)
             modes.update({i: "none" for i in fixed})
