@@ -14,7 +14,7 @@ from meshplan.errors import MeshplanError
 from meshplan.planner.context import Candidate, Context
 from meshplan.planner.cost.memory import fits
 from meshplan.planner.cost.pipeline import in_flight, p2p_per_microbatch_s
-from meshplan.planner.rank.layer_cost import LayerCost, recompute_policies, restrict
+from meshplan.planner.rank.layer_cost import LayerCost, pinned_block_modes, recompute_policies, restrict
 from meshplan.planner.rank.stages import RankModel, RankSolution
 from meshplan.planner.rank.tail import last_bucket_params, tail_s
 from meshplan.planner.search.recompute import modes_of, pareto_frontier, solve_frontier, solve_identical, undominated
@@ -31,11 +31,10 @@ class UniformSplit:
         self.block = costs[self.start]
         self.options = [(m, mc.time_s, mc.act_bytes) for m, mc in self.block.modes.items()]
         self.p2p_s = p2p_per_microbatch_s(ctx, cand, ctx.layers[self.start].output_bytes)
-        self._memo: dict[tuple[int, int], tuple[float, dict] | None] = {}
+        self._memo: dict[tuple[int, int], tuple[float, dict, list[int] | None] | None] = {}
+        """(rank, blocks) -> (cost, {mode: blocks}, the chunk sizes pinned recompute chose or None), None: OOM."""
         self._terms: dict[int, tuple] = {}
         self._options_of: dict[frozenset, list] = {}
-        self._chunks_of: dict[tuple[int, int], list[int]] = {}
-        """(rank, blocks) -> the chunk sizes the pinned recompute chose (recompute_blocks with v > 1)."""
         self.static_block = self.block.weights_bytes + self.block.grads_bytes + self.block.optim_bytes
 
     def fixed(self, rank: int) -> list[int]:
@@ -108,7 +107,7 @@ class UniformSplit:
         for allowed, transient in self.model.phases([self.start]) if n else [(frozenset(blk.modes), 0.0)]:
             for layout in layouts:  # pinned: each chunk layout's blocks (the fastest that fits wins)
                 if layout is not None:
-                    hit = self._pinned(self.chunk_modes(layout), allowed, base + transient, flight)
+                    hit = self._pinned(self.full_blocks(layout), n, allowed, base + transient, flight)
                 else:
                     opts = self._phase_options(allowed)
                     hit = (
@@ -118,8 +117,6 @@ class UniformSplit:
                     got, chunks = hit, layout
         if got is None:
             return None
-        if chunks is not None:
-            self._chunks_of[(rank, n)] = chunks
         time = got[0] + fixed_time + self.p2p_s
         fixed = self.fixed(rank)
         first = 0 if fixed and fixed[0] == 0 and self.start == 1 else self.start
@@ -134,7 +131,7 @@ class UniformSplit:
             last,
             fixed_opt + n * blk.optimizer_s,
         )
-        return self.model.factor * time + sync + opt, got[1]
+        return self.model.factor * time + sync + opt, got[1], chunks
 
     def chunk_need(self, rank: int) -> list[int]:
         """The fewest blocks each of the rank's chunks may hold: none in a chunk that holds the embedding or the
@@ -148,11 +145,8 @@ class UniformSplit:
         ]
 
     def chunk_blocks(self, rank: int, total: int) -> list[int]:
-        """Blocks in each of the rank's chunks (virtual stages) when it holds `total`: the chunk sizes the pinned
-        recompute chose (_solve_rank), else spread evenly, every chunk keeping at least one layer (layout)."""
-        chosen = self._chunks_of.get((rank, total))
-        if chosen is not None:
-            return chosen
+        """Blocks in each of the rank's chunks (virtual stages) when it holds `total`: spread evenly, every
+        chunk keeping at least one layer (layout)."""
         v, need = self.cand.virtual_stages, self.chunk_need(rank)
         extra = total - sum(need)
         return [need[k] + extra // v + (1 if k < extra % v else 0) for k in range(v)]
@@ -163,12 +157,11 @@ class UniformSplit:
         each step moves one block out of the smallest chunk that can spare one into the largest chunk that must
         hold a block (a chunk left with the embedding or the head alone recomputes none), which lowers that
         number by one or keeps it. Under a runtime that splits its stages evenly, the even spread alone."""
-        even = self.chunk_blocks(rank, total)
-        k, need = self.ctx.request.recompute_blocks or 0, self.chunk_need(rank)
+        even, need = self.chunk_blocks(rank, total), self.chunk_need(rank)
         if self.ctx.spec.uniform_stages or 1 not in need:
             return [even]
         sizes, out = list(even), [list(even)]
-        full = sum(min(c, k) for c in sizes)
+        full = self.full_blocks(sizes)
         big = max((c for c in range(len(sizes)) if need[c]), key=lambda c: (sizes[c], -c))
         while True:
             donors = [c for c in range(len(sizes)) if c != big and sizes[c] > need[c]]
@@ -177,21 +170,21 @@ class UniformSplit:
             small = min(donors, key=lambda c: (sizes[c], c))
             sizes[small] -= 1
             sizes[big] += 1
-            now = sum(min(c, k) for c in sizes)
+            now = self.full_blocks(sizes)
             if now < full:
                 full = now
                 out.append(list(sizes))
 
-    def chunk_modes(self, chunks: list[int]) -> list[str]:
-        """The modes of a rank's blocks in model order under recompute_blocks k, its chunks holding `chunks`
-        blocks: full on the first k blocks of each chunk, none on the rest (Megatron's --recompute-method
-        block, per model chunk)."""
+    def full_blocks(self, chunks: list[int]) -> int:
+        """Blocks recompute_blocks k recomputes fully on a rank whose chunks hold `chunks` blocks: the first k of
+        each chunk (Megatron's --recompute-method block, per model chunk; layer_cost.pinned_block_modes)."""
         k = self.ctx.request.recompute_blocks or 0
-        return [m for c in chunks for m in ["full"] * min(c, k) + ["none"] * max(c - k, 0)]
+        return sum(min(c, k) for c in chunks)
 
-    def _pinned(self, modes: list[str], allowed: frozenset, base: float, flight: float):
-        """(time, {mode: count}) of the blocks on these modes, None where a mode is not allowed or they OOM."""
-        counts = {m: modes.count(m) for m in set(modes)}
+    def _pinned(self, full: int, n: int, allowed: frozenset, base: float, flight: float):
+        """(time, {mode: count}) of n blocks, `full` of them fully recomputed and none on the rest, None where a
+        mode is not allowed or they OOM."""
+        counts = {m: c for m, c in (("full", full), ("none", n - full)) if c}
         if any(m not in allowed or m not in self.block.modes for m in counts):
             return None
         act = sum(c * self.block.modes[m].act_bytes for m, c in counts.items())
@@ -225,9 +218,9 @@ class UniformSplit:
     def layout(self, counts: list[int]) -> tuple[list[list[int]], list[list[int]]]:
         """(stages in model order as layer indices, block indices per rank). Stage s = chunk
         s // p of rank s % p (loop placement); a rank's blocks are spread evenly over its chunks,
-        every chunk keeping at least one layer."""
+        every chunk keeping at least one layer, or as its pinned recompute chose (_solve_rank)."""
         p, v, n = self.cand.pp, self.cand.virtual_stages, len(self.costs)
-        per_chunk = [self.chunk_blocks(r, total) for r, total in enumerate(counts)]
+        per_chunk = [self._eval(r, total)[2] or self.chunk_blocks(r, total) for r, total in enumerate(counts)]
         stages: list[list[int]] = []
         ranks: list[list[int]] = [[] for _ in range(p)]
         nxt = self.start
@@ -242,13 +235,12 @@ class UniformSplit:
 
     def rank_solutions(self, counts: list[int]) -> tuple[list[RankSolution], list[list[int]]]:
         stages, rank_blocks = self.layout(counts)
+        pinned = pinned_block_modes(self.ctx, stages, self.costs)  # {} without recompute_blocks
         sols = []
         for r, blocks in enumerate(rank_blocks):
             mix = self._eval(r, len(blocks))[1]
             order = [m for m in ("full", "selective", "none") for _ in range(mix.get(m, 0))]
-            if self.ctx.request.recompute_blocks is not None:
-                order = self.chunk_modes(self.chunk_blocks(r, len(blocks)))
-            modes = dict(zip(blocks, order))
+            modes = {i: pinned[i] for i in blocks} if pinned else dict(zip(blocks, order))
             fixed = self.fixed(r)
             modes.update({i: "none" for i in fixed})
             sols.append(self.model.finish(r, sorted(fixed + blocks), modes, self.p2p_s))
