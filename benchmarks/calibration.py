@@ -14,18 +14,19 @@ Only measured times are combined (layer forward/backward, the optimizer step, th
 wrapper and step overheads, codec times); the structure of the two profiles must be the same.
 
 One profile before and one after still describe the host at two moments around a launch of
-about two minutes, and a profile's layer timing covers a few seconds: on an idle host of this
-kind five profiles in a row put one model's summed layer time anywhere from 20 to 40 ms. So the
-launch is also split in two (benchmarks.local_accuracy.measure_round, chunks) and the layers are
-timed again between the halves (retime_model): each layer's time is then the median of three
-timings spread over the launch, before, during and after its plans' runs.
+about two minutes, and a profile's timing covers a few seconds: on an idle host of this kind five
+profiles in a row put one model's summed layer time anywhere from 20 to 40 ms, and the in-place
+tensor-parallel overheads, most of a TP plan's price, move as much (they are waits on partner
+ranks that share the cores). So the launch is also split in two
+(benchmarks.local_accuracy.measure_round, chunks) and the model is profiled again, in-place
+wrappers included, between the halves (retime_model): every measured time is then the median of
+three profiles spread over the launch, before, during and after its plans' runs.
 """
 
 from __future__ import annotations
 
 import copy
 import statistics
-from collections.abc import Sequence
 
 from meshplan.model_profile import ModelProfile
 
@@ -40,16 +41,14 @@ def _middle_dict(dicts: list[dict[str, float]]) -> dict[str, float]:
     return {k: _middle([d[k] for d in dicts if k in d]) for k in keys}
 
 
-def combine_profiles(profiles: list[ModelProfile], mid: Sequence[ModelProfile] = ()) -> ModelProfile:
-    """One profile whose every measured time is the middle of `profiles`' (same model, same
-    layers and microbatch sizes, measured at different times); everything else is the first's.
-    `mid`: layer timings taken between the profiles (benchmarks.local_accuracy.retime_model,
-    without the in-place wrapper measurements): they join the layers' forward, backward and
-    optimizer-step times, not the in-place overheads."""
+def combine_profiles(profiles: list[ModelProfile]) -> ModelProfile:
+    """One profile whose every measured time is the median of `profiles`' (the mean of two; same
+    model, same layers and microbatch sizes, measured at different times); everything else is the
+    first's."""
     if not profiles:
         raise ValueError("combine_profiles needs at least one profile")
     first = profiles[0]
-    for other in [*profiles[1:], *mid]:
+    for other in profiles[1:]:
         if [lp.name for lp in other.layers] != [lp.name for lp in first.layers]:
             raise ValueError(f"profiles of different layers cannot be combined ({first.model_name})")
         for a, b in zip(first.layers, other.layers):
@@ -58,11 +57,10 @@ def combine_profiles(profiles: list[ModelProfile], mid: Sequence[ModelProfile] =
     out = copy.deepcopy(first)
     for i, layer in enumerate(out.layers):
         same = [p.layers[i] for p in profiles]
-        timed = same + [p.layers[i] for p in mid]
         for j, timing in enumerate(layer.timings):
-            timing.forward_s = _middle([lp.timings[j].forward_s for lp in timed])
-            timing.backward_s = _middle([lp.timings[j].backward_s for lp in timed])
-        layer.optimizer_step_s = _middle([lp.optimizer_step_s for lp in timed])
+            timing.forward_s = _middle([lp.timings[j].forward_s for lp in same])
+            timing.backward_s = _middle([lp.timings[j].backward_s for lp in same])
+        layer.optimizer_step_s = _middle([lp.optimizer_step_s for lp in same])
         layer.framework_overhead_s = _middle_dict([lp.framework_overhead_s for lp in same])
     out.step_overhead_s = _middle_dict([p.step_overhead_s for p in profiles])
     for name, codec in out.codec_timings.items():
@@ -72,8 +70,7 @@ def combine_profiles(profiles: list[ModelProfile], mid: Sequence[ModelProfile] =
         codec.refit_s = _middle_dict([c.refit_s for c in same_codec])
     out.notes = [
         *out.notes,
-        f"bracketed: every measured time is the median of {len(profiles)} profiles taken around one launch"
-        + (f", the layers' times also of {len(mid)} timing(s) taken during it" if mid else ""),
+        f"bracketed: every measured time is the median of {len(profiles)} profiles taken around and during one launch",
     ]
     return out
 
@@ -93,3 +90,24 @@ def layer_drift(before: ModelProfile, after: ModelProfile) -> float:
             sums.setdefault(mb, []).append(total)
     ratios = [s[1] / s[0] for s in sums.values() if len(s) == 2 and s[0] > 0]
     return statistics.median(ratios) if ratios else 1.0
+
+
+TP_OVERHEAD_PREFIXES = ("tp@", "tp_sp@")
+"""framework_overhead_s keys of the in-place tensor-parallel overheads (profiler/insitu.py)."""
+
+
+def tp_overhead_drift(before: ModelProfile, other: ModelProfile) -> float | None:
+    """How much the in-place tensor-parallel overheads moved between two profiles: the median
+    over wrapper, degree and microbatch keys ("tp@2:b1", "tp_sp@4:b8", forward+backward) of the
+    overhead summed over the model's layers, `other` over `before`; None when neither measured
+    any (--concurrent 1, a model no degree divides)."""
+    sums: list[dict[str, float]] = []
+    for profile in (before, other):
+        per_key: dict[str, float] = {}
+        for layer in profile.layers:
+            for key, value in layer.framework_overhead_s.items():
+                if key.startswith(TP_OVERHEAD_PREFIXES) and not key.endswith(":fwd"):
+                    per_key[key] = per_key.get(key, 0.0) + value
+        sums.append(per_key)
+    ratios = [sums[1][k] / v for k, v in sums[0].items() if v > 0 and k in sums[1]]
+    return statistics.median(ratios) if ratios else None

@@ -207,6 +207,28 @@ def bracket_drift(local: dict) -> dict | None:
     }
 
 
+def tp_drift(local: dict) -> dict | None:
+    """Each launch's in-place tensor-parallel overheads, summed over the model's layers, in the
+    profiles after the launch and between its halves over the one before
+    (benchmarks/calibration.tp_overhead_drift): the term most of a TP plan's price rests on."""
+    moves = [
+        (x["model"], x.get("repetition", 0), d)
+        for x in local.get("launches", [])
+        if "tp_drift" in x
+        for d in (x["tp_drift"], *x.get("tp_mid_drift", []))
+    ]
+    if not moves:
+        return None
+    shown, largest = _per_launch(moves)
+    return {
+        "check": "tp_drift",
+        "value": {"ratios": [d for _, _, d in moves]},
+        "text": f"the in-place TP overheads (waits on partner ranks sharing the cores; most of a TP plan's "
+        f"price) summed over the layers, in the profiles after each launch and between its halves over "
+        f"the one before: {shown} (largest {largest}); each plan is priced from the three profiles' median.",
+    }
+
+
 def pass_drift(local: dict) -> dict | None:
     """Each launch's second pass over its first (median over its plans: benchmarks.local_accuracy
     .measure_round runs the plans A B ... B A)."""
@@ -237,6 +259,7 @@ def diagnose(local: dict, memory: dict) -> list[dict]:
         calibration_drift(local.get("calibrations", [])),
         launch_drift(by_model),
         bracket_drift(local),
+        tp_drift(local),
         pass_drift(local),
     ]
     return [c for c in checks if c is not None]

@@ -79,14 +79,12 @@ def calibrate_links(quick: bool, say) -> tuple[object, dict]:
     return cluster, info
 
 
-def _cpu_profile(model: str, in_place: bool = True):
-    """`model` profiled on the CPU at MICROBATCHES with NUM_RANKS ranks busy: the one timing
-    calibrate_model and retime_model share (the latter without the in-place wrapper runs)."""
+def _cpu_profile(model: str):
+    """`model` profiled on the CPU at MICROBATCHES with NUM_RANKS ranks busy, in-place wrappers
+    included: the one timing calibrate_model and retime_model share."""
     from meshplan.profiler import profile_model
 
-    return profile_model(
-        model, None, device="cpu", microbatch_sizes=MICROBATCHES, concurrent=NUM_RANKS, in_place=in_place
-    )
+    return profile_model(model, None, device="cpu", microbatch_sizes=MICROBATCHES, concurrent=NUM_RANKS)
 
 
 def calibrate_model(model: str, calibration: dict, say, when: str = "before"):
@@ -99,6 +97,7 @@ def calibrate_model(model: str, calibration: dict, say, when: str = "before"):
     profile = _cpu_profile(model)
     calibration[f"profile_{model}{suffix}_s"] = round(time.perf_counter() - start, 1)
     calibration.setdefault(f"layer_timings{suffix}_s", {})[model] = _timings(profile)
+    calibration.setdefault(f"in_place{suffix}_s", {})[model] = _in_place(profile)
     calibration.setdefault(f"step_overhead{suffix}_s", {})[model] = dict(profile.step_overhead_s)
     say(
         f"  profiled {model} on the CPU {when} its launch ({calibration[f'profile_{model}{suffix}_s']} s, "
@@ -108,15 +107,27 @@ def calibrate_model(model: str, calibration: dict, say, when: str = "before"):
 
 
 def retime_model(model: str, calibration: dict, say):
-    """The model's layers timed again in the middle of its launch (benchmarks/calibration.py):
-    the same CPU timing as calibrate_model's profile (NUM_RANKS ranks busy), without the in-place
-    wrapper measurements, which only the profiles around the launch take; its timings are
-    appended to `calibration["layer_timings_mid_s"][model]`."""
+    """The model profiled again in the middle of its launch (benchmarks/calibration.py): the
+    same CPU profile as calibrate_model's, in-place wrappers included; its timings are appended to
+    `calibration["layer_timings_mid_s"][model]`, `["in_place_mid_s"][model]` and
+    `["step_overhead_mid_s"][model]`."""
     start = time.perf_counter()
-    profile = _cpu_profile(model, in_place=False)
+    profile = _cpu_profile(model)
     calibration.setdefault("layer_timings_mid_s", {}).setdefault(model, []).append(_timings(profile))
-    say(f"  timed {model}'s layers again between its launch's chunks ({time.perf_counter() - start:.1f} s)")
+    calibration.setdefault("in_place_mid_s", {}).setdefault(model, []).append(_in_place(profile))
+    calibration.setdefault("step_overhead_mid_s", {}).setdefault(model, []).append(dict(profile.step_overhead_s))
+    say(f"  profiled {model} again between its launch's chunks ({time.perf_counter() - start:.1f} s)")
     return profile
+
+
+def _in_place(profile) -> dict:
+    """{layer: framework_overhead_s} of the measured (not reused) layers: the in-place wrapper
+    overheads and the one-rank wrapper timings."""
+    return {
+        layer.name: dict(layer.framework_overhead_s)
+        for layer in profile.layers
+        if layer.timings and not any(t.reused_from for t in layer.timings)
+    }
 
 
 def _timings(profile) -> dict:

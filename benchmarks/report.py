@@ -213,6 +213,10 @@ def _local(r: dict) -> list[str]:
             "layer_timings_after_s",
             "step_overhead_after_s",
             "layer_timings_mid_s",
+            "in_place_s",
+            "in_place_after_s",
+            "in_place_mid_s",
+            "step_overhead_mid_s",
         )
     }
     lines += [
@@ -220,14 +224,14 @@ def _local(r: dict) -> list[str]:
         f"`profile_links(4)`, re-measured in each of the {la.get('repeats')} round(s): the links at "
         "the round's start, each model's profile right before its launch and again right after it"
         + (
-            ", and its layers timed again between the launch's halves, each plan priced from the profiles' "
-            "middle with each layer's time the median of the three timings"
+            ", and again between the launch's halves, each plan priced from the three profiles' median "
+            "(layer times and in-place overheads alike)"
             if any(x.get("chunks", 1) > 1 for x in la.get("launches", []))
             else ", each plan priced from the two profiles' middle"
         )
         + " (benchmarks/calibration.py; the plans run are "
         "chosen from the profile before, and the column 'profile before only' prices them from it alone) "
-        f"(first round: {cal}; per-layer timings, in-place step overheads, link fits and load of every round are in "
+        f"(first round: {cal}; per-layer timings and in-place overheads, link fits and load of every round are in "
         "benchmarks.json under local_accuracy.calibrations); never fitted to the grid. Global batch "
         f"{la.get('global_batch')}; per round one launch per model runs every plan, each plan's time "
         "the median of its steps after the warm-up step; the tables show medians over rounds.",
@@ -240,12 +244,15 @@ def _local(r: dict) -> list[str]:
         f"{x['model']} #{x['repetition'] + 1}: {x['wall_s']:.0f} s, load {x['load_average'][0]:.1f}"
         + (f", layers x{x['drift']:.2f} after" if "drift" in x else "")
         + "".join(f", x{d:.2f} mid" for d in x.get("mid_drift", []))
+        + (f"; TP overheads x{x['tp_drift']:.2f} after" if "tp_drift" in x else "")
+        + "".join(f", x{d:.2f} mid" for d in x.get("tp_mid_drift", []))
         for x in la.get("launches", [])
     ]
     if loads:
         lines += [
             "Launches (wall time, 1-minute load average after, the model's layer time in the profile after "
-            "the launch, and in the timing between its halves, over the one before): " + "; ".join(loads) + ".",
+            "the launch and in the one between its halves over the one before, and the same of its summed "
+            "in-place TP overheads): " + "; ".join(loads) + ".",
             "",
         ]
     for name, m in la["models"].items():

@@ -52,11 +52,11 @@ def _predict_model(model: str, profile, cluster, grid: list, say) -> tuple[list,
 
 
 def _bracketed(model: str, before, plans: list, cluster, calibration: dict, info: dict, say, mid=()) -> list:
-    """The launch's plans priced from `before` and a profile taken right after the launch,
-    combined with the layer timings `mid` taken between the launch's chunks
-    (benchmarks/calibration.py); `info` gets the launch's drift, after over before, and each
-    mid timing's over before. A plan whose pins do not reproduce its own prediction from
-    `before`, or a failed second profile, keeps its one-profile prediction (said in `info`)."""
+    """The launch's plans priced from `before`, the profiles `mid` taken between the launch's
+    chunks and a profile taken right after the launch, combined (benchmarks/calibration.py);
+    `info` gets the launch's drift, after and each mid profile over before, of the layer times
+    and of the in-place TP overheads. A plan whose pins do not reproduce its own prediction from
+    `before`, or a failed profile after, keeps its one-profile prediction (said in `info`)."""
     from meshplan.planner import estimate
 
     try:
@@ -68,7 +68,10 @@ def _bracketed(model: str, before, plans: list, cluster, calibration: dict, info
     info["drift"] = bracket.layer_drift(before, after)
     if mid:
         info["mid_drift"] = [bracket.layer_drift(before, m) for m in mid]
-    both = bracket.combine_profiles([before, after], mid)
+    tp_drift = [bracket.tp_overhead_drift(before, p) for p in (after, *mid)]
+    if all(d is not None for d in tp_drift):
+        info["tp_drift"], info["tp_mid_drift"] = tp_drift[0], tp_drift[1:]
+    both = bracket.combine_profiles([before, *mid, after])
     priced, kept = [], []
     for name, plan in plans:
         try:
@@ -86,14 +89,14 @@ def _bracketed(model: str, before, plans: list, cluster, calibration: dict, info
 
 
 def _retimer(model: str, calibration: dict, mid: list, say):
-    """between(k) for la.measure_round: the model's layers timed again, appended to `mid`; a
-    failed timing is said and skipped (the plans keep the profiles around the launch)."""
+    """between(k) for la.measure_round: the model profiled again, appended to `mid`; a failed
+    profile is said and skipped (the plans keep the profiles around the launch)."""
 
     def between(_chunk: int) -> None:
         try:
             mid.append(la.retime_model(model, calibration, say))
         except MeshplanError as exc:
-            say(f"  {model}: no layer timing between the launch's chunks ({exc})")
+            say(f"  {model}: no profile between the launch's chunks ({exc})")
 
     return between
 

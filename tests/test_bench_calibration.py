@@ -25,7 +25,7 @@ def _timed(scale: float, sizes=(1, 2, 4, 8)):
             for b in sizes
         ]
         layer.optimizer_step_s = scale * 1e-4
-        layer.framework_overhead_s = {"tp": scale * 5e-5}
+        layer.framework_overhead_s = {"tp@2:b4": scale * 5e-5, "tp@2:b4:fwd": scale * 2e-5}
     profile.step_overhead_s = {"ddp@4:b4": scale * 1e-3}
     profile.device = "cpu"
     return profile
@@ -39,7 +39,7 @@ def test_combined_profile_holds_the_middle_of_every_measured_time():
             assert tc.forward_s == pytest.approx((tb.forward_s + ta.forward_s) / 2)
             assert tc.backward_s == pytest.approx((tb.backward_s + ta.backward_s) / 2)
         assert lc.optimizer_step_s == pytest.approx(2e-4)
-        assert lc.framework_overhead_s["tp"] == pytest.approx(1e-4)
+        assert lc.framework_overhead_s["tp@2:b4"] == pytest.approx(1e-4)
     assert both.step_overhead_s == {"ddp@4:b4": pytest.approx(2e-3)}
     assert before.layers[0].timings[0].forward_s == pytest.approx(1e-3)  # the inputs are left as they were
     assert bracket.layer_drift(before, after) == pytest.approx(3.0)
@@ -48,24 +48,28 @@ def test_combined_profile_holds_the_middle_of_every_measured_time():
     )  # three or more: the median, not swayed by one outlier
 
 
-def test_layer_timings_taken_during_the_launch_join_the_layers_times_only():
-    """Timed 1x before, 2.5x between the launch's chunks and 3x after: a layer's forward,
-    backward and optimizer-step times are the median of the three, the in-place overheads
-    (which the mid timing does not take) the middle of the two profiles."""
+def test_a_profile_taken_during_the_launch_joins_every_measured_time():
+    """Profiled 1x before, 2.5x between the launch's chunks and 3x after: every measured time,
+    the in-place overheads included (most of a TP plan's price), is the median of the three,
+    and the TP overheads' drift is read per profile."""
     before, mid, after = _timed(1.0), _timed(2.5), _timed(3.0)
-    mid.layers[0].framework_overhead_s = {"tp": 1.0}  # a one-rank value: must not be used
-    mid.step_overhead_s = {"ddp@4:b4": 1.0}
-    both = bracket.combine_profiles([before, after], [mid])
+    both = bracket.combine_profiles([before, mid, after])
     for lb, lc in zip(before.layers, both.layers):
         for tb, tc in zip(lb.timings, lc.timings):
             assert tc.forward_s == pytest.approx(2.5 * tb.forward_s)
             assert tc.backward_s == pytest.approx(2.5 * tb.backward_s)
         assert lc.optimizer_step_s == pytest.approx(2.5e-4)
-        assert lc.framework_overhead_s["tp"] == pytest.approx(1e-4)
-    assert both.step_overhead_s == {"ddp@4:b4": pytest.approx(2e-3)}
-    assert "1 timing(s) taken during it" in both.notes[-1]
-    with pytest.raises(ValueError, match="microbatch sizes"):
-        bracket.combine_profiles([before, after], [_timed(1.0, sizes=(1, 2))])
+        assert lc.framework_overhead_s["tp@2:b4"] == pytest.approx(2.5 * 5e-5)
+    assert both.step_overhead_s == {"ddp@4:b4": pytest.approx(2.5e-3)}
+    assert "median of 3 profiles" in both.notes[-1]
+    assert bracket.tp_overhead_drift(before, mid) == pytest.approx(2.5)
+    mid.layers[1].framework_overhead_s["tp@2:b4"] *= 10  # one layer's TP overhead moves: the sum moves
+    total = sum(lp.framework_overhead_s["tp@2:b4"] for lp in before.layers)
+    moved = 2.5 * (total + 9 * before.layers[1].framework_overhead_s["tp@2:b4"]) / total
+    assert bracket.tp_overhead_drift(before, mid) == pytest.approx(moved)
+    for layer in before.layers:
+        layer.framework_overhead_s = {"recompute_full@1:b1": 1e-3}
+    assert bracket.tp_overhead_drift(before, mid) is None  # nothing measured under TP
 
 
 def test_profiles_of_different_structure_are_refused():
@@ -117,8 +121,11 @@ def test_a_launchs_plans_are_priced_from_both_profiles(monkeypatch):
     mid_info: dict = {}
     with_mid = run._bracketed("gpt-tiny", before, plans, cluster, {}, mid_info, lambda *_: None, [_timed(2.5)])
     assert mid_info["mid_drift"] == [pytest.approx(2.5)]
-    for (name, _), got, bracketed in zip(plans, with_mid, priced):  # layers at the median 2.5x, overheads 2x
-        assert got.prediction.step_time_s > bracketed.prediction.step_time_s, name
+    assert mid_info["tp_drift"] == pytest.approx(3.0) and mid_info["tp_mid_drift"] == [pytest.approx(2.5)]
+    median = _timed(2.5)
+    for (name, plan), got in zip(plans, with_mid):  # every measured time at the median, 2.5x
+        expected = estimate(median, cluster, la.request(la.pins_of(plan))).prediction.step_time_s
+        assert got.prediction.step_time_s == pytest.approx(expected, rel=1e-9), name
 
     monkeypatch.setattr(run.la, "calibrate_model", fails)
     info = {}
@@ -228,3 +235,18 @@ def test_pass_drift_names_the_launch_that_moved_most():
     check = pass_drift(local)
     assert check["value"]["ratios"] == [1.1, 0.7] and "largest x0.70, b #2" in check["text"]
     assert pass_drift({"launches": [{"model": "a"}]}) is None
+
+
+def test_tp_drift_names_the_profile_whose_tp_overheads_moved_most():
+    from benchmarks.diagnostics import tp_drift
+
+    local = {
+        "launches": [
+            {"model": "a", "repetition": 0, "tp_drift": 1.1, "tp_mid_drift": [0.95]},
+            {"model": "b", "repetition": 0, "tp_drift": 1.3, "tp_mid_drift": [0.6]},
+            {"model": "c", "repetition": 0, "drift": 1.0},  # no TP measured
+        ]
+    }
+    check = tp_drift(local)
+    assert check["value"]["ratios"] == [1.1, 0.95, 1.3, 0.6] and "largest x0.60, b #1" in check["text"]
+    assert tp_drift({"launches": [{"model": "a", "drift": 1.0}]}) is None
