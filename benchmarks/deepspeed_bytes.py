@@ -12,8 +12,10 @@ inside a throttled loopback namespace (benchmarks/slow_link.py) whose interface 
 kernel keeps, as benchmarks/kernel_bytes.py does for meshplan's own executor. Nothing here shares
 code with the cost model but the model's definition.
 
-Per row, two launches of S1 and S2 optimizer steps (M micro-steps each); (delta(S2) - delta(S1)) /
-(S2 - S1) of the namespace's lo counters is one steady-state step, all ranks together. The TCP
+Per row, one launch of S2 optimizer steps (M micro-steps each); the namespace's lo counters are
+read after step S1 and after step S2, with every rank held at a barrier (deepspeed_worker.py), and
+their difference over S2 - S1 is one steady-state step, all ranks together (two gloo barriers
+beside it: a few hundred bytes). The TCP
 payload the kernel carried is its bytes less one 52-byte header per counted packet
 (kernel_bytes.HEADER_BYTES); the prediction is N x estimate()'s per-rank network bytes per step
 (`comm_bytes_per_step`), for the same model, batch, accumulation and ZeRO stage. Besides the
@@ -33,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 from benchmarks import kernel_bytes, slow_link
 
@@ -71,28 +74,32 @@ def predicted_payload(stage: int, nproc: int, flags: list[str]) -> float:
     return nproc * sum(v for axis, v in per_rank.items() if axis not in kernel_bytes.NETWORK_FREE_AXES)
 
 
-def _launch(prefix: list[str], spec: dict, steps: int, nproc: int, port: int, timeout_s: float) -> dict:
-    """Run the nproc DeepSpeed ranks in the namespace; rank 0's JSON line. Kills them all on timeout."""
+def _launch(prefix: list[str], spec: dict, steps: tuple[int, int], nproc: int, port: int, timeout_s: float) -> dict:
+    """Run the nproc DeepSpeed ranks in the namespace for steps[1] steps, reading its counters when
+    rank 0 marks steps[0] and steps[1] done; rank 0's JSON line with the counters per step. Kills
+    them all on timeout or when a rank fails."""
     env = ["MASTER_ADDR=127.0.0.1", f"MASTER_PORT={port}", f"WORLD_SIZE={nproc}", "OMP_NUM_THREADS=1"]
     env += ["PYTHONPATH=", "PYTHONWARNINGS=ignore"]
     procs = []
+    counters: list[dict[str, int]] = []
     with tempfile.TemporaryDirectory(prefix="meshplan-dsbytes-") as tmp:
         try:
             for rank in range(nproc):
-                cmd = [
-                    *prefix,
-                    *env,
-                    f"RANK={rank}",
-                    f"LOCAL_RANK={rank}",
-                    TOOLS_PYTHON,
-                    WORKER,
-                    json.dumps(spec),
-                    str(steps),
-                ]
+                cmd = [*prefix, *env, f"RANK={rank}", f"LOCAL_RANK={rank}", TOOLS_PYTHON, WORKER]
+                cmd += [json.dumps(spec), ",".join(map(str, steps)), tmp]
                 out = open(os.path.join(tmp, f"rank{rank}.log"), "w")
                 procs.append((subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True), out))
-            for proc, _ in procs:
-                proc.wait(timeout=timeout_s)
+            deadline = time.monotonic() + timeout_s
+            while any(p.poll() is None for p, _ in procs):
+                if any(p.returncode not in (None, 0) for p, _ in procs):
+                    break
+                if time.monotonic() > deadline:
+                    raise subprocess.TimeoutExpired(WORKER, timeout_s)
+                k = len(counters)
+                if os.path.exists(os.path.join(tmp, f"mark{k}")):
+                    counters.append(kernel_bytes.read_counters(prefix[3]))
+                    open(os.path.join(tmp, f"ack{k}"), "w").close()
+                time.sleep(0.02)
         finally:
             for proc, out in procs:
                 if proc.poll() is None:
@@ -106,8 +113,12 @@ def _launch(prefix: list[str], spec: dict, steps: int, nproc: int, port: int, ti
         rank, code = failed[0]
         tail = " | ".join(logs[rank].strip().splitlines()[-3:])
         raise RuntimeError(f"DeepSpeed rank {rank} exited {code}: {tail}")
+    if len(counters) != 2:
+        raise RuntimeError(f"DeepSpeed's ranks exited after {len(counters)} of 2 counter marks")
     lines = [line for line in logs[0].splitlines() if line.startswith("{")]
-    return json.loads(lines[-1]) if lines else {}
+    extra = steps[1] - steps[0]
+    per_step = {k: (counters[1][k] - counters[0][k]) / extra for k in counters[0]}
+    return {**per_step, **(json.loads(lines[-1]) if lines else {})}
 
 
 def build_cpu_ops(timeout_s: float) -> None:
@@ -129,13 +140,8 @@ def build_cpu_ops(timeout_s: float) -> None:
 
 
 def measure(prefix: list[str], spec: dict, steps: tuple[int, int], nproc: int, timeout_s: float) -> dict:
-    """Steady-state kernel counters per step (kernel_bytes.per_step), with rank 0's last report."""
-    info: dict = {}
-
-    def launch(s: int) -> None:
-        info.update(_launch(prefix, spec, s, nproc, 29600 + steps.index(s), timeout_s))
-
-    return {**kernel_bytes.per_step(prefix[3], steps, launch), **info}
+    """Steady-state kernel counters per step of one launch, with rank 0's last report."""
+    return _launch(prefix, spec, steps, nproc, 29600, timeout_s)
 
 
 def unavailable() -> str:
@@ -189,8 +195,8 @@ def markdown(result: dict) -> str:
     if "skipped" in result:
         return f"Not measured: {result['skipped']}.\n"
     lines = [
-        f"DeepSpeed on {result['nproc']} CPU ranks (gloo), launches of {result['steps']} steps of "
-        f"{ACCUMULATION} micro-steps, {result['rate']} loopback; bytes per step, all ranks. Carried payload = "
+        f"DeepSpeed on {result['nproc']} CPU ranks (gloo), counters read after steps {result['steps']} of one launch, "
+        f"{ACCUMULATION} micro-steps each, {result['rate']} loopback; bytes per step, all ranks. Carried payload = "
         "kernel bytes less one 52-byte header per packet; less resends = that less one MSS (1448 B) per "
         "segment the kernel retransmitted (tbf drops under bursts):",
         "",
@@ -211,7 +217,7 @@ def markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.deepspeed_bytes", description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--steps", default="2,6", help="the two launches' step counts, e.g. 2,6")
+    parser.add_argument("--steps", default="2,6", help="the steps after which the counters are read, e.g. 2,6")
     parser.add_argument("--rate", default="1gbit")
     parser.add_argument("--timeout-s", type=float, default=300)
     parser.add_argument("--out", help="write the result JSON here")

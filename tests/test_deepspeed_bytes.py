@@ -31,7 +31,7 @@ def measured():
 
 def _within(row: dict, low: float, high: float) -> bool:
     """Carried payload within [low, high] x predicted, widened by the segments the kernel resent (up to
-    one MSS each, a difference of two launches: either sign) and a few KiB of store traffic."""
+    one MSS each, a difference of two counter readings: either sign) and a few KiB of barrier traffic."""
     resent = row["retrans_segments"] * kb.MSS
     slack = 8192
     carried, predicted = row["carried_payload_bytes"], row["predicted_payload_bytes"]
