@@ -64,6 +64,28 @@ def test_search_equals_brute_force(name, profile, n, mem_gib, pins):
     assert plan.prediction.step_time_s == pytest.approx(brute, rel=1e-9)
 
 
+def test_brute_force_takes_the_offload_fallback_as_the_search_does():
+    """4 blocks on 4 x 3.5 GiB: no plan of the space fits on the device, so the search falls back to offload=cpu
+    (search/offload_search.py); the brute force visits the space again under it and finds the same
+    optimum. With 1 GiB of host memory the fallback's best plan overflows the host: neither plans."""
+    import dataclasses
+
+    from meshplan.planner.search.bruteforce import brute_force
+
+    spec, profile = cluster(4, 3.5), small_gpt(4)
+    request = PlanRequest(num_gpus=4, global_batch=8, tp=1)
+    assert brute_force(profile, spec, request).best_step_s == math.inf  # nothing fits without offload
+    plan = search(profile, spec, request)
+    assert plan.dp_methods.offload.name == "cpu"
+    brute, per_candidate = brute_force_best(profile, spec, request)
+    assert plan.prediction.step_time_s == pytest.approx(brute, rel=1e-9)
+    assert any(v == math.inf for v in per_candidate.values())
+    small_host = dataclasses.replace(spec, host_memory_bytes=2**30)
+    with pytest.raises(InfeasibleError, match="host memory"):
+        search(profile, small_host, request)
+    assert brute_force_best(profile, small_host, request)[0] == math.inf
+
+
 def test_recompute_choice_matters_in_gpt_case():
     """In the tight GPT case the optimum mixes recompute modes (so the solver was exercised)."""
     plan = search(

@@ -16,6 +16,11 @@ plan that contains it, so a plan costs one comparison once its ranks' costs are 
     brute_force(profile, cluster, request, cap_s=None)          every plan, or until cap_s CPU seconds
     brute_force_best(profile, cluster, request)                 (best step, {candidate: its best})
 
+brute_force_best falls back to offload as search() does (search/offload_search.py): when no plan
+of the space fits on the device and the request leaves offload open, it visits the whole space
+again under offload=cpu, then offload=nvme, and keeps the first whose best plan fits (for cpu, in
+host memory too).
+
 Size of the space (exact, in integers; it overflows any float for large models):
     sum over candidates of C(L - 1, pp*v - 1) x prod over layers of |recompute modes|
     (x |modes| instead of the product when one mode runs on every block),
@@ -45,7 +50,7 @@ from meshplan.planner.rank.layer_cost import (
 )
 from meshplan.planner.rank.stages import RankModel
 from meshplan.planner.request import PlanRequest
-from meshplan.planner.search import tuning
+from meshplan.planner.search import offload_search, tuning
 from meshplan.planner.search.enumerate import Rejects, candidates
 
 CHECK_EVERY = 4096
@@ -255,6 +260,18 @@ def brute_force(
 
 
 def brute_force_best(profile: ModelProfile, cluster: ClusterSpec, request: PlanRequest) -> tuple[float, dict]:
-    """(best step time, {candidate: its brute-force optimum}) over every candidate, no cap."""
+    """(best step time, {candidate: its brute-force optimum}) over every candidate, no cap; with
+    the offload fallback when nothing fits on the device (module docstring)."""
     result = brute_force(profile, cluster, request)
+    if result.best_step_s < math.inf or "offload" in request.methods:
+        return result.best_step_s, result.per_candidate
+    for name in offload_search.implemented(request):
+        offloaded = offload_search.with_offload(request, name)
+        alt = brute_force(profile, cluster, offloaded)
+        if alt.best_step_s == math.inf:
+            continue
+        best = min(alt.per_candidate, key=lambda c: alt.per_candidate[c])
+        ctx = Context.build(profile, cluster, offloaded)
+        if not offload_search.host_overflow(ctx, cluster, name, best):
+            return alt.best_step_s, alt.per_candidate
     return result.best_step_s, result.per_candidate

@@ -30,7 +30,8 @@ def host_bytes_per_rank(ctx, cand) -> float:
     return local / share * HOST_BYTES_PER_PARAM
 
 
-def _with_offload(request, name: str):
+def with_offload(request, name: str):
+    """The request with offload method `name` pinned (its registry defaults)."""
     row = dp_methods.method("offload", name)
     return dataclasses.replace(request, methods={**request.methods, "offload": (row.name, row.resolve({}, "offload"))})
 
@@ -41,19 +42,27 @@ def implemented(request) -> tuple[str, ...]:
     return tuple(name for name in OFFLOAD_ORDER if allowed is None or name in allowed)
 
 
+def host_overflow(ctx, cluster, name: str, cand) -> str:
+    """Why offload method `name` cannot take candidate `cand` although it fits on the device (its
+    host states overflow the cluster's host memory), or ''."""
+    host = cluster.host_memory_bytes
+    if name != "cpu" or not host or host_bytes_per_rank(ctx, cand) <= host:
+        return ""
+    return (
+        f"offload=cpu fits on the device but its states need "
+        f"{host_bytes_per_rank(ctx, cand) / 2**30:.1f} GiB of host memory per rank (> {host / 2**30:.1f} GiB)"
+    )
+
+
 def fallback(searcher_cls, profile, cluster, request, top_k: int):
     """(searcher, ranked, num_candidates) of the first offload method that fits, or (None, hint)."""
     notes = [] if implemented(request) else [f"runtime {request.runtime} implements no offload"]
     for name in implemented(request):
-        s = searcher_cls(profile, cluster, _with_offload(request, name))
+        s = searcher_cls(profile, cluster, with_offload(request, name))
         ranked, count = s.run(top_k)
-        host = cluster.host_memory_bytes
-        if ranked and name == "cpu" and host and host_bytes_per_rank(s.ctx, ranked[0][1]) > host:
-            notes.append(
-                f"offload=cpu fits on the device but its states need "
-                f"{host_bytes_per_rank(s.ctx, ranked[0][1]) / 2**30:.1f} GiB of host memory per rank "
-                f"(> {host / 2**30:.1f} GiB)"
-            )
+        overflow = host_overflow(s.ctx, cluster, name, ranked[0][1]) if ranked else ""
+        if overflow:
+            notes.append(overflow)
             continue
         if ranked:
             return s, ranked, count, notes
@@ -67,7 +76,7 @@ def pinned_hint(searcher_cls, profile, cluster, request) -> str:
     for name in implemented(request):
         if name == current:
             continue
-        ranked, _ = searcher_cls(profile, cluster, _with_offload(request, name)).run(1)
+        ranked, _ = searcher_cls(profile, cluster, with_offload(request, name)).run(1)
         if ranked:
             return (
                 f" offload={name} would make it fit ({ranked[0][0]:.3g} s per step): pass --offload {name} "
