@@ -207,6 +207,15 @@ def bracket_drift(local: dict) -> dict | None:
     }
 
 
+def _ratios_check(check: str, moves: list[tuple[str, int, float]], describe) -> dict | None:
+    """A check over (model, repetition, ratio) per launch: the ratios, and `describe(shown,
+    largest)` for its text (_per_launch); None without any."""
+    if not moves:
+        return None
+    shown, largest = _per_launch(moves)
+    return {"check": check, "value": {"ratios": [d for _, _, d in moves]}, "text": describe(shown, largest)}
+
+
 def tp_drift(local: dict) -> dict | None:
     """Each launch's in-place tensor-parallel overheads, summed over the model's layers, in the
     profiles after the launch and between its halves over the one before
@@ -217,16 +226,15 @@ def tp_drift(local: dict) -> dict | None:
         if "tp_drift" in x
         for d in (x["tp_drift"], *x.get("tp_mid_drift", []))
     ]
-    if not moves:
-        return None
-    shown, largest = _per_launch(moves)
-    return {
-        "check": "tp_drift",
-        "value": {"ratios": [d for _, _, d in moves]},
-        "text": f"the in-place TP overheads (waits on partner ranks sharing the cores; most of a TP plan's "
-        f"price) summed over the layers, in the profiles after each launch and between its halves over "
-        f"the one before: {shown} (largest {largest}); each plan is priced from the three profiles' median.",
-    }
+    return _ratios_check(
+        "tp_drift",
+        moves,
+        lambda shown, largest: (
+            "the in-place TP overheads (waits on partner ranks sharing the cores; most of a TP "
+            "plan's price) summed over the layers, in the profiles after each launch and between its halves over "
+            f"the one before: {shown} (largest {largest}); each plan is priced from the three profiles' median."
+        ),
+    )
 
 
 def pass_drift(local: dict) -> dict | None:
@@ -235,16 +243,15 @@ def pass_drift(local: dict) -> dict | None:
     passes = [
         (x["model"], x.get("repetition", 0), x["pass_ratio"]) for x in local.get("launches", []) if x.get("pass_ratio")
     ]
-    if not passes:
-        return None
-    shown, largest = _per_launch(passes)
-    return {
-        "check": "pass_drift",
-        "value": {"ratios": [d for _, _, d in passes]},
-        "text": f"each plan runs twice per launch in mirrored order; median step time of the second run over "
-        f"the first: {shown} (largest {largest}) — the host's move within a "
-        "launch, which the mirrored order spreads over all its plans alike.",
-    }
+    return _ratios_check(
+        "pass_drift",
+        passes,
+        lambda shown, largest: (
+            "each plan runs twice per launch in mirrored order; median step time of the second "
+            f"run over the first: {shown} (largest {largest}) — the host's move within a launch, which the mirrored "
+            "order spreads over all its plans alike."
+        ),
+    )
 
 
 def diagnose(local: dict, memory: dict) -> list[dict]:
