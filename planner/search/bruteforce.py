@@ -265,13 +265,15 @@ def brute_force_best(profile: ModelProfile, cluster: ClusterSpec, request: PlanR
     result = brute_force(profile, cluster, request)
     if result.best_step_s < math.inf or "offload" in request.methods:
         return result.best_step_s, result.per_candidate
-    for name in offload_search.implemented(request):
-        offloaded = offload_search.with_offload(request, name)
+
+    def attempt(offloaded: PlanRequest):
         alt = brute_force(profile, cluster, offloaded)
         if alt.best_step_s == math.inf:
-            continue
+            return alt, None, None
         best = min(alt.per_candidate, key=lambda c: alt.per_candidate[c])
-        ctx = Context.build(profile, cluster, offloaded)
-        if not offload_search.host_overflow(ctx, cluster, name, best):
-            return alt.best_step_s, alt.per_candidate
+        return alt, Context.build(profile, cluster, offloaded), best
+
+    found, _ = offload_search.first_fit(request, cluster, attempt)
+    if found is not None:
+        return found.best_step_s, found.per_candidate
     return result.best_step_s, result.per_candidate

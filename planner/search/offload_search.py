@@ -54,20 +54,35 @@ def host_overflow(ctx, cluster, name: str, cand) -> str:
     )
 
 
-def fallback(searcher_cls, profile, cluster, request, top_k: int):
-    """(searcher, ranked, num_candidates) of the first offload method that fits, or (None, hint)."""
+def first_fit(request, cluster, attempt):
+    """The first offload method, in OFFLOAD_ORDER among those implemented, under which
+    `attempt(offloaded request)` -> (result, ctx, best candidate or None where nothing fits on
+    the device) finds a plan that fits the device and, for cpu, the host: (its result, notes on
+    the methods passed over), or (None, notes). search() and the brute force share it."""
     notes = [] if implemented(request) else [f"runtime {request.runtime} implements no offload"]
     for name in implemented(request):
-        s = searcher_cls(profile, cluster, with_offload(request, name))
-        ranked, count = s.run(top_k)
-        overflow = host_overflow(s.ctx, cluster, name, ranked[0][1]) if ranked else ""
+        result, ctx, best = attempt(with_offload(request, name))
+        overflow = host_overflow(ctx, cluster, name, best) if best is not None else ""
         if overflow:
             notes.append(overflow)
             continue
-        if ranked:
-            return s, ranked, count, notes
+        if best is not None:
+            return result, notes
         notes.append(f"offload={name} does not fit either")
-    return None, None, 0, notes
+    return None, notes
+
+
+def fallback(searcher_cls, profile, cluster, request, top_k: int):
+    """(searcher, ranked, num_candidates, notes) of the first offload method that fits, or
+    (None, None, 0, notes)."""
+
+    def attempt(offloaded):
+        s = searcher_cls(profile, cluster, offloaded)
+        ranked, count = s.run(top_k)
+        return (s, ranked, count), s.ctx, ranked[0][1] if ranked else None
+
+    found, notes = first_fit(request, cluster, attempt)
+    return (*found, notes) if found is not None else (None, None, 0, notes)
 
 
 def pinned_hint(searcher_cls, profile, cluster, request) -> str:
