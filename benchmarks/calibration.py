@@ -99,8 +99,8 @@ TP_OVERHEAD_PREFIXES = ("tp@", "tp_sp@")
 def tp_overhead_drift(before: ModelProfile, other: ModelProfile) -> float | None:
     """How much the in-place tensor-parallel overheads moved between two profiles: the median
     over wrapper, degree and microbatch keys ("tp@2:b1", "tp_sp@4:b8", forward+backward) of the
-    overhead summed over the model's layers, `other` over `before`; None when neither measured
-    any (--concurrent 1, a model no degree divides)."""
+    overhead summed over the model's layers, `other` over `before`; None when the two share no
+    measured key (--concurrent 1, a model no degree divides)."""
     sums: list[dict[str, float]] = []
     for profile in (before, other):
         per_key: dict[str, float] = {}

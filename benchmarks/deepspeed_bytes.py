@@ -44,6 +44,7 @@ TOOLS_PYTHON = os.path.join(ROOT, ".venv-exports", "bin", "python")
 WORKER = os.path.join(ROOT, "benchmarks", "deepspeed_worker.py")
 MODEL = os.path.join(ROOT, "benchmarks", "deepspeed_model.py") + ":build"
 MICRO_BATCH, ACCUMULATION = 4, 2
+PORT = 29600
 ROWS = [
     ("stage 0", 0, {}, []),
     ("ZeRO-1", 1, {}, []),
@@ -74,11 +75,11 @@ def predicted_payload(stage: int, nproc: int, flags: list[str]) -> float:
     return nproc * sum(v for axis, v in per_rank.items() if axis not in kernel_bytes.NETWORK_FREE_AXES)
 
 
-def _launch(prefix: list[str], spec: dict, steps: tuple[int, int], nproc: int, port: int, timeout_s: float) -> dict:
-    """Run the nproc DeepSpeed ranks in the namespace for steps[1] steps, reading its counters when
-    rank 0 marks steps[0] and steps[1] done; rank 0's JSON line with the counters per step. Kills
-    them all on timeout or when a rank fails."""
-    env = ["MASTER_ADDR=127.0.0.1", f"MASTER_PORT={port}", f"WORLD_SIZE={nproc}", "OMP_NUM_THREADS=1"]
+def measure(prefix: list[str], spec: dict, steps: tuple[int, int], nproc: int, timeout_s: float) -> dict:
+    """Steady-state kernel counters per step of one launch, with rank 0's last report: the nproc
+    DeepSpeed ranks run in the namespace for steps[1] steps, and its counters are read when rank 0
+    marks steps[0] and steps[1] done. Kills them all on timeout or when a rank fails."""
+    env = ["MASTER_ADDR=127.0.0.1", f"MASTER_PORT={PORT}", f"WORLD_SIZE={nproc}", "OMP_NUM_THREADS=1"]
     env += ["PYTHONPATH=", "PYTHONWARNINGS=ignore"]
     procs = []
     counters: list[dict[str, int]] = []
@@ -137,11 +138,6 @@ def build_cpu_ops(timeout_s: float) -> None:
     if proc.returncode != 0:
         tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
         raise RuntimeError(f"building DeepSpeed's CPU comm op exited {proc.returncode}: {tail}")
-
-
-def measure(prefix: list[str], spec: dict, steps: tuple[int, int], nproc: int, timeout_s: float) -> dict:
-    """Steady-state kernel counters per step of one launch, with rank 0's last report."""
-    return _launch(prefix, spec, steps, nproc, 29600, timeout_s)
 
 
 def unavailable() -> str:
