@@ -40,8 +40,10 @@ collective is done) against the mean rank's plain pass (combine_ranks). The over
 
 stored per representative layer in LayerProfile.framework_overhead_s under "tp@T:bB",
 "tp_sp@T:bB", "zero3@D:bB" and "zero3_sync@D:bB" (forward + backward) and the same keys + ":fwd" (forward only),
-at the smallest and largest profiled microbatch size B. The cost model (planner/layer_cost.py)
-interpolates in B and uses these instead of the modelled collectives and one-rank overheads.
+at every profiled microbatch size B: the overhead is not one line in B (which waits a rank
+meets shifts with the size), so a plan at B = 4 is priced from its own measurement rather than
+from a line through B = 1 and 8. The cost model (planner/layer_cost.py) interpolates between the
+measured sizes (planner/cost/in_place.linear_in_b) and uses these instead of the modelled collectives and one-rank overheads.
 CPU only: on GPUs the collectives run on their own engines and link fits describe them.
 """
 
@@ -105,7 +107,7 @@ def measure_in_place(
 
     reps = list(dict.fromkeys(rep_of.values()))
     rules = {lp.name: lp.tp for lp in profile.layers}
-    batches = sorted({min(microbatch_sizes), max(microbatch_sizes)})
+    batches = sorted(set(microbatch_sizes))
     ctx = worker_context("cpu")  # never fork the caller (profiler/concurrency.py)
     results = ctx.Queue()
     port = _free_port()

@@ -385,6 +385,19 @@ def test_in_place_overhead_is_linear_in_the_microbatch():
     assert in_place_overhead_s(fw, "tp_sp@2", 2) is None and in_place_overhead_s(fw, "tp@4", 2) is None
 
 
+def test_in_place_overhead_is_piecewise_between_measured_sizes():
+    """With more than two sizes measured, a size between two of them reads those two, not the
+    line through the ends (here that line would give 0.0165 at b 4); beyond the range, the line
+    through the smallest and largest."""
+    from meshplan.planner.cost.in_place import in_place_overhead_s
+
+    fw = {"tp@2:b1": 0.010, "tp@2:b2": 0.020, "tp@2:b4": 0.030, "tp@2:b8": 0.024}
+    assert in_place_overhead_s(fw, "tp@2", 4) == pytest.approx(0.030)
+    assert in_place_overhead_s(fw, "tp@2", 3) == pytest.approx(0.025)
+    assert in_place_overhead_s(fw, "tp@2", 6) == pytest.approx(0.027)
+    assert in_place_overhead_s(fw, "tp@2", 15) == pytest.approx(0.010 + 14 * 0.014 / 7)
+
+
 def test_in_place_measurements_replace_modelled_tp_and_zero3_costs():
     """Measured on real ranks, the wrapper's overhead is the whole TP (or ZeRO-3 gather) cost:
     no link-model collectives or one-rank overheads on top; full recompute pays the forward again,
