@@ -42,8 +42,9 @@ stored per representative layer in LayerProfile.framework_overhead_s under "tp@T
 "tp_sp@T:bB", "zero3@D:bB" and "zero3_sync@D:bB" (forward + backward) and the same keys + ":fwd" (forward only),
 at every profiled microbatch size B: the overhead is not one line in B (which waits a rank
 meets shifts with the size), so a plan at B = 4 is priced from its own measurement rather than
-from a line through B = 1 and 8. The cost model (planner/layer_cost.py) interpolates between the
-measured sizes (planner/cost/in_place.linear_in_b) and uses these instead of the modelled collectives and one-rank overheads.
+from a line through B = 1 and 8. The cost model (planner/rank/layer_cost.py) interpolates
+between the measured sizes (planner/cost/in_place.linear_in_b) and uses these instead of the
+modelled collectives and one-rank overheads.
 CPU only: on GPUs the collectives run on their own engines and link fits describe them.
 """
 

@@ -15,7 +15,7 @@ from bisect import bisect_left
 
 from meshplan.model_profile import LayerProfile
 from meshplan.planner.context import Context
-from meshplan.planner.cost.in_place import linear_in_b, measured_points
+from meshplan.planner.cost.in_place import between, linear_in_b, measured_points
 from meshplan.planner.sac import matmuls, op_policy_reruns
 
 
@@ -100,10 +100,9 @@ def timing_scale(ctx: Context, b: int) -> float:
         return 1.0
     if b <= pts[0][0]:
         return pts[0][1]
-    for (b0, r0), (b1, r1) in zip(pts, pts[1:]):
-        if b <= b1:
-            return r0 + (b - b0) * (r1 - r0) / (b1 - b0)
-    return pts[-1][1]
+    if b >= pts[-1][0]:
+        return pts[-1][1]
+    return between(pts, b)
 
 
 def layer_compute_s(ctx: Context, layer: LayerProfile, b: int, split: int, cp: int) -> tuple[float, float, float]:
